@@ -1,0 +1,51 @@
+package lanequeue
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// Key identifies a lane: the route, the credential's hash, the request path
+// (without query) and the model. The raw credential is never part of it.
+type Key struct {
+	Route          string // route name; "" for the default upstream
+	CredentialHash string // hex SHA-256 of the credential, or "" when none was sent
+	Path           string
+	Model          string
+}
+
+// HashCredential returns the hex SHA-256 of a credential; "" stays "".
+func HashCredential(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return hex.EncodeToString(sum[:])
+}
+
+// shortLen is how many hex digits of a hash are shown: 48 bits, enough to
+// tell lanes apart on a status page, far too few to help guess a key.
+const shortLen = 12
+
+// ShortKeyHash is the displayable prefix of the credential hash.
+func (k Key) ShortKeyHash() string {
+	if len(k.CredentialHash) < shortLen {
+		return k.CredentialHash
+	}
+	return k.CredentialHash[:shortLen]
+}
+
+// ID is the lane's short hashed identifier, stable for a given key.
+func (k Key) ID() string {
+	h := sha256.New()
+	for _, s := range []string{k.Route, k.CredentialHash, k.Path, k.Model} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:shortLen]
+}
+
+// String is a compact form for logs: no raw credential.
+func (k Key) String() string {
+	return k.Route + "|" + k.ShortKeyHash() + "|" + k.Path + "|" + k.Model
+}

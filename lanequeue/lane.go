@@ -1,0 +1,321 @@
+// Package lanequeue owns lanes: per-lane strict FIFO queues, concurrency
+// slots, lane-wide pauses and the bounded table that holds the lanes.
+//
+// Every decision is made under one mutex per lane at an explicit time taken
+// from an injected clock; blocking happens outside the lock. There is no
+// ticker goroutine: when the head of a queue must wait for time to pass (a
+// pause or pacing), the lane arms a single one-shot timer.
+//
+// It does not know HTTP, upstreams or header formats: callers tell it what
+// they learned (PauseUntil, Observe) and it decides who goes next.
+package lanequeue
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+)
+
+// Errors returned by Acquire and Slot.WaitRetry; check with errors.Is.
+var (
+	// ErrQueueFull: the lane already has Config.MaxQueue waiters.
+	ErrQueueFull = errors.New("lanequeue: queue full")
+	// ErrBudgetExceeded: the request's deadline passed, or falls before the
+	// lane's pause ends, so waiting cannot help.
+	ErrBudgetExceeded = errors.New("lanequeue: request budget exceeded")
+)
+
+// Config holds a lane's limits. Zero fields take the documented defaults.
+type Config struct {
+	Concurrency    int         // initial concurrency limit; zero = 32
+	MinConcurrency int         // lowest the limit may fall to; zero = 1
+	MaxConcurrency int         // highest the limit may rise to; zero = 512
+	MaxQueue       int         // waiting requests before ErrQueueFull; zero = 10000
+	Clock          clock.Clock // nil = the wall clock
+}
+
+func (c Config) withDefaults() Config {
+	if c.Concurrency <= 0 {
+		c.Concurrency = 32
+	}
+	if c.MinConcurrency <= 0 {
+		c.MinConcurrency = 1
+	}
+	if c.MaxConcurrency <= 0 {
+		c.MaxConcurrency = 512
+	}
+	if c.MaxConcurrency < c.MinConcurrency {
+		c.MaxConcurrency = c.MinConcurrency
+	}
+	c.Concurrency = min(max(c.Concurrency, c.MinConcurrency), c.MaxConcurrency)
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = 10000
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	return c
+}
+
+// Lane is one queue with its own slots, pause and learned limits.
+type Lane struct {
+	key   Key
+	id    string
+	cfg   Config
+	clock clock.Clock
+
+	mu          sync.Mutex
+	limit       int // current concurrency limit
+	inFlight    int // slots held
+	waiters     list.List
+	pausedUntil time.Time
+	lastUsed    time.Time
+	timer       clock.Timer
+	timerAt     time.Time
+	timerGen    uint64
+	arrivals    uint64 // arrival counter, for the order of retries
+	pace        pacer
+	aimd        aimd
+	stats       laneStats
+}
+
+type laneStats struct {
+	admitted  int64
+	retries   int64
+	cancelled int64
+	rejected  int64
+}
+
+type waiter struct {
+	ready     chan struct{} // closed when granted
+	granted   bool
+	holdsSlot bool      // a retry: it already has a slot and only waits for time
+	seq       uint64    // arrival order at the lane, kept across retries
+	cost      int64     // estimated tokens
+}
+
+func newLane(key Key, cfg Config) *Lane {
+	cfg = cfg.withDefaults()
+	l := &Lane{key: key, id: key.ID(), cfg: cfg, clock: cfg.Clock, limit: cfg.Concurrency}
+	l.lastUsed = cfg.Clock.Now()
+	l.aimd.init(cfg)
+	return l
+}
+
+// New returns a lane outside any table; tests and single-lane users call it.
+func New(key Key, cfg Config) *Lane { return newLane(key, cfg) }
+
+// ID is the lane's short hashed identifier.
+func (l *Lane) ID() string { return l.id }
+
+// Key is what the lane was made for.
+func (l *Lane) Key() Key { return l.key }
+
+// Slot is a held concurrency slot. Release it exactly once (extra calls are
+// no-ops); a deferred Release covers every path.
+type Slot struct {
+	lane     *Lane
+	seq      uint64
+	arrived  time.Time
+	granted  time.Time
+	cost     int64
+	mu       sync.Mutex
+	released bool
+}
+
+// Acquire waits in FIFO order for a slot, for the lane's pause to end and for
+// pacing to allow cost more tokens. It returns ctx's error when the client
+// goes away (the waiter leaves the queue at once), ErrQueueFull when the
+// queue is full, and ErrBudgetExceeded when ctx's deadline passes or lies
+// before the end of the lane's pause.
+func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, budgetErr(err)
+	}
+	l.mu.Lock()
+	now := l.clock.Now()
+	l.lastUsed = now
+	if l.waiters.Len() >= l.cfg.MaxQueue {
+		l.stats.rejected++
+		l.mu.Unlock()
+		return nil, fmt.Errorf("lane %s: %w", l.id, ErrQueueFull)
+	}
+	if dl, ok := ctx.Deadline(); ok && l.pausedUntil.After(dl) {
+		l.stats.rejected++
+		l.mu.Unlock()
+		return nil, fmt.Errorf("lane %s: paused past the deadline: %w", l.id, ErrBudgetExceeded)
+	}
+	l.arrivals++
+	w := &waiter{ready: make(chan struct{}), seq: l.arrivals, cost: cost}
+	e := l.waiters.PushBack(w)
+	l.dispatchLocked(now)
+	l.mu.Unlock()
+	if err := l.wait(ctx, w, e); err != nil {
+		return nil, err
+	}
+	return &Slot{lane: l, seq: w.seq, arrived: now, granted: l.clock.Now(), cost: cost}, nil
+}
+
+// wait blocks until w is granted or ctx is done. On cancellation the waiter
+// leaves the queue; a slot granted in the race is handed back.
+func (l *Lane) wait(ctx context.Context, w *waiter, e *list.Element) error {
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.granted {
+		if w.holdsSlot {
+			// The retry was granted its turn; it still owns its slot and the
+			// caller's Release gives it back. Return the pacing it took.
+			l.pace.refundLocked(w.cost)
+		} else {
+			l.inFlight--
+			l.pace.refundLocked(w.cost)
+		}
+	} else {
+		l.waiters.Remove(e)
+	}
+	l.stats.cancelled++
+	l.dispatchLocked(l.clock.Now())
+	return budgetErr(ctx.Err())
+}
+
+func budgetErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrBudgetExceeded, err)
+	}
+	return err
+}
+
+// dispatchLocked grants the head of the queue for as long as it can go, and
+// arms the lane timer when the head must wait for time. Requires l.mu held.
+func (l *Lane) dispatchLocked(now time.Time) {
+	for e := l.waiters.Front(); e != nil; e = l.waiters.Front() {
+		w := e.Value.(*waiter)
+		if now.Before(l.pausedUntil) {
+			l.armLocked(now, l.pausedUntil)
+			return
+		}
+		if !w.holdsSlot && l.inFlight >= l.limit {
+			return // a Release dispatches again
+		}
+		if at, ok := l.pace.admitLocked(now, w.cost); !ok {
+			l.armLocked(now, at)
+			return
+		}
+		l.waiters.Remove(e)
+		w.granted = true
+		if !w.holdsSlot {
+			l.inFlight++
+			l.stats.admitted++
+		}
+		close(w.ready)
+	}
+}
+
+// armLocked makes sure dispatch runs again at `at`. Requires l.mu held.
+func (l *Lane) armLocked(now, at time.Time) {
+	if l.timer != nil {
+		if l.timerAt.Equal(at) {
+			return
+		}
+		l.timer.Stop()
+	}
+	l.timerGen++
+	gen := l.timerGen
+	l.timerAt = at
+	l.timer = l.clock.AfterFunc(at.Sub(now), func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.timerGen != gen {
+			return
+		}
+		l.timer = nil
+		l.dispatchLocked(l.clock.Now())
+	})
+}
+
+// PauseUntil stops the lane from dispatching anything before t. A pause is
+// only ever extended, never shortened.
+func (l *Lane) PauseUntil(t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t.After(l.pausedUntil) {
+		l.pausedUntil = t
+	}
+}
+
+// PausedUntil reports the end of the current pause (zero or past: none).
+func (l *Lane) PausedUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pausedUntil
+}
+
+// WaitRetry waits, keeping the slot, until the lane may send this request
+// again: after the pause and within pacing. It goes before every waiter that
+// arrived at the lane after this request did. Errors are those of Acquire.
+func (s *Slot) WaitRetry(ctx context.Context) error {
+	l := s.lane
+	if err := ctx.Err(); err != nil {
+		return budgetErr(err)
+	}
+	l.mu.Lock()
+	now := l.clock.Now()
+	l.lastUsed = now
+	l.stats.retries++
+	if dl, ok := ctx.Deadline(); ok && l.pausedUntil.After(dl) {
+		l.mu.Unlock()
+		return fmt.Errorf("lane %s: paused past the deadline: %w", l.id, ErrBudgetExceeded)
+	}
+	w := &waiter{ready: make(chan struct{}), holdsSlot: true, seq: s.seq, cost: s.cost}
+	var e *list.Element
+	for at := l.waiters.Front(); at != nil; at = at.Next() {
+		if at.Value.(*waiter).seq > s.seq {
+			e = l.waiters.InsertBefore(w, at)
+			break
+		}
+	}
+	if e == nil {
+		e = l.waiters.PushBack(w)
+	}
+	l.dispatchLocked(now)
+	l.mu.Unlock()
+	return l.wait(ctx, w, e)
+}
+
+// Release gives the slot back and lets the next waiter in. Safe to call more
+// than once.
+func (s *Slot) Release() {
+	s.mu.Lock()
+	if s.released {
+		s.mu.Unlock()
+		return
+	}
+	s.released = true
+	s.mu.Unlock()
+	l := s.lane
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inFlight--
+	now := l.clock.Now()
+	l.lastUsed = now
+	l.dispatchLocked(now)
+}
+
+// Lane returns the lane the slot belongs to.
+func (s *Slot) Lane() *Lane { return s.lane }
+
+// QueueWait is how long the request waited for its first grant.
+func (s *Slot) QueueWait() time.Duration { return s.granted.Sub(s.arrived) }
+
+// idleLocked reports whether nothing waits or runs. Requires l.mu held.
+func (l *Lane) idleLocked() bool { return l.inFlight == 0 && l.waiters.Len() == 0 }

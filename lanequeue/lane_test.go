@@ -1,0 +1,285 @@
+package lanequeue
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+func testLane(conc, maxQueue int) (*Lane, *clock.Fake) {
+	fc := clock.NewFake(t0)
+	return New(Key{Route: "r", CredentialHash: HashCredential("sk-test"), Path: "/v1/x", Model: "m"},
+		Config{Concurrency: conc, MinConcurrency: 1, MaxConcurrency: conc, MaxQueue: maxQueue, Clock: fc}), fc
+}
+
+// acquireAsync starts an Acquire and returns a channel that yields its result.
+type result struct {
+	s   *Slot
+	err error
+}
+
+func acquireAsync(ctx context.Context, l *Lane) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		s, err := l.Acquire(ctx, 1)
+		ch <- result{s, err}
+	}()
+	return ch
+}
+
+// waitQueued blocks until the lane has n waiters.
+func waitQueued(t *testing.T, l *Lane, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for l.State().Queued != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("queued = %d, want %d", l.State().Queued, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func mustGet(t *testing.T, ch <-chan result) *Slot {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("acquire: %v", r.err)
+		}
+		return r.s
+	case <-time.After(5 * time.Second):
+		t.Fatal("acquire did not return")
+	}
+	return nil
+}
+
+func mustBlock(t *testing.T, ch <-chan result) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("acquire returned early: %+v", r)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+func TestAcquireGrantsInArrivalOrder(t *testing.T) {
+	l, _ := testLane(1, 100)
+	first := mustGet(t, acquireAsync(context.Background(), l))
+	var chans []<-chan result
+	for i := 0; i < 5; i++ {
+		chans = append(chans, acquireAsync(context.Background(), l))
+		waitQueued(t, l, i+1) // fixes the arrival order
+	}
+	prev := first
+	for i, ch := range chans {
+		mustBlock(t, ch)
+		prev.Release()
+		prev = mustGet(t, ch)
+		if got := l.State().InFlight; got != 1 {
+			t.Fatalf("step %d: in flight = %d, want 1", i, got)
+		}
+	}
+	prev.Release()
+	if st := l.State(); st.InFlight != 0 || st.Queued != 0 {
+		t.Fatalf("after all releases: %+v", st)
+	}
+}
+
+func TestCancelledWaiterLeavesQueueAtOnce(t *testing.T) {
+	l, _ := testLane(1, 100)
+	held := mustGet(t, acquireAsync(context.Background(), l))
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := acquireAsync(ctx, l)
+	waitQueued(t, l, 1)
+	next := acquireAsync(context.Background(), l)
+	waitQueued(t, l, 2)
+
+	cancel()
+	r := <-gone
+	if !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("cancelled acquire: err = %v, want context.Canceled", r.err)
+	}
+	if q := l.State().Queued; q != 1 {
+		t.Fatalf("queued after cancel = %d, want 1", q)
+	}
+	held.Release()
+	mustGet(t, next).Release()
+	if st := l.State(); st.InFlight != 0 || st.Cancelled != 1 {
+		t.Fatalf("state: %+v", st)
+	}
+}
+
+func TestQueueFull(t *testing.T) {
+	l, _ := testLane(1, 2)
+	held := mustGet(t, acquireAsync(context.Background(), l))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, b := acquireAsync(ctx, l), acquireAsync(ctx, l)
+	waitQueued(t, l, 2)
+	_, err := l.Acquire(context.Background(), 1)
+	if !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("err = %v, want ErrQueueFull", err)
+	}
+	cancel()
+	<-a
+	<-b
+	held.Release()
+}
+
+func TestPauseHoldsQueueUntilItEnds(t *testing.T) {
+	l, fc := testLane(4, 100)
+	l.PauseUntil(t0.Add(3 * time.Second))
+	l.PauseUntil(t0.Add(1 * time.Second)) // never shortens
+	ch := acquireAsync(context.Background(), l)
+	waitQueued(t, l, 1)
+	fc.Advance(2 * time.Second)
+	mustBlock(t, ch)
+	fc.Advance(time.Second)
+	s := mustGet(t, ch)
+	if w := s.QueueWait(); w != 3*time.Second {
+		t.Fatalf("queue wait = %v, want 3s", w)
+	}
+	s.Release()
+}
+
+func TestPausePastDeadlineFailsFast(t *testing.T) {
+	l, _ := testLane(4, 100)
+	l.PauseUntil(t0.Add(time.Hour))
+	// The fake clock is at t0 while the deadline is measured on the wall
+	// clock; a deadline before t0+1h is what matters here.
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(time.Minute))
+	defer cancel()
+	_, err := l.Acquire(ctx, 1)
+	if !errors.Is(err, ErrBudgetExceeded) {
+		t.Fatalf("err = %v, want ErrBudgetExceeded", err)
+	}
+	if q := l.State().Queued; q != 0 {
+		t.Fatalf("queued = %d, want 0", q)
+	}
+}
+
+func TestDeadlineWhileQueuedIsBudgetExceeded(t *testing.T) {
+	l, _ := testLane(1, 100)
+	held := mustGet(t, acquireAsync(context.Background(), l))
+	defer held.Release()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_, err := l.Acquire(ctx, 1)
+	if !errors.Is(err, ErrBudgetExceeded) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want ErrBudgetExceeded wrapping DeadlineExceeded", err)
+	}
+	if q := l.State().Queued; q != 0 {
+		t.Fatalf("queued = %d, want 0", q)
+	}
+}
+
+func TestRetryGoesBeforeLaterArrivals(t *testing.T) {
+	l, fc := testLane(2, 100)
+	a := mustGet(t, acquireAsync(context.Background(), l))
+	b := mustGet(t, acquireAsync(context.Background(), l))
+	c := acquireAsync(context.Background(), l)
+	waitQueued(t, l, 1)
+
+	// a got a 429: the lane pauses and a waits to retry, keeping its slot.
+	l.PauseUntil(t0.Add(time.Second))
+	retried := make(chan error, 1)
+	go func() { retried <- a.WaitRetry(context.Background()) }()
+	waitQueued(t, l, 2)
+	l.mu.Lock()
+	front := l.waiters.Front().Value.(*waiter)
+	l.mu.Unlock()
+	if !front.holdsSlot {
+		t.Fatal("the retry is not at the head of the queue")
+	}
+	b.Release() // a slot frees up, but the lane is paused
+	mustBlock(t, c)
+	if st := l.State(); st.InFlight != 1 {
+		t.Fatalf("in flight = %d, want 1 (a keeps its slot)", st.InFlight)
+	}
+	fc.Advance(time.Second)
+	if err := <-retried; err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	cs := mustGet(t, c)
+	if st := l.State(); st.InFlight != 2 || st.Retries != 1 {
+		t.Fatalf("state: %+v", st)
+	}
+	a.Release()
+	cs.Release()
+	a.Release() // a second release is a no-op
+	if st := l.State(); st.InFlight != 0 {
+		t.Fatalf("in flight = %d after releases, want 0", st.InFlight)
+	}
+}
+
+func TestCancelledRetryKeepsSlotUntilRelease(t *testing.T) {
+	l, _ := testLane(1, 100)
+	a := mustGet(t, acquireAsync(context.Background(), l))
+	l.PauseUntil(t0.Add(time.Minute))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.WaitRetry(ctx) }()
+	waitQueued(t, l, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	if st := l.State(); st.InFlight != 1 || st.Queued != 0 {
+		t.Fatalf("state: %+v", st)
+	}
+	a.Release()
+	if st := l.State(); st.InFlight != 0 {
+		t.Fatalf("in flight = %d", st.InFlight)
+	}
+}
+
+// TestSlotsNeverLeakUnderChurn hammers a real-clock lane with acquires that
+// are cancelled at random and checks the limit holds and nothing is left.
+func TestSlotsNeverLeakUnderChurn(t *testing.T) {
+	l := New(Key{Path: "/x"}, Config{Concurrency: 3, MaxConcurrency: 3, MaxQueue: 1000})
+	var inside, peak atomic.Int64
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(3000))*time.Microsecond)
+			defer cancel()
+			s, err := l.Acquire(ctx, 1)
+			if err != nil {
+				return
+			}
+			defer s.Release()
+			n := inside.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+			if i%7 == 0 {
+				_ = s.WaitRetry(ctx)
+			}
+			inside.Add(-1)
+		}(i)
+	}
+	wg.Wait()
+	if p := peak.Load(); p > 3 {
+		t.Fatalf("peak concurrency %d > limit 3", p)
+	}
+	if st := l.State(); st.InFlight != 0 || st.Queued != 0 {
+		t.Fatalf("leftover state: %+v", st)
+	}
+}

@@ -1,0 +1,84 @@
+package lanequeue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+)
+
+func TestTableReturnsSameLaneForSameKey(t *testing.T) {
+	tb := NewTable(TableConfig{})
+	k := Key{Route: "", CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "gpt"}
+	if tb.Get(k) != tb.Get(k) {
+		t.Fatal("two lanes for one key")
+	}
+	k2 := k
+	k2.Model = "other"
+	if tb.Get(k) == tb.Get(k2) {
+		t.Fatal("one lane for two models")
+	}
+	if tb.Len() != 2 {
+		t.Fatalf("len = %d", tb.Len())
+	}
+}
+
+func TestTableEvictsIdleLanesOnly(t *testing.T) {
+	fc := clock.NewFake(t0)
+	var evicted []string
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, OnEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
+	idle := tb.Get(Key{Path: "/idle"})
+	busy := tb.Get(Key{Path: "/busy"})
+	s, err := busy.Acquire(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = idle
+	fc.Advance(2 * time.Minute)
+	tb.Sweep()
+	if len(evicted) != 1 || evicted[0] != "/idle" {
+		t.Fatalf("evicted = %v, want [/idle]", evicted)
+	}
+	if _, ok := tb.Lookup(busy.ID()); !ok {
+		t.Fatal("busy lane was evicted")
+	}
+	s.Release()
+	fc.Advance(2 * time.Minute)
+	tb.Sweep()
+	if tb.Len() != 0 || len(evicted) != 2 {
+		t.Fatalf("len = %d, evicted = %v", tb.Len(), evicted)
+	}
+}
+
+func TestTableBoundedByMaxLanes(t *testing.T) {
+	var n int
+	tb := NewTable(TableConfig{MaxLanes: 3, OnEvict: func(*Lane) { n++ }})
+	for i := 0; i < 10; i++ {
+		tb.Get(Key{Path: string(rune('a' + i))})
+	}
+	if tb.Len() != 3 || n != 7 {
+		t.Fatalf("len = %d, evicted = %d", tb.Len(), n)
+	}
+}
+
+func TestKeyNeverHoldsRawCredential(t *testing.T) {
+	k := Key{CredentialHash: HashCredential("sk-secret-123"), Path: "/p"}
+	for _, s := range []string{k.ID(), k.ShortKeyHash(), k.String(), k.CredentialHash} {
+		if contains(s, "sk-secret") {
+			t.Fatalf("%q holds the raw key", s)
+		}
+	}
+	if len(k.ShortKeyHash()) != 12 || len(k.ID()) != 12 {
+		t.Fatalf("short forms: %q %q", k.ShortKeyHash(), k.ID())
+	}
+}
+
+func contains(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
