@@ -94,9 +94,9 @@ type laneStats struct {
 type waiter struct {
 	ready     chan struct{} // closed when granted
 	granted   bool
-	holdsSlot bool      // a retry: it already has a slot and only waits for time
-	seq       uint64    // arrival order at the lane, kept across retries
-	cost      int64     // estimated tokens
+	holdsSlot bool   // a retry: it already has a slot and only waits for time
+	seq       uint64 // arrival order at the lane, kept across retries
+	cost      int64  // estimated tokens
 }
 
 func newLane(key Key, cfg Config) *Lane {
