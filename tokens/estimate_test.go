@@ -1,0 +1,307 @@
+package tokens
+
+import (
+	"strings"
+	"testing"
+)
+
+// q is ceil(n/4), the prompt tokens of n bytes of text.
+func q(n int64) int64 { return (n + 3) / 4 }
+
+func TestEstimate(t *testing.T) {
+	bigImage := `data:image/png;base64,` + strings.Repeat("iVBORw0KGgo", 10000)
+	tests := []struct {
+		name string
+		path string
+		body string
+		want int64
+	}{
+		// OpenAI Chat Completions.
+		{
+			name: "chat/string content",
+			path: "/v1/chat/completions",
+			body: `{"model":"gpt-4o","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hello there"}],"max_tokens":100}`,
+			want: q(14+11) + 2*MessageOverhead + 100,
+		},
+		{
+			name: "chat/multimodal parts",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":[{"type":"text","text":"What is in this image?"},{"type":"image_url","image_url":{"url":"` + bigImage + `","detail":"high"}},{"type":"input_audio","input_audio":{"data":"UklGRg==","format":"wav"}}]}],"max_completion_tokens":50}`,
+			want: q(22) + MessageOverhead + 2*MediaTokens + 50,
+		},
+		{
+			name: "chat/max_completion_tokens wins over max_tokens",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"max_tokens":1000,"max_completion_tokens":10}`,
+			want: 1 + MessageOverhead + 10,
+		},
+		{
+			name: "chat/null max_completion_tokens falls through to max_tokens",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"max_completion_tokens":null,"max_tokens":30}`,
+			want: 1 + MessageOverhead + 30,
+		},
+		{
+			name: "chat/missing max tokens",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}]}`,
+			want: 1 + MessageOverhead + DefaultMaxOutput,
+		},
+		{
+			name: "chat/n multiplies output",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"max_tokens":10,"n":3}`,
+			want: 1 + MessageOverhead + 3*10,
+		},
+		{
+			name: "chat/n multiplies default output",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"n":2}`,
+			want: 1 + MessageOverhead + 2*DefaultMaxOutput,
+		},
+		{
+			name: "chat/n capped at 128",
+			path: "/v1/chat/completions",
+			body: `{"messages":[],"max_tokens":1,"n":1e9}`,
+			want: maxChoices,
+		},
+		{
+			name: "chat/zero and negative limits ignored",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"max_completion_tokens":0,"max_tokens":-5,"n":0}`,
+			want: 1 + MessageOverhead + DefaultMaxOutput,
+		},
+		{
+			name: "chat/tool calls and tool results",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"sunny"}],"max_tokens":5}`,
+			want: q(16+5) + 2*MessageOverhead + 5,
+		},
+		{
+			name: "chat/tool definitions count whole",
+			path: "/v1/chat/completions",
+			body: `{"messages":[],"tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":5}`,
+			// type function function name f
+			want: q(4+8+8+4+1) + 5,
+		},
+		{
+			name: "chat/azure deployment path",
+			path: "/openai/deployments/gpt-4o/chat/completions",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"max_tokens":7}`,
+			want: 1 + MessageOverhead + 7,
+		},
+		{
+			name: "chat/query and trailing slash ignored",
+			path: "/v1/chat/completions/?api-version=2024-10-21",
+			body: `{"messages":[{"role":"user","content":"abcd"}],"max_tokens":7}`,
+			want: 1 + MessageOverhead + 7,
+		},
+		{
+			name: "chat/non-ASCII counts bytes",
+			path: "/v1/chat/completions",
+			body: `{"messages":[{"role":"user","content":"héllo 世界"}],"max_tokens":1}`,
+			want: q(6+1+6) + MessageOverhead + 1,
+		},
+		{
+			name: "chat/huge max_tokens does not overflow",
+			path: "/v1/chat/completions",
+			body: `{"messages":[],"max_tokens":1e300,"n":128}`,
+			want: maxCount * maxChoices,
+		},
+
+		// Legacy completions.
+		{
+			name: "completions/prompt string",
+			path: "/v1/completions",
+			body: `{"prompt":"Once upon a time","max_tokens":16}`,
+			want: q(16) + 16,
+		},
+		{
+			name: "completions/best_of multiplies output",
+			path: "/v1/completions",
+			body: `{"prompt":[1,2,3],"max_tokens":16,"best_of":4,"n":2}`,
+			want: 3 + 4*16,
+		},
+
+		// OpenAI Responses.
+		{
+			name: "responses/string input and instructions",
+			path: "/v1/responses",
+			body: `{"model":"gpt-5","instructions":"Be brief.","input":"Tell me a joke.","max_output_tokens":64}`,
+			want: q(9+15) + 2*MessageOverhead + 64,
+		},
+		{
+			name: "responses/items with parts",
+			path: "/v1/responses",
+			body: `{"input":[{"role":"user","content":[{"type":"input_text","text":"Describe"},{"type":"input_image","image_url":"` + bigImage + `"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"result"},{"type":"reasoning","summary":[{"type":"summary_text","text":"ok"}],"encrypted_content":"` + strings.Repeat("x", 4000) + `"}]}`,
+			want: q(8+2+6+2) + 4*MessageOverhead + MediaTokens + DefaultMaxOutput,
+		},
+		{
+			name: "responses/output schema counts",
+			path: "/v1/responses",
+			body: `{"input":"abcd","text":{"format":{"type":"json_object"}},"max_output_tokens":1}`,
+			// abcd, then format type json_object (the top-level key is not counted)
+			want: q(4+6+4+11) + MessageOverhead + 1,
+		},
+
+		// Embeddings.
+		{
+			name: "embeddings/string",
+			path: "/v1/embeddings",
+			body: `{"model":"text-embedding-3-small","input":"hello world"}`,
+			want: q(11),
+		},
+		{
+			name: "embeddings/strings",
+			path: "/v1/embeddings",
+			body: `{"input":["abcd","efgh","ij"],"max_tokens":500}`,
+			want: q(10),
+		},
+		{
+			name: "embeddings/token array",
+			path: "/v1/embeddings",
+			body: `{"input":[1,2,3,4,5]}`,
+			want: 5,
+		},
+		{
+			name: "embeddings/token arrays",
+			path: "/v1/embeddings",
+			body: `{"input":[[1,2],[3,4,5],[]]}`,
+			want: 5,
+		},
+		{
+			name: "embeddings/empty input is at least 1",
+			path: "/v1/embeddings",
+			body: `{"input":""}`,
+			want: 1,
+		},
+
+		// Anthropic Messages.
+		{
+			name: "messages/system string under a route prefix",
+			path: "/anthropic/v1/messages",
+			body: `{"model":"claude-sonnet-4-5","system":"Be kind.","messages":[{"role":"user","content":"Hi!"}],"max_tokens":1024}`,
+			want: q(8+3) + 2*MessageOverhead + 1024,
+		},
+		{
+			name: "messages/blocks, image, tool use and result, thinking",
+			path: "/v1/messages",
+			body: `{"system":[{"type":"text","text":"Sys","cache_control":{"type":"ephemeral"}}],"messages":[` +
+				`{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + bigImage + `"}},{"type":"text","text":"What?"}]},` +
+				`{"role":"assistant","content":[{"type":"thinking","thinking":"hmm","signature":"` + strings.Repeat("s", 1000) + `"},{"type":"tool_use","id":"t","name":"look","input":{"q":"x"}}]},` +
+				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"found"}]}]}` +
+				`],"max_tokens":100}`,
+			want: q(3+5+3+2+5) + 4*MessageOverhead + MediaTokens + 100,
+		},
+		{
+			name: "messages/missing max_tokens",
+			path: "/v1/messages",
+			body: `{"messages":[{"role":"user","content":"abcd"}]}`,
+			want: 1 + MessageOverhead + DefaultMaxOutput,
+		},
+
+		// Anything else.
+		{
+			name: "garbage body on a known path",
+			path: "/v1/chat/completions",
+			body: `not json`,
+			want: q(8) + DefaultMaxOutput,
+		},
+		{
+			name: "truncated JSON",
+			path: "/v1/messages",
+			body: `{"messages":[{"role":"user","content":"ab`,
+			want: q(int64(len(`{"messages":[{"role":"user","content":"ab`))) + DefaultMaxOutput,
+		},
+		{
+			name: "JSON array body",
+			path: "/v1/chat/completions",
+			body: `[1,2,3]`,
+			want: q(7) + DefaultMaxOutput,
+		},
+		{
+			name: "null body",
+			path: "/v1/responses",
+			body: `null`,
+			want: 1 + DefaultMaxOutput,
+		},
+		{
+			name: "empty body",
+			path: "/v1/chat/completions",
+			body: ``,
+			want: DefaultMaxOutput,
+		},
+		{
+			name: "unknown path",
+			path: "/v1/audio/speech",
+			body: `{"input":"abcdefgh","max_tokens":5}`,
+			want: q(int64(len(`{"input":"abcdefgh","max_tokens":5}`))) + DefaultMaxOutput,
+		},
+		{
+			name: "wrong field types",
+			path: "/v1/chat/completions",
+			body: `{"messages":"abcd","max_tokens":"100","n":"2"}`,
+			want: 1 + MessageOverhead + DefaultMaxOutput,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Estimate(tt.path, []byte(tt.body)); got != tt.want {
+				t.Errorf("Estimate(%q, …) = %d, want %d", tt.path, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestEstimateCountsToolDefinitions(t *testing.T) {
+	without := `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+	with := `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"tools":[{"type":"function","function":{"name":"get_weather","description":"Get the weather for a city.","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]}`
+	a, b := Estimate("/v1/chat/completions", []byte(without)), Estimate("/v1/chat/completions", []byte(with))
+	if b <= a+10 {
+		t.Errorf("with tools %d, without %d: tool definitions not counted", b, a)
+	}
+}
+
+func TestAPIOf(t *testing.T) {
+	tests := []struct {
+		path string
+		want api
+	}{
+		{"/v1/chat/completions", apiChat},
+		{"chat/completions", apiChat},
+		{"/v1/completions", apiCompletions},
+		{"/v1/responses", apiResponses},
+		{"/v1/embeddings", apiEmbeddings},
+		{"/v1/messages", apiMessages},
+		{"/anthropic/v1/messages", apiMessages},
+		{"/v1/messages/count_tokens", apiUnknown},
+		{"/v1/responses/resp_123", apiUnknown},
+		{"/v1/myresponses", apiUnknown},
+		{"", apiUnknown},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			if got := apiOf(tt.path); got != tt.want {
+				t.Errorf("apiOf(%q) = %d, want %d", tt.path, got, tt.want)
+			}
+		})
+	}
+}
+
+func FuzzEstimate(f *testing.F) {
+	for _, s := range []struct{ path, body string }{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}],"n":2,"max_tokens":9}`},
+		{"/v1/responses", `{"instructions":"x","input":[{"role":"user","content":"hi"}],"max_output_tokens":3}`},
+		{"/v1/embeddings", `{"input":[[1,2],[3]]}`},
+		{"/anthropic/v1/messages", `{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/completions", `{"prompt":["a",1],"best_of":3}`},
+		{"/x", "\x00\xff"},
+	} {
+		f.Add(s.path, []byte(s.body))
+	}
+	f.Fuzz(func(t *testing.T, path string, body []byte) {
+		if got := Estimate(path, body); got < 1 {
+			t.Fatalf("Estimate(%q, %q) = %d, want >= 1", path, body, got)
+		}
+	})
+}

@@ -1,0 +1,174 @@
+package tokens
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+const (
+	// maxLine is the longest line examined whole.
+	maxLine = 1 << 20
+	// lineTail is how much of a longer line is kept and examined: usage
+	// comes last in every event that carries it, so it survives.
+	lineTail = 64 << 10
+)
+
+var usageKey = []byte(`"usage"`)
+
+// StreamScanner picks the token usage out of a server-sent event stream as
+// the stream is copied to the client; it is an io.Writer meant for an
+// io.MultiWriter or a tee. It understands:
+//
+//   - OpenAI Chat Completions with stream_options.include_usage: the last
+//     chunk's "usage".
+//   - OpenAI Responses: "response.usage" of response.completed (or
+//     response.incomplete / response.failed).
+//   - Anthropic Messages: "message.usage" of message_start for the input and
+//     cache fields, then "usage" of each message_delta, whose output_tokens
+//     is cumulative.
+//
+// It finds every non-null "usage" object on each line and keeps the latest
+// value of each field. Lines may arrive split across writes at any point;
+// the result is the same. Ordinary content lines are only searched for the
+// "usage" key, not decoded. At most 1 MiB of an unfinished line is held;
+// of a longer line only its last 64 KiB is examined.
+//
+// The zero value is ready to use. A StreamScanner is not safe for
+// concurrent use.
+type StreamScanner struct {
+	line   []byte // the unfinished line carried over from earlier writes
+	long   bool   // line overflowed maxLine and holds only its tail
+	fields usageFields
+}
+
+// Write scans p. It always returns len(p), nil.
+func (s *StreamScanner) Write(p []byte) (int, error) {
+	n := len(p)
+	for {
+		i := lineEnd(p)
+		if i < 0 {
+			s.carry(p)
+			return n, nil
+		}
+		if len(s.line) == 0 && !s.long {
+			scanLine(&s.fields, p[:i]) // whole line in p: no copy
+		} else {
+			s.carry(p[:i])
+			scanLine(&s.fields, s.line)
+			s.line, s.long = s.line[:0], false
+			if cap(s.line) > lineTail {
+				s.line = nil // do not keep a long line's buffer for the rest of the stream
+			}
+		}
+		p = p[i+1:]
+	}
+}
+
+// Usage returns the usage seen so far. ok is false when the stream has
+// carried none. An unfinished last line counts, as if the stream ended there.
+func (s *StreamScanner) Usage() (u Usage, ok bool) {
+	f := s.fields
+	scanLine(&f, s.line)
+	return f.usage()
+}
+
+// lineEnd returns the index of the first line terminator in p (\n or \r;
+// \r\n then ends a line and an empty one), or -1.
+func lineEnd(p []byte) int {
+	n := bytes.IndexByte(p, '\n')
+	head := p
+	if n >= 0 {
+		head = p[:n]
+	}
+	if r := bytes.IndexByte(head, '\r'); r >= 0 {
+		return r
+	}
+	return n
+}
+
+// carry appends p to the unfinished line, keeping only the last lineTail
+// bytes once the line grows past maxLine.
+func (s *StreamScanner) carry(p []byte) {
+	if !s.long && len(s.line)+len(p) <= maxLine {
+		s.line = append(s.line, p...)
+		return
+	}
+	s.long = true
+	if len(p) >= lineTail {
+		s.line = append(s.line[:0], p[len(p)-lineTail:]...)
+		return
+	}
+	keep := min(len(s.line), lineTail-len(p))
+	s.line = append(s.line[:copy(s.line, s.line[len(s.line)-keep:])], p...)
+}
+
+// scanLine merges into f every usage object on line. A line longer than
+// maxLine is cut to its tail first, as carry does when it arrives in pieces.
+func scanLine(f *usageFields, line []byte) {
+	if len(line) > maxLine {
+		line = line[len(line)-lineTail:]
+	}
+	for {
+		i := bytes.Index(line, usageKey)
+		if i < 0 {
+			return
+		}
+		// A quote inside a JSON string is escaped, so an unescaped
+		// "usage" followed by a colon is a key.
+		line = skipSpace(line[i+len(usageKey):])
+		if len(line) == 0 || line[0] != ':' {
+			continue
+		}
+		line = skipSpace(line[1:])
+		if len(line) == 0 || line[0] != '{' {
+			continue // "usage":null in every OpenAI chunk but the last
+		}
+		end := objectLen(line)
+		if end < 0 {
+			return
+		}
+		var g usageFields
+		if json.Unmarshal(line[:end], &g) == nil {
+			f.merge(&g)
+		}
+		line = line[end:]
+	}
+}
+
+func skipSpace(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	return b
+}
+
+// objectLen returns the length of the JSON object at the start of b, or -1
+// when it does not close within b.
+func objectLen(b []byte) int {
+	depth := 0
+	inString := false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if inString {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
+}

@@ -1,0 +1,94 @@
+package tokens
+
+import "testing"
+
+func TestFromBody(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   string
+		want   Usage
+		wantOK bool
+	}{
+		{
+			name:   "openai chat",
+			body:   `{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}`,
+			want:   Usage{Input: 19, Output: 10},
+			wantOK: true,
+		},
+		{
+			name:   "openai responses",
+			body:   `{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":0},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":64},"total_tokens":123}}`,
+			want:   Usage{Input: 36, Output: 87},
+			wantOK: true,
+		},
+		{
+			name:   "openai embeddings",
+			body:   `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}`,
+			want:   Usage{Input: 8},
+			wantOK: true,
+		},
+		{
+			name:   "anthropic with cache",
+			body:   `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":6,"service_tier":"standard"}}`,
+			want:   Usage{Input: 2112, Output: 6},
+			wantOK: true,
+		},
+		{
+			name:   "anthropic null cache fields",
+			body:   `{"usage":{"input_tokens":12,"cache_creation_input_tokens":null,"cache_read_input_tokens":null,"output_tokens":6}}`,
+			want:   Usage{Input: 12, Output: 6},
+			wantOK: true,
+		},
+		{
+			name:   "unbroken-down total counts as output",
+			body:   `{"usage":{"prompt_tokens":10,"completion_tokens":5,"total_tokens":40}}`,
+			want:   Usage{Input: 10, Output: 30},
+			wantOK: true,
+		},
+		{
+			name:   "total only",
+			body:   `{"usage":{"total_tokens":40}}`,
+			want:   Usage{Input: 40},
+			wantOK: true,
+		},
+		{
+			name:   "float counts",
+			body:   `{"usage":{"prompt_tokens":10.0,"completion_tokens":5e0}}`,
+			want:   Usage{Input: 10, Output: 5},
+			wantOK: true,
+		},
+		{
+			name:   "odd fields are skipped, the rest kept",
+			body:   `{"usage":{"prompt_tokens":"10","completion_tokens":-5,"total_tokens":{}}}`,
+			want:   Usage{},
+			wantOK: true,
+		},
+		{
+			name:   "huge counts are clamped",
+			body:   `{"usage":{"input_tokens":1e300,"output_tokens":1e300,"cache_read_input_tokens":1e300}}`,
+			want:   Usage{Input: 2 * maxCount, Output: maxCount},
+			wantOK: true,
+		},
+		{name: "no usage", body: `{"id":"x","choices":[]}`},
+		{name: "null usage", body: `{"usage":null}`},
+		{name: "empty usage", body: `{"usage":{}}`},
+		{name: "usage not an object", body: `{"usage":"lots"}`},
+		{name: "not json", body: `<html>502 Bad Gateway</html>`},
+		{name: "empty", body: ``},
+		{name: "array", body: `[{"usage":{"prompt_tokens":1}}]`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := FromBody([]byte(tt.body))
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("FromBody = %+v, %v; want %+v, %v", got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
+
+func TestUsageTotal(t *testing.T) {
+	if got := (Usage{Input: 3, Output: 4}).Total(); got != 7 {
+		t.Errorf("Total = %d, want 7", got)
+	}
+}
