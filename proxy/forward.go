@@ -1,0 +1,323 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/upstream"
+)
+
+// request is one client request on its way through the proxy.
+type request struct {
+	route     string
+	target    *url.URL
+	body      []byte
+	lane      *lanequeue.Lane
+	arrived   time.Time
+	deadline  time.Time
+	queueWait time.Duration
+	retries   int
+	upstream  time.Duration // sum of attempt latencies
+	status    int           // what the client got; 0 = client went away
+}
+
+func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p.serve(w, r, route, base, strings.TrimPrefix(r.URL.Path, prefix))
+	}
+}
+
+// targetURL joins the configured upstream with the client's path. The host
+// always comes from configuration; the path is cleaned so dot segments
+// cannot climb above the upstream's base path.
+func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
+	clean := path.Clean("/" + rest)
+	if strings.HasSuffix(rest, "/") && clean != "/" {
+		clean += "/"
+	}
+	u := *base
+	u.Path = strings.TrimSuffix(base.Path, "/") + clean
+	u.RawPath = ""
+	u.RawQuery = rawQuery
+	u.Fragment = ""
+	u.User = nil
+	return &u
+}
+
+// credential returns the first credential the request carries.
+func credential(h http.Header) string {
+	if v := h.Get("Authorization"); v != "" {
+		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+			return strings.TrimSpace(v[7:])
+		}
+		return v
+	}
+	if v := h.Get("X-Api-Key"); v != "" {
+		return v
+	}
+	return h.Get("Api-Key")
+}
+
+// modelOf reads the top-level "model" of a JSON body, "" when there is none.
+func modelOf(body []byte) string {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	if len(b) == 0 || b[0] != '{' {
+		return ""
+	}
+	var v struct {
+		Model string `json:"model"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return ""
+	}
+	return v.Model
+}
+
+// budget returns the request's deadline: MaxWait, shortened by the client's
+// own X-Stainless-Timeout (seconds) when it sends one.
+func (p *Proxy) budget(r *http.Request, now time.Time) time.Time {
+	d := p.cfg.MaxWait
+	if v := r.Header.Get("X-Stainless-Timeout"); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e7 {
+			if c := time.Duration(secs * float64(time.Second)); c < d {
+				d = c
+			}
+		}
+	}
+	return now.Add(d)
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {
+	now := p.cfg.Clock.Now()
+	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now}
+	defer func() { p.finish(r, req) }()
+
+	body, errRep := p.readBody(w, r)
+	if errRep != nil {
+		req.status = errRep.status
+		errRep.write(w)
+		return
+	}
+	req.body = body
+	req.deadline = p.budget(r, now)
+	key := lanequeue.Key{
+		Route:          route,
+		CredentialHash: lanequeue.HashCredential(credential(r.Header)),
+		Path:           req.target.Path,
+		Model:          modelOf(body),
+	}
+	req.lane = p.lanes.Get(key)
+	w.Header().Set("X-Llmproxy-Lane", req.lane.ID())
+
+	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
+	defer cancel()
+	slot, err := req.lane.Acquire(ctx, 0)
+	req.queueWait = p.cfg.Clock.Now().Sub(now)
+	if err != nil {
+		p.refuse(w, r, req, err)
+		return
+	}
+	defer slot.Release()
+	p.metrics.queueWait.Observe(req.queueWait.Seconds())
+	p.forward(ctx, w, r, req, slot)
+}
+
+// readBody buffers the body so it can be sent again, refusing one larger than
+// MaxBodyBytes before reading it all.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *errorReply) {
+	tooLarge := &errorReply{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+		msg: "request body larger than " + strconv.FormatInt(p.cfg.MaxBodyBytes, 10) + " bytes (LLMPROXY_MAX_BODY_BYTES)", noRetry: true}
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		return nil, tooLarge
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge
+		}
+		return nil, &errorReply{status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error",
+			msg: "could not read the request body: " + err.Error()}
+	}
+	return body, nil
+}
+
+// refuse answers a request that never got a slot.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
+	setLLMHeaders(w.Header(), req)
+	switch {
+	case r.Context().Err() != nil:
+		return // the client went away; nobody to answer
+	case errors.Is(err, lanequeue.ErrQueueFull):
+		e := errorReply{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full",
+			msg: "lane " + req.lane.ID() + " has too many waiting requests (LLMPROXY_MAX_QUEUE); retry later", retryAfter: time.Second}
+		req.status = e.status
+		e.write(w)
+	default:
+		e := errorReply{status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded",
+			msg: "request budget ran out while waiting in lane " + req.lane.ID() + " (LLMPROXY_MAX_WAIT or the client's timeout)", noRetry: true}
+		req.status = e.status
+		e.write(w)
+	}
+}
+
+// attempt makes one upstream attempt bounded by the budget until the answer's
+// headers arrive; after that only the client's own cancellation ends it.
+func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (upstream.Result, context.CancelFunc, bool) {
+	actx, cancel := context.WithCancel(r.Context())
+	var mu sync.Mutex
+	headers, timedOut := false, false
+	stop := context.AfterFunc(budget, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !headers {
+			timedOut = true
+			cancel()
+		}
+	})
+	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), bytes.NewReader(req.body))
+	out.Header = upstream.OutboundHeader(r.Header)
+	out.ContentLength = int64(len(req.body))
+	if req.body == nil {
+		out.Body = http.NoBody
+		out.ContentLength = 0
+	}
+	res := upstream.Do(p.cfg.Transport, out, p.cfg.Clock.Now())
+	mu.Lock()
+	headers = true
+	late := timedOut
+	mu.Unlock()
+	stop()
+	req.upstream += res.Latency
+	return res, cancel, late
+}
+
+// forward runs the attempts and answers the client. The slot is held
+// throughout, retries included.
+func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request, slot *lanequeue.Slot) {
+	laneID := req.lane.ID()
+	for {
+		res, cancel, timedOut := p.attempt(ctx, r, req)
+		defer cancel()
+		p.metrics.attempt(laneID, req.route, res)
+		if r.Context().Err() != nil {
+			res.Discard()
+			return
+		}
+		if timedOut {
+			res.Discard()
+			p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting for the upstream's answer")
+			return
+		}
+		if res.Outcome != upstream.Retryable {
+			p.respond(w, req, res)
+			return
+		}
+		wait, why := p.retryDelay(req, res)
+		if why != "" {
+			p.giveUp(w, req, res, why)
+			return
+		}
+		res.Discard()
+		now := p.cfg.Clock.Now()
+		if res.Resp != nil && res.Resp.StatusCode == http.StatusTooManyRequests {
+			p.metrics.absorbed429.WithLabelValues(laneID).Inc()
+		}
+		if res.PausesLane {
+			req.lane.PauseUntil(now.Add(wait))
+		} else if err := sleep(ctx, p.cfg.Clock, wait); err != nil {
+			p.giveUpWaiting(w, r, req, err)
+			return
+		}
+		req.retries++
+		if err := slot.WaitRetry(ctx); err != nil {
+			p.giveUpWaiting(w, r, req, err)
+			return
+		}
+	}
+}
+
+// retryDelay decides how long to wait before retrying, or why not to.
+func (p *Proxy) retryDelay(req *request, res upstream.Result) (time.Duration, string) {
+	if req.retries >= p.cfg.MaxRetries {
+		return 0, "retries exhausted (LLMPROXY_MAX_RETRIES)"
+	}
+	if res.HasHint && res.Hint > p.cfg.MaxRetryAfter {
+		return 0, "the upstream asks to wait " + res.Hint.Round(time.Millisecond).String() + ", longer than LLMPROXY_MAX_RETRY_AFTER"
+	}
+	wait := p.cfg.Backoff.Choose(req.retries, res.Hint, res.HasHint, p.cfg.Rand())
+	if p.cfg.Clock.Now().Add(wait).After(req.deadline) {
+		return 0, "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's budget"
+	}
+	return wait, ""
+}
+
+// giveUp hands the client the upstream's own last answer, or a proxy error
+// when there is none, marked so SDKs do not retry on top of the proxy.
+func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result, why string) {
+	if res.Resp != nil {
+		p.log.Debug("giving up on retries", "lane", req.lane.ID(), "status", res.Resp.StatusCode, "reason", why)
+		p.respond(w, req, res)
+		return
+	}
+	setLLMHeaders(w.Header(), req)
+	e := errorReply{status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", msg: why, noRetry: true}
+	if res.Err != nil {
+		e = errorReply{status: http.StatusBadGateway, typ: "upstream_error", code: "upstream_unreachable",
+			msg: "upstream " + req.target.Host + " unreachable: " + redactErr(res.Err, req.target) + " (" + why + ")", noRetry: true}
+	}
+	req.status = e.status
+	e.write(w)
+}
+
+func (p *Proxy) giveUpWaiting(w http.ResponseWriter, r *http.Request, req *request, err error) {
+	if r.Context().Err() != nil {
+		return
+	}
+	p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting to retry: "+err.Error())
+}
+
+// redactErr returns a transport error without the URL's query, which a
+// client may have used for an api key.
+func redactErr(err error, u *url.URL) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	s := err.Error()
+	if u.RawQuery != "" {
+		s = strings.ReplaceAll(s, u.RawQuery, "…")
+	}
+	return s
+}
+
+// sleep waits d on the proxy's clock, or until ctx is done.
+func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	done := make(chan struct{})
+	t := c.AfterFunc(d, func() { close(done) })
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,198 @@
+// Package proxy is llmproxy's HTTP side: it routes a request to its
+// upstream, keys it into a lane, buffers its body, waits in the lane's
+// queue, forwards it with retries that keep the slot, and streams the answer
+// back. It also serves the admin endpoints.
+//
+// It does not parse rate-limit headers (headerparse), choose retry delays
+// (backoff), make upstream attempts (upstream) or decide queue order
+// (lanequeue).
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmproxy/llmproxy/backoff"
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/upstream"
+)
+
+// Route sends requests under /Name/ to URL, with the prefix removed.
+type Route struct {
+	Name string
+	URL  *url.URL
+}
+
+// Config is everything the proxy needs. Zero fields take the documented
+// defaults.
+type Config struct {
+	Upstream      *url.URL      // default upstream; nil = https://api.openai.com
+	Routes        []Route       // named prefix routes
+	MaxRetries    int           // upstream attempts after the first; zero = none, negative = 0
+	MaxWait       time.Duration // a request's whole budget (queue + retries); zero = 10m
+	MaxRetryAfter time.Duration // longer upstream hints are not waited for; zero = 2m
+	MaxBodyBytes  int64         // larger bodies get 413; zero = 32 MiB
+	Lanes         lanequeue.TableConfig
+	Transport     http.RoundTripper     // nil = upstream.NewTransport()
+	Logger        *slog.Logger          // nil = discard
+	Registry      prometheus.Registerer // nil = a private registry
+	Gatherer      prometheus.Gatherer   // what /metrics serves; nil = the private registry
+	Clock         clock.Clock           // nil = wall clock; also set into Lanes
+	Backoff       backoff.Policy
+	Rand          func() float64 // jitter source; nil = math/rand/v2
+}
+
+// Proxy is the request handler plus its lane table and metrics.
+type Proxy struct {
+	cfg     Config
+	lanes   *lanequeue.Table
+	metrics *metrics
+	log     *slog.Logger
+	handler http.Handler
+}
+
+// New builds a proxy from cfg.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Upstream == nil {
+		u, _ := url.Parse("https://api.openai.com")
+		cfg.Upstream = u
+	}
+	if err := checkUpstream(cfg.Upstream); err != nil {
+		return nil, fmt.Errorf("proxy: upstream: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, r := range cfg.Routes {
+		if r.Name == "" || strings.ContainsAny(r.Name, "/?#") {
+			return nil, fmt.Errorf("proxy: route name %q: must be a non-empty path segment", r.Name)
+		}
+		if seen[r.Name] {
+			return nil, fmt.Errorf("proxy: route %q given twice", r.Name)
+		}
+		seen[r.Name] = true
+		if err := checkUpstream(r.URL); err != nil {
+			return nil, fmt.Errorf("proxy: route %q: %w", r.Name, err)
+		}
+	}
+	if cfg.MaxRetries < 0 {
+		cfg.MaxRetries = 0
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 10 * time.Minute
+	}
+	if cfg.MaxRetryAfter <= 0 {
+		cfg.MaxRetryAfter = 2 * time.Minute
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 32 << 20
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = upstream.NewTransport()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Lanes.Lane.Clock == nil {
+		cfg.Lanes.Lane.Clock = cfg.Clock
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Float64
+	}
+	if cfg.Registry == nil {
+		reg := prometheus.NewRegistry()
+		cfg.Registry = reg
+		if cfg.Gatherer == nil {
+			cfg.Gatherer = reg
+		}
+	}
+	if cfg.Gatherer == nil {
+		cfg.Gatherer = prometheus.DefaultGatherer
+	}
+
+	p := &Proxy{cfg: cfg, log: cfg.Logger}
+	onEvict := cfg.Lanes.OnEvict
+	cfg.Lanes.OnEvict = func(l *lanequeue.Lane) {
+		p.metrics.forgetLane(l.ID())
+		if onEvict != nil {
+			onEvict(l)
+		}
+	}
+	p.lanes = lanequeue.NewTable(cfg.Lanes)
+	m, err := newMetrics(cfg.Registry, p.lanes)
+	if err != nil {
+		return nil, err
+	}
+	p.metrics = m
+
+	r := chi.NewRouter()
+	for _, rt := range cfg.Routes {
+		h := p.routeHandler(rt.Name, rt.URL, "/"+rt.Name)
+		r.Handle("/"+rt.Name, h)
+		r.Handle("/"+rt.Name+"/*", h)
+	}
+	r.NotFound(p.routeHandler("", cfg.Upstream, ""))
+	r.MethodNotAllowed(p.routeHandler("", cfg.Upstream, ""))
+	p.handler = p.guard(r)
+	return p, nil
+}
+
+func checkUpstream(u *url.URL) error {
+	if u == nil {
+		return fmt.Errorf("missing URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: scheme must be http or https", u.Redacted())
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: no host", u.Redacted())
+	}
+	if u.User != nil {
+		return fmt.Errorf("%q: credentials in the URL are not supported", u.Redacted())
+	}
+	return nil
+}
+
+// ServeHTTP handles a client request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.ServeHTTP(w, r) }
+
+// Lanes is the proxy's lane table.
+func (p *Proxy) Lanes() *lanequeue.Table { return p.lanes }
+
+// guard refuses requests that try to choose the upstream themselves and
+// turns a panic into a JSON 500 instead of a dropped connection.
+func (p *Proxy) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				p.log.Error("panic serving request", "panic", fmt.Sprint(v), "path", r.URL.Path)
+				writeError(w, http.StatusInternalServerError, "server_error", "internal_error", "internal error", nil)
+			}
+		}()
+		if r.Method == http.MethodConnect {
+			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
+				"CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it", nil)
+			return
+		}
+		if !strings.HasPrefix(r.RequestURI, "/") {
+			writeError(w, http.StatusBadRequest, "invalid_request_error", "absolute_uri",
+				"absolute-form request targets are not supported: llmproxy sends every request to its configured upstream", nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

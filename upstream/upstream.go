@@ -1,0 +1,201 @@
+// Package upstream makes one attempt at the upstream and classifies its
+// answer: success, retryable, or final. It owns the outbound transport and
+// the rules for which headers cross the proxy; it does not decide whether or
+// when to retry (that is the proxy's job) and does not queue.
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// NewTransport returns the one outbound transport: a keep-alive pool sized
+// for many concurrent requests to few hosts, HTTP/2 to TLS upstreams, no
+// overall timeout (LLM answers can take minutes; the caller's context bounds
+// each attempt).
+func NewTransport() *http.Transport {
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           dialer.DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          2048,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+}
+
+// Outcome is how the proxy should treat an attempt's answer.
+type Outcome int
+
+const (
+	// Success: pass the answer to the client (2xx, and any status the
+	// proxy has no reason to retry, like 3xx).
+	Success Outcome = iota
+	// Retryable: a 429 that is not a hard quota, 408, 500, 502, 503, 504,
+	// 529, or a connection error. Waiting may help.
+	Retryable
+	// Final: an error waiting cannot fix; pass it to the client as is.
+	Final
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Success:
+		return "success"
+	case Retryable:
+		return "retryable"
+	default:
+		return "final"
+	}
+}
+
+// MaxErrorBody is how much of an error answer is read to classify it. The
+// rest is not lost: Result.Resp.Body still yields the whole body.
+const MaxErrorBody = 64 << 10
+
+// Result is one attempt.
+type Result struct {
+	// Resp is the upstream answer, nil on a connection error. For error
+	// statuses its Body has been partly read to classify it and is rewound.
+	Resp    *http.Response
+	Err     error // transport error when Resp is nil
+	Outcome Outcome
+	Limits  headerparse.Limits
+	Error   headerparse.ErrorInfo // for error statuses
+	// Hint is the upstream's own word on when to try again: retry-after-ms,
+	// Retry-After, a "try again in" message, or the reset of an exhausted
+	// window. HasHint is false when it said nothing.
+	Hint    time.Duration
+	HasHint bool
+	// PausesLane: the answer speaks for the whole lane (rate limited or
+	// overloaded), not just this request.
+	PausesLane bool
+	Latency    time.Duration // until the response headers arrived
+}
+
+// retryableStatus lists the statuses that waiting may fix.
+func retryableStatus(code int) bool {
+	switch code {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests,
+		http.StatusInternalServerError, http.StatusBadGateway,
+		http.StatusServiceUnavailable, http.StatusGatewayTimeout, 529:
+		return true
+	}
+	return false
+}
+
+// RetryableStatus reports whether a status is one an SDK would retry and the
+// proxy retries too; the proxy marks such answers x-should-retry: false when
+// it hands them to the client.
+func RetryableStatus(code int) bool { return retryableStatus(code) || code == http.StatusConflict }
+
+// Do sends one attempt. req must carry the context that bounds the attempt
+// and a body that can be read once (callers make a fresh one per attempt).
+// now anchors relative reset headers.
+func Do(rt http.RoundTripper, req *http.Request, now time.Time) Result {
+	start := time.Now()
+	resp, err := rt.RoundTrip(req)
+	r := Result{Latency: time.Since(start)}
+	if err != nil {
+		r.Err = err
+		r.Outcome = Retryable
+		if req.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			r.Outcome = Final
+		}
+		return r
+	}
+	r.Resp = resp
+	r.Limits = headerparse.Parse(resp.Header, now)
+	if resp.StatusCode < 400 {
+		r.Outcome = Success
+		return r
+	}
+	if !retryableStatus(resp.StatusCode) {
+		r.Outcome = Final
+		return r
+	}
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
+	resp.Body = &rewound{Reader: io.MultiReader(bytes.NewReader(head), resp.Body), Closer: resp.Body}
+	r.Error = headerparse.ParseError(resp.StatusCode, head)
+	if r.Error.Kind.Final() {
+		r.Outcome = Final
+		return r
+	}
+	r.Outcome = Retryable
+	r.PausesLane = resp.StatusCode == http.StatusTooManyRequests ||
+		resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == 529
+	switch {
+	case r.Limits.HasRetryAfter:
+		r.Hint, r.HasHint = r.Limits.RetryAfter, true
+	case r.Error.HasRetryIn:
+		r.Hint, r.HasHint = r.Error.RetryIn, true
+	default:
+		if at, ok := r.Limits.ResumeAt(now); ok && resp.StatusCode == http.StatusTooManyRequests {
+			r.Hint, r.HasHint = max(at.Sub(now), 0), true
+		}
+	}
+	return r
+}
+
+type rewound struct {
+	io.Reader
+	io.Closer
+}
+
+// Discard drains a little of an unwanted answer and closes it, so the
+// connection can be reused.
+func (r Result) Discard() {
+	if r.Resp == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, r.Resp.Body, 256<<10)
+	_ = r.Resp.Body.Close()
+}
+
+// hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1, plus the
+// de-facto ones, never forwarded in either direction.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// StripHopHeaders removes hop-by-hop headers, including any that Connection
+// names, from h in place.
+func StripHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+// OutboundHeader is the header set sent upstream for a client's header:
+// hop-by-hop headers dropped, Accept-Encoding dropped so the transport
+// negotiates gzip itself and hands the proxy plain bytes (it must read
+// error bodies and usage), and nothing added that reveals the client.
+func OutboundHeader(in http.Header) http.Header {
+	h := in.Clone()
+	StripHopHeaders(h)
+	h.Del("Accept-Encoding")
+	h.Del("Content-Length")
+	h.Del("Host")
+	return h
+}
