@@ -1,0 +1,182 @@
+package mockupstream
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// dialect is the provider a path imitates; it picks header names and error
+// bodies.
+type dialect int
+
+const (
+	openAI dialect = iota
+	anthropic
+)
+
+// apiError is an error response before it is rendered in a dialect.
+type apiError struct {
+	status  int
+	typ     string // error.type
+	code    string // OpenAI error.code; "" renders as null
+	message string
+	detail  string // Anthropic error.details.error_code; "" = no details
+}
+
+// writeError sends e as OpenAI's {"error":{...}} or Anthropic's
+// {"type":"error","error":{...},"request_id":...}.
+func writeError(w http.ResponseWriter, d dialect, requestID string, e apiError) {
+	var body any
+	if d == anthropic {
+		inner := map[string]any{"type": e.typ, "message": e.message}
+		if e.detail != "" {
+			inner["details"] = map[string]any{"error_code": e.detail}
+		}
+		body = map[string]any{"type": "error", "error": inner, "request_id": requestID}
+	} else {
+		var code any
+		if e.code != "" {
+			code = e.code
+		}
+		body = map[string]any{"error": map[string]any{
+			"message": e.message, "type": e.typ, "param": nil, "code": code,
+		}}
+	}
+	writeJSON(w, e.status, body)
+}
+
+// writeJSON sends v as a JSON response with the given status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("mockupstream: " + err.Error()) // only our own maps reach here
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// invalidRequest is a 400 in either dialect.
+func invalidRequest(message string) apiError {
+	return apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: message}
+}
+
+// missingKey is the 401 sent when no API key header is present.
+func missingKey(d dialect) apiError {
+	if d == anthropic {
+		return apiError{status: http.StatusUnauthorized, typ: "authentication_error",
+			message: "x-api-key header is required"}
+	}
+	return apiError{status: http.StatusUnauthorized, typ: "invalid_request_error",
+		message: "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."}
+}
+
+// failureTexts gives each injectable status its OpenAI type and code,
+// Anthropic type and message.
+var failureTexts = map[int]struct{ openAIType, openAICode, anthropicType, message string }{
+	http.StatusRequestTimeout:      {"timeout", "", "timeout_error", "Request timed out."},
+	http.StatusInternalServerError: {"server_error", "", "api_error", "The server had an error while processing your request. Sorry about that!"},
+	http.StatusBadGateway:          {"server_error", "", "api_error", "Bad gateway."},
+	http.StatusServiceUnavailable:  {"server_error", "server_is_overloaded", "api_error", "The server is overloaded or not ready yet."},
+	http.StatusGatewayTimeout:      {"timeout", "", "timeout_error", "Gateway timeout."},
+	529:                            {"server_error", "overloaded", "overloaded_error", "Overloaded"},
+	http.StatusTooManyRequests:     {"requests", "rate_limit_exceeded", "rate_limit_error", "Rate limit reached for requests (injected). Please try again in 1s."},
+}
+
+// injectedError is the body for a status scripted with InjectFailures.
+func injectedError(d dialect, status int) apiError {
+	t, ok := failureTexts[status]
+	if !ok {
+		t.openAIType, t.anthropicType = "invalid_request_error", "invalid_request_error"
+		if status >= 500 {
+			t.openAIType, t.anthropicType = "server_error", "api_error"
+		}
+		t.message = fmt.Sprintf("Injected failure %d %s.", status, http.StatusText(status))
+	}
+	if d == anthropic {
+		return apiError{status: status, typ: t.anthropicType, message: t.message}
+	}
+	return apiError{status: status, typ: t.openAIType, code: t.openAICode, message: t.message}
+}
+
+// rejection is the error body for a request admission turned away.
+func rejection(d dialect, a admission, cost int64, maxInFlight int) apiError {
+	e := apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error"}
+	if d == openAI {
+		e.typ, e.code = a.dimension, "rate_limit_exceeded"
+	}
+	switch a.verdict {
+	case injectedFailure:
+		return injectedError(d, a.status)
+	case overHardQuota:
+		if d == anthropic {
+			e.detail = "enforced_spend_limit_reached"
+			e.message = "Your organization has reached its spend limit. Requests will fail until access resumes."
+			return e
+		}
+		e.typ, e.code = "insufficient_quota", "insufficient_quota"
+		e.message = "You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors."
+	case overConcurrency:
+		if d == openAI {
+			e.typ = "requests"
+		}
+		e.message = fmt.Sprintf("Rate limit reached for requests: too many concurrent requests for this key (concurrency limit %d). Please try again in 1s.", maxInFlight)
+	case tooLarge:
+		e.message = fmt.Sprintf("Request too large for tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.", a.limit, cost)
+	case rateLimited:
+		requested, unit := int64(1), "RPM"
+		if a.dimension == "tokens" {
+			requested, unit = cost, "TPM"
+		}
+		e.message = fmt.Sprintf("Rate limit reached for %s per min (%s) in organization org-mock: Limit %d, Used %d, Requested %d. Please try again in %s.",
+			a.dimension, unit, a.limit, a.limit-a.remaining, requested, ceilMillis(a.wait))
+	}
+	return e
+}
+
+// setLimitHeaders reports lv as OpenAI's x-ratelimit-* headers (reset as a
+// Go duration until full) or Anthropic's anthropic-ratelimit-* headers (reset
+// as the RFC 3339 time the bucket is full). Unlimited dimensions are left out.
+func setLimitHeaders(h http.Header, d dialect, lv levels) {
+	for _, dim := range []struct {
+		name string
+		l    *level
+	}{{"requests", lv.requests}, {"tokens", lv.tokens}} {
+		if dim.l == nil {
+			continue
+		}
+		limit := strconv.FormatInt(dim.l.limit, 10)
+		remaining := strconv.FormatInt(dim.l.remaining, 10)
+		if d == anthropic {
+			prefix := "anthropic-ratelimit-" + dim.name + "-"
+			h.Set(prefix+"limit", limit)
+			h.Set(prefix+"remaining", remaining)
+			h.Set(prefix+"reset", lv.at.Add(dim.l.untilFull).UTC().Format(time.RFC3339Nano))
+			continue
+		}
+		h.Set("x-ratelimit-limit-"+dim.name, limit)
+		h.Set("x-ratelimit-remaining-"+dim.name, remaining)
+		h.Set("x-ratelimit-reset-"+dim.name, ceilMillis(dim.l.untilFull).String())
+	}
+}
+
+// setRetryAfter advertises wait as Retry-After (whole seconds, rounded up,
+// at least 1) and retry-after-ms (milliseconds, rounded up).
+func setRetryAfter(h http.Header, wait time.Duration) {
+	secs := max(1, int64(math.Ceil(wait.Seconds())))
+	h.Set("Retry-After", strconv.FormatInt(secs, 10))
+	h.Set("retry-after-ms", strconv.FormatInt(int64(ceilMillis(wait)/time.Millisecond), 10))
+}
+
+// ceilMillis rounds d up to a whole millisecond.
+func ceilMillis(d time.Duration) time.Duration {
+	if r := d % time.Millisecond; r > 0 {
+		d += time.Millisecond - r
+	}
+	return d
+}

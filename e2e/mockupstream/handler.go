@@ -1,0 +1,201 @@
+package mockupstream
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"unicode/utf8"
+)
+
+// maxBody bounds the request bodies the server reads.
+const maxBody = 8 << 20
+
+// defaultMaxTokens is the output reserve when a request sets no maximum.
+const defaultMaxTokens = 16
+
+// endpoint is one mounted API path.
+type endpoint struct {
+	dialect    dialect
+	embeddings bool // charged prompt tokens only
+	answer     func(s *Server, ctx context.Context, w http.ResponseWriter, q *request)
+}
+
+// endpoints are the only paths served; everything else is a 404.
+var endpoints = map[string]endpoint{
+	"/v1/chat/completions": {dialect: openAI, answer: (*Server).answerChat},
+	"/v1/responses":        {dialect: openAI, answer: (*Server).answerResponses},
+	"/v1/embeddings":       {dialect: openAI, embeddings: true, answer: (*Server).answerEmbeddings},
+	"/v1/messages":         {dialect: anthropic, answer: (*Server).answerMessages},
+}
+
+// request is what the answers need from a parsed request body.
+type request struct {
+	model            string
+	stream           bool
+	includeUsage     bool     // chat: stream_options.include_usage
+	inputs           []string // embeddings: the text of each input
+	promptTokens     int64
+	maxTokens        int64 // the completion cap: the request's, or defaultMaxTokens
+	completionTokens int64 // what usage reports
+	cost             int64 // what admission charges the token bucket
+}
+
+// requestBody is the union of the request fields of all four endpoints.
+type requestBody struct {
+	Model         string `json:"model"`
+	Stream        bool   `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	Messages            []any `json:"messages"`     // chat, Anthropic
+	System              any   `json:"system"`       // Anthropic
+	Input               any   `json:"input"`        // Responses, embeddings
+	Instructions        any   `json:"instructions"` // Responses
+	MaxTokens           int64 `json:"max_tokens"`
+	MaxCompletionTokens int64 `json:"max_completion_tokens"`
+	MaxOutputTokens     int64 `json:"max_output_tokens"`
+}
+
+// parseRequest reads a body and applies the token rule of the package doc.
+func parseRequest(body []byte, ep endpoint, completionTokens int64) (*request, error) {
+	var b requestBody
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, err
+	}
+	q := &request{model: b.Model, stream: b.Stream}
+	if b.StreamOptions != nil {
+		q.includeUsage = b.StreamOptions.IncludeUsage
+	}
+
+	var texts []string
+	texts = append(texts, textsOf(b.Messages)...)
+	if ep.embeddings {
+		q.inputs = textsOf(b.Input)
+		texts = append(texts, q.inputs...)
+	} else {
+		texts = append(texts, textsOf(b.Input)...)
+	}
+	for _, extra := range []any{b.System, b.Instructions} {
+		if t := textOf(extra); t != "" {
+			texts = append(texts, t)
+		}
+	}
+	runes := 0
+	for _, t := range texts {
+		runes += utf8.RuneCountInString(t)
+	}
+	q.promptTokens = int64((runes+3)/4 + 3*len(texts))
+
+	q.maxTokens = defaultMaxTokens
+	for _, m := range []int64{b.MaxTokens, b.MaxCompletionTokens, b.MaxOutputTokens} {
+		if m > 0 {
+			q.maxTokens = m
+			break
+		}
+	}
+	q.completionTokens = min(completionTokens, q.maxTokens)
+	q.cost = q.promptTokens + q.maxTokens
+	if ep.embeddings {
+		q.completionTokens, q.cost = 0, q.promptTokens
+	}
+	return q, nil
+}
+
+// textsOf splits v into items: a string is one item, each element of an
+// array is one, except that an array of token ids is one item with no text.
+func textsOf(v any) []string {
+	switch v := v.(type) {
+	case string:
+		return []string{v}
+	case []any:
+		if len(v) > 0 {
+			if _, isTokenID := v[0].(float64); isTokenID {
+				return []string{""}
+			}
+		}
+		texts := make([]string, len(v))
+		for i, item := range v {
+			texts[i] = textOf(item)
+		}
+		return texts
+	}
+	return nil
+}
+
+// textOf gathers the text of a message, content part or input item: strings,
+// recursively through arrays and the "content" and "text" fields of objects.
+func textOf(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case []any:
+		var s string
+		for _, item := range v {
+			s += textOf(item)
+		}
+		return s
+	case map[string]any:
+		return textOf(v["text"]) + textOf(v["content"])
+	}
+	return ""
+}
+
+// serveHTTP routes, authenticates, parses, admits, waits Latency and answers.
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	ep, ok := endpoints[r.URL.Path]
+	if !ok {
+		writeError(w, openAI, "", apiError{status: http.StatusNotFound, typ: "invalid_request_error",
+			code: "unknown_url", message: fmt.Sprintf("Unknown request URL: %s %s.", r.Method, r.URL.Path)})
+		return
+	}
+	d := ep.dialect
+	requestID := s.newID("req_mock_")
+	if d == anthropic {
+		w.Header().Set("request-id", requestID)
+	} else {
+		w.Header().Set("x-request-id", requestID)
+	}
+	if r.Method != http.MethodPost {
+		e := invalidRequest(fmt.Sprintf("%s %s is not supported; use POST.", r.Method, r.URL.Path))
+		e.status = http.StatusMethodNotAllowed
+		writeError(w, d, requestID, e)
+		return
+	}
+	key := apiKey(r)
+	if key == "" {
+		writeError(w, d, requestID, missingKey(d))
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		writeError(w, d, requestID, invalidRequest("could not read the request body: "+err.Error()))
+		return
+	}
+	q, err := parseRequest(body, ep, int64(s.cfg.CompletionTokens))
+	if err != nil {
+		writeError(w, d, requestID, invalidRequest("We could not parse the JSON body of your request: "+err.Error()))
+		return
+	}
+
+	a := s.admit(key, q.cost)
+	if !s.cfg.NoHeaders {
+		setLimitHeaders(w.Header(), d, a.levels)
+		if a.wait > 0 {
+			setRetryAfter(w.Header(), a.wait)
+		}
+	}
+	if a.verdict != admitted {
+		writeError(w, d, requestID, rejection(d, a, q.cost, s.cfg.MaxInFlight))
+		return
+	}
+	// Deferred calls run before net/http sends the buffered end of the
+	// response, so a client that has read the whole answer finds the slot
+	// already free.
+	defer s.release(key)
+	if !s.sleep(r.Context(), s.cfg.Latency) {
+		return
+	}
+	ep.answer(s, r.Context(), w, q)
+}

@@ -1,0 +1,367 @@
+package mockupstream
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config shapes the fake upstream. The zero value is an upstream with no
+// limits that answers at once.
+type Config struct {
+	// RPM refills each key's request bucket, in requests per minute.
+	// 0 = unlimited.
+	RPM int
+	// RequestBurst is the request bucket's capacity, reported as
+	// x-ratelimit-limit-requests. 0 = max(1, RPM/60), one second's worth.
+	RequestBurst int
+	// TPM refills each key's token bucket, in tokens per minute. 0 = unlimited.
+	TPM int64
+	// TokenBurst is the token bucket's capacity. 0 = max(1, TPM/60).
+	TokenBurst int64
+	// Latency is how long each admitted request takes before it answers.
+	Latency time.Duration
+	// NoHeaders sends no rate-limit headers at all, and no Retry-After or
+	// retry-after-ms on 429s: an upstream that tells nothing.
+	NoHeaders bool
+	// HardQuotaKeys always get a non-retryable quota 429: OpenAI
+	// insufficient_quota, or on /v1/messages Anthropic's spend-cap
+	// rate_limit_error (details.error_code enforced_spend_limit_reached).
+	// Neither carries a retry-after.
+	HardQuotaKeys []string
+	// MaxInFlight caps each key's concurrent requests, counted from admission
+	// to the end of the response. Requests over it get a 429 that mentions
+	// concurrency, with Retry-After 1. 0 = unlimited.
+	MaxInFlight int
+	// CompletionTokens is the completion size reported in usage, capped by
+	// the request's max tokens. 0 = 8.
+	CompletionTokens int
+	// StreamChunks is the number of content chunks in a streamed answer
+	// (and of "tok N " pieces in any answer). 0 = 5.
+	StreamChunks int
+	// ChunkDelay is the pause between streamed content chunks.
+	ChunkDelay time.Duration
+	// StreamHold, if non-nil, stops every stream after its first content
+	// chunk until the channel is closed, the client goes away or the server
+	// is closed.
+	StreamHold <-chan struct{}
+	// Now is the clock the buckets refill from. nil = time.Now.
+	Now func() time.Time
+}
+
+// Stats is a snapshot of what the server has seen.
+type Stats struct {
+	// Requests counts requests that reached admission: a known endpoint, an
+	// API key and a well-formed JSON body. The other totals are subsets.
+	Requests int64
+	// OK counts admitted requests (answered, or being answered, with 200).
+	OK int64
+	// RateLimited counts 429s from the buckets, the concurrency limit and
+	// requests larger than the token bucket. Not hard-quota or injected 429s.
+	RateLimited int64
+	// HardQuota counts 429s sent to HardQuotaKeys.
+	HardQuota int64
+	// Injected counts responses scripted with InjectFailures.
+	Injected int64
+	// MaxInFlightSeen is the peak of admitted requests in flight, all keys
+	// together.
+	MaxInFlightSeen int64
+	// ByKey holds per-key counts, by raw API key.
+	ByKey map[string]KeyStats
+}
+
+// KeyStats is the part of Stats about one API key.
+type KeyStats struct {
+	Requests, OK, RateLimited int64
+	// MaxInFlightSeen is the peak of this key's admitted requests in flight.
+	MaxInFlightSeen int64
+}
+
+// Server is a running fake upstream. Its methods are safe for concurrent use.
+type Server struct {
+	cfg       Config
+	now       func() time.Time
+	ts        *httptest.Server
+	done      chan struct{} // closed by Close, to end waits early
+	closeOnce sync.Once
+	nextID    atomic.Int64
+	hardQuota map[string]bool
+
+	mu         sync.Mutex
+	keys       map[string]*keyState
+	totals     Stats // ByKey unused; built by Stats
+	inFlight   int64
+	retryAfter time.Duration
+}
+
+// keyState is everything tracked per API key; Server.mu guards it.
+type keyState struct {
+	requests *bucket // nil = unlimited
+	tokens   *bucket // nil = unlimited
+	inFlight int64
+	injected []int // statuses still to send, in order
+	stats    KeyStats
+}
+
+// New starts a Server on a free port of 127.0.0.1. Close it when done.
+func New(cfg Config) *Server {
+	if cfg.CompletionTokens <= 0 {
+		cfg.CompletionTokens = 8
+	}
+	if cfg.StreamChunks <= 0 {
+		cfg.StreamChunks = 5
+	}
+	s := &Server{
+		cfg:       cfg,
+		now:       cfg.Now,
+		done:      make(chan struct{}),
+		hardQuota: make(map[string]bool),
+		keys:      make(map[string]*keyState),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, k := range cfg.HardQuotaKeys {
+		s.hardQuota[k] = true
+	}
+	s.ts = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
+	return s
+}
+
+// URL is the server's base URL, such as http://127.0.0.1:41234, without /v1.
+func (s *Server) URL() string { return s.ts.URL }
+
+// Close ends held and delayed responses, then shuts the server down and
+// waits for its handlers to return.
+func (s *Server) Close() {
+	s.closeOnce.Do(func() { close(s.done) })
+	s.ts.Close()
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.totals
+	st.ByKey = make(map[string]KeyStats, len(s.keys))
+	for k, ks := range s.keys {
+		st.ByKey[k] = ks.stats
+	}
+	return st
+}
+
+// InjectFailures makes the next len(statuses) requests with key fail with
+// these statuses, in order, before hard-quota, concurrency or bucket checks
+// and without touching the buckets. 500, 502, 503, 504, 529 and 408 get the
+// provider's error body for that status; 429 gets a rate_limit_exceeded
+// (Anthropic: rate_limit_error) body with Retry-After 1 (or SetRetryAfter's
+// value) unless NoHeaders. Injected responses carry no rate-limit headers.
+// Calls append to the script.
+func (s *Server) InjectFailures(key string, statuses ...int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ks := s.keyState(key, s.now())
+	ks.injected = append(ks.injected, statuses...)
+}
+
+// SetRetryAfter makes every 429 that advertises a wait advertise d instead:
+// Retry-After in whole seconds and retry-after-ms, both rounded up.
+// 0 restores the computed waits. It does not change the buckets.
+func (s *Server) SetRetryAfter(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.retryAfter = d
+}
+
+// keyState returns key's state, creating it with full buckets.
+// Requires s.mu held.
+func (s *Server) keyState(key string, now time.Time) *keyState {
+	ks, ok := s.keys[key]
+	if !ok {
+		ks = &keyState{
+			requests: newBucket(int64(s.cfg.RPM), int64(s.cfg.RequestBurst), now),
+			tokens:   newBucket(s.cfg.TPM, s.cfg.TokenBurst, now),
+		}
+		s.keys[key] = ks
+	}
+	return ks
+}
+
+// verdict is what admission decided for a request.
+type verdict int
+
+const (
+	admitted verdict = iota
+	injectedFailure
+	overHardQuota
+	overConcurrency
+	rateLimited
+	tooLarge // needs more tokens than the token bucket can ever hold
+)
+
+// admission is a verdict with what the response needs to report it.
+type admission struct {
+	verdict   verdict
+	status    int           // injectedFailure: the status to send
+	dimension string        // rateLimited, tooLarge: "requests" or "tokens"
+	limit     int64         // rateLimited, tooLarge: the dimension's capacity
+	remaining int64         // rateLimited: whole units left in it
+	wait      time.Duration // 429s: what to advertise in Retry-After; 0 = none
+	levels    levels        // rate-limit headers; empty when none apply
+}
+
+// levels is the state of a key's buckets as the rate-limit headers report it.
+type levels struct {
+	at       time.Time
+	requests *level // nil = unlimited or not reported
+	tokens   *level
+}
+
+type level struct {
+	limit, remaining int64
+	untilFull        time.Duration
+}
+
+func levelOf(b *bucket) *level {
+	if b == nil {
+		return nil
+	}
+	return &level{limit: int64(b.capacity), remaining: b.remaining(), untilFull: b.untilFull()}
+}
+
+// admit decides, atomically for key, whether a request costing cost tokens
+// runs now, and counts it. An admitted request holds an in-flight slot until
+// release.
+func (s *Server) admit(key string, cost int64) admission {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	ks := s.keyState(key, now)
+	s.totals.Requests++
+	ks.stats.Requests++
+
+	if len(ks.injected) > 0 {
+		a := admission{verdict: injectedFailure, status: ks.injected[0]}
+		ks.injected = ks.injected[1:]
+		if a.status == http.StatusTooManyRequests {
+			a.wait = s.advertised(time.Second)
+		}
+		s.totals.Injected++
+		return a
+	}
+	if s.hardQuota[key] {
+		s.totals.HardQuota++
+		return admission{verdict: overHardQuota}
+	}
+
+	ks.requests.advance(now)
+	ks.tokens.advance(now)
+	reject := func(a admission) admission {
+		a.levels = levels{at: now, requests: levelOf(ks.requests), tokens: levelOf(ks.tokens)}
+		s.totals.RateLimited++
+		ks.stats.RateLimited++
+		return a
+	}
+	if s.cfg.MaxInFlight > 0 && ks.inFlight >= int64(s.cfg.MaxInFlight) {
+		return reject(admission{verdict: overConcurrency, wait: s.advertised(time.Second)})
+	}
+	if ks.tokens != nil && float64(cost) > ks.tokens.capacity {
+		return reject(admission{verdict: tooLarge, dimension: "tokens", limit: int64(ks.tokens.capacity)})
+	}
+	reqWait, tokWait := ks.requests.waitFor(1), ks.tokens.waitFor(float64(cost))
+	switch {
+	case reqWait > 0 && reqWait >= tokWait:
+		return reject(admission{verdict: rateLimited, dimension: "requests", wait: s.advertised(reqWait),
+			limit: int64(ks.requests.capacity), remaining: ks.requests.remaining()})
+	case tokWait > 0:
+		return reject(admission{verdict: rateLimited, dimension: "tokens", wait: s.advertised(tokWait),
+			limit: int64(ks.tokens.capacity), remaining: ks.tokens.remaining()})
+	}
+
+	ks.requests.take(1)
+	ks.tokens.take(float64(cost))
+	ks.inFlight++
+	s.inFlight++
+	ks.stats.MaxInFlightSeen = max(ks.stats.MaxInFlightSeen, ks.inFlight)
+	s.totals.MaxInFlightSeen = max(s.totals.MaxInFlightSeen, s.inFlight)
+	s.totals.OK++
+	ks.stats.OK++
+	return admission{verdict: admitted,
+		levels: levels{at: now, requests: levelOf(ks.requests), tokens: levelOf(ks.tokens)}}
+}
+
+// advertised is the wait a 429 advertises: the SetRetryAfter override if
+// any, else computed. Requires s.mu held.
+func (s *Server) advertised(computed time.Duration) time.Duration {
+	if s.retryAfter > 0 {
+		return s.retryAfter
+	}
+	return computed
+}
+
+// release gives back the in-flight slot of an admitted request.
+func (s *Server) release(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys[key].inFlight--
+	s.inFlight--
+}
+
+// sleep waits d on the wall clock. It reports false if the client went away
+// first. If the server is closed first it aborts the response, so that the
+// client sees a broken connection rather than a short answer.
+func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	return waitOn(ctx, s.done, t.C)
+}
+
+// hold waits for Config.StreamHold to close, like sleep.
+func (s *Server) hold(ctx context.Context) bool {
+	if s.cfg.StreamHold == nil {
+		return true
+	}
+	return waitOn(ctx, s.done, s.cfg.StreamHold)
+}
+
+// waitOn waits for ready, for the client to go away (false) or for the
+// server to close (abort).
+func waitOn[T any](ctx context.Context, closing <-chan struct{}, ready <-chan T) bool {
+	select {
+	case <-ready:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-closing:
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// newID returns a fresh identifier such as "chatcmpl-mock-7".
+func (s *Server) newID(prefix string) string {
+	return fmt.Sprintf("%s%d", prefix, s.nextID.Add(1))
+}
+
+// apiKey reads the key the way the providers accept it: Authorization
+// Bearer (OpenAI, Azure Entra), x-api-key (Anthropic), api-key (Azure).
+func apiKey(r *http.Request) string {
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		if scheme, token, ok := strings.Cut(auth, " "); ok && strings.EqualFold(scheme, "Bearer") {
+			if token = strings.TrimSpace(token); token != "" {
+				return token
+			}
+		}
+	}
+	if k := r.Header.Get("x-api-key"); k != "" {
+		return k
+	}
+	return r.Header.Get("api-key")
+}
