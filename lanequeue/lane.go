@@ -62,6 +62,11 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// ProbeWindow is how long a new lane sends one request at a time while it
+// waits for its first answer to learn what the upstream tells about its
+// limits. A burst before anything is known is what causes the first 429s.
+const ProbeWindow = time.Second
+
 // Lane is one queue with its own slots, pause and learned limits.
 type Lane struct {
 	key   Key
@@ -71,14 +76,16 @@ type Lane struct {
 
 	mu          sync.Mutex
 	limit       int // current concurrency limit
-	inFlight    int // slots held
+	inFlight    int // requests at the upstream now
 	waiters     list.List
 	pausedUntil time.Time
 	lastUsed    time.Time
 	timer       clock.Timer
 	timerAt     time.Time
 	timerGen    uint64
-	arrivals    uint64 // arrival counter, for the order of retries
+	arrivals    uint64    // arrival counter, for the order of retries
+	learned     bool      // an answer came back: pacing knows what the upstream tells
+	probeUntil  time.Time // set by the first dispatch; see ProbeWindow
 	pace        pacer
 	aimd        aimd
 	stats       laneStats
@@ -89,21 +96,20 @@ type laneStats struct {
 	retries   int64
 	cancelled int64
 	rejected  int64
+	throttled int64
 }
 
 type waiter struct {
-	ready     chan struct{} // closed when granted
-	granted   bool
-	holdsSlot bool   // a retry: it already has a slot and only waits for time
-	seq       uint64 // arrival order at the lane, kept across retries
-	cost      int64  // estimated tokens
+	ready   chan struct{} // closed when granted
+	granted bool
+	retry   bool // a request already admitted once, waiting to try again
+	slot    *Slot
 }
 
 func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
 	l := &Lane{key: key, id: key.ID(), cfg: cfg, clock: cfg.Clock, limit: cfg.Concurrency}
 	l.lastUsed = cfg.Clock.Now()
-	l.aimd.init(cfg)
 	return l
 }
 
@@ -116,23 +122,28 @@ func (l *Lane) ID() string { return l.id }
 // Key is what the lane was made for.
 func (l *Lane) Key() Key { return l.key }
 
-// Slot is a held concurrency slot. Release it exactly once (extra calls are
-// no-ops); a deferred Release covers every path.
+// Slot is a request's place in its lane from admission to the end of its
+// answer. Release it exactly once (extra calls are no-ops); a deferred
+// Release covers every path. A Slot is used by one goroutine.
 type Slot struct {
-	lane     *Lane
-	seq      uint64
-	arrived  time.Time
-	granted  time.Time
-	cost     int64
-	mu       sync.Mutex
-	released bool
+	lane    *Lane
+	seq     uint64 // arrival order, kept across retries
+	cost    int64  // estimated tokens
+	arrived time.Time
+	granted time.Time // first grant
+
+	// Guarded by lane.mu.
+	active     bool // counted in the lane's inFlight
+	released   bool
+	mark       mark      // pacer totals right after the latest dispatch
+	dispatched time.Time // latest dispatch
 }
 
-// Acquire waits in FIFO order for a slot, for the lane's pause to end and for
-// pacing to allow cost more tokens. It returns ctx's error when the client
-// goes away (the waiter leaves the queue at once), ErrQueueFull when the
-// queue is full, and ErrBudgetExceeded when ctx's deadline passes or lies
-// before the end of the lane's pause.
+// Acquire waits in FIFO order for a free slot, for the lane's pause to end
+// and for pacing to allow one more request costing cost tokens. It returns
+// ctx's error when the client goes away (the waiter leaves the queue at
+// once), ErrQueueFull when the queue is full, and ErrBudgetExceeded when
+// ctx's deadline passes or lies before the end of the lane's pause.
 func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, budgetErr(err)
@@ -151,18 +162,20 @@ func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
 		return nil, fmt.Errorf("lane %s: paused past the deadline: %w", l.id, ErrBudgetExceeded)
 	}
 	l.arrivals++
-	w := &waiter{ready: make(chan struct{}), seq: l.arrivals, cost: cost}
+	s := &Slot{lane: l, seq: l.arrivals, cost: cost, arrived: now}
+	w := &waiter{ready: make(chan struct{}), slot: s}
 	e := l.waiters.PushBack(w)
 	l.dispatchLocked(now)
 	l.mu.Unlock()
 	if err := l.wait(ctx, w, e); err != nil {
 		return nil, err
 	}
-	return &Slot{lane: l, seq: w.seq, arrived: now, granted: l.clock.Now(), cost: cost}, nil
+	s.granted = s.dispatched
+	return s, nil
 }
 
 // wait blocks until w is granted or ctx is done. On cancellation the waiter
-// leaves the queue; a slot granted in the race is handed back.
+// leaves the queue; a grant won in the race is handed back.
 func (l *Lane) wait(ctx context.Context, w *waiter, e *list.Element) error {
 	select {
 	case <-w.ready:
@@ -172,14 +185,9 @@ func (l *Lane) wait(ctx context.Context, w *waiter, e *list.Element) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if w.granted {
-		if w.holdsSlot {
-			// The retry was granted its turn; it still owns its slot and the
-			// caller's Release gives it back. Return the pacing it took.
-			l.pace.refundLocked(w.cost)
-		} else {
-			l.inFlight--
-			l.pace.refundLocked(w.cost)
-		}
+		w.slot.active = false
+		l.inFlight--
+		l.pace.refund(w.slot.cost)
 	} else {
 		l.waiters.Remove(e)
 	}
@@ -204,17 +212,31 @@ func (l *Lane) dispatchLocked(now time.Time) {
 			l.armLocked(now, l.pausedUntil)
 			return
 		}
-		if !w.holdsSlot && l.inFlight >= l.limit {
+		if l.inFlight >= l.limit {
 			return // a Release dispatches again
 		}
-		if at, ok := l.pace.admitLocked(now, w.cost); !ok {
+		if !l.learned && l.inFlight > 0 {
+			if now.Before(l.probeUntil) {
+				l.armLocked(now, l.probeUntil)
+				return
+			}
+			l.learned = true // the first answer is slow; stop waiting for it
+		}
+		if at, ok := l.pace.admit(now, w.slot.cost); !ok {
 			l.armLocked(now, at)
 			return
 		}
 		l.waiters.Remove(e)
 		w.granted = true
-		if !w.holdsSlot {
-			l.inFlight++
+		l.inFlight++
+		if l.probeUntil.IsZero() {
+			l.probeUntil = now.Add(ProbeWindow)
+		}
+		s := w.slot
+		s.active = true
+		s.dispatched = now
+		s.mark = l.pace.take(s.cost)
+		if !w.retry {
 			l.stats.admitted++
 		}
 		close(w.ready)
@@ -260,26 +282,34 @@ func (l *Lane) PausedUntil() time.Time {
 	return l.pausedUntil
 }
 
-// WaitRetry waits, keeping the slot, until the lane may send this request
-// again: after the pause and within pacing. It goes before every waiter that
-// arrived at the lane after this request did. Errors are those of Acquire.
+// WaitRetry waits until the lane may send this request again: after the
+// pause, within pacing and the concurrency limit. The request keeps its
+// place: it goes before every waiter that arrived at the lane after it did,
+// and never counts against the queue's length. Errors are those of Acquire.
 func (s *Slot) WaitRetry(ctx context.Context) error {
 	l := s.lane
-	if err := ctx.Err(); err != nil {
-		return budgetErr(err)
-	}
 	l.mu.Lock()
 	now := l.clock.Now()
 	l.lastUsed = now
+	if s.active {
+		s.active = false
+		l.inFlight--
+	}
+	if err := ctx.Err(); err != nil {
+		l.dispatchLocked(now)
+		l.mu.Unlock()
+		return budgetErr(err)
+	}
 	l.stats.retries++
 	if dl, ok := ctx.Deadline(); ok && l.pausedUntil.After(dl) {
+		l.dispatchLocked(now)
 		l.mu.Unlock()
 		return fmt.Errorf("lane %s: paused past the deadline: %w", l.id, ErrBudgetExceeded)
 	}
-	w := &waiter{ready: make(chan struct{}), holdsSlot: true, seq: s.seq, cost: s.cost}
+	w := &waiter{ready: make(chan struct{}), retry: true, slot: s}
 	var e *list.Element
 	for at := l.waiters.Front(); at != nil; at = at.Next() {
-		if at.Value.(*waiter).seq > s.seq {
+		if at.Value.(*waiter).slot.seq > s.seq {
 			e = l.waiters.InsertBefore(w, at)
 			break
 		}
@@ -292,20 +322,20 @@ func (s *Slot) WaitRetry(ctx context.Context) error {
 	return l.wait(ctx, w, e)
 }
 
-// Release gives the slot back and lets the next waiter in. Safe to call more
-// than once.
+// Release ends the request's time in the lane and lets the next waiter in.
+// Safe to call more than once.
 func (s *Slot) Release() {
-	s.mu.Lock()
-	if s.released {
-		s.mu.Unlock()
-		return
-	}
-	s.released = true
-	s.mu.Unlock()
 	l := s.lane
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.inFlight--
+	if s.released {
+		return
+	}
+	s.released = true
+	if s.active {
+		s.active = false
+		l.inFlight--
+	}
 	now := l.clock.Now()
 	l.lastUsed = now
 	l.dispatchLocked(now)
@@ -314,7 +344,7 @@ func (s *Slot) Release() {
 // Lane returns the lane the slot belongs to.
 func (s *Slot) Lane() *Lane { return s.lane }
 
-// QueueWait is how long the request waited for its first grant.
+// QueueWait is how long the request waited for its first dispatch.
 func (s *Slot) QueueWait() time.Duration { return s.granted.Sub(s.arrived) }
 
 // idleLocked reports whether nothing waits or runs. Requires l.mu held.

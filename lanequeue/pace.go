@@ -1,17 +1,164 @@
 package lanequeue
 
-import "time"
+import (
+	"math"
+	"time"
 
-// pacer decides whether the lane's learned request and token budgets allow
-// another dispatch now. All methods require the lane's mutex held.
-type pacer struct{}
+	"github.com/llmproxy/llmproxy/headerparse"
+)
 
-// admitLocked reports whether a request costing cost tokens may go at now;
-// when not, it returns the earliest time worth asking again.
-func (p *pacer) admitLocked(now time.Time, cost int64) (time.Time, bool) {
+// budget models one upstream window (requests or tokens) as a token bucket:
+// a capacity, what is left of it at a time, and a refill rate. Everything is
+// learned from the upstream's headers; until then the budget is unknown and
+// never holds anything back. Methods require the lane's mutex held.
+type budget struct {
+	known   bool
+	limit   float64   // capacity
+	avail   float64   // what is left at `at`; negative when the lane owes
+	at      time.Time // when avail was true
+	rate    float64   // refill per second; 0 while unknown
+	resetAt time.Time // when the upstream said the window is full again
+	sent    float64   // cost dispatched so far, for the correction below
+	seen    float64   // the largest dispatch total an answer has reported on
+}
+
+// advance refills the bucket up to now.
+func (b *budget) advance(now time.Time) {
+	if !b.known || !now.After(b.at) {
+		return
+	}
+	switch {
+	case b.rate > 0:
+		b.avail = math.Min(b.limit, b.avail+b.rate*now.Sub(b.at).Seconds())
+	case !b.resetAt.IsZero() && !now.Before(b.resetAt):
+		b.avail = b.limit
+	}
+	b.at = now
+}
+
+// admit reports whether cost fits now, or else when it will. A cost larger
+// than the whole window goes once the window is full.
+func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
+	if !b.known {
+		return time.Time{}, true
+	}
+	b.advance(now)
+	need := math.Min(cost, b.limit)
+	if b.avail >= need {
+		return time.Time{}, true
+	}
+	if b.rate > 0 {
+		wait := time.Duration((need - b.avail) / b.rate * float64(time.Second))
+		return now.Add(max(wait, time.Millisecond)), false
+	}
+	if b.resetAt.After(now) {
+		return b.resetAt, false
+	}
 	return time.Time{}, true
 }
 
-// refundLocked gives back what admitLocked took for a request that never
-// reached the upstream.
-func (p *pacer) refundLocked(cost int64) {}
+// take charges cost and returns the running total, which the request keeps
+// so its answer can tell what was sent after it.
+func (b *budget) take(cost float64) float64 {
+	b.sent += cost
+	if b.known {
+		b.avail -= cost
+	}
+	return b.sent
+}
+
+// refund gives back cost for a dispatch that never reached the upstream.
+func (b *budget) refund(cost float64) {
+	if b.known {
+		b.avail = math.Min(b.limit, b.avail+cost)
+	}
+}
+
+// settle swaps a request's estimated cost for its real one, unless an answer
+// to a request dispatched at or after it has already replaced the local
+// count with the upstream's own.
+func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
+	if !b.known || b.seen >= sentAtDispatch {
+		return
+	}
+	b.avail = math.Min(b.limit, b.avail+estimate-actual)
+}
+
+// maxRate bounds a believable refill: a full window per millisecond.
+const maxRateFactor = 1000
+
+// observe folds in what one answer said about this window. sentAtDispatch is
+// the running total when that request was dispatched: what the lane sent
+// after it may not be in the upstream's count yet, so it is taken off again.
+// That errs on the side of sending too little, never too much.
+func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, now time.Time) {
+	if !w.Known() {
+		return
+	}
+	b.advance(now)
+	if w.Limit > 0 {
+		b.limit = float64(w.Limit)
+	}
+	if w.HasRemaining && float64(w.Remaining) > b.limit {
+		b.limit = float64(w.Remaining)
+	}
+	b.known = true
+	if !w.HasRemaining {
+		if b.at.IsZero() {
+			b.avail, b.at = b.limit, now
+		}
+		return
+	}
+	remaining := float64(w.Remaining)
+	b.seen = math.Max(b.seen, sentAtDispatch)
+	b.avail = remaining - math.Max(0, b.sent-sentAtDispatch)
+	b.at = now
+	b.resetAt = w.Reset
+	if d := w.Reset.Sub(now).Seconds(); d > 0 && remaining < b.limit {
+		r := (b.limit - remaining) / d
+		if r > 0 && r <= b.limit*maxRateFactor {
+			b.rate = r
+		}
+	}
+}
+
+// pacer holds the lane's two budgets, on separate clocks: a request-window
+// reset never releases a token-exhausted lane and vice versa.
+type pacer struct {
+	requests budget
+	tokens   budget
+}
+
+// mark is where the running totals stood right after a dispatch.
+type mark struct{ requests, tokens float64 }
+
+func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
+	ra, rok := p.requests.admit(now, 1)
+	ta, tok := p.tokens.admit(now, float64(cost))
+	switch {
+	case rok && tok:
+		return time.Time{}, true
+	case rok:
+		return ta, false
+	case tok:
+		return ra, false
+	}
+	if ta.After(ra) {
+		return ta, false
+	}
+	return ra, false
+}
+
+func (p *pacer) take(cost int64) mark {
+	return mark{requests: p.requests.take(1), tokens: p.tokens.take(float64(cost))}
+}
+
+func (p *pacer) refund(cost int64) {
+	p.requests.refund(1)
+	p.tokens.refund(float64(cost))
+}
+
+func (p *pacer) observe(l headerparse.Limits, m mark, now time.Time) {
+	p.requests.observe(l.Requests, m.requests, now)
+	p.tokens.observe(l.Tokens, m.tokens, now)
+}

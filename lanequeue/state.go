@@ -18,7 +18,15 @@ type State struct {
 	Retries     int64     `json:"retries"`
 	Cancelled   int64     `json:"cancelled"`
 	Rejected    int64     `json:"rejected"`
-	LastUsed    time.Time `json:"last_used"`
+	Throttled   int64     `json:"throttled"`
+	// What the lane has learned; zero while the upstream said nothing.
+	RequestsLimit     float64   `json:"requests_limit,omitempty"`
+	RequestsAvailable float64   `json:"requests_available,omitempty"`
+	RequestsPerSecond float64   `json:"requests_per_second,omitempty"`
+	TokensLimit       float64   `json:"tokens_limit,omitempty"`
+	TokensAvailable   float64   `json:"tokens_available,omitempty"`
+	TokensPerSecond   float64   `json:"tokens_per_second,omitempty"`
+	LastUsed          time.Time `json:"last_used"`
 }
 
 // State returns the lane's current state.
@@ -29,9 +37,18 @@ func (l *Lane) State() State {
 		ID: l.id, Route: l.key.Route, KeyHash: l.key.ShortKeyHash(), Path: l.key.Path, Model: l.key.Model,
 		Queued: l.waiters.Len(), InFlight: l.inFlight, Concurrency: l.limit,
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,
-		LastUsed: l.lastUsed,
+		Throttled: l.stats.throttled, LastUsed: l.lastUsed,
 	}
-	if l.pausedUntil.After(l.clock.Now()) {
+	now := l.clock.Now()
+	if b := &l.pace.requests; b.known {
+		b.advance(now)
+		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = b.limit, b.avail, b.rate
+	}
+	if b := &l.pace.tokens; b.known {
+		b.advance(now)
+		s.TokensLimit, s.TokensAvailable, s.TokensPerSecond = b.limit, b.avail, b.rate
+	}
+	if l.pausedUntil.After(now) {
 		s.PausedUntil = l.pausedUntil
 	}
 	return s

@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/tokens"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -31,6 +32,7 @@ type request struct {
 	retries   int
 	upstream  time.Duration // sum of attempt latencies
 	status    int           // what the client got; 0 = client went away
+	cost      int64         // estimated tokens
 }
 
 func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
@@ -123,7 +125,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
 	defer cancel()
-	slot, err := req.lane.Acquire(ctx, 0)
+	req.cost = tokens.Estimate(req.target.Path, body)
+	slot, err := req.lane.Acquire(ctx, req.cost)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	if err != nil {
 		p.refuse(w, r, req, err)
@@ -215,6 +218,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		res, cancel, timedOut := p.attempt(ctx, r, req)
 		defer cancel()
 		p.metrics.attempt(laneID, req.route, res)
+		p.learn(slot, res)
 		if r.Context().Err() != nil {
 			res.Discard()
 			return
@@ -225,7 +229,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return
 		}
 		if res.Outcome != upstream.Retryable {
-			p.respond(w, req, res)
+			p.respond(w, req, res, slot)
 			return
 		}
 		wait, why := p.retryDelay(req, res)
@@ -252,6 +256,23 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 }
 
+// learn tells the lane what an attempt showed about the upstream's limits.
+func (p *Proxy) learn(slot *lanequeue.Slot, res upstream.Result) {
+	if res.Resp == nil {
+		if res.Outcome == upstream.Retryable {
+			slot.Refund() // never reached the upstream's accounting
+		}
+		return
+	}
+	slot.Observe(res.Limits)
+	switch {
+	case res.PausesLane:
+		slot.Throttled()
+	case res.Resp.StatusCode < 300:
+		slot.Succeeded()
+	}
+}
+
 // retryDelay decides how long to wait before retrying, or why not to.
 func (p *Proxy) retryDelay(req *request, res upstream.Result) (time.Duration, string) {
 	if req.retries >= p.cfg.MaxRetries {
@@ -272,7 +293,7 @@ func (p *Proxy) retryDelay(req *request, res upstream.Result) (time.Duration, st
 func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result, why string) {
 	if res.Resp != nil {
 		p.log.Debug("giving up on retries", "lane", req.lane.ID(), "status", res.Resp.StatusCode, "reason", why)
-		p.respond(w, req, res)
+		p.respond(w, req, res, nil)
 		return
 	}
 	setLLMHeaders(w.Header(), req)

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/tokens"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -20,7 +22,8 @@ func setLLMHeaders(h http.Header, req *request) {
 }
 
 // respond passes the upstream's answer to the client as it arrives.
-func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result) {
+// When slot is given, the answer's token usage settles the lane's estimate.
+func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result, slot *lanequeue.Slot) {
 	if res.Resp == nil {
 		p.giveUp(w, req, res, "no answer")
 		return
@@ -44,13 +47,23 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	}
 	req.status = resp.StatusCode
 	w.WriteHeader(resp.StatusCode)
-	if err := copyBody(w, resp.Body, flushEachWrite(resp)); err != nil {
+	stream := flushEachWrite(resp)
+	var meter usageMeter
+	if slot != nil && resp.StatusCode < 300 {
+		meter = newUsageMeter(stream)
+	}
+	if err := copyBody(w, resp.Body, stream, meter); err != nil {
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run.
 		if !errors.Is(err, errClientGone) {
 			p.log.Warn("upstream body failed mid-answer", "lane", req.lane.ID(), "err", redactErr(err, req.target))
 		}
 		panic(http.ErrAbortHandler)
+	}
+	if meter != nil {
+		if u, ok := meter.Usage(); ok {
+			slot.Settle(u.Total())
+		}
 	}
 }
 
@@ -67,13 +80,17 @@ func flushEachWrite(resp *http.Response) bool {
 
 var errClientGone = errors.New("client went away")
 
-// copyBody copies src to w, flushing after each write when flush is set.
-func copyBody(w http.ResponseWriter, src io.Reader, flush bool) error {
+// copyBody copies src to w, flushing after each write when flush is set,
+// and shows every chunk to tap when it is not nil.
+func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer) error {
 	rc := http.NewResponseController(w)
 	buf := make([]byte, 32<<10)
 	for {
 		n, rerr := src.Read(buf)
 		if n > 0 {
+			if tap != nil {
+				_, _ = tap.Write(buf[:n])
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return errClientGone
 			}
@@ -90,4 +107,45 @@ func copyBody(w http.ResponseWriter, src io.Reader, flush bool) error {
 			return rerr
 		}
 	}
+}
+
+// usageMeter watches an answer on its way to the client for its token usage.
+type usageMeter interface {
+	io.Writer
+	Usage() (tokens.Usage, bool)
+}
+
+func newUsageMeter(stream bool) usageMeter {
+	if stream {
+		return &tokens.StreamScanner{}
+	}
+	return &bodyMeter{}
+}
+
+// maxMeteredBody bounds what is kept of a non-streamed answer to read its
+// usage; a larger answer is passed through without settling.
+const maxMeteredBody = 4 << 20
+
+// bodyMeter keeps a bounded copy of a JSON answer to read usage from.
+type bodyMeter struct {
+	buf      []byte
+	overflow bool
+}
+
+func (m *bodyMeter) Write(p []byte) (int, error) {
+	if !m.overflow {
+		if len(m.buf)+len(p) > maxMeteredBody {
+			m.overflow, m.buf = true, nil
+		} else {
+			m.buf = append(m.buf, p...)
+		}
+	}
+	return len(p), nil
+}
+
+func (m *bodyMeter) Usage() (tokens.Usage, bool) {
+	if m.overflow {
+		return tokens.Usage{}, false
+	}
+	return tokens.FromBody(m.buf)
 }
