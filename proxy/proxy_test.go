@@ -460,3 +460,60 @@ func TestAdminEndpoints(t *testing.T) {
 		t.Fatalf("lanes: %s", lanes)
 	}
 }
+
+func laneIdle(t *testing.T, p *Proxy) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		busy := false
+		for _, s := range p.Lanes().States() {
+			if s.InFlight != 0 || s.Queued != 0 {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lanes still busy: %+v", p.Lanes().States())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func TestSlotReleasedWhenUpstreamBreaksMidStream(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the upstream drops the connection mid-answer
+	}), nil)
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if _, err := io.ReadAll(resp.Body); err == nil {
+		t.Fatal("the client saw a clean end of a broken stream")
+	}
+	laneIdle(t, h.proxy)
+}
+
+type panicTransport struct{}
+
+func (panicTransport) RoundTrip(*http.Request) (*http.Response, error) { panic("transport bug") }
+
+func TestPanicGivesJSON500AndReleasesTheSlot(t *testing.T) {
+	h := newHarness(t, http.NotFoundHandler(), func(c *Config) { c.Transport = panicTransport{} })
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+	if resp.StatusCode != 500 || decodeErr(t, resp).Error.Code != "internal_error" {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	laneIdle(t, h.proxy)
+	if !strings.Contains(h.logs.String(), "transport bug") {
+		t.Fatal("panic not logged")
+	}
+	// The proxy still serves after the panic.
+	if resp := h.post("/v1/chat/completions", `{"model":"m"}`); resp.StatusCode != 500 {
+		t.Fatalf("second request: status %d", resp.StatusCode)
+	}
+}
