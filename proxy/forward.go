@@ -273,10 +273,18 @@ func (p *Proxy) learn(slot *lanequeue.Slot, res upstream.Result) {
 	}
 }
 
+// maxUnreachableRetries bounds retries when no connection can be made at
+// all: a blip is over in a second or two, a wrong host or a missing network
+// is not, and the client should hear about it quickly.
+const maxUnreachableRetries = 2
+
 // retryDelay decides how long to wait before retrying, or why not to.
 func (p *Proxy) retryDelay(req *request, res upstream.Result) (time.Duration, string) {
 	if req.retries >= p.cfg.MaxRetries {
 		return 0, "retries exhausted (LLMPROXY_MAX_RETRIES)"
+	}
+	if res.Unreachable && req.retries >= maxUnreachableRetries {
+		return 0, "no connection after " + strconv.Itoa(req.retries+1) + " attempts"
 	}
 	if res.HasHint && res.Hint > p.cfg.MaxRetryAfter {
 		return 0, "the upstream asks to wait " + res.Hint.Round(time.Millisecond).String() + ", longer than LLMPROXY_MAX_RETRY_AFTER"

@@ -331,7 +331,7 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
 	u, _ := url.Parse(dead)
-	h := newHarness(t, http.NotFoundHandler(), func(c *Config) { c.Upstream = u; c.MaxRetries = 1 })
+	h := newHarness(t, http.NotFoundHandler(), func(c *Config) { c.Upstream = u; c.MaxRetries = 10 })
 	resp := h.post("/v1/chat/completions?api_key=sk-in-query-123", `{"model":"m"}`)
 	if resp.StatusCode != 502 || resp.Header.Get("X-Should-Retry") != "false" {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -339,6 +339,9 @@ func TestUnreachableUpstreamIs502(t *testing.T) {
 	e := decodeErr(t, resp)
 	if e.Error.Code != "upstream_unreachable" || strings.Contains(e.Error.Message, "sk-in-query") {
 		t.Fatalf("error %+v", e)
+	}
+	if got := resp.Header.Get("X-Llmproxy-Retries"); got != "2" {
+		t.Fatalf("retries = %s, want 2: a refused connection is retried briefly, not MaxRetries times", got)
 	}
 }
 

@@ -83,7 +83,10 @@ type Result struct {
 	// PausesLane: the answer speaks for the whole lane (rate limited or
 	// overloaded), not just this request.
 	PausesLane bool
-	Latency    time.Duration // until the response headers arrived
+	// Unreachable: the connection could not be made at all (DNS or dial
+	// failure). Worth a quick retry or two, not a long one.
+	Unreachable bool
+	Latency     time.Duration // until the response headers arrived
 }
 
 // retryableStatus lists the statuses that waiting may fix.
@@ -112,6 +115,9 @@ func Do(rt http.RoundTripper, req *http.Request, now time.Time) Result {
 	if err != nil {
 		r.Err = err
 		r.Outcome = Retryable
+		var op *net.OpError
+		var dns *net.DNSError
+		r.Unreachable = errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial"
 		if req.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			r.Outcome = Final
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func TestClassification(t *testing.T) {
 		{"502", answer(502, ""), Retryable, false, 0, false},
 		{"504", answer(504, ""), Retryable, false, 0, false},
 		{"408", answer(408, ""), Retryable, false, 0, false},
-		{"connection refused", rtFunc(func(*http.Request) (*http.Response, error) { return nil, errors.New("dial tcp: connection refused") }), Retryable, false, 0, false},
+		{"connection reset", rtFunc(func(*http.Request) (*http.Response, error) { return nil, errors.New("read: connection reset by peer") }), Retryable, false, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("POST", "http://upstream.test/v1/chat/completions", nil)
@@ -105,5 +106,38 @@ func TestOutboundHeaderDropsHopByHopAndEncoding(t *testing.T) {
 	}
 	if in.Get("X-Private") != "1" {
 		t.Fatal("input header modified")
+	}
+}
+
+func TestDialFailureIsUnreachable(t *testing.T) {
+	req, _ := http.NewRequest("POST", "http://127.0.0.1:1/", nil)
+	r := Do(NewTransport(), req, now)
+	if r.Outcome != Retryable || !r.Unreachable {
+		t.Fatalf("outcome %v unreachable %v (%v)", r.Outcome, r.Unreachable, r.Err)
+	}
+	req, _ = http.NewRequest("POST", "http://no-such-host.invalid/", nil)
+	if r := Do(NewTransport(), req, now); !r.Unreachable {
+		t.Fatalf("DNS failure not unreachable: %v", r.Err)
+	}
+}
+
+func TestTransportSpeaksHTTP2ToTLSUpstreams(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Proto", r.Proto)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	defer srv.Close()
+	tr := NewTransport()
+	defer tr.CloseIdleConnections()
+	tr.TLSClientConfig = srv.Client().Transport.(*http.Transport).TLSClientConfig.Clone()
+	req, _ := http.NewRequest("GET", srv.URL, nil)
+	r := Do(tr, req, now)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	defer r.Resp.Body.Close()
+	if got := r.Resp.Header.Get("X-Proto"); got != "HTTP/2.0" {
+		t.Fatalf("upstream saw %s, want HTTP/2.0", got)
 	}
 }
