@@ -67,7 +67,7 @@ func New(cfg Config) (*Proxy, error) {
 		u, _ := url.Parse("https://api.openai.com")
 		cfg.Upstream = u
 	}
-	if err := checkUpstream(cfg.Upstream); err != nil {
+	if err := CheckUpstream(cfg.Upstream); err != nil {
 		return nil, fmt.Errorf("proxy: upstream: %w", err)
 	}
 	seen := map[string]bool{}
@@ -79,7 +79,7 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: route %q given twice", r.Name)
 		}
 		seen[r.Name] = true
-		if err := checkUpstream(r.URL); err != nil {
+		if err := CheckUpstream(r.URL); err != nil {
 			return nil, fmt.Errorf("proxy: route %q: %w", r.Name, err)
 		}
 	}
@@ -148,7 +148,10 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-func checkUpstream(u *url.URL) error {
+// CheckUpstream reports what is wrong with u as an upstream base URL: it
+// must be absolute http(s) with a host, and carry no credentials, query or
+// fragment.
+func CheckUpstream(u *url.URL) error {
 	if u == nil {
 		return fmt.Errorf("missing URL")
 	}
@@ -160,6 +163,9 @@ func checkUpstream(u *url.URL) error {
 	}
 	if u.User != nil {
 		return fmt.Errorf("%q: credentials in the URL are not supported", u.Redacted())
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q: a query or fragment is not supported", u.Redacted())
 	}
 	return nil
 }

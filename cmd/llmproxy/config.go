@@ -163,19 +163,7 @@ func parseUpstream(raw string) (*url.URL, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%q is not a URL", raw)
 	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("%q: scheme must be http or https", u.Redacted())
-	}
-	if u.Host == "" {
-		return nil, fmt.Errorf("%q has no host", u.Redacted())
-	}
-	if u.User != nil {
-		return nil, fmt.Errorf("%q: credentials in the URL are not supported", u.Redacted())
-	}
-	if u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("%q: a query or fragment is not supported", u.Redacted())
-	}
-	return u, nil
+	return u, proxy.CheckUpstream(u)
 }
 
 // printUsage writes `llmproxy -h`: every variable with its default.
