@@ -33,14 +33,15 @@ func (l *Lane) decreaseLocked(dispatched, now time.Time) {
 
 // Observe tells the lane what one answer's headers said about the upstream's
 // limits. Call it for every answer, with or without rate-limit headers: the
-// first one ends the lane's probing.
+// first one ends the lane's probing. Parse relative resets with the time the
+// attempt was sent, not the time its answer came.
 func (s *Slot) Observe(lim headerparse.Limits) {
 	l := s.lane
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.clock.Now()
 	l.learned = true
-	l.pace.observe(lim, s.mark, now)
+	l.pace.observe(lim, s.mark, s.dispatched, now)
 	for _, w := range []headerparse.Window{lim.Requests, lim.Tokens} {
 		if w.Limit > 0 && w.HasRemaining && float64(w.Remaining) < proactiveFraction*float64(w.Limit) && w.Reset.IsZero() {
 			l.decreaseLocked(s.dispatched, now)

@@ -223,8 +223,14 @@ func (l *Lane) dispatchLocked(now time.Time) {
 			l.learned = true // the first answer is slow; stop waiting for it
 		}
 		if at, ok := l.pace.admit(now, w.slot.cost); !ok {
-			l.armLocked(now, at)
-			return
+			if !at.IsZero() {
+				l.armLocked(now, at)
+				return
+			}
+			if l.inFlight > 0 {
+				return // the next answer says more; Observe dispatches
+			}
+			// Nothing in flight to learn from: send this one to find out.
 		}
 		l.waiters.Remove(e)
 		w.granted = true

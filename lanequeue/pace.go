@@ -31,13 +31,18 @@ func (b *budget) advance(now time.Time) {
 	case b.rate > 0:
 		b.avail = math.Min(b.limit, b.avail+b.rate*now.Sub(b.at).Seconds())
 	case !b.resetAt.IsZero() && !now.Before(b.resetAt):
+		// Without a known rate the reset is one event: the window is full
+		// once, then only an answer tells more.
 		b.avail = b.limit
+		b.resetAt = time.Time{}
 	}
 	b.at = now
 }
 
 // admit reports whether cost fits now, or else when it will. A cost larger
-// than the whole window goes once the window is full.
+// than the whole window goes once the window is full. A zero time with
+// ok=false means nothing but the next answer can tell: the caller waits for
+// one if a request is in flight, and sends one otherwise.
 func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 	if !b.known {
 		return time.Time{}, true
@@ -48,13 +53,13 @@ func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 		return time.Time{}, true
 	}
 	if b.rate > 0 {
-		wait := time.Duration((need - b.avail) / b.rate * float64(time.Second))
-		return now.Add(max(wait, time.Millisecond)), false
+		secs := math.Min((need-b.avail)/b.rate, maxWaitSeconds)
+		return now.Add(max(time.Duration(secs*float64(time.Second)), time.Millisecond)), false
 	}
 	if b.resetAt.After(now) {
 		return b.resetAt, false
 	}
-	return time.Time{}, true
+	return time.Time{}, false
 }
 
 // take charges cost and returns the running total, which the request keeps
@@ -62,10 +67,16 @@ func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 func (b *budget) take(cost float64) float64 {
 	b.sent += cost
 	if b.known {
-		b.avail -= cost
+		// A cost larger than the window is charged as the whole window, as
+		// admit let it go: more would stall the lane on a debt it never had.
+		b.avail -= math.Min(cost, b.limit)
 	}
 	return b.sent
 }
+
+// maxWaitSeconds bounds one pacing wait (a day) so a tiny learned rate
+// cannot overflow a time.Duration.
+const maxWaitSeconds = 86400
 
 // refund gives back cost for a dispatch that never reached the upstream.
 func (b *budget) refund(cost float64) {
@@ -91,7 +102,14 @@ const maxRateFactor = 1000
 // the running total when that request was dispatched: what the lane sent
 // after it may not be in the upstream's count yet, so it is taken off again.
 // That errs on the side of sending too little, never too much.
-func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, now time.Time) {
+//
+// The upstream counts a request when it admits it, about when it was
+// dispatched, so the refill rate is measured from the dispatch: a window
+// that refills in less than the upstream's latency would otherwise look as
+// if its reset had already passed. Relative resets must therefore be
+// anchored at the dispatch time too (the proxy parses headers with the time
+// it sent the attempt).
+func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatched, now time.Time) {
 	if !w.Known() {
 		return
 	}
@@ -113,8 +131,13 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, now time.
 	b.seen = math.Max(b.seen, sentAtDispatch)
 	b.avail = remaining - math.Max(0, b.sent-sentAtDispatch)
 	b.at = now
-	b.resetAt = w.Reset
-	if d := w.Reset.Sub(now).Seconds(); d > 0 && remaining < b.limit {
+	// The reset is counted from the dispatch; seen from now it may be later
+	// by the answer's latency, so only trust it from then.
+	b.resetAt = time.Time{}
+	if !w.Reset.IsZero() {
+		b.resetAt = w.Reset.Add(max(0, now.Sub(dispatched)))
+	}
+	if d := w.Reset.Sub(dispatched).Seconds(); d > 0 && remaining < b.limit {
 		r := (b.limit - remaining) / d
 		if r > 0 && r <= b.limit*maxRateFactor {
 			b.rate = r
@@ -132,6 +155,8 @@ type pacer struct {
 // mark is where the running totals stood right after a dispatch.
 type mark struct{ requests, tokens float64 }
 
+// admit combines both budgets: the later of their times, and "wait for an
+// answer" (zero time) when either can only learn more from one.
 func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
 	ra, rok := p.requests.admit(now, 1)
 	ta, tok := p.tokens.admit(now, float64(cost))
@@ -142,8 +167,9 @@ func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
 		return ta, false
 	case tok:
 		return ra, false
-	}
-	if ta.After(ra) {
+	case ra.IsZero() || ta.IsZero():
+		return time.Time{}, false
+	case ta.After(ra):
 		return ta, false
 	}
 	return ra, false
@@ -158,7 +184,7 @@ func (p *pacer) refund(cost int64) {
 	p.tokens.refund(float64(cost))
 }
 
-func (p *pacer) observe(l headerparse.Limits, m mark, now time.Time) {
-	p.requests.observe(l.Requests, m.requests, now)
-	p.tokens.observe(l.Tokens, m.tokens, now)
+func (p *pacer) observe(l headerparse.Limits, m mark, dispatched, now time.Time) {
+	p.requests.observe(l.Requests, m.requests, dispatched, now)
+	p.tokens.observe(l.Tokens, m.tokens, dispatched, now)
 }

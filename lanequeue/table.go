@@ -59,6 +59,10 @@ func (t *Table) Get(key Key) *Lane {
 	if !ok {
 		l = newLane(key, t.cfg.Lane)
 		t.lanes.Add(id, l)
+	} else {
+		l.mu.Lock()
+		l.lastUsed = now // so the sweep below cannot drop the lane it returns
+		l.mu.Unlock()
 	}
 	t.sweepLocked(now)
 	evicted := t.takeEvictedLocked()
@@ -72,6 +76,14 @@ func (t *Table) Lookup(id string) (*Lane, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lanes.Peek(id)
+}
+
+// Has reports whether l is still in the table (not evicted).
+func (t *Table) Has(l *Lane) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	got, ok := t.lanes.Peek(l.id)
+	return ok && got == l
 }
 
 // Len is the number of lanes.

@@ -82,3 +82,15 @@ func contains(s, sub string) bool {
 	}
 	return false
 }
+
+func TestGetAfterIdleTTLKeepsTheLaneItReturns(t *testing.T) {
+	fc := clock.NewFake(t0)
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute})
+	k := Key{Path: "/p"}
+	first := tb.Get(k)
+	fc.Advance(2 * time.Minute)
+	again := tb.Get(k)
+	if again != first || !tb.Has(again) || tb.Len() != 1 {
+		t.Fatalf("Get returned a lane the table no longer holds (same=%v has=%v len=%d)", again == first, tb.Has(again), tb.Len())
+	}
+}

@@ -12,7 +12,9 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 	lane := ""
 	if req.lane != nil {
 		lane = req.lane.ID()
-		p.metrics.requests.WithLabelValues(lane, strconv.Itoa(req.status)).Inc()
+		if p.lanes.Has(req.lane) { // an evicted lane's series stay deleted
+			p.metrics.requests.WithLabelValues(lane, strconv.Itoa(req.status)).Inc()
+		}
 	}
 	level := slog.LevelInfo
 	if req.status == 0 || req.status >= 500 {

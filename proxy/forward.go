@@ -33,6 +33,9 @@ type request struct {
 	upstream  time.Duration // sum of attempt latencies
 	status    int           // what the client got; 0 = client went away
 	cost      int64         // estimated tokens
+	// cancelAttempt ends the current upstream attempt; the answer's idle
+	// watchdog uses it.
+	cancelAttempt context.CancelFunc
 }
 
 func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
@@ -217,7 +220,8 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	for {
 		res, cancel, timedOut := p.attempt(ctx, r, req)
 		defer cancel()
-		p.metrics.attempt(laneID, req.route, res)
+		req.cancelAttempt = cancel
+		p.metrics.attempt(laneID, req.route, res, p.lanes.Has(req.lane))
 		p.learn(slot, res)
 		if r.Context().Err() != nil {
 			res.Discard()
@@ -239,7 +243,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		res.Discard()
 		now := p.cfg.Clock.Now()
-		if res.Resp != nil && res.Resp.StatusCode == http.StatusTooManyRequests {
+		if res.Resp != nil && res.Resp.StatusCode == http.StatusTooManyRequests && p.lanes.Has(req.lane) {
 			p.metrics.absorbed429.WithLabelValues(laneID).Inc()
 		}
 		if res.PausesLane {
@@ -285,6 +289,11 @@ func (p *Proxy) retryDelay(req *request, res upstream.Result) (time.Duration, st
 	}
 	if res.Unreachable && req.retries >= maxUnreachableRetries {
 		return 0, "no connection after " + strconv.Itoa(req.retries+1) + " attempts"
+	}
+	if res.HasHint && res.Hint <= 0 {
+		// "Retry now" (Retry-After: 0, a past date or reset) from a server
+		// that just refused would make a retry storm: back off instead.
+		res.HasHint = false
 	}
 	if res.HasHint && res.Hint > p.cfg.MaxRetryAfter {
 		return 0, "the upstream asks to wait " + res.Hint.Round(time.Millisecond).String() + ", longer than LLMPROXY_MAX_RETRY_AFTER"

@@ -48,13 +48,15 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table) (*metrics, er
 	return m, nil
 }
 
-func (m *metrics) attempt(lane, route string, res upstream.Result) {
+func (m *metrics) attempt(lane, route string, res upstream.Result, counted bool) {
 	status := "error"
 	if res.Resp != nil {
 		status = strconv.Itoa(res.Resp.StatusCode)
 		m.upstreamLat.WithLabelValues(route).Observe(res.Latency.Seconds())
 	}
-	m.attempts.WithLabelValues(lane, status).Inc()
+	if counted {
+		m.attempts.WithLabelValues(lane, status).Inc()
+	}
 }
 
 func (m *metrics) forgetLane(id string) {

@@ -38,7 +38,7 @@ type Route struct {
 type Config struct {
 	Upstream      *url.URL      // default upstream; nil = https://api.openai.com
 	Routes        []Route       // named prefix routes
-	MaxRetries    int           // upstream attempts after the first; zero = none, negative = 0
+	MaxRetries    int           // upstream attempts after the first; zero = 10, negative = none
 	MaxWait       time.Duration // a request's whole budget (queue + retries); zero = 10m
 	MaxRetryAfter time.Duration // longer upstream hints are not waited for; zero = 2m
 	MaxBodyBytes  int64         // larger bodies get 413; zero = 32 MiB
@@ -72,8 +72,8 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	seen := map[string]bool{}
 	for _, r := range cfg.Routes {
-		if r.Name == "" || strings.ContainsAny(r.Name, "/?#") {
-			return nil, fmt.Errorf("proxy: route name %q: must be a non-empty path segment", r.Name)
+		if !ValidRouteName(r.Name) {
+			return nil, fmt.Errorf("proxy: route name %q: use letters, digits, '.', '_' and '-'", r.Name)
 		}
 		if seen[r.Name] {
 			return nil, fmt.Errorf("proxy: route %q given twice", r.Name)
@@ -83,7 +83,10 @@ func New(cfg Config) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: route %q: %w", r.Name, err)
 		}
 	}
-	if cfg.MaxRetries < 0 {
+	switch {
+	case cfg.MaxRetries == 0:
+		cfg.MaxRetries = 10
+	case cfg.MaxRetries < 0:
 		cfg.MaxRetries = 0
 	}
 	if cfg.MaxWait <= 0 {
@@ -148,6 +151,21 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
+// ValidRouteName reports whether name can be a route prefix: a plain path
+// segment of letters, digits, '.', '_' and '-' (no pattern characters).
+func ValidRouteName(name string) bool {
+	if name == "" || name == "." || name == ".." {
+		return false
+	}
+	for _, c := range name {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
 // CheckUpstream reports what is wrong with u as an upstream base URL: it
 // must be absolute http(s) with a host, and carry no credentials, query or
 // fragment.
@@ -176,19 +194,48 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.Se
 // Lanes is the proxy's lane table.
 func (p *Proxy) Lanes() *lanequeue.Table { return p.lanes }
 
+// trackingWriter remembers whether the status line went out. It keeps
+// http.Flusher and the rest reachable through Unwrap for
+// http.ResponseController.
+type trackingWriter struct {
+	http.ResponseWriter
+	wroteHeader bool
+}
+
+func (t *trackingWriter) WriteHeader(code int) {
+	if code >= 200 {
+		t.wroteHeader = true
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.wroteHeader = true
+	return t.ResponseWriter.Write(b)
+}
+
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
 // guard refuses requests that try to choose the upstream themselves and
 // turns a panic into a JSON 500 instead of a dropped connection.
 func (p *Proxy) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tw := &trackingWriter{ResponseWriter: w}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
 				p.log.Error("panic serving request", "panic", fmt.Sprint(v), "path", r.URL.Path)
+				if tw.wroteHeader {
+					// Part of an answer is out: only a broken connection
+					// tells the client it is incomplete.
+					panic(http.ErrAbortHandler)
+				}
 				writeError(w, http.StatusInternalServerError, "server_error", "internal_error", "internal error", nil)
 			}
 		}()
+		w = tw
 		if r.Method == http.MethodConnect {
 			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
 				"CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it", nil)

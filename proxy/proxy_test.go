@@ -22,6 +22,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/upstream"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -518,5 +519,73 @@ func TestPanicGivesJSON500AndReleasesTheSlot(t *testing.T) {
 	// The proxy still serves after the panic.
 	if resp := h.post("/v1/chat/completions", `{"model":"m"}`); resp.StatusCode != 500 {
 		t.Fatalf("second request: status %d", resp.StatusCode)
+	}
+}
+
+func TestZeroHintBacksOffInsteadOfRetryingAtOnce(t *testing.T) {
+	p, err := New(Config{Backoff: backoff.Policy{Base: 100 * time.Millisecond}, Rand: func() float64 { return 0 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &request{deadline: time.Now().Add(time.Minute)}
+	for _, hint := range []time.Duration{0, -time.Second} {
+		wait, why := p.retryDelay(req, upstream.Result{Hint: hint, HasHint: true})
+		if why != "" || wait != 100*time.Millisecond {
+			t.Fatalf("hint %v: wait %v (%s), want the 100ms backoff", hint, wait, why)
+		}
+	}
+}
+
+func TestStalledAnswerIsCutAfterMaxWait(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // never sends another byte
+	}), func(c *Config) { c.MaxWait = 300 * time.Millisecond })
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+	if _, err := io.ReadAll(resp.Body); err == nil {
+		t.Fatal("a stalled stream ended cleanly")
+	}
+	laneIdle(t, h.proxy)
+}
+
+type panickyBody struct{ n int }
+
+func (b *panickyBody) Read(p []byte) (int, error) {
+	if b.n++; b.n == 1 {
+		return copy(p, "data: {\"n\":1}\n\n"), nil
+	}
+	panic("body bug")
+}
+
+func (b *panickyBody) Close() error { return nil }
+
+func TestPanicAfterHeadersAbortsInsteadOfAppendingJSON(t *testing.T) {
+	rt := rtFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: &panickyBody{}, ContentLength: -1}, nil
+	})
+	h := newHarness(t, http.NotFoundHandler(), func(c *Config) { c.Transport = rt })
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+	body, err := io.ReadAll(resp.Body)
+	if err == nil || strings.Contains(string(body), "internal_error") {
+		t.Fatalf("body %q, err %v: want a broken stream without a JSON error in it", body, err)
+	}
+	laneIdle(t, h.proxy)
+}
+
+type rtFunc func(*http.Request) (*http.Response, error)
+
+func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func TestRouteNamesMustBePlainSegments(t *testing.T) {
+	u, _ := url.Parse("http://127.0.0.1:1")
+	for _, name := range []string{"a*", "{x}", "a/b", "", "..", "x y"} {
+		if _, err := New(Config{Routes: []Route{{Name: name, URL: u}}}); err == nil {
+			t.Errorf("route name %q accepted", name)
+		}
+	}
+	if _, err := New(Config{Routes: []Route{{Name: "my-route_2.v1", URL: u}}}); err != nil {
+		t.Fatal(err)
 	}
 }

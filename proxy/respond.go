@@ -6,6 +6,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/tokens"
@@ -52,7 +53,12 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	if slot != nil && resp.StatusCode < 300 {
 		meter = newUsageMeter(stream)
 	}
-	if err := copyBody(w, resp.Body, stream, meter); err != nil {
+	body := io.Reader(resp.Body)
+	if req.cancelAttempt != nil {
+		body = newIdleReader(resp.Body, p.cfg.MaxWait, req.cancelAttempt)
+		defer body.(*idleReader).stop()
+	}
+	if err := copyBody(w, body, stream, meter); err != nil {
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run.
 		if !errors.Is(err, errClientGone) {
@@ -77,6 +83,29 @@ func flushEachWrite(resp *http.Response) bool {
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	return mt == "text/event-stream"
 }
+
+// idleReader cancels the attempt when the upstream sends nothing for idle:
+// an answer that stalls must not hold its slot forever when the client has
+// no timeout of its own.
+type idleReader struct {
+	r     io.Reader
+	idle  time.Duration
+	timer *time.Timer
+}
+
+func newIdleReader(r io.Reader, idle time.Duration, cancel func()) *idleReader {
+	return &idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, cancel)}
+}
+
+func (i *idleReader) Read(p []byte) (int, error) {
+	n, err := i.r.Read(p)
+	if n > 0 {
+		i.timer.Reset(i.idle)
+	}
+	return n, err
+}
+
+func (i *idleReader) stop() { i.timer.Stop() }
 
 var errClientGone = errors.New("client went away")
 

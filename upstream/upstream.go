@@ -6,7 +6,6 @@ package upstream
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -118,8 +117,8 @@ func Do(rt http.RoundTripper, req *http.Request, now time.Time) Result {
 		var op *net.OpError
 		var dns *net.DNSError
 		r.Unreachable = errors.As(err, &dns) || errors.As(err, &op) && op.Op == "dial"
-		if req.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			r.Outcome = Final
+		if req.Context().Err() != nil {
+			r.Outcome = Final // the caller gave up; a dial timeout is not that
 		}
 		return r
 	}
@@ -162,12 +161,12 @@ type rewound struct {
 }
 
 // Discard drains a little of an unwanted answer and closes it, so the
-// connection can be reused.
+// connection can be reused when the rest is short.
 func (r Result) Discard() {
 	if r.Resp == nil {
 		return
 	}
-	_, _ = io.CopyN(io.Discard, r.Resp.Body, 256<<10)
+	_, _ = io.CopyN(io.Discard, r.Resp.Body, 4<<10)
 	_ = r.Resp.Body.Close()
 }
 
@@ -201,6 +200,7 @@ func OutboundHeader(in http.Header) http.Header {
 	h := in.Clone()
 	StripHopHeaders(h)
 	h.Del("Accept-Encoding")
+	h.Del("Expect") // the proxy already has the whole body
 	h.Del("Content-Length")
 	h.Del("Host")
 	return h

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -94,9 +95,10 @@ func TestOutboundHeaderDropsHopByHopAndEncoding(t *testing.T) {
 	in.Set("X-Private", "1")
 	in.Set("Accept-Encoding", "br")
 	in.Set("Te", "trailers")
+	in.Set("Expect", "100-continue")
 	in.Set("Content-Type", "application/json")
 	out := OutboundHeader(in)
-	for _, k := range []string{"Connection", "X-Private", "Accept-Encoding", "Te"} {
+	for _, k := range []string{"Connection", "X-Private", "Accept-Encoding", "Te", "Expect"} {
 		if out.Get(k) != "" {
 			t.Errorf("%s forwarded", k)
 		}
@@ -139,5 +141,21 @@ func TestTransportSpeaksHTTP2ToTLSUpstreams(t *testing.T) {
 	defer r.Resp.Body.Close()
 	if got := r.Resp.Header.Get("X-Proto"); got != "HTTP/2.0" {
 		t.Fatalf("upstream saw %s, want HTTP/2.0", got)
+	}
+}
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+func TestDialTimeoutIsRetryable(t *testing.T) {
+	req, _ := http.NewRequest("POST", "http://upstream.test/", nil)
+	r := Do(rtFunc(func(*http.Request) (*http.Response, error) {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: timeoutErr{}}
+	}), req, now)
+	if r.Outcome != Retryable || !r.Unreachable {
+		t.Fatalf("outcome %v unreachable %v", r.Outcome, r.Unreachable)
 	}
 }

@@ -95,8 +95,8 @@ func (c *config) validate() error {
 		}
 		name, raw, ok := strings.Cut(item, "=")
 		name = strings.Trim(strings.TrimSpace(name), "/")
-		if !ok || name == "" || strings.ContainsAny(name, "/?#% ") {
-			return bad("ROUTES", "%q is not name=url with a plain name", item)
+		if !ok || !proxy.ValidRouteName(name) {
+			return bad("ROUTES", "%q is not name=url with a name of letters, digits, '.', '_' and '-'", item)
 		}
 		if seen[name] {
 			return bad("ROUTES", "route %q given twice", name)

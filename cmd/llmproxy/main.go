@@ -72,10 +72,14 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	retries := cfg.MaxRetries
+	if retries == 0 {
+		retries = -1 // proxy.Config's zero means its default; 0 here means none
+	}
 	p, err := proxy.New(proxy.Config{
 		Upstream:      cfg.upstreamURL,
 		Routes:        cfg.routes,
-		MaxRetries:    cfg.MaxRetries,
+		MaxRetries:    retries,
 		MaxWait:       cfg.MaxWait,
 		MaxRetryAfter: cfg.MaxRetryAfter,
 		MaxBodyBytes:  cfg.MaxBodyBytes,

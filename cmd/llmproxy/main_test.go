@@ -37,6 +37,8 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_UPSTREAM", "ftp://x"},
 		{"LLMPROXY_UPSTREAM", "https://user:pw@x"},
 		{"LLMPROXY_ROUTES", "anthropic"},
+		{"LLMPROXY_ROUTES", "a*=https://x"},
+		{"LLMPROXY_ROUTES", "{x}=https://x"},
 		{"LLMPROXY_ROUTES", "a=https://x,a=https://y"},
 		{"LLMPROXY_ADDR", "8080"},
 		{"LLMPROXY_LOG_LEVEL", "loud"},
