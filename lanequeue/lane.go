@@ -206,6 +206,10 @@ func budgetErr(err error) error {
 // dispatchLocked grants the head of the queue for as long as it can go, and
 // arms the lane timer when the head must wait for time. Requires l.mu held.
 func (l *Lane) dispatchLocked(now time.Time) {
+	// Requests granted together reach the upstream in any order, so each
+	// is marked as if sent first in its batch: an answer then counts all
+	// of its batch as possibly not yet in the upstream's figure.
+	batch := l.pace.totals()
 	for e := l.waiters.Front(); e != nil; e = l.waiters.Front() {
 		w := e.Value.(*waiter)
 		if now.Before(l.pausedUntil) {
@@ -241,7 +245,8 @@ func (l *Lane) dispatchLocked(now time.Time) {
 		s := w.slot
 		s.active = true
 		s.dispatched = now
-		s.mark = l.pace.take(s.cost)
+		l.pace.take(s.cost)
+		s.mark = batch.plus(s.cost)
 		if !w.retry {
 			l.stats.admitted++
 		}

@@ -179,6 +179,14 @@ func (p *pacer) take(cost int64) mark {
 	return mark{requests: p.requests.take(1), tokens: p.tokens.take(float64(cost))}
 }
 
+// totals is where the running totals stand now.
+func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p.tokens.sent} }
+
+// plus is m after one more request of cost.
+func (m mark) plus(cost int64) mark {
+	return mark{requests: m.requests + 1, tokens: m.tokens + float64(cost)}
+}
+
 func (p *pacer) refund(cost int64) {
 	p.requests.refund(1)
 	p.tokens.refund(float64(cost))
