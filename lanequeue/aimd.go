@@ -82,7 +82,7 @@ func (s *Slot) Settle(usedTokens int64) {
 	l := s.lane
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.pace.tokens.settle(float64(s.cost), float64(usedTokens), s.mark.tokens)
+	l.pace.settle(s.cost, usedTokens, s.mark)
 	l.dispatchLocked(l.clock.Now())
 }
 

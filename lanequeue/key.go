@@ -45,6 +45,13 @@ func (k Key) ID() string {
 	return hex.EncodeToString(h.Sum(nil))[:shortLen]
 }
 
+// LimitGroup identifies the upstream limit a lane draws on. Providers count
+// rate limits per credential and model, whatever the endpoint, so lanes
+// that differ only in path share one learned request and token budget.
+func (k Key) LimitGroup() string {
+	return k.Route + "\x00" + k.CredentialHash + "\x00" + k.Model
+}
+
 // String is a compact form for logs: no raw credential.
 func (k Key) String() string {
 	return k.Route + "|" + k.ShortKeyHash() + "|" + k.Path + "|" + k.Model

@@ -86,7 +86,7 @@ type Lane struct {
 	arrivals    uint64    // arrival counter, for the order of retries
 	learned     bool      // an answer came back: pacing knows what the upstream tells
 	probeUntil  time.Time // set by the first dispatch; see ProbeWindow
-	pace        pacer
+	pace        *pacer    // shared by the lanes of one limit group
 	aimd        aimd
 	stats       laneStats
 }
@@ -106,15 +106,18 @@ type waiter struct {
 	slot    *Slot
 }
 
-func newLane(key Key, cfg Config) *Lane {
+func newLane(key Key, cfg Config, pace *pacer) *Lane {
 	cfg = cfg.withDefaults()
-	l := &Lane{key: key, id: key.ID(), cfg: cfg, clock: cfg.Clock, limit: cfg.Concurrency}
+	if pace == nil {
+		pace = &pacer{}
+	}
+	l := &Lane{key: key, id: key.ID(), cfg: cfg, clock: cfg.Clock, limit: cfg.Concurrency, pace: pace}
 	l.lastUsed = cfg.Clock.Now()
 	return l
 }
 
 // New returns a lane outside any table; tests and single-lane users call it.
-func New(key Key, cfg Config) *Lane { return newLane(key, cfg) }
+func New(key Key, cfg Config) *Lane { return newLane(key, cfg, nil) }
 
 // ID is the lane's short hashed identifier.
 func (l *Lane) ID() string { return l.id }

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"math"
+	"sync"
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
@@ -145,9 +146,12 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	}
 }
 
-// pacer holds the lane's two budgets, on separate clocks: a request-window
-// reset never releases a token-exhausted lane and vice versa.
+// pacer holds two budgets, on separate clocks: a request-window reset never
+// releases a token-exhausted lane and vice versa. Lanes that share one
+// upstream limit share one pacer (see Key.LimitGroup), so it has its own
+// mutex, always taken after the lane's.
 type pacer struct {
+	mu       sync.Mutex
 	requests budget
 	tokens   budget
 }
@@ -158,6 +162,8 @@ type mark struct{ requests, tokens float64 }
 // admit combines both budgets: the later of their times, and "wait for an
 // answer" (zero time) when either can only learn more from one.
 func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	ra, rok := p.requests.admit(now, 1)
 	ta, tok := p.tokens.admit(now, float64(cost))
 	switch {
@@ -176,11 +182,17 @@ func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
 }
 
 func (p *pacer) take(cost int64) mark {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return mark{requests: p.requests.take(1), tokens: p.tokens.take(float64(cost))}
 }
 
 // totals is where the running totals stand now.
-func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p.tokens.sent} }
+func (p *pacer) totals() mark {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return mark{requests: p.requests.sent, tokens: p.tokens.sent}
+}
 
 // plus is m after one more request of cost.
 func (m mark) plus(cost int64) mark {
@@ -188,11 +200,34 @@ func (m mark) plus(cost int64) mark {
 }
 
 func (p *pacer) refund(cost int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.requests.refund(1)
 	p.tokens.refund(float64(cost))
 }
 
 func (p *pacer) observe(l headerparse.Limits, m mark, dispatched, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.requests.observe(l.Requests, m.requests, dispatched, now)
 	p.tokens.observe(l.Tokens, m.tokens, dispatched, now)
+}
+
+func (p *pacer) settle(estimate, actual int64, m mark) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.tokens.settle(float64(estimate), float64(actual), m.tokens)
+}
+
+// budgetView is what State shows of one budget.
+type budgetView struct{ limit, avail, rate float64 }
+
+func (p *pacer) view(now time.Time) (req, tok budgetView, reqKnown, tokKnown bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.requests.advance(now)
+	p.tokens.advance(now)
+	return budgetView{p.requests.limit, p.requests.avail, p.requests.rate},
+		budgetView{p.tokens.limit, p.tokens.avail, p.tokens.rate},
+		p.requests.known, p.tokens.known
 }

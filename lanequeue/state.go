@@ -40,13 +40,12 @@ func (l *Lane) State() State {
 		Throttled: l.stats.throttled, LastUsed: l.lastUsed,
 	}
 	now := l.clock.Now()
-	if b := &l.pace.requests; b.known {
-		b.advance(now)
-		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = b.limit, b.avail, b.rate
+	req, tok, reqKnown, tokKnown := l.pace.view(now)
+	if reqKnown {
+		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = req.limit, req.avail, req.rate
 	}
-	if b := &l.pace.tokens; b.known {
-		b.advance(now)
-		s.TokensLimit, s.TokensAvailable, s.TokensPerSecond = b.limit, b.avail, b.rate
+	if tokKnown {
+		s.TokensLimit, s.TokensAvailable, s.TokensPerSecond = tok.limit, tok.avail, tok.rate
 	}
 	if l.pausedUntil.After(now) {
 		s.PausedUntil = l.pausedUntil

@@ -28,6 +28,13 @@ type Table struct {
 	lanes     *simplelru.LRU[string, *Lane]
 	evicted   []*Lane // filled by the LRU callback under mu, drained after unlock
 	lastSweep time.Time
+	groups    map[string]*group // shared budgets by Key.LimitGroup
+}
+
+// group is one shared pacer and how many lanes in the table use it.
+type group struct {
+	pace  *pacer
+	lanes int
 }
 
 // NewTable returns an empty table.
@@ -39,9 +46,15 @@ func NewTable(cfg TableConfig) *Table {
 	if cfg.IdleTTL <= 0 {
 		cfg.IdleTTL = 10 * time.Minute
 	}
-	t := &Table{cfg: cfg}
+	t := &Table{cfg: cfg, groups: map[string]*group{}}
 	lanes, err := simplelru.NewLRU[string, *Lane](cfg.MaxLanes, func(_ string, l *Lane) {
 		t.evicted = append(t.evicted, l)
+		gk := l.key.LimitGroup()
+		if g := t.groups[gk]; g != nil {
+			if g.lanes--; g.lanes <= 0 {
+				delete(t.groups, gk)
+			}
+		}
 	})
 	if err != nil {
 		panic(err) // only for a non-positive size, excluded above
@@ -57,7 +70,14 @@ func (t *Table) Get(key Key) *Lane {
 	now := t.cfg.Lane.Clock.Now()
 	l, ok := t.lanes.Get(id)
 	if !ok {
-		l = newLane(key, t.cfg.Lane)
+		gk := key.LimitGroup()
+		g := t.groups[gk]
+		if g == nil {
+			g = &group{pace: &pacer{}}
+			t.groups[gk] = g
+		}
+		g.lanes++
+		l = newLane(key, t.cfg.Lane, g.pace)
 		t.lanes.Add(id, l)
 	} else {
 		l.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
 )
 
 func TestTableReturnsSameLaneForSameKey(t *testing.T) {
@@ -92,5 +93,45 @@ func TestGetAfterIdleTTLKeepsTheLaneItReturns(t *testing.T) {
 	again := tb.Get(k)
 	if again != first || !tb.Has(again) || tb.Len() != 1 {
 		t.Fatalf("Get returned a lane the table no longer holds (same=%v has=%v len=%d)", again == first, tb.Has(again), tb.Len())
+	}
+}
+
+func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
+	fc := clock.NewFake(t0)
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
+	cred := HashCredential("sk-shared")
+	chat := tb.Get(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt"})
+	resp := tb.Get(Key{CredentialHash: cred, Path: "/v1/responses", Model: "gpt"})
+	other := tb.Get(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "other-model"})
+	if chat.pace != resp.pace || chat.pace == other.pace {
+		t.Fatal("limit groups: want chat and responses of one model to share, another model not")
+	}
+	// Chat learns that one request is left in a window that resets in 10s.
+	s, err := chat.Acquire(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Observe(headerparse.Limits{Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: t0.Add(10 * time.Second)}})
+	s.Release()
+	resp.learned, other.learned = true, true
+	// The responses lane may send that one, not more.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := mustGet(t, acquireAsync(ctx, resp))
+	second := acquireAsync(ctx, resp)
+	mustBlock(t, second)
+	// Another model's lane is not held back.
+	mustGet(t, acquireAsync(ctx, other)).Release()
+	first.Release()
+	cancel()
+	<-second
+	// Evicting every lane of a group drops the group.
+	fc.Advance(time.Hour)
+	tb.Sweep()
+	tb.mu.Lock()
+	n := len(tb.groups)
+	tb.mu.Unlock()
+	if n != 0 || tb.Len() != 0 {
+		t.Fatalf("after eviction: %d groups, %d lanes", n, tb.Len())
 	}
 }
