@@ -49,7 +49,13 @@ type Config struct {
 	Gatherer      prometheus.Gatherer   // what /metrics serves; nil = the private registry
 	Clock         clock.Clock           // nil = wall clock; also set into Lanes
 	Backoff       backoff.Policy
-	Rand          func() float64 // jitter source; nil = math/rand/v2
+	// PassRateLimitHeaders forwards the upstream's rate-limit window headers
+	// to clients. By default they are removed: the proxy does the pacing,
+	// and client-side schedulers that throttle themselves on
+	// x-ratelimit-remaining-* would only slow a run the proxy already keeps
+	// under the limit.
+	PassRateLimitHeaders bool
+	Rand                 func() float64 // jitter source; nil = math/rand/v2
 }
 
 // Proxy is the request handler plus its lane table and metrics.

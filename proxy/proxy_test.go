@@ -589,3 +589,27 @@ func TestRouteNamesMustBePlainSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestRateLimitHeadersHiddenFromClientsUnlessPassed(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+		w.Header().Set("Anthropic-Ratelimit-Tokens-Remaining", "0")
+		w.Header().Set("Retry-After", "3")
+		w.Header().Set("X-Request-Id", "req_1")
+	})
+	strip := newHarness(t, up, nil)
+	resp := strip.post("/v1/chat/completions", `{"model":"m"}`)
+	for _, k := range []string{"X-Ratelimit-Remaining-Requests", "Anthropic-Ratelimit-Tokens-Remaining", "Retry-After"} {
+		if resp.Header.Get(k) != "" {
+			t.Errorf("strip: %s reached the client", k)
+		}
+	}
+	if resp.Header.Get("X-Request-Id") != "req_1" {
+		t.Error("strip: other headers lost")
+	}
+	pass := newHarness(t, up, func(c *Config) { c.PassRateLimitHeaders = true })
+	resp = pass.post("/v1/chat/completions", `{"model":"m"}`)
+	if resp.Header.Get("X-Ratelimit-Remaining-Requests") != "0" || resp.Header.Get("Retry-After") != "3" {
+		t.Errorf("pass: headers %v", resp.Header)
+	}
+}

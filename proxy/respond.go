@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/tokens"
 	"github.com/llmproxy/llmproxy/upstream"
@@ -36,6 +37,13 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		h[k] = vs
 	}
 	upstream.StripHopHeaders(h)
+	if !p.cfg.PassRateLimitHeaders {
+		headerparse.DeleteWindowHeaders(h)
+		if resp.StatusCode < 300 {
+			h.Del("Retry-After")
+			h.Del("Retry-After-Ms")
+		}
+	}
 	if resp.Uncompressed {
 		h.Del("Content-Length")
 		h.Del("Content-Encoding")

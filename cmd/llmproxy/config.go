@@ -36,6 +36,7 @@ type config struct {
 	LaneMaxConcurrency int           `env:"LANE_MAX_CONCURRENCY" envDefault:"512" help:"highest concurrency limit of a lane"`
 	MaxLanes           int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
 	LaneIdleTTL        time.Duration `env:"LANE_IDLE_TTL" envDefault:"10m" help:"a lane idle this long is dropped"`
+	ClientRateLimitHdr string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`
 	RedisURL           string        `env:"REDIS_URL" help:"set: replicas share lane state through Redis (not available yet)"`
 	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
@@ -146,6 +147,11 @@ func (c *config) validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return bad("LOG_LEVEL", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	switch strings.ToLower(c.ClientRateLimitHdr) {
+	case "strip", "pass":
+	default:
+		return bad("CLIENT_RATELIMIT_HEADERS", "%q is not strip or pass", c.ClientRateLimitHdr)
 	}
 	switch strings.ToLower(c.LogFormat) {
 	case "text", "json":

@@ -77,12 +77,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		retries = -1 // proxy.Config's zero means its default; 0 here means none
 	}
 	p, err := proxy.New(proxy.Config{
-		Upstream:      cfg.upstreamURL,
-		Routes:        cfg.routes,
-		MaxRetries:    retries,
-		MaxWait:       cfg.MaxWait,
-		MaxRetryAfter: cfg.MaxRetryAfter,
-		MaxBodyBytes:  cfg.MaxBodyBytes,
+		Upstream:             cfg.upstreamURL,
+		Routes:               cfg.routes,
+		MaxRetries:           retries,
+		MaxWait:              cfg.MaxWait,
+		MaxRetryAfter:        cfg.MaxRetryAfter,
+		MaxBodyBytes:         cfg.MaxBodyBytes,
+		PassRateLimitHeaders: strings.EqualFold(cfg.ClientRateLimitHdr, "pass"),
 		Lanes: lanequeue.TableConfig{
 			Lane: lanequeue.Config{
 				Concurrency:    cfg.LaneConcurrency,

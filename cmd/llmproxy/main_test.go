@@ -43,6 +43,7 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_ADDR", "8080"},
 		{"LLMPROXY_LOG_LEVEL", "loud"},
 		{"LLMPROXY_LOG_FORMAT", "xml"},
+		{"LLMPROXY_CLIENT_RATELIMIT_HEADERS", "rewrite"},
 		{"LLMPROXY_LANE_CONCURRENCY", "1000"},
 		{"LLMPROXY_MAX_BODY_BYTES", "0"},
 	} {
