@@ -6,6 +6,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
@@ -115,13 +116,19 @@ func (i *idleReader) Read(p []byte) (int, error) {
 
 func (i *idleReader) stop() { i.timer.Stop() }
 
+// copyBufs recycles the 32 KiB copy buffers: one per answer would be most
+// of the proxy's allocation per request.
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 var errClientGone = errors.New("client went away")
 
 // copyBody copies src to w, flushing after each write when flush is set,
 // and shows every chunk to tap when it is not nil.
 func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer) error {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	for {
 		n, rerr := src.Read(buf)
 		if n > 0 {
