@@ -49,7 +49,7 @@ func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 		return time.Time{}, true
 	}
 	b.advance(now)
-	need := math.Min(cost, b.limit)
+	need := b.charge(cost)
 	if b.avail >= need {
 		return time.Time{}, true
 	}
@@ -70,9 +70,18 @@ func (b *budget) take(cost float64) float64 {
 	if b.known {
 		// A cost larger than the window is charged as the whole window, as
 		// admit let it go: more would stall the lane on a debt it never had.
-		b.avail -= math.Min(cost, b.limit)
+		b.avail -= b.charge(cost)
 	}
 	return b.sent
+}
+
+// charge is what a request of cost takes from the window: all of it, but
+// never more than the whole window when the window's size is known.
+func (b *budget) charge(cost float64) float64 {
+	if b.limit > 0 {
+		return math.Min(cost, b.limit)
+	}
+	return cost
 }
 
 // maxWaitSeconds bounds one pacing wait (a day) so a tiny learned rate

@@ -1,0 +1,544 @@
+package lanequeue
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// win is a reported window with a remaining count.
+func win(limit, remaining int64, reset time.Time) headerparse.Window {
+	return headerparse.Window{Limit: limit, Remaining: remaining, HasRemaining: true, Reset: reset}
+}
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// acquireCostAsync is acquireAsync for a request of the given token cost.
+func acquireCostAsync(ctx context.Context, l *Lane, cost int64) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		s, err := l.Acquire(ctx, cost)
+		ch <- result{s, err}
+	}()
+	return ch
+}
+
+// learnedBudget is a budget that observed w at t0 with nothing sent after.
+func learnedBudget(w headerparse.Window) *budget {
+	b := &budget{}
+	b.observe(w, b.sent, t0, t0)
+	return b
+}
+
+func TestBudgetUnknownAdmitsEverything(t *testing.T) {
+	var b budget
+	for i, cost := range []float64{1, 1e6, 1e12} {
+		if _, ok := b.admit(t0, cost); !ok {
+			t.Fatalf("admit #%d (cost %v) on an unknown budget refused", i, cost)
+		}
+		b.take(cost)
+	}
+	if b.known || b.avail != 0 {
+		t.Fatalf("take changed an unknown budget: %+v", b)
+	}
+	if b.sent != 1+1e6+1e12 {
+		t.Fatalf("sent = %v, want every dispatch counted for later corrections", b.sent)
+	}
+	b.observe(headerparse.Window{Reset: at(time.Second)}, b.sent, t0, t0) // a reset alone says nothing
+	if b.known {
+		t.Fatal("an unknown window made the budget known")
+	}
+}
+
+func TestBudgetAdmitWaitsAtLearnedRate(t *testing.T) {
+	tests := []struct {
+		name     string
+		w        headerparse.Window
+		cost     float64
+		wantRate float64
+		wantOK   bool
+		wantAt   time.Time // when !wantOK
+	}{
+		{"exhausted window waits one request's refill", win(10, 0, at(time.Second)), 1, 10, false, at(100 * time.Millisecond)},
+		{"cost that fits goes now", win(10, 5, at(time.Second)), 5, 5, true, time.Time{}},
+		{"cost beyond what is left waits for the difference", win(10, 5, at(time.Second)), 7, 5, false, at(400 * time.Millisecond)},
+		{"cost beyond the limit waits for a full window", win(10, 0, at(time.Second)), 50, 10, false, at(time.Second)},
+		{"slow window", win(100, 40, at(time.Minute)), 41, 1, false, at(time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := learnedBudget(tt.w)
+			if !near(b.rate, tt.wantRate) {
+				t.Fatalf("rate = %v/s, want %v/s", b.rate, tt.wantRate)
+			}
+			got, ok := b.admit(t0, tt.cost)
+			if ok != tt.wantOK {
+				t.Fatalf("admit ok = %v, want %v", ok, tt.wantOK)
+			}
+			if ok {
+				return
+			}
+			if d := got.Sub(tt.wantAt); d < -time.Microsecond || d > time.Microsecond {
+				t.Fatalf("admit says wait until +%v, want +%v", got.Sub(t0), tt.wantAt.Sub(t0))
+			}
+			if _, ok := b.admit(tt.wantAt.Add(-time.Millisecond), tt.cost); ok {
+				t.Fatal("admitted a millisecond before the promised time")
+			}
+			if _, ok := b.admit(tt.wantAt.Add(time.Microsecond), tt.cost); !ok {
+				t.Fatal("not admitted at the promised time")
+			}
+		})
+	}
+}
+
+func TestBudgetRefillCapsAtLimit(t *testing.T) {
+	b := learnedBudget(win(10, 0, at(time.Second)))
+	b.advance(at(time.Hour))
+	if b.avail != 10 {
+		t.Fatalf("avail after an hour = %v, want the limit 10", b.avail)
+	}
+	// A long idle time allows one window's burst, not more.
+	now := at(time.Hour)
+	for i := 0; i < 10; i++ {
+		if _, ok := b.admit(now, 1); !ok {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+		b.take(1)
+	}
+	if got, ok := b.admit(now, 1); ok || !got.Equal(now.Add(100*time.Millisecond)) {
+		t.Fatalf("11th request: admit = %v, %v; want to wait 100ms", got.Sub(now), ok)
+	}
+}
+
+func TestBudgetCostLargerThanLimitGoesOnceFull(t *testing.T) {
+	b := learnedBudget(win(10, 4, at(time.Second))) // 6/s
+	got, ok := b.admit(t0, 25)
+	if ok || !got.Equal(at(time.Second)) {
+		t.Fatalf("admit = +%v, %v; want to wait until the window is full at +1s", got.Sub(t0), ok)
+	}
+	if _, ok := b.admit(at(time.Second), 25); !ok {
+		t.Fatal("not admitted once the window is full")
+	}
+	b.take(25)
+	if !near(b.avail, 0) {
+		t.Fatalf("avail = %v, want 0: a cost beyond the window is charged as the whole window", b.avail)
+	}
+	got, ok = b.admit(at(time.Second), 1)
+	want := at(time.Second).Add(time.Second / 6)
+	if d := got.Sub(want); ok || d < -time.Microsecond || d > time.Microsecond {
+		t.Fatalf("next admit = +%v, %v; want +%v", got.Sub(t0), ok, want.Sub(t0))
+	}
+}
+
+func TestBudgetObserveSubtractsLaterDispatches(t *testing.T) {
+	costs := []float64{100, 200, 300, 400}
+	tests := []struct {
+		name      string
+		observed  int // whose answer is observed
+		remaining int64
+		want      float64
+	}{
+		{"answer to the last dispatch", 3, 5000, 5000},
+		{"answer to the third", 2, 5000, 4600},
+		{"answer to the first", 0, 5000, 4100},
+		{"correction may go negative", 0, 500, -400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b budget
+			marks := make([]float64, len(costs))
+			for i, c := range costs {
+				marks[i] = b.take(c)
+			}
+			b.observe(win(10000, tt.remaining, at(time.Minute)), marks[tt.observed], t0, t0)
+			if !near(b.avail, tt.want) {
+				t.Fatalf("avail = %v, want %v", b.avail, tt.want)
+			}
+			// Once known, dispatches are charged at once.
+			b.take(50)
+			if !near(b.avail, tt.want-50) {
+				t.Fatalf("avail after take(50) = %v, want %v", b.avail, tt.want-50)
+			}
+		})
+	}
+}
+
+func TestBudgetRateNotLearned(t *testing.T) {
+	tests := []struct {
+		name string
+		w    headerparse.Window
+		// after spending what is left, admit at t0+1ms; a zero time with
+		// !ok means only the next answer can tell
+		wantOK bool
+		wantAt time.Time
+	}{
+		{"remaining equals limit: wait for the reset", win(10, 10, at(5*time.Second)), false, at(5 * time.Second)},
+		{"nothing consumed yet, short reset", win(3, 3, at(time.Second)), false, at(time.Second)},
+		{"no reset: wait for an answer", win(10, 0, time.Time{}), false, time.Time{}},
+		{"reset already passed: the window is full again", win(10, 0, at(-time.Second)), true, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := learnedBudget(tt.w)
+			if b.rate != 0 {
+				t.Fatalf("rate = %v, want none learned", b.rate)
+			}
+			b.take(float64(tt.w.Remaining))
+			now := at(time.Millisecond)
+			got, ok := b.admit(now, 1)
+			if ok != tt.wantOK || !got.Equal(tt.wantAt) {
+				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
+			}
+			if ok || tt.wantAt.IsZero() {
+				return
+			}
+			if _, ok := b.admit(tt.wantAt.Add(-time.Nanosecond), 1); ok {
+				t.Fatal("admitted before the reset")
+			}
+			if _, ok := b.admit(tt.wantAt, 1); !ok {
+				t.Fatal("not admitted at the reset")
+			}
+			if b.avail != float64(tt.w.Limit) {
+				t.Fatalf("avail at the reset = %v, want the full window %d", b.avail, tt.w.Limit)
+			}
+			// The reset refills once; the next window's reset is unknown.
+			b.take(float64(tt.w.Limit))
+			later := tt.wantAt.Add(time.Second)
+			if got, ok := b.admit(later, 1); ok || !got.IsZero() {
+				t.Fatalf("after spending the refilled window: admit = %v, %v; want to wait for an answer", got, ok)
+			}
+		})
+	}
+}
+
+func TestBudgetKeepsLearnedRateWhenObservationTellsNone(t *testing.T) {
+	b := learnedBudget(win(10, 0, at(time.Second)))
+	b.observe(win(10, 10, at(2*time.Second)), b.sent, t0, t0)
+	if !near(b.rate, 10) {
+		t.Fatalf("rate = %v, want the learned 10/s kept", b.rate)
+	}
+}
+
+func TestBudgetRejectsAbsurdRate(t *testing.T) {
+	tests := []struct {
+		name     string
+		reset    time.Duration
+		prior    float64 // rate learned before, 0 for none
+		wantRate float64
+	}{
+		{"window per nanosecond", time.Nanosecond, 0, 0},
+		{"window per 500µs", 500 * time.Microsecond, 0, 0},
+		{"window per 2ms is believable", 2 * time.Millisecond, 0, 5000},
+		{"absurd reading keeps the prior rate", time.Nanosecond, 10, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b budget
+			if tt.prior > 0 {
+				b.observe(win(10, 0, at(time.Duration(float64(10)/tt.prior*float64(time.Second)))), 0, t0, t0)
+				if !near(b.rate, tt.prior) {
+					t.Fatalf("prior rate = %v", b.rate)
+				}
+			}
+			b.observe(win(10, 0, at(tt.reset)), 0, t0, t0)
+			if !near(b.rate, tt.wantRate) {
+				t.Fatalf("rate = %v/s, want %v/s", b.rate, tt.wantRate)
+			}
+		})
+	}
+}
+
+func TestBudgetSettle(t *testing.T) {
+	// Each case starts from a token budget of 1000 with 500 left at t0
+	// (50/s), and returns what it expects avail to be. The clock stays at t0.
+	tests := []struct {
+		name string
+		run  func(b *budget) float64
+	}{
+		{"no answer since dispatch: the real cost replaces the estimate", func(b *budget) float64 {
+			mA := b.take(100)
+			b.settle(100, 30, mA)
+			return 470
+		}},
+		{"real cost above the estimate takes more", func(b *budget) float64 {
+			mA := b.take(100)
+			b.settle(100, 250, mA)
+			return 250
+		}},
+		{"the request's own answer already counted it", func(b *budget) float64 {
+			mA := b.take(100)
+			b.observe(win(1000, 400, at(10*time.Second)), mA, t0, t0)
+			b.settle(100, 30, mA)
+			return 400
+		}},
+		{"a later request's answer already counted it", func(b *budget) float64 {
+			mA := b.take(100)
+			mB := b.take(100)
+			b.observe(win(1000, 300, at(10*time.Second)), mB, t0, t0)
+			b.settle(100, 30, mA)
+			return 300
+		}},
+		{"an earlier request's answer did not count it", func(b *budget) float64 {
+			mP := b.take(100)
+			mA := b.take(100)
+			b.observe(win(1000, 400, at(10*time.Second)), mP, t0, t0) // 400 - A's 100
+			b.settle(100, 30, mA)
+			return 370
+		}},
+		{"an older answer arriving late does not undo a later one's cover", func(b *budget) float64 {
+			mP := b.take(100)
+			mA := b.take(100)
+			mB := b.take(100)
+			b.observe(win(1000, 200, at(10*time.Second)), mB, t0, t0)
+			b.observe(win(1000, 400, at(10*time.Second)), mP, t0, t0) // 400 - A's and B's 200
+			b.settle(100, 30, mA)
+			return 200
+		}},
+		{"settle never fills past the limit", func(b *budget) float64 {
+			mA := b.take(100)
+			b.advance(at(time.Minute))
+			b.settle(100, 0, mA)
+			return 1000
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := learnedBudget(win(1000, 500, at(10*time.Second)))
+			want := tt.run(b)
+			if !near(b.avail, want) {
+				t.Fatalf("avail = %v, want %v", b.avail, want)
+			}
+		})
+	}
+	t.Run("unknown budget ignores settle", func(t *testing.T) {
+		var b budget
+		m := b.take(100)
+		b.settle(100, 10, m)
+		if b.known || b.avail != 0 {
+			t.Fatalf("budget changed: %+v", b)
+		}
+	})
+}
+
+func TestBudgetRefund(t *testing.T) {
+	b := learnedBudget(win(10, 2, at(time.Second)))
+	b.take(1)
+	b.take(1)
+	if _, ok := b.admit(t0, 1); ok {
+		t.Fatal("admitted with nothing left")
+	}
+	b.refund(1)
+	if b.avail != 1 {
+		t.Fatalf("avail after refund = %v, want 1", b.avail)
+	}
+	if _, ok := b.admit(t0, 1); !ok {
+		t.Fatal("refunded request not admitted")
+	}
+	b.advance(at(time.Hour))
+	b.refund(5)
+	if b.avail != 10 {
+		t.Fatalf("avail = %v, want a refund capped at the limit 10", b.avail)
+	}
+
+	var unknown budget
+	unknown.refund(5)
+	if unknown.known || unknown.avail != 0 {
+		t.Fatalf("refund changed an unknown budget: %+v", unknown)
+	}
+}
+
+func TestPacerWaitsForTheLaterWindow(t *testing.T) {
+	tests := []struct {
+		name   string
+		lim    headerparse.Limits
+		cost   int64
+		wantOK bool
+		wantAt time.Time
+	}{
+		{"nothing known", headerparse.Limits{}, 1e9, true, time.Time{}},
+		{"both have room", headerparse.Limits{Requests: win(10, 5, at(time.Second)), Tokens: win(1000, 500, at(time.Second))}, 100, true, time.Time{}},
+		{"only requests short", headerparse.Limits{Requests: win(10, 0, at(time.Second)), Tokens: win(1000, 500, at(time.Second))}, 100, false, at(100 * time.Millisecond)},
+		{"only tokens short", headerparse.Limits{Requests: win(10, 5, at(time.Second)), Tokens: win(1000, 0, at(time.Second))}, 100, false, at(100 * time.Millisecond)},
+		{"both short, tokens later", headerparse.Limits{Requests: win(10, 0, at(time.Second)), Tokens: win(1000, 0, at(2*time.Second))}, 1000, false, at(2 * time.Second)},
+		{"both short, requests later", headerparse.Limits{Requests: win(1, 0, at(3*time.Second)), Tokens: win(1000, 0, at(time.Second))}, 100, false, at(3 * time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p pacer
+			p.observe(tt.lim, mark{}, t0, t0)
+			got, ok := p.admit(t0, tt.cost)
+			if d := got.Sub(tt.wantAt); ok != tt.wantOK || d < -time.Microsecond || d > time.Microsecond {
+				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
+			}
+		})
+	}
+}
+
+// An upstream may report an exhausted window with its reset but no limit:
+// OpenAI's x-ratelimit-remaining-requests: 0 with x-ratelimit-reset-requests
+// and no x-ratelimit-limit-requests, or IETF RateLimit: "default";r=0;t=5
+// without a RateLimit-Policy (headerparse yields Window{Limit: 0,
+// Remaining: 0, HasRemaining: true, Reset: ...}, which it calls Exhausted).
+func TestBudgetExhaustedWindowWithoutLimitWaitsForReset(t *testing.T) {
+	reset := at(5 * time.Second)
+	b := learnedBudget(headerparse.Window{Remaining: 0, HasRemaining: true, Reset: reset})
+	got, ok := b.admit(at(time.Second), 1)
+	if ok {
+		t.Fatal("admitted while the upstream says nothing is left until +5s")
+	}
+	if got.After(reset) || !got.After(at(time.Second)) {
+		t.Fatalf("admit says wait until +%v, want a wait no later than the reset", got.Sub(t0))
+	}
+}
+
+// observedLane returns a lane whose pacing learned lim from the answer to a
+// first request (cost cost) dispatched at t0, which is released.
+func observedLane(t *testing.T, conc int, cost int64, lim headerparse.Limits) (*Lane, *clock.Fake) {
+	t.Helper()
+	l, fc := testLane(conc, 1000)
+	s := mustGet(t, acquireCostAsync(context.Background(), l, cost))
+	s.Observe(lim)
+	s.Release()
+	return l, fc
+}
+
+func TestLanePacesQueuedRequestsAtLearnedRate(t *testing.T) {
+	// 10 a second, 1 left, full again in 1s: 9/s after the first.
+	l, fc := observedLane(t, 64, 1, headerparse.Limits{Requests: win(10, 1, at(time.Second))})
+	const n = 50
+	chans := make([]<-chan result, n)
+	for i := range chans {
+		chans[i] = acquireAsync(context.Background(), l)
+	}
+	waitQueued(t, l, n-1)
+	granted := func() int64 { return l.State().Admitted - 1 } // less observedLane's request
+	if g := granted(); g != 1 {
+		t.Fatalf("granted at once = %d, want 1", g)
+	}
+	// Grants fall at k/9 s; checking at +0.5s and then every second stays
+	// clear of those instants.
+	steps := []struct {
+		advance time.Duration
+		want    int64 // granted in this step
+	}{
+		{500 * time.Millisecond, 4},
+		{time.Second, 9}, {time.Second, 9}, {time.Second, 9}, {time.Second, 9}, {time.Second, 9},
+	}
+	total := granted()
+	for i, st := range steps {
+		fc.Advance(st.advance)
+		g := granted()
+		if g-total != st.want {
+			t.Fatalf("step %d (to +%v): granted %d, want %d", i, fc.Now().Sub(t0), g-total, st.want)
+		}
+		if st := l.State(); st.InFlight != int(g) || st.Queued != n-int(g) {
+			t.Fatalf("step %d: state %+v after %d grants", i, st, g)
+		}
+		total = g
+	}
+	if total != n {
+		t.Fatalf("granted %d, want all %d", total, n)
+	}
+	for _, ch := range chans {
+		mustGet(t, ch).Release()
+	}
+}
+
+func TestLaneRequestAndTokenWindowsHaveSeparateClocks(t *testing.T) {
+	tests := []struct {
+		name string
+		lim  headerparse.Limits
+		cost int64
+		// the other window's reset, which must not release the lane
+		otherReset time.Duration
+		// when the exhausted window allows the next request
+		goAt time.Duration
+	}{
+		{
+			name: "tokens exhausted, requests plentiful",
+			lim: headerparse.Limits{
+				Requests: win(100, 50, at(time.Second)),
+				Tokens:   win(1000, 0, at(5*time.Second)),
+			},
+			cost:       1000,
+			otherReset: time.Second,
+			goAt:       5 * time.Second,
+		},
+		{
+			name: "requests exhausted, tokens plentiful",
+			lim: headerparse.Limits{
+				Requests: win(1, 0, at(5*time.Second)),
+				Tokens:   win(1000, 500, at(time.Second)),
+			},
+			cost:       1,
+			otherReset: time.Second,
+			goAt:       5 * time.Second,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, fc := observedLane(t, 8, tt.cost, tt.lim)
+			ch := acquireCostAsync(context.Background(), l, tt.cost)
+			waitQueued(t, l, 1)
+			for _, d := range []time.Duration{tt.otherReset, tt.goAt - time.Millisecond} {
+				fc.Set(at(d))
+				if q := l.State().Queued; q != 1 {
+					t.Fatalf("at +%v: queued = %d, want the request still waiting", d, q)
+				}
+			}
+			mustBlock(t, ch)
+			fc.Set(at(tt.goAt))
+			s := mustGet(t, ch)
+			if w := s.QueueWait(); w != tt.goAt {
+				t.Fatalf("queue wait = %v, want %v", w, tt.goAt)
+			}
+			s.Release()
+		})
+	}
+}
+
+func TestBudgetRateAndResetAnchoredAtDispatch(t *testing.T) {
+	// Dispatched at t0, answered 500ms later, full again at t0+1s.
+	var b budget
+	m := b.take(1)
+	b.observe(win(10, 0, at(time.Second)), m, t0, at(500*time.Millisecond))
+	if !near(b.rate, 10) {
+		t.Fatalf("rate = %v/s, want 10/s measured from the dispatch", b.rate)
+	}
+	if want := at(1500 * time.Millisecond); !b.resetAt.Equal(want) {
+		t.Fatalf("resetAt = +%v, want +%v (trusted only after the answer's latency)", b.resetAt.Sub(t0), want.Sub(t0))
+	}
+}
+
+func TestLaneExhaustedWithoutResetWaitsForAnswer(t *testing.T) {
+	// No reset and no rate: only the next answer can tell more.
+	l, fc := testLane(8, 100)
+	a := mustGet(t, acquireAsync(context.Background(), l))
+	a.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+	ch := acquireAsync(context.Background(), l)
+	waitQueued(t, l, 1)
+	fc.Advance(time.Hour)
+	if q := l.State().Queued; q != 1 {
+		t.Fatalf("queued = %d an hour on with a request in flight, want 1", q)
+	}
+	a.Observe(headerparse.Limits{Requests: win(100, 50, time.Time{})})
+	b := mustGet(t, ch)
+	a.Release()
+
+	// With nothing in flight to learn from, one request goes to find out.
+	b.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+	b.Release()
+	c := mustGet(t, acquireAsync(context.Background(), l))
+	d := acquireAsync(context.Background(), l)
+	waitQueued(t, l, 1)
+	mustBlock(t, d)
+	c.Observe(headerparse.Limits{Requests: win(100, 1, time.Time{})})
+	mustGet(t, d).Release()
+	c.Release()
+}
