@@ -32,22 +32,22 @@ var (
 
 // Config holds a lane's limits. Zero fields take the documented defaults.
 type Config struct {
-	Concurrency    int         // initial concurrency limit; zero = 32
+	Concurrency    int         // initial concurrency limit; zero = 128
 	MinConcurrency int         // lowest the limit may fall to; zero = 1
-	MaxConcurrency int         // highest the limit may rise to; zero = 512
+	MaxConcurrency int         // highest the limit may rise to; zero = 1024
 	MaxQueue       int         // waiting requests before ErrQueueFull; zero = 10000
 	Clock          clock.Clock // nil = the wall clock
 }
 
 func (c Config) withDefaults() Config {
 	if c.Concurrency <= 0 {
-		c.Concurrency = 32
+		c.Concurrency = 128
 	}
 	if c.MinConcurrency <= 0 {
 		c.MinConcurrency = 1
 	}
 	if c.MaxConcurrency <= 0 {
-		c.MaxConcurrency = 512
+		c.MaxConcurrency = 1024
 	}
 	if c.MaxConcurrency < c.MinConcurrency {
 		c.MaxConcurrency = c.MinConcurrency

@@ -31,9 +31,9 @@ type config struct {
 	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client"`
 	MaxQueue           int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
 	MaxBodyBytes       int64         `env:"MAX_BODY_BYTES" envDefault:"33554432" help:"larger request bodies get 413"`
-	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"32" help:"a new lane's concurrency limit"`
+	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"128" help:"a new lane's concurrency limit"`
 	LaneMinConcurrency int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
-	LaneMaxConcurrency int           `env:"LANE_MAX_CONCURRENCY" envDefault:"512" help:"highest concurrency limit of a lane"`
+	LaneMaxConcurrency int           `env:"LANE_MAX_CONCURRENCY" envDefault:"1024" help:"highest concurrency limit of a lane"`
 	MaxLanes           int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
 	LaneIdleTTL        time.Duration `env:"LANE_IDLE_TTL" envDefault:"10m" help:"a lane idle this long is dropped"`
 	ClientRateLimitHdr string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`

@@ -44,7 +44,7 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_LOG_LEVEL", "loud"},
 		{"LLMPROXY_LOG_FORMAT", "xml"},
 		{"LLMPROXY_CLIENT_RATELIMIT_HEADERS", "rewrite"},
-		{"LLMPROXY_LANE_CONCURRENCY", "1000"},
+		{"LLMPROXY_LANE_CONCURRENCY", "5000"},
 		{"LLMPROXY_MAX_BODY_BYTES", "0"},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {
