@@ -3,9 +3,9 @@ package e2e
 // Real Node clients in front of the proxy: the official openai npm package
 // and promptfoo, both pinned in node/package-lock.json. They need
 //
-//	npm ci --prefix e2e/node
+//	npm ci --prefix e2e/testdata/node
 //
-// once; without node/node_modules these tests skip, unless
+// once; without testdata/node/node_modules these tests skip, unless
 // LLMPROXY_E2E_REQUIRE_NODE=1 makes that a failure (for CI).
 
 import (
@@ -26,34 +26,34 @@ import (
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 )
 
-// nodeTools is a Node runtime and the installed e2e/node packages.
+// nodeTools is a Node runtime and the installed e2e/testdata/node packages.
 type nodeTools struct {
 	node string // path of the node binary
-	dir  string // absolute path of e2e/node
+	dir  string // absolute path of e2e/testdata/node
 }
 
-// needNode finds node and e2e/node/node_modules, or skips the test (fails it
+// needNode finds node and e2e/testdata/node/node_modules, or skips the test (fails it
 // with LLMPROXY_E2E_REQUIRE_NODE=1).
 func needNode(t *testing.T) nodeTools {
 	t.Helper()
 	missing := func(why string) {
 		t.Helper()
 		if os.Getenv("LLMPROXY_E2E_REQUIRE_NODE") == "1" {
-			t.Fatalf("%s; run npm ci --prefix e2e/node (LLMPROXY_E2E_REQUIRE_NODE=1)", why)
+			t.Fatalf("%s; run npm ci --prefix e2e/testdata/node (LLMPROXY_E2E_REQUIRE_NODE=1)", why)
 		}
-		t.Skipf("%s; run npm ci --prefix e2e/node", why)
+		t.Skipf("%s; run npm ci --prefix e2e/testdata/node", why)
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
 		missing("node not found on PATH")
 	}
-	dir, err := filepath.Abs("node")
+	dir, err := filepath.Abs(filepath.Join("testdata", "node"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, pkg := range []string{"openai", "promptfoo"} {
 		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil {
-			missing("e2e/node/node_modules/" + pkg + " is not installed")
+			missing("e2e/testdata/node/node_modules/" + pkg + " is not installed")
 		}
 	}
 	return nodeTools{node: node, dir: dir}
@@ -101,7 +101,7 @@ type nodeRun struct {
 	err            error // from exec: nil, an *exec.ExitError, a timeout
 }
 
-// runNode runs node with args in e2e/node under a timeout, with
+// runNode runs node with args in e2e/testdata/node under a timeout, with
 // loopback_only.mjs preloaded so the process can reach nothing but loopback.
 // The process is killed when the timeout passes or the test ends. Hosts the
 // guard refused are logged.

@@ -1,4 +1,4 @@
-// Preloaded with `node --import ./loopback_only.mjs` by ../node_test.go so
+// Preloaded with `node --import ./loopback_only.mjs` by ../../node_test.go so
 // that the Node clients under test can reach loopback addresses and nothing
 // else: no DNS lookups of other names and no TCP connections to other hosts.
 //

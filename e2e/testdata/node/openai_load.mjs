@@ -1,5 +1,5 @@
 // Load check with the unmodified official OpenAI Node SDK, driven by
-// ../node_test.go (TestNodeOpenAISDKAllSucceed).
+// ../../node_test.go (TestNodeOpenAISDKAllSucceed).
 //
 // Sends N chat completions (env N, default 400) with at most C in flight
 // (env C, default 50), then one streaming chat completion whose chunks are
