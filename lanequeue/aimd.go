@@ -41,6 +41,7 @@ func (s *Slot) Observe(lim headerparse.Limits) {
 	defer l.mu.Unlock()
 	now := l.clock.Now()
 	l.learned = true
+	l.answeredLocked(s)
 	l.pace.observe(lim, s.mark, s.dispatched, now)
 	for _, w := range []headerparse.Window{lim.Requests, lim.Tokens} {
 		if w.Limit > 0 && w.HasRemaining && float64(w.Remaining) < proactiveFraction*float64(w.Limit) && w.Reset.IsZero() {
@@ -92,6 +93,7 @@ func (s *Slot) Refund() {
 	l := s.lane
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.answeredLocked(s)
 	l.pace.refund(s.cost)
 	l.dispatchLocked(l.clock.Now())
 }

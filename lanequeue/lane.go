@@ -84,6 +84,8 @@ type Lane struct {
 	timerAt     time.Time
 	timerGen    uint64
 	arrivals    uint64    // arrival counter, for the order of retries
+	unanswered  int       // dispatches whose answer has not been observed yet
+	orphaned    func()    // set when the table evicted the lane while busy; run once it is idle
 	learned     bool      // an answer came back: pacing knows what the upstream tells
 	probeUntil  time.Time // set by the first dispatch; see ProbeWindow
 	pace        *pacer    // shared by the lanes of one limit group
@@ -137,6 +139,7 @@ type Slot struct {
 
 	// Guarded by lane.mu.
 	active     bool // counted in the lane's inFlight
+	awaiting   bool // dispatched, answer not yet observed
 	released   bool
 	mark       mark      // pacer totals right after the latest dispatch
 	dispatched time.Time // latest dispatch
@@ -190,6 +193,7 @@ func (l *Lane) wait(ctx context.Context, w *waiter, e *list.Element) error {
 	if w.granted {
 		w.slot.active = false
 		l.inFlight--
+		l.answeredLocked(w.slot)
 		l.pace.refund(w.slot.cost)
 	} else {
 		l.waiters.Remove(e)
@@ -229,15 +233,13 @@ func (l *Lane) dispatchLocked(now time.Time) {
 			}
 			l.learned = true // the first answer is slow; stop waiting for it
 		}
-		if at, ok := l.pace.admit(now, w.slot.cost); !ok {
+		// With no answer outstanding, a budget that can only learn more
+		// from an answer lets this request go to find out.
+		if at, ok := l.pace.tryTake(now, w.slot.cost, l.unanswered == 0); !ok {
 			if !at.IsZero() {
 				l.armLocked(now, at)
-				return
 			}
-			if l.inFlight > 0 {
-				return // the next answer says more; Observe dispatches
-			}
-			// Nothing in flight to learn from: send this one to find out.
+			return // else the next answer says more; Observe dispatches
 		}
 		l.waiters.Remove(e)
 		w.granted = true
@@ -248,12 +250,29 @@ func (l *Lane) dispatchLocked(now time.Time) {
 		s := w.slot
 		s.active = true
 		s.dispatched = now
-		l.pace.take(s.cost)
+		s.awaiting = true
+		l.unanswered++
 		s.mark = batch.plus(s.cost)
 		if !w.retry {
 			l.stats.admitted++
 		}
 		close(w.ready)
+	}
+	if l.timer != nil {
+		// Nobody waits: a pending pacing timer would only keep the lane
+		// alive.
+		l.timer.Stop()
+		l.timer = nil
+		l.timerGen++
+	}
+}
+
+// answeredLocked notes that no answer will come for s's latest dispatch, or
+// that it came. Requires l.mu held.
+func (l *Lane) answeredLocked(s *Slot) {
+	if s.awaiting {
+		s.awaiting = false
+		l.unanswered--
 	}
 }
 
@@ -309,6 +328,7 @@ func (s *Slot) WaitRetry(ctx context.Context) error {
 		s.active = false
 		l.inFlight--
 	}
+	l.answeredLocked(s)
 	if err := ctx.Err(); err != nil {
 		l.dispatchLocked(now)
 		l.mu.Unlock()
@@ -341,8 +361,8 @@ func (s *Slot) WaitRetry(ctx context.Context) error {
 func (s *Slot) Release() {
 	l := s.lane
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if s.released {
+		l.mu.Unlock()
 		return
 	}
 	s.released = true
@@ -350,9 +370,18 @@ func (s *Slot) Release() {
 		s.active = false
 		l.inFlight--
 	}
+	l.answeredLocked(s)
 	now := l.clock.Now()
 	l.lastUsed = now
 	l.dispatchLocked(now)
+	var orphaned func()
+	if l.orphaned != nil && l.idleLocked() {
+		orphaned, l.orphaned = l.orphaned, nil
+	}
+	l.mu.Unlock()
+	if orphaned != nil {
+		orphaned()
+	}
 }
 
 // Lane returns the lane the slot belongs to.

@@ -91,7 +91,7 @@ const maxWaitSeconds = 86400
 // refund gives back cost for a dispatch that never reached the upstream.
 func (b *budget) refund(cost float64) {
 	if b.known {
-		b.avail = math.Min(b.limit, b.avail+cost)
+		b.avail = math.Min(b.limit, b.avail+b.charge(cost))
 	}
 }
 
@@ -130,13 +130,10 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	if w.HasRemaining && float64(w.Remaining) > b.limit {
 		b.limit = float64(w.Remaining)
 	}
-	b.known = true
 	if !w.HasRemaining {
-		if b.at.IsZero() {
-			b.avail, b.at = b.limit, now
-		}
-		return
+		return // a size alone gives nothing to count down from
 	}
+	b.known = true
 	remaining := float64(w.Remaining)
 	b.seen = math.Max(b.seen, sentAtDispatch)
 	b.avail = remaining - math.Max(0, b.sent-sentAtDispatch)
@@ -173,6 +170,11 @@ type mark struct{ requests, tokens float64 }
 func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.admitLocked(now, cost)
+}
+
+// admitLocked is admit. Requires p.mu held.
+func (p *pacer) admitLocked(now time.Time, cost int64) (time.Time, bool) {
 	ra, rok := p.requests.admit(now, 1)
 	ta, tok := p.tokens.admit(now, float64(cost))
 	switch {
@@ -194,6 +196,22 @@ func (p *pacer) take(cost int64) mark {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return mark{requests: p.requests.take(1), tokens: p.tokens.take(float64(cost))}
+}
+
+// tryTake checks both budgets and charges them under one lock, so lanes
+// sharing the pacer cannot both pass the check for the last unit. When the
+// budgets can only learn more from an answer (zero time) and probe is set,
+// it charges anyway: the request goes to find out.
+func (p *pacer) tryTake(now time.Time, cost int64, probe bool) (time.Time, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at, ok := p.admitLocked(now, cost)
+	if !ok && !(at.IsZero() && probe) {
+		return at, false
+	}
+	p.requests.take(1)
+	p.tokens.take(float64(cost))
+	return time.Time{}, true
 }
 
 // totals is where the running totals stand now.

@@ -517,28 +517,77 @@ func TestBudgetRateAndResetAnchoredAtDispatch(t *testing.T) {
 }
 
 func TestLaneExhaustedWithoutResetWaitsForAnswer(t *testing.T) {
-	// No reset and no rate: only the next answer can tell more.
+	// No reset and no rate: only an answer can tell more. A request whose
+	// answer already came (still streaming) tells nothing new, so one more
+	// goes to find out; the next waits for that one's answer.
 	l, fc := testLane(8, 100)
 	a := mustGet(t, acquireAsync(context.Background(), l))
 	a.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+	probe := mustGet(t, acquireAsync(context.Background(), l))
 	ch := acquireAsync(context.Background(), l)
 	waitQueued(t, l, 1)
 	fc.Advance(time.Hour)
 	if q := l.State().Queued; q != 1 {
-		t.Fatalf("queued = %d an hour on with a request in flight, want 1", q)
+		t.Fatalf("queued = %d an hour on with an answer outstanding, want 1", q)
 	}
-	a.Observe(headerparse.Limits{Requests: win(100, 50, time.Time{})})
+	probe.Observe(headerparse.Limits{Requests: win(100, 50, time.Time{})})
 	b := mustGet(t, ch)
 	a.Release()
-
-	// With nothing in flight to learn from, one request goes to find out.
-	b.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+	probe.Release()
 	b.Release()
-	c := mustGet(t, acquireAsync(context.Background(), l))
-	d := acquireAsync(context.Background(), l)
+}
+
+// TestLaneNotHeldByAnswersAlreadyIn: requests still streaming after their
+// answer's headers came do not hold the queue (a regression: the lane used
+// to wait for any request in flight).
+func TestLaneNotHeldByAnswersAlreadyIn(t *testing.T) {
+	l, _ := testLane(8, 100)
+	var streaming []*Slot
+	for i := 0; i < 2; i++ {
+		s := mustGet(t, acquireAsync(context.Background(), l))
+		s.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+		streaming = append(streaming, s)
+	}
+	// Both answered, both still in flight: the next request may go.
+	mustGet(t, acquireAsync(context.Background(), l)).Release()
+	for _, s := range streaming {
+		s.Release()
+	}
+}
+
+func TestBudgetLimitOnlyWindowDoesNotPace(t *testing.T) {
+	var b budget
+	m := b.take(1)
+	b.observe(headerparse.Window{Limit: 5}, m, t0, t0)
+	if b.known {
+		t.Fatal("a window with a size but no remaining count was taken as something to count down")
+	}
+	if _, ok := b.admit(at(time.Second), 1); !ok {
+		t.Fatal("a limit-only window held a request back")
+	}
+}
+
+func TestBudgetRefundGivesBackOnlyWhatWasCharged(t *testing.T) {
+	b := learnedBudget(win(10, 5, at(time.Second)))
+	before := b.avail
+	b.take(40) // charged as the whole window: 10
+	b.refund(40)
+	if !near(b.avail, before) {
+		t.Fatalf("avail = %v after take+refund, want %v", b.avail, before)
+	}
+}
+
+func TestPacingTimerStoppedWhenNobodyWaits(t *testing.T) {
+	l, fc := observedLane(t, 8, 1, headerparse.Limits{Requests: win(10, 0, at(time.Hour))})
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := acquireAsync(ctx, l)
 	waitQueued(t, l, 1)
-	mustBlock(t, d)
-	c.Observe(headerparse.Limits{Requests: win(100, 1, time.Time{})})
-	mustGet(t, d).Release()
-	c.Release()
+	if fc.Pending() == 0 {
+		t.Fatal("no pacing timer armed for the waiter")
+	}
+	cancel()
+	<-ch
+	if n := fc.Pending(); n != 0 {
+		t.Fatalf("%d timers still pending with an empty queue", n)
+	}
 }

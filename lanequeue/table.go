@@ -49,11 +49,20 @@ func NewTable(cfg TableConfig) *Table {
 	t := &Table{cfg: cfg, groups: map[string]*group{}}
 	lanes, err := simplelru.NewLRU[string, *Lane](cfg.MaxLanes, func(_ string, l *Lane) {
 		t.evicted = append(t.evicted, l)
-		gk := l.key.LimitGroup()
-		if g := t.groups[gk]; g != nil {
-			if g.lanes--; g.lanes <= 0 {
-				delete(t.groups, gk)
+		l.mu.Lock()
+		idle := l.idleLocked()
+		if !idle {
+			// Still serving: the group stays until the lane is idle, so a
+			// new lane for the same key shares its budget meanwhile.
+			l.orphaned = func() {
+				t.mu.Lock()
+				defer t.mu.Unlock()
+				t.dropGroupLocked(l.key.LimitGroup())
 			}
+		}
+		l.mu.Unlock()
+		if idle {
+			t.dropGroupLocked(l.key.LimitGroup())
 		}
 	})
 	if err != nil {
@@ -61,6 +70,16 @@ func NewTable(cfg TableConfig) *Table {
 	}
 	t.lanes = lanes
 	return t
+}
+
+// dropGroupLocked forgets one lane's use of a limit group. Requires t.mu
+// held.
+func (t *Table) dropGroupLocked(gk string) {
+	if g := t.groups[gk]; g != nil {
+		if g.lanes--; g.lanes <= 0 {
+			delete(t.groups, gk)
+		}
+	}
 }
 
 // Get returns the lane for key, creating it when needed.

@@ -135,3 +135,39 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 		t.Fatalf("after eviction: %d groups, %d lanes", n, tb.Len())
 	}
 }
+
+func TestLimitGroupWithoutModelIsPerPath(t *testing.T) {
+	tb := NewTable(TableConfig{})
+	cred := HashCredential("sk-azure")
+	a := tb.Get(Key{CredentialHash: cred, Path: "/openai/deployments/a/chat/completions"})
+	b := tb.Get(Key{CredentialHash: cred, Path: "/openai/deployments/b/chat/completions"})
+	if a.pace == b.pace {
+		t.Fatal("two model-less paths share one budget")
+	}
+}
+
+func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
+	tb := NewTable(TableConfig{MaxLanes: 1})
+	cred := HashCredential("sk-busy")
+	chat := Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "m"}
+	busy := tb.Get(chat)
+	busy.learned = true
+	s, err := busy.Acquire(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another key pushes the busy lane out of the one-lane table.
+	tb.Get(Key{CredentialHash: HashCredential("sk-other"), Path: "/x", Model: "m"})
+	again := tb.Get(chat)
+	if again == busy || again.pace != busy.pace {
+		t.Fatal("a new lane for the busy lane's key must share its budget while the old one still serves")
+	}
+	s.Release()
+	tb.Get(Key{CredentialHash: HashCredential("sk-third"), Path: "/y", Model: "m"}) // evicts `again` (idle)
+	tb.mu.Lock()
+	_, kept := tb.groups[chat.LimitGroup()]
+	tb.mu.Unlock()
+	if kept {
+		t.Fatal("the group outlived every lane that used it")
+	}
+}
