@@ -52,13 +52,15 @@ func (s *Slot) Observe(lim headerparse.Limits) {
 }
 
 // Throttled tells the lane the upstream refused this request for rate or
-// load (429, 503, 529).
-func (s *Slot) Throttled() {
+// load (429, 503, 529), with its hint of when to try again (zero: none).
+func (s *Slot) Throttled(hint time.Duration) {
 	l := s.lane
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stats.throttled++
-	l.decreaseLocked(s.dispatched, l.clock.Now())
+	now := l.clock.Now()
+	l.decreaseLocked(s.dispatched, now)
+	l.pace.refused(hint, now)
 }
 
 // Succeeded tells the lane the upstream accepted this request.
@@ -66,6 +68,7 @@ func (s *Slot) Succeeded() {
 	l := s.lane
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.pace.accepted(l.clock.Now())
 	if l.inFlight < l.limit || l.limit >= l.cfg.MaxConcurrency {
 		return // the limit is not what holds requests back
 	}

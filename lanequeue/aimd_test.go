@@ -55,7 +55,7 @@ func TestThrottledHalvesLimitNotBelowMin(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l, _ := aimdLane(tt.conc, tt.min, 64)
 			s := acquireN(t, l, 1)[0]
-			s.Throttled()
+			s.Throttled(0)
 			wantLimit(t, l, tt.want)
 			if n := l.State().Throttled; n != 1 {
 				t.Fatalf("throttled count = %d, want 1", n)
@@ -70,18 +70,18 @@ func TestThrottledBurstCountsOnce(t *testing.T) {
 	early := acquireN(t, l, 4) // in flight together at t0
 	fc.Advance(time.Second)
 
-	early[0].Throttled()
+	early[0].Throttled(0)
 	wantLimit(t, l, 8)
 	for _, s := range early[1:] {
-		s.Throttled() // dispatched before the decrease: the same burst
+		s.Throttled(0) // dispatched before the decrease: the same burst
 	}
 	wantLimit(t, l, 8)
 
 	fc.Advance(time.Second)
 	late := acquireN(t, l, 1)[0] // dispatched after the decrease
-	late.Throttled()
+	late.Throttled(0)
 	wantLimit(t, l, 4)
-	early[1].Throttled() // still from before either decrease
+	early[1].Throttled(0) // still from before either decrease
 	wantLimit(t, l, 4)
 
 	if n := l.State().Throttled; n != 6 {
@@ -93,13 +93,13 @@ func TestThrottledBurstCountsOnce(t *testing.T) {
 func TestThrottledAfterRetryIsNewEvidence(t *testing.T) {
 	l, fc := aimdLane(8, 1, 8)
 	s := acquireN(t, l, 1)[0]
-	s.Throttled()
+	s.Throttled(0)
 	wantLimit(t, l, 4)
 	fc.Advance(time.Second)
 	if err := s.WaitRetry(context.Background()); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
-	s.Throttled() // the retry was dispatched after the decrease
+	s.Throttled(0) // the retry was dispatched after the decrease
 	wantLimit(t, l, 2)
 	s.Release()
 }
@@ -189,7 +189,7 @@ func TestThrottledResetsSuccessCount(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		slots[0].Succeeded()
 	}
-	slots[1].Throttled()
+	slots[1].Throttled(0)
 	wantLimit(t, l, 2)
 	slots[0].Succeeded() // the 3 earlier successes do not count any more
 	wantLimit(t, l, 2)

@@ -160,6 +160,12 @@ type pacer struct {
 	mu       sync.Mutex
 	requests budget
 	tokens   budget
+
+	// Pace learned from refusals when the upstream sends no headers (see
+	// refusal.go).
+	synthetic   bool
+	lastRefusal time.Time
+	lastProbe   time.Time
 }
 
 // mark is where the running totals stood right after a dispatch.
@@ -236,6 +242,11 @@ func (p *pacer) refund(cost int64) {
 func (p *pacer) observe(l headerparse.Limits, m mark, dispatched, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.synthetic && l.Requests.HasRemaining {
+		// Real headers replace what refusals taught.
+		p.synthetic = false
+		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
+	}
 	p.requests.observe(l.Requests, m.requests, dispatched, now)
 	p.tokens.observe(l.Tokens, m.tokens, dispatched, now)
 }

@@ -271,7 +271,11 @@ func (p *Proxy) learn(slot *lanequeue.Slot, res upstream.Result) {
 	slot.Observe(res.Limits)
 	switch {
 	case res.PausesLane:
-		slot.Throttled()
+		var hint time.Duration
+		if res.HasHint {
+			hint = res.Hint
+		}
+		slot.Throttled(hint)
 	case res.Resp.StatusCode < 300:
 		slot.Succeeded()
 	}
