@@ -70,14 +70,20 @@ func (s *stack) close() {
 // openai returns an unmodified OpenAI SDK client pointed at the proxy, with
 // the SDK's default retries.
 func (s *stack) openai(key string, opts ...option.RequestOption) openai.Client {
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	s.clients = append(s.clients, hc)
 	base := []option.RequestOption{
 		option.WithBaseURL(s.front.URL + "/v1"),
 		option.WithAPIKey(key),
-		option.WithHTTPClient(hc),
+		option.WithHTTPClient(s.httpClient()),
 	}
 	return openai.NewClient(append(base, opts...)...)
+}
+
+// httpClient is a client for an SDK under test; its idle connections are
+// closed when the stack stops, so no goroutine outlives the test.
+func (s *stack) httpClient() *http.Client {
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	s.clients = append(s.clients, hc)
+	return hc
 }
 
 func chatParams(model, prompt string) openai.ChatCompletionNewParams {

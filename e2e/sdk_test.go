@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -19,12 +18,10 @@ import (
 // anthropic returns an unmodified Anthropic SDK client pointed at the
 // proxy's /anthropic route, as ANTHROPIC_BASE_URL would.
 func (s *stack) anthropic(key string, opts ...aoption.RequestOption) anthropic.Client {
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	s.clients = append(s.clients, hc)
 	base := []aoption.RequestOption{
 		aoption.WithBaseURL(s.front.URL + "/anthropic"),
 		aoption.WithAPIKey(key),
-		aoption.WithHTTPClient(hc),
+		aoption.WithHTTPClient(s.httpClient()),
 	}
 	return anthropic.NewClient(append(base, opts...)...)
 }
