@@ -308,13 +308,6 @@ func (l *Lane) PauseUntil(t time.Time) {
 	}
 }
 
-// PausedUntil reports the end of the current pause (zero or past: none).
-func (l *Lane) PausedUntil() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.pausedUntil
-}
-
 // WaitRetry waits until the lane may send this request again: after the
 // pause, within pacing and the concurrency limit. The request keeps its
 // place: it goes before every waiter that arrived at the lane after it did,
@@ -383,9 +376,6 @@ func (s *Slot) Release() {
 		orphaned()
 	}
 }
-
-// Lane returns the lane the slot belongs to.
-func (s *Slot) Lane() *Lane { return s.lane }
 
 // QueueWait is how long the request waited for its first dispatch.
 func (s *Slot) QueueWait() time.Duration { return s.granted.Sub(s.arrived) }

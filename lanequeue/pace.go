@@ -198,12 +198,6 @@ func (p *pacer) admitLocked(now time.Time, cost int64) (time.Time, bool) {
 	return ra, false
 }
 
-func (p *pacer) take(cost int64) mark {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return mark{requests: p.requests.take(1), tokens: p.tokens.take(float64(cost))}
-}
-
 // tryTake checks both budgets and charges them under one lock, so lanes
 // sharing the pacer cannot both pass the check for the last unit. When the
 // budgets can only learn more from an answer (zero time) and probe is set,

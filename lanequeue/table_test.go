@@ -12,7 +12,8 @@ import (
 func TestTableReturnsSameLaneForSameKey(t *testing.T) {
 	tb := NewTable(TableConfig{})
 	k := Key{Route: "", CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "gpt"}
-	if tb.Get(k) != tb.Get(k) {
+	first, second := tb.Get(k), tb.Get(k)
+	if first != second {
 		t.Fatal("two lanes for one key")
 	}
 	k2 := k

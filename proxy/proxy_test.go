@@ -613,3 +613,14 @@ func TestRateLimitHeadersHiddenFromClientsUnlessPassed(t *testing.T) {
 		t.Errorf("pass: headers %v", resp.Header)
 	}
 }
+
+func TestShouldRetryLeftAloneOnStatusesTheProxyDoesNotRetry(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(401)
+		fmt.Fprint(w, `{"type":"error","error":{"type":"authentication_error","message":"bad key"}}`)
+	}), nil)
+	resp := h.post("/v1/messages", `{"model":"m"}`)
+	if resp.StatusCode != 401 || resp.Header.Get("X-Should-Retry") != "" {
+		t.Fatalf("status %d, x-should-retry %q: a 401 is the SDK's to judge", resp.StatusCode, resp.Header.Get("X-Should-Retry"))
+	}
+}

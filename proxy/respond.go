@@ -50,9 +50,10 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		h.Del("Content-Encoding")
 	}
 	setLLMHeaders(h, req)
-	if upstream.RetryableStatus(resp.StatusCode) || res.Outcome == upstream.Final && resp.StatusCode >= 400 {
-		// The proxy already retried, or knows retrying cannot help: stop
-		// SDKs from multiplying attempts.
+	if upstream.RetryableStatus(resp.StatusCode) {
+		// The proxy already retried, or knows retrying cannot help (hard
+		// quota): stop SDKs from multiplying attempts. Other statuses are
+		// left to the SDK's own rules.
 		h.Set("X-Should-Retry", "false")
 	}
 	req.status = resp.StatusCode
