@@ -34,6 +34,11 @@ const (
 	KindTooLarge
 	// KindOther: an error that is none of the above; the status decides.
 	KindOther
+	// KindConcurrency: a retryable refusal because too many requests are
+	// in flight, not because of a rate: a rate-limit or overloaded error
+	// whose code or message speaks of concurrent or parallel requests
+	// (gateways and local servers that cap requests in flight).
+	KindConcurrency
 )
 
 // Final reports whether retrying can never succeed.
@@ -53,6 +58,8 @@ func (k ErrorKind) String() string {
 		return "too_large"
 	case KindOther:
 		return "other"
+	case KindConcurrency:
+		return "concurrency"
 	}
 	return "ErrorKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -313,12 +320,33 @@ func classify(f errorFields) ErrorKind {
 		return KindHardQuota
 	case has(tooLargeCodes) || strings.HasPrefix(message, tooLargePrefix):
 		return KindTooLarge
+	case (has(rateLimitCodes) || has(overloadedCodes)) && speaksOfConcurrency(codes[:], message):
+		return KindConcurrency
 	case has(rateLimitCodes):
 		return KindRateLimit
 	case has(overloadedCodes):
 		return KindOverloaded
 	}
 	return KindNone
+}
+
+// concurrencyWords mark a refusal by the number of requests in flight.
+var concurrencyWords = [...]string{"concurren", "parallel request", "in flight", "in-flight"}
+
+// speaksOfConcurrency reports whether the codes or message of a refusal
+// name concurrency as its cause.
+func speaksOfConcurrency(codes []string, message string) bool {
+	for _, w := range concurrencyWords {
+		if strings.Contains(message, w) {
+			return true
+		}
+		for _, c := range codes {
+			if strings.Contains(c, w) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // retryIn reads the wait a body asks for: Gemini's retryDelay ("7s"), else a

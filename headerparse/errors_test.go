@@ -13,6 +13,16 @@ func TestParseError(t *testing.T) {
 		body   string
 		want   ErrorInfo
 	}{
+		// Concurrency limits: refused for the number in flight, not a rate.
+		{"concurrency in the message", 429,
+			`{"error":{"message":"Rate limit reached for requests: too many concurrent requests for this key (concurrency limit 8). Please try again in 1s.","type":"requests","code":"rate_limit_exceeded"}}`,
+			ErrorInfo{Kind: KindConcurrency, Type: "requests", Code: "rate_limit_exceeded", RetryIn: time.Second, HasRetryIn: true}},
+		{"parallel requests on a gateway", 429,
+			`{"error":{"message":"Max parallel request limit reached for this key.","type":"rate_limit_error","code":"429"}}`,
+			ErrorInfo{Kind: KindConcurrency, Type: "rate_limit_error", Code: "429"}},
+		{"concurrency in the code", 529,
+			`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"details":{"error_code":"concurrency_limit"}}`,
+			ErrorInfo{Kind: KindConcurrency, Type: "overloaded_error", Code: "concurrency_limit"}},
 		// Rate limits.
 		{"openai tokens per minute", 429,
 			`{"error":{"message":"Rate limit reached for o4-mini in organization org-x on tokens per min (TPM): Limit 200000, Used 162960, Requested 42288. Please try again in 1.574s. Visit https://platform.openai.com/account/rate-limits to learn more.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`,
@@ -177,6 +187,7 @@ func TestErrorKind(t *testing.T) {
 		{KindHardQuota, "hard_quota", true},
 		{KindTooLarge, "too_large", true},
 		{KindOther, "other", false},
+		{KindConcurrency, "concurrency", false},
 		{ErrorKind(42), "ErrorKind(42)", false},
 	}
 	for _, tt := range tests {
