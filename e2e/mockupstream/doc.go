@@ -11,7 +11,8 @@
 //   - per-key token buckets for requests and tokens, with OpenAI's
 //     x-ratelimit-* headers (Go duration resets) or Anthropic's
 //     anthropic-ratelimit-* headers (RFC 3339 resets), Retry-After and
-//     retry-after-ms on 429, and each provider's 429 and error bodies;
+//     retry-after-ms on 429, and each provider's 429 and error bodies,
+//     optionally with quantized limit headers (see below);
 //   - hard-quota keys (OpenAI insufficient_quota, Anthropic spend cap),
 //     a per-key concurrency limit, scripted failures, slow and held streams.
 //
@@ -34,6 +35,18 @@
 // (default 16), like providers that reserve the requested output. Embeddings
 // are charged their prompt tokens only. Usage reports the prompt tokens and
 // min(Config.CompletionTokens, that maximum) completion tokens.
+//
+// # Quantized limits
+//
+// OpenAI documents that a per-minute limit may be enforced in shorter
+// slices: a 1,200 RPM limit may refuse a burst of more than 20 requests in
+// one second. By default the mock's headers tell the truth about what it
+// enforces: the limit header is the bucket's capacity (RequestBurst,
+// TokenBurst). With Config.QuantizedHeaders they state the per-minute
+// figures instead (the limit headers report RPM and TPM), while remaining
+// and reset still describe the short buckets, which enforce exactly what
+// they do without it. A client that takes the limit header for the burst it
+// may send is refused.
 //
 // # Time
 //

@@ -157,6 +157,67 @@ func TestDefaultBurstIsOneSecondsWorth(t *testing.T) {
 	}
 }
 
+func TestQuantizedHeadersStatePerMinuteLimits(t *testing.T) {
+	clock := newFakeClock()
+	// Enforced: 20 requests and 1,000 tokens a second, one second's worth of
+	// burst. Stated: 1,200 and 60,000 a minute.
+	s := start(t, Config{RPM: 1200, TPM: 60000, QuantizedHeaders: true, Now: clock.Now})
+
+	for i := range 20 {
+		resp, _ := post(t, s, "/v1/chat/completions", "k", chatBody) // 20 tokens each
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		wantHeaders(t, resp.Header, map[string]string{
+			"x-ratelimit-limit-requests":     "1200",
+			"x-ratelimit-remaining-requests": strconv.Itoa(19 - i),
+			"x-ratelimit-reset-requests":     (time.Duration(i+1) * 50 * time.Millisecond).String(),
+			"x-ratelimit-limit-tokens":       "60000",
+			"x-ratelimit-remaining-tokens":   strconv.Itoa(980 - 20*i),
+			"x-ratelimit-reset-tokens":       (time.Duration(i+1) * 20 * time.Millisecond).String(),
+		})
+	}
+
+	// The 21st request in the same instant is refused although the headers
+	// promised 1,200; the 429 is the one an unquantized mock sends.
+	resp, body := post(t, s, "/v1/chat/completions", "k", chatBody)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("21st request: status %d, want 429", resp.StatusCode)
+	}
+	wantHeaders(t, resp.Header, map[string]string{
+		"x-ratelimit-limit-requests":     "1200",
+		"x-ratelimit-remaining-requests": "0",
+		"x-ratelimit-reset-requests":     "1s",
+		"Retry-After":                    "1",
+		"retry-after-ms":                 "50",
+	})
+	if msg := dig(body, "error", "message").(string); !strings.Contains(msg, "Limit 20, Used 20, Requested 1") {
+		t.Errorf("message = %q", msg)
+	}
+
+	// Anthropic's names state the same figures.
+	resp, _ = postAnthropic(t, s, "c", `{"model":"c","max_tokens":5,"messages":[]}`)
+	wantHeaders(t, resp.Header, map[string]string{
+		"anthropic-ratelimit-requests-limit":     "1200",
+		"anthropic-ratelimit-requests-remaining": "19",
+		"anthropic-ratelimit-tokens-limit":       "60000",
+		"anthropic-ratelimit-tokens-remaining":   "995",
+	})
+
+	// However long the key rests, it gets back one second's worth, not a
+	// minute's.
+	clock.Advance(time.Hour)
+	resp, _ = post(t, s, "/v1/chat/completions", "k", chatBody)
+	wantHeaders(t, resp.Header, map[string]string{
+		"x-ratelimit-limit-requests":     "1200",
+		"x-ratelimit-remaining-requests": "19",
+	})
+
+	if st := s.Stats(); st.Requests != 23 || st.OK != 22 || st.RateLimited != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
 func TestSetRetryAfterOverridesAdvertisedWait(t *testing.T) {
 	s := start(t, Config{RPM: 60, Now: newFakeClock().Now})
 	post(t, s, "/v1/chat/completions", "k", chatBody)

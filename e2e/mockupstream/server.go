@@ -18,12 +18,22 @@ type Config struct {
 	// 0 = unlimited.
 	RPM int
 	// RequestBurst is the request bucket's capacity, reported as
-	// x-ratelimit-limit-requests. 0 = max(1, RPM/60), one second's worth.
+	// x-ratelimit-limit-requests unless QuantizedHeaders.
+	// 0 = max(1, RPM/60), one second's worth.
 	RequestBurst int
 	// TPM refills each key's token bucket, in tokens per minute. 0 = unlimited.
 	TPM int64
 	// TokenBurst is the token bucket's capacity. 0 = max(1, TPM/60).
 	TokenBurst int64
+	// QuantizedHeaders makes the limit headers state the per-minute figures,
+	// as OpenAI does for limits it enforces in shorter slices: RPM as
+	// x-ratelimit-limit-requests (anthropic-ratelimit-requests-limit) and TPM
+	// as the token limits. What is enforced does not change: the buckets
+	// still hold RequestBurst and TokenBurst, one second's worth by default,
+	// and remaining and reset still describe them. A 1,200 RPM key thus says
+	// "limit 1200" but refuses the 21st request of a burst. 429 bodies and
+	// Retry-After are unchanged.
+	QuantizedHeaders bool
 	// Latency is how long each admitted request takes before it answers.
 	Latency time.Duration
 	// NoHeaders sends no rate-limit headers at all, and no Retry-After or
@@ -227,11 +237,26 @@ type level struct {
 	untilFull        time.Duration
 }
 
-func levelOf(b *bucket) *level {
+// levelsOf is what the headers report about ks's buckets at now.
+func (s *Server) levelsOf(ks *keyState, now time.Time) levels {
+	return levels{
+		at:       now,
+		requests: s.levelOf(ks.requests, int64(s.cfg.RPM)),
+		tokens:   s.levelOf(ks.tokens, s.cfg.TPM),
+	}
+}
+
+// levelOf reports b. Its limit is b's capacity, or under QuantizedHeaders
+// the per-minute figure b refills at, which the bucket never holds at once.
+func (s *Server) levelOf(b *bucket, perMinute int64) *level {
 	if b == nil {
 		return nil
 	}
-	return &level{limit: int64(b.capacity), remaining: b.remaining(), untilFull: b.untilFull()}
+	limit := int64(b.capacity)
+	if s.cfg.QuantizedHeaders {
+		limit = perMinute
+	}
+	return &level{limit: limit, remaining: b.remaining(), untilFull: b.untilFull()}
 }
 
 // admit decides, atomically for key, whether a request costing cost tokens
@@ -262,7 +287,7 @@ func (s *Server) admit(key string, cost int64) admission {
 	ks.requests.advance(now)
 	ks.tokens.advance(now)
 	reject := func(a admission) admission {
-		a.levels = levels{at: now, requests: levelOf(ks.requests), tokens: levelOf(ks.tokens)}
+		a.levels = s.levelsOf(ks, now)
 		s.totals.RateLimited++
 		ks.stats.RateLimited++
 		return a
@@ -291,8 +316,7 @@ func (s *Server) admit(key string, cost int64) admission {
 	s.totals.MaxInFlightSeen = max(s.totals.MaxInFlightSeen, s.inFlight)
 	s.totals.OK++
 	ks.stats.OK++
-	return admission{verdict: admitted,
-		levels: levels{at: now, requests: levelOf(ks.requests), tokens: levelOf(ks.tokens)}}
+	return admission{verdict: admitted, levels: s.levelsOf(ks, now)}
 }
 
 // advertised is the wait a 429 advertises: the SetRetryAfter override if
