@@ -14,7 +14,7 @@ func aimdLane(conc, minConc, maxConc int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
 	l := New(Key{Route: "r", Path: "/v1/x", Model: "m"},
 		Config{Concurrency: conc, MinConcurrency: minConc, MaxConcurrency: maxConc, MaxQueue: 100, Clock: fc})
-	l.learned = true
+	pastProbe(l)
 	return l, fc
 }
 
@@ -41,188 +41,165 @@ func wantLimit(t *testing.T, l *Lane, want int) {
 	}
 }
 
-func TestThrottledHalvesLimitNotBelowMin(t *testing.T) {
-	tests := []struct {
-		name            string
-		conc, min, want int
-	}{
-		{"even", 8, 1, 4},
-		{"odd rounds down", 5, 1, 2},
-		{"floored at min", 8, 5, 5},
-		{"already at min", 1, 1, 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l, _ := aimdLane(tt.conc, tt.min, 64)
-			s := acquireN(t, l, 1)[0]
-			s.Throttled(0)
-			wantLimit(t, l, tt.want)
-			if n := l.State().Throttled; n != 1 {
-				t.Fatalf("throttled count = %d, want 1", n)
-			}
-			s.Release()
-		})
-	}
+// refuseConc reports a concurrency refusal.
+func refuseConc(s *Slot) {
+	report(s, Report{Status: 429, Verdict: ConcurrencyRefused, Hint: time.Second})
 }
 
-func TestThrottledBurstCountsOnce(t *testing.T) {
-	l, fc := aimdLane(16, 1, 16)
-	early := acquireN(t, l, 4) // in flight together at t0
-	fc.Advance(time.Second)
+// settled is a lane past slow start: a concurrency refusal has been seen
+// at a level far above conc, so the limit grows additively.
+func settled(conc, minConc, maxConc int) (*Lane, *clock.Fake) {
+	l, fc := aimdLane(conc, minConc, maxConc)
+	c := &shared(l).conc
+	c.slowStart, c.refusedAt = false, maxConc+1
+	return l, fc
+}
 
-	early[0].Throttled(0)
-	wantLimit(t, l, 8)
-	for _, s := range early[1:] {
-		s.Throttled(0) // dispatched before the decrease: the same burst
+func TestRateRefusalLeavesConcurrencyAlone(t *testing.T) {
+	l, _ := settled(8, 1, 64)
+	slots := acquireN(t, l, 8)
+	for _, s := range slots {
+		refuse(s, 50*time.Millisecond)
 	}
 	wantLimit(t, l, 8)
-
-	fc.Advance(time.Second)
-	late := acquireN(t, l, 1)[0] // dispatched after the decrease
-	late.Throttled(0)
-	wantLimit(t, l, 4)
-	early[1].Throttled(0) // still from before either decrease
-	wantLimit(t, l, 4)
-
-	if n := l.State().Throttled; n != 6 {
-		t.Fatalf("throttled count = %d, want every 429 counted", n)
+	if n := l.State().Throttled; n != 8 {
+		t.Fatalf("throttled count = %d, want 8", n)
 	}
-	releaseAll(append(early, late))
-}
-
-func TestThrottledAfterRetryIsNewEvidence(t *testing.T) {
-	l, fc := aimdLane(8, 1, 8)
-	s := acquireN(t, l, 1)[0]
-	s.Throttled(0)
-	wantLimit(t, l, 4)
-	fc.Advance(time.Second)
-	if err := s.WaitRetry(context.Background()); err != nil {
-		t.Fatalf("retry: %v", err)
-	}
-	s.Throttled(0) // the retry was dispatched after the decrease
-	wantLimit(t, l, 2)
-	s.Release()
-}
-
-func TestSucceededAddsOneAfterLimitSuccessesWhileBinding(t *testing.T) {
-	l, _ := aimdLane(4, 1, 6)
-	slots := acquireN(t, l, 4) // in flight == limit
-	for i := 0; i < 3; i++ {
-		slots[0].Succeeded()
-	}
-	wantLimit(t, l, 4)
-	slots[0].Succeeded()
-	wantLimit(t, l, 5)
-
-	slots = append(slots, acquireN(t, l, 1)...) // binding again at 5
-	for i := 0; i < 4; i++ {
-		slots[0].Succeeded()
-	}
-	wantLimit(t, l, 5) // needs 5 now
-	slots[0].Succeeded()
-	wantLimit(t, l, 6)
-
-	slots = append(slots, acquireN(t, l, 1)...) // binding at MaxConcurrency
-	for i := 0; i < 50; i++ {
-		slots[0].Succeeded()
-	}
-	wantLimit(t, l, 6)
 	releaseAll(slots)
 }
 
-func TestSucceededLeavesLimitWhenNotBinding(t *testing.T) {
+func TestConcurrencyRefusalLowersLimitToWhatTheUpstreamHeld(t *testing.T) {
 	tests := []struct {
-		name                string
-		conc, max, inFlight int
+		name                      string
+		conc, min, inFlight, want int
 	}{
-		{"in flight below the limit", 4, 8, 3},
-		{"nothing in flight", 4, 8, 0},
-		{"limit at MaxConcurrency", 4, 4, 4},
+		{"others in flight when it went", 16, 1, 10, 9},
+		{"never below min", 16, 4, 2, 4},
+		{"alone and refused", 8, 1, 1, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l, _ := aimdLane(tt.conc, 1, tt.max)
+			l, _ := settled(tt.conc, tt.min, 64)
 			slots := acquireN(t, l, tt.inFlight)
-			var s *Slot
-			if tt.inFlight > 0 {
-				s = slots[0]
-			} else {
-				s = acquireN(t, l, 1)[0]
-				s.Release() // its answer comes after it left the count
-			}
-			for i := 0; i < 50; i++ {
-				s.Succeeded()
-			}
-			wantLimit(t, l, tt.conc)
-			if tt.inFlight < tt.conc {
-				// Successes while not binding did not pile up either:
-				// once binding, it takes a full limit's worth again.
-				slots = append(slots, acquireN(t, l, tt.conc-tt.inFlight)...)
-				for i := 0; i < tt.conc-1; i++ {
-					slots[0].Succeeded()
-				}
-				wantLimit(t, l, tt.conc)
-				slots[0].Succeeded()
-				wantLimit(t, l, tt.conc+1)
-			}
+			refuseConc(slots[len(slots)-1]) // went with inFlight-1 others
+			wantLimit(t, l, tt.want)
 			releaseAll(slots)
 		})
 	}
 }
 
-func TestSucceededIncreaseLetsWaiterIn(t *testing.T) {
-	l, _ := aimdLane(2, 1, 4)
-	slots := acquireN(t, l, 2)
-	ch := acquireAsync(context.Background(), l)
-	waitQueued(t, l, 1)
-	slots[0].Succeeded()
-	mustBlock(t, ch)
-	slots[1].Succeeded()
-	wantLimit(t, l, 3)
-	slots = append(slots, mustGet(t, ch))
+func TestOverloadedIsConcurrencyEvidence(t *testing.T) {
+	l, _ := settled(16, 1, 64)
+	slots := acquireN(t, l, 6)
+	slots[5].Report(Report{Status: 529, Verdict: Overloaded})
+	wantLimit(t, l, 5)
 	releaseAll(slots)
 }
 
-func TestThrottledResetsSuccessCount(t *testing.T) {
-	l, _ := aimdLane(4, 1, 8)
+func TestConcurrencyRefusalsOfOneBurstCountOnce(t *testing.T) {
+	l, fc := settled(16, 1, 64)
+	early := acquireN(t, l, 12) // in flight together at t0
+	fc.Advance(time.Second)
+	refuseConc(early[11]) // 11 others
+	wantLimit(t, l, 11)
+	refuseConc(early[3]) // sent before the decrease: the same burst
+	wantLimit(t, l, 11)
+
+	releaseAll(early[:8]) // 4 left in flight
+	fc.Advance(time.Second)
+	late := acquireN(t, l, 1)[0] // dispatched after the decrease, with 4 others
+	refuseConc(late)
+	wantLimit(t, l, 4)
+	releaseAll(append(early, late))
+}
+
+func TestSlowStartGrowsByOnePerAnswerAtTheLimit(t *testing.T) {
+	l, _ := aimdLane(2, 1, 64)
+	slots := acquireN(t, l, 2) // the limit is full
+	accept(slots[0], headerparse.Limits{})
+	wantLimit(t, l, 3)
+	accept(slots[1], headerparse.Limits{}) // it filled the limit when it went
+	wantLimit(t, l, 4)
+	slots = append(slots, acquireN(t, l, 1)...) // 3 of 4: room to spare
+	accept(slots[2], headerparse.Limits{})
+	wantLimit(t, l, 4)
+	releaseAll(slots)
+}
+
+func TestAdditiveGrowthAfterSlowStart(t *testing.T) {
+	l, _ := settled(4, 1, 6)
 	slots := acquireN(t, l, 4)
 	for i := 0; i < 3; i++ {
-		slots[0].Succeeded()
+		accept(slots[3], headerparse.Limits{})
 	}
-	slots[1].Throttled(0)
-	wantLimit(t, l, 2)
-	slots[0].Succeeded() // the 3 earlier successes do not count any more
-	wantLimit(t, l, 2)
-	slots[0].Succeeded()
-	wantLimit(t, l, 3)
+	wantLimit(t, l, 4)
+	accept(slots[3], headerparse.Limits{})
+	wantLimit(t, l, 5)
+	slots = append(slots, acquireN(t, l, 1)...) // binding again at 5
+	for i := 0; i < 4; i++ {
+		accept(slots[4], headerparse.Limits{})
+	}
+	wantLimit(t, l, 5)
+	accept(slots[4], headerparse.Limits{})
+	wantLimit(t, l, 6)
+	slots = append(slots, acquireN(t, l, 1)...) // binding at MaxConcurrency
+	for i := 0; i < 50; i++ {
+		accept(slots[5], headerparse.Limits{})
+	}
+	wantLimit(t, l, 6)
 	releaseAll(slots)
 }
 
-func TestObserveProactiveDecrease(t *testing.T) {
-	reset := at(time.Minute)
-	tests := []struct {
-		name string
-		lim  headerparse.Limits
-		want int
-	}{
-		{"requests under 10% without reset", headerparse.Limits{Requests: win(100, 9, time.Time{})}, 4},
-		{"tokens under 10% without reset", headerparse.Limits{Tokens: win(1000, 99, time.Time{})}, 4},
-		{"exhausted without reset", headerparse.Limits{Requests: win(100, 0, time.Time{})}, 4},
-		{"both windows low halve once", headerparse.Limits{Requests: win(100, 1, time.Time{}), Tokens: win(1000, 1, time.Time{})}, 4},
-		{"exactly 10% left", headerparse.Limits{Requests: win(100, 10, time.Time{})}, 8},
-		{"low with a reset: pacing handles it", headerparse.Limits{Requests: win(100, 9, reset), Tokens: win(1000, 1, reset)}, 8},
-		{"low without a limit", headerparse.Limits{Requests: win(0, 0, time.Time{})}, 8},
-		{"limit without a remaining count", headerparse.Limits{Requests: headerparse.Window{Limit: 100}}, 8},
-		{"nothing reported", headerparse.Limits{}, 8},
+func TestGrowthBackToARefusedLevelIsSlow(t *testing.T) {
+	l, fc := aimdLane(8, 1, 64)
+	slots := acquireN(t, l, 8)
+	fc.Advance(time.Millisecond)
+	refuseConc(slots[7]) // refused with 7 others: limit 7, level 8 refused
+	wantLimit(t, l, 7)
+	releaseAll(slots[7:])
+	slots = slots[:7]
+	for i := 0; i < 7*probeAcks-1; i++ {
+		accept(slots[6], headerparse.Limits{})
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l, _ := aimdLane(8, 1, 8)
-			s := acquireN(t, l, 1)[0]
-			s.Observe(tt.lim)
-			wantLimit(t, l, tt.want)
-			s.Release()
-		})
+	wantLimit(t, l, 7)
+	accept(slots[6], headerparse.Limits{})
+	wantLimit(t, l, 8)
+	releaseAll(slots)
+}
+
+func TestLongAnswersGrowConcurrencyToRateTimesAnswerTime(t *testing.T) {
+	// 4 requests a second from headers, answers that take 2 s: 8 must be in
+	// flight to keep the rate, whatever refusals taught before.
+	l, fc := settled(2, 1, 64)
+	c := &shared(l).conc
+	c.refusedAt = 0
+	c.answerSecs = 2
+	lim := headerparse.Limits{Requests: win(4, 2, at(500*time.Millisecond))}
+	slots := acquireN(t, l, 2)
+	accept(slots[1], lim)
+	if got := shared(l).pace.littleFloor(c.answerSecs); got != 8 {
+		t.Fatalf("little floor = %d, want 8", got)
+	}
+	wantLimit(t, l, 3) // grew at once, not after a limit's worth
+	fc.Advance(time.Second)
+	releaseAll(slots)
+}
+
+func TestAnswerTimeIsMeasuredFromDispatchToRelease(t *testing.T) {
+	l, fc := aimdLane(4, 1, 4)
+	s := acquireN(t, l, 1)[0]
+	accept(s, headerparse.Limits{})
+	fc.Advance(1500 * time.Millisecond)
+	s.Release()
+	if got := l.State().AnswerSeconds; !near(got, 1.5) {
+		t.Fatalf("answer seconds = %v, want 1.5", got)
+	}
+	r := acquireN(t, l, 1)[0]
+	r.Report(Report{Status: 429, Verdict: RateRefused})
+	fc.Advance(10 * time.Second)
+	r.Release() // a refusal's time says nothing about answers
+	if got := l.State().AnswerSeconds; !near(got, 1.5) {
+		t.Fatalf("answer seconds = %v after a refusal, want 1.5", got)
 	}
 }
 
@@ -231,9 +208,9 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 		name string
 		end  func(fc *clock.Fake, first *Slot) // what ends the probe
 	}{
-		{"answer without rate-limit headers", func(_ *clock.Fake, s *Slot) { s.Observe(headerparse.Limits{}) }},
+		{"answer without rate-limit headers", func(_ *clock.Fake, s *Slot) { accept(s, headerparse.Limits{}) }},
 		{"answer with limits", func(_ *clock.Fake, s *Slot) {
-			s.Observe(headerparse.Limits{Requests: win(100, 99, at(time.Minute))})
+			accept(s, headerparse.Limits{Requests: win(100, 99, at(time.Minute))})
 		}},
 		{"probe window passes", func(fc *clock.Fake, _ *Slot) { fc.Set(at(ProbeWindow)) }},
 	}
@@ -302,7 +279,7 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 			waitQueued(t, l, 1)
 			mustBlock(t, next)
 
-			failed.Refund() // never reached the upstream
+			failed.Report(Report{Verdict: NotSent}) // never reached the upstream
 			s := mustGet(t, next)
 			if w := s.QueueWait(); w != 0 {
 				t.Fatalf("queue wait = %v, want the refund to let it go at once", w)

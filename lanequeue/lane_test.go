@@ -15,13 +15,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+// t0 is where fake clocks start: the wall clock's present when the tests
+// run, so a deadline set relative to it on the wall clock (contexts know no
+// other) means the same on every day the tests run.
+var t0 = time.Now().UTC().Truncate(time.Second)
 
 func testLane(conc, maxQueue int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
 	l := New(Key{Route: "r", CredentialHash: HashCredential("sk-test"), Path: "/v1/x", Model: "m"},
 		Config{Concurrency: conc, MinConcurrency: 1, MaxConcurrency: conc, MaxQueue: maxQueue, Clock: fc})
-	l.learned = true // past the probe; TestProbe* cover it
+	pastProbe(l) // past the probe; TestProbe* cover it
 	return l, fc
 }
 
@@ -141,8 +144,8 @@ func TestQueueFull(t *testing.T) {
 
 func TestPauseHoldsQueueUntilItEnds(t *testing.T) {
 	l, fc := testLane(4, 100)
-	l.PauseUntil(t0.Add(3 * time.Second))
-	l.PauseUntil(t0.Add(1 * time.Second)) // never shortens
+	pause(l, t0.Add(3*time.Second))
+	pause(l, t0.Add(1*time.Second)) // never shortens
 	ch := acquireAsync(context.Background(), l)
 	waitQueued(t, l, 1)
 	fc.Advance(2 * time.Second)
@@ -157,9 +160,9 @@ func TestPauseHoldsQueueUntilItEnds(t *testing.T) {
 
 func TestPausePastDeadlineFailsFast(t *testing.T) {
 	l, _ := testLane(4, 100)
-	l.PauseUntil(t0.Add(time.Hour))
-	// The fake clock is at t0 while the deadline is measured on the wall
-	// clock; a deadline before t0+1h is what matters here.
+	pause(l, t0.Add(time.Hour))
+	// The deadline is on the wall clock, a minute after t0: in the future,
+	// and long before the pause ends.
 	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(time.Minute))
 	defer cancel()
 	_, err := l.Acquire(ctx, 1)
@@ -194,14 +197,14 @@ func TestRetryGoesBeforeLaterArrivals(t *testing.T) {
 	waitQueued(t, l, 1)
 
 	// a got a 429: the lane pauses and a waits to retry, keeping its slot.
-	l.PauseUntil(t0.Add(time.Second))
+	pause(l, t0.Add(time.Second))
 	retried := make(chan error, 1)
-	go func() { retried <- a.WaitRetry(context.Background()) }()
+	go func() { retried <- a.WaitRetry(context.Background(), 0) }()
 	waitQueued(t, l, 2)
-	l.mu.Lock()
-	front := l.waiters.Front().Value.(*waiter)
-	l.mu.Unlock()
-	if !front.retry {
+	l.g.mu.Lock()
+	front := l.g.waiters.Front().Value.(*Slot)
+	l.g.mu.Unlock()
+	if front != a {
 		t.Fatal("the retry is not at the head of the queue")
 	}
 	b.Release() // a slot frees up, but the lane is paused
@@ -228,10 +231,10 @@ func TestRetryGoesBeforeLaterArrivals(t *testing.T) {
 func TestCancelledRetryKeepsSlotUntilRelease(t *testing.T) {
 	l, _ := testLane(1, 100)
 	a := mustGet(t, acquireAsync(context.Background(), l))
-	l.PauseUntil(t0.Add(time.Minute))
+	pause(l, t0.Add(time.Minute))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- a.WaitRetry(ctx) }()
+	go func() { done <- a.WaitRetry(ctx, 0) }()
 	waitQueued(t, l, 1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -250,7 +253,7 @@ func TestCancelledRetryKeepsSlotUntilRelease(t *testing.T) {
 // are cancelled at random and checks the limit holds and nothing is left.
 func TestSlotsNeverLeakUnderChurn(t *testing.T) {
 	l := New(Key{Path: "/x"}, Config{Concurrency: 3, MaxConcurrency: 3, MaxQueue: 1000})
-	l.learned = true
+	pastProbe(l)
 	var inside, peak atomic.Int64
 	var wg sync.WaitGroup
 	for i := 0; i < 200; i++ {
@@ -273,7 +276,7 @@ func TestSlotsNeverLeakUnderChurn(t *testing.T) {
 			}
 			time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
 			inside.Add(-1)
-			if i%7 == 0 && s.WaitRetry(ctx) == nil {
+			if i%7 == 0 && s.WaitRetry(ctx, 0) == nil {
 				if n := inside.Add(1); n > 3 {
 					peak.Store(n)
 				}

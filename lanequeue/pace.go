@@ -2,7 +2,6 @@ package lanequeue
 
 import (
 	"math"
-	"sync"
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
@@ -21,6 +20,29 @@ type budget struct {
 	resetAt time.Time // when the upstream said the window is full again
 	sent    float64   // cost dispatched so far, for the correction below
 	seen    float64   // the largest dispatch total an answer has reported on
+
+	// What refusals taught about the window (see contradicted).
+	capped       float64 // the window's size as the upstream enforces it; 0 = as stated
+	maxRemaining float64 // the most the upstream ever said was left
+	lastLeft     float64 // the latest answer's remaining
+	lastSecs     float64 // and its reset, in seconds from the dispatch
+}
+
+// size is the window's capacity: as the headers state it, unless refusals
+// showed that the upstream enforces less.
+func (b *budget) size() float64 {
+	if b.capped > 0 && b.capped < b.limit {
+		return b.capped
+	}
+	return b.limit
+}
+
+// effectiveRate is the refill rate, 0 while unknown.
+func (b *budget) effectiveRate() float64 {
+	if !b.known {
+		return 0
+	}
+	return b.rate
 }
 
 // advance refills the bucket up to now.
@@ -30,11 +52,11 @@ func (b *budget) advance(now time.Time) {
 	}
 	switch {
 	case b.rate > 0:
-		b.avail = math.Min(b.limit, b.avail+b.rate*now.Sub(b.at).Seconds())
+		b.avail = math.Min(b.size(), b.avail+b.rate*now.Sub(b.at).Seconds())
 	case !b.resetAt.IsZero() && !now.Before(b.resetAt):
 		// Without a known rate the reset is one event: the window is full
 		// once, then only an answer tells more.
-		b.avail = b.limit
+		b.avail = b.size()
 		b.resetAt = time.Time{}
 	}
 	b.at = now
@@ -79,7 +101,7 @@ func (b *budget) take(cost float64) float64 {
 // never more than the whole window when the window's size is known.
 func (b *budget) charge(cost float64) float64 {
 	if b.limit > 0 {
-		return math.Min(cost, b.limit)
+		return math.Min(cost, b.size())
 	}
 	return cost
 }
@@ -91,7 +113,7 @@ const maxWaitSeconds = 86400
 // refund gives back cost for a dispatch that never reached the upstream.
 func (b *budget) refund(cost float64) {
 	if b.known {
-		b.avail = math.Min(b.limit, b.avail+b.charge(cost))
+		b.avail = math.Min(b.size(), b.avail+b.charge(cost))
 	}
 }
 
@@ -102,7 +124,7 @@ func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
 	if !b.known || b.seen >= sentAtDispatch {
 		return
 	}
-	b.avail = math.Min(b.limit, b.avail+estimate-actual)
+	b.avail = math.Min(b.size(), b.avail+estimate-actual)
 }
 
 // maxRate bounds a believable refill: a full window per millisecond.
@@ -135,8 +157,12 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	}
 	b.known = true
 	remaining := float64(w.Remaining)
+	if b.capped > 0 && remaining+1 > b.capped {
+		b.capped = remaining + 1 // the upstream shows more room than refusals did
+	}
+	b.maxRemaining = math.Max(b.maxRemaining, remaining)
 	b.seen = math.Max(b.seen, sentAtDispatch)
-	b.avail = remaining - math.Max(0, b.sent-sentAtDispatch)
+	b.avail = math.Min(b.size(), remaining-math.Max(0, b.sent-sentAtDispatch))
 	b.at = now
 	// The reset is counted from the dispatch; seen from now it may be later
 	// by the answer's latency, so only trust it from then.
@@ -144,25 +170,46 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	if !w.Reset.IsZero() {
 		b.resetAt = w.Reset.Add(max(0, now.Sub(dispatched)))
 	}
-	if d := w.Reset.Sub(dispatched).Seconds(); d > 0 && remaining < b.limit {
-		r := (b.limit - remaining) / d
-		if r > 0 && r <= b.limit*maxRateFactor {
+	b.lastLeft, b.lastSecs = remaining, w.Reset.Sub(dispatched).Seconds()
+	b.learnRate()
+}
+
+// learnRate derives the refill rate from the latest answer: what is missing
+// from the window refills by its reset.
+func (b *budget) learnRate() {
+	if b.lastSecs > 0 && b.lastLeft < b.size() {
+		r := (b.size() - b.lastLeft) / b.lastSecs
+		if r > 0 && r <= b.size()*maxRateFactor {
 			b.rate = r
 		}
 	}
 }
 
-// pacer holds two budgets, on separate clocks: a request-window reset never
-// releases a token-exhausted lane and vice versa. Lanes that share one
-// upstream limit share one pacer (see Key.LimitGroup), so it has its own
-// mutex, always taken after the lane's.
+// correct is called when the upstream refused a request this budget had
+// room for. Its headers overstated the window (a per-minute limit enforced
+// per second, say): the upstream has never shown more than maxRemaining
+// left, so that, plus one, is taken as the window's size, and the rate is
+// learned again from it. It reports whether that lowered anything.
+func (b *budget) correct() bool {
+	ev := b.maxRemaining + 1
+	if !b.known || ev >= b.size() {
+		return false
+	}
+	b.capped = ev
+	b.avail = math.Min(b.avail, ev)
+	b.learnRate()
+	return true
+}
+
+// pacer holds a group's two budgets, on separate clocks: a request-window
+// reset never releases a token-exhausted group and vice versa. It also
+// keeps the recent dispatch times, to tell how fast the group really sends.
 type pacer struct {
-	mu       sync.Mutex
 	requests budget
 	tokens   budget
+	recent   meter
 
-	// Pace learned from refusals when the upstream sends no headers (see
-	// refusal.go).
+	// Pace learned from refusals when the upstream sends no headers.
 	synthetic   bool
 	lastRefusal time.Time
 	lastProbe   time.Time
@@ -171,95 +218,198 @@ type pacer struct {
 // mark is where the running totals stood right after a dispatch.
 type mark struct{ requests, tokens float64 }
 
-// admit combines both budgets: the later of their times, and "wait for an
-// answer" (zero time) when either can only learn more from one.
-func (p *pacer) admit(now time.Time, cost int64) (time.Time, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.admitLocked(now, cost)
-}
-
-// admitLocked is admit. Requires p.mu held.
-func (p *pacer) admitLocked(now time.Time, cost int64) (time.Time, bool) {
-	ra, rok := p.requests.admit(now, 1)
-	ta, tok := p.tokens.admit(now, float64(cost))
-	switch {
-	case rok && tok:
-		return time.Time{}, true
-	case rok:
-		return ta, false
-	case tok:
-		return ra, false
-	case ra.IsZero() || ta.IsZero():
-		return time.Time{}, false
-	case ta.After(ra):
-		return ta, false
-	}
-	return ra, false
-}
-
-// tryTake checks both budgets and charges them under one lock, so lanes
-// sharing the pacer cannot both pass the check for the last unit. When the
-// budgets can only learn more from an answer (zero time) and probe is set,
-// it charges anyway: the request goes to find out.
-func (p *pacer) tryTake(now time.Time, cost int64, probe bool) (time.Time, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	at, ok := p.admitLocked(now, cost)
-	if !ok && !(at.IsZero() && probe) {
-		return at, false
-	}
-	p.requests.take(1)
-	p.tokens.take(float64(cost))
-	return time.Time{}, true
-}
-
-// totals is where the running totals stand now.
-func (p *pacer) totals() mark {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return mark{requests: p.requests.sent, tokens: p.tokens.sent}
-}
-
 // plus is m after one more request of cost.
 func (m mark) plus(cost int64) mark {
 	return mark{requests: m.requests + 1, tokens: m.tokens + float64(cost)}
 }
 
+// totals is where the running totals stand now.
+func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p.tokens.sent} }
+
+// admit combines both budgets: the later of their times, and "wait for an
+// answer" (zero time) when either can only learn more from one; with probe
+// set, that case lets the request go to find out. room reports whether a
+// budget learned from headers had room for the request.
+func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, room bool) {
+	ra, rok := p.requests.admit(now, 1)
+	ta, tok := p.tokens.admit(now, float64(cost))
+	room = rok && tok && (p.requests.known && !p.synthetic || p.tokens.known)
+	switch {
+	case rok && tok:
+		return time.Time{}, true, room
+	case rok:
+		at = ta
+	case tok:
+		at = ra
+	case ra.IsZero() || ta.IsZero():
+		at = time.Time{}
+	case ta.After(ra):
+		at = ta
+	default:
+		at = ra
+	}
+	return at, at.IsZero() && probe, false
+}
+
+// take charges a dispatch of cost tokens.
+func (p *pacer) take(now time.Time, cost int64) {
+	p.requests.take(1)
+	p.tokens.take(float64(cost))
+	p.recent.add(now)
+}
+
 func (p *pacer) refund(cost int64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.requests.refund(1)
 	p.tokens.refund(float64(cost))
 }
 
-func (p *pacer) observe(l headerparse.Limits, m mark, dispatched, now time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time) {
 	if p.synthetic && l.Requests.HasRemaining {
 		// Real headers replace what refusals taught.
 		p.synthetic = false
 		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
 	}
-	p.requests.observe(l.Requests, m.requests, dispatched, now)
-	p.tokens.observe(l.Tokens, m.tokens, dispatched, now)
+	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
+	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
 }
 
-func (p *pacer) settle(estimate, actual int64, m mark) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.tokens.settle(float64(estimate), float64(actual), m.tokens)
+func (p *pacer) settle(estimate, actual int64, tokensAtDispatch float64) {
+	p.tokens.settle(float64(estimate), float64(actual), tokensAtDispatch)
 }
 
-// budgetView is what State shows of one budget.
-type budgetView struct{ limit, avail, rate float64 }
+// contradicted handles a rate refusal, before its own headers are read.
+// When a budget learned from headers had room for the request, the headers
+// were wrong, and the refusal is the stronger evidence: the budgets it
+// points at (those its headers show exhausted, else all) are corrected. It
+// reports whether any was.
+func (p *pacer) contradicted(t *Ticket, l headerparse.Limits, now time.Time) bool {
+	if !t.Room {
+		return false
+	}
+	reqOut := l.Requests.HasRemaining && l.Requests.Remaining < 1
+	tokOut := l.Tokens.HasRemaining && l.Tokens.Remaining < max(1, t.Cost)
+	if !reqOut && !tokOut {
+		reqOut, tokOut = true, true
+	}
+	corrected := false
+	if reqOut && !p.synthetic && p.requests.correct() {
+		corrected = true
+	}
+	if tokOut && p.tokens.correct() {
+		corrected = true
+	}
+	return corrected
+}
 
-func (p *pacer) view(now time.Time) (req, tok budgetView, reqKnown, tokKnown bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// underUse: the group sends at less than half the request rate its headers
+// report. A refusal then is not about the rate.
+const underUse = 0.5
+
+// underUsed reports whether the group's recent dispatch rate is well under
+// the request rate learned from headers.
+func (p *pacer) underUsed(now time.Time) bool {
+	r := p.requests.effectiveRate()
+	return r > 0 && !p.synthetic && p.recent.rate(now) < underUse*r
+}
+
+// view is what State shows of both budgets.
+func (p *pacer) view(now time.Time) (req, tok BudgetView) {
 	p.requests.advance(now)
 	p.tokens.advance(now)
-	return budgetView{p.requests.limit, p.requests.avail, p.requests.rate},
-		budgetView{p.tokens.limit, p.tokens.avail, p.tokens.rate},
-		p.requests.known, p.tokens.known
+	return p.requests.view(), p.tokens.view()
+}
+
+func (b *budget) view() BudgetView {
+	if !b.known {
+		return BudgetView{}
+	}
+	return BudgetView{Known: true, Limit: b.size(), Available: b.avail, PerSecond: b.rate}
+}
+
+// meter keeps the times of the latest dispatches.
+type meter struct {
+	times [32]time.Time
+	next  int
+	n     int
+}
+
+// meterWindow bounds how far back the meter looks.
+const meterWindow = 10 * time.Second
+
+func (m *meter) add(now time.Time) {
+	m.times[m.next] = now
+	m.next = (m.next + 1) % len(m.times)
+	m.n = min(m.n+1, len(m.times))
+}
+
+// rate is dispatches per second over the recent past: those within
+// meterWindow, over the time they span (at least a second).
+func (m *meter) rate(now time.Time) float64 {
+	count := 0
+	oldest := now
+	for i := 0; i < m.n; i++ {
+		t := m.times[i]
+		if now.Sub(t) <= meterWindow {
+			count++
+			if t.Before(oldest) {
+				oldest = t
+			}
+		}
+	}
+	span := max(now.Sub(oldest).Seconds(), 1)
+	return float64(count) / span
+}
+
+// Upstreams that send no rate-limit headers still say no, and usually say
+// when to try again ("Please try again in 48ms", retry-after-ms). A group
+// whose request budget is unknown turns such a refusal into a pace: an
+// empty bucket that gives one more request after the hint refills at one
+// request per hint. The group then sends at that rate, lowered by every
+// shorter-paced refusal and raised a little each second without one, so a
+// limit that grows is found again. Real headers, when they come, replace it.
+
+const (
+	maxRefusalHint = 10 * time.Second // longer hints are pauses, not a pace
+	probeInterval  = time.Second      // how often the pace creeps up while all goes well
+	probeFactor    = 1.05             // by how much
+	burstSeconds   = 0.25             // the learned bucket holds this much of its rate
+)
+
+// refused learns from a rate refusal with the upstream's hint.
+func (p *pacer) refused(hint time.Duration, now time.Time) {
+	if p.requests.known && !p.synthetic {
+		return // the headers (corrected by refusals) say more than a hint
+	}
+	p.lastRefusal = now
+	if hint <= 0 || hint > maxRefusalHint {
+		return
+	}
+	rate := 1 / hint.Seconds()
+	if p.synthetic {
+		rate = math.Min(rate, p.requests.rate)
+	}
+	p.setSynthetic(rate, now)
+	p.requests.avail = math.Min(p.requests.avail, 0)
+}
+
+// accepted lets a pace learned from refusals creep up after a quiet second.
+func (p *pacer) accepted(now time.Time) {
+	if p.synthetic && now.Sub(p.lastProbe) >= probeInterval && now.Sub(p.lastRefusal) >= probeInterval {
+		p.lastProbe = now
+		p.setSynthetic(p.requests.rate*probeFactor, now)
+	}
+}
+
+func (p *pacer) setSynthetic(rate float64, now time.Time) {
+	b := &p.requests
+	b.advance(now)
+	if !p.synthetic {
+		b.avail, b.at = 0, now
+	}
+	p.synthetic = true
+	b.known = true
+	b.rate = rate
+	b.limit = math.Max(1, rate*burstSeconds)
+	b.avail = math.Min(b.avail, b.limit)
+	b.resetAt = time.Time{}
 }

@@ -371,8 +371,8 @@ func TestPacerWaitsForTheLaterWindow(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var p pacer
-			p.observe(tt.lim, mark{}, t0, t0)
-			got, ok := p.admit(t0, tt.cost)
+			p.observe(tt.lim, &Ticket{Dispatched: t0}, t0)
+			got, ok, _ := p.admit(t0, tt.cost, false)
 			if d := got.Sub(tt.wantAt); ok != tt.wantOK || d < -time.Microsecond || d > time.Microsecond {
 				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
 			}
@@ -403,7 +403,7 @@ func observedLane(t *testing.T, conc int, cost int64, lim headerparse.Limits) (*
 	t.Helper()
 	l, fc := testLane(conc, 1000)
 	s := mustGet(t, acquireCostAsync(context.Background(), l, cost))
-	s.Observe(lim)
+	accept(s, lim)
 	s.Release()
 	return l, fc
 }
@@ -522,7 +522,7 @@ func TestLaneExhaustedWithoutResetWaitsForAnswer(t *testing.T) {
 	// goes to find out; the next waits for that one's answer.
 	l, fc := testLane(8, 100)
 	a := mustGet(t, acquireAsync(context.Background(), l))
-	a.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+	accept(a, headerparse.Limits{Requests: win(100, 0, time.Time{})})
 	probe := mustGet(t, acquireAsync(context.Background(), l))
 	ch := acquireAsync(context.Background(), l)
 	waitQueued(t, l, 1)
@@ -530,7 +530,7 @@ func TestLaneExhaustedWithoutResetWaitsForAnswer(t *testing.T) {
 	if q := l.State().Queued; q != 1 {
 		t.Fatalf("queued = %d an hour on with an answer outstanding, want 1", q)
 	}
-	probe.Observe(headerparse.Limits{Requests: win(100, 50, time.Time{})})
+	accept(probe, headerparse.Limits{Requests: win(100, 50, time.Time{})})
 	b := mustGet(t, ch)
 	a.Release()
 	probe.Release()
@@ -545,7 +545,7 @@ func TestLaneNotHeldByAnswersAlreadyIn(t *testing.T) {
 	var streaming []*Slot
 	for i := 0; i < 2; i++ {
 		s := mustGet(t, acquireAsync(context.Background(), l))
-		s.Observe(headerparse.Limits{Requests: win(100, 0, time.Time{})})
+		accept(s, headerparse.Limits{Requests: win(100, 0, time.Time{})})
 		streaming = append(streaming, s)
 	}
 	// Both answered, both still in flight: the next request may go.

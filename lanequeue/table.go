@@ -12,6 +12,9 @@ type TableConfig struct {
 	Lane     Config        // every new lane's config
 	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
 	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
+	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
+	// nil = NewLocalShared, state in this process only.
+	Shared func(group string, cfg Config) Shared
 	// OnEvict is called, outside the table's lock, for every lane dropped.
 	OnEvict func(*Lane)
 }
@@ -19,22 +22,19 @@ type TableConfig struct {
 // Table holds the lanes, bounded in number; idle lanes are evicted.
 //
 // A lane evicted for space while it still has work keeps serving the
-// requests that hold it; a later request with the same key gets a new lane.
-// With MaxLanes well above the number of active lanes this never happens.
+// requests that hold it; a later request with the same key gets a new lane
+// of the same group, so the two still share one budget. A group lives as
+// long as a lane of it is in the table or a request of it is under way.
+// With MaxLanes well above the number of active lanes eviction of a busy
+// lane never happens.
 type Table struct {
 	cfg TableConfig
 
 	mu        sync.Mutex
 	lanes     *simplelru.LRU[string, *Lane]
-	evicted   []*Lane // filled by the LRU callback under mu, drained after unlock
+	evicted   []*Lane // filled by the LRU callback under mu, reported after unlock
 	lastSweep time.Time
-	groups    map[string]*group // shared budgets by Key.LimitGroup
-}
-
-// group is one shared pacer and how many lanes in the table use it.
-type group struct {
-	pace  *pacer
-	lanes int
+	groups    map[string]*group // by Key.LimitGroup
 }
 
 // NewTable returns an empty table.
@@ -46,25 +46,11 @@ func NewTable(cfg TableConfig) *Table {
 	if cfg.IdleTTL <= 0 {
 		cfg.IdleTTL = 10 * time.Minute
 	}
+	if cfg.Shared == nil {
+		cfg.Shared = func(_ string, c Config) Shared { return NewLocalShared(c) }
+	}
 	t := &Table{cfg: cfg, groups: map[string]*group{}}
-	lanes, err := simplelru.NewLRU[string, *Lane](cfg.MaxLanes, func(_ string, l *Lane) {
-		t.evicted = append(t.evicted, l)
-		l.mu.Lock()
-		idle := l.idleLocked()
-		if !idle {
-			// Still serving: the group stays until the lane is idle, so a
-			// new lane for the same key shares its budget meanwhile.
-			l.orphaned = func() {
-				t.mu.Lock()
-				defer t.mu.Unlock()
-				t.dropGroupLocked(l.key.LimitGroup())
-			}
-		}
-		l.mu.Unlock()
-		if idle {
-			t.dropGroupLocked(l.key.LimitGroup())
-		}
-	})
+	lanes, err := simplelru.NewLRU[string, *Lane](cfg.MaxLanes, t.evictLocked)
 	if err != nil {
 		panic(err) // only for a non-positive size, excluded above
 	}
@@ -72,13 +58,39 @@ func NewTable(cfg TableConfig) *Table {
 	return t
 }
 
-// dropGroupLocked forgets one lane's use of a limit group. Requires t.mu
-// held.
-func (t *Table) dropGroupLocked(gk string) {
-	if g := t.groups[gk]; g != nil {
-		if g.lanes--; g.lanes <= 0 {
-			delete(t.groups, gk)
-		}
+// evictLocked is the one place a lane leaves the table: its group loses the
+// lane's reference, and is dropped with its last one. The LRU calls it for
+// eviction and removal alike. Requires t.mu held.
+func (t *Table) evictLocked(_ string, l *Lane) {
+	t.evicted = append(t.evicted, l)
+	g := l.g
+	g.mu.Lock()
+	gone := g.refs == 1
+	g.refs--
+	g.mu.Unlock()
+	if gone {
+		t.dropGroupLocked(g)
+	}
+}
+
+// dropGroupLocked forgets g if it is still the table's group for its key.
+// Requires t.mu held.
+func (t *Table) dropGroupLocked(g *group) {
+	if t.groups[g.key] == g {
+		delete(t.groups, g.key)
+	}
+}
+
+// forgotten is the groups' callback for the last slot of a group whose lanes
+// have all left the table.
+func (t *Table) forgotten(g *group) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	g.mu.Lock()
+	gone := g.refs == 0
+	g.mu.Unlock()
+	if gone {
+		t.dropGroupLocked(g)
 	}
 }
 
@@ -92,16 +104,18 @@ func (t *Table) Get(key Key) *Lane {
 		gk := key.LimitGroup()
 		g := t.groups[gk]
 		if g == nil {
-			g = &group{pace: &pacer{}}
+			g = newGroup(gk, t.cfg.Lane, t.cfg.Shared(gk, t.cfg.Lane), t.forgotten)
 			t.groups[gk] = g
 		}
-		g.lanes++
-		l = newLane(key, t.cfg.Lane, g.pace)
+		g.mu.Lock()
+		g.refs++
+		l = g.newLane(key)
+		g.mu.Unlock()
 		t.lanes.Add(id, l)
 	} else {
-		l.mu.Lock()
+		l.g.mu.Lock()
 		l.lastUsed = now // so the sweep below cannot drop the lane it returns
-		l.mu.Unlock()
+		l.g.mu.Unlock()
 	}
 	t.sweepLocked(now)
 	evicted := t.takeEvictedLocked()
@@ -117,19 +131,19 @@ func (t *Table) Lookup(id string) (*Lane, bool) {
 	return t.lanes.Peek(id)
 }
 
-// Has reports whether l is still in the table (not evicted).
-func (t *Table) Has(l *Lane) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	got, ok := t.lanes.Peek(l.id)
-	return ok && got == l
-}
-
 // Len is the number of lanes.
 func (t *Table) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lanes.Len()
+}
+
+// Groups is the number of limit groups alive: in the table or still
+// serving a request.
+func (t *Table) Groups() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.groups)
 }
 
 // Lanes returns every lane, least recently used first.
@@ -171,10 +185,10 @@ func (t *Table) sweepLocked(now time.Time) {
 	t.lastSweep = now
 	for _, id := range t.lanes.Keys() {
 		l, _ := t.lanes.Peek(id)
-		l.mu.Lock()
+		l.g.mu.Lock()
 		stale := now.Sub(l.lastUsed) >= t.cfg.IdleTTL
-		idle := l.idleLocked()
-		l.mu.Unlock()
+		idle := l.queued == 0 && l.inFlight == 0
+		l.g.mu.Unlock()
 		if !stale {
 			return
 		}

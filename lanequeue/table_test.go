@@ -92,8 +92,9 @@ func TestGetAfterIdleTTLKeepsTheLaneItReturns(t *testing.T) {
 	first := tb.Get(k)
 	fc.Advance(2 * time.Minute)
 	again := tb.Get(k)
-	if again != first || !tb.Has(again) || tb.Len() != 1 {
-		t.Fatalf("Get returned a lane the table no longer holds (same=%v has=%v len=%d)", again == first, tb.Has(again), tb.Len())
+	held, _ := tb.Lookup(again.ID())
+	if again != first || held != again || tb.Len() != 1 {
+		t.Fatalf("Get returned a lane the table no longer holds (same=%v held=%v len=%d)", again == first, held == again, tb.Len())
 	}
 }
 
@@ -104,7 +105,7 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	chat := tb.Get(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt"})
 	resp := tb.Get(Key{CredentialHash: cred, Path: "/v1/responses", Model: "gpt"})
 	other := tb.Get(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "other-model"})
-	if chat.pace != resp.pace || chat.pace == other.pace {
+	if chat.g != resp.g || chat.g == other.g {
 		t.Fatal("limit groups: want chat and responses of one model to share, another model not")
 	}
 	// Chat learns that one request is left in a window that resets in 10s.
@@ -112,9 +113,9 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Observe(headerparse.Limits{Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: t0.Add(10 * time.Second)}})
+	accept(s, headerparse.Limits{Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: t0.Add(10 * time.Second)}})
 	s.Release()
-	resp.learned, other.learned = true, true
+	pastProbe(other)
 	// The responses lane may send that one, not more.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -142,7 +143,7 @@ func TestLimitGroupWithoutModelIsPerPath(t *testing.T) {
 	cred := HashCredential("sk-azure")
 	a := tb.Get(Key{CredentialHash: cred, Path: "/openai/deployments/a/chat/completions"})
 	b := tb.Get(Key{CredentialHash: cred, Path: "/openai/deployments/b/chat/completions"})
-	if a.pace == b.pace {
+	if a.g == b.g {
 		t.Fatal("two model-less paths share one budget")
 	}
 }
@@ -152,7 +153,7 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	cred := HashCredential("sk-busy")
 	chat := Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "m"}
 	busy := tb.Get(chat)
-	busy.learned = true
+	pastProbe(busy)
 	s, err := busy.Acquire(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +161,7 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	// Another key pushes the busy lane out of the one-lane table.
 	tb.Get(Key{CredentialHash: HashCredential("sk-other"), Path: "/x", Model: "m"})
 	again := tb.Get(chat)
-	if again == busy || again.pace != busy.pace {
+	if again == busy || again.g != busy.g {
 		t.Fatal("a new lane for the busy lane's key must share its budget while the old one still serves")
 	}
 	s.Release()

@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 type apiError struct {
@@ -18,7 +21,31 @@ type apiErrorBody struct {
 	Code    string  `json:"code"`
 }
 
-// errorReply describes an error the proxy itself answers with.
+// failure is an error the proxy answers itself; its kind picks the answer
+// in replyFor.
+type failure struct {
+	kind failKind
+	msg  string
+}
+
+func (f *failure) Error() string { return f.msg }
+
+type failKind uint8
+
+const (
+	failInternal failKind = iota
+	failQueueFull
+	failBudget
+	failUnreachable
+	failTooLarge
+	failBodyRead
+	failMethod
+	failAbsoluteURI
+)
+
+func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
+
+// errorReply is the HTTP answer to a proxy-made error.
 type errorReply struct {
 	status     int
 	typ, code  string
@@ -27,28 +54,58 @@ type errorReply struct {
 	noRetry    bool          // send x-should-retry: false
 }
 
-// writeError sends an OpenAI-format error. Every proxy-made message starts
-// with "llmproxy: " so users can tell it from the upstream's.
-func writeError(w http.ResponseWriter, status int, typ, code, msg string, extra http.Header) {
-	h := w.Header()
-	for k, vs := range extra {
-		h[k] = vs
+// replies maps every kind of proxy-made error to its answer. It is the one
+// place that decides statuses, types, codes and retry headers.
+var replies = map[failKind]errorReply{
+	failInternal:    {status: http.StatusInternalServerError, typ: "server_error", code: "internal_error"},
+	failQueueFull:   {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: time.Second},
+	failBudget:      {status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", noRetry: true},
+	failUnreachable: {status: http.StatusBadGateway, typ: "upstream_error", code: "upstream_unreachable", noRetry: true},
+	failTooLarge:    {status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large", noRetry: true},
+	failBodyRead:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error"},
+	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
+	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
+}
+
+// replyFor maps an error to the answer the client gets: the proxy's own
+// failures by kind, the lane's sentinel errors, anything else as internal.
+func replyFor(err error) errorReply {
+	var f *failure
+	switch {
+	case errors.As(err, &f):
+	case errors.Is(err, lanequeue.ErrQueueFull):
+		f = &failure{kind: failQueueFull, msg: err.Error() + " (LLMPROXY_MAX_QUEUE); retry later"}
+	case errors.Is(err, lanequeue.ErrBudgetExceeded):
+		f = &failure{kind: failBudget, msg: "request budget ran out (LLMPROXY_MAX_WAIT or the client's timeout): " + err.Error()}
+	default:
+		f = &failure{kind: failInternal, msg: "internal error"}
 	}
-	h.Set("Content-Type", "application/json")
-	h.Del("Content-Length")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Message: "llmproxy: " + msg, Type: typ, Code: code}})
+	r := replies[f.kind]
+	r.msg = f.msg
+	return r
+}
+
+// writeFailure answers err as replyFor maps it.
+func writeFailure(w http.ResponseWriter, err error) int {
+	r := replyFor(err)
+	r.write(w)
+	return r.status
 }
 
 func (e errorReply) write(w http.ResponseWriter) {
-	extra := http.Header{}
+	h := w.Header()
 	if e.retryAfter > 0 {
 		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
-		extra.Set("Retry-After", strconv.FormatInt(secs, 10))
-		extra.Set("Retry-After-Ms", strconv.FormatInt(e.retryAfter.Milliseconds(), 10))
+		h.Set("Retry-After", strconv.FormatInt(secs, 10))
+		h.Set("Retry-After-Ms", strconv.FormatInt(e.retryAfter.Milliseconds(), 10))
 	}
 	if e.noRetry {
-		extra.Set("X-Should-Retry", "false")
+		h.Set("X-Should-Retry", "false")
 	}
-	writeError(w, e.status, e.typ, e.code, e.msg, extra)
+	// Every proxy-made message starts with "llmproxy: " so users can tell
+	// it from the upstream's.
+	h.Set("Content-Type", "application/json")
+	h.Del("Content-Length")
+	w.WriteHeader(e.status)
+	_ = json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}})
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"log/slog"
 	"net/http"
-	"strconv"
 )
 
 // finish logs the request's one line and counts it. It never logs headers,
@@ -12,9 +11,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 	lane := ""
 	if req.lane != nil {
 		lane = req.lane.ID()
-		if p.lanes.Has(req.lane) { // an evicted lane's series stay deleted
-			p.metrics.requests.WithLabelValues(lane, strconv.Itoa(req.status)).Inc()
-		}
+		req.lane.CountAnswer(req.status)
 	}
 	level := slog.LevelInfo
 	if req.status == 0 || req.status >= 500 {

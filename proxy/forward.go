@@ -14,7 +14,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/tokens"
 	"github.com/llmproxy/llmproxy/upstream"
@@ -109,10 +108,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now}
 	defer func() { p.finish(r, req) }()
 
-	body, errRep := p.readBody(w, r)
-	if errRep != nil {
-		req.status = errRep.status
-		errRep.write(w)
+	body, err := p.readBody(w, r)
+	if err != nil {
+		req.status = writeFailure(w, err)
 		return
 	}
 	req.body = body
@@ -142,9 +140,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 
 // readBody buffers the body so it can be sent again, refusing one larger than
 // MaxBodyBytes before reading it all.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *errorReply) {
-	tooLarge := &errorReply{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
-		msg: "request body larger than " + strconv.FormatInt(p.cfg.MaxBodyBytes, 10) + " bytes (LLMPROXY_MAX_BODY_BYTES)", noRetry: true}
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	tooLarge := fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		return nil, tooLarge
 	}
@@ -157,29 +154,18 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *error
 		if errors.As(err, &mbe) {
 			return nil, tooLarge
 		}
-		return nil, &errorReply{status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error",
-			msg: "could not read the request body: " + err.Error()}
+		return nil, fail(failBodyRead, "could not read the request body: "+err.Error())
 	}
 	return body, nil
 }
 
-// refuse answers a request that never got a slot.
+// refuse answers a request that never got a slot, or lost it waiting.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
-	setLLMHeaders(w.Header(), req)
-	switch {
-	case r.Context().Err() != nil:
+	if r.Context().Err() != nil {
 		return // the client went away; nobody to answer
-	case errors.Is(err, lanequeue.ErrQueueFull):
-		e := errorReply{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full",
-			msg: "lane " + req.lane.ID() + " has too many waiting requests (LLMPROXY_MAX_QUEUE); retry later", retryAfter: time.Second}
-		req.status = e.status
-		e.write(w)
-	default:
-		e := errorReply{status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded",
-			msg: "request budget ran out while waiting in lane " + req.lane.ID() + " (LLMPROXY_MAX_WAIT or the client's timeout)", noRetry: true}
-		req.status = e.status
-		e.write(w)
 	}
+	setLLMHeaders(w.Header(), req)
+	req.status = writeFailure(w, err)
 }
 
 // attempt makes one upstream attempt bounded by the budget until the answer's
@@ -216,97 +202,42 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 // forward runs the attempts and answers the client. The slot is held
 // throughout, retries included.
 func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request, slot *lanequeue.Slot) {
-	laneID := req.lane.ID()
 	for {
 		res, cancel, timedOut := p.attempt(ctx, r, req)
 		defer cancel()
 		req.cancelAttempt = cancel
-		p.metrics.attempt(laneID, req.route, res, p.lanes.Has(req.lane))
-		p.learn(slot, res)
-		if r.Context().Err() != nil {
+		if res.Resp != nil {
+			p.metrics.upstreamLat.WithLabelValues(req.route).Observe(res.Latency.Seconds())
+		}
+		now := p.cfg.Clock.Now()
+		d := decide(res, req.retries, p.policy, now, req.deadline, p.cfg.Rand())
+		slot.Report(d.report(res, now))
+		switch {
+		case r.Context().Err() != nil:
 			res.Discard()
 			return
-		}
-		if timedOut {
+		case timedOut:
 			res.Discard()
 			p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting for the upstream's answer")
 			return
-		}
-		if res.Outcome != upstream.Retryable {
+		case d.action == pass:
 			p.respond(w, req, res, slot)
 			return
-		}
-		wait, why := p.retryDelay(req, res)
-		if why != "" {
-			p.giveUp(w, req, res, why)
+		case d.action == giveUp:
+			p.giveUp(w, req, res, d.why)
 			return
 		}
 		res.Discard()
-		now := p.cfg.Clock.Now()
-		if res.Resp != nil && res.Resp.StatusCode == http.StatusTooManyRequests && p.lanes.Has(req.lane) {
-			p.metrics.absorbed429.WithLabelValues(laneID).Inc()
-		}
-		if res.PausesLane {
-			req.lane.PauseUntil(now.Add(wait))
-		} else if err := sleep(ctx, p.cfg.Clock, wait); err != nil {
-			p.giveUpWaiting(w, r, req, err)
-			return
-		}
 		req.retries++
-		if err := slot.WaitRetry(ctx); err != nil {
-			p.giveUpWaiting(w, r, req, err)
+		after := d.wait
+		if d.pauseLane {
+			after = 0 // the group's pause holds the retry
+		}
+		if err := slot.WaitRetry(ctx, after); err != nil {
+			p.refuse(w, r, req, err)
 			return
 		}
 	}
-}
-
-// learn tells the lane what an attempt showed about the upstream's limits.
-func (p *Proxy) learn(slot *lanequeue.Slot, res upstream.Result) {
-	if res.Resp == nil {
-		if res.Outcome == upstream.Retryable {
-			slot.Refund() // never reached the upstream's accounting
-		}
-		return
-	}
-	slot.Observe(res.Limits)
-	switch {
-	case res.PausesLane:
-		var hint time.Duration
-		if res.HasHint {
-			hint = res.Hint
-		}
-		slot.Throttled(hint)
-	case res.Resp.StatusCode < 300:
-		slot.Succeeded()
-	}
-}
-
-// maxUnreachableRetries bounds retries when no connection can be made at
-// all: a blip is over in a second or two, a wrong host or a missing network
-// is not, and the client should hear about it quickly.
-const maxUnreachableRetries = 2
-
-// retryDelay decides how long to wait before retrying, or why not to.
-func (p *Proxy) retryDelay(req *request, res upstream.Result) (time.Duration, string) {
-	if req.retries >= p.cfg.MaxRetries {
-		return 0, "retries exhausted (LLMPROXY_MAX_RETRIES)"
-	}
-	if res.Unreachable && req.retries >= maxUnreachableRetries {
-		return 0, "no connection after " + strconv.Itoa(req.retries+1) + " attempts"
-	}
-	if res.HasHint && res.Hint <= 0 {
-		// "Retry now" (Retry-After: 0, a past date or reset) from a server
-		// that just refused would make a retry storm: back off instead.
-		res.HasHint = false
-	}
-	if res.HasHint && res.Hint > p.cfg.MaxRetryAfter {
-		return 0, "the upstream asks to wait " + res.Hint.Round(time.Millisecond).String() + ", longer than LLMPROXY_MAX_RETRY_AFTER"
-	}
-	wait := p.cfg.Backoff.Choose(req.retries, res.Hint, res.HasHint, p.cfg.Rand())
-	if p.cfg.Clock.Now().Add(wait).After(req.deadline) {
-		return 0, "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's budget"
-	}
-	return wait, ""
 }
 
 // giveUp hands the client the upstream's own last answer, or a proxy error
@@ -318,20 +249,11 @@ func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result,
 		return
 	}
 	setLLMHeaders(w.Header(), req)
-	e := errorReply{status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", msg: why, noRetry: true}
+	err := fail(failBudget, why)
 	if res.Err != nil {
-		e = errorReply{status: http.StatusBadGateway, typ: "upstream_error", code: "upstream_unreachable",
-			msg: "upstream " + req.target.Host + " unreachable: " + redactErr(res.Err, req.target) + " (" + why + ")", noRetry: true}
+		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
 	}
-	req.status = e.status
-	e.write(w)
-}
-
-func (p *Proxy) giveUpWaiting(w http.ResponseWriter, r *http.Request, req *request, err error) {
-	if r.Context().Err() != nil {
-		return
-	}
-	p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting to retry: "+err.Error())
+	req.status = writeFailure(w, err)
 }
 
 // redactErr returns a transport error without the URL's query, which a
@@ -346,20 +268,4 @@ func redactErr(err error, u *url.URL) string {
 		s = strings.ReplaceAll(s, u.RawQuery, "…")
 	}
 	return s
-}
-
-// sleep waits d on the proxy's clock, or until ctx is done.
-func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	done := make(chan struct{})
-	t := c.AfterFunc(d, func() { close(done) })
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		t.Stop()
-		return ctx.Err()
-	}
 }

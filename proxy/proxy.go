@@ -63,6 +63,7 @@ type Proxy struct {
 	cfg     Config
 	lanes   *lanequeue.Table
 	metrics *metrics
+	policy  retryPolicy
 	log     *slog.Logger
 	handler http.Handler
 }
@@ -130,14 +131,8 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Gatherer = prometheus.DefaultGatherer
 	}
 
-	p := &Proxy{cfg: cfg, log: cfg.Logger}
-	onEvict := cfg.Lanes.OnEvict
-	cfg.Lanes.OnEvict = func(l *lanequeue.Lane) {
-		p.metrics.forgetLane(l.ID())
-		if onEvict != nil {
-			onEvict(l)
-		}
-	}
+	p := &Proxy{cfg: cfg, log: cfg.Logger,
+		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
 	m, err := newMetrics(cfg.Registry, p.lanes)
 	if err != nil {
@@ -238,18 +233,16 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 					// tells the client it is incomplete.
 					panic(http.ErrAbortHandler)
 				}
-				writeError(w, http.StatusInternalServerError, "server_error", "internal_error", "internal error", nil)
+				writeFailure(w, fail(failInternal, "internal error"))
 			}
 		}()
 		w = tw
 		if r.Method == http.MethodConnect {
-			writeError(w, http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-				"CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it", nil)
+			writeFailure(w, fail(failMethod, "CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it"))
 			return
 		}
 		if !strings.HasPrefix(r.RequestURI, "/") {
-			writeError(w, http.StatusBadRequest, "invalid_request_error", "absolute_uri",
-				"absolute-form request targets are not supported: llmproxy sends every request to its configured upstream", nil)
+			writeFailure(w, fail(failAbsoluteURI, "absolute-form request targets are not supported: llmproxy sends every request to its configured upstream"))
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -22,7 +22,6 @@ import (
 
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/lanequeue"
-	"github.com/llmproxy/llmproxy/upstream"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -519,20 +518,6 @@ func TestPanicGivesJSON500AndReleasesTheSlot(t *testing.T) {
 	// The proxy still serves after the panic.
 	if resp := h.post("/v1/chat/completions", `{"model":"m"}`); resp.StatusCode != 500 {
 		t.Fatalf("second request: status %d", resp.StatusCode)
-	}
-}
-
-func TestZeroHintBacksOffInsteadOfRetryingAtOnce(t *testing.T) {
-	p, err := New(Config{Backoff: backoff.Policy{Base: 100 * time.Millisecond}, Rand: func() float64 { return 0 }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := &request{deadline: time.Now().Add(time.Minute)}
-	for _, hint := range []time.Duration{0, -time.Second} {
-		wait, why := p.retryDelay(req, upstream.Result{Hint: hint, HasHint: true})
-		if why != "" || wait != 100*time.Millisecond {
-			t.Fatalf("hint %v: wait %v (%s), want the 100ms backoff", hint, wait, why)
-		}
 	}
 }
 

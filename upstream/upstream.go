@@ -79,9 +79,6 @@ type Result struct {
 	// window. HasHint is false when it said nothing.
 	Hint    time.Duration
 	HasHint bool
-	// PausesLane: the answer speaks for the whole lane (rate limited or
-	// overloaded), not just this request.
-	PausesLane bool
 	// Unreachable: the connection could not be made at all (DNS or dial
 	// failure). Worth a quick retry or two, not a long one.
 	Unreachable bool
@@ -140,8 +137,6 @@ func Do(rt http.RoundTripper, req *http.Request, now time.Time) Result {
 		return r
 	}
 	r.Outcome = Retryable
-	r.PausesLane = resp.StatusCode == http.StatusTooManyRequests ||
-		resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == 529
 	switch {
 	case r.Limits.HasRetryAfter:
 		r.Hint, r.HasHint = r.Limits.RetryAfter, true

@@ -31,38 +31,37 @@ var now = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 func TestClassification(t *testing.T) {
 	rateLimited := `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`
 	for _, tc := range []struct {
-		name       string
-		rt         http.RoundTripper
-		outcome    Outcome
-		pausesLane bool
-		hint       time.Duration
-		hasHint    bool
+		name    string
+		rt      http.RoundTripper
+		outcome Outcome
+		hint    time.Duration
+		hasHint bool
 	}{
-		{"200", answer(200, "{}"), Success, false, 0, false},
-		{"400 final", answer(400, `{"error":{"type":"invalid_request_error"}}`), Final, false, 0, false},
-		{"401 final", answer(401, ""), Final, false, 0, false},
-		{"429 retry-after-ms", answer(429, rateLimited, "Retry-After-Ms", "1500", "Retry-After", "2"), Retryable, true, 1500 * time.Millisecond, true},
-		{"429 retry-after seconds", answer(429, rateLimited, "Retry-After", "3"), Retryable, true, 3 * time.Second, true},
-		{"429 try-again message", answer(429, `{"error":{"message":"Please try again in 1.574s.","type":"tokens","code":"rate_limit_exceeded"}}`), Retryable, true, 1574 * time.Millisecond, true},
-		{"429 reset header", answer(429, rateLimited, "X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Limit-Requests", "10", "X-Ratelimit-Reset-Requests", "750ms"), Retryable, true, 750 * time.Millisecond, true},
-		{"429 no hint", answer(429, rateLimited), Retryable, true, 0, false},
-		{"429 insufficient_quota", answer(429, `{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"quota"}}`, "Retry-After", "1"), Final, false, 0, false},
-		{"429 spend cap", answer(429, `{"type":"error","error":{"type":"rate_limit_error","message":"cap","details":{"error_code":"enforced_spend_limit_reached"}}}`), Final, false, 0, false},
-		{"429 too large", answer(429, `{"error":{"message":"Request too large for gpt-4 ... Limit 30000, Requested 31538.","type":"tokens","code":"rate_limit_exceeded"}}`), Final, false, 0, false},
-		{"503", answer(503, `{"error":{"type":"server_error","code":"server_is_overloaded","message":"busy"}}`), Retryable, true, 0, false},
-		{"529", answer(529, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`), Retryable, true, 0, false},
-		{"500", answer(500, "oops"), Retryable, false, 0, false},
-		{"502", answer(502, ""), Retryable, false, 0, false},
-		{"504", answer(504, ""), Retryable, false, 0, false},
-		{"408", answer(408, ""), Retryable, false, 0, false},
-		{"connection reset", rtFunc(func(*http.Request) (*http.Response, error) { return nil, errors.New("read: connection reset by peer") }), Retryable, false, 0, false},
+		{"200", answer(200, "{}"), Success, 0, false},
+		{"400 final", answer(400, `{"error":{"type":"invalid_request_error"}}`), Final, 0, false},
+		{"401 final", answer(401, ""), Final, 0, false},
+		{"429 retry-after-ms", answer(429, rateLimited, "Retry-After-Ms", "1500", "Retry-After", "2"), Retryable, 1500 * time.Millisecond, true},
+		{"429 retry-after seconds", answer(429, rateLimited, "Retry-After", "3"), Retryable, 3 * time.Second, true},
+		{"429 try-again message", answer(429, `{"error":{"message":"Please try again in 1.574s.","type":"tokens","code":"rate_limit_exceeded"}}`), Retryable, 1574 * time.Millisecond, true},
+		{"429 reset header", answer(429, rateLimited, "X-Ratelimit-Remaining-Requests", "0", "X-Ratelimit-Limit-Requests", "10", "X-Ratelimit-Reset-Requests", "750ms"), Retryable, 750 * time.Millisecond, true},
+		{"429 no hint", answer(429, rateLimited), Retryable, 0, false},
+		{"429 insufficient_quota", answer(429, `{"error":{"type":"insufficient_quota","code":"insufficient_quota","message":"quota"}}`, "Retry-After", "1"), Final, 0, false},
+		{"429 spend cap", answer(429, `{"type":"error","error":{"type":"rate_limit_error","message":"cap","details":{"error_code":"enforced_spend_limit_reached"}}}`), Final, 0, false},
+		{"429 too large", answer(429, `{"error":{"message":"Request too large for gpt-4 ... Limit 30000, Requested 31538.","type":"tokens","code":"rate_limit_exceeded"}}`), Final, 0, false},
+		{"503", answer(503, `{"error":{"type":"server_error","code":"server_is_overloaded","message":"busy"}}`), Retryable, 0, false},
+		{"529", answer(529, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`), Retryable, 0, false},
+		{"500", answer(500, "oops"), Retryable, 0, false},
+		{"502", answer(502, ""), Retryable, 0, false},
+		{"504", answer(504, ""), Retryable, 0, false},
+		{"408", answer(408, ""), Retryable, 0, false},
+		{"connection reset", rtFunc(func(*http.Request) (*http.Response, error) { return nil, errors.New("read: connection reset by peer") }), Retryable, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("POST", "http://upstream.test/v1/chat/completions", nil)
 			r := Do(tc.rt, req, now)
-			if r.Outcome != tc.outcome || r.PausesLane != tc.pausesLane || r.HasHint != tc.hasHint || r.Hint != tc.hint {
-				t.Fatalf("got outcome %v pauses %v hint %v/%v; want %v %v %v/%v",
-					r.Outcome, r.PausesLane, r.Hint, r.HasHint, tc.outcome, tc.pausesLane, tc.hint, tc.hasHint)
+			if r.Outcome != tc.outcome || r.HasHint != tc.hasHint || r.Hint != tc.hint {
+				t.Fatalf("got outcome %v hint %v/%v; want %v %v/%v",
+					r.Outcome, r.Hint, r.HasHint, tc.outcome, tc.hint, tc.hasHint)
 			}
 		})
 	}

@@ -1,0 +1,109 @@
+package lanequeue
+
+import (
+	"math"
+	"time"
+)
+
+// concurrency is a group's concurrency limit and its permits. The limit
+// falls only on evidence that the number in flight is what the upstream
+// bounds (a concurrency refusal, an overloaded answer, a refusal while the
+// pace is well under the learned rate); a rate refusal slows the pace
+// instead. Rate and concurrency are separate controls because in flight =
+// rate × answer time: long answers need many in flight to keep a rate.
+type concurrency struct {
+	min, max int
+	limit    int
+	inFlight int // permits out
+	// slowStart: no concurrency refusal yet; every accepted answer that
+	// found the limit full raises it by one.
+	slowStart    bool
+	lastDecrease time.Time
+	acks         int // accepted answers at the limit since the last change
+	// refusedAt is the lowest level at which the upstream refused for
+	// concurrency; growing to it and past it takes probeAcks times longer,
+	// so the limit still finds an upstream that allows more later.
+	refusedAt  int
+	answerSecs float64 // moving mean of accepted answers' time with a permit
+}
+
+const (
+	// probeAcks: how many limits' worth of accepted answers it takes to
+	// try again a level the upstream has refused.
+	probeAcks = 10
+	// answerWeight is the weight of the newest answer in answerSecs.
+	answerWeight = 0.2
+)
+
+func newConcurrency(cfg Config) concurrency {
+	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, limit: cfg.Concurrency, slowStart: true}
+}
+
+func (c *concurrency) free() bool { return c.inFlight < c.limit }
+
+// accepted learns from an accepted answer. floor is the concurrency the
+// learned rate needs for answers of the current length (0: unknown): below
+// it the limit grows at once.
+func (c *concurrency) accepted(t *Ticket, floor int) {
+	binding := c.inFlight >= c.limit || t.InFlight+1 >= t.Limit
+	if !binding || c.limit >= c.max {
+		return // the limit was not what held requests back
+	}
+	probing := c.refusedAt > 0 && c.limit+1 >= c.refusedAt
+	if c.slowStart || c.limit < floor && !probing {
+		c.limit++
+		return
+	}
+	c.acks++
+	need := c.limit
+	if probing {
+		need *= probeAcks
+	}
+	if c.acks >= need {
+		c.acks = 0
+		c.limit++
+	}
+}
+
+// refused learns from a refusal that points at concurrency: the upstream
+// held no more than the others in flight when t went. Refusals of requests
+// sent before the last decrease are the same evidence and count once. floor
+// bounds a decrease that was inferred, not stated (0: none).
+func (c *concurrency) refused(t *Ticket, now time.Time, floor int) {
+	if !c.lastDecrease.IsZero() && !t.Dispatched.After(c.lastDecrease) {
+		return
+	}
+	c.lastDecrease = now
+	c.acks = 0
+	c.slowStart = false
+	level := t.InFlight + 1
+	if c.refusedAt == 0 || level < c.refusedAt {
+		c.refusedAt = level
+	}
+	c.limit = min(c.limit, max(t.InFlight, floor, c.min))
+}
+
+// returned takes back t's permit; an accepted answer's time with it feeds
+// the mean answer time.
+func (c *concurrency) returned(t *Ticket, now time.Time) {
+	c.inFlight--
+	if !t.Accepted {
+		return
+	}
+	d := now.Sub(t.Dispatched).Seconds()
+	if c.answerSecs == 0 {
+		c.answerSecs = d
+	} else {
+		c.answerSecs += answerWeight * (d - c.answerSecs)
+	}
+}
+
+// littleFloor is the concurrency that a learned request rate needs when
+// answers take answerSecs (Little's law), or 0 when either is unknown.
+func (p *pacer) littleFloor(answerSecs float64) int {
+	r := p.requests.effectiveRate()
+	if r <= 0 || answerSecs <= 0 {
+		return 0
+	}
+	return int(math.Ceil(r * answerSecs))
+}

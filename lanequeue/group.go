@@ -1,0 +1,155 @@
+package lanequeue
+
+import (
+	"container/list"
+	"sync"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+)
+
+// group is the lanes that draw on one upstream limit. It holds the one mutex
+// that guards them, a single queue of their waiters in arrival order (so
+// each lane's own queue is FIFO too), and the Shared state it dispatches
+// against.
+type group struct {
+	key    string
+	cfg    Config
+	clock  clock.Clock
+	shared Shared
+	// forgotten is called, outside mu, once nothing refers to the group any
+	// more; the table drops it then. nil outside a table.
+	forgotten func(*group)
+
+	mu         sync.Mutex
+	waiters    list.List // *Slot
+	arrivals   uint64    // arrival counter, for the order of retries
+	unanswered int       // dispatches whose answer has not been reported
+	learned    bool      // an answer came back: the probe is over
+	probeUntil time.Time // set by the first dispatch; see ProbeWindow
+	timer      clock.Timer
+	timerAt    time.Time
+	timerGen   uint64
+	// refs counts what keeps the group alive: each of its lanes while the
+	// table holds it, and each slot from Acquire until it is done.
+	refs int
+}
+
+func newGroup(key string, cfg Config, shared Shared, forgotten func(*group)) *group {
+	return &group{key: key, cfg: cfg, clock: cfg.Clock, shared: shared, forgotten: forgotten}
+}
+
+// newLane makes a lane of g. The caller accounts for the lane's reference.
+func (g *group) newLane(key Key) *Lane {
+	return &Lane{key: key, id: key.ID(), g: g, lastUsed: g.clock.Now()}
+}
+
+// enqueueLocked puts s in the queue: after every waiter that arrived before
+// it and before every one that arrived after it (a retry keeps its place).
+// Requires g.mu held.
+func (g *group) enqueueLocked(s *Slot) {
+	s.phase = phaseQueued
+	s.ready = make(chan struct{})
+	s.lane.queued++
+	if s.retry {
+		for at := g.waiters.Front(); at != nil; at = at.Next() {
+			if at.Value.(*Slot).seq > s.seq {
+				s.elem = g.waiters.InsertBefore(s, at)
+				return
+			}
+		}
+	}
+	s.elem = g.waiters.PushBack(s)
+}
+
+// dequeueLocked takes a waiting s out of the queue. Requires g.mu held.
+func (g *group) dequeueLocked(s *Slot) {
+	g.waiters.Remove(s.elem)
+	s.elem = nil
+	s.lane.queued--
+}
+
+// returnPermitLocked gives back the permit of a slot that holds one.
+// Requires g.mu held.
+func (g *group) returnPermitLocked(s *Slot, now time.Time) {
+	if s.phase == phaseSent {
+		g.unanswered-- // no answer will be reported for this dispatch
+	}
+	s.lane.inFlight--
+	g.shared.Return(&s.ticket, now)
+}
+
+// unrefLocked drops one reference and reports whether it was the last.
+// Requires g.mu held.
+func (g *group) unrefLocked() bool {
+	g.refs--
+	return g.refs == 0 && g.forgotten != nil
+}
+
+// forget tells the table that nothing refers to g any more. Call it after
+// unlocking g.mu.
+func (g *group) forget() { g.forgotten(g) }
+
+// dispatchLocked grants the head of the queue for as long as it can go, and
+// arms the timer when the head must wait for time. Requires g.mu held.
+func (g *group) dispatchLocked(now time.Time) {
+	for e := g.waiters.Front(); e != nil; e = g.waiters.Front() {
+		s := e.Value.(*Slot)
+		if !g.learned && g.unanswered > 0 {
+			if now.Before(g.probeUntil) {
+				g.armLocked(now, g.probeUntil)
+				return
+			}
+			g.learned = true // the first answer is slow; stop waiting for it
+		}
+		// With no answer outstanding, a budget that can only learn more
+		// from an answer lets this request go to find out.
+		t, at, ok := g.shared.Admit(now, s.cost, g.unanswered == 0)
+		if !ok {
+			if !at.IsZero() {
+				g.armLocked(now, at)
+			}
+			return // else an answer or a returned permit dispatches again
+		}
+		g.dequeueLocked(s)
+		s.phase = phaseSent
+		s.ticket = t
+		s.lane.inFlight++
+		if !s.retry {
+			s.lane.stats.admitted++
+		}
+		g.unanswered++
+		if g.probeUntil.IsZero() {
+			g.probeUntil = now.Add(ProbeWindow)
+		}
+		close(s.ready)
+	}
+	if g.timer != nil {
+		// Nobody waits: a pending timer would only keep the group alive.
+		g.timer.Stop()
+		g.timer = nil
+		g.timerGen++
+	}
+}
+
+// armLocked makes sure dispatch runs again at `at`. Requires g.mu held.
+func (g *group) armLocked(now, at time.Time) {
+	if g.timer != nil {
+		if g.timerAt.Equal(at) {
+			return
+		}
+		g.timer.Stop()
+	}
+	g.timerGen++
+	gen := g.timerGen
+	g.timerAt = at
+	g.timer = g.clock.AfterFunc(at.Sub(now), func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.timerGen != gen {
+			return
+		}
+		g.timer = nil
+		g.dispatchLocked(g.clock.Now())
+	})
+}

@@ -1,0 +1,105 @@
+package lanequeue
+
+import (
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// Verdict is what an answer says about the upstream's capacity.
+type Verdict uint8
+
+const (
+	// Accepted: the upstream took the request (a success, or an error that
+	// is not about capacity).
+	Accepted Verdict = iota
+	// RateRefused: a 429 for rate, requests or tokens over a window.
+	RateRefused
+	// ConcurrencyRefused: a refusal because too many requests are in
+	// flight.
+	ConcurrencyRefused
+	// Overloaded: the upstream is overloaded (503, 529); it refuses by load,
+	// as a concurrency limit does.
+	Overloaded
+	// Failed: another retryable server error (408, 500, 502, 504). It
+	// teaches nothing about limits.
+	Failed
+	// NotSent: no answer, the connection failed. The attempt never reached
+	// the upstream's accounting, so what it was charged is given back.
+	NotSent
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Accepted:
+		return "accepted"
+	case RateRefused:
+		return "rate_refused"
+	case ConcurrencyRefused:
+		return "concurrency_refused"
+	case Overloaded:
+		return "overloaded"
+	case Failed:
+		return "failed"
+	case NotSent:
+		return "not_sent"
+	}
+	return "unknown"
+}
+
+// refusal reports whether the upstream said no for capacity.
+func (v Verdict) refusal() bool {
+	return v == RateRefused || v == ConcurrencyRefused || v == Overloaded
+}
+
+// Report is everything one attempt's answer tells the lane, handed over in
+// one call so that learning, pausing and dispatching happen in that order
+// under one lock.
+type Report struct {
+	// Status is the upstream's HTTP status; 0 when there was no answer.
+	Status  int
+	Verdict Verdict
+	// Limits are the answer's rate-limit headers, with relative resets
+	// parsed at the time the attempt was sent.
+	Limits headerparse.Limits
+	// Hint is the upstream's own wait before trying again; 0 = none.
+	Hint time.Duration
+	// PauseUntil pauses every lane of the group until then (zero: no
+	// pause). A pause is only ever extended.
+	PauseUntil time.Time
+}
+
+// Report tells the lane what the answer to the slot's latest dispatch said.
+// Call it once per attempt, as soon as the answer's status and headers are
+// in (or the attempt failed without one), before WaitRetry or Release.
+func (s *Slot) Report(r Report) {
+	l := s.lane
+	g := l.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if s.phase != phaseSent {
+		return // reported already, or released
+	}
+	now := g.clock.Now()
+	s.phase = phaseAnswered
+	s.lastStatus = r.Status
+	g.unanswered--
+	if r.Verdict != NotSent {
+		g.learned = true
+	}
+	l.stats.countAttempt(r.Status)
+	if r.Verdict.refusal() {
+		l.stats.throttled++
+	}
+	g.shared.Learn(&s.ticket, r, now)
+	g.dispatchLocked(now)
+}
+
+// CountAnswer counts the status the client got for one request of the lane
+// (0: the client went away before an answer). A lane that has left the
+// table counts too, where nobody sees it.
+func (l *Lane) CountAnswer(status int) {
+	l.g.mu.Lock()
+	defer l.g.mu.Unlock()
+	l.stats.countAnswer(status)
+}

@@ -1,0 +1,171 @@
+package lanequeue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// TestRefusalIsLearnedBeforeTheQueueMoves: the first answer of a new lane
+// ends its probe. When that answer is a refusal with a pause, the waiters
+// must see the pause, not the end of the probe alone (they used to be let
+// into the refusal, up to the whole concurrency limit).
+func TestRefusalIsLearnedBeforeTheQueueMoves(t *testing.T) {
+	fc := clock.NewFake(t0)
+	l := New(Key{Path: "/v1/x"}, Config{Concurrency: 64, Clock: fc})
+	first := mustGet(t, acquireAsync(context.Background(), l)) // the probe
+	var chans []<-chan result
+	for i := 0; i < 5; i++ {
+		chans = append(chans, acquireAsync(context.Background(), l))
+	}
+	waitQueued(t, l, 5)
+	first.Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: at(time.Second)})
+	if st := l.State(); st.InFlight != 1 || st.Queued != 5 || st.PauseReason != "rate_limited" {
+		t.Fatalf("after the refusal: %+v, want the 5 still queued behind the pause", st)
+	}
+	fc.Set(at(time.Second))
+	for _, ch := range chans {
+		mustGet(t, ch).Release()
+	}
+	first.Release()
+}
+
+// TestRefusalWithRoomCorrectsAnOverstatedWindow: headers state a
+// per-minute limit (1200) that the upstream enforces per second (20, never
+// more than 19 left after a request). A refusal while the budget had room
+// proves the headers wrong: the window shrinks to what the upstream ever
+// showed, and the rate follows.
+func TestRefusalWithRoomCorrectsAnOverstatedWindow(t *testing.T) {
+	l, fc := testLane(64, 1000)
+	s := mustGet(t, acquireAsync(context.Background(), l))
+	// 19 left, full again in 50ms: the headers' arithmetic says
+	// (1200-19)/0.05s, about 23,620 requests a second.
+	accept(s, headerparse.Limits{Requests: win(1200, 19, at(50*time.Millisecond))})
+	if st := l.State(); st.RequestsPerSecond < 20000 {
+		t.Fatalf("before: %v req/s", st.RequestsPerSecond)
+	}
+	fc.Advance(10 * time.Millisecond)
+	report(s, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond,
+		Limits: headerparse.Limits{Requests: win(1200, 0, at(time.Second+10*time.Millisecond))}})
+	st := l.State()
+	if st.RequestsLimit != 20 || !near(st.RequestsPerSecond, 20) || !st.Corrected {
+		t.Fatalf("after the refusal: limit %v, %v req/s, corrected %v; want 20, 20, true", st.RequestsLimit, st.RequestsPerSecond, st.Corrected)
+	}
+	// The next honest answer keeps the correction: the upstream still shows
+	// no more than 19 left.
+	fc.Advance(time.Second)
+	accept(s, headerparse.Limits{Requests: win(1200, 19, at(fc.Now().Sub(t0)+50*time.Millisecond))})
+	if st := l.State(); st.RequestsLimit != 20 || st.RequestsPerSecond > 21 {
+		t.Fatalf("a later answer undid the correction: %+v", st)
+	}
+	s.Release()
+}
+
+// TestMoreRoomShownLiftsACorrection: a correction is evidence, not a
+// verdict; an answer that shows more left raises the window again.
+func TestMoreRoomShownLiftsACorrection(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
+	if !b.correct() || b.size() != 20 {
+		t.Fatalf("correct: size %v", b.size())
+	}
+	b.observe(win(1200, 500, at(time.Second)), 0, t0, t0)
+	if b.size() != 501 {
+		t.Fatalf("size %v after 500 shown left, want 501", b.size())
+	}
+	if b.correct() {
+		t.Fatal("correct lowered a window below what it has shown")
+	}
+}
+
+// TestRefusalWellUnderTheLearnedRateLowersConcurrency: headers promise 100
+// requests a second and report room; the lane sends a few a second and is
+// refused anyway. The rate is not what binds: concurrency is lowered, the
+// pace left alone.
+func TestRefusalWellUnderTheLearnedRateLowersConcurrency(t *testing.T) {
+	l, fc := testLane(64, 1000)
+	shared(l).conc.slowStart = false
+	// 99 left, full again in 10ms: 100 a second, and the upstream has
+	// shown the whole window, so there is nothing to correct.
+	lim := headerparse.Limits{Requests: win(100, 99, at(10*time.Millisecond))}
+	slots := acquireN(t, l, 2)
+	for _, s := range slots {
+		accept(s, lim)
+	}
+	fc.Advance(time.Second)
+	slots = append(slots, acquireN(t, l, 1)...) // the budget has room
+	refuse(slots[2], time.Second)               // it went with 2 others in flight
+	st := l.State()
+	if st.Concurrency != 2 || st.RequestsLimit != 100 || st.Corrected {
+		t.Fatalf("state %+v: want concurrency 2, the window left at 100", st)
+	}
+	releaseAll(slots)
+}
+
+// TestRateRefusalAtTheLearnedRateSlowsOnlyThePace: a refusal while the
+// lane sends at its learned rate is about the rate: concurrency stays.
+func TestRateRefusalAtTheLearnedRateSlowsOnlyThePace(t *testing.T) {
+	l, fc := testLane(16, 1000)
+	shared(l).conc.slowStart = false
+	// 10 a second, 10 left: the budget lets 10 go at once.
+	lim := headerparse.Limits{Requests: win(10, 10, at(time.Second))}
+	s := mustGet(t, acquireAsync(context.Background(), l))
+	accept(s, lim)
+	s.Release()
+	slots := acquireN(t, l, 9)
+	fc.Advance(100 * time.Millisecond)
+	refuse(slots[8], 100*time.Millisecond)
+	if st := l.State(); st.Concurrency != 16 {
+		t.Fatalf("concurrency %d after a rate refusal, want 16", st.Concurrency)
+	}
+	releaseAll(slots)
+}
+
+// TestCancelledWaitersOfAnEvictedLaneFreeItsGroup: a lane pushed out of the
+// table while only queued requests hold it frees its group once they give
+// up, so a later lane of the same key starts fresh instead of with the dead
+// lane's learned limits.
+func TestCancelledWaitersOfAnEvictedLaneFreeItsGroup(t *testing.T) {
+	fc := clock.NewFake(t0)
+	tb := NewTable(TableConfig{MaxLanes: 1, Lane: Config{Clock: fc}})
+	k := Key{CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "m"}
+	l := tb.Get(k)
+	pastProbe(l)
+	pause(l, at(time.Hour)) // nothing goes: the requests only wait
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := acquireAsync(ctx, l)
+	waitQueued(t, l, 1)
+	tb.Get(Key{CredentialHash: HashCredential("sk-b"), Path: "/x"}) // evicts l
+	if n := tb.Groups(); n != 2 {
+		t.Fatalf("%d groups while l's waiter is queued, want 2", n)
+	}
+	cancel()
+	<-ch
+	if n := tb.Groups(); n != 1 {
+		t.Fatalf("%d groups after the waiter left, want 1", n)
+	}
+	if again := tb.Get(k); again.g == l.g || !again.State().PausedUntil.IsZero() {
+		t.Fatal("a new lane for the key inherited the dead lane's group")
+	}
+}
+
+// TestCountersLiveInTheLane: attempts, answers and absorbed 429s are
+// counted where the lane is, and shown in its state.
+func TestCountersLiveInTheLane(t *testing.T) {
+	l, _ := testLane(4, 100)
+	s := mustGet(t, acquireAsync(context.Background(), l))
+	refuse(s, 0)
+	if err := s.WaitRetry(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	s.Report(Report{Status: 200, Verdict: Accepted})
+	s.Release()
+	l.CountAnswer(200)
+	st := l.State()
+	if st.Attempts[429] != 1 || st.Attempts[200] != 1 || st.Answers[200] != 1 || st.Absorbed429 != 1 || st.Retries != 1 {
+		t.Fatalf("counters: %+v", st)
+	}
+}

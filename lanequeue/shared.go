@@ -1,0 +1,81 @@
+package lanequeue
+
+import "time"
+
+// Shared is the state that the lanes of one limit group share: the budgets
+// learned from the upstream, the pause, and the concurrency permits. The
+// lanes keep their queues and counters; everything that must agree across
+// lanes, and across replicas of the proxy, sits behind this interface.
+//
+// Calls come from the group with its mutex held, one at a time, with the
+// time as an argument; an implementation must answer promptly (one backed
+// by a remote store answers from what it knows locally when the store is
+// slow) and needs no lock of its own for the group's sake.
+type Shared interface {
+	// Admit decides whether a request costing cost tokens may go now: the
+	// pause is over, a concurrency permit is free and the budgets allow
+	// it. If so it takes the permit, charges the budgets and returns the
+	// dispatch's ticket. If not, at is when to ask again; a zero at means
+	// that only an answer or a returned permit can change the answer. With
+	// probe set, budgets that can only learn more from an answer let the
+	// request go to find out.
+	Admit(now time.Time, cost int64, probe bool) (t Ticket, at time.Time, ok bool)
+	// Learn folds one answer to t's dispatch into the state: the pause,
+	// the budgets and the concurrency limit. It may mark t (Accepted).
+	Learn(t *Ticket, r Report, now time.Time)
+	// Refund gives back what t's dispatch charged to the budgets, when it
+	// never reached the upstream.
+	Refund(t *Ticket)
+	// Settle swaps t's estimated token cost for what the answer used.
+	Settle(t *Ticket, usedTokens int64)
+	// Return gives back t's concurrency permit: its answer ended, or the
+	// request waits to try again.
+	Return(t *Ticket, now time.Time)
+	// PausedUntil is the end of the current pause; zero or past when none.
+	PausedUntil() time.Time
+	// View is what the state shows at now.
+	View(now time.Time) View
+}
+
+// Ticket records one dispatch: what it was charged and what the group knew
+// when it went, so its answer can be read against that.
+type Ticket struct {
+	Dispatched time.Time
+	Cost       int64 // estimated tokens charged
+	// Requests and Tokens are the running totals charged right after the
+	// dispatch (requests dispatched together count as sent first each):
+	// what was sent after it may be missing from its answer's figures.
+	Requests, Tokens float64
+	InFlight         int  // other permits out when it went
+	Limit            int  // the concurrency limit when it went
+	Room             bool // a budget learned from headers had room for it
+	Accepted         bool // its answer was accepted
+	Refunded         bool // its charge was given back
+	Returned         bool // its permit was given back
+}
+
+// View is what Shared shows of itself.
+type View struct {
+	PausedUntil time.Time
+	PauseReason string // "rate_limited", "overloaded", "retry" or ""
+	Concurrency int    // current concurrency limit
+	InFlight    int    // permits out
+	// Requests and Tokens are the learned budgets; Known is false while
+	// the upstream has said nothing.
+	Requests, Tokens BudgetView
+	// AnswerSeconds is the mean time an accepted answer holds its permit.
+	AnswerSeconds float64
+	// Learned says where the request pace comes from: "headers",
+	// "refusals" (an upstream without headers), or "" (nothing yet).
+	Learned string
+	// Corrected is set once a refusal has overruled the headers' figures.
+	Corrected bool
+}
+
+// BudgetView is one learned budget.
+type BudgetView struct {
+	Known     bool
+	Limit     float64 // the window's size, as corrected by refusals
+	Available float64
+	PerSecond float64
+}

@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/llmproxy/llmproxy/backoff"
+	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/upstream"
+)
+
+// action is what the proxy does with an attempt's answer.
+type action uint8
+
+const (
+	// pass hands the upstream's answer to the client.
+	pass action = iota
+	// retry sends the request again after decision.wait; the request
+	// keeps its place in the lane.
+	retry
+	// giveUp ends the request: the client gets the upstream's answer, or a
+	// proxy error when there is none.
+	giveUp
+)
+
+func (a action) String() string {
+	switch a {
+	case pass:
+		return "pass"
+	case retry:
+		return "retry"
+	}
+	return "give_up"
+}
+
+// decision is what to do with one answer, and what it tells the lane.
+type decision struct {
+	action  action
+	verdict lanequeue.Verdict
+	// wait is how long before the retry. With pauseLane it holds every
+	// lane of the group (a refusal speaks for the whole limit); without,
+	// only this request.
+	wait      time.Duration
+	pauseLane bool
+	why       string // giveUp: the reason, for the client and the log
+}
+
+// retryPolicy is the part of Config that decides retries.
+type retryPolicy struct {
+	maxRetries    int
+	maxRetryAfter time.Duration
+	backoff       backoff.Policy
+}
+
+// maxUnreachableRetries bounds retries when no connection can be made at
+// all: a blip is over in a second or two, a wrong host or a missing network
+// is not, and the client should hear about it quickly.
+const maxUnreachableRetries = 2
+
+// decide chooses what to do with an attempt's answer, given how many retries
+// the request has had, the time, its deadline and a jitter draw in [0, 1).
+func decide(res upstream.Result, retries int, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
+	d := decision{verdict: verdictOf(res)}
+	if res.Outcome != upstream.Retryable {
+		d.action = pass
+		return d
+	}
+	d.action = giveUp
+	hint, hasHint := res.Hint, res.HasHint
+	if hasHint && hint <= 0 {
+		// "Retry now" (Retry-After: 0, a past date or reset) from a server
+		// that just refused would make a retry storm: back off instead.
+		hasHint = false
+	}
+	switch {
+	case retries >= pol.maxRetries:
+		d.why = "retries exhausted (LLMPROXY_MAX_RETRIES)"
+		return d
+	case res.Unreachable && retries >= maxUnreachableRetries:
+		d.why = "no connection after " + strconv.Itoa(retries+1) + " attempts"
+		return d
+	case hasHint && hint > pol.maxRetryAfter:
+		d.why = "the upstream asks to wait " + hint.Round(time.Millisecond).String() + ", longer than LLMPROXY_MAX_RETRY_AFTER"
+		return d
+	}
+	wait := pol.backoff.Choose(retries, hint, hasHint, rnd)
+	if now.Add(wait).After(deadline) {
+		d.why = "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's budget"
+		return d
+	}
+	d.action, d.wait = retry, wait
+	d.pauseLane = d.verdict == lanequeue.RateRefused || d.verdict == lanequeue.Overloaded
+	return d
+}
+
+// verdictOf reads what an answer says about the upstream's capacity.
+func verdictOf(res upstream.Result) lanequeue.Verdict {
+	if res.Resp == nil {
+		return lanequeue.NotSent
+	}
+	code := res.Resp.StatusCode
+	switch {
+	case res.Outcome != upstream.Retryable:
+		if code == http.StatusTooManyRequests {
+			return lanequeue.Failed // a hard quota: nothing about rate or load
+		}
+		return lanequeue.Accepted
+	case res.Error.Kind == headerparse.KindConcurrency:
+		return lanequeue.ConcurrencyRefused
+	case code == http.StatusTooManyRequests:
+		return lanequeue.RateRefused
+	case code == http.StatusServiceUnavailable || code == 529:
+		return lanequeue.Overloaded
+	}
+	return lanequeue.Failed
+}
+
+// report is what the lane learns from an answer and the decision on it.
+func (d decision) report(res upstream.Result, now time.Time) lanequeue.Report {
+	r := lanequeue.Report{Verdict: d.verdict, Limits: res.Limits}
+	if res.Resp != nil {
+		r.Status = res.Resp.StatusCode
+	}
+	if res.HasHint {
+		r.Hint = res.Hint
+	}
+	if d.action == retry && d.pauseLane {
+		r.PauseUntil = now.Add(d.wait)
+	}
+	return r
+}
