@@ -15,28 +15,30 @@ type concurrency struct {
 	min, max int
 	limit    int
 	inFlight int // permits out
-	// slowStart: no concurrency refusal yet; every accepted answer that
-	// found the limit full raises it by one.
-	slowStart    bool
-	lastDecrease time.Time
-	acks         int // accepted answers at the limit since the last change
+	// slowStart: no concurrency refusal yet; every second accepted answer
+	// that found the limit full raises it by one (×1.5 per answer time).
+	slowStart bool
+	acks      int // accepted answers at the limit since the last change
 	// refusedAt is the lowest level at which the upstream refused for
-	// concurrency; growing to it and past it takes probeAcks times longer,
-	// so the limit still finds an upstream that allows more later.
+	// concurrency; growing to it and past it takes probeAcks limits' worth
+	// of answers, so the limit still finds an upstream that allows more
+	// later. Every refusal at that level again doubles probeAcks.
 	refusedAt  int
+	probeAcks  int
 	answerSecs float64 // moving mean of accepted answers' time with a permit
 }
 
 const (
-	// probeAcks: how many limits' worth of accepted answers it takes to
-	// try again a level the upstream has refused.
-	probeAcks = 10
+	// minProbeAcks and maxProbeAcks bound how many limits' worth of
+	// accepted answers it takes to try again a level the upstream refused.
+	minProbeAcks = 10
+	maxProbeAcks = 80
 	// answerWeight is the weight of the newest answer in answerSecs.
 	answerWeight = 0.2
 )
 
 func newConcurrency(cfg Config) concurrency {
-	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, limit: cfg.Concurrency, slowStart: true}
+	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, limit: cfg.Concurrency, slowStart: true, probeAcks: minProbeAcks}
 }
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }
@@ -50,14 +52,17 @@ func (c *concurrency) accepted(t *Ticket, floor int) {
 		return // the limit was not what held requests back
 	}
 	probing := c.refusedAt > 0 && c.limit+1 >= c.refusedAt
-	if c.slowStart || c.limit < floor && !probing {
+	if c.limit < floor && !probing {
 		c.limit++
 		return
 	}
 	c.acks++
 	need := c.limit
-	if probing {
-		need *= probeAcks
+	switch {
+	case c.slowStart:
+		need = 2
+	case probing:
+		need *= c.probeAcks
 	}
 	if c.acks >= need {
 		c.acks = 0
@@ -65,22 +70,25 @@ func (c *concurrency) accepted(t *Ticket, floor int) {
 	}
 }
 
-// refused learns from a refusal that points at concurrency: the upstream
-// held no more than the others in flight when t went. Refusals of requests
-// sent before the last decrease are the same evidence and count once. floor
-// bounds a decrease that was inferred, not stated (0: none).
-func (c *concurrency) refused(t *Ticket, now time.Time, floor int) {
-	if !c.lastDecrease.IsZero() && !t.Dispatched.After(c.lastDecrease) {
-		return
-	}
-	c.lastDecrease = now
+// refused learns from a refusal that points at concurrency. Each refusal
+// lowers the limit by one: a limit k over what the upstream holds brings k
+// refusals, so a burst of them lands on the upstream's level, while a lone
+// refusal from a race (the upstream freeing a slot a moment after the
+// proxy counted it free) costs one step, not half the limit. The limit
+// also falls at once to the level the request went at, and to what is out
+// now: a refusal there shows the upstream held no more. floor bounds a
+// decrease that was inferred, not stated (0: none).
+func (c *concurrency) refused(t *Ticket, floor int) {
 	c.acks = 0
 	c.slowStart = false
 	level := t.InFlight + 1
-	if c.refusedAt == 0 || level < c.refusedAt {
+	switch {
+	case c.refusedAt == 0 || level < c.refusedAt:
 		c.refusedAt = level
+	case level == c.refusedAt && c.limit >= level:
+		c.probeAcks = min(2*c.probeAcks, maxProbeAcks) // a probe failed again
 	}
-	c.limit = min(c.limit, max(t.InFlight, floor, c.min))
+	c.limit = max(min(c.limit-1, level, c.inFlight), floor, c.min)
 }
 
 // returned takes back t's permit; an accepted answer's time with it feeds

@@ -68,62 +68,63 @@ func TestRateRefusalLeavesConcurrencyAlone(t *testing.T) {
 	releaseAll(slots)
 }
 
-func TestConcurrencyRefusalLowersLimitToWhatTheUpstreamHeld(t *testing.T) {
-	tests := []struct {
-		name                      string
-		conc, min, inFlight, want int
-	}{
-		{"others in flight when it went", 16, 1, 10, 9},
-		{"never below min", 16, 4, 2, 4},
-		{"alone and refused", 8, 1, 1, 1},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l, _ := settled(tt.conc, tt.min, 64)
-			slots := acquireN(t, l, tt.inFlight)
-			refuseConc(slots[len(slots)-1]) // went with inFlight-1 others
-			wantLimit(t, l, tt.want)
-			releaseAll(slots)
-		})
-	}
+func TestConcurrencyRefusalNeverBelowMin(t *testing.T) {
+	l, _ := settled(16, 4, 64)
+	slots := acquireN(t, l, 2)
+	refuseConc(slots[1])
+	wantLimit(t, l, 4)
+	releaseAll(slots)
 }
 
 func TestOverloadedIsConcurrencyEvidence(t *testing.T) {
 	l, _ := settled(16, 1, 64)
 	slots := acquireN(t, l, 6)
 	slots[5].Report(Report{Status: 529, Verdict: Overloaded})
+	wantLimit(t, l, 6)
+	releaseAll(slots)
+}
+
+func TestEachConcurrencyRefusalLowersTheLimitByOne(t *testing.T) {
+	l, _ := settled(12, 1, 64)
+	burst := acquireN(t, l, 12) // 4 more than the upstream holds
+	for i, want := range []int{11, 10, 9, 8} {
+		refuseConc(burst[11-i])
+		wantLimit(t, l, want)
+		burst[11-i].Release()
+	}
+	releaseAll(burst)
+}
+
+func TestConcurrencyRefusalFallsToTheLevelItWentAt(t *testing.T) {
+	l, _ := settled(32, 1, 64)
+	slots := acquireN(t, l, 5) // the fifth went with 4 others
+	refuseConc(slots[4])
 	wantLimit(t, l, 5)
+	releaseAll(slots[:3]) // only slots 3 and 4 are out now
+	refuseConc(slots[3])  // went at level 4; the upstream holds at most 2
+	wantLimit(t, l, 2)
 	releaseAll(slots)
 }
 
-func TestConcurrencyRefusalsOfOneBurstCountOnce(t *testing.T) {
-	l, fc := settled(16, 1, 64)
-	early := acquireN(t, l, 12) // in flight together at t0
-	fc.Advance(time.Second)
-	refuseConc(early[11]) // 11 others
-	wantLimit(t, l, 11)
-	refuseConc(early[3]) // sent before the decrease: the same burst
-	wantLimit(t, l, 11)
-
-	releaseAll(early[:8]) // 4 left in flight
-	fc.Advance(time.Second)
-	late := acquireN(t, l, 1)[0] // dispatched after the decrease, with 4 others
-	refuseConc(late)
-	wantLimit(t, l, 4)
-	releaseAll(append(early, late))
-}
-
-func TestSlowStartGrowsByOnePerAnswerAtTheLimit(t *testing.T) {
-	l, _ := aimdLane(2, 1, 64)
-	slots := acquireN(t, l, 2) // the limit is full
+func TestSlowStartGrowsByHalfPerAnswerTime(t *testing.T) {
+	l, _ := aimdLane(4, 1, 64)
+	slots := acquireN(t, l, 4) // the limit is full
 	accept(slots[0], headerparse.Limits{})
-	wantLimit(t, l, 3)
-	accept(slots[1], headerparse.Limits{}) // it filled the limit when it went
 	wantLimit(t, l, 4)
-	slots = append(slots, acquireN(t, l, 1)...) // 3 of 4: room to spare
+	accept(slots[1], headerparse.Limits{})
+	wantLimit(t, l, 5)
+	slots = append(slots, acquireN(t, l, 1)...) // full again, at 5
 	accept(slots[2], headerparse.Limits{})
-	wantLimit(t, l, 4)
+	wantLimit(t, l, 5)
+	accept(slots[3], headerparse.Limits{})
+	wantLimit(t, l, 6)
 	releaseAll(slots)
+	// Answers that went with room to spare do not count.
+	more := acquireN(t, l, 2)
+	accept(more[0], headerparse.Limits{})
+	accept(more[1], headerparse.Limits{})
+	wantLimit(t, l, 6)
+	releaseAll(more)
 }
 
 func TestAdditiveGrowthAfterSlowStart(t *testing.T) {
@@ -150,20 +151,28 @@ func TestAdditiveGrowthAfterSlowStart(t *testing.T) {
 	releaseAll(slots)
 }
 
-func TestGrowthBackToARefusedLevelIsSlow(t *testing.T) {
-	l, fc := aimdLane(8, 1, 64)
+func TestGrowthBackToARefusedLevelIsSlowAndSlowerAfterEachFailure(t *testing.T) {
+	l, _ := aimdLane(8, 1, 64)
 	slots := acquireN(t, l, 8)
-	fc.Advance(time.Millisecond)
 	refuseConc(slots[7]) // refused with 7 others: limit 7, level 8 refused
 	wantLimit(t, l, 7)
 	releaseAll(slots[7:])
 	slots = slots[:7]
-	for i := 0; i < 7*probeAcks-1; i++ {
+	for _, probeAcks := range []int{minProbeAcks, 2 * minProbeAcks} {
+		for i := 0; i < 7*probeAcks-1; i++ {
+			accept(slots[6], headerparse.Limits{})
+		}
+		wantLimit(t, l, 7)
 		accept(slots[6], headerparse.Limits{})
+		wantLimit(t, l, 8) // the probe
+		probe := acquireN(t, l, 1)[0]
+		refuseConc(probe) // fails again
+		wantLimit(t, l, 7)
+		probe.Release()
 	}
-	wantLimit(t, l, 7)
-	accept(slots[6], headerparse.Limits{})
-	wantLimit(t, l, 8)
+	if got := shared(l).conc.probeAcks; got != 4*minProbeAcks {
+		t.Fatalf("probeAcks = %d after two failed probes, want %d", got, 4*minProbeAcks)
+	}
 	releaseAll(slots)
 }
 

@@ -28,7 +28,7 @@ func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time,
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
 	}
-	at, ok, room := s.pace.admit(now, cost, probe)
+	at, ok, room, paced := s.pace.admit(now, cost, probe)
 	if !ok {
 		return Ticket{}, at, false
 	}
@@ -38,7 +38,7 @@ func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time,
 	m := s.batch.plus(cost)
 	s.pace.take(now, cost)
 	t := Ticket{Dispatched: now, Cost: cost, Requests: m.requests, Tokens: m.tokens,
-		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room}
+		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced}
 	s.conc.inFlight++
 	return t, time.Time{}, true
 }
@@ -70,18 +70,18 @@ func (s *local) Learn(t *Ticket, r Report, now time.Time) {
 	switch r.Verdict {
 	case Accepted:
 		t.Accepted = true
-		s.pace.accepted(now)
+		s.pace.accepted(t, now)
 		s.conc.accepted(t, s.pace.littleFloor(s.conc.answerSecs))
 	case RateRefused:
 		if !corrected && t.Room && s.pace.underUsed(now) {
 			// The pace is well under what the upstream admits by its own
 			// account, yet it refused: what binds is the number in flight.
-			s.conc.refused(t, now, s.pace.littleFloor(s.conc.answerSecs))
+			s.conc.refused(t, s.pace.littleFloor(s.conc.answerSecs))
 			return
 		}
-		s.pace.refused(r.Hint, now)
+		s.pace.refused(t, r.Hint, now)
 	case ConcurrencyRefused, Overloaded:
-		s.conc.refused(t, now, 0)
+		s.conc.refused(t, 0)
 	}
 }
 

@@ -207,12 +207,14 @@ func (b *budget) correct() bool {
 type pacer struct {
 	requests budget
 	tokens   budget
-	recent   meter
+	recent   meter // dispatches
+	admitted meter // dispatches the upstream accepted
 
 	// Pace learned from refusals when the upstream sends no headers.
-	synthetic   bool
-	lastRefusal time.Time
-	lastProbe   time.Time
+	synthetic    bool
+	lastRefusal  time.Time
+	lastProbe    time.Time
+	lastDecrease time.Time // of the learned pace, for once per burst
 }
 
 // mark is where the running totals stood right after a dispatch.
@@ -230,13 +232,14 @@ func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p
 // answer" (zero time) when either can only learn more from one; with probe
 // set, that case lets the request go to find out. room reports whether a
 // budget learned from headers had room for the request.
-func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, room bool) {
+func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, room, paced bool) {
 	ra, rok := p.requests.admit(now, 1)
 	ta, tok := p.tokens.admit(now, float64(cost))
 	room = rok && tok && (p.requests.known && !p.synthetic || p.tokens.known)
+	paced = rok && tok && p.synthetic
 	switch {
 	case rok && tok:
-		return time.Time{}, true, room
+		return time.Time{}, true, room, paced
 	case rok:
 		at = ta
 	case tok:
@@ -248,7 +251,7 @@ func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, 
 	default:
 		at = ra
 	}
-	return at, at.IsZero() && probe, false
+	return at, at.IsZero() && probe, false, false
 }
 
 // take charges a dispatch of cost tokens.
@@ -375,25 +378,49 @@ const (
 	burstSeconds   = 0.25             // the learned bucket holds this much of its rate
 )
 
-// refused learns from a rate refusal with the upstream's hint.
-func (p *pacer) refused(hint time.Duration, now time.Time) {
+// paceBackoff is how far a learned pace falls when the upstream refuses a
+// request the pace had room for and nothing better is known.
+const paceBackoff = 0.85
+
+// refused learns from a rate refusal of t with the upstream's hint.
+func (p *pacer) refused(t *Ticket, hint time.Duration, now time.Time) {
 	if p.requests.known && !p.synthetic {
 		return // the headers (corrected by refusals) say more than a hint
 	}
 	p.lastRefusal = now
-	if hint <= 0 || hint > maxRefusalHint {
-		return
+	rate := math.Inf(1)
+	if hint > 0 && hint <= maxRefusalHint {
+		rate = 1 / hint.Seconds()
 	}
-	rate := 1 / hint.Seconds()
 	if p.synthetic {
 		rate = math.Min(rate, p.requests.rate)
+		if t.Paced && t.Dispatched.After(p.lastDecrease) {
+			// The pace let it go and the upstream said no: the pace is too
+			// fast, whatever the hint says. What the upstream admitted
+			// lately is the better figure, when there is one.
+			p.lastDecrease = now
+			if r := p.admitted.rate(now); p.admitted.n >= minAdmittedSamples && r < rate {
+				rate = r
+			} else {
+				rate = math.Min(rate, p.requests.rate*paceBackoff)
+			}
+		}
+	}
+	if math.IsInf(rate, 1) {
+		return
 	}
 	p.setSynthetic(rate, now)
 	p.requests.avail = math.Min(p.requests.avail, 0)
 }
 
-// accepted lets a pace learned from refusals creep up after a quiet second.
-func (p *pacer) accepted(now time.Time) {
+// minAdmittedSamples: fewer accepted dispatches than this say nothing
+// about the upstream's rate.
+const minAdmittedSamples = 8
+
+// accepted notes an accepted dispatch, and lets a pace learned from
+// refusals creep up after a quiet second.
+func (p *pacer) accepted(t *Ticket, now time.Time) {
+	p.admitted.add(t.Dispatched)
 	if p.synthetic && now.Sub(p.lastProbe) >= probeInterval && now.Sub(p.lastRefusal) >= probeInterval {
 		p.lastProbe = now
 		p.setSynthetic(p.requests.rate*probeFactor, now)

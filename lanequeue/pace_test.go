@@ -372,7 +372,7 @@ func TestPacerWaitsForTheLaterWindow(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p pacer
 			p.observe(tt.lim, &Ticket{Dispatched: t0}, t0)
-			got, ok, _ := p.admit(t0, tt.cost, false)
+			got, ok, _, _ := p.admit(t0, tt.cost, false)
 			if d := got.Sub(tt.wantAt); ok != tt.wantOK || d < -time.Microsecond || d > time.Microsecond {
 				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
 			}

@@ -49,6 +49,7 @@ type Ticket struct {
 	InFlight         int  // other permits out when it went
 	Limit            int  // the concurrency limit when it went
 	Room             bool // a budget learned from headers had room for it
+	Paced            bool // a pace learned from refusals had room for it
 	Accepted         bool // its answer was accepted
 	Refunded         bool // its charge was given back
 	Returned         bool // its permit was given back
