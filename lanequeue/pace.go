@@ -26,6 +26,13 @@ type budget struct {
 	maxRemaining float64 // the most the upstream ever said was left
 	lastLeft     float64 // the latest answer's remaining
 	lastSecs     float64 // and its reset, in seconds from the dispatch
+	// ref is an earlier answer, to measure the refill the upstream's own
+	// counts show (see refillShown).
+	ref struct {
+		dispatched time.Time
+		remaining  float64
+		sent       float64
+	}
 }
 
 // size is the window's capacity: as the headers state it, unless refusals
@@ -172,6 +179,40 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	}
 	b.lastLeft, b.lastSecs = remaining, w.Reset.Sub(dispatched).Seconds()
 	b.learnRate()
+	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
+		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit {
+		b.correct()
+	}
+}
+
+// Headers overstate a window when the rate their arithmetic gives is
+// overstatedRate times what the upstream's own remaining counts show, while
+// the window has never shown overstatedShare of its stated size left.
+// (Honest headers cannot do that: a refill slower than the rate means the
+// window is full, and a full window shows its size.)
+const (
+	overstatedRate  = 4
+	overstatedShare = 0.5
+	refillSpan      = 100 * time.Millisecond // shortest span to measure a refill over
+)
+
+// refillShown is the refill rate the upstream's remaining counts show
+// between an earlier answer and this one: what remains now, minus what
+// remained then, plus what was sent in between, over the time between their
+// dispatches. ok is false until the two are refillSpan apart.
+func (b *budget) refillShown(remaining, sent float64, dispatched time.Time) (float64, bool) {
+	r := &b.ref
+	span := dispatched.Sub(r.dispatched)
+	if r.dispatched.IsZero() || span < 0 {
+		r.dispatched, r.remaining, r.sent = dispatched, remaining, sent
+		return 0, false
+	}
+	if span < refillSpan {
+		return 0, false
+	}
+	shown := (remaining - r.remaining + sent - r.sent) / span.Seconds()
+	r.dispatched, r.remaining, r.sent = dispatched, remaining, sent
+	return max(shown, 0), true
 }
 
 // learnRate derives the refill rate from the latest answer: what is missing

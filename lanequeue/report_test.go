@@ -169,3 +169,34 @@ func TestCountersLiveInTheLane(t *testing.T) {
 		t.Fatalf("counters: %+v", st)
 	}
 }
+
+// TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal: two
+// answers 200ms apart, 8 requests sent between, remaining 19 then 15: the
+// upstream's own counts show a refill of (15-19+8)/0.2s = 20 a second,
+// while (1200-15)/reset claims thousands, and the window never showed half
+// its stated size. The budget shrinks to what was shown before any
+// refusal. Honest headers with the same traffic stay as they are.
+func TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal(t *testing.T) {
+	tests := []struct {
+		name                 string
+		first, second        headerparse.Window
+		wantSize             float64
+		wantRateAtMostOrNear float64
+	}{
+		{"quantized", win(1200, 19, at(50*time.Millisecond)), win(1200, 15, at(200*time.Millisecond+250*time.Millisecond)), 20, 20},
+		{"honest, full", win(1200, 1199, at(50*time.Millisecond)), win(1200, 1199, at(250*time.Millisecond)), 1200, 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b budget
+			b.observe(tt.first, 1, t0, t0)
+			for range 8 {
+				b.take(1)
+			}
+			b.observe(tt.second, 9, at(200*time.Millisecond), at(200*time.Millisecond))
+			if b.size() != tt.wantSize || b.rate > tt.wantRateAtMostOrNear+0.01 || b.rate < tt.wantRateAtMostOrNear-0.01 {
+				t.Fatalf("size %v rate %v; want %v, %v", b.size(), b.rate, tt.wantSize, tt.wantRateAtMostOrNear)
+			}
+		})
+	}
+}

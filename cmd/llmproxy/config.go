@@ -31,7 +31,7 @@ type config struct {
 	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client"`
 	MaxQueue           int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
 	MaxBodyBytes       int64         `env:"MAX_BODY_BYTES" envDefault:"33554432" help:"larger request bodies get 413"`
-	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"128" help:"a new lane's concurrency limit"`
+	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit; it grows by half each answer time until the upstream refuses for concurrency"`
 	LaneMinConcurrency int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
 	LaneMaxConcurrency int           `env:"LANE_MAX_CONCURRENCY" envDefault:"1024" help:"highest concurrency limit of a lane"`
 	MaxLanes           int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
