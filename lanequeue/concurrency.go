@@ -23,9 +23,10 @@ type concurrency struct {
 	// concurrency; growing to it and past it takes probeAcks limits' worth
 	// of answers, so the limit still finds an upstream that allows more
 	// later. Every refusal at that level again doubles probeAcks.
-	refusedAt  int
-	probeAcks  int
-	answerSecs float64 // moving mean of accepted answers' time with a permit
+	refusedAt   int
+	probeAcks   int
+	lastRefusal time.Time // the latest concurrency refusal
+	answerSecs  float64   // moving mean of accepted answers' time with a permit
 }
 
 const (
@@ -33,6 +34,9 @@ const (
 	// accepted answers it takes to try again a level the upstream refused.
 	minProbeAcks = 10
 	maxProbeAcks = 80
+	// refusedMemory is how long the refused level slows growth after the
+	// latest concurrency refusal.
+	refusedMemory = 30 * time.Second
 	// answerWeight is the weight of the newest answer in answerSecs.
 	answerWeight = 0.2
 )
@@ -43,13 +47,19 @@ func newConcurrency(cfg Config) concurrency {
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }
 
-// accepted learns from an accepted answer. floor is the concurrency the
+// accepted learns from an accepted answer, with out permits out now. floor
+// is the concurrency the
 // learned rate needs for answers of the current length (0: unknown): below
 // it the limit grows at once.
-func (c *concurrency) accepted(t *Ticket, floor int) {
-	binding := c.inFlight >= c.limit || t.InFlight+1 >= t.Limit
+func (c *concurrency) accepted(t *Ticket, now time.Time, out, floor int) {
+	binding := out >= c.limit || t.InFlight+1 >= t.Limit
 	if !binding || c.limit >= c.max {
 		return // the limit was not what held requests back
+	}
+	if c.refusedAt > 0 && now.Sub(c.lastRefusal) > refusedMemory {
+		// A refusal long ago (perhaps an overload that had nothing to do
+		// with this key) no longer holds growth back.
+		c.refusedAt, c.probeAcks = 0, minProbeAcks
 	}
 	probing := c.refusedAt > 0 && c.limit+1 >= c.refusedAt
 	if c.limit < floor && !probing {
@@ -74,11 +84,14 @@ func (c *concurrency) accepted(t *Ticket, floor int) {
 // lowers the limit by one: a limit k over what the upstream holds brings k
 // refusals, so a burst of them lands on the upstream's level, while a lone
 // refusal from a race (the upstream freeing a slot a moment after the
-// proxy counted it free) costs one step, not half the limit. The limit
-// also falls at once to the level the request went at, and to what is out
-// now: a refusal there shows the upstream held no more. floor bounds a
-// decrease that was inferred, not stated (0: none).
-func (c *concurrency) refused(t *Ticket, floor int) {
+// proxy counted it free) costs one step, not half the limit. A stated
+// concurrency refusal also brings the limit at once to the level the
+// request went at and to what is out now (out, this one included): the
+// upstream held no more. An overload or an inferred refusal only steps.
+// floor bounds a decrease that was inferred (0: none). A refusal never
+// raises the limit.
+func (c *concurrency) refused(t *Ticket, now time.Time, out, floor int, stated bool) {
+	c.lastRefusal = now
 	c.acks = 0
 	c.slowStart = false
 	level := t.InFlight + 1
@@ -88,13 +101,21 @@ func (c *concurrency) refused(t *Ticket, floor int) {
 	case level == c.refusedAt && c.limit >= level:
 		c.probeAcks = min(2*c.probeAcks, maxProbeAcks) // a probe failed again
 	}
-	c.limit = max(min(c.limit-1, level, c.inFlight), floor, c.min)
+	next := c.limit - 1
+	if stated {
+		// The upstream said it refused for the number in flight: it held
+		// no more than went with this request, nor than is out now.
+		next = min(next, level, out)
+	}
+	c.limit = min(c.limit, c.max, max(next, floor, c.min))
 }
 
 // returned takes back t's permit; an accepted answer's time with it feeds
 // the mean answer time.
 func (c *concurrency) returned(t *Ticket, now time.Time) {
-	c.inFlight--
+	if t.Lease == "" {
+		c.inFlight-- // a remote store's permit was never counted here
+	}
 	if !t.Accepted {
 		return
 	}

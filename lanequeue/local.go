@@ -71,18 +71,26 @@ func (s *local) Learn(t *Ticket, r Report, now time.Time) {
 	case Accepted:
 		t.Accepted = true
 		s.pace.accepted(t, now)
-		s.conc.accepted(t, s.pace.littleFloor(s.conc.answerSecs))
+		s.conc.accepted(t, now, s.outNow(t), s.pace.littleFloor(s.conc.answerSecs))
 	case RateRefused:
 		if !corrected && t.Room && s.pace.underUsed(now) {
 			// The pace is well under what the upstream admits by its own
 			// account, yet it refused: what binds is the number in flight.
-			s.conc.refused(t, s.pace.littleFloor(s.conc.answerSecs))
+			s.conc.refused(t, now, s.outNow(t), s.pace.littleFloor(s.conc.answerSecs), false)
 			return
 		}
 		s.pace.refused(t, r.Hint, now)
 	case ConcurrencyRefused, Overloaded:
-		s.conc.refused(t, 0)
+		s.conc.refused(t, now, s.outNow(t), 0, r.Verdict == ConcurrencyRefused)
 	}
+}
+
+// outNow is how many permits are out as t's answer is learned from.
+func (s *local) outNow(t *Ticket) int {
+	if t.OutNow > 0 {
+		return t.OutNow
+	}
+	return s.conc.inFlight
 }
 
 func (s *local) Refund(t *Ticket) {

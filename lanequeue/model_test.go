@@ -84,6 +84,20 @@ func (m *model) retry(i int) {
 	m.waiting = append(m.waiting, p)
 }
 
+// cancel ends the i-th waiting call and waits for it to return: it leaves
+// the queue in its own goroutine, so until then the queue still counts it.
+func (m *model) cancel(i int) {
+	p := m.waiting[i]
+	m.waiting = remove(m.waiting, i)
+	p.req.cancel()
+	select {
+	case err := <-p.done:
+		m.returned(p, err)
+	case <-time.After(5 * time.Second):
+		m.t.Fatal("a cancelled wait did not return")
+	}
+}
+
 func remove[T any](s []T, i int) []T { return append(s[:i:i], s[i+1:]...) }
 
 // settle waits until every pending call has either returned or is counted
@@ -226,7 +240,7 @@ func (m *model) run(ops []byte) {
 		case 2:
 			step = "cancel"
 			if n := len(m.waiting); n > 0 {
-				m.waiting[arg%n].req.cancel()
+				m.cancel(arg % n)
 			}
 		case 3:
 			step = "report"

@@ -26,6 +26,9 @@ type budget struct {
 	maxRemaining float64 // the most the upstream ever said was left
 	lastLeft     float64 // the latest answer's remaining
 	lastSecs     float64 // and its reset, in seconds from the dispatch
+	// shown is the refill the upstream's own counts showed when the
+	// window was corrected: a corrected window paces no slower than that.
+	shown float64
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -181,6 +184,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	b.learnRate()
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit {
+		b.shown = shown
 		b.correct()
 	}
 }
@@ -191,7 +195,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 // (Honest headers cannot do that: a refill slower than the rate means the
 // window is full, and a full window shows its size.)
 const (
-	overstatedRate  = 4
+	overstatedRate  = 20
 	overstatedShare = 0.5
 	refillSpan      = 100 * time.Millisecond // shortest span to measure a refill over
 )
@@ -217,9 +221,16 @@ func (b *budget) refillShown(remaining, sent float64, dispatched time.Time) (flo
 
 // learnRate derives the refill rate from the latest answer: what is missing
 // from the window refills by its reset.
+//
+// In a corrected window the arithmetic can say far less than the upstream
+// showed (others using the same key hold remaining low and the reset far):
+// the refill shown at the correction is then the pace.
 func (b *budget) learnRate() {
 	if b.lastSecs > 0 && b.lastLeft < b.size() {
 		r := (b.size() - b.lastLeft) / b.lastSecs
+		if b.capped > 0 && b.capped < b.limit {
+			r = math.Max(r, b.shown)
+		}
 		if r > 0 && r <= b.size()*maxRateFactor {
 			b.rate = r
 		}
@@ -285,9 +296,11 @@ func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, 
 		at = ta
 	case tok:
 		at = ra
-	case ra.IsZero() || ta.IsZero():
+	case ra.IsZero() && ta.IsZero():
 		at = time.Time{}
-	case ta.After(ra):
+	case ra.IsZero() || ta.After(ra):
+		// A budget that waits for a time goes first: only then can the
+		// other one's "wait for an answer" let a probe through.
 		at = ta
 	default:
 		at = ra
@@ -370,38 +383,45 @@ func (b *budget) view() BudgetView {
 	return BudgetView{Known: true, Limit: b.size(), Available: b.avail, PerSecond: b.rate}
 }
 
-// meter keeps the times of the latest dispatches.
+// meter counts events per second over the last meterSeconds seconds.
 type meter struct {
-	times [32]time.Time
-	next  int
-	n     int
+	counts [meterSeconds]int
+	secs   [meterSeconds]int64     // the Unix second each count is for
+	first  [meterSeconds]time.Time // the first event in that second
 }
 
-// meterWindow bounds how far back the meter looks.
-const meterWindow = 10 * time.Second
+// meterSeconds is how far back the meter looks.
+const meterSeconds = 10
 
 func (m *meter) add(now time.Time) {
-	m.times[m.next] = now
-	m.next = (m.next + 1) % len(m.times)
-	m.n = min(m.n+1, len(m.times))
+	sec := now.Unix()
+	i := sec % meterSeconds
+	if m.secs[i] != sec || m.counts[i] == 0 {
+		m.secs[i], m.counts[i], m.first[i] = sec, 0, now
+	}
+	m.counts[i]++
 }
 
-// rate is dispatches per second over the recent past: those within
-// meterWindow, over the time they span (at least a second).
-func (m *meter) rate(now time.Time) float64 {
-	count := 0
+// recent is the number of events in the window and the seconds they span,
+// from the oldest of them to now (at least one).
+func (m *meter) recent(now time.Time) (n int, span float64) {
+	sec := now.Unix()
 	oldest := now
-	for i := 0; i < m.n; i++ {
-		t := m.times[i]
-		if now.Sub(t) <= meterWindow {
-			count++
-			if t.Before(oldest) {
-				oldest = t
+	for i := range m.secs {
+		if s := m.secs[i]; m.counts[i] > 0 && sec-s < meterSeconds && s <= sec {
+			n += m.counts[i]
+			if m.first[i].Before(oldest) {
+				oldest = m.first[i]
 			}
 		}
 	}
-	span := max(now.Sub(oldest).Seconds(), 1)
-	return float64(count) / span
+	return n, max(now.Sub(oldest).Seconds(), 1)
+}
+
+// rate is events per second over the window.
+func (m *meter) rate(now time.Time) float64 {
+	n, span := m.recent(now)
+	return float64(n) / span
 }
 
 // Upstreams that send no rate-limit headers still say no, and usually say
@@ -440,8 +460,8 @@ func (p *pacer) refused(t *Ticket, hint time.Duration, now time.Time) {
 			// fast, whatever the hint says. What the upstream admitted
 			// lately is the better figure, when there is one.
 			p.lastDecrease = now
-			if r := p.admitted.rate(now); p.admitted.n >= minAdmittedSamples && r < rate {
-				rate = r
+			if n, span := p.admitted.recent(now); n >= minAdmittedSamples && float64(n)/span < rate {
+				rate = float64(n) / span
 			} else {
 				rate = math.Min(rate, p.requests.rate*paceBackoff)
 			}
@@ -450,13 +470,17 @@ func (p *pacer) refused(t *Ticket, hint time.Duration, now time.Time) {
 	if math.IsInf(rate, 1) {
 		return
 	}
-	p.setSynthetic(rate, now)
+	p.setSynthetic(math.Max(rate, minPace), now)
 	p.requests.avail = math.Min(p.requests.avail, 0)
 }
 
-// minAdmittedSamples: fewer accepted dispatches than this say nothing
-// about the upstream's rate.
+// minAdmittedSamples: fewer accepted dispatches in the meter's window
+// than this say nothing about the upstream's rate.
 const minAdmittedSamples = 8
+
+// minPace is the slowest pace refusals can teach, in requests a second:
+// one per maxRefusalHint, the longest hint taken as a pace.
+const minPace = 0.1
 
 // accepted notes an accepted dispatch, and lets a pace learned from
 // refusals creep up after a quiet second.

@@ -99,8 +99,8 @@ func TestRefusalWellUnderTheLearnedRateLowersConcurrency(t *testing.T) {
 	slots = append(slots, acquireN(t, l, 1)...) // the budget has room
 	refuse(slots[2], time.Second)               // it went with 2 others in flight
 	st := l.State()
-	if st.Concurrency != 3 || st.RequestsLimit != 100 || st.Corrected {
-		t.Fatalf("state %+v: want concurrency 3 (the level it went at), the window left at 100", st)
+	if st.Concurrency != 63 || st.RequestsLimit != 100 || st.Corrected {
+		t.Fatalf("state %+v: want concurrency one step down (63), the window left at 100", st)
 	}
 	releaseAll(slots)
 }
@@ -198,5 +198,131 @@ func TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal(t *testing.T)
 				t.Fatalf("size %v rate %v; want %v, %v", b.size(), b.rate, tt.wantSize, tt.wantRateAtMostOrNear)
 			}
 		})
+	}
+}
+
+// Regression tests from the review of the lane engine.
+
+// TestMeterReadsRatesAboveItsSampleCount: the meter once kept the last 32
+// dispatches, so it could not read more than 32 a second, and a group at
+// its full rate looked under-used.
+func TestMeterReadsRatesAboveItsSampleCount(t *testing.T) {
+	var p pacer
+	p.requests = budget{known: true, rate: 100, limit: 100}
+	now := t0
+	for range 200 { // 100 a second
+		now = now.Add(10 * time.Millisecond)
+		p.recent.add(now)
+	}
+	if r := p.recent.rate(now); r < 95 || r > 105 {
+		t.Fatalf("meter reads %v/s for 100/s", r)
+	}
+	if p.underUsed(now) {
+		t.Fatal("sending at the full learned rate counts as under-used")
+	}
+}
+
+// TestRefusalNeverRaisesConcurrency: an inferred refusal's floor (the
+// learned rate times the answer time) once lifted the limit above
+// MaxConcurrency.
+func TestRefusalNeverRaisesConcurrency(t *testing.T) {
+	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 8}.withDefaults())
+	c.slowStart = false
+	c.inFlight = 1
+	c.refused(&Ticket{InFlight: 0, Limit: 8}, t0, 1, 200, false)
+	if c.limit != 8 {
+		t.Fatalf("limit %d after a refusal with floor 200, want it to stay 8", c.limit)
+	}
+}
+
+// TestOneOverloadDoesNotCrippleGrowth: a 529 while one request was out
+// once pinned the refused level at 1 for good, making every later step up
+// a slow probe (about 5,000 answers from 1 back to 32). Now it costs one
+// step, and the refused level is forgotten after refusedMemory.
+func TestOneOverloadDoesNotCrippleGrowth(t *testing.T) {
+	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 1024}.withDefaults())
+	c.refused(&Ticket{InFlight: 0, Limit: 8}, t0, 1, 0, false)
+	if c.limit != 7 {
+		t.Fatalf("limit %d after one overload, want one step down to 7", c.limit)
+	}
+	later := at(refusedMemory + time.Second)
+	n := 0
+	for c.limit < 32 {
+		c.inFlight = c.limit
+		c.accepted(&Ticket{InFlight: c.limit - 1, Limit: c.limit}, later, c.limit, 0)
+		n++
+	}
+	if n > 32*32/2 {
+		t.Fatalf("%d answers at the limit to grow from 7 to 32; additive growth needs about %d", n, (7+31)*25/2)
+	}
+}
+
+// TestPaceFromRefusalsNeverFallsToZero: after an idle spell the admitted
+// rate reads 0; a paced refusal then once set the pace to 0 for good.
+func TestPaceFromRefusalsNeverFallsToZero(t *testing.T) {
+	var p pacer
+	p.setSynthetic(10, t0)
+	for i := range 10 {
+		d := at(time.Duration(i) * 150 * time.Millisecond)
+		p.accepted(&Ticket{Dispatched: d}, d)
+	}
+	idle := at(30 * time.Second)
+	p.refused(&Ticket{Dispatched: idle, Paced: true}, 100*time.Millisecond, idle)
+	if p.requests.rate < minPace {
+		t.Fatalf("pace %v after a refusal following an idle spell", p.requests.rate)
+	}
+}
+
+// TestPacedRefusalAtAHighRateKeepsItNearTheAdmittedRate: 100 admitted a
+// second; one paced refusal must not drop the pace far below that.
+func TestPacedRefusalAtAHighRateKeepsItNearTheAdmittedRate(t *testing.T) {
+	var p pacer
+	now := t0
+	p.refused(&Ticket{Dispatched: now}, 10*time.Millisecond, now) // 100/s
+	for range 100 {
+		now = now.Add(10 * time.Millisecond)
+		p.accepted(&Ticket{Dispatched: now}, now)
+	}
+	now = now.Add(time.Millisecond)
+	p.refused(&Ticket{Dispatched: now, Paced: true}, 10*time.Millisecond, now)
+	if r := p.requests.rate; r < 100*paceBackoff {
+		t.Fatalf("pace %v/s after one paced refusal while 100/s were admitted", r)
+	}
+}
+
+// TestHonestHeadersOfASharedKeyAreNotCorrected: limit 600 a minute, resets
+// consistent with 10 a second, and other clients holding remaining near
+// 100: this lane's own answers show a slower refill than 10 a second, but
+// not the orders of magnitude of a quantized limit.
+func TestHonestHeadersOfASharedKeyAreNotCorrected(t *testing.T) {
+	l, fc := testLane(8, 100)
+	honest := func(remaining int64) headerparse.Limits {
+		reset := time.Duration(float64(600-remaining) / 10 * float64(time.Second))
+		return headerparse.Limits{Requests: headerparse.Window{Limit: 600, Remaining: remaining, HasRemaining: true,
+			Reset: fc.Now().Add(reset)}}
+	}
+	for range 4 {
+		s := mustGet(t, acquireAsync(context.Background(), l))
+		accept(s, honest(100))
+		s.Release()
+		fc.Advance(500 * time.Millisecond)
+	}
+	if st := l.State(); st.Corrected || st.RequestsPerSecond < 9 {
+		t.Fatalf("honest headers corrected: window %v, rate %v/s (true: 600, 10/s)", st.RequestsLimit, st.RequestsPerSecond)
+	}
+}
+
+// TestABudgetWaitingForATimeHoldsAProbeBack: one budget can only learn
+// more from an answer, the other refills at a known time; the request waits
+// for that time instead of going as a probe.
+func TestABudgetWaitingForATimeHoldsAProbeBack(t *testing.T) {
+	var p pacer
+	p.observe(headerparse.Limits{
+		Requests: headerparse.Window{Remaining: 0, HasRemaining: true},                                      // exhausted, no limit or reset
+		Tokens:   headerparse.Window{Limit: 1000, Remaining: 0, HasRemaining: true, Reset: at(time.Second)}, // refills by +1s
+	}, &Ticket{Dispatched: t0}, t0)
+	at1, ok, _, _ := p.admit(t0, 100, true)
+	if ok || at1.IsZero() {
+		t.Fatalf("admit = %v, %v; want to wait for the token refill", at1, ok)
 	}
 }

@@ -53,6 +53,12 @@ type Ticket struct {
 	Accepted         bool // its answer was accepted
 	Refunded         bool // its charge was given back
 	Returned         bool // its permit was given back
+	// Lease names the permit when a shared store outside this process
+	// gave it; empty for the in-process state.
+	Lease string
+	// OutNow is the number of permits out, all replicas together, when the
+	// answer came; 0 means the in-process count.
+	OutNow int
 }
 
 // View is what Shared shows of itself.
@@ -71,6 +77,9 @@ type View struct {
 	Learned string
 	// Corrected is set once a refusal has overruled the headers' figures.
 	Corrected bool
+	// Shared is "" for state in this process only; a store shared by
+	// replicas says "ok", or "degraded" while it serves local limits.
+	Shared string
 }
 
 // BudgetView is one learned budget.

@@ -65,6 +65,7 @@ type State struct {
 	Learned           string    `json:"learned_from,omitempty"`
 	Corrected         bool      `json:"corrected_by_refusals,omitempty"`
 	AnswerSeconds     float64   `json:"answer_seconds,omitempty"`
+	Shared            string    `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
 	LastUsed          time.Time `json:"last_used"`
 }
 
@@ -82,7 +83,7 @@ func (l *Lane) State() State {
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,
 		Answers: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
-		Learned: v.Learned, Corrected: v.Corrected, AnswerSeconds: v.AnswerSeconds,
+		Learned: v.Learned, Corrected: v.Corrected, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.lastUsed,
 	}
 	if v.Requests.Known {
