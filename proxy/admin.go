@@ -9,17 +9,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// AdminHandler serves /healthz, /readyz, /metrics and /lanes. ready reports
-// whether the proxy can serve (nil: ready); nil ready means always ready.
-func (p *Proxy) AdminHandler(ready func(context.Context) error) http.Handler {
+// Health is what the admin endpoints report beyond the lanes. Nil fields
+// mean: always ready, never degraded, no shared state.
+type Health struct {
+	// Ready reports why the proxy cannot serve; /readyz then answers 503.
+	Ready func(context.Context) error
+	// Degraded reports why the proxy serves with less than it should (a
+	// shared store it cannot reach); /readyz still answers 200, and says
+	// "degraded" and why.
+	Degraded func() error
+	// Shared is what /lanes says of the state shared with other replicas:
+	// "ok" or "degraded"; nil: "off".
+	Shared func() string
+}
+
+// AdminHandler serves /healthz, /readyz, /metrics and /lanes.
+func (p *Proxy) AdminHandler(h Health) http.Handler {
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if ready != nil {
-			if err := ready(r.Context()); err != nil {
-				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "degraded", "reason": err.Error()})
+		if h.Ready != nil {
+			if err := h.Ready(r.Context()); err != nil {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+				return
+			}
+		}
+		if h.Degraded != nil {
+			if err := h.Degraded(); err != nil {
+				writeJSON(w, http.StatusOK, map[string]string{"status": "degraded", "reason": err.Error()})
 				return
 			}
 		}
@@ -27,7 +46,11 @@ func (p *Proxy) AdminHandler(ready func(context.Context) error) http.Handler {
 	})
 	r.Handle("/metrics", promhttp.HandlerFor(p.cfg.Gatherer, promhttp.HandlerOpts{}))
 	r.Get("/lanes", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"lanes": p.lanes.States()})
+		shared := "off"
+		if h.Shared != nil {
+			shared = h.Shared()
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"redis": shared, "lanes": p.lanes.States()})
 	})
 	return r
 }

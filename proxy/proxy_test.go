@@ -435,7 +435,7 @@ func TestStainlessTimeoutShortensBudget(t *testing.T) {
 func TestAdminEndpoints(t *testing.T) {
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), nil)
 	h.post("/v1/chat/completions", `{"model":"m"}`)
-	admin := httptest.NewServer(h.proxy.AdminHandler(nil))
+	admin := httptest.NewServer(h.proxy.AdminHandler(Health{}))
 	defer admin.Close()
 	get := func(p string) (int, string) {
 		resp, err := http.Get(admin.URL + p)

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/redis/go-redis/v9"
+
 	"errors"
 	"fmt"
 	"io"
@@ -37,7 +39,8 @@ type config struct {
 	MaxLanes           int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
 	LaneIdleTTL        time.Duration `env:"LANE_IDLE_TTL" envDefault:"10m" help:"a lane idle this long is dropped"`
 	ClientRateLimitHdr string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`
-	RedisURL           string        `env:"REDIS_URL" help:"set: replicas share lane state through Redis (not available yet)"`
+	RedisURL           string        `env:"REDIS_URL" help:"redis:// or rediss:// URL: replicas share their lanes' limits through it (unset: this process only)"`
+	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted"`
 	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
 	ShutdownTimeout    time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"how long SIGTERM waits for queued and in-flight requests"`
@@ -132,6 +135,7 @@ func (c *config) validate() error {
 	}{
 		{"MAX_WAIT", c.MaxWait}, {"MAX_RETRY_AFTER", c.MaxRetryAfter},
 		{"LANE_IDLE_TTL", c.LaneIdleTTL}, {"SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
+		{"REDIS_LEASE_TTL", c.RedisLeaseTTL},
 	} {
 		if v.val <= 0 {
 			return bad(v.name, "%v must be positive", v.val)
@@ -159,9 +163,17 @@ func (c *config) validate() error {
 		return bad("LOG_FORMAT", "%q is not text or json", c.LogFormat)
 	}
 	if c.RedisURL != "" {
-		return bad("REDIS_URL", "sharing lane state through Redis is not available in this version; unset it")
+		// The URL may hold a password: the message names the problem only.
+		if _, err := redis.ParseURL(c.RedisURL); err != nil {
+			return bad("REDIS_URL", "not a usable redis:// or rediss:// URL (%s)", redactURLError(err, c.RedisURL))
+		}
 	}
 	return nil
+}
+
+// redactURLError is err's text without the raw URL in it.
+func redactURLError(err error, raw string) string {
+	return strings.ReplaceAll(err.Error(), raw, "…")
 }
 
 func parseUpstream(raw string) (*url.URL, error) {

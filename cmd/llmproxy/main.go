@@ -22,6 +22,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/proxy"
+	"github.com/llmproxy/llmproxy/redisstate"
 )
 
 func main() {
@@ -72,6 +73,31 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	lanes := lanequeue.TableConfig{
+		Lane: lanequeue.Config{
+			Concurrency:    cfg.LaneConcurrency,
+			MinConcurrency: cfg.LaneMinConcurrency,
+			MaxConcurrency: cfg.LaneMaxConcurrency,
+			MaxQueue:       cfg.MaxQueue,
+		},
+		MaxLanes: cfg.MaxLanes,
+		IdleTTL:  cfg.LaneIdleTTL,
+	}
+	var health proxy.Health
+	if cfg.RedisURL != "" {
+		store, err := redisstate.New(redisstate.Config{
+			URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL,
+			Logger: log, Registerer: reg,
+		})
+		if err != nil {
+			fmt.Fprintln(stderr, "llmproxy: LLMPROXY_REDIS_URL:", redactURLError(err, cfg.RedisURL))
+			return 2
+		}
+		defer store.Close()
+		lanes.Shared = store.Shared
+		health.Degraded = store.Ready
+		health.Shared = store.Status
+	}
 	retries := cfg.MaxRetries
 	if retries == 0 {
 		retries = -1 // proxy.Config's zero means its default; 0 here means none
@@ -84,19 +110,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		MaxRetryAfter:        cfg.MaxRetryAfter,
 		MaxBodyBytes:         cfg.MaxBodyBytes,
 		PassRateLimitHeaders: strings.EqualFold(cfg.ClientRateLimitHdr, "pass"),
-		Lanes: lanequeue.TableConfig{
-			Lane: lanequeue.Config{
-				Concurrency:    cfg.LaneConcurrency,
-				MinConcurrency: cfg.LaneMinConcurrency,
-				MaxConcurrency: cfg.LaneMaxConcurrency,
-				MaxQueue:       cfg.MaxQueue,
-			},
-			MaxLanes: cfg.MaxLanes,
-			IdleTTL:  cfg.LaneIdleTTL,
-		},
-		Logger:   log,
-		Registry: reg,
-		Gatherer: reg,
+		Lanes:                lanes,
+		Logger:               log,
+		Registry:             reg,
+		Gatherer:             reg,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "llmproxy:", err)
@@ -119,7 +136,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return 1
 		}
 		adminAddr = adminLn.Addr().String()
-		servers = append(servers, &http.Server{Handler: p.AdminHandler(nil), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Handler: p.AdminHandler(health), ReadHeaderTimeout: 10 * time.Second})
 		listeners = append(listeners, adminLn)
 	}
 

@@ -1,0 +1,141 @@
+package redisstate
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts keep a limit group's shared state in three keys:
+//
+//	state   hash: paused (ms), climit, and per budget (prefix r_ for
+//	        requests, t_ for tokens) known, syn, size, rate (per second),
+//	        avail, at (ms), sent
+//	leases  sorted set: one member per permit out, scored by its expiry (ms)
+//	waiting hash: replica -> "since:seen", the arrival of the replica's
+//	        oldest waiter and when it last asked (ms)
+//
+// Times are milliseconds on the replicas' clocks, which are assumed to
+// agree to well under a lease.
+
+// lib holds the budget arithmetic the scripts share: the Go budget's
+// advance, admit and take, on a hash.
+const lib = `
+local function num(v, d) if v == false or v == nil then return d end return tonumber(v) end
+local function budget(key, p, now)
+  local f = redis.call('HMGET', key, p..'known', p..'syn', p..'size', p..'rate', p..'avail', p..'at', p..'sent')
+  local b = {known = num(f[1], 0), syn = num(f[2], 0), size = num(f[3], 0), rate = num(f[4], 0),
+             avail = num(f[5], 0), at = num(f[6], now), sent = num(f[7], 0)}
+  if b.known == 1 and b.rate > 0 and now > b.at then
+    b.avail = math.min(b.size, b.avail + b.rate * (now - b.at) / 1000)
+  end
+  b.at = now
+  return b
+end
+local function charge(b, cost)
+  if b.size > 0 then return math.min(cost, b.size) end
+  return cost
+end
+-- admit: ok, and when not, the time to ask again (0: an answer must tell)
+local function admit(b, now, cost)
+  if b.known ~= 1 then return true, 0 end
+  local need = charge(b, cost)
+  if b.avail >= need then return true, 0 end
+  if b.rate > 0 then return false, now + math.max(1, math.ceil((need - b.avail) / b.rate * 1000)) end
+  return false, 0
+end
+local function save(key, p, b)
+  redis.call('HSET', key, p..'avail', tostring(b.avail), p..'at', b.at, p..'sent', b.sent)
+end
+`
+
+// admitScript: KEYS state, leases, waiting. ARGV now, cost, probe (0/1),
+// lease, leaseTTL, replica, since, keyTTL, climit default, max climit.
+// Returns {ok, at, out, climit, rsent, tsent, room, paced, paused}.
+var admitScript = redis.NewScript(lib + `
+local now, cost, probe = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
+local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local st = redis.call('HMGET', KEYS[1], 'paused', 'climit')
+local paused = num(st[1], 0)
+local climit = math.min(num(st[2], tonumber(ARGV[9])), tonumber(ARGV[10]))
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local out = redis.call('ZCARD', KEYS[2])
+if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused} end
+-- No replica starves: permits go first to replicas whose oldest waiter
+-- arrived earlier; a replica that stopped asking is forgotten after 1 s.
+redis.call('HSET', KEYS[3], replica, since .. ':' .. now)
+local older = 0
+local w = redis.call('HGETALL', KEYS[3])
+for i = 1, #w, 2 do
+  if w[i] ~= replica then
+    local s, seen = string.match(w[i+1], '^(%d+):(%d+)$')
+    if s == nil or now - tonumber(seen) > 1000 then
+      redis.call('HDEL', KEYS[3], w[i])
+    elseif tonumber(s) < since then
+      older = older + 1
+    end
+  end
+end
+redis.call('PEXPIRE', KEYS[3], keyttl)
+if out + older >= climit then return {0, 0, out, climit, 0, 0, 0, 0, 0} end
+local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
+local rok, rat = admit(r, now, 1)
+local tok, tat = admit(t, now, cost)
+if not (rok and tok) then
+  local at = math.max(rat, tat)
+  if rat == 0 and not rok or tat == 0 and not tok then at = 0 end
+  if not (at == 0 and probe) then return {0, at, out, climit, 0, 0, 0, 0, 0} end
+end
+local room, paced = 0, 0
+if rok and tok and (r.known == 1 and r.syn == 0 or t.known == 1) then room = 1 end
+if rok and tok and r.syn == 1 then paced = 1 end
+if r.known == 1 then r.avail = r.avail - charge(r, 1) end
+if t.known == 1 then t.avail = t.avail - charge(t, cost) end
+r.sent, t.sent = r.sent + 1, t.sent + cost
+save(KEYS[1], 'r_', r)
+save(KEYS[1], 't_', t)
+redis.call('ZADD', KEYS[2], now + ttl, lease)
+redis.call('HDEL', KEYS[3], replica)
+redis.call('PEXPIRE', KEYS[1], keyttl)
+redis.call('PEXPIRE', KEYS[2], math.max(keyttl, ttl))
+return {1, 0, out, climit, r.sent, t.sent, room, paced, 0}
+`)
+
+// learnScript: KEYS state, leases. ARGV now, keyTTL, paused, climit, then
+// for requests and then tokens: known, syn, size, rate, mode, value, mark.
+// mode 1 sets what is left from an answer's remaining count (value), less
+// what was sent after the answer's dispatch (sent at dispatch: mark);
+// mode 2 caps it at value; mode 0 leaves it. Returns {out, paused}.
+var learnScript = redis.NewScript(lib + `
+local now, keyttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local paused = math.max(num(redis.call('HGET', KEYS[1], 'paused'), 0), tonumber(ARGV[3]))
+redis.call('HSET', KEYS[1], 'paused', paused, 'climit', ARGV[4])
+local function learn(p, i)
+  local known = tonumber(ARGV[i])
+  if known ~= 1 then return end
+  local b = budget(KEYS[1], p, now)
+  b.known, b.syn, b.size, b.rate = 1, tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
+  local mode, value, mark = tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), tonumber(ARGV[i+6])
+  if redis.call('HEXISTS', KEYS[1], p..'avail') == 0 then b.avail = b.size end
+  if mode == 1 then b.avail = value - math.max(0, b.sent - mark)
+  elseif mode == 2 then b.avail = math.min(b.avail, value) end
+  b.avail = math.min(b.avail, b.size)
+  redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
+  save(KEYS[1], p, b)
+end
+learn('r_', 5)
+learn('t_', 12)
+redis.call('PEXPIRE', KEYS[1], keyttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return {redis.call('ZCARD', KEYS[2]), paused}
+`)
+
+// giveBackScript: KEYS state. ARGV now, requests, tokens: adds them back to
+// what is left, never above the window (a refund, or a settled estimate).
+var giveBackScript = redis.NewScript(lib + `
+local now = tonumber(ARGV[1])
+for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
+  local b = budget(KEYS[1], x[1], now)
+  if b.known == 1 and x[2] ~= 0 then
+    b.avail = math.min(b.size, b.avail + x[2])
+    save(KEYS[1], x[1], b)
+  end
+end
+return 1
+`)

@@ -1,0 +1,225 @@
+package redisstate
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strconv"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// shared is one limit group's state on Redis. It keeps the in-process
+// state beside it: that one learns from this replica's answers (the
+// learned figures are then pushed to Redis) and serves alone while Redis
+// is unreachable.
+type shared struct {
+	st                     *Store
+	local                  lanequeue.Shared
+	cfg                    lanequeue.Config
+	state, leases, waiting string
+	out                    int       // permits out, all replicas, at the last reply
+	climit                 int       // the shared concurrency limit at the last reply
+	paused                 time.Time // the shared pause at the last reply
+	since                  time.Time // when the current run of refused Admits began
+	lastAsk                time.Time
+}
+
+func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
+	sum := sha256.Sum256([]byte(group)) // the group key holds a credential hash: keep keys short
+	base := st.cfg.Prefix + "g:" + hex.EncodeToString(sum[:12])
+	return &shared{st: st, local: lanequeue.NewLocalShared(cfg), cfg: cfg,
+		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting"}
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func fromMS(v int64) time.Time {
+	if v <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(v)
+}
+
+func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
+	if !s.st.up.Load() {
+		return s.local.Admit(now, cost, probe)
+	}
+	// A run of refused Admits is one waiter asking again: its arrival
+	// orders it against other replicas' waiters.
+	if s.since.IsZero() || now.Sub(s.lastAsk) > time.Second {
+		s.since = now
+	}
+	s.lastAsk = now
+	lease := s.st.replica + "-" + strconv.FormatUint(s.st.seq.Add(1), 36)
+	p := "0"
+	if probe {
+		p = "1"
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting},
+		ms(now), cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, ms(s.since),
+		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency).Int64Slice()
+	s.st.commands.WithLabelValues("admit").Inc()
+	if err != nil || len(res) < 9 {
+		s.st.failed("admit", errOr(err))
+		return s.local.Admit(now, cost, probe)
+	}
+	s.out, s.climit, s.paused = int(res[2]), int(res[3]), fromMS(res[8])
+	if res[0] != 1 {
+		at := fromMS(res[1])
+		if at.IsZero() {
+			at = now.Add(s.st.cfg.Poll) // a permit may free on another replica
+		}
+		return lanequeue.Ticket{}, at, false
+	}
+	s.since = time.Time{}
+	s.st.hold(lease, s.leases)
+	s.out++
+	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
+		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease}, time.Time{}, true
+}
+
+// budgetArgs are a budget's fields for learnScript.
+func budgetArgs(b lanequeue.BudgetView, syn bool, mode int, value, mark float64) []any {
+	if !b.Known {
+		return []any{0, 0, 0, 0, 0, 0, 0}
+	}
+	return []any{1, boolInt(syn), b.Limit, b.PerSecond, mode, value, mark}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
+	if t.Lease != "" {
+		t.OutNow = s.out
+	}
+	s.local.Learn(t, r, now)
+	if !s.st.up.Load() || r.Verdict == lanequeue.NotSent && t.Lease == "" {
+		return
+	}
+	v := s.local.View(now)
+	syn := v.Learned == "refusals"
+	reqMode, reqValue := 0, 0.0
+	switch {
+	case r.Limits.Requests.HasRemaining:
+		reqMode, reqValue = 1, float64(r.Limits.Requests.Remaining)
+	case syn && r.Verdict == lanequeue.RateRefused:
+		reqMode = 2 // a refusal empties the pace learned from refusals
+	}
+	tokMode, tokValue := 0, 0.0
+	if r.Limits.Tokens.HasRemaining {
+		tokMode, tokValue = 1, float64(r.Limits.Tokens.Remaining)
+	}
+	args := []any{ms(now), s.st.cfg.KeyTTL.Milliseconds(), ms(r.PauseUntil), v.Concurrency}
+	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
+	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases}, args...).Int64Slice()
+	s.st.commands.WithLabelValues("learn").Inc()
+	if err != nil || len(res) < 2 {
+		s.st.failed("learn", errOr(err))
+		return
+	}
+	s.out, s.paused = int(res[0]), fromMS(res[1])
+}
+
+func (s *shared) Refund(t *lanequeue.Ticket) {
+	if t.Lease == "" {
+		s.local.Refund(t)
+		return
+	}
+	if t.Refunded {
+		return
+	}
+	t.Refunded = true
+	s.giveBack("refund", 1, float64(t.Cost))
+}
+
+func (s *shared) Settle(t *lanequeue.Ticket, usedTokens int64) {
+	if t.Lease == "" {
+		s.local.Settle(t, usedTokens)
+		return
+	}
+	if !t.Refunded && usedTokens != t.Cost {
+		s.giveBack("settle", 0, float64(t.Cost-usedTokens))
+	}
+}
+
+func (s *shared) giveBack(op string, requests, tokens float64) {
+	if !s.st.up.Load() {
+		return
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	err := giveBackScript.Run(ctx, s.st.rdb, []string{s.state}, ms(time.Now()), requests, tokens).Err()
+	s.st.commands.WithLabelValues(op).Inc()
+	if err != nil {
+		s.st.failed(op, err)
+	}
+}
+
+func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
+	if t.Returned {
+		return
+	}
+	s.local.Return(t, now) // the answer's time; the local count only for a local permit
+	if t.Lease == "" {
+		return
+	}
+	s.st.drop(t.Lease)
+	if s.out > 0 {
+		s.out--
+	}
+	if !s.st.up.Load() {
+		return // the lease expires on its own
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	err := s.st.rdb.ZRem(ctx, s.leases, t.Lease).Err()
+	s.st.commands.WithLabelValues("return").Inc()
+	if err != nil {
+		s.st.failed("return", err)
+	}
+}
+
+func (s *shared) PausedUntil() time.Time {
+	p := s.local.PausedUntil()
+	if s.st.up.Load() && s.paused.After(p) {
+		return s.paused
+	}
+	return p
+}
+
+func (s *shared) View(now time.Time) lanequeue.View {
+	v := s.local.View(now)
+	v.Shared = s.st.Status()
+	if s.st.up.Load() {
+		if s.climit > 0 {
+			v.Concurrency = s.climit
+		}
+		v.InFlight = s.out
+		if s.paused.After(now) && s.paused.After(v.PausedUntil) {
+			v.PausedUntil, v.PauseReason = s.paused, "shared"
+		}
+	}
+	return v
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
+
+func errOr(err error) error {
+	if err != nil {
+		return err
+	}
+	return errString("short reply")
+}

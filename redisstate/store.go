@@ -1,0 +1,275 @@
+// Package redisstate lets several llmproxy replicas share their lanes'
+// limits through Redis: the learned budgets, the pause after a 429, and the
+// concurrency limit as a semaphore of expiring leases. It implements
+// lanequeue.Shared; the proxy does not know it is there.
+//
+// Each replica still learns from its own answers with the in-process
+// state, and pushes what it learned to Redis; admission (pause, permits,
+// budgets) is one Lua script, so replicas cannot both take the last unit.
+// When Redis is unreachable or slow, every group falls back to its
+// in-process state at once (fail-open), and rejoins when Redis answers
+// again. It does not give strict FIFO across replicas, only that a
+// replica's oldest waiter is not passed over by newer ones elsewhere.
+package redisstate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// Config shapes a Store. Zero fields take the documented defaults.
+type Config struct {
+	// URL is a redis:// or rediss:// URL (required).
+	URL string
+	// Prefix starts every key; zero = "llmproxy:v1:". The version changes
+	// when the keys' layout does.
+	Prefix string
+	// LeaseTTL is how long a permit stays counted without its replica
+	// renewing it: how long a replica that died holds its permits. Zero =
+	// 15s.
+	LeaseTTL time.Duration
+	// KeyTTL is how long a group's keys live unused; zero = 10m.
+	KeyTTL time.Duration
+	// Timeout bounds one Redis call; past it the replica falls back to
+	// local limits. Zero = 250ms.
+	Timeout time.Duration
+	// Poll is how soon a group asks again when Redis says no and nothing
+	// says when: a permit may free on another replica. Zero = 20ms.
+	Poll time.Duration
+	// Logger gets one line per change between shared and local; nil =
+	// discard.
+	Logger *slog.Logger
+	// Registerer gets the store's metrics; nil = none.
+	Registerer prometheus.Registerer
+}
+
+// Store is one replica's connection to the shared state.
+type Store struct {
+	cfg     Config
+	rdb     *redis.Client
+	replica string
+	log     *slog.Logger
+
+	up       atomic.Bool
+	seq      atomic.Uint64
+	mu       sync.Mutex
+	leases   map[string]string // lease -> leases key, renewed while held
+	closing  sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+	upGauge  prometheus.Gauge
+	commands *prometheus.CounterVec // op
+	failures prometheus.Counter
+}
+
+// ErrBadURL is returned by New for a URL that cannot be used.
+var ErrBadURL = errors.New("redisstate: bad URL")
+
+// New connects to cfg.URL. A URL that cannot be parsed is an error; a
+// server that does not answer is not: the store starts degraded and
+// rejoins when it answers.
+func New(cfg Config) (*Store, error) {
+	opt, err := redis.ParseURL(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadURL, err)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "llmproxy:v1:"
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = 15 * time.Second
+	}
+	if cfg.KeyTTL <= 0 {
+		cfg.KeyTTL = 10 * time.Minute
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 250 * time.Millisecond
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = 20 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	opt.DialTimeout = cfg.Timeout
+	opt.ReadTimeout = cfg.Timeout
+	opt.WriteTimeout = cfg.Timeout
+	opt.MaxRetries = -1 // a failed call falls back at once; the pinger retries
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	s := &Store{
+		cfg: cfg, rdb: redis.NewClient(opt), replica: hex.EncodeToString(id[:]), log: cfg.Logger,
+		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmproxy_redis_commands_total", Help: "Redis round trips, by operation."}, []string{"op"}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmproxy_redis_failures_total", Help: "Redis calls that failed or timed out; each makes the replica use local limits until Redis answers again."}),
+	}
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.upGauge, s.commands, s.failures} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	err = s.rdb.Ping(ctx).Err()
+	cancel()
+	if err != nil {
+		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
+	} else {
+		s.setUp(true)
+	}
+	go s.loop()
+	return s, nil
+}
+
+// Status is "ok" while the replica shares state, "degraded" while it uses
+// local limits.
+func (s *Store) Status() string {
+	if s.up.Load() {
+		return "ok"
+	}
+	return "degraded"
+}
+
+// Ready reports nil while Redis is shared, else why not; the proxy stays
+// ready either way (fail-open).
+func (s *Store) Ready() error {
+	if s.up.Load() {
+		return nil
+	}
+	return errors.New("redis unreachable: lanes use local limits")
+}
+
+// Close stops the background work and the connection. Leases still held
+// expire on their own.
+func (s *Store) Close() error {
+	err := errors.New("redisstate: closed twice")
+	s.closing.Do(func() {
+		close(s.stop)
+		<-s.done
+		err = s.rdb.Close()
+	})
+	return err
+}
+
+func (s *Store) setUp(up bool) {
+	if s.up.Swap(up) == up {
+		return
+	}
+	if up {
+		s.upGauge.Set(1)
+		s.log.Info("redis reachable; lanes share state with the other replicas")
+	} else {
+		s.upGauge.Set(0)
+	}
+}
+
+// failed notes a failed call: the replica goes local until a ping answers.
+func (s *Store) failed(op string, err error) {
+	s.failures.Inc()
+	if s.up.Swap(false) {
+		s.upGauge.Set(0)
+		s.log.Warn("redis call failed; lanes use local limits until it answers again", "op", op, "err", err.Error())
+	}
+}
+
+// ctx bounds one call.
+func (s *Store) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.cfg.Timeout)
+}
+
+// loop renews the leases this replica holds and, while degraded, pings
+// until Redis answers.
+func (s *Store) loop() {
+	defer close(s.done)
+	renew := time.NewTicker(s.cfg.LeaseTTL / 3)
+	ping := time.NewTicker(500 * time.Millisecond)
+	defer renew.Stop()
+	defer ping.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-renew.C:
+			if s.up.Load() {
+				s.renew()
+			}
+		case <-ping.C:
+			if !s.up.Load() {
+				ctx, cancel := s.ctx()
+				err := s.rdb.Ping(ctx).Err()
+				cancel()
+				if err == nil {
+					s.setUp(true)
+				}
+			}
+		}
+	}
+}
+
+// renew pushes the expiry of every held lease forward.
+func (s *Store) renew() {
+	s.mu.Lock()
+	held := make(map[string]string, len(s.leases))
+	for l, k := range s.leases {
+		held[l] = k
+	}
+	s.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	exp := float64(time.Now().Add(s.cfg.LeaseTTL).UnixMilli())
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for l, k := range held {
+			p.ZAddXX(ctx, k, redis.Z{Score: exp, Member: l})
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("renew").Inc()
+	if err != nil {
+		s.failed("renew", err)
+	}
+}
+
+func (s *Store) hold(lease, key string) {
+	s.mu.Lock()
+	s.leases[lease] = key
+	s.mu.Unlock()
+}
+
+func (s *Store) drop(lease string) {
+	s.mu.Lock()
+	delete(s.leases, lease)
+	s.mu.Unlock()
+}
+
+// Held is the number of leases this replica holds.
+func (s *Store) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.leases)
+}
+
+// Shared returns the shared state of the limit group; use it as
+// lanequeue.TableConfig.Shared.
+func (s *Store) Shared(group string, cfg lanequeue.Config) lanequeue.Shared {
+	return newShared(s, group, cfg)
+}

@@ -1,0 +1,271 @@
+package redisstate
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// server is a redis-server of the test's own on a free loopback port.
+type server struct {
+	t    *testing.T
+	port int
+	cmd  *exec.Cmd
+}
+
+func startServer(t *testing.T) *server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv("LLMPROXY_E2E_REQUIRE_REDIS") != "" {
+			t.Fatal("redis-server not found (apt-get install -y redis-server)")
+		}
+		t.Skip("redis-server not found; apt-get install -y redis-server")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	s := &server{t: t, port: port}
+	s.start()
+	t.Cleanup(s.stop)
+	return s
+}
+
+func (s *server) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port) }
+
+func (s *server) start() {
+	s.t.Helper()
+	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no")
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.port), 100*time.Millisecond); err == nil {
+			fmt.Fprint(c, "PING\r\n")
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			c.Close()
+			if strings.HasPrefix(line, "+PONG") {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.t.Fatal("redis-server did not answer")
+}
+
+func (s *server) stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+func newStore(t *testing.T, url string, lease time.Duration) *Store {
+	t.Helper()
+	st, err := New(Config{URL: url, LeaseTTL: lease})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+var groupCfg = lanequeue.Config{Concurrency: 2, MinConcurrency: 1, MaxConcurrency: 2}
+
+func admit(t *testing.T, sh lanequeue.Shared) (lanequeue.Ticket, time.Time, bool) {
+	t.Helper()
+	return sh.Admit(time.Now(), 1, false)
+}
+
+func TestReplicasShareThePermits(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
+	t1, _, ok1 := admit(t, sa)
+	_, _, ok2 := admit(t, sa)
+	if !ok1 || !ok2 {
+		t.Fatal("replica a could not take the group's two permits")
+	}
+	_, at, ok := admit(t, sb)
+	if ok || at.IsZero() {
+		t.Fatalf("replica b got a third permit (ok %v), or no time to ask again (%v)", ok, at)
+	}
+	sa.Return(&t1, time.Now())
+	if _, _, ok := admit(t, sb); !ok {
+		t.Fatal("replica b could not take the permit a gave back")
+	}
+	if n := a.Held(); n != 1 {
+		t.Fatalf("a holds %d leases, want 1", n)
+	}
+}
+
+func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	tk, _, ok := admit(t, sa)
+	if !ok {
+		t.Fatal("first admit refused")
+	}
+	now := time.Now()
+	// 10 a minute, 1 left after this request.
+	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: headerparse.Limits{
+		Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: now.Add(54 * time.Second)}}}, now)
+	if _, _, ok := admit(t, sb); !ok {
+		t.Fatal("replica b could not send the one request left")
+	}
+	_, at, ok := admit(t, sb)
+	if ok || at.Before(now.Add(time.Second)) {
+		t.Fatalf("replica b sent past the shared budget (ok %v, at %v)", ok, at.Sub(now))
+	}
+	if _, _, ok := admit(t, sa); ok {
+		t.Fatal("replica a sent past the shared budget")
+	}
+}
+
+func TestAPauseIsShared(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
+	tk, _, _ := admit(t, sa)
+	until := time.Now().Add(time.Hour)
+	sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: until}, time.Now())
+	_, at, ok := admit(t, sb)
+	if ok || at.UnixMilli() != until.UnixMilli() {
+		t.Fatalf("replica b: ok %v, ask again at %v; want the pause's end %v", ok, at, until)
+	}
+	if p := sb.PausedUntil(); p.UnixMilli() != until.UnixMilli() {
+		t.Fatalf("b's PausedUntil %v, want %v", p, until)
+	}
+}
+
+func TestLeasesOfADeadReplicaExpire(t *testing.T) {
+	srv := startServer(t)
+	const lease = 400 * time.Millisecond
+	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
+		t.Fatal("a's admit refused")
+	}
+	a.Close() // dies holding the permit: no return, no renewal
+	sb := b.Shared("g", one)
+	if _, _, ok := admit(t, sb); ok {
+		t.Fatal("b took a permit still leased to a")
+	}
+	deadline := time.Now().Add(lease + 2*time.Second)
+	for {
+		if _, _, ok := admit(t, sb); ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a's lease never expired")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
+	srv := startServer(t)
+	const lease = 300 * time.Millisecond
+	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
+		t.Fatal("a's admit refused")
+	}
+	time.Sleep(3 * lease) // a long answer: a keeps renewing
+	if _, _, ok := admit(t, b.Shared("g", one)); ok {
+		t.Fatal("b took the permit of an answer a still streams")
+	}
+}
+
+func TestAReplicasOlderWaiterGoesFirst(t *testing.T) {
+	srv := startServer(t)
+	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
+	held, _, _ := admit(t, sa)
+	if _, _, ok := admit(t, sb); ok { // b starts waiting
+		t.Fatal("b admitted past the limit")
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, _, ok := admit(t, sc); ok { // c starts waiting later
+		t.Fatal("c admitted past the limit")
+	}
+	sa.Return(&held, time.Now())
+	if _, _, ok := admit(t, sc); ok {
+		t.Fatal("c went before b, which has waited longer")
+	}
+	if _, _, ok := admit(t, sb); !ok {
+		t.Fatal("b, the oldest waiter, did not get the free permit")
+	}
+}
+
+func TestRedisDownFallsBackAndRejoins(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", groupCfg)
+	if _, _, ok := admit(t, sa); !ok || a.Status() != "ok" {
+		t.Fatalf("admit with Redis up: ok %v status %s", ok, a.Status())
+	}
+	srv.stop()
+	start := time.Now()
+	tk, _, ok := admit(t, sa)
+	if !ok || tk.Lease != "" {
+		t.Fatalf("with Redis down: ok %v, lease %q; want a local permit", ok, tk.Lease)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("falling back took %v", d)
+	}
+	if a.Status() != "degraded" || a.Ready() == nil {
+		t.Fatalf("status %s while Redis is down", a.Status())
+	}
+	sa.Return(&tk, time.Now())
+	srv.start()
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Status() != "ok" {
+		if time.Now().After(deadline) {
+			t.Fatal("the store did not rejoin Redis")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if tk, _, ok := admit(t, sa); !ok || tk.Lease == "" {
+		t.Fatalf("after rejoining: ok %v lease %q; want a shared permit", ok, tk.Lease)
+	}
+}
+
+func TestUnreachableAtStartIsDegradedNotAnError(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	url := fmt.Sprintf("redis://%s/0", ln.Addr())
+	ln.Close() // nothing listens there now
+	st, err := New(Config{URL: url})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer st.Close()
+	if st.Status() != "degraded" {
+		t.Fatalf("status %s", st.Status())
+	}
+	if _, _, ok := st.Shared("g", groupCfg).Admit(time.Now(), 1, false); !ok {
+		t.Fatal("a degraded store refused a request its local limits allow")
+	}
+	if _, err := New(Config{URL: "http://nope"}); err == nil {
+		t.Fatal("a URL that is not redis:// was accepted")
+	}
+}
