@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,7 +84,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		MaxLanes: cfg.MaxLanes,
 		IdleTTL:  cfg.LaneIdleTTL,
 	}
-	var health proxy.Health
+	var draining atomic.Bool
+	health := proxy.Health{Ready: func(context.Context) error {
+		if draining.Load() {
+			return errors.New("draining: finishing queued and in-flight requests")
+		}
+		return nil
+	}}
 	if cfg.RedisURL != "" {
 		store, err := redisstate.New(redisstate.Config{
 			URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL,
@@ -152,6 +159,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	select {
 	case <-ctx.Done():
+		draining.Store(true) // load balancers stop sending first
 		log.Info("stopping: finishing queued and in-flight requests", "timeout", cfg.ShutdownTimeout)
 	case err := <-errc:
 		log.Error("listener failed", "err", err)

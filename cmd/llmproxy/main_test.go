@@ -140,6 +140,12 @@ func TestRunServesAndDrainsOnStop(t *testing.T) {
 	<-inUpstream
 	stop()
 	time.Sleep(50 * time.Millisecond) // let Shutdown close the listener
+	// The admin listener stays up while draining, and says so.
+	if resp, err := http.Get("http://" + a[1] + "/readyz"); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("readyz while draining: %v %v, want 503", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	if _, err := http.Get("http://" + a[0] + "/v1/models"); err == nil {
 		t.Error("new connections still accepted after the stop signal")
 	}
