@@ -17,12 +17,12 @@ import (
 
 // server is a redis-server of the test's own on a free loopback port.
 type server struct {
-	t    *testing.T
+	t    testing.TB
 	port int
 	cmd  *exec.Cmd
 }
 
-func startServer(t *testing.T) *server {
+func startServer(t testing.TB) *server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("LLMPROXY_E2E_REQUIRE_REDIS") != "" {
