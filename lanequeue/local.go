@@ -16,10 +16,23 @@ type local struct {
 
 // NewLocalShared returns the in-process Shared for a group with cfg's
 // concurrency bounds.
-func NewLocalShared(cfg Config) Shared {
+func NewLocalShared(cfg Config) Shared { return NewLocal(cfg) }
+
+// Local is the in-process Shared. A Shared kept elsewhere can learn with
+// one beside it (see redisstate): it hands Local the answers to learn from
+// and tells it of the dispatches made elsewhere with NoteDispatch.
+type Local = local
+
+// NewLocal returns the in-process state for a group with cfg's concurrency
+// bounds.
+func NewLocal(cfg Config) *Local {
 	cfg = cfg.withDefaults()
 	return &local{conc: newConcurrency(cfg)}
 }
+
+// NoteDispatch records a dispatch another store admitted, so that what
+// Local learns about the group's own sending rate stays true.
+func (s *local) NoteDispatch(now time.Time) { s.pace.recent.add(now) }
 
 func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
 	if now.Before(s.pausedUntil) {

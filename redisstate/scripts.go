@@ -45,27 +45,42 @@ local function save(key, p, b)
 end
 `
 
-// admitScript: KEYS state, leases, waiting. ARGV now, cost, probe (0/1),
-// lease, leaseTTL, replica, since, keyTTL, climit default, max climit.
+// admitScript: KEYS state, leases, waiting, climits. ARGV now, cost, probe
+// (0/1), lease, leaseTTL, replica, since, keyTTL, climit default, max
+// climit.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused}.
 var admitScript = redis.NewScript(lib + `
 local now, cost, probe = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
-local st = redis.call('HMGET', KEYS[1], 'paused', 'climit')
-local paused = num(st[1], 0)
-local climit = math.min(num(st[2], tonumber(ARGV[9])), tonumber(ARGV[10]))
+local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
+-- The concurrency limit is the lowest any replica learned lately: a
+-- replica that saw concurrency refusals is not overruled by one that did
+-- not. A replica silent for a minute no longer counts.
+local climit = nil
+local cl = redis.call('HGETALL', KEYS[4])
+for i = 1, #cl, 2 do
+  local l, seen = string.match(cl[i+1], '^(%d+):(%d+)$')
+  if l == nil or now - tonumber(seen) > 60000 then
+    redis.call('HDEL', KEYS[4], cl[i])
+  elseif climit == nil or tonumber(l) < climit then
+    climit = tonumber(l)
+  end
+end
+climit = math.min(climit or tonumber(ARGV[9]), tonumber(ARGV[10]))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused} end
 -- No replica starves: permits go first to replicas whose oldest waiter
--- arrived earlier; a replica that stopped asking is forgotten after 1 s.
+-- arrived earlier. Waiting replicas ask again every few tens of
+-- milliseconds; one that stopped asking (its waiter left) is forgotten
+-- after 250 ms.
 redis.call('HSET', KEYS[3], replica, since .. ':' .. now)
 local older = 0
 local w = redis.call('HGETALL', KEYS[3])
 for i = 1, #w, 2 do
   if w[i] ~= replica then
     local s, seen = string.match(w[i+1], '^(%d+):(%d+)$')
-    if s == nil or now - tonumber(seen) > 1000 then
+    if s == nil or now - tonumber(seen) > 250 then
       redis.call('HDEL', KEYS[3], w[i])
     elseif tonumber(s) < since then
       older = older + 1
@@ -94,18 +109,22 @@ redis.call('ZADD', KEYS[2], now + ttl, lease)
 redis.call('HDEL', KEYS[3], replica)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('PEXPIRE', KEYS[2], math.max(keyttl, ttl))
+redis.call('PEXPIRE', KEYS[4], keyttl)
 return {1, 0, out, climit, r.sent, t.sent, room, paced, 0}
 `)
 
-// learnScript: KEYS state, leases. ARGV now, keyTTL, paused, climit, then
-// for requests and then tokens: known, syn, size, rate, mode, value, mark.
+// learnScript: KEYS state, leases, climits. ARGV now, keyTTL, paused,
+// climit, replica, then for requests and then tokens: known, syn, size,
+// rate, mode, value, mark.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it. Returns {out, paused}.
 var learnScript = redis.NewScript(lib + `
 local now, keyttl = tonumber(ARGV[1]), tonumber(ARGV[2])
 local paused = math.max(num(redis.call('HGET', KEYS[1], 'paused'), 0), tonumber(ARGV[3]))
-redis.call('HSET', KEYS[1], 'paused', paused, 'climit', ARGV[4])
+redis.call('HSET', KEYS[1], 'paused', paused)
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now)
+redis.call('PEXPIRE', KEYS[3], keyttl)
 local function learn(p, i)
   local known = tonumber(ARGV[i])
   if known ~= 1 then return end
@@ -119,8 +138,8 @@ local function learn(p, i)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
   save(KEYS[1], p, b)
 end
-learn('r_', 5)
-learn('t_', 12)
+learn('r_', 6)
+learn('t_', 13)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 return {redis.call('ZCARD', KEYS[2]), paused}

@@ -14,22 +14,22 @@ import (
 // learned figures are then pushed to Redis) and serves alone while Redis
 // is unreachable.
 type shared struct {
-	st                     *Store
-	local                  lanequeue.Shared
-	cfg                    lanequeue.Config
-	state, leases, waiting string
-	out                    int       // permits out, all replicas, at the last reply
-	climit                 int       // the shared concurrency limit at the last reply
-	paused                 time.Time // the shared pause at the last reply
-	since                  time.Time // when the current run of refused Admits began
-	lastAsk                time.Time
+	st                              *Store
+	local                           *lanequeue.Local
+	cfg                             lanequeue.Config
+	state, leases, waiting, climits string
+	out                             int       // permits out, all replicas, at the last reply
+	climit                          int       // the shared concurrency limit at the last reply
+	paused                          time.Time // the shared pause at the last reply
+	since                           time.Time // when the current run of refused Admits began
+	lastAsk                         time.Time
 }
 
 func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 	sum := sha256.Sum256([]byte(group)) // the group key holds a credential hash: keep keys short
 	base := st.cfg.Prefix + "g:" + hex.EncodeToString(sum[:12])
-	return &shared{st: st, local: lanequeue.NewLocalShared(cfg), cfg: cfg,
-		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting"}
+	return &shared{st: st, local: lanequeue.NewLocal(cfg), cfg: cfg,
+		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits"}
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
@@ -45,6 +45,9 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	if !s.st.up.Load() {
 		return s.local.Admit(now, cost, probe)
 	}
+	if p := s.local.PausedUntil(); now.Before(p) {
+		return lanequeue.Ticket{}, p, false // learned while Redis was away
+	}
 	// A run of refused Admits is one waiter asking again: its arrival
 	// orders it against other replicas' waiters.
 	if s.since.IsZero() || now.Sub(s.lastAsk) > time.Second {
@@ -58,12 +61,13 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting},
+	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits},
 		ms(now), cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, ms(s.since),
 		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	if err != nil || len(res) < 9 {
 		s.st.failed("admit", errOr(err))
+		s.st.returnLater(lease, s.leases) // the script may have run
 		return s.local.Admit(now, cost, probe)
 	}
 	s.out, s.climit, s.paused = int(res[2]), int(res[3]), fromMS(res[8])
@@ -76,6 +80,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
+	s.local.NoteDispatch(now)
 	s.out++
 	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
 		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease}, time.Time{}, true
@@ -99,30 +104,41 @@ func boolInt(b bool) int {
 func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if t.Lease != "" {
 		t.OutNow = s.out
+		if r.Verdict == lanequeue.NotSent {
+			s.Refund(t) // in Redis, where it was charged; the local refund is then skipped
+		}
 	}
 	s.local.Learn(t, r, now)
-	if !s.st.up.Load() || r.Verdict == lanequeue.NotSent && t.Lease == "" {
+	if !s.st.up.Load() {
 		return
 	}
 	v := s.local.View(now)
 	syn := v.Learned == "refusals"
+	// Only a ticket Redis gave has marks from Redis' running totals: an
+	// answer to one taken while Redis was away teaches the rate, the
+	// window and the pause, not what is left.
+	remote := t.Lease != ""
 	reqMode, reqValue := 0, 0.0
 	switch {
-	case r.Limits.Requests.HasRemaining:
+	case remote && r.Limits.Requests.HasRemaining:
 		reqMode, reqValue = 1, float64(r.Limits.Requests.Remaining)
 	case syn && r.Verdict == lanequeue.RateRefused:
 		reqMode = 2 // a refusal empties the pace learned from refusals
 	}
 	tokMode, tokValue := 0, 0.0
-	if r.Limits.Tokens.HasRemaining {
+	if remote && r.Limits.Tokens.HasRemaining {
 		tokMode, tokValue = 1, float64(r.Limits.Tokens.Remaining)
 	}
-	args := []any{ms(now), s.st.cfg.KeyTTL.Milliseconds(), ms(r.PauseUntil), v.Concurrency}
+	pause := r.PauseUntil
+	if p := s.local.PausedUntil(); p.After(pause) && p.After(now) {
+		pause = p
+	}
+	args := []any{ms(now), s.st.cfg.KeyTTL.Milliseconds(), ms(pause), v.Concurrency, s.st.replica}
 	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
 	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases}, args...).Int64Slice()
+	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	if err != nil || len(res) < 2 {
 		s.st.failed("learn", errOr(err))
@@ -179,7 +195,8 @@ func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 		s.out--
 	}
 	if !s.st.up.Load() {
-		return // the lease expires on its own
+		s.st.returnLater(t.Lease, s.leases) // sent when Redis answers again
+		return
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
@@ -187,6 +204,7 @@ func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 	s.st.commands.WithLabelValues("return").Inc()
 	if err != nil {
 		s.st.failed("return", err)
+		s.st.returnLater(t.Lease, s.leases)
 	}
 }
 

@@ -66,6 +66,7 @@ type Store struct {
 	seq      atomic.Uint64
 	mu       sync.Mutex
 	leases   map[string]string // lease -> leases key, renewed while held
+	returns  map[string]string // lease -> leases key, to remove once Redis answers
 	closing  sync.Once
 	stop     chan struct{}
 	done     chan struct{}
@@ -111,7 +112,7 @@ func New(cfg Config) (*Store, error) {
 	_, _ = rand.Read(id[:])
 	s := &Store{
 		cfg: cfg, rdb: redis.NewClient(opt), replica: hex.EncodeToString(id[:]), log: cfg.Logger,
-		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		leases: map[string]string{}, returns: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -216,15 +217,55 @@ func (s *Store) loop() {
 				err := s.rdb.Ping(ctx).Err()
 				cancel()
 				if err == nil {
-					s.setUp(true)
+					s.rejoin()
 				}
 			}
 		}
 	}
 }
 
-// renew pushes the expiry of every held lease forward.
-func (s *Store) renew() {
+// rejoin brings the replica back to the shared state: permits given back
+// while Redis was away are removed, held ones renewed (and put back, if
+// Redis lost them), then admission goes through Redis again.
+func (s *Store) rejoin() {
+	s.mu.Lock()
+	returns := s.returns
+	s.returns = map[string]string{}
+	s.mu.Unlock()
+	if len(returns) > 0 {
+		ctx, cancel := s.ctx()
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for l, k := range returns {
+				p.ZRem(ctx, k, l)
+			}
+			return nil
+		})
+		cancel()
+		s.commands.WithLabelValues("return").Inc()
+		if err != nil {
+			s.mu.Lock()
+			for l, k := range returns {
+				s.returns[l] = k
+			}
+			s.mu.Unlock()
+			return
+		}
+	}
+	if s.renew() == nil {
+		s.setUp(true)
+	}
+}
+
+// returnLater keeps a lease to remove from Redis when it answers again.
+func (s *Store) returnLater(lease, key string) {
+	s.mu.Lock()
+	s.returns[lease] = key
+	s.mu.Unlock()
+}
+
+// renew pushes the expiry of every held lease forward, and puts back any
+// that Redis lost (a restart without data).
+func (s *Store) renew() error {
 	s.mu.Lock()
 	held := make(map[string]string, len(s.leases))
 	for l, k := range s.leases {
@@ -232,14 +273,19 @@ func (s *Store) renew() {
 	}
 	s.mu.Unlock()
 	if len(held) == 0 {
-		return
+		return nil
 	}
 	exp := float64(time.Now().Add(s.cfg.LeaseTTL).UnixMilli())
 	ctx, cancel := s.ctx()
 	defer cancel()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		keys := map[string]bool{}
 		for l, k := range held {
-			p.ZAddXX(ctx, k, redis.Z{Score: exp, Member: l})
+			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
+			keys[k] = true
+		}
+		for k := range keys {
+			p.PExpire(ctx, k, max(s.cfg.KeyTTL, s.cfg.LeaseTTL))
 		}
 		return nil
 	})
@@ -247,6 +293,7 @@ func (s *Store) renew() {
 	if err != nil {
 		s.failed("renew", err)
 	}
+	return err
 }
 
 func (s *Store) hold(lease, key string) {

@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			Logger: log, Registerer: reg,
 		})
 		if err != nil {
-			fmt.Fprintln(stderr, "llmproxy: LLMPROXY_REDIS_URL:", redactURLError(err, cfg.RedisURL))
+			fmt.Fprintln(stderr, "llmproxy: LLMPROXY_REDIS_URL: not usable (the value is not shown: it may hold a password)")
 			return 2
 		}
 		defer store.Close()

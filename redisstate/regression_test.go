@@ -1,0 +1,232 @@
+// Regression tests for defects a review of the Redis store found.
+
+package redisstate
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+func hget(t *testing.T, st *Store, key, f string) string {
+	v, _ := st.rdb.HGet(context.Background(), key, f).Result()
+	return v
+}
+
+// Redis slow for a moment (CLIENT PAUSE) -> degraded; state survives.
+func blip(t *testing.T, st *Store, d time.Duration) {
+	t.Helper()
+	if err := st.rdb.Do(context.Background(), "CLIENT", "PAUSE", d.Milliseconds(), "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitUp(t *testing.T, st *Store) {
+	t.Helper()
+	dl := time.Now().Add(5 * time.Second)
+	for st.Status() != "ok" {
+		if time.Now().After(dl) {
+			t.Fatal("no rejoin")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func reqLimits(now time.Time, limit, remaining int64) headerparse.Limits {
+	return headerparse.Limits{Requests: headerparse.Window{Limit: limit, Remaining: remaining, HasRemaining: true, Reset: now.Add(60 * time.Second)}}
+}
+
+// A ticket admitted locally during a blip, answered after rejoin: its local
+// mark is compared with the global r_sent in learnScript mode 1.
+func TestRegressionLocalTicketAfterRejoinDrainsBudget(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	// 600 requests went through Redis in the last minutes (global r_sent).
+	for i := 0; i < 3000; i++ { // r_sent is cumulative for the key's life
+		tk, _, ok := sb.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		sb.Return(&tk, time.Now())
+	}
+	now := time.Now()
+	tk, _, _ := sb.Admit(now, 1, false)
+	sb.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 1000, 900)}, now)
+	sb.Return(&tk, now)
+	blip(t, a, 400*time.Millisecond)
+	local, _, ok := sa.Admit(time.Now(), 1, false) // times out -> local permit
+	if !ok || local.Lease != "" || a.Status() != "degraded" {
+		t.Fatalf("want a local permit while degraded: ok %v lease %q %s", ok, local.Lease, a.Status())
+	}
+	waitUp(t, a)
+	now = time.Now()
+	// upstream: 899 left of 1000 — plenty.
+	sa.Learn(&local, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 1000, 899)}, now)
+	sa.Return(&local, now)
+	t.Logf("r_avail=%s r_sent=%s local mark=%v", hget(t, a, sa.(*shared).state, "r_avail"), hget(t, a, sa.(*shared).state, "r_sent"), local.Requests)
+	_, at, ok := sb.Admit(time.Now(), 1, false)
+	if !ok {
+		t.Fatalf("upstream says 899 of 1000 left, yet b is refused until %v from now", time.Until(at))
+	}
+}
+
+// NotSent on a shared ticket: local.Learn marks it Refunded on the local
+// pace, so Redis never gets its charge back.
+func TestRegressionNotSentNeverRefundedInRedis(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
+	now := time.Now()
+	tk, _, _ := sa.Admit(now, 1, false)
+	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 10, 5)}, now)
+	sa.Return(&tk, now)
+	before := hget(t, a, sa.(*shared).state, "r_avail")
+	for i := 0; i < 3; i++ {
+		tk, _, ok := sa.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		sa.Learn(&tk, lanequeue.Report{Verdict: lanequeue.NotSent}, time.Now()) // connection refused
+		sa.Refund(&tk)                                                          // even an explicit refund
+		sa.Return(&tk, time.Now())
+	}
+	after := hget(t, a, sa.(*shared).state, "r_avail")
+	if after < "4.9" {
+		t.Fatalf("r_avail %s before three NotSent attempts, %s after: their charge was never given back", before, after)
+	}
+}
+
+// One replica's concurrency refusal is undone by another's next answer.
+func TestRegressionClimitLastWriterWins(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	var tb [4]lanequeue.Ticket
+	for i := range tb {
+		tb[i], _, _ = sb.Admit(time.Now(), 1, false)
+	}
+	ta, _, _ := sa.Admit(time.Now(), 1, false)
+	for i := range tb { // upstream holds 4: refusals
+		sb.Learn(&tb[i], lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, time.Now())
+	}
+	after := hget(t, a, sa.(*shared).state, "climit")
+	sa.Learn(&ta, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	final := hget(t, a, sa.(*shared).state, "climit")
+	if final != after {
+		t.Fatalf("climit %s after b's refusals, %s after a's next answer", after, final)
+	}
+}
+
+// A permit returned during a short blip stays counted for the whole lease.
+func TestRegressionReturnDuringBlipBlocksAfterRejoin(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), 15*time.Second), newStore(t, srv.url(), 15*time.Second)
+	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	sa, sb := a.Shared("g", one), b.Shared("g", one)
+	tk, _, _ := sa.Admit(time.Now(), 1, false)
+	blip(t, a, 300*time.Millisecond)
+	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now()) // times out
+	sa.Return(&tk, time.Now())                                                            // degraded: no ZREM
+	waitUp(t, a)
+	time.Sleep(time.Second)
+	if _, at, ok := sb.Admit(time.Now(), 1, false); !ok {
+		n, _ := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result()
+		t.Fatalf("1 s after rejoin, with nothing in flight, b is refused (leases in redis: %d, next ask %v)", n, time.Until(at))
+	}
+}
+
+// Redis flushed mid-run: in-flight leases are gone and renewal (ZADD XX)
+// never puts them back.
+func TestRegressionFlushLosesInFlightForever(t *testing.T) {
+	srv := startServer(t)
+	const lease = 300 * time.Millisecond
+	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	if _, _, ok := a.Shared("g", one).Admit(time.Now(), 1, false); !ok {
+		t.Fatal("admit")
+	}
+	a.rdb.FlushAll(context.Background())
+	time.Sleep(3 * lease)
+	if _, _, ok := b.Shared("g", one).Admit(time.Now(), 1, false); ok {
+		t.Fatal("a still streams its answer (held, renewed), yet b got a second permit of a limit of 1")
+	}
+}
+
+// A pause learned while degraded is ignored by Admit after rejoin.
+func TestRegressionLocalPauseIgnoredAfterRejoin(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	tk, _, _ := sa.Admit(time.Now(), 1, false)
+	blip(t, a, 300*time.Millisecond)
+	until := time.Now().Add(time.Minute)
+	sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: until}, time.Now())
+	sa.Return(&tk, time.Now())
+	waitUp(t, a)
+	if _, _, ok := sa.Admit(time.Now(), 1, false); ok {
+		t.Fatalf("admitted although PausedUntil says %v from now", time.Until(sa.PausedUntil()).Round(time.Second))
+	}
+}
+
+// A replica whose only waiter went away keeps its waiting entry: the other
+// replicas leave a free permit unused for up to a second.
+func TestRegressionLeftWaiterHoldsPermit(t *testing.T) {
+	srv := startServer(t)
+	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
+	held, _, _ := sa.Admit(time.Now(), 1, false)
+	sb.Admit(time.Now(), 1, false) // b's waiter asks once, then its client goes away
+	time.Sleep(5 * time.Millisecond)
+	sc.Admit(time.Now(), 1, false)
+	sa.Return(&held, time.Now())
+	start := time.Now()
+	for {
+		if _, _, ok := sc.Admit(time.Now(), 1, false); ok {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// A waiter that left is forgotten once it has not asked for 250 ms
+	// (it used to hold the permit back for a second).
+	if d := time.Since(start); d > 400*time.Millisecond {
+		t.Fatalf("the only permit sat free %v with c waiting", d.Round(time.Millisecond))
+	}
+}
+
+// The local pacer never sees a shared dispatch (take is not called), so its
+// send meter reads 0 and every 429 with room is taken as a concurrency limit.
+func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
+	for _, mode := range []string{"local", "redis"} {
+		var sh lanequeue.Shared
+		cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+		if mode == "local" {
+			sh = lanequeue.NewLocalShared(cfg)
+		} else {
+			srv := startServer(t)
+			sh = newStore(t, srv.url(), time.Minute).Shared("g", cfg)
+		}
+		now := time.Now()
+		tk, _, _ := sh.Admit(now, 1, false)
+		sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 100, 99)}, now)
+		sh.Return(&tk, now)
+		var ts [5]lanequeue.Ticket
+		for i := range ts {
+			ts[i], _, _ = sh.Admit(time.Now(), 1, false)
+		}
+		now = time.Now()
+		sh.Learn(&ts[0], lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, Limits: reqLimits(now, 100, 50)}, now)
+		c := sh.View(now).Concurrency
+		if r, ok := sh.(*shared); ok {
+			c = r.local.View(now).Concurrency
+			t.Logf("redis climit %s", hget(t, r.st, r.state, "climit"))
+		}
+		t.Logf("%s: concurrency after one rate 429 while sending: %d", mode, c)
+	}
+}
