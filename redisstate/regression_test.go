@@ -230,3 +230,27 @@ func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
 		t.Logf("%s: concurrency after one rate 429 while sending: %d", mode, c)
 	}
 }
+
+// A budget that can only learn from an answer (requests: none left, no
+// reset) beside one that refills at a known time (tokens): the shared
+// admission waits for the refill instead of letting a probe through, as the
+// in-process one does.
+func TestRegressionProbeWaitsForABudgetWithATime(t *testing.T) {
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	now := time.Now()
+	tk, _, ok := sh.Admit(now, 100, false)
+	if !ok {
+		t.Fatal("first admit refused")
+	}
+	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: headerparse.Limits{
+		Requests: headerparse.Window{Remaining: 0, HasRemaining: true},
+		Tokens:   headerparse.Window{Limit: 1000, Remaining: 0, HasRemaining: true, Reset: now.Add(time.Second)},
+	}}, now)
+	sh.Return(&tk, now)
+	_, at, ok := sh.Admit(time.Now(), 100, true)
+	if ok || at.IsZero() {
+		t.Fatalf("admit = %v, at %v; want to wait for the token refill", ok, at)
+	}
+}

@@ -93,8 +93,9 @@ local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
 local rok, rat = admit(r, now, 1)
 local tok, tat = admit(t, now, cost)
 if not (rok and tok) then
+  -- A budget that waits for a time goes first; only when none does can a
+  -- probe go to learn what the budgets that wait for an answer hold.
   local at = math.max(rat, tat)
-  if rat == 0 and not rok or tat == 0 and not tok then at = 0 end
   if not (at == 0 and probe) then return {0, at, out, climit, 0, 0, 0, 0, 0} end
 end
 local room, paced = 0, 0
@@ -152,7 +153,9 @@ local now = tonumber(ARGV[1])
 for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
   local b = budget(KEYS[1], x[1], now)
   if b.known == 1 and x[2] ~= 0 then
-    b.avail = math.min(b.size, b.avail + x[2])
+    local back = x[2]
+    if back > 0 then back = charge(b, back) end -- never more than was charged
+    b.avail = math.min(b.size, b.avail + back)
     save(KEYS[1], x[1], b)
   end
 end

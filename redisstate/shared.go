@@ -27,7 +27,10 @@ type shared struct {
 
 func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 	sum := sha256.Sum256([]byte(group)) // the group key holds a credential hash: keep keys short
-	base := st.cfg.Prefix + "g:" + hex.EncodeToString(sum[:12])
+	// The braces make a Redis Cluster keep a group's keys in one slot, as
+	// its scripts need.
+	base := st.cfg.Prefix + "{g:" + hex.EncodeToString(sum[:12]) + "}"
+
 	return &shared{st: st, local: lanequeue.NewLocal(cfg), cfg: cfg,
 		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits"}
 }

@@ -200,9 +200,13 @@ func (s *Store) ctx() (context.Context, context.CancelFunc) {
 func (s *Store) loop() {
 	defer close(s.done)
 	renew := time.NewTicker(s.cfg.LeaseTTL / 3)
-	ping := time.NewTicker(500 * time.Millisecond)
 	defer renew.Stop()
+	// Rejoin attempts back off while Redis answers pings but keeps failing
+	// calls (read-only, out of memory, no EVAL): no flapping every 500 ms.
+	wait := minRejoinWait
+	ping := time.NewTimer(wait)
 	defer ping.Stop()
+	var rejoined time.Time
 	for {
 		select {
 		case <-s.stop:
@@ -213,13 +217,19 @@ func (s *Store) loop() {
 			}
 		case <-ping.C:
 			if !s.up.Load() {
+				if time.Since(rejoined) < maxRejoinWait {
+					wait = min(2*wait, maxRejoinWait) // it failed soon after the last rejoin
+				} else {
+					wait = minRejoinWait
+				}
 				ctx, cancel := s.ctx()
 				err := s.rdb.Ping(ctx).Err()
 				cancel()
-				if err == nil {
-					s.rejoin()
+				if err == nil && s.rejoin() {
+					rejoined = time.Now()
 				}
 			}
+			ping.Reset(wait)
 		}
 	}
 }
@@ -227,7 +237,7 @@ func (s *Store) loop() {
 // rejoin brings the replica back to the shared state: permits given back
 // while Redis was away are removed, held ones renewed (and put back, if
 // Redis lost them), then admission goes through Redis again.
-func (s *Store) rejoin() {
+func (s *Store) rejoin() bool {
 	s.mu.Lock()
 	returns := s.returns
 	s.returns = map[string]string{}
@@ -248,13 +258,22 @@ func (s *Store) rejoin() {
 				s.returns[l] = k
 			}
 			s.mu.Unlock()
-			return
+			return false
 		}
 	}
-	if s.renew() == nil {
-		s.setUp(true)
+	if s.renew() != nil {
+		return false
 	}
+	s.setUp(true)
+	return true
 }
+
+// How soon a degraded replica tries Redis again: every minRejoinWait, and
+// up to maxRejoinWait apart while rejoining keeps failing soon after.
+const (
+	minRejoinWait = 500 * time.Millisecond
+	maxRejoinWait = 30 * time.Second
+)
 
 // returnLater keeps a lease to remove from Redis when it answers again.
 func (s *Store) returnLater(lease, key string) {
