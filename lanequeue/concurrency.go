@@ -22,7 +22,8 @@ type concurrency struct {
 	// refusedAt is the lowest level at which the upstream refused for
 	// concurrency; growing to it and past it takes probeAcks limits' worth
 	// of answers, so the limit still finds an upstream that allows more
-	// later. Every refusal at that level again doubles probeAcks.
+	// later. Every refusal at that level again doubles probeAcks; both are
+	// forgotten refusedMemory after the latest concurrency refusal.
 	refusedAt   int
 	probeAcks   int
 	lastRefusal time.Time // the latest concurrency refusal
@@ -48,9 +49,8 @@ func newConcurrency(cfg Config) concurrency {
 func (c *concurrency) free() bool { return c.inFlight < c.limit }
 
 // accepted learns from an accepted answer, with out permits out now. floor
-// is the concurrency the
-// learned rate needs for answers of the current length (0: unknown): below
-// it the limit grows at once.
+// is the concurrency the learned rate needs for answers of the current
+// length (0: unknown): below it the limit grows at once.
 func (c *concurrency) accepted(t *Ticket, now time.Time, out, floor int) {
 	binding := out >= c.limit || t.InFlight+1 >= t.Limit
 	if !binding || c.limit >= c.max {

@@ -320,6 +320,3 @@ func (s *Slot) Settle(usedTokens int64) {
 
 // QueueWait is how long the request waited for its first dispatch.
 func (s *Slot) QueueWait() time.Duration { return s.granted.Sub(s.arrived) }
-
-// Lane is the lane the slot belongs to.
-func (s *Slot) Lane() *Lane { return s.lane }
