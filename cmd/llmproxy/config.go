@@ -187,6 +187,10 @@ absorbs upstream 429s and paces itself under the learned rate limits.
 Usage:
   llmproxy              run the proxy (configured by the environment)
   llmproxy healthcheck  exit 0 when the admin listener answers /healthz
+  llmproxy status [-w] [-interval 2s] [-admin ADDR]
+                        the lane table of a running proxy (from its admin
+                        address); -w refreshes it in place; exit 1 when the
+                        proxy cannot be reached
   llmproxy -h           this help
 
 Point a client at it: OPENAI_BASE_URL=http://127.0.0.1:8080/v1

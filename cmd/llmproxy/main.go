@@ -60,6 +60,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 				return 2
 			}
 			return healthcheck(cfg.AdminAddr, stderr)
+		case "status":
+			cfg, err := loadConfig(environ)
+			if err != nil {
+				fmt.Fprintln(stderr, "llmproxy:", err)
+				return 2
+			}
+			return status(ctx, args[1:], cfg.AdminAddr, stdout, stderr)
 		default:
 			fmt.Fprintf(stderr, "llmproxy: unknown argument %q (try -h)\n", args[0])
 			return 2
@@ -209,12 +216,8 @@ func healthcheck(adminAddr string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "llmproxy: healthcheck: LLMPROXY_ADMIN_ADDR is empty")
 		return 1
 	}
-	host, port, _ := net.SplitHostPort(adminAddr)
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
 	c := http.Client{Timeout: 3 * time.Second}
-	resp, err := c.Get("http://" + net.JoinHostPort(host, port) + "/healthz")
+	resp, err := c.Get(adminURL(adminAddr) + "/healthz")
 	if err != nil {
 		fmt.Fprintln(stderr, "llmproxy: healthcheck:", err)
 		return 1

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// adminURL is the base URL of an admin listener address; a wildcard host
+// is asked on loopback.
+func adminURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, ""
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	if port == "" {
+		return "http://" + host
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// lanesReply is what /lanes answers.
+type lanesReply struct {
+	Redis string            `json:"redis"`
+	Lanes []lanequeue.State `json:"lanes"`
+}
+
+// status prints the lane table of a running proxy, once or (-w) every
+// interval until ctx ends. It returns 1 when the proxy cannot be reached.
+func status(ctx context.Context, args []string, defaultAdmin string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	admin := fs.String("admin", defaultAdmin, "admin address of the running proxy (default: LLMPROXY_ADMIN_ADDR)")
+	watch := fs.Bool("w", false, "refresh in place until interrupted")
+	every := fs.Duration("interval", 2*time.Second, "refresh interval with -w")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *admin == "" {
+		fmt.Fprintln(stderr, "llmproxy: status: no admin address (LLMPROXY_ADMIN_ADDR is empty; use -admin)")
+		return 1
+	}
+	base := adminURL(*admin)
+	client := &http.Client{Timeout: 3 * time.Second}
+	for {
+		reply, err := fetchLanes(ctx, client, base)
+		if err != nil {
+			fmt.Fprintln(stderr, "llmproxy: status:", err)
+			return 1
+		}
+		if *watch {
+			fmt.Fprint(stdout, "\x1b[H\x1b[2J") // home and clear: refresh in place
+		}
+		printStatus(stdout, reply, base, time.Now())
+		if !*watch {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(*every):
+		}
+	}
+}
+
+func fetchLanes(ctx context.Context, c *http.Client, base string) (lanesReply, error) {
+	var r lanesReply
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/lanes", nil)
+	if err != nil {
+		return r, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return r, fmt.Errorf("cannot reach %s: %w", base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return r, fmt.Errorf("%s/lanes answered %s", base, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&r); err != nil {
+		return r, fmt.Errorf("%s/lanes: %w", base, err)
+	}
+	return r, nil
+}
+
+// printStatus writes one line per lane, busiest first: where it goes, how
+// far it got, what it learned, and why it waits.
+func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
+	shared := r.Redis
+	if shared == "" {
+		shared = "off"
+	}
+	fmt.Fprintf(w, "llmproxy at %s  %d lanes  redis: %s  %s\n\n", base, len(r.Lanes), shared, now.Format("15:04:05"))
+	sort.SliceStable(r.Lanes, func(i, j int) bool {
+		a, b := r.Lanes[i], r.Lanes[j]
+		if a.Queued+a.InFlight != b.Queued+b.InFlight {
+			return a.Queued+a.InFlight > b.Queued+b.InFlight
+		}
+		return a.LastUsed.After(b.LastUsed)
+	})
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\t429s ABSORBED\tREQ/S\tTOK/S\tLEARNED\tDRAINS IN\tWAITING\t")
+	for _, s := range r.Lanes {
+		route := s.Route
+		if route == "" {
+			route = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
+			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), s.Queued, s.InFlight, s.Concurrency,
+			done(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond), learned(s),
+			drainsIn(s), waiting(s, now))
+	}
+	tw.Flush()
+}
+
+// done counts the lane's answered requests with a 2xx status.
+func done(s lanequeue.State) int64 {
+	var n int64
+	for status, c := range s.Answers {
+		if status >= 200 && status < 300 {
+			n += c
+		}
+	}
+	return n
+}
+
+func rate(r float64) string {
+	if r <= 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(r, 'g', 3, 64)
+}
+
+func learned(s lanequeue.State) string {
+	switch {
+	case s.Learned == "":
+		return "-"
+	case s.Corrected:
+		return s.Learned + ", corrected"
+	}
+	return s.Learned
+}
+
+// drainsIn estimates when the queue is through at the learned request rate.
+func drainsIn(s lanequeue.State) string {
+	if s.Queued == 0 {
+		return "-"
+	}
+	if s.RequestsPerSecond <= 0 {
+		return "?"
+	}
+	return (time.Duration(float64(s.Queued) / s.RequestsPerSecond * float64(time.Second))).Round(time.Second).String()
+}
+
+func waiting(s lanequeue.State, now time.Time) string {
+	if s.PausedUntil.IsZero() || !s.PausedUntil.After(now) {
+		return "-"
+	}
+	why := s.PauseReason
+	if why == "" {
+		why = "paused"
+	}
+	return why + " " + s.PausedUntil.Sub(now).Round(100*time.Millisecond).String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// short cuts s to n runes with an ellipsis.
+func short(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return strings.TrimSpace(s)
+}

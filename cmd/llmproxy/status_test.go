@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestStatusShowsTheLanesOfARunningProxy runs the proxy, sends one request
+// through it, and checks that `llmproxy status` prints that request's lane,
+// model and hashed key, and never the key itself.
+func TestStatusShowsTheLanesOfARunningProxy(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	defer up.Close()
+	ctx, stop := context.WithCancel(context.Background())
+	addrs := make(chan [2]string, 1)
+	exit := make(chan int, 1)
+	var mu sync.Mutex
+	var logs bytes.Buffer
+	go func() {
+		exit <- run(ctx, nil, map[string]string{
+			"LLMPROXY_ADDR": "127.0.0.1:0", "LLMPROXY_ADMIN_ADDR": "127.0.0.1:0", "LLMPROXY_UPSTREAM": up.URL,
+		}, io.Discard, lockedWriter{&mu, &logs}, func(p, a string) { addrs <- [2]string{p, a} })
+	}()
+	defer func() {
+		stop()
+		<-exit
+	}()
+	a := <-addrs
+	req, _ := http.NewRequest("POST", "http://"+a[0]+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-status"}`))
+	req.Header.Set("Authorization", "Bearer sk-status-secret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := resp.Header.Get("X-Llmproxy-Lane")
+	resp.Body.Close()
+
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"status"}, map[string]string{"LLMPROXY_ADMIN_ADDR": a[1]}, &out, &errOut, nil); code != 0 {
+		t.Fatalf("status exited %d: %s", code, errOut.String())
+	}
+	got := out.String()
+	for _, want := range []string{lane, "gpt-status", "/v1/chat/completions", "redis: off", "1 lanes"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("status output lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "sk-status-secret") {
+		t.Fatal("status printed the API key")
+	}
+}
+
+func TestStatusWatchRefreshesUntilStopped(t *testing.T) {
+	var calls int
+	var mu sync.Mutex
+	admin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		fmt.Fprint(w, `{"redis":"ok","lanes":[{"id":"abc123","path":"/v1/x","queued":4,"requests_per_second":2}]}`)
+	}))
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	code := status(ctx, []string{"-w", "-interval", "20ms"}, admin.Listener.Addr().String(), &out, io.Discard)
+	mu.Lock()
+	n := calls
+	mu.Unlock()
+	if code != 0 || n < 2 {
+		t.Fatalf("exit %d after %d refreshes, want 0 and several", code, n)
+	}
+	if !strings.Contains(out.String(), "\x1b[2J") || !strings.Contains(out.String(), "2s") {
+		t.Fatalf("want in-place refreshes and a drain estimate (4 queued at 2/s: 2s):\n%q", out.String())
+	}
+}
+
+func TestStatusFailsWhenTheProxyCannotBeReached(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	var errOut bytes.Buffer
+	if code := run(context.Background(), []string{"status", "-admin", addr}, nil, io.Discard, &errOut, nil); code == 0 {
+		t.Fatal("status exited 0 with nothing listening")
+	}
+	if !strings.Contains(errOut.String(), "cannot reach") {
+		t.Fatalf("stderr: %q", errOut.String())
+	}
+}
