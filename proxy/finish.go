@@ -18,6 +18,8 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		level = slog.LevelWarn
 	}
 	p.log.LogAttrs(r.Context(), level, "request",
+		slog.String("request_id", req.id),
+		slog.String("upstream_request_id", req.upstreamID),
 		slog.String("lane", lane),
 		slog.String("route", req.route),
 		slog.String("method", r.Method),

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"path"
@@ -35,6 +36,20 @@ type request struct {
 	// cancelAttempt ends the current upstream attempt; the answer's idle
 	// watchdog uses it.
 	cancelAttempt context.CancelFunc
+	id            string // x-llmproxy-request-id
+	upstreamID    string // the upstream's own request id, from its latest answer
+}
+
+// newRequestID is a request's id: 16 hex digits, random, so ids from
+// replicas do not collide.
+func newRequestID() string {
+	var b [16]byte
+	v := rand.Uint64()
+	const hexDigits = "0123456789abcdef"
+	for i := range b {
+		b[i] = hexDigits[v>>(60-4*i)&0xf]
+	}
+	return string(b[:])
 }
 
 func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
@@ -105,7 +120,8 @@ func (p *Proxy) budget(r *http.Request, now time.Time) time.Time {
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {
 	now := p.cfg.Clock.Now()
-	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now}
+	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now, id: newRequestID()}
+	w.Header().Set("X-Llmproxy-Request-Id", req.id)
 	defer func() { p.finish(r, req) }()
 
 	body, err := p.readBody(w, r)
@@ -184,6 +200,7 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	})
 	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), bytes.NewReader(req.body))
 	out.Header = upstream.OutboundHeader(r.Header)
+	out.Header.Set("X-Llmproxy-Request-Id", req.id) // to match the upstream's logs with ours
 	out.ContentLength = int64(len(req.body))
 	if req.body == nil {
 		out.Body = http.NoBody
@@ -208,6 +225,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		req.cancelAttempt = cancel
 		if res.Resp != nil {
 			p.metrics.upstreamLat.WithLabelValues(req.route).Observe(res.Latency.Seconds())
+			req.upstreamID = upstreamRequestID(res.Resp.Header)
 		}
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.retries, p.policy, now, req.deadline, p.cfg.Rand())
@@ -254,6 +272,19 @@ func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result,
 		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
 	}
 	req.status = writeFailure(w, err)
+}
+
+// upstreamRequestID is the provider's own id for an answer: OpenAI's
+// x-request-id, Anthropic's request-id. Cut short: it is only for logs.
+func upstreamRequestID(h http.Header) string {
+	id := h.Get("X-Request-Id")
+	if id == "" {
+		id = h.Get("Request-Id")
+	}
+	if len(id) > 128 {
+		id = id[:128]
+	}
+	return id
 }
 
 // redactErr returns a transport error without the URL's query, which a

@@ -609,3 +609,28 @@ func TestShouldRetryLeftAloneOnStatusesTheProxyDoesNotRetry(t *testing.T) {
 		t.Fatalf("status %d, x-should-retry %q: a 401 is the SDK's to judge", resp.StatusCode, resp.Header.Get("X-Should-Retry"))
 	}
 }
+
+// TestRequestIDGoesToClientUpstreamAndLog: every answer carries
+// x-llmproxy-request-id; the upstream gets the same id; the request's log
+// line holds it beside the upstream's own x-request-id.
+func TestRequestIDGoesToClientUpstreamAndLog(t *testing.T) {
+	var sentUp string
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sentUp = r.Header.Get("X-Llmproxy-Request-Id")
+		w.Header().Set("X-Request-Id", "req_upstream_42")
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+	resp.Body.Close()
+	id := resp.Header.Get("X-Llmproxy-Request-Id")
+	if len(id) != 16 || id != sentUp {
+		t.Fatalf("client got id %q, upstream got %q", id, sentUp)
+	}
+	if again := h.post("/v1/chat/completions", `{"model":"m"}`); again.Header.Get("X-Llmproxy-Request-Id") == id {
+		t.Fatal("two requests share an id")
+	}
+	logs := h.logs.String()
+	if !strings.Contains(logs, "request_id="+id) || !strings.Contains(logs, "upstream_request_id=req_upstream_42") {
+		t.Fatalf("log lacks the ids:\n%s", logs)
+	}
+}
