@@ -36,8 +36,9 @@ type request struct {
 	// cancelAttempt ends the current upstream attempt; the answer's idle
 	// watchdog uses it.
 	cancelAttempt context.CancelFunc
-	id            string // x-llmproxy-request-id
-	upstreamID    string // the upstream's own request id, from its latest answer
+	id            string   // x-llmproxy-request-id
+	idHeader      []string // {id}, the header value
+	upstreamID    string   // the upstream's own request id, from its latest answer
 }
 
 // newRequestID is a request's id: 16 hex digits, random, so ids from
@@ -121,7 +122,8 @@ func (p *Proxy) budget(r *http.Request, now time.Time) time.Time {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {
 	now := p.cfg.Clock.Now()
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now, id: newRequestID()}
-	w.Header().Set("X-Llmproxy-Request-Id", req.id)
+	req.idHeader = []string{req.id} // one value for both ways: neither side changes it
+	w.Header()["X-Llmproxy-Request-Id"] = req.idHeader
 	defer func() { p.finish(r, req) }()
 
 	body, err := p.readBody(w, r)
@@ -200,7 +202,7 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	})
 	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), bytes.NewReader(req.body))
 	out.Header = upstream.OutboundHeader(r.Header)
-	out.Header.Set("X-Llmproxy-Request-Id", req.id) // to match the upstream's logs with ours
+	out.Header["X-Llmproxy-Request-Id"] = req.idHeader // to match the upstream's logs with ours
 	out.ContentLength = int64(len(req.body))
 	if req.body == nil {
 		out.Body = http.NoBody
