@@ -59,6 +59,9 @@ func status(ctx context.Context, args []string, defaultAdmin string, stdout, std
 	for {
 		reply, err := fetchLanes(ctx, client, base)
 		if err != nil {
+			if *watch && ctx.Err() != nil {
+				return 0 // interrupted while refreshing: that is how -w ends
+			}
 			fmt.Fprintln(stderr, "llmproxy: status:", err)
 			return 1
 		}
