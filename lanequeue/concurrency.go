@@ -110,12 +110,15 @@ func (c *concurrency) refused(t *Ticket, now time.Time, out, floor int, stated b
 	c.limit = min(c.limit, c.max, max(next, floor, c.min))
 }
 
-// returned takes back t's permit; an accepted answer's time with it feeds
-// the mean answer time.
+// returned takes back t's permit and notes its answer's time.
 func (c *concurrency) returned(t *Ticket, now time.Time) {
-	if t.Lease == "" {
-		c.inFlight-- // a remote store's permit was never counted here
-	}
+	c.inFlight--
+	c.answered(t, now)
+}
+
+// answered feeds an accepted answer's time with its permit into the mean
+// answer time.
+func (c *concurrency) answered(t *Ticket, now time.Time) {
 	if !t.Accepted {
 		return
 	}

@@ -34,6 +34,10 @@ func NewLocal(cfg Config) *Local {
 // Local learns about the group's own sending rate stays true.
 func (s *local) NoteDispatch(now time.Time) { s.pace.recent.add(now) }
 
+// NoteReturn records the end of an answer whose permit another store gave,
+// for the mean answer time; Local's own permit count is not touched.
+func (s *local) NoteReturn(t *Ticket, now time.Time) { s.conc.answered(t, now) }
+
 func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
 	if now.Before(s.pausedUntil) {
 		return Ticket{}, s.pausedUntil, false

@@ -54,7 +54,8 @@ type Ticket struct {
 	Refunded         bool // its charge was given back
 	Returned         bool // its permit was given back
 	// Lease names the permit when a shared store outside this process
-	// gave it; empty for the in-process state.
+	// gave it; empty for the in-process state. Such a store gives and
+	// takes back its own permits (see Local.NoteDispatch, NoteReturn).
 	Lease string
 	// OutNow is the number of permits out, all replicas together, when the
 	// answer came; 0 means the in-process count.

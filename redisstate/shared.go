@@ -186,13 +186,15 @@ func (s *shared) giveBack(op string, requests, tokens float64) {
 }
 
 func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
+	if t.Lease == "" {
+		s.local.Return(t, now) // a permit taken while Redis was away
+		return
+	}
 	if t.Returned {
 		return
 	}
-	s.local.Return(t, now) // the answer's time; the local count only for a local permit
-	if t.Lease == "" {
-		return
-	}
+	t.Returned = true
+	s.local.NoteReturn(t, now)
 	s.st.drop(t.Lease)
 	if s.out > 0 {
 		s.out--
