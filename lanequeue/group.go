@@ -20,9 +20,13 @@ type group struct {
 	// forgotten is called, outside mu, once nothing refers to the group any
 	// more; the table drops it then. nil outside a table.
 	forgotten func(*group)
+	// onChange receives the group's state changes; nil: none are made.
+	onChange func(Change)
 
 	mu         sync.Mutex
 	waiters    list.List // *Slot
+	queuedCost int64     // the waiters' estimated tokens
+	seen       seen      // what was last reported through onChange
 	arrivals   uint64    // arrival counter, for the order of retries
 	unanswered int       // dispatches whose answer has not been reported
 	learned    bool      // an answer came back: the probe is over
@@ -51,6 +55,7 @@ func (g *group) enqueueLocked(s *Slot) {
 	s.phase = phaseQueued
 	s.ready = make(chan struct{})
 	s.lane.queued++
+	g.queuedCost += s.cost
 	if s.retry {
 		for at := g.waiters.Front(); at != nil; at = at.Next() {
 			if at.Value.(*Slot).seq > s.seq {
@@ -67,6 +72,7 @@ func (g *group) dequeueLocked(s *Slot) {
 	g.waiters.Remove(s.elem)
 	s.elem = nil
 	s.lane.queued--
+	g.queuedCost -= s.cost
 }
 
 // returnPermitLocked gives back the permit of a slot that holds one.

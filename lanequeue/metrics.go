@@ -14,24 +14,38 @@ func (t *Table) Collector() prometheus.Collector { return collector{t} }
 
 type collector struct{ t *Table }
 
+func laneDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, append([]string{"lane"}, labels...), nil)
+}
+
 var (
-	descRequests = prometheus.NewDesc("llmproxy_requests_total",
-		"Client requests answered, by lane and the status the client got (0: the client went away).", []string{"lane", "status"}, nil)
-	descAttempts = prometheus.NewDesc("llmproxy_upstream_attempts_total",
-		"Upstream attempts, by lane and upstream status (\"error\": no answer).", []string{"lane", "status"}, nil)
-	descAbsorbed = prometheus.NewDesc("llmproxy_absorbed_429_total",
-		"Upstream 429s the proxy retried instead of passing to the client.", []string{"lane"}, nil)
-	descQueued   = prometheus.NewDesc("llmproxy_lane_queue_depth", "Requests waiting in the lane.", []string{"lane"}, nil)
-	descInFlight = prometheus.NewDesc("llmproxy_lane_in_flight", "Requests of the lane holding a concurrency permit.", []string{"lane"}, nil)
-	descLimit    = prometheus.NewDesc("llmproxy_lane_concurrency_limit", "The concurrency limit of the lane's limit group.", []string{"lane"}, nil)
-	descPaused   = prometheus.NewDesc("llmproxy_lane_paused", "1 while the lane is paused by an upstream hint.", []string{"lane"}, nil)
-	descReqRate  = prometheus.NewDesc("llmproxy_lane_requests_per_second", "The request rate the lane has learned (0: unknown).", []string{"lane"}, nil)
-	descTokRate  = prometheus.NewDesc("llmproxy_lane_tokens_per_second", "The token rate the lane has learned (0: unknown).", []string{"lane"}, nil)
-	descLanes    = prometheus.NewDesc("llmproxy_lanes", "Lanes in the table.", nil, nil)
+	descRequests = laneDesc("llmproxy_requests_total",
+		"Client requests answered, by lane, the status the client got (0: none was sent) and outcome (ok, upstream_error, proxy_error, upstream_cut, client_gone).", "status", "outcome")
+	descAttempts = laneDesc("llmproxy_upstream_attempts_total",
+		"Upstream attempts, by lane and upstream status (\"error\": no answer).", "status")
+	descAbsorbed    = laneDesc("llmproxy_absorbed_429_total", "Upstream 429s the proxy retried instead of passing to the client.")
+	descInfo        = laneDesc("llmproxy_lane_info", "Always 1: what the lane id stands for.", "route", "path", "model", "key_hash")
+	descQueued      = laneDesc("llmproxy_lane_queue_depth", "Requests waiting in the lane.")
+	descInFlight    = laneDesc("llmproxy_lane_in_flight", "Requests of the lane holding a concurrency permit.")
+	descLimit       = laneDesc("llmproxy_lane_concurrency_limit", "The concurrency limit of the lane's limit group.")
+	descPaused      = laneDesc("llmproxy_lane_paused", "1 while the lane is paused by an upstream hint.")
+	descPauses      = laneDesc("llmproxy_lane_pauses_total", "Pauses started by the lane's answers, by reason.", "reason")
+	descPausedSecs  = laneDesc("llmproxy_lane_paused_seconds_total", "Pause time set by the lane's answers, by reason.", "reason")
+	descReqLimit    = laneDesc("llmproxy_lane_requests_limit", "The request window the lane has learned, as corrected by refusals (0: unknown).")
+	descReqLeft     = laneDesc("llmproxy_lane_requests_remaining", "Requests left in the learned window now.")
+	descReqRate     = laneDesc("llmproxy_lane_requests_per_second", "The request rate the lane has learned (0: unknown).")
+	descTokLimit    = laneDesc("llmproxy_lane_tokens_limit", "The token window the lane has learned, as corrected by refusals (0: unknown).")
+	descTokLeft     = laneDesc("llmproxy_lane_tokens_remaining", "Tokens left in the learned window now.")
+	descTokRate     = laneDesc("llmproxy_lane_tokens_per_second", "The token rate the lane has learned (0: unknown).")
+	descDrain       = laneDesc("llmproxy_lane_drain_seconds", "Estimated time until the lane's limit group has sent what waits now (0: nothing waits, or nothing learned).")
+	descLanes       = prometheus.NewDesc("llmproxy_lanes", "Lanes in the table.", nil, nil)
+	laneDescriptors = []*prometheus.Desc{descRequests, descAttempts, descAbsorbed, descInfo, descQueued, descInFlight,
+		descLimit, descPaused, descPauses, descPausedSecs, descReqLimit, descReqLeft, descReqRate, descTokLimit,
+		descTokLeft, descTokRate, descDrain, descLanes}
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRequests, descAttempts, descAbsorbed, descQueued, descInFlight, descLimit, descPaused, descReqRate, descTokRate, descLanes} {
+	for _, d := range laneDescriptors {
 		ch <- d
 	}
 }
@@ -39,27 +53,46 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	states := c.t.States()
 	ch <- prometheus.MustNewConstMetric(descLanes, prometheus.GaugeValue, float64(len(states)))
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
 	for _, s := range states {
-		for status, n := range s.Answers {
-			ch <- prometheus.MustNewConstMetric(descRequests, prometheus.CounterValue, float64(n), s.ID, strconv.Itoa(status))
+		id := s.ID
+		gauge(descInfo, 1, id, s.Route, s.Path, s.Model, s.KeyHash)
+		for k, n := range s.AnswerCounts {
+			counter(descRequests, float64(n), id, strconv.Itoa(k.Status), k.Outcome)
 		}
 		for status, n := range s.Attempts {
 			label := "error"
 			if status != 0 {
 				label = strconv.Itoa(status)
 			}
-			ch <- prometheus.MustNewConstMetric(descAttempts, prometheus.CounterValue, float64(n), s.ID, label)
+			counter(descAttempts, float64(n), id, label)
 		}
-		ch <- prometheus.MustNewConstMetric(descAbsorbed, prometheus.CounterValue, float64(s.Absorbed429), s.ID)
-		ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(s.Queued), s.ID)
-		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(s.InFlight), s.ID)
-		ch <- prometheus.MustNewConstMetric(descLimit, prometheus.GaugeValue, float64(s.Concurrency), s.ID)
+		counter(descAbsorbed, float64(s.Absorbed429), id)
+		for reason, n := range s.Pauses {
+			counter(descPauses, float64(n), id, reason)
+		}
+		for reason, secs := range s.PausedSeconds {
+			counter(descPausedSecs, secs, id, reason)
+		}
+		gauge(descQueued, float64(s.Queued), id)
+		gauge(descInFlight, float64(s.InFlight), id)
+		gauge(descLimit, float64(s.Concurrency), id)
 		paused := 0.0
 		if !s.PausedUntil.IsZero() {
 			paused = 1
 		}
-		ch <- prometheus.MustNewConstMetric(descPaused, prometheus.GaugeValue, paused, s.ID)
-		ch <- prometheus.MustNewConstMetric(descReqRate, prometheus.GaugeValue, s.RequestsPerSecond, s.ID)
-		ch <- prometheus.MustNewConstMetric(descTokRate, prometheus.GaugeValue, s.TokensPerSecond, s.ID)
+		gauge(descPaused, paused, id)
+		gauge(descReqLimit, s.RequestsLimit, id)
+		gauge(descReqLeft, s.RequestsAvailable, id)
+		gauge(descReqRate, s.RequestsPerSecond, id)
+		gauge(descTokLimit, s.TokensLimit, id)
+		gauge(descTokLeft, s.TokensAvailable, id)
+		gauge(descTokRate, s.TokensPerSecond, id)
+		gauge(descDrain, s.DrainSeconds, id)
 	}
 }

@@ -76,8 +76,8 @@ func (s *Slot) Report(r Report) {
 	l := s.lane
 	g := l.g
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if s.phase != phaseSent {
+		g.mu.Unlock()
 		return // reported already, or released
 	}
 	now := g.clock.Now()
@@ -87,19 +87,50 @@ func (s *Slot) Report(r Report) {
 	if r.Verdict != NotSent {
 		g.learned = true
 	}
-	l.stats.countAttempt(r.Status)
+	l.stats.countAttempt(r.Status, now)
 	if r.Verdict.refusal() {
 		l.stats.throttled++
 	}
+	before := g.shared.PausedUntil()
 	g.shared.Learn(&s.ticket, r, now)
+	var changes []Change
+	var v View
+	if g.onChange != nil {
+		v = g.shared.View(now)
+	}
+	if from := later(before, now); r.PauseUntil.After(from) {
+		// This answer started a pause, or made one longer.
+		reason := pauseReason(r.Verdict)
+		started := !before.After(now)
+		l.stats.countPause(reason, r.PauseUntil.Sub(from), started)
+		if started && g.onChange != nil {
+			changes = append(changes, Change{Kind: Paused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
+				View: v, PauseReason: reason, PauseFor: r.PauseUntil.Sub(now)})
+		}
+	}
+	if g.onChange != nil {
+		changes = g.changesLocked(l, r, v, now, changes)
+	}
 	g.dispatchLocked(now)
+	g.mu.Unlock()
+	for _, c := range changes {
+		g.onChange(c)
+	}
 }
 
-// CountAnswer counts the status the client got for one request of the lane
-// (0: the client went away before an answer). A lane that has left the
-// table counts too, where nobody sees it.
-func (l *Lane) CountAnswer(status int) {
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// CountAnswer counts one request of the lane by the status the client got
+// (0: none was sent) and its outcome, a short name the caller chooses from
+// a fixed set ("ok", "client_gone", …). A lane that has left the table
+// counts too, where nobody sees it.
+func (l *Lane) CountAnswer(status int, outcome string) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	l.stats.countAnswer(status)
+	l.stats.countAnswer(status, outcome, l.g.clock.Now())
 }

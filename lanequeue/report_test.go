@@ -163,7 +163,7 @@ func TestCountersLiveInTheLane(t *testing.T) {
 	}
 	s.Report(Report{Status: 200, Verdict: Accepted})
 	s.Release()
-	l.CountAnswer(200)
+	l.CountAnswer(200, "ok")
 	st := l.State()
 	if st.Attempts[429] != 1 || st.Attempts[200] != 1 || st.Answers[200] != 1 || st.Absorbed429 != 1 || st.Retries != 1 {
 		t.Fatalf("counters: %+v", st)

@@ -13,22 +13,47 @@ type laneStats struct {
 	rejected    int64
 	throttled   int64
 	absorbed429 int64
-	answers     map[int]int64 // status the client got (0: it went away)
-	attempts    map[int]int64 // upstream status per attempt (0: no answer)
+	answers     map[AnswerKey]int64 // by the status the client got and outcome
+	attempts    map[int]int64       // upstream status per attempt (0: no answer)
+	pauses      map[string]int64    // pauses this lane's answers started, by reason
+	pausedSecs  map[string]float64  // pause time this lane's answers set, by reason
+	hist        history
 }
 
-func (s *laneStats) countAnswer(status int) {
+// AnswerKey is how an answer to a client is counted: the status it got (0:
+// none was sent) and the outcome.
+type AnswerKey struct {
+	Status  int
+	Outcome string
+}
+
+func (s *laneStats) countAnswer(status int, outcome string, now time.Time) {
 	if s.answers == nil {
-		s.answers = map[int]int64{}
+		s.answers = map[AnswerKey]int64{}
 	}
-	s.answers[status]++
+	s.answers[AnswerKey{status, outcome}]++
+	s.hist.answer(now)
 }
 
-func (s *laneStats) countAttempt(status int) {
+func (s *laneStats) countAttempt(status int, now time.Time) {
 	if s.attempts == nil {
 		s.attempts = map[int]int64{}
 	}
 	s.attempts[status]++
+	if status == 429 {
+		s.hist.refusal(now)
+	}
+}
+
+// countPause adds d of pause for reason; started says the pause is new.
+func (s *laneStats) countPause(reason string, d time.Duration, started bool) {
+	if s.pauses == nil {
+		s.pauses, s.pausedSecs = map[string]int64{}, map[string]float64{}
+	}
+	if started {
+		s.pauses[reason]++
+	}
+	s.pausedSecs[reason] += d.Seconds()
 }
 
 // State is a point-in-time view of a lane, safe to show: it holds only the
@@ -50,10 +75,28 @@ type State struct {
 	Rejected    int64     `json:"rejected"`
 	Throttled   int64     `json:"throttled"`
 	Absorbed429 int64     `json:"absorbed_429"`
-	// Answers counts the statuses clients got; Attempts the upstream's
-	// statuses per attempt (0: no answer).
-	Answers  map[int]int64 `json:"answers,omitempty"`
-	Attempts map[int]int64 `json:"attempts,omitempty"`
+	// Answers counts the statuses clients got (0: none was sent), Outcomes
+	// the same answers by outcome, and AnswerCounts by both; Attempts the
+	// upstream's statuses per attempt (0: no answer).
+	Answers      map[int]int64       `json:"answers,omitempty"`
+	Outcomes     map[string]int64    `json:"outcomes,omitempty"`
+	AnswerCounts map[AnswerKey]int64 `json:"-"`
+	Attempts     map[int]int64       `json:"attempts,omitempty"`
+	// Pauses counts the pauses this lane's answers started, by reason;
+	// PausedSeconds the pause time they set.
+	Pauses        map[string]int64   `json:"pauses,omitempty"`
+	PausedSeconds map[string]float64 `json:"paused_seconds,omitempty"`
+	// GroupQueued is the number of requests waiting in the lane's limit
+	// group (this lane's and those of lanes sharing its limit), and
+	// DrainSeconds an estimate of when the group will have sent them all:
+	// the longest of what the pause, the learned request and token rates
+	// and the concurrency limit at the mean answer time allow. 0 when
+	// nothing waits or nothing is learned yet.
+	GroupQueued  int     `json:"group_queued"`
+	DrainSeconds float64 `json:"drain_seconds,omitempty"`
+	// History is the lane's last minutes of answers and upstream 429s;
+	// only in StateWithHistory.
+	History *History `json:"history,omitempty"`
 	// What the lane's group has learned; zero while the upstream said
 	// nothing.
 	RequestsLimit     float64   `json:"requests_limit,omitempty"`
@@ -70,7 +113,12 @@ type State struct {
 }
 
 // State returns the lane's current state.
-func (l *Lane) State() State {
+func (l *Lane) State() State { return l.state(false) }
+
+// StateWithHistory returns the lane's current state with its History.
+func (l *Lane) StateWithHistory() State { return l.state(true) }
+
+func (l *Lane) state(withHistory bool) State {
 	g := l.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -82,8 +130,11 @@ func (l *Lane) State() State {
 		PausedUntil: v.PausedUntil, PauseReason: v.PauseReason,
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,
-		Answers: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
-		Learned: v.Learned, Corrected: v.Corrected, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
+		AnswerCounts: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
+		Pauses: maps.Clone(l.stats.pauses), PausedSeconds: maps.Clone(l.stats.pausedSecs),
+		GroupQueued:  g.waiters.Len(),
+		DrainSeconds: drainSeconds(g.waiters.Len(), g.queuedCost, v, now),
+		Learned:      v.Learned, Corrected: v.Corrected, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.lastUsed,
 	}
 	if v.Requests.Known {
@@ -92,5 +143,46 @@ func (l *Lane) State() State {
 	if v.Tokens.Known {
 		s.TokensLimit, s.TokensAvailable, s.TokensPerSecond = v.Tokens.Limit, v.Tokens.Available, v.Tokens.PerSecond
 	}
+	if len(s.AnswerCounts) > 0 {
+		s.Answers, s.Outcomes = map[int]int64{}, map[string]int64{}
+		for k, n := range s.AnswerCounts {
+			s.Answers[k.Status] += n
+			s.Outcomes[k.Outcome] += n
+		}
+	}
+	if withHistory {
+		h := l.stats.hist.view(now)
+		s.History = &h
+	}
 	return s
+}
+
+// drainSeconds estimates how long the group takes to send n queued
+// requests costing tokens in all, from what v has learned: the rest of
+// the pause, then the slowest of the request pace and the token pace (past
+// what their windows still hold) and the concurrency limit at the mean
+// answer time. 0 when nothing waits or
+// nothing bounds the pace yet.
+func drainSeconds(n int, tokens int64, v View, now time.Time) float64 {
+	if n == 0 {
+		return 0
+	}
+	d := 0.0
+	// What the window still holds goes at once; the rest at the pace.
+	if b := v.Requests; b.Known && b.PerSecond > 0 {
+		d = max(d, (float64(n)-max(b.Available, 0))/b.PerSecond)
+	}
+	if b := v.Tokens; b.Known && b.PerSecond > 0 {
+		d = max(d, (float64(tokens)-max(b.Available, 0))/b.PerSecond)
+	}
+	if v.Concurrency > 0 && v.AnswerSeconds > 0 {
+		d = max(d, float64(n)*v.AnswerSeconds/float64(v.Concurrency))
+	}
+	if d == 0 {
+		return 0
+	}
+	if v.PausedUntil.After(now) {
+		d += v.PausedUntil.Sub(now).Seconds()
+	}
+	return d
 }

@@ -17,6 +17,10 @@ type TableConfig struct {
 	Shared func(group string, cfg Config) Shared
 	// OnEvict is called, outside the table's lock, for every lane dropped.
 	OnEvict func(*Lane)
+	// OnChange is called, outside every lock, for each state change of a
+	// lane's group (limits learned, a pause, the concurrency limit moving)
+	// and for each lane dropped; see Change. nil: not reported.
+	OnChange func(Change)
 }
 
 // Table holds the lanes, bounded in number; idle lanes are evicted.
@@ -32,7 +36,8 @@ type Table struct {
 
 	mu        sync.Mutex
 	lanes     *simplelru.LRU[string, *Lane]
-	evicted   []*Lane // filled by the LRU callback under mu, reported after unlock
+	evicted   []evicted // filled by the LRU callback under mu, reported after unlock
+	sweeping  bool      // the sweep is removing idle lanes
 	lastSweep time.Time
 	groups    map[string]*group // by Key.LimitGroup
 }
@@ -62,7 +67,11 @@ func NewTable(cfg TableConfig) *Table {
 // lane's reference, and is dropped with its last one. The LRU calls it for
 // eviction and removal alike. Requires t.mu held.
 func (t *Table) evictLocked(_ string, l *Lane) {
-	t.evicted = append(t.evicted, l)
+	reason := "table_full"
+	if t.sweeping {
+		reason = "idle"
+	}
+	t.evicted = append(t.evicted, evicted{l, reason})
 	g := l.g
 	g.mu.Lock()
 	gone := g.refs == 1
@@ -105,6 +114,7 @@ func (t *Table) Get(key Key) *Lane {
 		g := t.groups[gk]
 		if g == nil {
 			g = newGroup(gk, t.cfg.Lane, t.cfg.Shared(gk, t.cfg.Lane), t.forgotten)
+			g.onChange = t.cfg.OnChange
 			t.groups[gk] = g
 		}
 		g.mu.Lock()
@@ -154,11 +164,16 @@ func (t *Table) Lanes() []*Lane {
 }
 
 // States returns a snapshot of every lane, least recently used first.
-func (t *Table) States() []State {
+func (t *Table) States() []State { return t.states((*Lane).State) }
+
+// StatesWithHistory is States with each lane's History.
+func (t *Table) StatesWithHistory() []State { return t.states((*Lane).StateWithHistory) }
+
+func (t *Table) states(state func(*Lane) State) []State {
 	lanes := t.Lanes()
 	out := make([]State, 0, len(lanes))
 	for _, l := range lanes {
-		out = append(out, l.State())
+		out = append(out, state(l))
 	}
 	return out
 }
@@ -193,22 +208,33 @@ func (t *Table) sweepLocked(now time.Time) {
 			return
 		}
 		if idle {
+			t.sweeping = true
 			t.lanes.Remove(id)
+			t.sweeping = false
 		}
 	}
 }
 
-func (t *Table) takeEvictedLocked() []*Lane {
+// evicted is a lane that left the table, and why.
+type evicted struct {
+	lane   *Lane
+	reason string
+}
+
+func (t *Table) takeEvictedLocked() []evicted {
 	ev := t.evicted
 	t.evicted = nil
 	return ev
 }
 
-func (t *Table) notify(evicted []*Lane) {
-	if t.cfg.OnEvict == nil {
-		return
-	}
-	for _, l := range evicted {
-		t.cfg.OnEvict(l)
+func (t *Table) notify(evicted []evicted) {
+	now := t.cfg.Lane.Clock.Now()
+	for _, e := range evicted {
+		if t.cfg.OnEvict != nil {
+			t.cfg.OnEvict(e.lane)
+		}
+		if t.cfg.OnChange != nil {
+			t.cfg.OnChange(Change{Kind: Evicted, Lane: e.lane, At: now, Reason: e.reason})
+		}
 	}
 }

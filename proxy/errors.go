@@ -85,11 +85,18 @@ func replyFor(err error) errorReply {
 	return r
 }
 
-// writeFailure answers err as replyFor maps it.
-func writeFailure(w http.ResponseWriter, err error) int {
+// writeFailure answers err as replyFor maps it and counts it for route.
+func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error) int {
 	r := replyFor(err)
 	r.write(w)
+	p.metrics.proxyErrors.WithLabelValues(route, r.code, strconv.Itoa(r.status)).Inc()
 	return r.status
+}
+
+// failRequest answers req with the proxy's own error.
+func (p *Proxy) failRequest(w http.ResponseWriter, req *request, err error) {
+	req.status = p.writeFailure(w, req.route, err)
+	req.outcome = outcomeProxyError
 }
 
 func (e errorReply) write(w http.ResponseWriter) {

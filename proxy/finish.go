@@ -5,19 +5,37 @@ import (
 	"net/http"
 )
 
-// finish logs the request's one line and counts it. It never logs headers,
-// the query or anything else that may carry a credential.
+// How a request's answer ended: the outcome label of
+// llmproxy_requests_total.
+const (
+	outcomeOK            = "ok"             // a 1xx–3xx answer passed on whole
+	outcomeUpstreamError = "upstream_error" // the upstream's own 4xx/5xx passed on
+	outcomeProxyError    = "proxy_error"    // an error the proxy made
+	outcomeUpstreamCut   = "upstream_cut"   // the upstream's answer broke off after the status went out
+	outcomeClientGone    = "client_gone"    // the client left before or while being answered
+)
+
+// finish logs the request's line and counts it. It never logs headers, the
+// query or anything else that may carry a credential. Answers that went
+// as they should are logged at debug; proxy-made 5xx, upstream 5xx and cut
+// answers at warn.
 func (p *Proxy) finish(r *http.Request, req *request) {
+	if req.outcome == "" {
+		req.outcome = outcomeClientGone // left before anything was decided
+	}
 	lane := ""
 	if req.lane != nil {
 		lane = req.lane.ID()
-		req.lane.CountAnswer(req.status)
+		req.lane.CountAnswer(req.status, req.outcome)
 	}
-	level := slog.LevelInfo
-	if req.status == 0 || req.status >= 500 {
+	level := slog.LevelDebug
+	if req.outcome == outcomeUpstreamCut || req.status >= 500 {
 		level = slog.LevelWarn
 	}
-	p.log.LogAttrs(r.Context(), level, "request",
+	if !p.log.Enabled(r.Context(), level) {
+		return
+	}
+	attrs := []slog.Attr{
 		slog.String("request_id", req.id),
 		slog.String("upstream_request_id", req.upstreamID),
 		slog.String("lane", lane),
@@ -25,8 +43,13 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		slog.String("method", r.Method),
 		slog.String("path", req.target.Path),
 		slog.Int("status", req.status),
+		slog.String("outcome", req.outcome),
 		slog.Int64("queue_ms", req.queueWait.Milliseconds()),
 		slog.Int("retries", req.retries),
 		slog.Int64("upstream_ms", req.upstream.Milliseconds()),
-	)
+	}
+	if req.cutErr != "" {
+		attrs = append(attrs, slog.String("err", req.cutErr))
+	}
+	p.log.LogAttrs(r.Context(), level, "request", attrs...)
 }

@@ -31,11 +31,13 @@ type request struct {
 	queueWait time.Duration
 	retries   int
 	upstream  time.Duration // sum of attempt latencies
-	status    int           // what the client got; 0 = client went away
+	status    int           // what the client got; 0 = none was sent
+	outcome   string        // how the answer ended; see the outcome* names
 	cost      int64         // estimated tokens
 	// cancelAttempt ends the current upstream attempt; the answer's idle
 	// watchdog uses it.
 	cancelAttempt context.CancelFunc
+	cutErr        string   // why the upstream's answer broke off (outcomeUpstreamCut)
 	id            string   // x-llmproxy-request-id
 	idHeader      []string // {id}, the header value
 	upstreamID    string   // the upstream's own request id, from its latest answer
@@ -128,7 +130,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 
 	body, err := p.readBody(w, r)
 	if err != nil {
-		req.status = writeFailure(w, err)
+		p.failRequest(w, req, err)
 		return
 	}
 	req.body = body
@@ -152,7 +154,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		return
 	}
 	defer slot.Release()
-	p.metrics.queueWait.Observe(req.queueWait.Seconds())
+	p.metrics.queueWait.WithLabelValues(route).Observe(req.queueWait.Seconds())
 	p.forward(ctx, w, r, req, slot)
 }
 
@@ -180,10 +182,11 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error)
 // refuse answers a request that never got a slot, or lost it waiting.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
 	if r.Context().Err() != nil {
-		return // the client went away; nobody to answer
+		req.outcome = outcomeClientGone // nobody to answer
+		return
 	}
 	setLLMHeaders(w.Header(), req)
-	req.status = writeFailure(w, err)
+	p.failRequest(w, req, err)
 }
 
 // attempt makes one upstream attempt bounded by the budget until the answer's
@@ -235,6 +238,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		switch {
 		case r.Context().Err() != nil:
 			res.Discard()
+			req.outcome = outcomeClientGone
 			return
 		case timedOut:
 			res.Discard()
@@ -273,7 +277,7 @@ func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result,
 	if res.Err != nil {
 		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
 	}
-	req.status = writeFailure(w, err)
+	p.failRequest(w, req, err)
 }
 
 // upstreamRequestID is the provider's own id for an answer: OpenAI's

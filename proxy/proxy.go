@@ -114,6 +114,15 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
+	// Every lane state change gets its log line, before whatever else the
+	// caller wants done with it.
+	next, log := cfg.Lanes.OnChange, cfg.Logger
+	cfg.Lanes.OnChange = func(c lanequeue.Change) {
+		logChange(log, c)
+		if next != nil {
+			next(c)
+		}
+	}
 	if cfg.Lanes.Lane.Clock == nil {
 		cfg.Lanes.Lane.Clock = cfg.Clock
 	}
@@ -233,16 +242,16 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 					// tells the client it is incomplete.
 					panic(http.ErrAbortHandler)
 				}
-				writeFailure(w, fail(failInternal, "internal error"))
+				p.writeFailure(w, "", fail(failInternal, "internal error"))
 			}
 		}()
 		w = tw
 		if r.Method == http.MethodConnect {
-			writeFailure(w, fail(failMethod, "CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it"))
+			p.writeFailure(w, "", fail(failMethod, "CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it"))
 			return
 		}
 		if !strings.HasPrefix(r.RequestURI, "/") {
-			writeFailure(w, fail(failAbsoluteURI, "absolute-form request targets are not supported: llmproxy sends every request to its configured upstream"))
+			p.writeFailure(w, "", fail(failAbsoluteURI, "absolute-form request targets are not supported: llmproxy sends every request to its configured upstream"))
 			return
 		}
 		next.ServeHTTP(w, r)

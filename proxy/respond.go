@@ -57,6 +57,10 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		h.Set("X-Should-Retry", "false")
 	}
 	req.status = resp.StatusCode
+	req.outcome = outcomeOK
+	if resp.StatusCode >= 400 {
+		req.outcome = outcomeUpstreamError
+	}
 	w.WriteHeader(resp.StatusCode)
 	stream := flushEachWrite(resp)
 	var meter usageMeter
@@ -71,8 +75,10 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	if err := copyBody(w, body, stream, meter); err != nil {
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run.
+		req.outcome = outcomeClientGone
 		if !errors.Is(err, errClientGone) {
-			p.log.Warn("upstream body failed mid-answer", "lane", req.lane.ID(), "err", redactErr(err, req.target))
+			req.outcome = outcomeUpstreamCut
+			req.cutErr = redactErr(err, req.target)
 		}
 		panic(http.ErrAbortHandler)
 	}

@@ -116,25 +116,26 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		return a.LastUsed.After(b.LastUsed)
 	})
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\t429s ABSORBED\tREQ/S\tTOK/S\tLEARNED\tDRAINS IN\tWAITING\t")
+	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\tFAILED\t429s ABSORBED\tREQ/S\tTOK/S\tLEARNED\tDRAINS IN\tWAITING\t")
 	for _, s := range r.Lanes {
 		route := s.Route
 		if route == "" {
 			route = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), s.Queued, s.InFlight, s.Concurrency,
-			done(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond), learned(s),
+			s.Outcomes["ok"], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond), learned(s),
 			drainsIn(s), waiting(s, now))
 	}
 	tw.Flush()
 }
 
-// done counts the lane's answered requests with a 2xx status.
-func done(s lanequeue.State) int64 {
+// failed counts the lane's answers that were not a success, those whose
+// client left aside.
+func failed(s lanequeue.State) int64 {
 	var n int64
-	for status, c := range s.Answers {
-		if status >= 200 && status < 300 {
+	for outcome, c := range s.Outcomes {
+		if outcome != "ok" && outcome != "client_gone" {
 			n += c
 		}
 	}
@@ -158,15 +159,16 @@ func learned(s lanequeue.State) string {
 	return s.Learned
 }
 
-// drainsIn estimates when the queue is through at the learned request rate.
+// drainsIn is the proxy's estimate of when the lane's limit group has sent
+// what waits now.
 func drainsIn(s lanequeue.State) string {
 	if s.Queued == 0 {
 		return "-"
 	}
-	if s.RequestsPerSecond <= 0 {
+	if s.DrainSeconds <= 0 {
 		return "?"
 	}
-	return (time.Duration(float64(s.Queued) / s.RequestsPerSecond * float64(time.Second))).Round(time.Second).String()
+	return (time.Duration(s.DrainSeconds * float64(time.Second))).Round(time.Second).String()
 }
 
 func waiting(s lanequeue.State, now time.Time) string {

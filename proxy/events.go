@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// logChange writes one info line for a lane's state change: limits
+// learned or changed, a pause and why, the concurrency limit moving, the
+// lane leaving the table. Lanes are named by their hashed id; no key.
+func logChange(log *slog.Logger, c lanequeue.Change) {
+	ctx := context.Background()
+	if !log.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	k := c.Lane.Key()
+	attrs := []slog.Attr{
+		slog.String("lane", c.Lane.ID()),
+		slog.String("route", k.Route),
+		slog.String("model", k.Model),
+	}
+	v := c.View
+	var msg string
+	switch c.Kind {
+	case lanequeue.LimitsChanged:
+		msg = "lane limits changed"
+		attrs = append(attrs, slog.String("learned_from", v.Learned), slog.Bool("corrected_by_refusals", v.Corrected))
+		if v.Requests.Known {
+			attrs = append(attrs, slog.Float64("requests_limit", round2(v.Requests.Limit)), slog.Float64("requests_per_second", round2(v.Requests.PerSecond)))
+		}
+		if v.Tokens.Known {
+			attrs = append(attrs, slog.Float64("tokens_limit", round2(v.Tokens.Limit)), slog.Float64("tokens_per_second", round2(v.Tokens.PerSecond)))
+		}
+		attrs = append(attrs, slog.Int("status", c.Status))
+	case lanequeue.Paused:
+		msg = "lane paused"
+		attrs = append(attrs, slog.String("reason", c.PauseReason), slog.Int("status", c.Status),
+			slog.Duration("for", c.PauseFor.Round(time.Millisecond)), slog.Time("until", c.At.Add(c.PauseFor)))
+	case lanequeue.ConcurrencyChanged:
+		msg = "lane concurrency changed"
+		attrs = append(attrs, slog.Int("from", c.From), slog.Int("to", v.Concurrency), slog.String("after", c.Verdict.String()))
+	case lanequeue.Evicted:
+		msg = "lane evicted"
+		attrs = append(attrs, slog.String("reason", c.Reason))
+	default:
+		return
+	}
+	log.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
+}
+
+func round2(f float64) float64 { return math.Round(f*100) / 100 }

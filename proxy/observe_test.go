@@ -1,0 +1,246 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// counterValue is the value of the llmproxy counter name with these labels
+// (all of them must match), summed over the series that match.
+func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if matches(m, labels) {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func matches(m *dto.Metric, want map[string]string) bool {
+	n := 0
+	for _, lp := range m.GetLabel() {
+		if v, ok := want[lp.GetName()]; ok {
+			if v != lp.GetValue() {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(want)
+}
+
+// TestEveryAnswerIsCountedByOutcome: a whole 200 is ok; a 200 whose
+// stream breaks off is upstream_cut, not a success; the upstream's 400 is
+// upstream_error; a body over the limit is proxy_error and counted by its
+// code; a client that leaves while queued is client_gone.
+func TestEveryAnswerIsCountedByOutcome(t *testing.T) {
+	release := make(chan struct{})
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/cut":
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		case "/v1/bad":
+			w.WriteHeader(400)
+			fmt.Fprint(w, `{"error":{"message":"no"}}`)
+		case "/v1/slow":
+			<-release
+			fmt.Fprint(w, `{}`)
+		default:
+			fmt.Fprint(w, `{}`)
+		}
+	}), func(c *Config) {
+		c.MaxBodyBytes = 64
+		c.Lanes.Lane.Concurrency, c.Lanes.Lane.MaxConcurrency = 1, 1
+	})
+	reg := h.proxy.cfg.Gatherer
+	readAll(t, h.post("/v1/ok", `{"model":"m"}`).Body)
+	cut := h.post("/v1/cut", `{"model":"c"}`)
+	if _, err := io.ReadAll(cut.Body); err == nil {
+		t.Fatal("the cut stream ended cleanly")
+	}
+	readAll(t, h.post("/v1/bad", `{"model":"b"}`).Body)
+	if r := h.post("/v1/ok", `{"model":"`+strings.Repeat("x", 100)+`"}`); r.StatusCode != 413 {
+		t.Fatalf("large body: %d", r.StatusCode)
+	}
+	// One slow request holds the only slot of model s; a second one waits
+	// and its client gives up.
+	go func() { h.post("/v1/slow", `{"model":"s"}`).Body.Close() }()
+	waitFor(t, func() bool { return laneInFlight(h.proxy, "s") == 1 })
+	req, _ := http.NewRequest("POST", h.front.URL+"/v1/slow", strings.NewReader(`{"model":"s"}`))
+	req.Header.Set("Authorization", "Bearer "+testKey) // the same lane
+	cl := &http.Client{Timeout: 200 * time.Millisecond}
+	if _, err := cl.Do(req); err == nil {
+		t.Fatal("the queued request was answered")
+	}
+	// The proxy has seen the client go before the slot frees.
+	waitFor(t, func() bool { return laneQueued(h.proxy, "s") == 0 })
+	close(release)
+	laneIdle(t, h.proxy)
+
+	want := []struct {
+		labels map[string]string
+		n      float64
+	}{
+		{map[string]string{"status": "200", "outcome": "ok"}, 2},
+		{map[string]string{"status": "200", "outcome": "upstream_cut"}, 1},
+		{map[string]string{"status": "400", "outcome": "upstream_error"}, 1},
+		{map[string]string{"status": "0", "outcome": "client_gone"}, 1},
+	}
+	waitFor(t, func() bool { return counterValue(t, reg, "llmproxy_requests_total", want[3].labels) == 1 })
+	for _, w := range want {
+		if got := counterValue(t, reg, "llmproxy_requests_total", w.labels); got != w.n {
+			t.Errorf("requests_total%v = %v, want %v", w.labels, got, w.n)
+		}
+	}
+	if got := counterValue(t, reg, "llmproxy_proxy_errors_total", map[string]string{"code": "request_too_large", "status": "413", "route": ""}); got != 1 {
+		t.Errorf("proxy_errors_total{code=request_too_large} = %v, want 1", got)
+	}
+	if logs := h.logs.String(); !strings.Contains(logs, "level=WARN msg=request") || !strings.Contains(logs, "outcome=upstream_cut") {
+		t.Errorf("the cut answer was not logged as a warning:\n%s", logs)
+	}
+}
+
+func laneInFlight(p *Proxy, model string) int { return laneState(p, model).InFlight }
+
+func laneQueued(p *Proxy, model string) int { return laneState(p, model).Queued }
+
+func laneState(p *Proxy, model string) lanequeue.State {
+	for _, s := range p.Lanes().States() {
+		if s.Model == model {
+			return s
+		}
+	}
+	return lanequeue.State{}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// limitedThenRefusedOnce answers with request-window headers (and token
+// ones with tokens set): a 429 with a 50ms hint the first time (n counts),
+// then a success.
+func limitedThenRefusedOnce(w http.ResponseWriter, n *atomic.Int32, tokens bool) {
+	w.Header().Set("X-Ratelimit-Limit-Requests", "600")
+	w.Header().Set("X-Ratelimit-Remaining-Requests", "599")
+	w.Header().Set("X-Ratelimit-Reset-Requests", "100ms")
+	if tokens {
+		w.Header().Set("X-Ratelimit-Limit-Tokens", "100000")
+		w.Header().Set("X-Ratelimit-Remaining-Tokens", "99000")
+		w.Header().Set("X-Ratelimit-Reset-Tokens", "1s")
+	}
+	if n.Add(1) == 1 {
+		w.Header().Set("Retry-After-Ms", "50")
+		w.WriteHeader(429)
+		fmt.Fprint(w, `{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`)
+		return
+	}
+	fmt.Fprint(w, `{}`)
+}
+
+// TestLaneChangesAreLoggedAtInfoRequestsAtDebug: at info, a pause with its
+// reason, the limits learned and the concurrency limit's fall each get a
+// line; the per-request lines only show at debug. No line holds the key
+// or the query.
+func TestLaneChangesAreLoggedAtInfoRequestsAtDebug(t *testing.T) {
+	var n atomic.Int32
+	logs := &syncBuffer{}
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		limitedThenRefusedOnce(w, &n, false)
+	}), func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	resp := h.post("/v1/chat/completions?api-version=secretquery", `{"model":"m"}`)
+	readAll(t, resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	out := logs.String()
+	for _, want := range []string{
+		`msg="lane paused"`, "reason=rate_limited", "status=429",
+		`msg="lane limits changed"`, "learned_from=headers", "requests_limit=600",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("info log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "msg=request") {
+		t.Errorf("a per-request line at info:\n%s", out)
+	}
+	if strings.Contains(out, testKey) || strings.Contains(out, "secretquery") {
+		t.Errorf("log holds the key or the query:\n%s", out)
+	}
+}
+
+// TestEveryMetricIsDocumented: after traffic that makes every series
+// appear (learned limits, a pause, a proxy error), the names the proxy
+// exports and the README's metric table are the same set, Redis' own
+// series aside (redisstate registers them; its tests cover them).
+func TestEveryMetricIsDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `(llmproxy_[a-z0-9_]+)` \\|").FindAllSubmatch(readme, -1) {
+		documented[string(m[1])] = true
+	}
+	var n atomic.Int32
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		limitedThenRefusedOnce(w, &n, true)
+	}), func(c *Config) { c.MaxBodyBytes = 64 })
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	readAll(t, h.post("/v1/chat/completions", `{"model":"`+strings.Repeat("x", 100)+`"}`).Body)
+	fams, err := h.proxy.cfg.Gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range fams {
+		exported[f.GetName()] = true
+	}
+	for name := range exported {
+		if !documented[name] {
+			t.Errorf("%s is exported but not in the README's metric table", name)
+		}
+	}
+	for name := range documented {
+		if !exported[name] && !strings.HasPrefix(name, "llmproxy_redis_") {
+			t.Errorf("%s is in the README but not exported", name)
+		}
+	}
+}
