@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"net/http"
 
@@ -23,7 +24,17 @@ type Health struct {
 	Shared func() string
 }
 
-// AdminHandler serves /healthz, /readyz, /metrics and /lanes.
+// dashboard is the /ui page: one file, its styles and script inline, so it
+// works offline and needs nothing but /lanes.
+//
+//go:embed ui/index.html
+var dashboard []byte
+
+// dashboardCSP lets the page run its own inline script and style and talk
+// to its own origin, and nothing else.
+const dashboardCSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui.
 func (p *Proxy) AdminHandler(h Health) http.Handler {
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -45,13 +56,28 @@ func (p *Proxy) AdminHandler(h Health) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
 	r.Handle("/metrics", promhttp.HandlerFor(p.cfg.Gatherer, promhttp.HandlerOpts{}))
-	r.Get("/lanes", func(w http.ResponseWriter, _ *http.Request) {
+	r.Get("/lanes", func(w http.ResponseWriter, r *http.Request) {
 		shared := "off"
 		if h.Shared != nil {
 			shared = h.Shared()
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"redis": shared, "lanes": p.lanes.States()})
+		states := p.lanes.States
+		if r.URL.Query().Get("history") == "1" {
+			states = p.lanes.StatesWithHistory
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"redis": shared, "lanes": states()})
 	})
+	r.Get("/ui", func(w http.ResponseWriter, _ *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Type", "text/html; charset=utf-8")
+		hd.Set("Cache-Control", "no-store")
+		hd.Set("Content-Security-Policy", dashboardCSP)
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("Referrer-Policy", "no-referrer")
+		_, _ = w.Write(dashboard)
+	})
+	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui", http.StatusFound) })
+	r.Get("/ui/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui", http.StatusMovedPermanently) })
 	return r
 }
 

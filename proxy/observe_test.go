@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
@@ -243,4 +245,65 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 			t.Errorf("%s is in the README but not exported", name)
 		}
 	}
+}
+
+// TestDashboardIsServedSelfContained: /ui is one HTML page that loads
+// nothing from elsewhere (no script, style, font or image address), under
+// a policy that lets it talk to its own origin only; / leads to it; and
+// /lanes?history=1 gives each lane the chart's history, /lanes not.
+func TestDashboardIsServedSelfContained(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{}`) }), nil)
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	waitFor(t, func() bool { return laneState(h.proxy, "m").Outcomes["ok"] == 1 })
+	admin := httptest.NewServer(h.proxy.AdminHandler(Health{}))
+	defer admin.Close()
+	resp, err := http.Get(admin.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := readAll(t, resp.Body)
+	if resp.Request.URL.Path != "/ui" || resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+		t.Fatalf("/ led to %s: %d %s", resp.Request.URL.Path, resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	csp := resp.Header.Get("Content-Security-Policy")
+	if !strings.Contains(csp, "default-src 'none'") || !strings.Contains(csp, "connect-src 'self'") {
+		t.Errorf("policy %q", csp)
+	}
+	// The SVG namespace is a name, not an address the page loads.
+	rest := strings.ReplaceAll(page, `"http://www.w3.org/2000/svg"`, "")
+	if m := regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}|@import|url\(|<link|src=`).FindString(rest); m != "" {
+		t.Errorf("the page refers to something outside it: %q", m)
+	}
+	if !strings.Contains(page, `fetch("lanes?history=1"`) {
+		t.Error("the page does not read /lanes")
+	}
+	var plain, hist struct {
+		Lanes []lanequeue.State `json:"lanes"`
+	}
+	for _, c := range []struct {
+		path string
+		into any
+	}{{"/lanes", &plain}, {"/lanes?history=1", &hist}} {
+		r, err := http.Get(admin.URL + c.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.NewDecoder(r.Body).Decode(c.into); err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+	}
+	if len(plain.Lanes) != 1 || plain.Lanes[0].History != nil {
+		t.Errorf("/lanes: %+v", plain.Lanes)
+	}
+	if len(hist.Lanes) != 1 || hist.Lanes[0].History == nil || sumOf(hist.Lanes[0].History.Answers) != 1 {
+		t.Errorf("/lanes?history=1: %+v", hist.Lanes)
+	}
+}
+
+func sumOf(v []uint32) (n uint32) {
+	for _, x := range v {
+		n += x
+	}
+	return n
 }

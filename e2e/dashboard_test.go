@@ -1,0 +1,395 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/proxy"
+)
+
+// needChromium returns the path of a Chromium to drive, or skips the test;
+// with LLMPROXY_E2E_REQUIRE_CHROMIUM=1 (CI) a missing browser fails it.
+func needChromium(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("LLMPROXY_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("LLMPROXY_E2E_REQUIRE_CHROMIUM") == "1" {
+		t.Fatal("no chromium on PATH (apt-get install -y chromium)")
+	}
+	t.Skip("no chromium on PATH; apt-get install -y chromium")
+	return ""
+}
+
+// artifactDir is where the test leaves its screenshots: LLMPROXY_ARTIFACTS,
+// or e2e/artifacts.
+func artifactDir(t *testing.T) string {
+	dir := os.Getenv("LLMPROXY_ARTIFACTS")
+	if dir == "" {
+		dir = "artifacts"
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// browser starts a headless Chromium with the flags this closed machine
+// needs (no background connections) and a fresh profile.
+func browser(t *testing.T, width, height int) (context.Context, context.CancelFunc) {
+	exe := needChromium(t)
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(exe),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.WindowSize(width, height),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	return ctx, func() {
+		cancelTimeout()
+		cancelCtx()
+		cancelAlloc()
+	}
+}
+
+// pageLane is what the dashboard shows of a lane.
+type pageLane struct {
+	ID       string `json:"id"`
+	Model    string `json:"model"`
+	KeyHash  string `json:"key_hash"`
+	Path     string `json:"path"`
+	Queued   string `json:"queued"`
+	InFlight string `json:"in_flight"`
+	Done     string `json:"done"`
+	Waiting  string `json:"waiting"`
+	Paused   bool   `json:"paused"`
+	Bars     int    `json:"bars"`
+}
+
+type pageView struct {
+	Renders int        `json:"renders"`
+	Lanes   []pageLane `json:"lanes"`
+}
+
+// readPage reads the lane rows off the page through the DOM, as a person
+// reads the table.
+const readPage = `(() => {
+  const f = (tr, name) => { const e = tr.querySelector('[data-field="' + name + '"]'); return e ? e.textContent.trim() : null; };
+  return {
+    renders: Number(document.getElementById("updated").dataset.n || 0),
+    lanes: [...document.querySelectorAll("tr.lane")].map(tr => ({
+      id: tr.dataset.lane, model: f(tr, "model"), key_hash: f(tr, "key_hash"), path: f(tr, "path"),
+      queued: f(tr, "queued"), in_flight: f(tr, "in_flight"), done: f(tr, "done"), waiting: f(tr, "waiting"),
+      paused: tr.classList.contains("paused"), bars: tr.querySelectorAll("svg rect").length,
+    })),
+  };
+})()`
+
+func (v pageView) lane(id string) (pageLane, bool) {
+	for _, l := range v.Lanes {
+		if l.ID == id {
+			return l, true
+		}
+	}
+	return pageLane{}, false
+}
+
+type lanesJSON struct {
+	Redis string            `json:"redis"`
+	Lanes []lanequeue.State `json:"lanes"`
+}
+
+func getLanes(t *testing.T, admin string) lanesJSON {
+	t.Helper()
+	resp, err := http.Get(admin + "/lanes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out lanesJSON
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestDashboardShowsWhatLanesSays drives the dashboard in real headless
+// Chromium while two keys' evals flow through the proxy against a
+// rate-limited mock, and a third key's upstream pauses its lane:
+//   - the page lists exactly the lanes /lanes lists, with their model, path
+//     and key hash, and a done count between two /lanes readings taken
+//     around the page's reading;
+//   - the counts move without a reload, and the throughput chart fills;
+//   - the paused lane stands out and says why; a degraded Redis shows a
+//     banner;
+//   - no API key is anywhere on the page;
+//   - at phone width nothing overflows sideways.
+//
+// Screenshots at 1280×800 and 390×844 are left in LLMPROXY_ARTIFACTS (or
+// e2e/artifacts) as the test's artefacts.
+func TestDashboardShowsWhatLanesSays(t *testing.T) {
+	ctx, stop := browser(t, 1280, 800)
+	defer stop()
+
+	// A route whose upstream pauses the lane: a 429 with a 4 s hint, then
+	// answers.
+	var pausedCalls atomic.Int32
+	pausing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if pausedCalls.Add(1) == 1 {
+			w.Header().Set("Retry-After", "4")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(429)
+			fmt.Fprint(w, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[]}`)
+	}))
+	defer pausing.Close()
+	s := newStack(t, mockupstream.Config{RPM: 600, Latency: 80 * time.Millisecond}, func(c *proxy.Config) {
+		u := mustURL(t, pausing.URL)
+		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u})
+	})
+	var degraded atomic.Bool
+	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{Shared: func() string {
+		if degraded.Load() {
+			return "degraded"
+		}
+		return "ok"
+	}}))
+	defer admin.Close()
+
+	keys := map[string]string{"gpt-dash-a": "sk-dashboard-secret-a", "gpt-dash-b": "sk-dashboard-secret-b"}
+	trafficCtx, stopTraffic := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for model, key := range keys {
+		client := s.openai(key)
+		for range 12 { // 12 clients per key; 10 requests a second are allowed per key
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 30 && trafficCtx.Err() == nil; i++ {
+					_, _ = client.Chat.Completions.New(trafficCtx, chatParams(model, "hello"))
+				}
+			}()
+		}
+	}
+	defer func() {
+		stopTraffic()
+		wg.Wait()
+	}()
+	go func() {
+		req, _ := http.NewRequestWithContext(trafficCtx, "POST", s.front.URL+"/pausing/v1/chat/completions", strings.NewReader(`{"model":"gpt-paused"}`))
+		req.Header.Set("Authorization", "Bearer sk-dashboard-secret-p")
+		if resp, err := s.httpClient().Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, func() bool {
+		l := getLanes(t, admin.URL).Lanes
+		if len(l) != 3 {
+			return false
+		}
+		for _, st := range l {
+			if st.Model != "gpt-paused" && (st.Outcomes["ok"] == 0 || st.Queued == 0) {
+				return false
+			}
+		}
+		return true
+	})
+
+	var view pageView
+	read := func() pageView {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[pageView](readPage))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// waitRenders waits until the page has rendered n more times.
+	waitRenders := func(n int) {
+		t.Helper()
+		start := read().Renders
+		deadline := time.Now().Add(15 * time.Second)
+		for read().Renders < start+n {
+			if time.Now().After(deadline) {
+				t.Fatalf("the page stopped refreshing at render %d", start)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(admin.URL+"/ui"),
+		chromedp.WaitVisible(chromedp.CSS(`tr.lane[data-lane]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+
+	// The page's reading falls between two of /lanes: the second render
+	// after `before` fetched after it.
+	before := getLanes(t, admin.URL)
+	waitRenders(2)
+	view = read()
+	after := getLanes(t, admin.URL)
+	if len(view.Lanes) != len(after.Lanes) || len(after.Lanes) != 3 {
+		t.Fatalf("page shows %d lanes, /lanes %d: %+v", len(view.Lanes), len(after.Lanes), view.Lanes)
+	}
+	doneBefore := map[string]int64{}
+	for _, st := range before.Lanes {
+		doneBefore[st.ID] = st.Outcomes["ok"]
+	}
+	for _, st := range after.Lanes {
+		pl, ok := view.lane(st.ID)
+		if !ok {
+			t.Fatalf("lane %s (%s) of /lanes is not on the page", st.ID, st.Model)
+		}
+		if pl.Model != st.Model || pl.KeyHash != st.KeyHash || pl.Path != st.Path {
+			t.Errorf("lane %s: page shows %q %q %q, /lanes %q %q %q", st.ID, pl.Model, pl.KeyHash, pl.Path, st.Model, st.KeyHash, st.Path)
+		}
+		done := atoi(t, pl.Done)
+		if done < doneBefore[st.ID] || done > st.Outcomes["ok"] {
+			t.Errorf("lane %s: page shows %d done, /lanes %d before and %d after", st.Model, done, doneBefore[st.ID], st.Outcomes["ok"])
+		}
+	}
+
+	// The paused lane stands out and says why.
+	for _, st := range after.Lanes {
+		if st.Model != "gpt-paused" {
+			continue
+		}
+		pl, _ := view.lane(st.ID)
+		if !pl.Paused || !strings.Contains(pl.Waiting, "rate_limited") {
+			t.Errorf("the paused lane shows paused=%v, waiting %q", pl.Paused, pl.Waiting)
+		}
+	}
+
+	// Counts move without a reload.
+	first := view
+	waitRenders(3)
+	moved := read()
+	grew := 0
+	for _, pl := range moved.Lanes {
+		if was, ok := first.lane(pl.ID); ok && atoi(t, pl.Done) > atoi(t, was.Done) {
+			grew++
+		}
+		if pl.Model != "gpt-paused" && pl.Bars == 0 {
+			t.Errorf("lane %s: the throughput chart is empty", pl.Model)
+		}
+	}
+	if grew < 2 {
+		t.Errorf("done counts did not move on the page: %+v then %+v", first.Lanes, moved.Lanes)
+	}
+
+	// No key anywhere on the page.
+	html, err := chromedp.Run(ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(html, "sk-dashboard-secret") {
+		t.Fatal("an API key is on the page")
+	}
+
+	dir := artifactDir(t)
+	shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeArtifact(t, filepath.Join(dir, "dashboard-1280x800.png"), shot)
+
+	// A degraded Redis shows its banner.
+	degraded.Store(true)
+	waitRenders(2)
+	banner, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`!document.getElementById("degraded").hidden`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !banner {
+		t.Error("no banner for a degraded Redis")
+	}
+	degraded.Store(false)
+
+	// A phone: the rows become cards and nothing overflows sideways.
+	if err := chromedp.Do(ctx,
+		chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile),
+		chromedp.Sleep(1500*time.Millisecond),
+	); err != nil {
+		t.Fatal(err)
+	}
+	overflow, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth + 1`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shot, err = chromedp.Run(ctx, chromedp.CaptureScreenshot()); err != nil {
+		t.Fatal(err)
+	}
+	writeArtifact(t, filepath.Join(dir, "dashboard-phone.png"), shot)
+	if overflow {
+		t.Error("the page is wider than a phone's screen")
+	}
+	if err := chromedp.Cancel(ctx); err != nil {
+		t.Log("closing the browser:", err)
+	}
+}
+
+func writeArtifact(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	abs, _ := filepath.Abs(path)
+	t.Logf("screenshot: %s (%d bytes)", abs, len(b))
+}
+
+func atoi(t *testing.T, s string) int64 {
+	t.Helper()
+	var n int64
+	if _, err := fmt.Sscan(s, &n); err != nil {
+		t.Fatalf("not a count: %q", s)
+	}
+	return n
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
