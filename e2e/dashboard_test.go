@@ -165,19 +165,13 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	ctx, stop := browser(t, 1280, 800)
 	defer stop()
 
-	// A route whose upstream pauses the lane: a 429 with a 4 s hint, then
-	// answers.
-	var pausedCalls atomic.Int32
+	// A route whose upstream pauses its lane for a minute, longer than the
+	// test: a 429 with a 60 s hint.
 	pausing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if pausedCalls.Add(1) == 1 {
-			w.Header().Set("Retry-After", "4")
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(429)
-			fmt.Fprint(w, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`)
-			return
-		}
+		w.Header().Set("Retry-After", "60")
 		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprint(w, `{"id":"x","object":"chat.completion","choices":[]}`)
+		w.WriteHeader(429)
+		fmt.Fprint(w, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`)
 	}))
 	defer pausing.Close()
 	s := newStack(t, mockupstream.Config{RPM: 600, Latency: 80 * time.Millisecond}, func(c *proxy.Config) {
