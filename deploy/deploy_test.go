@@ -1,7 +1,9 @@
 // Package deploy holds example deployments of llmproxy (Docker Compose,
-// Kubernetes). Nothing here is compiled into the binary; this test only
-// checks that the files parse and agree with each other and with the
-// program's configuration, since no container engine runs them in CI.
+// Kubernetes) and its monitoring (a Grafana dashboard, Prometheus alert
+// rules). Nothing here is compiled into the binary; this test only checks
+// that the files parse and agree with each other and with the program's
+// configuration and metrics, since no container engine, Prometheus or
+// Grafana runs them in CI.
 package deploy
 
 import (
