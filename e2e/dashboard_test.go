@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,8 +58,9 @@ func artifactDir(t *testing.T) string {
 }
 
 // browser starts a headless Chromium with the flags this closed machine
-// needs (no background connections) and a fresh profile.
-func browser(t *testing.T, width, height int) (context.Context, context.CancelFunc) {
+// needs (no background connections) and a fresh profile, for at most
+// timeout.
+func browser(t *testing.T, width, height int, timeout time.Duration) (context.Context, context.CancelFunc) {
 	exe := needChromium(t)
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(exe),
@@ -78,7 +80,7 @@ func browser(t *testing.T, width, height int) (context.Context, context.CancelFu
 	}
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelCtx := chromedp.NewContext(actx)
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancelTimeout := context.WithTimeout(ctx, timeout)
 	return ctx, func() {
 		cancelTimeout()
 		cancelCtx()
@@ -160,15 +162,20 @@ func getLanes(t *testing.T, admin string) lanesJSON {
 //   - at phone width nothing overflows sideways.
 //
 // Screenshots at 1280×800 and 390×844 are left in LLMPROXY_ARTIFACTS (or
-// e2e/artifacts) as the test's artefacts.
+// e2e/artifacts) as the test's artefacts. LLMPROXY_E2E_DASHBOARD_WARMUP (a
+// duration, at most 5m) lets the traffic run that long first, for a
+// screenshot with minutes of chart; the README's was taken so.
 func TestDashboardShowsWhatLanesSays(t *testing.T) {
-	ctx, stop := browser(t, 1280, 800)
+	warmup, _ := time.ParseDuration(os.Getenv("LLMPROXY_E2E_DASHBOARD_WARMUP"))
+	warmup = min(max(warmup, 0), 5*time.Minute)
+	ctx, stop := browser(t, 1280, 800, 90*time.Second+warmup)
 	defer stop()
 
-	// A route whose upstream pauses its lane for a minute, longer than the
-	// test: a 429 with a 60 s hint.
+	// A route whose upstream pauses its lane for longer than the test: a
+	// 429 with a hint of a minute past the warm-up.
+	hint := strconv.Itoa(int((warmup + time.Minute).Seconds()))
 	pausing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Retry-After", "60")
+		w.Header().Set("Retry-After", hint)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(429)
 		fmt.Fprint(w, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`)
@@ -177,6 +184,7 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	s := newStack(t, mockupstream.Config{RPM: 600, Latency: 80 * time.Millisecond}, func(c *proxy.Config) {
 		u := mustURL(t, pausing.URL)
 		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u})
+		c.MaxWait, c.MaxRetryAfter = 10*time.Minute, 10*time.Minute
 	})
 	var degraded atomic.Bool
 	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{Shared: func() string {
@@ -196,7 +204,8 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for i := 0; i < 30 && trafficCtx.Err() == nil; i++ {
+				until := time.Now().Add(warmup + time.Minute)
+				for i := 0; (i < 30 || time.Now().Before(until) && warmup > 0) && trafficCtx.Err() == nil; i++ {
 					_, _ = client.Chat.Completions.New(trafficCtx, chatParams(model, "hello"))
 				}
 			}()
@@ -227,6 +236,7 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 		return true
 	})
 
+	time.Sleep(warmup)
 	var view pageView
 	read := func() pageView {
 		t.Helper()

@@ -238,6 +238,8 @@ func TestDrainEstimate(t *testing.T) {
 		{"token pace binds", 10, 1000, View{Requests: BudgetView{Known: true, PerSecond: 10}, Tokens: BudgetView{Known: true, PerSecond: 100}}, 10},
 		{"concurrency binds", 40, 0, View{Requests: BudgetView{Known: true, PerSecond: 100}, Concurrency: 4, AnswerSeconds: 2}, 20},
 		{"pause adds", 10, 0, View{Requests: BudgetView{Known: true, PerSecond: 10}, PausedUntil: now.Add(3 * time.Second)}, 4},
+		{"a pause alone", 1, 0, View{PausedUntil: now.Add(3 * time.Second)}, 3},
+		{"a pause over", 1, 0, View{PausedUntil: now.Add(-time.Second)}, 0},
 		{"room for all", 5, 0, View{Requests: BudgetView{Known: true, PerSecond: 1, Available: 10}}, 0},
 	}
 	for _, c := range cases {

@@ -89,9 +89,10 @@ type State struct {
 	// GroupQueued is the number of requests waiting in the lane's limit
 	// group (this lane's and those of lanes sharing its limit), and
 	// DrainSeconds an estimate of when the group will have sent them all:
-	// the longest of what the pause, the learned request and token rates
-	// and the concurrency limit at the mean answer time allow. 0 when
-	// nothing waits or nothing is learned yet.
+	// the rest of the pause, then the longest of what the learned request
+	// and token rates and the concurrency limit at the mean answer time
+	// allow. 0 when nothing waits, or nothing is learned yet and no pause
+	// holds the group.
 	GroupQueued  int     `json:"group_queued"`
 	DrainSeconds float64 `json:"drain_seconds,omitempty"`
 	// History is the lane's last minutes of answers and upstream 429s;
@@ -161,8 +162,8 @@ func (l *Lane) state(withHistory bool) State {
 // requests costing tokens in all, from what v has learned: the rest of
 // the pause, then the slowest of the request pace and the token pace (past
 // what their windows still hold) and the concurrency limit at the mean
-// answer time. 0 when nothing waits or
-// nothing bounds the pace yet.
+// answer time. 0 when nothing waits, or when nothing bounds the pace yet
+// and no pause holds the group.
 func drainSeconds(n int, tokens int64, v View, now time.Time) float64 {
 	if n == 0 {
 		return 0
@@ -178,10 +179,9 @@ func drainSeconds(n int, tokens int64, v View, now time.Time) float64 {
 	if v.Concurrency > 0 && v.AnswerSeconds > 0 {
 		d = max(d, float64(n)*v.AnswerSeconds/float64(v.Concurrency))
 	}
-	if d == 0 {
-		return 0
-	}
 	if v.PausedUntil.After(now) {
+		// Nothing goes before the pause ends: at least that long, even
+		// when nothing bounds the pace yet.
 		d += v.PausedUntil.Sub(now).Seconds()
 	}
 	return d
