@@ -41,6 +41,7 @@ const (
 	failBodyRead
 	failMethod
 	failAbsoluteURI
+	failShutdown
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -65,7 +66,12 @@ var replies = map[failKind]errorReply{
 	failBodyRead:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error"},
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
+	// Another replica, or this one restarted, can take the retry.
+	failShutdown: {status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retryAfter: time.Second},
 }
+
+// errShutdown is the answer to requests cut short by Stop.
+var errShutdown = fail(failShutdown, "the proxy is shutting down and stopped this request before the upstream answered; retry")
 
 // replyFor maps an error to the answer the client gets: the proxy's own
 // failures by kind, the lane's sentinel errors, anything else as internal.

@@ -127,6 +127,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.idHeader = []string{req.id} // one value for both ways: neither side changes it
 	w.Header()["X-Llmproxy-Request-Id"] = req.idHeader
 	defer func() { p.finish(r, req) }()
+	if p.stopping() {
+		p.failRequest(w, req, errShutdown)
+		return
+	}
 
 	body, err := p.readBody(w, r)
 	if err != nil {
@@ -146,6 +150,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
 	defer cancel()
+	defer context.AfterFunc(p.stopped, cancel)()
 	req.cost = tokens.Estimate(req.target.Path, body)
 	slot, err := req.lane.Acquire(ctx, req.cost)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
@@ -186,13 +191,21 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err
 		return
 	}
 	setLLMHeaders(w.Header(), req)
+	if p.stopping() {
+		err = errShutdown
+	}
 	p.failRequest(w, req, err)
 }
 
 // attempt makes one upstream attempt bounded by the budget until the answer's
 // headers arrive; after that only the client's own cancellation ends it.
 func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (upstream.Result, context.CancelFunc, bool) {
-	actx, cancel := context.WithCancel(r.Context())
+	actx, cancelAttempt := context.WithCancel(r.Context())
+	unwatch := context.AfterFunc(p.stopped, cancelAttempt) // Stop cuts the attempt, answer included
+	cancel := func() {
+		unwatch()
+		cancelAttempt()
+	}
 	var mu sync.Mutex
 	headers, timedOut := false, false
 	stop := context.AfterFunc(budget, func() {
@@ -274,7 +287,10 @@ func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result,
 	}
 	setLLMHeaders(w.Header(), req)
 	err := fail(failBudget, why)
-	if res.Err != nil {
+	switch {
+	case p.stopping():
+		err = errShutdown
+	case res.Err != nil:
 		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
 	}
 	p.failRequest(w, req, err)

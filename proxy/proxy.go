@@ -9,6 +9,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -60,6 +61,11 @@ type Config struct {
 
 // Proxy is the request handler plus its lane table and metrics.
 type Proxy struct {
+	// stopped is cancelled by Stop: every request still waiting or at the
+	// upstream is answered 503 shutting_down at once.
+	stopped context.Context
+	stop    context.CancelFunc
+
 	cfg     Config
 	lanes   *lanequeue.Table
 	metrics *metrics
@@ -140,7 +146,8 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Gatherer = prometheus.DefaultGatherer
 	}
 
-	p := &Proxy{cfg: cfg, log: cfg.Logger,
+	stopped, stop := context.WithCancel(context.Background())
+	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
 	m, err := newMetrics(cfg.Registry, p.lanes)
@@ -197,6 +204,17 @@ func CheckUpstream(u *url.URL) error {
 	}
 	return nil
 }
+
+// Stop ends the work under way without waiting for it: requests still in
+// a queue or waiting for the upstream's headers are answered at once with
+// 503 shutting_down (Retry-After 1), answers being streamed are cut, and
+// requests that arrive later get the same 503. Call it when a graceful
+// shutdown runs out of time, after the listeners stopped accepting; the
+// handlers return promptly after it. Safe to call more than once.
+func (p *Proxy) Stop() { p.stop() }
+
+// stopping reports whether Stop was called.
+func (p *Proxy) stopping() bool { return p.stopped.Err() != nil }
 
 // ServeHTTP handles a client request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.ServeHTTP(w, r) }

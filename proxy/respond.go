@@ -76,7 +76,10 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run.
 		req.outcome = outcomeClientGone
-		if !errors.Is(err, errClientGone) {
+		switch {
+		case p.stopping():
+			req.outcome, req.cutErr = outcomeProxyError, "cut by shutdown"
+		case !errors.Is(err, errClientGone):
 			req.outcome = outcomeUpstreamCut
 			req.cutErr = redactErr(err, req.target)
 		}

@@ -1,0 +1,60 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestStopAnswersQueuedAndWaitingRequests: with one request at a silent
+// upstream and three queued behind it, Stop gives all four a 503
+// shutting_down JSON answer with Retry-After at once, and a request that
+// arrives after it the same; nothing holds a slot afterwards.
+func TestStopAnswersQueuedAndWaitingRequests(t *testing.T) {
+	hold := make(chan struct{})
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) { c.Lanes.Lane.Concurrency, c.Lanes.Lane.MaxConcurrency = 1, 1 })
+	defer close(hold)
+	type answer struct {
+		status int
+		code   string
+		retry  string
+	}
+	answers := make(chan answer, 4)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+			answers <- answer{resp.StatusCode, decodeErr(t, resp).Error.Code, resp.Header.Get("Retry-After")}
+		}()
+	}
+	waitFor(t, func() bool { s := laneState(h.proxy, "m"); return s.InFlight == 1 && s.Queued == 3 })
+	h.proxy.Stop()
+	wg.Wait()
+	close(answers)
+	for a := range answers {
+		if a.status != 503 || a.code != "shutting_down" || a.retry != "1" {
+			t.Errorf("after Stop: %+v, want 503 shutting_down, Retry-After 1", a)
+		}
+	}
+	late := h.post("/v1/chat/completions", `{"model":"m"}`)
+	if e := decodeErr(t, late); late.StatusCode != 503 || e.Error.Code != "shutting_down" {
+		t.Fatalf("a request after Stop: %d %s", late.StatusCode, e.Error.Code)
+	}
+	laneIdle(t, h.proxy)
+	if got := counterValue(t, h.proxy.cfg.Gatherer, "llmproxy_proxy_errors_total", map[string]string{"code": "shutting_down"}); got != 5 {
+		t.Fatalf("shutting_down counted %v times, want 5", got)
+	}
+	if !strings.Contains(h.logs.String(), "outcome=proxy_error") {
+		t.Fatal("the answers were not logged as the proxy's")
+	}
+}
