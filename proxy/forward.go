@@ -78,18 +78,42 @@ func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
 	return &u
 }
 
-// credential returns the first credential the request carries.
-func credential(h http.Header) string {
+// credential returns the first credential the request carries, in the
+// places the big providers take one: Authorization (OpenAI's Bearer, and
+// any other scheme whole), x-api-key (Anthropic), api-key (Azure OpenAI),
+// x-goog-api-key and the key query parameter (Gemini's own API). Requests
+// with different keys never share a lane.
+func credential(h http.Header, rawQuery string) string {
 	if v := h.Get("Authorization"); v != "" {
 		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
 			return strings.TrimSpace(v[7:])
 		}
 		return v
 	}
-	if v := h.Get("X-Api-Key"); v != "" {
-		return v
+	for _, k := range []string{"X-Api-Key", "Api-Key", "X-Goog-Api-Key"} {
+		if v := h.Get(k); v != "" {
+			return v
+		}
 	}
-	return h.Get("Api-Key")
+	return queryKey(rawQuery)
+}
+
+// queryKey is the first key parameter of a raw query, unescaped when it
+// can be; a value that does not unescape is still a distinct key.
+func queryKey(rawQuery string) string {
+	for rawQuery != "" {
+		var part string
+		part, rawQuery, _ = strings.Cut(rawQuery, "&")
+		name, value, _ := strings.Cut(part, "=")
+		if name != "key" || value == "" {
+			continue
+		}
+		if v, err := url.QueryUnescape(value); err == nil {
+			return v
+		}
+		return value
+	}
+	return ""
 }
 
 // modelOf reads the top-level "model" of a JSON body, "" when there is none.
@@ -141,7 +165,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.deadline = p.budget(r, now)
 	key := lanequeue.Key{
 		Route:          route,
-		CredentialHash: lanequeue.HashCredential(credential(r.Header)),
+		CredentialHash: lanequeue.HashCredential(credential(r.Header, r.URL.RawQuery)),
 		Path:           req.target.Path,
 		Model:          modelOf(body),
 	}

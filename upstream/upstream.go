@@ -198,5 +198,13 @@ func OutboundHeader(in http.Header) http.Header {
 	h.Del("Expect") // the proxy already has the whole body
 	h.Del("Content-Length")
 	h.Del("Host")
+	// What a client says about where it or earlier proxies are is neither
+	// checked nor needed upstream: an API provider sees the proxy. Passing
+	// it on would let a client forge a source address in the provider's
+	// logs and leak internal addresses.
+	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
+		"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server", "X-Real-Ip", "X-Client-Ip", "True-Client-Ip"} {
+		h.Del(k)
+	}
 	return h
 }

@@ -158,3 +158,22 @@ func TestDialTimeoutIsRetryable(t *testing.T) {
 		t.Fatalf("outcome %v unreachable %v", r.Outcome, r.Unreachable)
 	}
 }
+
+// TestOutboundHeaderDropsClientAddressClaims: what a client claims about
+// its address or earlier proxies does not reach the upstream; its own
+// headers do.
+func TestOutboundHeaderDropsClientAddressClaims(t *testing.T) {
+	in := http.Header{}
+	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip", "True-Client-Ip"} {
+		in.Set(k, "203.0.113.9")
+	}
+	in.Set("Authorization", "Bearer k")
+	in.Set("Openai-Beta", "assistants=v2")
+	out := OutboundHeader(in)
+	for k := range in {
+		keep := k == "Authorization" || k == "Openai-Beta"
+		if got := out.Get(k); keep != (got != "") {
+			t.Errorf("%s: %q after OutboundHeader", k, got)
+		}
+	}
+}
