@@ -13,6 +13,7 @@ const (
 	outcomeProxyError    = "proxy_error"    // an error the proxy made
 	outcomeUpstreamCut   = "upstream_cut"   // the upstream's answer broke off after the status went out
 	outcomeClientGone    = "client_gone"    // the client left before or while being answered
+	outcomeClientStalled = "client_stalled" // the client accepted nothing for the idle bound and was cut
 )
 
 // finish logs the request's line and counts it. It never logs headers, the
@@ -29,7 +30,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		req.lane.CountAnswer(req.status, req.outcome)
 	}
 	level := slog.LevelDebug
-	if req.outcome == outcomeUpstreamCut || req.status >= 500 {
+	if req.outcome == outcomeUpstreamCut || req.outcome == outcomeClientStalled || req.status >= 500 {
 		level = slog.LevelWarn
 	}
 	if !p.log.Enabled(r.Context(), level) {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -72,13 +73,16 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		body = newIdleReader(resp.Body, p.cfg.MaxWait, req.cancelAttempt)
 		defer body.(*idleReader).stop()
 	}
-	if err := copyBody(w, body, stream, meter); err != nil {
+	if err := copyBody(w, body, stream, meter, p.cfg.MaxWait); err != nil {
 		// A failure after the status went out can only be signalled by
-		// breaking the connection; the deferred releases still run.
+		// breaking the connection; the deferred releases still run, and
+		// the attempt's cancellation ends the upstream call.
 		req.outcome = outcomeClientGone
 		switch {
 		case p.stopping():
 			req.outcome, req.cutErr = outcomeProxyError, "cut by shutdown"
+		case errors.Is(err, errClientStalled):
+			req.outcome, req.cutErr = outcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
 		case !errors.Is(err, errClientGone):
 			req.outcome = outcomeUpstreamCut
 			req.cutErr = redactErr(err, req.target)
@@ -130,12 +134,29 @@ func (i *idleReader) stop() { i.timer.Stop() }
 // of the proxy's allocation per request.
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-var errClientGone = errors.New("client went away")
+var (
+	errClientGone    = errors.New("client went away")
+	errClientStalled = errors.New("client stopped reading")
+)
 
 // copyBody copies src to w, flushing after each write when flush is set,
-// and shows every chunk to tap when it is not nil.
-func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer) error {
+// and shows every chunk to tap when it is not nil. A client that accepts
+// nothing for idle is cut (errClientStalled): without a write deadline a
+// client that stops reading would hold its slot, and the upstream call,
+// for as long as it keeps the connection open.
+func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, idle time.Duration) error {
 	rc := http.NewResponseController(w)
+	deadlines := rc.SetWriteDeadline(time.Now().Add(idle)) == nil
+	if deadlines {
+		// The connection may serve more requests: no deadline left behind.
+		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	}
+	writeErr := func(err error) error {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return errClientStalled
+		}
+		return errClientGone
+	}
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := *bp
@@ -145,12 +166,15 @@ func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer) e
 			if tap != nil {
 				_, _ = tap.Write(buf[:n])
 			}
+			if deadlines {
+				_ = rc.SetWriteDeadline(time.Now().Add(idle))
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return errClientGone
+				return writeErr(werr)
 			}
 			if flush {
 				if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-					return errClientGone
+					return writeErr(err)
 				}
 			}
 		}
