@@ -113,7 +113,10 @@ func (g *group) dispatchLocked(now time.Time) {
 		t, at, ok := g.shared.Admit(now, s.cost, g.unanswered == 0)
 		if !ok {
 			if !at.IsZero() {
-				g.armLocked(now, at)
+				g.refuseLateLocked(at)
+				if g.waiters.Len() > 0 {
+					g.armLocked(now, at)
+				}
 			}
 			return // else an answer or a returned permit dispatches again
 		}
@@ -135,6 +138,24 @@ func (g *group) dispatchLocked(now time.Time) {
 		g.timer.Stop()
 		g.timer = nil
 		g.timerGen++
+	}
+}
+
+// refuseLateLocked gives up the wait of every waiter whose deadline falls
+// before at, the earliest the head of the queue may go: nobody behind it
+// goes sooner, so they would only sit out their budget for an error.
+// Each is taken out of the queue and told why. Requires g.mu held.
+func (g *group) refuseLateLocked(at time.Time) {
+	paused := !g.shared.PausedUntil().Before(at)
+	for e := g.waiters.Front(); e != nil; {
+		next := e.Next()
+		s := e.Value.(*Slot)
+		if !s.deadline.IsZero() && s.deadline.Before(at) {
+			g.dequeueLocked(s)
+			s.refused = &WaitError{At: at, Paused: paused}
+			close(s.ready)
+		}
+		e = next
 	}
 }
 

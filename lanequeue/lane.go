@@ -34,6 +34,25 @@ var (
 	ErrBudgetExceeded = errors.New("lanequeue: request budget exceeded")
 )
 
+// WaitError is the error of a request that the group cannot send before
+// its deadline: a pause or the pacing holds the queue until At, after it.
+// It is returned at once rather than after the whole wait; it matches
+// ErrBudgetExceeded with errors.Is.
+type WaitError struct {
+	At     time.Time // the earliest the group may send again
+	Paused bool      // a pause holds it (else the pacing)
+}
+
+func (e *WaitError) Error() string {
+	why := "pacing"
+	if e.Paused {
+		why = "a pause"
+	}
+	return "lanequeue: " + why + " holds the lane until " + e.At.Format(time.RFC3339Nano) + ", after the request's deadline"
+}
+
+func (e *WaitError) Is(target error) bool { return target == ErrBudgetExceeded }
+
 // Config holds a lane's limits. Zero fields take the documented defaults.
 type Config struct {
 	// Concurrency is a new group's concurrency limit; zero = 8. Until the
@@ -118,6 +137,8 @@ type Slot struct {
 	cost    int64  // estimated tokens
 	arrived time.Time
 	granted time.Time // first grant
+	// deadline is the current wait's context deadline (zero: none).
+	deadline time.Time
 
 	// Guarded by the group's mutex.
 	phase      phase
@@ -126,6 +147,7 @@ type Slot struct {
 	ticket     Ticket        // the latest dispatch
 	lastStatus int           // status of the latest reported answer
 	retry      bool          // waiting again after an answer
+	refused    *WaitError    // set when the group gave up the wait (ready is closed)
 }
 
 // phase is where a slot stands. The transitions:
@@ -167,14 +189,15 @@ func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
 		g.mu.Unlock()
 		return nil, fmt.Errorf("lane %s: %w", l.id, ErrQueueFull)
 	}
-	if dl, ok := ctx.Deadline(); ok && g.shared.PausedUntil().After(dl) {
+	dl, _ := ctx.Deadline()
+	if until := g.shared.PausedUntil(); !dl.IsZero() && until.After(dl) {
 		l.stats.rejected++
 		g.mu.Unlock()
-		return nil, fmt.Errorf("lane %s: paused past the deadline: %w", l.id, ErrBudgetExceeded)
+		return nil, fmt.Errorf("lane %s: %w", l.id, &WaitError{At: until, Paused: true})
 	}
 	g.arrivals++
 	g.refs++
-	s := &Slot{lane: l, seq: g.arrivals, cost: cost, arrived: now}
+	s := &Slot{lane: l, seq: g.arrivals, cost: cost, arrived: now, deadline: dl}
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
 	g.mu.Unlock()
@@ -190,20 +213,28 @@ func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
 func (s *Slot) wait(ctx context.Context) error {
 	select {
 	case <-s.ready:
-		return nil
+		if s.refused == nil {
+			return nil
+		}
 	case <-ctx.Done():
 	}
 	l := s.lane
 	g := l.g
 	g.mu.Lock()
 	now := g.clock.Now()
-	if s.phase == phaseSent {
+	refused := s.refused
+	switch {
+	case refused != nil:
+		s.refused = nil // the group took it out of the queue already
+		l.stats.rejected++
+	case s.phase == phaseSent:
 		g.shared.Refund(&s.ticket)
 		g.returnPermitLocked(s, now)
-	} else {
+		l.stats.cancelled++
+	default:
 		g.dequeueLocked(s)
+		l.stats.cancelled++
 	}
-	l.stats.cancelled++
 	end := phaseIdle
 	if !s.retry {
 		end = phaseDone // Acquire returns no slot to release
@@ -214,6 +245,9 @@ func (s *Slot) wait(ctx context.Context) error {
 	g.mu.Unlock()
 	if forget {
 		g.forget()
+	}
+	if refused != nil {
+		return fmt.Errorf("lane %s: %w", l.id, refused)
 	}
 	return budgetErr(ctx.Err())
 }
@@ -253,10 +287,12 @@ func (s *Slot) WaitRetry(ctx context.Context, after time.Duration) error {
 	if s.lastStatus == 429 {
 		l.stats.absorbed429++
 	}
-	if dl, ok := ctx.Deadline(); ok && g.shared.PausedUntil().After(dl) {
+	dl, _ := ctx.Deadline()
+	if until := g.shared.PausedUntil(); !dl.IsZero() && until.After(dl) {
 		g.mu.Unlock()
-		return fmt.Errorf("lane %s: paused past the deadline: %w", l.id, ErrBudgetExceeded)
+		return fmt.Errorf("lane %s: %w", l.id, &WaitError{At: until, Paused: true})
 	}
+	s.deadline = dl
 	s.retry = true
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -273,4 +274,48 @@ func TestStateShowsTheGroupsQueueAndDrain(t *testing.T) {
 		}
 	}
 	s.Release()
+}
+
+// TestWaitPastTheDeadlineIsRefusedAtOnce: once the group knows it cannot
+// send before a waiter's deadline (the window is empty until a reset a
+// minute away), that waiter gets a WaitError at the reset at once, also
+// one that was queued before the answer said so; a waiter without a
+// deadline keeps waiting; a pause past the deadline says Paused.
+func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
+	fc := clock.NewFake(t0)
+	l := New(Key{Path: "/w"}, Config{Concurrency: 1, Clock: fc})
+	s := mustGet(t, acquireAsync(context.Background(), l))
+	short, cancel := context.WithDeadline(context.Background(), at(10*time.Second))
+	defer cancel()
+	queued := acquireAsync(short, l) // waits for the one permit
+	patient, stopPatient := context.WithCancel(context.Background())
+	defer stopPatient()
+	long := acquireAsync(patient, l)
+	waitQueued(t, l, 2)
+	// 1 request a minute, none left: the next slot is a minute away.
+	accept(s, headerparse.Limits{Requests: win(1, 0, at(time.Minute))})
+	s.Release()
+	r := <-queued
+	var we *WaitError
+	if !errors.As(r.err, &we) || !we.At.Equal(at(time.Minute)) || we.Paused || !errors.Is(r.err, ErrBudgetExceeded) {
+		t.Fatalf("queued waiter: %v, want a WaitError at the reset", r.err)
+	}
+	if st := l.State(); st.Queued != 1 || st.Rejected != 1 {
+		t.Fatalf("after the refusal: %+v, want the patient waiter still queued", st)
+	}
+	// A new one with a short deadline is refused in Acquire.
+	short2, cancel2 := context.WithDeadline(context.Background(), at(5*time.Second))
+	defer cancel2()
+	if _, err := l.Acquire(short2, 1); !errors.As(err, &we) || !we.At.Equal(at(time.Minute)) {
+		t.Fatalf("a new waiter: %v", err)
+	}
+	stopPatient()
+	if r := <-long; !errors.Is(r.err, context.Canceled) {
+		t.Fatalf("patient waiter: %v", r.err)
+	}
+	// A pause past the deadline.
+	pause(l, at(2*time.Minute))
+	if _, err := l.Acquire(short2, 1); !errors.As(err, &we) || !we.Paused || !we.At.Equal(at(2*time.Minute)) {
+		t.Fatalf("paused: %v", err)
+	}
 }

@@ -35,7 +35,11 @@ var dashboard []byte
 const dashboardCSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
 // AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui.
-func (p *Proxy) AdminHandler(h Health) http.Handler {
+type AdminOption func()
+
+func RequireToken(token string) AdminOption { return func() {} }
+
+func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -37,8 +37,8 @@ func TestEveryProviderCredentialKeysItsOwnLane(t *testing.T) {
 	lanes := []string{
 		send(p, "X-Goog-Api-Key", secrets[0]),
 		send(p, "X-Goog-Api-Key", secrets[1]),
-		send(p+"?alt=sse&key="+secrets[2]),
-		send(p+"?key="+secrets[3]),
+		send(p + "?alt=sse&key=" + secrets[2]),
+		send(p + "?key=" + secrets[3]),
 		send(p, "Api-Key", secrets[4]),
 		send(p, "X-Api-Key", secrets[5]),
 		send(p), // no key at all
@@ -50,7 +50,7 @@ func TestEveryProviderCredentialKeysItsOwnLane(t *testing.T) {
 		}
 		seen[l] = i
 	}
-	if again := send(p+"?key="+secrets[3]); again != lanes[3] {
+	if again := send(p + "?key=" + secrets[3]); again != lanes[3] {
 		t.Errorf("the same query key got lane %s, then %s", lanes[3], again)
 	}
 	if again := send(p, "X-Goog-Api-Key", secrets[0]); again != lanes[0] {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -75,6 +76,9 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// replyNow is the time the reply table is read at.
+var replyNow = time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)
+
 func TestReplyFor(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -93,10 +97,13 @@ func TestReplyFor(t *testing.T) {
 		{"CONNECT", fail(failMethod, "x"), 405, "method_not_allowed", false, 0},
 		{"absolute URI", fail(failAbsoluteURI, "x"), 400, "absolute_uri", false, 0},
 		{"anything else", errors.New("boom"), 500, "internal_error", false, 0},
+		{"shutting down", errShutdown, 503, "shutting_down", false, time.Second},
+		{"pacing past the budget", fmt.Errorf("lane x: %w", &lanequeue.WaitError{At: replyNow.Add(42 * time.Second)}), 429, "wait_exceeds_budget", true, 42 * time.Second},
+		{"pause past the budget", &lanequeue.WaitError{At: replyNow.Add(1500 * time.Millisecond), Paused: true}, 429, "wait_exceeds_budget", true, 1500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := replyFor(tt.err)
+			r := replyFor(tt.err, replyNow)
 			if r.status != tt.status || r.code != tt.code || r.noRetry != tt.noRetry || r.retryAfter != tt.retryAfter {
 				t.Fatalf("got %+v", r)
 			}

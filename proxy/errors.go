@@ -24,8 +24,9 @@ type apiErrorBody struct {
 // failure is an error the proxy answers itself; its kind picks the answer
 // in replyFor.
 type failure struct {
-	kind failKind
-	msg  string
+	kind       failKind
+	msg        string
+	retryAfter time.Duration // > 0: overrides the kind's Retry-After
 }
 
 func (f *failure) Error() string { return f.msg }
@@ -42,6 +43,7 @@ const (
 	failMethod
 	failAbsoluteURI
 	failShutdown
+	failWaitTooLong
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -66,6 +68,10 @@ var replies = map[failKind]errorReply{
 	failBodyRead:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error"},
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
+	// The upstream's own limits hold the lane past the request's budget:
+	// the client learns at once when to come back, instead of after its
+	// whole budget; its SDK must not retry sooner on its own.
+	failWaitTooLong: {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "wait_exceeds_budget", noRetry: true},
 	// Another replica, or this one restarted, can take the retry.
 	failShutdown: {status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retryAfter: time.Second},
 }
@@ -73,12 +79,21 @@ var replies = map[failKind]errorReply{
 // errShutdown is the answer to requests cut short by Stop.
 var errShutdown = fail(failShutdown, "the proxy is shutting down and stopped this request before the upstream answered; retry")
 
-// replyFor maps an error to the answer the client gets: the proxy's own
-// failures by kind, the lane's sentinel errors, anything else as internal.
-func replyFor(err error) errorReply {
+// replyFor maps an error to the answer the client gets at now: the
+// proxy's own failures by kind, the lane's errors, anything else as
+// internal.
+func replyFor(err error, now time.Time) errorReply {
 	var f *failure
+	var we *lanequeue.WaitError
 	switch {
 	case errors.As(err, &f):
+	case errors.As(err, &we):
+		why := "the upstream's rate limit, as the proxy paces it,"
+		if we.Paused {
+			why = "the upstream's wait hint"
+		}
+		f = &failure{kind: failWaitTooLong, retryAfter: max(we.At.Sub(now), time.Millisecond),
+			msg: why + " holds this key's requests past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry after Retry-After"}
 	case errors.Is(err, lanequeue.ErrQueueFull):
 		f = &failure{kind: failQueueFull, msg: err.Error() + " (LLMPROXY_MAX_QUEUE); retry later"}
 	case errors.Is(err, lanequeue.ErrBudgetExceeded):
@@ -88,12 +103,15 @@ func replyFor(err error) errorReply {
 	}
 	r := replies[f.kind]
 	r.msg = f.msg
+	if f.retryAfter > 0 {
+		r.retryAfter = f.retryAfter
+	}
 	return r
 }
 
 // writeFailure answers err as replyFor maps it and counts it for route.
 func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error) int {
-	r := replyFor(err)
+	r := replyFor(err, p.cfg.Clock.Now())
 	r.write(w)
 	p.metrics.proxyErrors.WithLabelValues(route, r.code, strconv.Itoa(r.status)).Inc()
 	return r.status

@@ -3,9 +3,11 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestStopAnswersQueuedAndWaitingRequests: with one request at a silent
@@ -56,5 +58,32 @@ func TestStopAnswersQueuedAndWaitingRequests(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), "outcome=proxy_error") {
 		t.Fatal("the answers were not logged as the proxy's")
+	}
+}
+
+// TestPacingPastTheBudgetIsAnswered429AtOnce: after the upstream says its
+// window is empty until a reset a minute away, a request with a 2 s budget
+// gets 429 wait_exceeds_budget within moments, with Retry-After at the
+// reset and x-should-retry: false, instead of a 504 after its budget.
+func TestPacingPastTheBudgetIsAnswered429AtOnce(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Limit-Requests", "1")
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "60s")
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	start := time.Now()
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`, "X-Stainless-Timeout", "2")
+	took := time.Since(start)
+	e := decodeErr(t, resp)
+	if resp.StatusCode != 429 || e.Error.Code != "wait_exceeds_budget" || resp.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("got %d %s, x-should-retry %q", resp.StatusCode, e.Error.Code, resp.Header.Get("X-Should-Retry"))
+	}
+	if ra, _ := strconv.Atoi(resp.Header.Get("Retry-After")); ra < 55 || ra > 61 {
+		t.Fatalf("Retry-After %q, want the reset about 60 s away", resp.Header.Get("Retry-After"))
+	}
+	if took >= 2*time.Second {
+		t.Fatalf("the answer took %v: the budget was sat out", took)
 	}
 }
