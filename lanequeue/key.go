@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"unicode/utf8"
 )
 
 // Key identifies a lane: the route, the credential's hash, the request path
@@ -62,4 +63,24 @@ func (k Key) LimitGroup() string {
 // String is a compact form for logs: no raw credential.
 func (k Key) String() string {
 	return k.Route + "|" + k.ShortKeyHash() + "|" + k.Path + "|" + k.Model
+}
+
+// maxField is the longest a path or model may be in a lane key as given;
+// longer ones are shortened (see Bounded).
+const maxField = 128
+
+// Bounded returns s as a lane key field of bounded size: s itself when it
+// is at most 128 bytes, else its first 64 bytes (whole runes), "…" and 16
+// hex digits of its SHA-256. Two long values stay apart, and a client
+// cannot make a lane, its metrics labels or /lanes grow with what it sends.
+func Bounded(s string) string {
+	if len(s) <= maxField {
+		return s
+	}
+	cut := 64
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	sum := sha256.Sum256([]byte(s))
+	return s[:cut] + "…" + hex.EncodeToString(sum[:8])
 }

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -168,6 +169,39 @@ func (t *Table) States() []State { return t.states((*Lane).State) }
 
 // StatesWithHistory is States with each lane's History.
 func (t *Table) StatesWithHistory() []State { return t.states((*Lane).StateWithHistory) }
+
+// Busiest returns at most n lanes' states (with their History when
+// history is set), those with the most queued and in flight first, then
+// the most recently used; and how many lanes there are. A status page
+// asks for a page of lanes, never all 10,000 at once.
+func (t *Table) Busiest(n int, history bool) (states []State, total int) {
+	lanes := t.Lanes()
+	type load struct {
+		l    *Lane
+		busy int
+		used time.Time
+	}
+	loads := make([]load, len(lanes))
+	for i, l := range lanes {
+		l.g.mu.Lock()
+		loads[i] = load{l, l.queued + l.inFlight, l.lastUsed}
+		l.g.mu.Unlock()
+	}
+	slices.SortStableFunc(loads, func(a, b load) int {
+		if a.busy != b.busy {
+			return b.busy - a.busy
+		}
+		return b.used.Compare(a.used)
+	})
+	state := (*Lane).State
+	if history {
+		state = (*Lane).StateWithHistory
+	}
+	for _, ld := range loads[:min(n, len(loads))] {
+		states = append(states, state(ld.l))
+	}
+	return states, len(lanes)
+}
 
 func (t *Table) states(state func(*Lane) State) []State {
 	lanes := t.Lanes()

@@ -2,8 +2,11 @@ package lanequeue
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
@@ -171,5 +174,45 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	tb.mu.Unlock()
 	if kept {
 		t.Fatal("the group outlived every lane that used it")
+	}
+}
+
+func TestBoundedKeepsShortValuesAndShortensLongOnes(t *testing.T) {
+	if Bounded("gpt-4o-mini") != "gpt-4o-mini" || Bounded("") != "" {
+		t.Fatal("a short value changed")
+	}
+	a, b := strings.Repeat("ü", 200)+"a", strings.Repeat("ü", 200)+"b"
+	ba, bb := Bounded(a), Bounded(b)
+	if ba == bb || len(ba) > 100 || !utf8.ValidString(ba) || !strings.HasPrefix(a, strings.Split(ba, "…")[0]) {
+		t.Fatalf("Bounded: %q and %q", ba, bb)
+	}
+	if Bounded(a) != ba {
+		t.Fatal("not stable")
+	}
+}
+
+// TestBusiestPagesTheLanes: at most n lanes, the one with work first, then
+// the most recently used; the total counts them all.
+func TestBusiestPagesTheLanes(t *testing.T) {
+	fc := clock.NewFake(t0)
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
+	for i := range 5 {
+		tb.Get(Key{Path: fmt.Sprint("/", i)})
+		fc.Advance(time.Second)
+	}
+	busy := tb.Get(Key{Path: "/0"})
+	fc.Advance(time.Second)
+	tb.Get(Key{Path: "/4"}) // most recently used of the idle ones
+	s, err := busy.Acquire(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release()
+	got, total := tb.Busiest(2, true)
+	if total != 5 || len(got) != 2 || got[0].Path != "/0" || got[1].Path != "/4" || got[0].History == nil {
+		t.Fatalf("Busiest(2): %d of %d: %+v", len(got), total, got)
+	}
+	if all, _ := tb.Busiest(100, false); len(all) != 5 || all[0].History != nil {
+		t.Fatalf("Busiest(100): %d", len(all))
 	}
 }

@@ -41,6 +41,7 @@ type request struct {
 	id            string   // x-llmproxy-request-id
 	idHeader      []string // {id}, the header value
 	upstreamID    string   // the upstream's own request id, from its latest answer
+	held          int64    // body bytes counted against MaxBufferedBytes
 }
 
 // newRequestID is a request's id: 16 hex digits, random, so ids from
@@ -156,7 +157,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		return
 	}
 
-	body, err := p.readBody(w, r)
+	defer p.releaseBody(req)
+	body, err := p.readBody(w, r, req)
 	if err != nil {
 		p.failRequest(w, req, err)
 		return
@@ -166,8 +168,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	key := lanequeue.Key{
 		Route:          route,
 		CredentialHash: lanequeue.HashCredential(credential(r.Header, r.URL.RawQuery)),
-		Path:           req.target.Path,
-		Model:          modelOf(body),
+		Path:           lanequeue.Bounded(req.target.Path),
+		Model:          lanequeue.Bounded(modelOf(body)),
 	}
 	req.lane = p.lanes.Get(key)
 	w.Header().Set("X-Llmproxy-Lane", req.lane.ID())
@@ -187,9 +189,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	p.forward(ctx, w, r, req, slot)
 }
 
-// readBody buffers the body so it can be sent again, refusing one larger than
-// MaxBodyBytes before reading it all.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+// readBody buffers the body so it can be sent again, refusing one larger
+// than MaxBodyBytes before reading it all, and one that would take the
+// bodies held by all requests past MaxBufferedBytes. What it holds is
+// counted in req.held until the request ends (see releaseBody).
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) ([]byte, error) {
 	tooLarge := fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
 	if r.ContentLength > p.cfg.MaxBodyBytes {
 		return nil, tooLarge
@@ -197,15 +201,67 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error)
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	src := io.Reader(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	var body []byte
+	var err error
+	if n := r.ContentLength; n > 0 {
+		// Known length: hold it before reading, and read it into one
+		// buffer of that size.
+		if !p.hold(req, n) {
+			return nil, errBuffersFull
+		}
+		body = make([]byte, n)
+		_, err = io.ReadFull(src, body)
+	} else {
+		body, err = io.ReadAll(&heldReader{r: src, p: p, req: req})
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return nil, tooLarge
+		case errors.Is(err, errBuffersFull):
+			return nil, errBuffersFull
 		}
 		return nil, fail(failBodyRead, "could not read the request body: "+err.Error())
 	}
 	return body, nil
+}
+
+// errBuffersFull refuses a body that would take what all requests hold
+// past MaxBufferedBytes.
+var errBuffersFull = fail(failQueueFull, "the request bodies held by the proxy reached LLMPROXY_MAX_BUFFERED_BYTES; retry later")
+
+// hold counts n more bytes as held by req, unless that takes the total
+// past MaxBufferedBytes.
+func (p *Proxy) hold(req *request, n int64) bool {
+	if p.buffered.Add(n) > p.cfg.MaxBufferedBytes {
+		p.buffered.Add(-n)
+		return false
+	}
+	req.held += n
+	return true
+}
+
+// releaseBody gives back what req held.
+func (p *Proxy) releaseBody(req *request) {
+	p.buffered.Add(-req.held)
+	req.held = 0
+}
+
+// heldReader counts a body of unknown length as it arrives.
+type heldReader struct {
+	r   io.Reader
+	p   *Proxy
+	req *request
+}
+
+func (h *heldReader) Read(b []byte) (int, error) {
+	n, err := h.r.Read(b)
+	if n > 0 && !h.p.hold(h.req, int64(n)) {
+		return n, errBuffersFull
+	}
+	return n, err
 }
 
 // refuse answers a request that never got a slot, or lost it waiting.

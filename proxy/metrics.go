@@ -15,7 +15,7 @@ type metrics struct {
 	proxyErrors *prometheus.CounterVec   // route, code, status
 }
 
-func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered func() float64) (*metrics, error) {
 	m := &metrics{
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmproxy_queue_wait_seconds", Help: "Time from arrival to the first upstream attempt, by route.",
@@ -29,7 +29,10 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table) (*metrics, er
 			Name: "llmproxy_proxy_errors_total", Help: "Errors the proxy answered itself, by route, error code and HTTP status.",
 		}, []string{"route", "code", "status"}),
 	}
-	for _, c := range []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, lanes.Collector()} {
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "llmproxy_buffered_request_bytes", Help: "Request body bytes the proxy holds now (bounded by LLMPROXY_MAX_BUFFERED_BYTES).",
+	}, buffered)
+	for _, c := range []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, held, lanes.Collector()} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

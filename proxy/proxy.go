@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -43,13 +44,17 @@ type Config struct {
 	MaxWait       time.Duration // a request's whole budget (queue + retries); zero = 10m
 	MaxRetryAfter time.Duration // longer upstream hints are not waited for; zero = 2m
 	MaxBodyBytes  int64         // larger bodies get 413; zero = 32 MiB
-	Lanes         lanequeue.TableConfig
-	Transport     http.RoundTripper     // nil = upstream.NewTransport()
-	Logger        *slog.Logger          // nil = discard
-	Registry      prometheus.Registerer // nil = a private registry
-	Gatherer      prometheus.Gatherer   // what /metrics serves; nil = the private registry
-	Clock         clock.Clock           // nil = wall clock; also set into Lanes
-	Backoff       backoff.Policy
+	// MaxBufferedBytes bounds the request bodies all requests hold
+	// together (queued, retried, in flight); a body past it gets 429
+	// queue_full. Zero = 256 MiB.
+	MaxBufferedBytes int64
+	Lanes            lanequeue.TableConfig
+	Transport        http.RoundTripper     // nil = upstream.NewTransport()
+	Logger           *slog.Logger          // nil = discard
+	Registry         prometheus.Registerer // nil = a private registry
+	Gatherer         prometheus.Gatherer   // what /metrics serves; nil = the private registry
+	Clock            clock.Clock           // nil = wall clock; also set into Lanes
+	Backoff          backoff.Policy
 	// PassRateLimitHeaders forwards the upstream's rate-limit window headers
 	// to clients. By default they are removed: the proxy does the pacing,
 	// and client-side schedulers that throttle themselves on
@@ -66,12 +71,13 @@ type Proxy struct {
 	stopped context.Context
 	stop    context.CancelFunc
 
-	cfg     Config
-	lanes   *lanequeue.Table
-	metrics *metrics
-	policy  retryPolicy
-	log     *slog.Logger
-	handler http.Handler
+	cfg      Config
+	buffered atomic.Int64 // request body bytes held; see hold
+	lanes    *lanequeue.Table
+	metrics  *metrics
+	policy   retryPolicy
+	log      *slog.Logger
+	handler  http.Handler
 }
 
 // New builds a proxy from cfg.
@@ -110,6 +116,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
+	}
+	if cfg.MaxBufferedBytes <= 0 {
+		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
 	if cfg.Transport == nil {
 		cfg.Transport = upstream.NewTransport()
@@ -150,7 +159,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
-	m, err := newMetrics(cfg.Registry, p.lanes)
+	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) })
 	if err != nil {
 		return nil, err
 	}
@@ -167,6 +176,10 @@ func New(cfg Config) (*Proxy, error) {
 	p.handler = p.guard(r)
 	return p, nil
 }
+
+// DefaultMaxBufferedBytes is Config.MaxBufferedBytes' default: a quarter
+// of a 1 GiB container, room for 10,000 queued requests of 25 KiB.
+const DefaultMaxBufferedBytes = 256 << 20
 
 // ValidRouteName reports whether name can be a route prefix: a plain path
 // segment of letters, digits, '.', '_' and '-' (no pattern characters).
