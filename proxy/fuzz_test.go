@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// FuzzLaneKey drives the lane key's making from what a client controls:
+// the credential headers, the raw query, the path and the body. Whatever
+// it gets, nothing panics; the credential found is the one the first
+// place holds; no credential of 8 bytes or more shows in the lane's id,
+// its String, its State as JSON, or its model and path; and model and path
+// stay within their bound.
+func FuzzLaneKey(f *testing.F) {
+	f.Add("Bearer sk-abcdefgh", "", "", "", "", "/v1/chat/completions", `{"model":"gpt-4o"}`)
+	f.Add("", "sk-ant-xyz12345", "", "", "", "/v1/messages", `{"model":"claude"}`)
+	f.Add("", "", "azure-key-123", "", "", "/openai/deployments/x/chat/completions", `{}`)
+	f.Add("", "", "", "goog-key-1234", "alt=sse", "/v1beta/models/g:streamGenerateContent", `{"contents":[]}`)
+	f.Add("", "", "", "", "alt=sse&key=AIzaSy12345678", "/v1beta/models/g:generateContent", `not json`)
+	f.Add("Basic dXNlcjpwYXNz", "", "", "", "key=%zz", "/"+strings.Repeat("a", 300), `{"model":"`+strings.Repeat("é", 200)+`"}`)
+	f.Fuzz(func(t *testing.T, authz, xAPIKey, apiKey, googKey, rawQuery, path, body string) {
+		h := http.Header{}
+		for k, v := range map[string]string{"Authorization": authz, "X-Api-Key": xAPIKey, "Api-Key": apiKey, "X-Goog-Api-Key": googKey} {
+			if v != "" {
+				h[k] = []string{v}
+			}
+		}
+		cred := credential(h, rawQuery)
+		// The first place that holds something is the one used.
+		var want string
+		switch {
+		case authz != "":
+			want = authz
+			if len(authz) > 7 && strings.EqualFold(authz[:7], "bearer ") {
+				want = strings.TrimSpace(authz[7:])
+			}
+		case xAPIKey != "":
+			want = xAPIKey
+		case apiKey != "":
+			want = apiKey
+		case googKey != "":
+			want = googKey
+		default:
+			want = queryKey(rawQuery)
+		}
+		if cred != want {
+			t.Fatalf("credential = %q, want %q", cred, want)
+		}
+		key := lanequeue.Key{Route: "r", CredentialHash: lanequeue.HashCredential(cred),
+			Path: lanequeue.Bounded(path), Model: lanequeue.Bounded(modelOf([]byte(body)))}
+		model := modelOf([]byte(body))
+		for _, f := range [][2]string{{path, key.Path}, {model, key.Model}} {
+			if len(f[1]) > 128 || utf8.ValidString(f[0]) && !utf8.ValidString(f[1]) {
+				t.Fatalf("%q bounded to %q", f[0], f[1])
+			}
+		}
+		l := lanequeue.New(key, lanequeue.Config{})
+		st, _ := json.Marshal(l.State())
+		shown := l.ID() + key.String() + string(st)
+		if len(cred) >= 8 && strings.Contains(shown, cred) && !strings.Contains(path+body, cred) {
+			t.Fatalf("the credential %q shows in %q", cred, shown)
+		}
+		if cred != "" && key.CredentialHash == lanequeue.HashCredential(cred+"x") {
+			t.Fatal("two credentials share a hash")
+		}
+	})
+}
