@@ -2,12 +2,19 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 // Health is what the admin endpoints report beyond the lanes. Nil fields
@@ -34,12 +41,39 @@ var dashboard []byte
 // to its own origin, and nothing else.
 const dashboardCSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui.
-type AdminOption func()
+// AdminOption changes what AdminHandler serves.
+type AdminOption func(*adminOptions)
 
-func RequireToken(token string) AdminOption { return func() {} }
+type adminOptions struct {
+	token *adminToken // nil: every endpoint is open
+}
 
+// RequireToken makes /metrics, /lanes, /ui and / answer 401 unless the
+// request carries token, as Authorization: Bearer <token> or as the cookie
+// that /ui?token=<token> sets: a browser cannot add a header to a page it
+// navigates to. /healthz and /readyz stay open for load balancers and the
+// container's HEALTHCHECK. An empty token leaves everything open.
+func RequireToken(token string) AdminOption {
+	return func(o *adminOptions) {
+		if token != "" {
+			o.token = &adminToken{sum: sha256.Sum256([]byte(token))}
+		}
+	}
+}
+
+// /lanes pages: by default the 200 busiest lanes; ?limit= up to 2,000.
+const (
+	defaultLanesPage = 200
+	maxLanesPage     = 2000
+)
+
+// AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui; opts
+// may guard all but the first two with a token.
 func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
+	var o adminOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -59,17 +93,34 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
+	r.Group(func(r chi.Router) {
+		if o.token != nil {
+			r.Use(o.token.guard)
+		}
+		p.laneViews(r, h)
+	})
+	return r
+}
+
+// laneViews serves what the admin token guards: the metrics, the lanes and
+// the dashboard.
+func (p *Proxy) laneViews(r chi.Router, h Health) {
 	r.Handle("/metrics", promhttp.HandlerFor(p.cfg.Gatherer, promhttp.HandlerOpts{}))
 	r.Get("/lanes", func(w http.ResponseWriter, r *http.Request) {
 		shared := "off"
 		if h.Shared != nil {
 			shared = h.Shared()
 		}
-		states := p.lanes.States
-		if r.URL.Query().Get("history") == "1" {
-			states = p.lanes.StatesWithHistory
+		// A page of the busiest lanes, never the whole table at once.
+		limit := defaultLanesPage
+		if v, err := strconv.Atoi(r.URL.Query().Get("limit")); err == nil && v > 0 {
+			limit = min(v, maxLanesPage)
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"redis": shared, "lanes": states()})
+		states, total := p.lanes.Busiest(limit, r.URL.Query().Get("history") == "1")
+		if states == nil {
+			states = []lanequeue.State{}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"redis": shared, "total": total, "lanes": states})
 	})
 	r.Get("/ui", func(w http.ResponseWriter, _ *http.Request) {
 		hd := w.Header()
@@ -82,7 +133,96 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	})
 	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui", http.StatusFound) })
 	r.Get("/ui/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui", http.StatusMovedPermanently) })
-	return r
+}
+
+// adminCookie holds a browser's proof of the admin token.
+const adminCookie = "llmproxy_admin"
+
+// adminToken checks the admin token. Only its SHA-256 is kept, and every
+// comparison is of two SHA-256 sums in constant time, so neither the
+// token's bytes nor its length show in the timing.
+type adminToken struct {
+	sum [sha256.Size]byte
+}
+
+// guard serves next to requests that carry the token and answers 401 to
+// the rest; /ui?token= is the browser's way in.
+func (t *adminToken) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/ui" && r.URL.Query().Has("token") {
+			t.login(w, r)
+			return
+		}
+		if !t.allows(r) {
+			refuseAdmin(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (t *adminToken) matches(token string) bool {
+	sum := sha256.Sum256([]byte(token))
+	return subtle.ConstantTimeCompare(sum[:], t.sum[:]) == 1
+}
+
+// allows reports whether r carries the token in its Authorization header
+// or the login cookie.
+func (t *adminToken) allows(r *http.Request) bool {
+	if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") && t.matches(strings.TrimSpace(cred)) {
+		return true
+	}
+	c, err := r.Cookie(adminCookie)
+	if err != nil {
+		return false
+	}
+	sum, err := hex.DecodeString(c.Value)
+	return err == nil && subtle.ConstantTimeCompare(sum, t.sum[:]) == 1
+}
+
+// login answers /ui?token=: the right token gets the cookie and a page
+// that moves on to /ui, so the token leaves the address bar (and the
+// history). The cookie holds the token's SHA-256, not the token: the
+// browser never stores the secret, and its characters need no cookie
+// encoding. HttpOnly keeps it from scripts, SameSite=Strict from other
+// sites' requests.
+func (t *adminToken) login(w http.ResponseWriter, r *http.Request) {
+	if !t.matches(r.URL.Query().Get("token")) {
+		refuseAdmin(w)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name: adminCookie, Value: hex.EncodeToString(t.sum[:]), Path: "/",
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+	})
+	hd := w.Header()
+	hd.Set("Content-Type", "text/html; charset=utf-8")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+	hd.Set("Referrer-Policy", "no-referrer")
+	_, _ = w.Write([]byte(loginPage))
+}
+
+// loginPage sends the browser on to /ui. It is a page, not a 303: when
+// another site started the navigation (a link in a wiki or a chat), a
+// redirect stays cross-site, the SameSite=Strict cookie does not go with
+// it and the link lands on a 401 (seen in Chromium); the page's own
+// refresh is a same-site navigation.
+const loginPage = `<!doctype html>
+<meta http-equiv="refresh" content="0;url=/ui">
+<title>llmproxy</title>
+<a href="/ui">Continue to the dashboard</a>
+`
+
+// refuseAdmin is the 401 for a missing or wrong admin token, in the
+// OpenAI error format of every other answer the proxy makes itself.
+func refuseAdmin(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="llmproxy admin"`)
+	w.Header().Set("Cache-Control", "no-store")
+	errorReply{
+		status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_admin_token",
+		msg: "this admin endpoint needs the admin token (LLMPROXY_ADMIN_TOKEN): send Authorization: Bearer <token>, or open /ui?token=<token> once in a browser",
+	}.write(w)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -307,3 +307,26 @@ func sumOf(v []uint32) (n uint32) {
 	}
 	return n
 }
+
+// TestLanesAnswersAPageOfTheBusiest: /lanes gives at most ?limit= lanes
+// (200 by default), the busiest first, with the table's total.
+func TestLanesAnswersAPageOfTheBusiest(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{}`) }), nil)
+	for i := range 5 {
+		readAll(t, h.post("/v1/chat/completions", fmt.Sprintf(`{"model":"m%d"}`, i)).Body)
+	}
+	get := newAdmin(t, h)
+	var page struct {
+		Total int               `json:"total"`
+		Lanes []lanequeue.State `json:"lanes"`
+	}
+	if err := json.Unmarshal([]byte(get("/lanes?limit=2")), &page); err != nil {
+		t.Fatal(err)
+	}
+	if page.Total != 5 || len(page.Lanes) != 2 || page.Lanes[0].Model != "m4" {
+		t.Fatalf("limit=2: total %d, %d lanes, first %q", page.Total, len(page.Lanes), page.Lanes[0].Model)
+	}
+	if err := json.Unmarshal([]byte(get("/lanes?limit=junk")), &page); err != nil || len(page.Lanes) != 5 {
+		t.Fatalf("default page: %d lanes, %v", len(page.Lanes), err)
+	}
+}

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"reflect"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,15 +27,19 @@ const envPrefix = "LLMPROXY_"
 // config.example.env and the README).
 type config struct {
 	Addr               string        `env:"ADDR" envDefault:"127.0.0.1:8080" help:"proxy listener"`
-	AdminAddr          string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes; empty = off"`
+	AdminAddr          string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui; empty = off"`
+	AdminToken         string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open"`
 	Upstream           string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
 	Routes             string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest"`
 	MaxRetries         int           `env:"MAX_RETRIES" envDefault:"10" help:"upstream attempts after the first, per request"`
-	MaxWait            time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout can shorten it)"`
-	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client"`
+	MaxWait            time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout can shorten it); at least 1s"`
+	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
 	MaxQueue           int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
 	MaxBodyBytes       int64         `env:"MAX_BODY_BYTES" envDefault:"33554432" help:"larger request bodies get 413"`
-	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit; it grows by half each answer time until the upstream refuses for concurrency"`
+	MaxBufferedBytes   int64         `env:"MAX_BUFFERED_BYTES" envDefault:"268435456" help:"all request bodies held at once (queued, retried, in flight); past it new requests get 429 queue_full"`
+	BodyTimeout        time.Duration `env:"BODY_TIMEOUT" envDefault:"60s" help:"a request's whole body must arrive within this, else 400 body_read_error; at least 1s"`
+	IdleTimeout        time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"a client's keep-alive connection idle this long is closed (both listeners)"`
+	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit, moved into [MIN, MAX]; it grows by half each answer time until the upstream refuses for concurrency"`
 	LaneMinConcurrency int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
 	LaneMaxConcurrency int           `env:"LANE_MAX_CONCURRENCY" envDefault:"1024" help:"highest concurrency limit of a lane"`
 	MaxLanes           int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
@@ -43,10 +49,13 @@ type config struct {
 	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted"`
 	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
-	ShutdownTimeout    time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"how long SIGTERM waits for queued and in-flight requests"`
+	ShutdownTimeout    time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
 
 	upstreamURL *url.URL
 	routes      []proxy.Route
+	// laneConcurrencyGiven is LANE_CONCURRENCY as set, when validate moved
+	// it into [MIN, MAX]; zero otherwise.
+	laneConcurrencyGiven int
 }
 
 // loadConfig reads the environment given as a map. The error is one line
@@ -85,32 +94,19 @@ func (c *config) validate() error {
 			return bad("ADMIN_ADDR", "%q is not host:port", c.AdminAddr)
 		}
 	}
+	for _, r := range c.AdminToken {
+		// Anything else is mangled on its way through a header or a URL.
+		if r <= ' ' || r > '~' {
+			return bad("ADMIN_TOKEN", "use visible ASCII characters only, no spaces (the value is not shown)")
+		}
+	}
 	u, err := parseUpstream(c.Upstream)
 	if err != nil {
 		return bad("UPSTREAM", "%v", err)
 	}
 	c.upstreamURL = u
-	c.routes = nil
-	seen := map[string]bool{}
-	for _, item := range strings.Split(c.Routes, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		name, raw, ok := strings.Cut(item, "=")
-		name = strings.Trim(strings.TrimSpace(name), "/")
-		if !ok || !proxy.ValidRouteName(name) {
-			return bad("ROUTES", "%q is not name=url with a name of letters, digits, '.', '_' and '-'", item)
-		}
-		if seen[name] {
-			return bad("ROUTES", "route %q given twice", name)
-		}
-		seen[name] = true
-		ru, err := parseUpstream(strings.TrimSpace(raw))
-		if err != nil {
-			return bad("ROUTES", "route %q: %v", name, err)
-		}
-		c.routes = append(c.routes, proxy.Route{Name: name, URL: ru})
+	if err := c.parseRoutes(); err != nil {
+		return bad("ROUTES", "%v", err)
 	}
 	for _, v := range []struct {
 		name string
@@ -120,6 +116,7 @@ func (c *config) validate() error {
 		{"MAX_RETRIES", int64(c.MaxRetries), 0},
 		{"MAX_QUEUE", int64(c.MaxQueue), 1},
 		{"MAX_BODY_BYTES", c.MaxBodyBytes, 1},
+		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, 1},
 		{"LANE_CONCURRENCY", int64(c.LaneConcurrency), 1},
 		{"LANE_MIN_CONCURRENCY", int64(c.LaneMinConcurrency), 1},
 		{"LANE_MAX_CONCURRENCY", int64(c.LaneMaxConcurrency), 1},
@@ -132,20 +129,29 @@ func (c *config) validate() error {
 	for _, v := range []struct {
 		name string
 		val  time.Duration
+		min  time.Duration // 0: any positive value
 	}{
-		{"MAX_WAIT", c.MaxWait}, {"MAX_RETRY_AFTER", c.MaxRetryAfter},
-		{"LANE_IDLE_TTL", c.LaneIdleTTL}, {"SHUTDOWN_TIMEOUT", c.ShutdownTimeout},
-		{"REDIS_LEASE_TTL", c.RedisLeaseTTL},
+		// Shorter budgets and bounds fail requests before any upstream
+		// could answer, and Retry-After hints come in whole seconds.
+		{"MAX_WAIT", c.MaxWait, time.Second}, {"MAX_RETRY_AFTER", c.MaxRetryAfter, time.Second},
+		{"BODY_TIMEOUT", c.BodyTimeout, time.Second},
+		{"IDLE_TIMEOUT", c.IdleTimeout, 0}, {"LANE_IDLE_TTL", c.LaneIdleTTL, 0},
+		{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0}, {"REDIS_LEASE_TTL", c.RedisLeaseTTL, 0},
 	} {
-		if v.val <= 0 {
+		switch {
+		case v.val <= 0:
 			return bad(v.name, "%v must be positive", v.val)
+		case v.val < v.min:
+			return bad(v.name, "%v is below the minimum %v", v.val, v.min)
 		}
 	}
 	if c.LaneMinConcurrency > c.LaneMaxConcurrency {
 		return bad("LANE_MIN_CONCURRENCY", "%d is above LLMPROXY_LANE_MAX_CONCURRENCY=%d", c.LaneMinConcurrency, c.LaneMaxConcurrency)
 	}
-	if c.LaneConcurrency < c.LaneMinConcurrency || c.LaneConcurrency > c.LaneMaxConcurrency {
-		return bad("LANE_CONCURRENCY", "%d is outside [%d, %d] (LLMPROXY_LANE_MIN_/MAX_CONCURRENCY)", c.LaneConcurrency, c.LaneMinConcurrency, c.LaneMaxConcurrency)
+	// A ceiling below the default start (MAX=4) means "at most 4", not a
+	// second variable to change: the start moves into the range.
+	if v := min(max(c.LaneConcurrency, c.LaneMinConcurrency), c.LaneMaxConcurrency); v != c.LaneConcurrency {
+		c.laneConcurrencyGiven, c.LaneConcurrency = c.LaneConcurrency, v
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":
@@ -171,12 +177,151 @@ func (c *config) validate() error {
 	return nil
 }
 
-func parseUpstream(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("%q is not a URL", raw)
+// apiVersionSegments start the paths of the APIs the default upstream
+// serves (/v1/chat/completions, /v1/messages, /v1beta/models/...): a route
+// of that name would take all of their traffic away from it.
+var apiVersionSegments = []string{"v1", "v1beta", "v2", "v3"}
+
+func (c *config) parseRoutes() error {
+	c.routes = nil
+	seen := map[string]bool{}
+	for _, item := range strings.Split(c.Routes, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, raw, ok := strings.Cut(item, "=")
+		name = strings.Trim(strings.TrimSpace(name), "/")
+		if !ok || !proxy.ValidRouteName(name) {
+			return fmt.Errorf("%q is not name=url with a name of letters, digits, '.', '_' and '-'", shownURL(item))
+		}
+		for _, seg := range apiVersionSegments {
+			if strings.EqualFold(name, seg) {
+				return fmt.Errorf("route %q would take every /%s/... request from LLMPROXY_UPSTREAM, whose API paths start with it; name the route after its provider", name, name)
+			}
+		}
+		if seen[name] {
+			return fmt.Errorf("route %q given twice", name)
+		}
+		seen[name] = true
+		ru, err := parseUpstream(strings.TrimSpace(raw))
+		if err != nil {
+			return fmt.Errorf("route %q: %v", name, err)
+		}
+		c.routes = append(c.routes, proxy.Route{Name: name, URL: ru})
 	}
+	return nil
+}
+
+// parseUpstream parses an upstream base URL. Its errors show the URL
+// without what may hold a secret (userinfo, query, fragment): a provider
+// key in ?key= must not reach a start-up log.
+func parseUpstream(raw string) (*url.URL, error) {
+	shown := shownURL(raw)
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%q is not a URL", shown)
+	case u.User != nil:
+		return nil, fmt.Errorf("%q: credentials in the URL are not supported (clients send their own keys)", shown)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return nil, fmt.Errorf("%q: a query or fragment is not supported", shown)
+	}
+	// Nothing secret is left in u, so CheckUpstream may quote it.
 	return u, proxy.CheckUpstream(u)
+}
+
+// shownURL is raw as an error may show it: the query and fragment cut to
+// "?…" and whatever precedes an '@' (userinfo) to "…@". It works on the
+// raw string because it must also serve URLs that do not parse.
+func shownURL(raw string) string {
+	cut := ""
+	if i := strings.IndexAny(raw, "?#"); i >= 0 {
+		raw, cut = raw[:i], "?…"
+	}
+	if at := strings.LastIndexByte(raw, '@'); at >= 0 {
+		from := 0
+		if i := strings.Index(raw, "//"); i >= 0 && i < at {
+			from = i + 2
+		}
+		raw = raw[:from] + "…" + raw[at:]
+	}
+	return raw + cut
+}
+
+// logNotes logs, once there is a logger, what the configuration accepted
+// but its author may not have meant.
+func (c config) logNotes(log *slog.Logger, environ map[string]string) {
+	for _, u := range unknownVariables(environ) {
+		// The name only: a misspelled LLMPROXY_ADMIN_TOKEN holds a secret.
+		args := []any{"name", u.name}
+		if u.closest != "" {
+			args = append(args, "did_you_mean", u.closest)
+		}
+		log.Warn("unknown variable ignored", args...)
+	}
+	if c.laneConcurrencyGiven != 0 {
+		log.Info("LLMPROXY_LANE_CONCURRENCY moved into [LLMPROXY_LANE_MIN_CONCURRENCY, LLMPROXY_LANE_MAX_CONCURRENCY]",
+			"from", c.laneConcurrencyGiven, "to", c.LaneConcurrency)
+	}
+}
+
+// unknownVariable is an LLMPROXY_* variable nothing reads, with the known
+// name it most likely misspells ("" when none is close).
+type unknownVariable struct{ name, closest string }
+
+// unknownVariables lists, sorted, the LLMPROXY_* variables in environ that
+// config does not read. The test suite's own (LLMPROXY_E2E_*,
+// LLMPROXY_ARTIFACTS, LLMPROXY_CHROMIUM) are left out: CI exports them
+// where it also starts the binary.
+func unknownVariables(environ map[string]string) []unknownVariable {
+	known := map[string]bool{}
+	t := reflect.TypeOf(config{})
+	for i := 0; i < t.NumField(); i++ {
+		if name := t.Field(i).Tag.Get("env"); name != "" {
+			known[envPrefix+name] = true
+		}
+	}
+	var out []unknownVariable
+	for name := range environ {
+		if !strings.HasPrefix(name, envPrefix) || known[name] ||
+			strings.HasPrefix(name, envPrefix+"E2E_") || name == envPrefix+"ARTIFACTS" || name == envPrefix+"CHROMIUM" {
+			continue
+		}
+		u := unknownVariable{name: name}
+		// A slip or two, more in a long name; a tie goes to the first
+		// name in order, so the suggestion does not change between runs.
+		best := max(2, (len(name)-len(envPrefix))/4) + 1
+		for k := range known {
+			if d := editDistance(name, k); d < best || d == best && k < u.closest {
+				best, u.closest = d, k
+			}
+		}
+		out = append(out, u)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // printUsage writes `llmproxy -h`: every variable with its default.
@@ -189,14 +334,15 @@ Usage:
   llmproxy healthcheck  exit 0 when the admin listener answers /healthz
   llmproxy status [-w] [-interval 2s] [-admin ADDR]
                         the lane table of a running proxy (from its admin
-                        address); -w refreshes it in place; exit 1 when the
-                        proxy cannot be reached
+                        address, sending LLMPROXY_ADMIN_TOKEN when set); -w
+                        refreshes it in place; exit 1 when the proxy cannot
+                        be reached
   llmproxy -h           this help
 
 Point a client at it: OPENAI_BASE_URL=http://127.0.0.1:8080/v1
                       ANTHROPIC_BASE_URL=http://127.0.0.1:8080/anthropic
 
-Environment (default in brackets):
+Environment (default in brackets; other LLMPROXY_* names get a warning):
 `)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	t := reflect.TypeOf(config{})

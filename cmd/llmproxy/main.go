@@ -1,6 +1,6 @@
 // Command llmproxy runs the proxy: configuration from LLMPROXY_* variables,
 // a proxy listener and an admin listener, and a graceful stop on SIGTERM or
-// SIGINT.
+// SIGINT (a second one, or LLMPROXY_SHUTDOWN_TIMEOUT, ends the wait).
 package main
 
 import (
@@ -27,9 +27,21 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	os.Exit(run(ctx, os.Args[1:], environ(), os.Stdout, os.Stderr, nil))
+	first, again := stopSignals()
+	os.Exit(run(first, again, os.Args[1:], environ(), os.Stdout, os.Stderr, nil))
+}
+
+// stopSignals ends the context at the first SIGTERM or SIGINT (drain) and
+// delivers the later ones on the channel (stop now).
+func stopSignals() (context.Context, <-chan os.Signal) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-sigs
+		cancel()
+	}()
+	return ctx, sigs
 }
 
 func environ() map[string]string {
@@ -46,8 +58,13 @@ func environ() map[string]string {
 // use port 0).
 type listening func(proxyAddr, adminAddr string)
 
-// run is main without the process: it returns the exit code.
-func run(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer, up listening) int {
+// stopGrace is how long the handlers get, once the proxy is stopped, to
+// write their 503 shutting_down answers before the connections close.
+const stopGrace = 2 * time.Second
+
+// run is main without the process: it returns the exit code. ctx ends at
+// the first stop signal; again delivers the later ones.
+func run(ctx context.Context, again <-chan os.Signal, args []string, environ map[string]string, stdout, stderr io.Writer, up listening) int {
 	if len(args) > 0 {
 		switch args[0] {
 		case "-h", "-help", "--help", "help":
@@ -66,7 +83,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 				fmt.Fprintln(stderr, "llmproxy:", err)
 				return 2
 			}
-			return status(ctx, args[1:], cfg.AdminAddr, stdout, stderr)
+			return status(ctx, args[1:], cfg.AdminAddr, cfg.AdminToken, stdout, stderr)
 		default:
 			fmt.Fprintf(stderr, "llmproxy: unknown argument %q (try -h)\n", args[0])
 			return 2
@@ -78,6 +95,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		return 2
 	}
 	log := newLogger(cfg, stderr)
+	cfg.logNotes(log, environ)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -91,7 +109,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		MaxLanes: cfg.MaxLanes,
 		IdleTTL:  cfg.LaneIdleTTL,
 	}
+	// Load balancers must stop sending the moment the signal comes, before
+	// anything else happens.
 	var draining atomic.Bool
+	defer context.AfterFunc(ctx, func() { draining.Store(true) })()
 	health := proxy.Health{Ready: func(context.Context) error {
 		if draining.Load() {
 			return errors.New("draining: finishing queued and in-flight requests")
@@ -123,6 +144,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		MaxWait:              cfg.MaxWait,
 		MaxRetryAfter:        cfg.MaxRetryAfter,
 		MaxBodyBytes:         cfg.MaxBodyBytes,
+		MaxBufferedBytes:     cfg.MaxBufferedBytes,
 		PassRateLimitHeaders: strings.EqualFold(cfg.ClientRateLimitHdr, "pass"),
 		Lanes:                lanes,
 		Logger:               log,
@@ -139,7 +161,13 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		fmt.Fprintf(stderr, "llmproxy: LLMPROXY_ADDR: %v\n", err)
 		return 1
 	}
-	servers := []*http.Server{{Handler: p, ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}}
+	// No ReadTimeout or WriteTimeout: answers stream for up to MAX_WAIT.
+	// The body has its own bound (bodyDeadline); idle keep-alive
+	// connections theirs.
+	servers := []*http.Server{{
+		Handler: bodyDeadline(p, cfg.BodyTimeout), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}}
 	listeners := []net.Listener{proxyLn}
 	adminAddr := ""
 	if cfg.AdminAddr != "" {
@@ -150,7 +178,10 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 			return 1
 		}
 		adminAddr = adminLn.Addr().String()
-		servers = append(servers, &http.Server{Handler: p.AdminHandler(health), ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{
+			Handler:           p.AdminHandler(health, proxy.RequireToken(cfg.AdminToken)),
+			ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		})
 		listeners = append(listeners, adminLn)
 	}
 
@@ -166,7 +197,7 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 
 	select {
 	case <-ctx.Done():
-		draining.Store(true) // load balancers stop sending first
+		draining.Store(true) // in case the AfterFunc has not run yet: before Shutdown
 		log.Info("stopping: finishing queued and in-flight requests", "timeout", cfg.ShutdownTimeout)
 	case err := <-errc:
 		log.Error("listener failed", "err", err)
@@ -175,20 +206,17 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 		}
 		return 1
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
-	defer cancel()
 	// The proxy listener first, so the admin endpoints keep answering while
 	// the last requests drain.
-	code := 0
-	if err := servers[0].Shutdown(sctx); err != nil {
-		log.Warn("shutdown timeout passed; closing the remaining connections", "err", err)
-		servers[0].Close()
-	}
+	drain(servers[0], p, cfg.ShutdownTimeout, again, log)
 	for _, s := range servers[1:] {
+		sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
 		if err := s.Shutdown(sctx); err != nil {
 			s.Close()
 		}
+		cancel()
 	}
+	code := 0
 	for range servers {
 		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("listener failed", "err", err)
@@ -197,6 +225,53 @@ func run(ctx context.Context, args []string, environ map[string]string, stdout, 
 	}
 	log.Info("stopped")
 	return code
+}
+
+var (
+	errDrainTimeout = errors.New("timeout")
+	errDrainSignal  = errors.New("signal")
+)
+
+// drain shuts srv down: no new connections, and the queued and in-flight
+// requests finish, for up to timeout or until another signal comes. Then
+// p.Stop answers what is left with 503 shutting_down, which the handlers
+// get stopGrace to write before the last connections are closed: a client
+// learns to retry elsewhere instead of seeing its connection drop.
+func drain(srv *http.Server, p *proxy.Proxy, timeout time.Duration, again <-chan os.Signal, log *slog.Logger) {
+	tctx, cancelTimeout := context.WithTimeoutCause(context.Background(), timeout, errDrainTimeout)
+	defer cancelTimeout()
+	ctx, cancel := context.WithCancelCause(tctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-again:
+			cancel(errDrainSignal)
+		case <-ctx.Done():
+		}
+	}()
+	if err := srv.Shutdown(ctx); err == nil || ctx.Err() == nil {
+		return // drained (an error without the context's is the listener's close)
+	}
+	log.Info("drain ended early: answering the requests still under way with 503 shutting_down",
+		"by", context.Cause(ctx).Error(), "under_way", underWay(p))
+	p.Stop()
+	gctx, cancelGrace := context.WithTimeout(context.Background(), stopGrace)
+	defer cancelGrace()
+	if err := srv.Shutdown(gctx); err != nil {
+		if gctx.Err() != nil {
+			log.Warn("closing the connections still open after the stop", "grace", stopGrace)
+		}
+		srv.Close()
+	}
+}
+
+// underWay is the number of requests queued or at the upstream.
+func underWay(p *proxy.Proxy) int {
+	n := 0
+	for _, s := range p.Lanes().States() {
+		n += s.Queued + s.InFlight
+	}
+	return n
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {

@@ -44,12 +44,12 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_LOG_LEVEL", "loud"},
 		{"LLMPROXY_LOG_FORMAT", "xml"},
 		{"LLMPROXY_CLIENT_RATELIMIT_HEADERS", "rewrite"},
-		{"LLMPROXY_LANE_CONCURRENCY", "5000"},
+		{"LLMPROXY_LANE_CONCURRENCY", "0"},
 		{"LLMPROXY_MAX_BODY_BYTES", "0"},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {
 			var stderr bytes.Buffer
-			code := run(context.Background(), nil, map[string]string{tc.env: tc.val}, io.Discard, &stderr, nil)
+			code := run(context.Background(), nil, nil, map[string]string{tc.env: tc.val}, io.Discard, &stderr, nil)
 			out := stderr.String()
 			if code == 0 || !strings.Contains(out, tc.env) || strings.Count(out, "\n") != 1 {
 				t.Fatalf("exit %d, stderr %q: want one line naming %s", code, out, tc.env)
@@ -60,7 +60,7 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 
 func TestHelpListsEveryVariable(t *testing.T) {
 	var out bytes.Buffer
-	if code := run(context.Background(), []string{"-h"}, nil, &out, io.Discard, nil); code != 0 {
+	if code := run(context.Background(), nil, []string{"-h"}, nil, &out, io.Discard, nil); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
 	typ := reflect.TypeOf(config{})
@@ -114,7 +114,7 @@ func TestRunServesAndDrainsOnStop(t *testing.T) {
 	var logs bytes.Buffer
 	var mu sync.Mutex
 	go func() {
-		exit <- run(ctx, nil, map[string]string{
+		exit <- run(ctx, nil, nil, map[string]string{
 			"LLMPROXY_ADDR": "127.0.0.1:0", "LLMPROXY_ADMIN_ADDR": "127.0.0.1:0",
 			"LLMPROXY_UPSTREAM": up.URL, "LLMPROXY_SHUTDOWN_TIMEOUT": "10s",
 		}, io.Discard, lockedWriter{&mu, &logs}, func(p, a string) { addrs <- [2]string{p, a} })

@@ -36,12 +36,14 @@ func adminURL(addr string) string {
 // lanesReply is what /lanes answers.
 type lanesReply struct {
 	Redis string            `json:"redis"`
+	Total int               `json:"total"` // lanes in the table; Lanes is the busiest page
 	Lanes []lanequeue.State `json:"lanes"`
 }
 
 // status prints the lane table of a running proxy, once or (-w) every
-// interval until ctx ends. It returns 1 when the proxy cannot be reached.
-func status(ctx context.Context, args []string, defaultAdmin string, stdout, stderr io.Writer) int {
+// interval until ctx ends, sending token (LLMPROXY_ADMIN_TOKEN) when set.
+// It returns 1 when the proxy cannot be reached.
+func status(ctx context.Context, args []string, defaultAdmin, token string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	admin := fs.String("admin", defaultAdmin, "admin address of the running proxy (default: LLMPROXY_ADMIN_ADDR)")
@@ -57,7 +59,7 @@ func status(ctx context.Context, args []string, defaultAdmin string, stdout, std
 	base := adminURL(*admin)
 	client := &http.Client{Timeout: 3 * time.Second}
 	for {
-		reply, err := fetchLanes(ctx, client, base)
+		reply, err := fetchLanes(ctx, client, base, token)
 		if err != nil {
 			if *watch && ctx.Err() != nil {
 				return 0 // interrupted while refreshing: that is how -w ends
@@ -80,18 +82,26 @@ func status(ctx context.Context, args []string, defaultAdmin string, stdout, std
 	}
 }
 
-func fetchLanes(ctx context.Context, c *http.Client, base string) (lanesReply, error) {
+func fetchLanes(ctx context.Context, c *http.Client, base, token string) (lanesReply, error) {
 	var r lanesReply
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/lanes", nil)
 	if err != nil {
 		return r, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := c.Do(req)
 	if err != nil {
 		return r, fmt.Errorf("cannot reach %s: %w", base, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized && token == "":
+		return r, fmt.Errorf("%s/lanes answered %s: the proxy has an admin token; set LLMPROXY_ADMIN_TOKEN to it", base, resp.Status)
+	case resp.StatusCode == http.StatusUnauthorized:
+		return r, fmt.Errorf("%s/lanes answered %s: LLMPROXY_ADMIN_TOKEN is not the proxy's admin token", base, resp.Status)
+	case resp.StatusCode != http.StatusOK:
 		return r, fmt.Errorf("%s/lanes answered %s", base, resp.Status)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&r); err != nil {
@@ -107,7 +117,11 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 	if shared == "" {
 		shared = "off"
 	}
-	fmt.Fprintf(w, "llmproxy at %s  %d lanes  redis: %s  %s\n\n", base, len(r.Lanes), shared, now.Format("15:04:05"))
+	lanes := strconv.Itoa(len(r.Lanes))
+	if r.Total > len(r.Lanes) {
+		lanes = fmt.Sprintf("%d busiest of %d", len(r.Lanes), r.Total)
+	}
+	fmt.Fprintf(w, "llmproxy at %s  %s lanes  redis: %s  %s\n\n", base, lanes, shared, now.Format("15:04:05"))
 	sort.SliceStable(r.Lanes, func(i, j int) bool {
 		a, b := r.Lanes[i], r.Lanes[j]
 		if a.Queued+a.InFlight != b.Queued+b.InFlight {

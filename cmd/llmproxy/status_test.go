@@ -30,7 +30,7 @@ func TestStatusShowsTheLanesOfARunningProxy(t *testing.T) {
 	var mu sync.Mutex
 	var logs bytes.Buffer
 	go func() {
-		exit <- run(ctx, nil, map[string]string{
+		exit <- run(ctx, nil, nil, map[string]string{
 			"LLMPROXY_ADDR": "127.0.0.1:0", "LLMPROXY_ADMIN_ADDR": "127.0.0.1:0", "LLMPROXY_UPSTREAM": up.URL,
 		}, io.Discard, lockedWriter{&mu, &logs}, func(p, a string) { addrs <- [2]string{p, a} })
 	}()
@@ -49,7 +49,7 @@ func TestStatusShowsTheLanesOfARunningProxy(t *testing.T) {
 	resp.Body.Close()
 
 	var out, errOut bytes.Buffer
-	if code := run(ctx, []string{"status"}, map[string]string{"LLMPROXY_ADMIN_ADDR": a[1]}, &out, &errOut, nil); code != 0 {
+	if code := run(ctx, nil, []string{"status"}, map[string]string{"LLMPROXY_ADMIN_ADDR": a[1]}, &out, &errOut, nil); code != 0 {
 		t.Fatalf("status exited %d: %s", code, errOut.String())
 	}
 	got := out.String()
@@ -76,7 +76,7 @@ func TestStatusWatchRefreshesUntilStopped(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
 	var out bytes.Buffer
-	code := status(ctx, []string{"-w", "-interval", "20ms"}, admin.Listener.Addr().String(), &out, io.Discard)
+	code := status(ctx, []string{"-w", "-interval", "20ms"}, admin.Listener.Addr().String(), "", &out, io.Discard)
 	mu.Lock()
 	n := calls
 	mu.Unlock()
@@ -98,10 +98,47 @@ func TestStatusFailsWhenTheProxyCannotBeReached(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	var errOut bytes.Buffer
-	if code := run(context.Background(), []string{"status", "-admin", addr}, nil, io.Discard, &errOut, nil); code == 0 {
+	if code := run(context.Background(), nil, []string{"status", "-admin", addr}, nil, io.Discard, &errOut, nil); code == 0 {
 		t.Fatal("status exited 0 with nothing listening")
 	}
 	if !strings.Contains(errOut.String(), "cannot reach") {
 		t.Fatalf("stderr: %q", errOut.String())
+	}
+}
+
+// TestStatusSendsTheAdminToken: with LLMPROXY_ADMIN_TOKEN set, the admin
+// listener refuses /lanes without it, `llmproxy status` sends it, and the
+// container's healthcheck still needs none.
+func TestStatusSendsTheAdminToken(t *testing.T) {
+	const token = "status-admin-token"
+	pr := startProgram(t, map[string]string{"LLMPROXY_UPSTREAM": okUpstream(t), "LLMPROXY_ADMIN_TOKEN": token})
+	if a := post(pr.proxy, "gpt-token"); a.status != http.StatusOK {
+		t.Fatalf("request through the proxy: %v", a)
+	}
+	resp, err := http.Get("http://" + pr.admin + "/lanes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("/lanes without the token: %d, want 401", resp.StatusCode)
+	}
+
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), nil, []string{"status"}, map[string]string{"LLMPROXY_ADMIN_ADDR": pr.admin, "LLMPROXY_ADMIN_TOKEN": token}, &out, &errOut, nil); code != 0 {
+		t.Fatalf("status with the token exited %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "gpt-token") {
+		t.Errorf("status output lacks the lane:\n%s", out.String())
+	}
+	errOut.Reset()
+	if code := run(context.Background(), nil, []string{"status"}, map[string]string{"LLMPROXY_ADMIN_ADDR": pr.admin}, io.Discard, &errOut, nil); code != 1 || !strings.Contains(errOut.String(), "LLMPROXY_ADMIN_TOKEN") {
+		t.Errorf("status without the token: exit %d, %q; want 1 and a hint at LLMPROXY_ADMIN_TOKEN", code, errOut.String())
+	}
+	if code := run(context.Background(), nil, []string{"healthcheck"}, map[string]string{"LLMPROXY_ADMIN_ADDR": pr.admin}, io.Discard, io.Discard, nil); code != 0 {
+		t.Errorf("healthcheck without the token: exit %d", code)
+	}
+	if strings.Contains(pr.logs.String(), token) {
+		t.Errorf("the token was logged:\n%s", pr.logs.String())
 	}
 }

@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+const testAdminToken = "s3cret-admin-token"
+
+// tokenAdmin serves the admin endpoints of a fresh proxy behind opts.
+func tokenAdmin(t *testing.T, opts ...AdminOption) *httptest.Server {
+	t.Helper()
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.AdminHandler(Health{}, opts...))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// adminGet asks path with the given Authorization header (none when
+// empty), without following redirects.
+func adminGet(t *testing.T, c *http.Client, url, auth string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	if c == nil {
+		c = &http.Client{}
+	}
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+var guardedPaths = []string{"/lanes", "/lanes?history=1", "/metrics", "/ui", "/ui/", "/"}
+
+// TestAdminTokenGuardsTheLaneViews: with a token set, /lanes, /metrics,
+// /ui and the redirects to it answer 401 (OpenAI-format JSON, with
+// WWW-Authenticate: Bearer) without the token or with a wrong one, and
+// serve with the right one.
+func TestAdminTokenGuardsTheLaneViews(t *testing.T) {
+	srv := tokenAdmin(t, RequireToken(testAdminToken))
+	for _, path := range guardedPaths {
+		for _, auth := range []string{"", "Bearer wrong", "Bearer " + testAdminToken + "x", "Bearer " + testAdminToken[:5], "Basic " + testAdminToken, testAdminToken} {
+			resp := adminGet(t, nil, srv.URL+path, auth)
+			if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+				t.Errorf("%s with %q: %d %q, want 401 with WWW-Authenticate: Bearer", path, auth, resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			var e apiError
+			if err := json.Unmarshal(b, &e); err != nil || e.Error.Code != "invalid_admin_token" || !strings.HasPrefix(e.Error.Message, "llmproxy: ") {
+				t.Errorf("%s with %q: body %s, want an OpenAI-format error", path, auth, b)
+			}
+			if strings.Contains(string(b), testAdminToken) {
+				t.Errorf("%s: the 401 shows the token", path)
+			}
+		}
+		for _, auth := range []string{"Bearer " + testAdminToken, "bearer " + testAdminToken} {
+			if resp := adminGet(t, nil, srv.URL+path, auth); resp.StatusCode >= 400 {
+				t.Errorf("%s with the token (%q): %d", path, auth[:6], resp.StatusCode)
+			}
+		}
+	}
+}
+
+// TestAdminTokenLeavesHealthOpen: load balancers and the container's
+// HEALTHCHECK ask /healthz and /readyz without a token.
+func TestAdminTokenLeavesHealthOpen(t *testing.T) {
+	srv := tokenAdmin(t, RequireToken(testAdminToken))
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if resp := adminGet(t, nil, srv.URL+path, ""); resp.StatusCode != http.StatusOK {
+			t.Errorf("%s without a token: %d", path, resp.StatusCode)
+		}
+	}
+}
+
+// TestAdminWithoutTokenIsOpen: no token, no change.
+func TestAdminWithoutTokenIsOpen(t *testing.T) {
+	for _, opts := range [][]AdminOption{nil, {RequireToken("")}} {
+		srv := tokenAdmin(t, opts...)
+		for _, path := range guardedPaths {
+			if resp := adminGet(t, nil, srv.URL+path, ""); resp.StatusCode >= 400 {
+				t.Errorf("%s without a token configured: %d", path, resp.StatusCode)
+			}
+		}
+	}
+}
+
+// TestAdminTokenLoginFromTheBrowser: /ui?token= sets an HttpOnly,
+// SameSite=Strict cookie and sends the browser on to /ui without the
+// token; with the cookie the page and the /lanes it polls are served. A
+// wrong token sets nothing.
+func TestAdminTokenLoginFromTheBrowser(t *testing.T) {
+	srv := tokenAdmin(t, RequireToken(testAdminToken))
+	jar, _ := cookiejar.New(nil)
+	browser := &http.Client{Jar: jar}
+
+	wrong := adminGet(t, browser, srv.URL+"/ui?token=wrong", "")
+	if wrong.StatusCode != http.StatusUnauthorized || len(wrong.Cookies()) != 0 {
+		t.Fatalf("wrong token: %d, cookies %v", wrong.StatusCode, wrong.Cookies())
+	}
+
+	login := adminGet(t, browser, srv.URL+"/ui?token="+testAdminToken, "")
+	page, _ := io.ReadAll(login.Body)
+	if login.StatusCode != http.StatusOK || !strings.Contains(string(page), `http-equiv="refresh" content="0;url=/ui"`) || strings.Contains(string(page), testAdminToken) {
+		t.Fatalf("login: %d %s, want a page that moves on to /ui, without the token", login.StatusCode, page)
+	}
+	if rp := login.Header.Get("Referrer-Policy"); rp != "no-referrer" {
+		t.Errorf("login answer Referrer-Policy %q: the token would leave in the Referer", rp)
+	}
+	if cc := login.Header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("login answer Cache-Control %q", cc)
+	}
+	cookies := login.Cookies()
+	if len(cookies) != 1 {
+		t.Fatalf("login set %d cookies", len(cookies))
+	}
+	c := cookies[0]
+	if c.Name != "llmproxy_admin" || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Path != "/" {
+		t.Errorf("cookie %+v, want llmproxy_admin, HttpOnly, SameSite=Strict, Path=/", c)
+	}
+	if strings.Contains(login.Header.Get("Set-Cookie"), testAdminToken) {
+		t.Errorf("the cookie holds the token itself, not a digest of it")
+	}
+
+	for _, path := range []string{"/ui", "/lanes?history=1", "/metrics"} {
+		if resp := adminGet(t, browser, srv.URL+path, ""); resp.StatusCode != http.StatusOK {
+			t.Errorf("%s with the cookie: %d", path, resp.StatusCode)
+		}
+	}
+	forged := adminGet(t, nil, srv.URL+"/lanes", "")
+	if forged.StatusCode != http.StatusUnauthorized {
+		t.Errorf("/lanes without the cookie: %d", forged.StatusCode)
+	}
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/lanes", nil)
+	req.AddCookie(&http.Cookie{Name: "llmproxy_admin", Value: testAdminToken})
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a cookie holding something else than the login's: %v %v", resp.StatusCode, err)
+	} else {
+		resp.Body.Close()
+	}
+}
