@@ -79,9 +79,11 @@ func (s *stack) openai(key string, opts ...option.RequestOption) openai.Client {
 }
 
 // httpClient is a client for an SDK under test; its idle connections are
-// closed when the stack stops, so no goroutine outlives the test.
+// closed when the stack stops, so no goroutine outlives the test. A request
+// the proxy never answers fails its test after a minute, not at the test
+// binary's timeout.
 func (s *stack) httpClient() *http.Client {
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	s.clients = append(s.clients, hc)
 	return hc
 }

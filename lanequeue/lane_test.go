@@ -166,8 +166,11 @@ func TestPausePastDeadlineFailsFast(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(time.Minute))
 	defer cancel()
 	_, err := l.Acquire(ctx, 1)
-	if !errors.Is(err, ErrBudgetExceeded) {
-		t.Fatalf("err = %v, want ErrBudgetExceeded", err)
+	// At once: a WaitError at the pause's end, not the deadline passing.
+	var we *WaitError
+	if !errors.Is(err, ErrBudgetExceeded) || !errors.As(err, &we) || !we.Paused || !we.At.Equal(t0.Add(time.Hour)) ||
+		errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want a WaitError for the pause ending at t0+1h", err)
 	}
 	if q := l.State().Queued; q != 0 {
 		t.Fatalf("queued = %d, want 0", q)

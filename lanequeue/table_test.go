@@ -216,3 +216,43 @@ func TestBusiestPagesTheLanes(t *testing.T) {
 		t.Fatalf("Busiest(100): %d", len(all))
 	}
 }
+
+// TestEveryKeyFieldSeparatesLanes: keys that differ in the route, the
+// credential, the path or the model get lanes of their own with IDs of
+// their own; only the path is left out of the limit group when a model
+// is named.
+func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
+	base := Key{Route: "r", CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "gpt"}
+	variants := map[string]Key{}
+	for name, mod := range map[string]func(*Key){
+		"route":      func(k *Key) { k.Route = "other" },
+		"credential": func(k *Key) { k.CredentialHash = HashCredential("sk-b") },
+		"no key":     func(k *Key) { k.CredentialHash = "" },
+		"path":       func(k *Key) { k.Path = "/v1/embeddings" },
+		"model":      func(k *Key) { k.Model = "other" },
+	} {
+		k := base
+		mod(&k)
+		variants[name] = k
+	}
+	tb := NewTable(TableConfig{})
+	baseLane := tb.Get(base)
+	for name, k := range variants {
+		if k.ID() == base.ID() {
+			t.Errorf("%s: the same lane ID %s", name, k.ID())
+		}
+		if tb.Get(k) == baseLane {
+			t.Errorf("%s: the same lane", name)
+		}
+		if sameGroup := k.LimitGroup() == base.LimitGroup(); sameGroup != (name == "path") {
+			t.Errorf("%s: same limit group = %v", name, sameGroup)
+		}
+	}
+	// The fields are kept apart: moving text from one to the next is
+	// another key.
+	a := Key{Route: "ab", Path: "/c"}
+	b := Key{Route: "a", CredentialHash: "b", Path: "/c"}
+	if a.ID() == b.ID() || a.LimitGroup() == b.LimitGroup() {
+		t.Error("fields run together in the lane ID or limit group")
+	}
+}

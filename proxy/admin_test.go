@@ -147,7 +147,7 @@ func TestAdminTokenLoginFromTheBrowser(t *testing.T) {
 	}
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/lanes", nil)
 	req.AddCookie(&http.Cookie{Name: "llmproxy_admin", Value: testAdminToken})
-	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+	if resp, err := testClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Errorf("a cookie holding something else than the login's: %v %v", resp.StatusCode, err)
 	} else {
 		resp.Body.Close()

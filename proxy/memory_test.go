@@ -69,7 +69,7 @@ func TestBufferedBodiesAreBounded(t *testing.T) {
 	}
 	req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", io.MultiReader(strings.NewReader(body))) // no length: chunked
 	req.Header.Set("Authorization", "Bearer "+testKey)
-	chunked, err := http.DefaultClient.Do(req)
+	chunked, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const testKey = "sk-test-abcdefghijklmnop"
 
+// testClient is the tests' HTTP client: a request the proxy never answers
+// fails its test in seconds, not at the test binary's timeout.
+var testClient = &http.Client{Timeout: 20 * time.Second}
+
 // harness is a proxy in front of an httptest upstream whose handler the
 // test chooses.
 type harness struct {
@@ -98,7 +102,7 @@ func (h *harness) post(path, body string, hdr ...string) *http.Response {
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := testClient.Do(req)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -357,7 +361,7 @@ func TestBodyLimit(t *testing.T) {
 	// Chunked, so the size is only known while reading.
 	req, _ := http.NewRequest("POST", h.front.URL+"/v1/embeddings", io.MultiReader(strings.NewReader(big), strings.NewReader(big)))
 	req.ContentLength = -1
-	resp2, err := http.DefaultClient.Do(req)
+	resp2, err := testClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

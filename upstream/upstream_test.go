@@ -177,3 +177,30 @@ func TestOutboundHeaderDropsClientAddressClaims(t *testing.T) {
 		}
 	}
 }
+
+// TestTransportBoundsIdleConnectionsAndHandshakes: pooled connections the
+// upstream no longer uses are closed after about a minute and a half, and a
+// TLS handshake that stalls fails in seconds, not never.
+func TestTransportBoundsIdleConnectionsAndHandshakes(t *testing.T) {
+	tr := NewTransport()
+	if tr.IdleConnTimeout < time.Minute || tr.IdleConnTimeout > 5*time.Minute {
+		t.Errorf("idle connections kept %v, want about 90s", tr.IdleConnTimeout)
+	}
+	if tr.TLSHandshakeTimeout < time.Second || tr.TLSHandshakeTimeout > 30*time.Second {
+		t.Errorf("TLS handshake bound %v, want about 10s", tr.TLSHandshakeTimeout)
+	}
+	if tr.MaxIdleConnsPerHost < 256 {
+		t.Errorf("%d idle connections per host: a busy lane would reconnect all the time", tr.MaxIdleConnsPerHost)
+	}
+}
+
+// TestRetryableStatusIsWhatSDKsRetry: the statuses SDKs retry on their own
+// (408, 409, 429, 5xx) are marked, so the proxy can tell them not to
+// retry what it already did; others are left to the SDK.
+func TestRetryableStatusIsWhatSDKsRetry(t *testing.T) {
+	for code, want := range map[int]bool{200: false, 400: false, 401: false, 404: false, 408: true, 409: true, 429: true, 500: true, 502: true, 503: true, 504: true, 529: true} {
+		if got := RetryableStatus(code); got != want {
+			t.Errorf("RetryableStatus(%d) = %v, want %v", code, got, want)
+		}
+	}
+}
