@@ -132,6 +132,9 @@ func TestAdminTokenLoginFromTheBrowser(t *testing.T) {
 	if c.Name != "llmproxy_admin" || !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Path != "/" {
 		t.Errorf("cookie %+v, want llmproxy_admin, HttpOnly, SameSite=Strict, Path=/", c)
 	}
+	if c.Secure {
+		t.Errorf("cookie Secure on a plain-HTTP admin listener: the browser would never send it back")
+	}
 	if strings.Contains(login.Header.Get("Set-Cookie"), testAdminToken) {
 		t.Errorf("the cookie holds the token itself, not a digest of it")
 	}

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +56,10 @@ func TestDecide(t *testing.T) {
 		{"retries exhausted", withHint(rate429, time.Second), 3, time.Minute, giveUp, lanequeue.RateRefused, 0, false},
 		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), 0, time.Hour, giveUp, lanequeue.RateRefused, 0, false},
 		{"wait past the budget", withHint(rate429, 30*time.Second), 0, 10 * time.Second, giveUp, lanequeue.RateRefused, 0, false},
+	}
+	// The reasons a client reads when the proxy gives up count what happened.
+	if d := decide(unreachable, 2, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
+		t.Errorf("unreachable after two retries: %q, want 3 attempts counted", d.why)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,6 +113,23 @@ func TestReplyFor(t *testing.T) {
 			r := replyFor(tt.err, replyNow)
 			if r.status != tt.status || r.code != tt.code || r.noRetry != tt.noRetry || r.retryAfter != tt.retryAfter {
 				t.Fatalf("got %+v", r)
+			}
+			// What the client gets: Retry-After only with a wait, in whole
+			// seconds rounded up; x-should-retry only when retrying is futile.
+			rec := httptest.NewRecorder()
+			r.write(rec)
+			wantRA := ""
+			if tt.retryAfter > 0 {
+				wantRA = strconv.FormatInt(int64((tt.retryAfter+time.Second-1)/time.Second), 10)
+			}
+			if got := rec.Header().Get("Retry-After"); got != wantRA {
+				t.Errorf("Retry-After %q, want %q", got, wantRA)
+			}
+			if got := rec.Header().Get("X-Should-Retry") == "false"; got != tt.noRetry {
+				t.Errorf("x-should-retry false = %v, want %v", got, tt.noRetry)
+			}
+			if rec.Code != tt.status || !strings.Contains(rec.Body.String(), `"code":"`+tt.code+`"`) {
+				t.Errorf("wrote %d %s", rec.Code, rec.Body.String())
 			}
 		})
 	}

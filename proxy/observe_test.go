@@ -326,7 +326,9 @@ func TestLanesAnswersAPageOfTheBusiest(t *testing.T) {
 	if page.Total != 5 || len(page.Lanes) != 2 || page.Lanes[0].Model != "m4" {
 		t.Fatalf("limit=2: total %d, %d lanes, first %q", page.Total, len(page.Lanes), page.Lanes[0].Model)
 	}
-	if err := json.Unmarshal([]byte(get("/lanes?limit=junk")), &page); err != nil || len(page.Lanes) != 5 {
-		t.Fatalf("default page: %d lanes, %v", len(page.Lanes), err)
+	for _, q := range []string{"junk", "0", "-3"} {
+		if err := json.Unmarshal([]byte(get("/lanes?limit="+q)), &page); err != nil || len(page.Lanes) != 5 {
+			t.Fatalf("limit=%s, the default page: %d lanes, %v", q, len(page.Lanes), err)
+		}
 	}
 }

@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestRequestIDsAreRandomHex: every request id is 16 lower-case hex digits
+// and ids do not repeat, so the ids of replicas can be told apart.
+func TestRequestIDsAreRandomHex(t *testing.T) {
+	hex16 := regexp.MustCompile(`^[0-9a-f]{16}$`)
+	seen := map[string]bool{}
+	for range 1000 {
+		id := newRequestID()
+		if !hex16.MatchString(id) {
+			t.Fatalf("request id %q is not 16 hex digits", id)
+		}
+		if seen[id] {
+			t.Fatalf("request id %q repeated within 1000", id)
+		}
+		seen[id] = true
+	}
+}
+
+// TestTargetURLKeepsTheClientsPathUnderTheBase: the client's path is
+// appended to the upstream's base path, cleaned so it cannot climb out,
+// with a trailing slash kept as the client sent it.
+func TestTargetURLKeepsTheClientsPathUnderTheBase(t *testing.T) {
+	base, _ := url.Parse("https://user:pw@api.example.com/base/")
+	for _, tc := range []struct{ rest, query, want string }{
+		{"/v1/chat/completions", "", "https://api.example.com/base/v1/chat/completions"},
+		{"v1/models/", "", "https://api.example.com/base/v1/models/"},
+		{"/", "", "https://api.example.com/base/"},
+		{"", "a=1", "https://api.example.com/base/?a=1"},
+		{"/../../etc/passwd", "", "https://api.example.com/base/etc/passwd"},
+		{"/v1/./x//y/", "k=v", "https://api.example.com/base/v1/x/y/?k=v"},
+	} {
+		if got := targetURL(base, tc.rest, tc.query).String(); got != tc.want {
+			t.Errorf("targetURL(%q, %q) = %s, want %s", tc.rest, tc.query, got, tc.want)
+		}
+	}
+}
+
+// TestServerErrorsAndCutsAreLoggedAtWarn: an answer the client got as a
+// 5xx is logged at warn, a 4xx at debug; a cut answer's line says why,
+// and a whole one carries no error.
+func TestServerErrorsAndCutsAreLoggedAtWarn(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		switch {
+		case strings.Contains(r.URL.Path, "five-hundred"):
+			w.WriteHeader(500)
+		case strings.Contains(r.URL.Path, "bad"):
+			w.WriteHeader(400)
+		case strings.Contains(r.URL.Path, "cut"):
+			w.Header().Set("Content-Length", "100")
+			fmt.Fprint(w, "short")
+			return
+		}
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) { c.MaxRetries = 0 })
+	for _, p := range []string{"/v1/five-hundred", "/v1/bad", "/v1/ok"} {
+		readAll(t, h.post(p, `{"model":"m"}`).Body)
+	}
+	// The cut answer may break off before its headers reach the client.
+	req, _ := http.NewRequest("POST", h.front.URL+"/v1/cut", strings.NewReader(`{"model":"m"}`))
+	if resp, err := testClient.Do(req); err == nil {
+		_, _ = readAllErr(resp)
+		resp.Body.Close()
+	}
+	waitFor(t, func() bool { return strings.Count(h.logs.String(), "msg=request ") == 4 })
+	lines := map[string]string{}
+	for _, l := range strings.Split(h.logs.String(), "\n") {
+		if m := regexp.MustCompile(`msg=request .*path=(/v1/[a-z-]+)`).FindStringSubmatch(l); m != nil {
+			lines[m[1]] = l
+		}
+	}
+	for path, level := range map[string]string{"/v1/five-hundred": "WARN", "/v1/bad": "DEBUG", "/v1/ok": "DEBUG", "/v1/cut": "WARN"} {
+		if !strings.Contains(lines[path], "level="+level) {
+			t.Errorf("%s logged as %q, want level %s", path, lines[path], level)
+		}
+	}
+	if !strings.Contains(lines["/v1/cut"], "outcome=upstream_cut") || !strings.Contains(lines["/v1/cut"], " err=") {
+		t.Errorf("the cut answer's line %q does not say why", lines["/v1/cut"])
+	}
+	if strings.Contains(lines["/v1/ok"], " err=") {
+		t.Errorf("a whole answer's line %q carries an error", lines["/v1/ok"])
+	}
+}
+
+// readAllErr reads a body that may break off.
+func readAllErr(resp *http.Response) (string, error) {
+	var b strings.Builder
+	buf := make([]byte, 512)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			return b.String(), err
+		}
+	}
+}
