@@ -1,0 +1,311 @@
+// Command mutation runs gremlins, at a pinned version, over the core
+// packages and holds them to the project's thresholds: test efficacy of at
+// least 90 % in every package, and no surviving mutant that is not listed,
+// with the reason it survives, in survivors.txt.
+//
+//	go run ./scripts/mutation                  # every core package
+//	go run ./scripts/mutation proxy lanequeue  # some of them
+//	go run ./scripts/mutation -diff REV        # only lines changed since REV
+//
+// CI runs it with -diff at the commit of the last full run, named in
+// scripts/mutation/BASELINE, so it tests what changed since the figures in
+// the README were measured.
+//
+// It prints a Markdown table of killed, lived, not covered and timed-out
+// mutants per package, then every unlisted survivor, and exits 1 when a
+// threshold is missed. Gremlins counts a mutant NOT COVERED when no test
+// runs its line, and leaves those and TIMED OUT mutants out of efficacy.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// gremlins is the pinned mutation tester; go run fetches it through the
+// module proxy and caches the build.
+const gremlins = "github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0"
+
+// corePackages are the packages the thresholds hold for: the data path.
+var corePackages = []string{"backoff", "headerparse", "upstream", "lanequeue", "tokens", "proxy"}
+
+// minEfficacy is the lowest test efficacy, in percent, a package may have.
+const minEfficacy = 90.0
+
+func main() {
+	diff := flag.String("diff", "", "only mutants on lines changed since this git revision, in the packages that hold them")
+	survivorsFile := flag.String("survivors", "scripts/mutation/survivors.txt", "the listed survivors, each with its reason")
+	coefficient := flag.Int("timeout-coefficient", 0, "gremlins' timeout as a multiple of the package's test time (0: gremlins' default)")
+	flag.Parse()
+
+	pkgs := corePackages
+	if flag.NArg() > 0 {
+		pkgs = flag.Args()
+	}
+	if *diff != "" {
+		files, err := gitChanged(*diff)
+		if err != nil {
+			fatal(err)
+		}
+		pkgs = touched(pkgs, files)
+		if len(pkgs) == 0 {
+			fmt.Println("mutation: no Go file of a core package changed since", *diff)
+			return
+		}
+	}
+	listed, err := readSurvivors(*survivorsFile)
+	if err != nil {
+		fatal(err)
+	}
+	tmp, err := os.MkdirTemp("", "mutation")
+	if err != nil {
+		fatal(err)
+	}
+	defer os.RemoveAll(tmp)
+
+	var results []result
+	for _, pkg := range pkgs {
+		out := filepath.Join(tmp, pkg+".json")
+		start := time.Now()
+		args := []string{"run", gremlins, "unleash", "./" + pkg, "-s", "-o", out}
+		if *coefficient > 0 {
+			args = append(args, "--timeout-coefficient", strconv.Itoa(*coefficient))
+		}
+		if *diff != "" {
+			args = append(args, "--diff", *diff)
+		}
+		cmd := exec.Command("go", args...)
+		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fatal(fmt.Errorf("gremlins on %s: %w", pkg, err))
+		}
+		f, err := os.Open(out)
+		if err != nil {
+			fatal(err)
+		}
+		r, err := readResult(pkg, f)
+		f.Close()
+		if err != nil {
+			fatal(err)
+		}
+		r.took = time.Since(start)
+		results = append(results, r)
+		fmt.Fprintf(os.Stderr, "mutation: %s done in %s\n", pkg, r.took.Round(time.Second))
+	}
+	if !report(os.Stdout, results, listed, sourceLine) {
+		os.Exit(1)
+	}
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "mutation:", err)
+	os.Exit(2)
+}
+
+// mutant is one mutation gremlins made.
+type mutant struct {
+	File    string `json:"-"` // relative to the module root
+	Type    string `json:"type"`
+	Status  string `json:"status"`
+	Line    int    `json:"line"`
+	Column  int    `json:"column"`
+	Package string `json:"-"`
+}
+
+// result is one package's run.
+type result struct {
+	pkg     string
+	mutants []mutant
+	took    time.Duration
+}
+
+func (r result) count(status string) int {
+	n := 0
+	for _, m := range r.mutants {
+		if m.Status == status {
+			n++
+		}
+	}
+	return n
+}
+
+// efficacy is killed over killed and lived, in percent, as gremlins counts
+// it; 100 when neither happened.
+func (r result) efficacy() float64 {
+	k, l := r.count("KILLED"), r.count("LIVED")
+	if k+l == 0 {
+		return 100
+	}
+	return 100 * float64(k) / float64(k+l)
+}
+
+// readResult reads gremlins' JSON output for pkg.
+func readResult(pkg string, rd io.Reader) (result, error) {
+	var out struct {
+		Files []struct {
+			Name      string   `json:"file_name"`
+			Mutations []mutant `json:"mutations"`
+		} `json:"files"`
+	}
+	if err := json.NewDecoder(rd).Decode(&out); err != nil {
+		return result{}, fmt.Errorf("%s: gremlins output: %w", pkg, err)
+	}
+	r := result{pkg: pkg}
+	for _, f := range out.Files {
+		for _, m := range f.Mutations {
+			m.File = filepath.ToSlash(filepath.Join(pkg, f.Name))
+			m.Package = pkg
+			r.mutants = append(r.mutants, m)
+		}
+	}
+	slices.SortFunc(r.mutants, func(a, b mutant) int {
+		if c := strings.Compare(a.File, b.File); c != 0 {
+			return c
+		}
+		if a.Line != b.Line {
+			return a.Line - b.Line
+		}
+		return a.Column - b.Column
+	})
+	return r, nil
+}
+
+// survivor names a mutant that may live: where, which mutator, and the
+// source line as it reads (so an edit of the line asks for a new look).
+type survivor struct {
+	File, Type string
+	Column     int
+	Code       string
+}
+
+// readSurvivors reads the list of accepted survivors. Each line is
+//
+//	path | MUTATOR@column | source line, trimmed | why it may live
+//
+// and blank lines and lines starting with # are skipped. A line without a
+// reason is an error: every survivor is there for a stated reason.
+func readSurvivors(path string) (map[survivor]string, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return map[survivor]string{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return parseSurvivors(f)
+}
+
+func parseSurvivors(rd io.Reader) (map[survivor]string, error) {
+	listed := map[survivor]string{}
+	sc := bufio.NewScanner(rd)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		parts := strings.SplitN(line, " | ", 3)
+		cut := strings.LastIndex(line, " | ")
+		if len(parts) < 3 || cut <= len(parts[0])+len(parts[1])+3 {
+			return nil, fmt.Errorf("survivors line %d: want path | MUTATOR@column | code | reason", n)
+		}
+		typ, col, ok := strings.Cut(parts[1], "@")
+		c, err := strconv.Atoi(col)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("survivors line %d: %q is not MUTATOR@column", n, parts[1])
+		}
+		code := line[len(parts[0])+len(parts[1])+6 : cut]
+		reason := strings.TrimSpace(line[cut+3:])
+		if reason == "" {
+			return nil, fmt.Errorf("survivors line %d: no reason", n)
+		}
+		listed[survivor{File: parts[0], Type: typ, Column: c, Code: strings.TrimSpace(code)}] = reason
+	}
+	return listed, sc.Err()
+}
+
+// sourceLine is the trimmed text of a file's line, "" when unreadable.
+func sourceLine(file string, line int) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(string(b), "\n")
+	if line < 1 || line > len(lines) {
+		return ""
+	}
+	return strings.TrimSpace(lines[line-1])
+}
+
+// report prints the table and the unlisted survivors, and says whether
+// every threshold held.
+func report(w io.Writer, results []result, listed map[survivor]string, source func(string, int) string) bool {
+	ok := true
+	fmt.Fprintln(w, "| package | killed | lived | not covered | timed out | efficacy | time |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	var unlisted []string
+	accepted := 0
+	for _, r := range results {
+		mark := ""
+		if r.efficacy() < minEfficacy {
+			mark, ok = " (below 90 %)", false
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %.1f %%%s | %s |\n", r.pkg, r.count("KILLED"), r.count("LIVED"),
+			r.count("NOT COVERED"), r.count("TIMED OUT"), r.efficacy(), mark, r.took.Round(time.Second))
+		for _, m := range r.mutants {
+			if m.Status != "LIVED" {
+				continue
+			}
+			code := source(m.File, m.Line)
+			if _, ok := listed[survivor{File: m.File, Type: m.Type, Column: m.Column, Code: code}]; ok {
+				accepted++
+				continue
+			}
+			unlisted = append(unlisted, fmt.Sprintf("%s:%d:%d %s\n    %s | %s@%d | %s | <why it may live>",
+				m.File, m.Line, m.Column, m.Type, m.File, m.Type, m.Column, code))
+		}
+	}
+	fmt.Fprintf(w, "\n%d survivors listed in survivors.txt as equivalent or accepted.\n", accepted)
+	if len(unlisted) > 0 {
+		ok = false
+		fmt.Fprintf(w, "\n%d survivors not listed: add a test that kills each, or list it with its reason:\n", len(unlisted))
+		for _, u := range unlisted {
+			fmt.Fprintln(w, u)
+		}
+	}
+	return ok
+}
+
+// gitChanged lists the files changed since rev, committed or not.
+func gitChanged(rev string) ([]string, error) {
+	out, err := exec.Command("git", "diff", "--name-only", rev, "--").Output()
+	if err != nil {
+		return nil, fmt.Errorf("git diff %s: %w", rev, err)
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// touched keeps the packages among pkgs that one of files is in.
+func touched(pkgs, files []string) []string {
+	var out []string
+	for _, p := range pkgs {
+		for _, f := range files {
+			if filepath.Dir(f) == p && strings.HasSuffix(f, ".go") {
+				out = append(out, p)
+				break
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+const sample = `{"go_module":"m","files":[{"file_name":"a.go","mutations":[
+ {"type":"CONDITIONALS_BOUNDARY","status":"KILLED","line":3,"column":5},
+ {"type":"CONDITIONALS_BOUNDARY","status":"LIVED","line":4,"column":9},
+ {"type":"ARITHMETIC_BASE","status":"LIVED","line":5,"column":2},
+ {"type":"ARITHMETIC_BASE","status":"NOT COVERED","line":6,"column":2},
+ {"type":"INVERT_NEGATIVES","status":"TIMED OUT","line":7,"column":2}]}]}`
+
+func TestReportCountsAndHoldsTheThresholds(t *testing.T) {
+	r, err := readResult("pkg", strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.mutants[0].File != "pkg/a.go" {
+		t.Fatalf("file %q, want it relative to the module", r.mutants[0].File)
+	}
+	if r.count("KILLED") != 1 || r.count("LIVED") != 2 || r.count("NOT COVERED") != 1 || r.count("TIMED OUT") != 1 {
+		t.Fatalf("counts wrong: %+v", r.mutants)
+	}
+	if e := r.efficacy(); e < 33.3 || e > 33.4 {
+		t.Fatalf("efficacy %v, want killed/(killed+lived) = 33.3", e)
+	}
+	src := func(file string, line int) string {
+		return map[int]string{4: "if a < b {", 5: "x := y + 1"}[line]
+	}
+	listed, err := parseSurvivors(strings.NewReader(`# comment
+pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { | a == b takes either branch to the same result
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if report(&out, []result{r}, listed, src) {
+		t.Fatal("33 % efficacy and an unlisted survivor passed")
+	}
+	if !strings.Contains(out.String(), "| pkg | 1 | 2 | 1 | 1 | 33.3 % (below 90 %)") {
+		t.Fatalf("table row missing:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "1 survivors not listed") || !strings.Contains(out.String(), "pkg/a.go:5:2 ARITHMETIC_BASE") {
+		t.Fatalf("the unlisted survivor is not named:\n%s", out.String())
+	}
+	// The listed line edited: the survivor needs a new look.
+	edited := func(file string, line int) string { return "if a <= b {" }
+	out.Reset()
+	report(&out, []result{r}, listed, edited)
+	if !strings.Contains(out.String(), "2 survivors not listed") {
+		t.Fatalf("an edited line kept its listing:\n%s", out.String())
+	}
+}
+
+func TestReportPassesWhenEverySurvivorIsListed(t *testing.T) {
+	var ms []mutant
+	for i := range 19 {
+		ms = append(ms, mutant{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: i + 1})
+	}
+	ms = append(ms, mutant{File: "p/x.go", Type: "INVERT_NEGATIVES", Status: "LIVED", Line: 30, Column: 4})
+	listed := map[survivor]string{{File: "p/x.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "why"}
+	var out strings.Builder
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, listed, func(string, int) string { return "n := -m" }) {
+		t.Fatalf("95 %% with its one survivor listed failed:\n%s", out.String())
+	}
+}
+
+func TestSurvivorLinesNeedAReason(t *testing.T) {
+	for _, bad := range []string{
+		"pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b {",
+		"pkg/a.go | CONDITIONALS_BOUNDARY | if a < b { | why",
+		"pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { |  ",
+	} {
+		if _, err := parseSurvivors(strings.NewReader(bad)); err == nil {
+			t.Errorf("accepted %q", bad)
+		}
+	}
+	l, err := parseSurvivors(strings.NewReader("p/a.go | INVERT_LOGICAL@3 | if a || b | c { | code with a bar in it still parses"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := survivor{File: "p/a.go", Type: "INVERT_LOGICAL", Column: 3, Code: "if a || b | c {"}
+	if _, ok := l[want]; !ok {
+		t.Fatalf("parsed %+v", l)
+	}
+}
+
+func TestTouchedKeepsChangedPackages(t *testing.T) {
+	got := touched(corePackages, []string{"proxy/forward.go", "README.md", "lanequeue/testdata/x", "e2e/core_test.go", "tokens/usage_test.go"})
+	if strings.Join(got, ",") != "tokens,proxy" {
+		t.Fatalf("touched = %v", got)
+	}
+}
