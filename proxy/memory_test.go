@@ -43,6 +43,8 @@ func TestLaneFieldsAreBounded(t *testing.T) {
 // length is known or not; once they are done the room is back.
 func TestBufferedBodiesAreBounded(t *testing.T) {
 	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock() // also when the test fails: the upstream's handlers must end
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-release
 		fmt.Fprint(w, `{}`)
@@ -77,7 +79,7 @@ func TestBufferedBodiesAreBounded(t *testing.T) {
 	if e := decodeErr(t, chunked); chunked.StatusCode != 429 || e.Error.Code != "queue_full" {
 		t.Fatalf("chunked: %d %s", chunked.StatusCode, e.Error.Code)
 	}
-	close(release)
+	unblock()
 	wg.Wait()
 	laneIdle(t, h.proxy)
 	waitFor(t, func() bool { return h.proxy.buffered.Load() == 0 })

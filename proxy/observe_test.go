@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,6 +62,8 @@ func matches(m *dto.Metric, want map[string]string) bool {
 // code; a client that leaves while queued is client_gone.
 func TestEveryAnswerIsCountedByOutcome(t *testing.T) {
 	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock() // also when the test fails: the upstream's handler must end
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/cut":
@@ -103,7 +106,7 @@ func TestEveryAnswerIsCountedByOutcome(t *testing.T) {
 	}
 	// The proxy has seen the client go before the slot frees.
 	waitFor(t, func() bool { return laneQueued(h.proxy, "s") == 0 })
-	close(release)
+	unblock()
 	laneIdle(t, h.proxy)
 
 	want := []struct {

@@ -81,6 +81,8 @@ func readAllQuiet(r *http.Request) string {
 // queued one is not disturbed.
 func TestFullLaneQueueIs429QueueFull(t *testing.T) {
 	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock() // also when the test fails: the upstream's handlers must end
 	arrived := make(chan string, 4)
 	h := newHarness(t, blockingUpstream(release, arrived), func(c *Config) {
 		c.Lanes.Lane = lanequeue.Config{Concurrency: 1, MaxConcurrency: 1, MaxQueue: 1}
@@ -115,7 +117,7 @@ func TestFullLaneQueueIs429QueueFull(t *testing.T) {
 	if q := laneQueued(h.proxy, "m"); q != 1 {
 		t.Errorf("queued %d after the refusal, want 1", q)
 	}
-	close(release)
+	unblock()
 	wg.Wait()
 	if statuses[0] != 200 || statuses[1] != 200 {
 		t.Fatalf("the admitted requests got %v, want 200 both", statuses)
@@ -123,11 +125,13 @@ func TestFullLaneQueueIs429QueueFull(t *testing.T) {
 }
 
 // oneSlotTaken is a proxy whose lane has one slot, taken by a request the
-// upstream holds until release is closed; first yields that request's
-// status, arrived the bodies of any later request the upstream gets.
-func oneSlotTaken(t *testing.T) (h *harness, release chan struct{}, arrived chan string, first chan int) {
-	release, arrived, first = make(chan struct{}), make(chan string, 4), make(chan int, 1)
-	h = newHarness(t, blockingUpstream(release, arrived), func(c *Config) {
+// upstream holds until release is called (defer it, so a failing test
+// ends too); first yields that request's status, arrived the bodies of any
+// later request the upstream gets.
+func oneSlotTaken(t *testing.T) (h *harness, release func(), arrived chan string, first chan int) {
+	ch, arrived, first := make(chan struct{}), make(chan string, 4), make(chan int, 1)
+	release = sync.OnceFunc(func() { close(ch) })
+	h = newHarness(t, blockingUpstream(ch, arrived), func(c *Config) {
 		c.Lanes.Lane = lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
 	})
 	go func() {
@@ -145,6 +149,7 @@ func oneSlotTaken(t *testing.T) (h *harness, release chan struct{}, arrived chan
 // reaches the upstream.
 func TestBudgetRunOutWhileQueuedIs504NoRetry(t *testing.T) {
 	h, release, arrived, first := oneSlotTaken(t)
+	defer release()
 	resp := h.post("/v1/chat/completions", `{"model":"m","who":"second"}`, "X-Stainless-Timeout", "1")
 	e := decodeErr(t, resp)
 	if resp.StatusCode != 504 || e.Error.Code != "budget_exceeded" || e.Error.Type != "timeout_error" {
@@ -156,7 +161,7 @@ func TestBudgetRunOutWhileQueuedIs504NoRetry(t *testing.T) {
 	if q := laneQueued(h.proxy, "m"); q != 0 {
 		t.Errorf("queued %d after the budget ran out, want 0", q)
 	}
-	close(release)
+	release()
 	if s := <-first; s != 200 {
 		t.Fatalf("the first request got %d", s)
 	}
@@ -341,6 +346,7 @@ func TestClientCancellationReachesTheUpstream(t *testing.T) {
 // never reaches the upstream.
 func TestQueuedClientThatHangsUpLeavesTheQueue(t *testing.T) {
 	h, release, arrived, first := oneSlotTaken(t)
+	defer release()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","who":"second"}`))
 	req.Header.Set("Authorization", "Bearer "+testKey)
@@ -356,7 +362,7 @@ func TestQueuedClientThatHangsUpLeavesTheQueue(t *testing.T) {
 	cancel()
 	<-errc
 	waitFor(t, func() bool { st := laneState(h.proxy, "m"); return st.Queued == 0 && st.Cancelled == 1 })
-	close(release)
+	release()
 	if s := <-first; s != 200 {
 		t.Fatalf("the first request got %d", s)
 	}
