@@ -11,6 +11,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/packages/ssestream"
 	"go.uber.org/goleak"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
@@ -94,22 +95,36 @@ func TestHardQuotaKeyFailsFastWithoutSDKRetries(t *testing.T) {
 // streamed chunk while the upstream is still holding the rest back.
 func TestStreamFirstChunkArrivesBeforeUpstreamFinishes(t *testing.T) {
 	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	defer release()
 	s := newStack(t, mockupstream.Config{StreamHold: hold}, nil)
-	client := s.openai("sk-stream")
-	stream := client.Chat.Completions.NewStreaming(context.Background(), chatParams("gpt-test", "stream please"))
-	defer stream.Close()
-	first := make(chan bool, 1)
-	go func() { first <- stream.Next() }()
+	client := s.openai("sk-stream", option.WithMaxRetries(0))
+	// The headers come with the first chunk: opening the stream waits for
+	// them too, so it runs under the test's own short deadline.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type opened struct {
+		stream *ssestream.Stream[openai.ChatCompletionChunk]
+		ok     bool
+	}
+	first := make(chan opened, 1)
+	go func() {
+		stream := client.Chat.Completions.NewStreaming(ctx, chatParams("gpt-test", "stream please"))
+		first <- opened{stream, stream.Next()}
+	}()
+	var stream *ssestream.Stream[openai.ChatCompletionChunk]
 	select {
-	case ok := <-first:
-		if !ok {
+	case o := <-first:
+		stream = o.stream
+		if !o.ok {
 			t.Fatalf("stream ended early: %v", stream.Err())
 		}
 	case <-time.After(10 * time.Second):
-		close(hold)
+		cancel()
 		t.Fatal("no chunk reached the client while the upstream held the rest")
 	}
-	close(hold)
+	defer stream.Close()
+	release()
 	n := 1
 	for stream.Next() {
 		n++
