@@ -1,12 +1,15 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRequestIDsAreRandomHex: every request id is 16 lower-case hex digits
@@ -102,5 +105,74 @@ func readAllErr(resp *http.Response) (string, error) {
 		if err != nil {
 			return b.String(), err
 		}
+	}
+}
+
+// TestBudgetFollowsTheSDKsTimeoutWhenItIsShorter: X-Stainless-Timeout
+// shortens the request's budget below LLMPROXY_MAX_WAIT; a timeout of
+// zero, negative, unreadable or longer than the budget leaves it as it is.
+func TestBudgetFollowsTheSDKsTimeoutWhenItIsShorter(t *testing.T) {
+	p := &Proxy{cfg: Config{MaxWait: 10 * time.Minute}}
+	now := time.Unix(1_000_000, 0)
+	for v, want := range map[string]time.Duration{
+		"":      10 * time.Minute,
+		"30":    30 * time.Second,
+		"0.5":   500 * time.Millisecond,
+		"0":     10 * time.Minute,
+		"-5":    10 * time.Minute,
+		"junk":  10 * time.Minute,
+		"NaN":   10 * time.Minute,
+		"3600":  10 * time.Minute,
+		"1e300": 10 * time.Minute,
+	} {
+		r, _ := http.NewRequest("POST", "/v1/x", nil)
+		if v != "" {
+			r.Header.Set("X-Stainless-Timeout", v)
+		}
+		if got := p.budget(r, now).Sub(now); got != want {
+			t.Errorf("X-Stainless-Timeout %q: budget %v, want %v", v, got, want)
+		}
+	}
+}
+
+// TestCutErrorsNeverShowTheQuery: the reason logged for a cut answer has
+// the request's query (where a Gemini key may be) taken out, and is left
+// as it is when there is no query.
+func TestCutErrorsNeverShowTheQuery(t *testing.T) {
+	withKey, _ := url.Parse("https://up.example/v1beta/models/x:streamGenerateContent?alt=sse&key=secret-key")
+	err := &url.Error{Op: "Post", URL: withKey.String(), Err: errors.New("stream error near alt=sse&key=secret-key: reset")}
+	if got := redactErr(err, withKey); strings.Contains(got, "secret-key") || got != "stream error near …: reset" {
+		t.Errorf("redactErr = %q, want the query taken out", got)
+	}
+	plain, _ := url.Parse("https://up.example/v1/chat/completions")
+	if got := redactErr(errors.New("unexpected EOF"), plain); got != "unexpected EOF" {
+		t.Errorf("redactErr without a query = %q, want it unchanged", got)
+	}
+}
+
+// TestBodiesExactlyFillingTheBufferCapAreTaken: LLMPROXY_MAX_BUFFERED_BYTES
+// is the most that may be held, not one byte less, for bodies of known
+// and of unknown length.
+func TestBodiesExactlyFillingTheBufferCapAreTaken(t *testing.T) {
+	body := `{"model":"m","pad":"` + strings.Repeat("x", 1000) + `"}`
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) { c.MaxBufferedBytes = int64(len(body)) })
+	if resp := h.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("known length at the cap: %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", io.MultiReader(strings.NewReader(body)))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("unknown length at the cap: %d", resp.StatusCode)
+	}
+	if over := h.post("/v1/chat/completions", body+" "); over.StatusCode != 429 {
+		t.Fatalf("one byte over the cap: %d, want 429", over.StatusCode)
 	}
 }
