@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // TestRequestIDsAreRandomHex: every request id is 16 lower-case hex digits
@@ -174,5 +176,95 @@ func TestBodiesExactlyFillingTheBufferCapAreTaken(t *testing.T) {
 	}
 	if over := h.post("/v1/chat/completions", body+" "); over.StatusCode != 429 {
 		t.Fatalf("one byte over the cap: %d, want 429", over.StatusCode)
+	}
+}
+
+// TestRouteNamesAreLettersDigitsAndDotDashUnderscore: the first and last
+// letters and digits of each range are allowed, their neighbours are not.
+func TestRouteNamesAreLettersDigitsAndDotDashUnderscore(t *testing.T) {
+	for _, ok := range []string{"azAZ09", "a", "z", "A", "Z", "0", "9", "my.route_v-2"} {
+		if !ValidRouteName(ok) {
+			t.Errorf("%q refused", ok)
+		}
+	}
+	for _, bad := range []string{"`", "{", "@", "[", "/", ":", "a b", "é", "", ".", ".."} {
+		if ValidRouteName(bad) {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// TestPanicBeforeAnyByteStillAbortsTheAnswer: a failure after the status
+// went out, before any of the body did, breaks the connection; no JSON
+// error is appended to the 200.
+func TestPanicBeforeAnyByteStillAbortsTheAnswer(t *testing.T) {
+	rt := rtFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: &panickyBody{n: 1}, ContentLength: -1}, nil
+	})
+	h := newHarness(t, http.NotFoundHandler(), func(c *Config) { c.Transport = rt })
+	req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","stream":true}`))
+	resp, err := testClient.Do(req)
+	if err != nil {
+		return // broken before the status reached the client: also no JSON appended
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil || strings.Contains(string(body), "internal_error") {
+		t.Fatalf("status %d, body %q, err %v: want a broken answer without a JSON error in it", resp.StatusCode, body, err)
+	}
+}
+
+// TestTheProxysOwnHeadersWinOverTheUpstreams: an upstream (or a proxy in
+// front of it) that sends x-llmproxy-* headers cannot set what the client
+// reads as the lane, queue time or retries.
+func TestTheProxysOwnHeadersWinOverTheUpstreams(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		w.Header().Set("X-Llmproxy-Lane", "forged")
+		w.Header().Set("X-Llmproxy-Retries", "99")
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+	readAll(t, resp.Body)
+	if l := resp.Header.Get("X-Llmproxy-Lane"); l != laneState(h.proxy, "m").ID {
+		t.Errorf("lane header %q, want the proxy's lane %s", l, laneState(h.proxy, "m").ID)
+	}
+	if r := resp.Header.Get("X-Llmproxy-Retries"); r != "0" {
+		t.Errorf("retries header %q, want 0", r)
+	}
+}
+
+// TestRetryAfterStaysOnAnswersThatAreNotSuccesses: the upstream's
+// Retry-After is taken off 2xx answers only.
+func TestRetryAfterStaysOnAnswersThatAreNotSuccesses(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		w.Header().Set("Retry-After", "7")
+		if strings.HasSuffix(r.URL.Path, "/300") {
+			w.WriteHeader(300)
+		}
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	ok := h.post("/v1/200", `{"model":"m"}`)
+	readAll(t, ok.Body)
+	if ok.StatusCode != 200 || ok.Header.Get("Retry-After") != "" {
+		t.Errorf("200: Retry-After %q, want none", ok.Header.Get("Retry-After"))
+	}
+	multi := h.post("/v1/300", `{"model":"m"}`)
+	readAll(t, multi.Body)
+	if multi.StatusCode != 300 || multi.Header.Get("Retry-After") != "7" {
+		t.Errorf("%d: Retry-After %q, want 7 passed on", multi.StatusCode, multi.Header.Get("Retry-After"))
+	}
+}
+
+// TestLanesRunOnTheProxysClock: a proxy given a clock gives it to its
+// lanes when their configuration names none.
+func TestLanesRunOnTheProxysClock(t *testing.T) {
+	fc := clock.NewFake(time.Unix(2_000_000_000, 0))
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{}`) }),
+		func(c *Config) { c.Clock = fc })
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	if got := laneState(h.proxy, "m").LastUsed; !got.Equal(fc.Now()) {
+		t.Fatalf("lane last used at %v, want the proxy's clock %v", got, fc.Now())
 	}
 }
