@@ -1,12 +1,14 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -266,5 +268,78 @@ func TestLanesRunOnTheProxysClock(t *testing.T) {
 	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
 	if got := laneState(h.proxy, "m").LastUsed; !got.Equal(fc.Now()) {
 		t.Fatalf("lane last used at %v, want the proxy's clock %v", got, fc.Now())
+	}
+}
+
+// firstLineWithin reads the first line of the answer to a POST of body to
+// path, or fails the test after 5 s: the proxy held it back.
+func firstLineWithin(t *testing.T, h *harness, path, body string) string {
+	t.Helper()
+	resp := h.post(path, body)
+	got := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		return line
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first line did not reach the client while the upstream was still sending")
+		return ""
+	}
+}
+
+// TestEveryKindOfStreamIsPassedOnAsItArrives: answers of unknown length
+// (chunked JSON lines) and event streams, even ones with a known length,
+// reach the client as the upstream sends them, not when it has finished.
+func TestEveryKindOfStreamIsPassedOnAsItArrives(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		first, rest := "{\"n\":1}\n", "{\"n\":2}\n"
+		if strings.HasSuffix(r.URL.Path, "/sse-known-length") {
+			first, rest = "data: {\"n\":1}\n\n", "data: [DONE]\n\n"
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Content-Length", strconv.Itoa(len(first)+len(rest)))
+		} else {
+			w.Header().Set("Content-Type", "application/x-ndjson") // chunked: no length
+		}
+		fmt.Fprint(w, first)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, rest)
+	}), nil)
+	if line := firstLineWithin(t, h, "/v1/lines", `{"model":"m"}`); line != "{\"n\":1}\n" {
+		t.Errorf("chunked lines: first line %q", line)
+	}
+	if line := firstLineWithin(t, h, "/v1/sse-known-length", `{"model":"m"}`); line != "data: {\"n\":1}\n" {
+		t.Errorf("event stream with a length: first line %q", line)
+	}
+}
+
+// TestSlowButSteadyAnswerIsNotCut: the idle bound is between bytes, not on
+// the whole answer: a stream that sends something every 50 ms runs well
+// past LLMPROXY_MAX_WAIT and arrives whole.
+func TestSlowButSteadyAnswerIsNotCut(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 12 {
+			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}), func(c *Config) { c.MaxWait = 250 * time.Millisecond })
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+	body, err := readAllErr(resp)
+	if err != io.EOF || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("a steady 600 ms stream with a 250 ms idle bound: err %v, got %d bytes", err, len(body))
 	}
 }
