@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -341,5 +342,32 @@ func TestSlowButSteadyAnswerIsNotCut(t *testing.T) {
 	body, err := readAllErr(resp)
 	if err != io.EOF || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("a steady 600 ms stream with a 250 ms idle bound: err %v, got %d bytes", err, len(body))
+	}
+}
+
+// TestUsageMeterHoldsAtMostFourMiB: a JSON answer up to 4 MiB is kept to
+// read its usage from; a larger one is passed on unmetered and the copy
+// dropped, so an answer's size never grows the proxy past that.
+func TestUsageMeterHoldsAtMostFourMiB(t *testing.T) {
+	usage := []byte(`{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7},"pad":"`)
+	tail := []byte(`"}`)
+	pad := bytes.Repeat([]byte("x"), maxMeteredBody-len(usage)-len(tail))
+
+	var atCap bodyMeter
+	for _, p := range [][]byte{usage, pad, tail} {
+		atCap.Write(p)
+	}
+	if u, ok := atCap.Usage(); !ok || u.Total() != 7 {
+		t.Fatalf("an answer of exactly 4 MiB: usage %+v, %v; want 7 tokens read", u, ok)
+	}
+
+	var over bodyMeter
+	for _, p := range [][]byte{usage, pad, []byte("x"), tail} {
+		if n, err := over.Write(p); n != len(p) || err != nil {
+			t.Fatalf("Write = %d, %v: the answer itself must pass whole", n, err)
+		}
+	}
+	if _, ok := over.Usage(); ok || over.buf != nil {
+		t.Fatalf("an answer over 4 MiB was metered (kept %d bytes)", len(over.buf))
 	}
 }
