@@ -46,6 +46,7 @@ const minEfficacy = 90.0
 func main() {
 	diff := flag.String("diff", "", "only mutants on lines changed since this git revision, in the packages that hold them")
 	survivorsFile := flag.String("survivors", "scripts/mutation/survivors.txt", "the listed survivors, each with its reason")
+	workers := flag.Int("workers", 0, "gremlins' parallel test runs (0: one per CPU)")
 	coefficient := flag.Int("timeout-coefficient", 0, "gremlins' timeout as a multiple of the package's test time (0: gremlins' default)")
 	flag.Parse()
 
@@ -79,6 +80,9 @@ func main() {
 		out := filepath.Join(tmp, pkg+".json")
 		start := time.Now()
 		args := []string{"run", gremlins, "unleash", "./" + pkg, "-s", "-o", out}
+		if *workers > 0 {
+			args = append(args, "--workers", strconv.Itoa(*workers))
+		}
 		if *coefficient > 0 {
 			args = append(args, "--timeout-coefficient", strconv.Itoa(*coefficient))
 		}
