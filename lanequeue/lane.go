@@ -56,8 +56,8 @@ func (e *WaitError) Is(target error) bool { return target == ErrBudgetExceeded }
 // Config holds a lane's limits. Zero fields take the documented defaults.
 type Config struct {
 	// Concurrency is a new group's concurrency limit; zero = 8. Until the
-	// upstream first refuses for concurrency, every accepted answer while
-	// the limit is what holds requests back raises it by one (it doubles
+	// upstream first refuses for concurrency, every second accepted answer
+	// while the limit is what holds requests back raises it by one (×1.5
 	// each answer time), so a low start costs a few answer times, and an
 	// upstream that limits concurrency is overrun by a few requests, not by
 	// a whole burst.

@@ -184,8 +184,13 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	b.learnRate()
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit {
+		// shown is the refill at a correction: a window already corrected
+		// keeps the one it was corrected with.
+		prev := b.shown
 		b.shown = shown
-		b.correct()
+		if !b.correct() {
+			b.shown = prev
+		}
 	}
 }
 

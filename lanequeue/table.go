@@ -212,7 +212,7 @@ func (t *Table) states(state func(*Lane) State) []State {
 	return out
 }
 
-// Sweep drops lanes idle for longer than IdleTTL now, without waiting for
+// Sweep drops lanes unused for IdleTTL or longer now, without waiting for
 // the next Get.
 func (t *Table) Sweep() {
 	t.mu.Lock()
