@@ -21,7 +21,7 @@ import (
 // overall timeout (LLM answers can take minutes; the caller's context bounds
 // each attempt).
 func NewTransport() *http.Transport {
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	dialer := newDialer()
 	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           dialer.DialContext,
@@ -34,6 +34,13 @@ func NewTransport() *http.Transport {
 		WriteBufferSize:       32 << 10,
 		ReadBufferSize:        32 << 10,
 	}
+}
+
+// newDialer bounds a connection attempt to 10 s, so an upstream that never
+// answers is an error to retry, not a request held for its whole budget,
+// and keeps idle pooled connections alive with TCP keep-alives.
+func newDialer() *net.Dialer {
+	return &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 }
 
 // Outcome is how the proxy should treat an attempt's answer.

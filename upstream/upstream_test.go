@@ -180,7 +180,8 @@ func TestOutboundHeaderDropsClientAddressClaims(t *testing.T) {
 
 // TestTransportBoundsIdleConnectionsAndHandshakes: pooled connections the
 // upstream no longer uses are closed after about a minute and a half, and a
-// TLS handshake that stalls fails in seconds, not never.
+// connection attempt or TLS handshake that stalls fails in seconds, not
+// never.
 func TestTransportBoundsIdleConnectionsAndHandshakes(t *testing.T) {
 	tr := NewTransport()
 	if tr.IdleConnTimeout < time.Minute || tr.IdleConnTimeout > 5*time.Minute {
@@ -188,6 +189,13 @@ func TestTransportBoundsIdleConnectionsAndHandshakes(t *testing.T) {
 	}
 	if tr.TLSHandshakeTimeout < time.Second || tr.TLSHandshakeTimeout > 30*time.Second {
 		t.Errorf("TLS handshake bound %v, want about 10s", tr.TLSHandshakeTimeout)
+	}
+	d := newDialer()
+	if d.Timeout < time.Second || d.Timeout > 30*time.Second {
+		t.Errorf("a connection attempt may take %v, want about 10s", d.Timeout)
+	}
+	if d.KeepAlive < 10*time.Second {
+		t.Errorf("TCP keep-alive every %v, want about 30s", d.KeepAlive)
 	}
 	if tr.MaxIdleConnsPerHost < 256 {
 		t.Errorf("%d idle connections per host: a busy lane would reconnect all the time", tr.MaxIdleConnsPerHost)

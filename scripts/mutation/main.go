@@ -47,7 +47,11 @@ func main() {
 	diff := flag.String("diff", "", "only mutants on lines changed since this git revision, in the packages that hold them")
 	survivorsFile := flag.String("survivors", "scripts/mutation/survivors.txt", "the listed survivors, each with its reason")
 	workers := flag.Int("workers", 0, "gremlins' parallel test runs (0: one per CPU)")
-	coefficient := flag.Int("timeout-coefficient", 0, "gremlins' timeout as a multiple of the package's test time (0: gremlins' default)")
+	// Gremlins times a mutant out at this multiple of the package's coverage
+	// run, which builds from cache; a mutant's run must compile and link
+	// its package again. Its default of 3 timed out most mutants of the
+	// small packages here; 10 leaves a hanging test under a minute in all.
+	coefficient := flag.Int("timeout-coefficient", 10, "gremlins' timeout as a multiple of the package's test time")
 	flag.Parse()
 
 	pkgs := corePackages
