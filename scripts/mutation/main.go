@@ -46,7 +46,11 @@ const minEfficacy = 90.0
 func main() {
 	diff := flag.String("diff", "", "only mutants on lines changed since this git revision, in the packages that hold them")
 	survivorsFile := flag.String("survivors", "scripts/mutation/survivors.txt", "the listed survivors, each with its reason")
-	workers := flag.Int("workers", 0, "gremlins' parallel test runs (0: one per CPU)")
+	// One test run at a time: with two on this 2-core machine each run
+	// slows past the timeout, and mutants that fail or pass by themselves
+	// show as timed out instead (proxy: 42 timed out against 2, and 9
+	// survivors hidden among them), which leaves them out of efficacy.
+	workers := flag.Int("workers", 1, "gremlins' parallel test runs (0: one per CPU)")
 	// Gremlins times a mutant out at this multiple of the package's coverage
 	// run, which builds from cache; a mutant's run must compile and link
 	// its package again. Its default of 3 timed out most mutants of the
@@ -83,17 +87,7 @@ func main() {
 	for _, pkg := range pkgs {
 		out := filepath.Join(tmp, pkg+".json")
 		start := time.Now()
-		args := []string{"run", gremlins, "unleash", "./" + pkg, "-s", "-o", out}
-		if *workers > 0 {
-			args = append(args, "--workers", strconv.Itoa(*workers))
-		}
-		if *coefficient > 0 {
-			args = append(args, "--timeout-coefficient", strconv.Itoa(*coefficient))
-		}
-		if *diff != "" {
-			args = append(args, "--diff", *diff)
-		}
-		cmd := exec.Command("go", args...)
+		cmd := gremlinsCmd(pkg, out, *workers, *coefficient, *diff, os.Environ())
 		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fatal(fmt.Errorf("gremlins on %s: %w", pkg, err))
@@ -114,6 +108,37 @@ func main() {
 	if !report(os.Stdout, results, listed, sourceLine) {
 		os.Exit(1)
 	}
+}
+
+// gremlinsCmd is one gremlins run over pkg, writing its JSON to out.
+//
+// Its environment adds -count=1 to GOFLAGS. Gremlins times its coverage
+// run, `go test -cover`, and times mutants out at a multiple of that; a
+// coverage run answered from Go's test cache (the package unchanged since
+// the last run) takes a second, so every mutant whose tests take longer
+// than the multiple shows as timed out, survivors among them, and the
+// figures change from the first run to the second.
+func gremlinsCmd(pkg, out string, workers, coefficient int, diff string, environ []string) *exec.Cmd {
+	args := []string{"run", gremlins, "unleash", "./" + pkg, "-s", "-o", out,
+		"--workers", strconv.Itoa(workers)}
+	if coefficient > 0 {
+		args = append(args, "--timeout-coefficient", strconv.Itoa(coefficient))
+	}
+	if diff != "" {
+		args = append(args, "--diff", diff)
+	}
+	cmd := exec.Command("go", args...)
+	goflags := "-count=1"
+	env := make([]string, 0, len(environ)+1)
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok {
+			goflags = strings.TrimSpace(v + " " + goflags)
+			continue
+		}
+		env = append(env, kv)
+	}
+	cmd.Env = append(env, "GOFLAGS="+goflags)
+	return cmd
 }
 
 func fatal(err error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -91,5 +92,35 @@ func TestTouchedKeepsChangedPackages(t *testing.T) {
 	got := touched(corePackages, []string{"proxy/forward.go", "README.md", "lanequeue/testdata/x", "e2e/core_test.go", "tokens/usage_test.go"})
 	if strings.Join(got, ",") != "tokens,proxy" {
 		t.Fatalf("touched = %v", got)
+	}
+}
+
+func TestGremlinsRunsBypassTheTestCache(t *testing.T) {
+	cmd := gremlinsCmd("proxy", "/tmp/out.json", 1, 10, "abc123",
+		[]string{"HOME=/root", "GOFLAGS=-buildvcs=false", "PATH=/bin"})
+	var goflags []string
+	for _, kv := range cmd.Env {
+		if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok {
+			goflags = append(goflags, v)
+		}
+	}
+	if len(goflags) != 1 || goflags[0] != "-buildvcs=false -count=1" {
+		t.Errorf("GOFLAGS = %q, want one entry keeping the caller's flags and adding -count=1", goflags)
+	}
+	if !slices.Contains(cmd.Env, "HOME=/root") || !slices.Contains(cmd.Env, "PATH=/bin") {
+		t.Errorf("environment lost entries: %q", cmd.Env)
+	}
+	args := strings.Join(cmd.Args, " ")
+	for _, want := range []string{gremlins + " unleash ./proxy", "-o /tmp/out.json", "--workers 1", "--timeout-coefficient 10", "--diff abc123"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+	cmd = gremlinsCmd("tokens", "o", 1, 0, "", nil)
+	if !slices.Contains(cmd.Env, "GOFLAGS=-count=1") {
+		t.Errorf("env without GOFLAGS: got %q", cmd.Env)
+	}
+	if a := strings.Join(cmd.Args, " "); strings.Contains(a, "--diff") || strings.Contains(a, "--timeout-coefficient") {
+		t.Errorf("unset options passed: %q", a)
 	}
 }
