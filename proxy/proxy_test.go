@@ -533,8 +533,20 @@ func TestStalledAnswerIsCutAfterMaxWait(t *testing.T) {
 		<-r.Context().Done() // never sends another byte
 	}), func(c *Config) { c.MaxWait = 300 * time.Millisecond })
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
-	if _, err := io.ReadAll(resp.Body); err == nil {
-		t.Fatal("a stalled stream ended cleanly")
+	// The proxy must cut it, not the test client's own timeout: wait a
+	// fixed 5 s (16 times the bound), then fail.
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.ReadAll(resp.Body)
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		if err == nil {
+			t.Fatal("a stalled stream ended cleanly")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a stream silent past the 300 ms idle bound was not cut within 5 s")
 	}
 	laneIdle(t, h.proxy)
 }
