@@ -46,10 +46,9 @@ const minEfficacy = 90.0
 func main() {
 	diff := flag.String("diff", "", "only mutants on lines changed since this git revision, in the packages that hold them")
 	survivorsFile := flag.String("survivors", "scripts/mutation/survivors.txt", "the listed survivors, each with its reason")
-	// One test run at a time: with two on this 2-core machine each run
-	// slows past the timeout, and mutants that fail or pass by themselves
-	// show as timed out instead (proxy: 42 timed out against 2, and 9
-	// survivors hidden among them), which leaves them out of efficacy.
+	// One test run at a time: two on this 2-core machine share its cores,
+	// so a passing run may slow past the timeout and count as timed out,
+	// which leaves it out of efficacy.
 	workers := flag.Int("workers", 1, "gremlins' parallel test runs (0: one per CPU)")
 	// Gremlins times a mutant out at this multiple of the package's coverage
 	// run, which builds from cache; a mutant's run must compile and link
