@@ -388,19 +388,8 @@ func TestStreamReachesClientBeforeUpstreamFinishes(t *testing.T) {
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	}), nil)
 	defer close(release)
-	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
-	got := make(chan string, 1)
-	go func() {
-		line, _ := bufio.NewReader(resp.Body).ReadString('\n')
-		got <- line
-	}()
-	select {
-	case line := <-got:
-		if line != "data: {\"n\":1}\n" {
-			t.Fatalf("first line %q", line)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("first event did not arrive while the upstream was still sending")
+	if line := firstLineWithin(t, h, "/v1/chat/completions", `{"model":"m","stream":true}`); line != "data: {\"n\":1}\n" {
+		t.Fatalf("first line %q", line)
 	}
 }
 
