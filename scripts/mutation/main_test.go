@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -37,7 +39,7 @@ pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { | a == b takes either branch to 
 		t.Fatal(err)
 	}
 	var out strings.Builder
-	if report(&out, []result{r}, listed, src) {
+	if report(&out, []result{r}, minEfficacy, listed, src) {
 		t.Fatal("33 % efficacy and an unlisted survivor passed")
 	}
 	if !strings.Contains(out.String(), "| pkg | 1 | 2 | 1 | 1 | 33.3 % (below 90 %)") {
@@ -49,7 +51,7 @@ pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { | a == b takes either branch to 
 	// The listed line edited: the survivor needs a new look.
 	edited := func(file string, line int) string { return "if a <= b {" }
 	out.Reset()
-	report(&out, []result{r}, listed, edited)
+	report(&out, []result{r}, minEfficacy, listed, edited)
 	if !strings.Contains(out.String(), "2 survivors not listed") {
 		t.Fatalf("an edited line kept its listing:\n%s", out.String())
 	}
@@ -63,7 +65,7 @@ func TestReportPassesWhenEverySurvivorIsListed(t *testing.T) {
 	ms = append(ms, mutant{File: "p/x.go", Type: "INVERT_NEGATIVES", Status: "LIVED", Line: 30, Column: 4})
 	listed := map[survivor]string{{File: "p/x.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "why"}
 	var out strings.Builder
-	if !report(&out, []result{{pkg: "p", mutants: ms}}, listed, func(string, int) string { return "n := -m" }) {
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, func(string, int) string { return "n := -m" }) {
 		t.Fatalf("95 %% with its one survivor listed failed:\n%s", out.String())
 	}
 }
@@ -122,5 +124,58 @@ func TestGremlinsRunsBypassTheTestCache(t *testing.T) {
 	}
 	if a := strings.Join(cmd.Args, " "); strings.Contains(a, "--diff") || strings.Contains(a, "--timeout-coefficient") {
 		t.Errorf("unset options passed: %q", a)
+	}
+}
+
+func TestDiffRunsHoldOnlyTheListingRule(t *testing.T) {
+	// Four killed and one listed survivor: 80 %, below a full run's bar.
+	ms := []mutant{{File: "p/x.go", Type: "INVERT_NEGATIVES", Status: "LIVED", Line: 9, Column: 4}}
+	for i := range 4 {
+		ms = append(ms, mutant{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: i + 1})
+	}
+	listed := map[survivor]string{{File: "p/x.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "why"}
+	src := func(string, int) string { return "n := -m" }
+	r := []result{{pkg: "p", mutants: ms}}
+	var out strings.Builder
+	if report(&out, r, minEfficacy, listed, src) {
+		t.Fatalf("a full run at 80 %% passed:\n%s", out.String())
+	}
+	out.Reset()
+	if !report(&out, r, 0, listed, src) {
+		t.Fatalf("a diff run whose one survivor is listed failed:\n%s", out.String())
+	}
+	out.Reset()
+	if report(&out, r, 0, nil, src) {
+		t.Fatalf("a diff run with an unlisted survivor passed:\n%s", out.String())
+	}
+}
+
+// TestListedSurvivorsStillReadAsListed: every listing in survivors.txt
+// names a line its file still holds, so a line edited or removed since
+// leaves no stale listing behind.
+func TestListedSurvivorsStillReadAsListed(t *testing.T) {
+	listed, err := readSurvivors("survivors.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(listed) == 0 {
+		t.Fatal("no listings read")
+	}
+	for s := range listed {
+		b, err := os.ReadFile(filepath.Join("..", "..", s.File))
+		if err != nil {
+			t.Errorf("%s: %v", s.File, err)
+			continue
+		}
+		found := false
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.TrimSpace(line) == s.Code {
+				found = true
+				break
+			}
+		}
+		if !found {
+			t.Errorf("%s no longer has the line %q: look at its mutant again and list or drop it", s.File, s.Code)
+		}
 	}
 }
