@@ -183,14 +183,12 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	b.lastLeft, b.lastSecs = remaining, w.Reset.Sub(dispatched).Seconds()
 	b.learnRate()
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
-		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit {
+		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
+		b.correctable() {
 		// shown is the refill at a correction: a window already corrected
 		// keeps the one it was corrected with.
-		prev := b.shown
 		b.shown = shown
-		if !b.correct() {
-			b.shown = prev
-		}
+		b.correct()
 	}
 }
 
@@ -248,14 +246,20 @@ func (b *budget) learnRate() {
 // left, so that, plus one, is taken as the window's size, and the rate is
 // learned again from it. It reports whether that lowered anything.
 func (b *budget) correct() bool {
-	ev := b.maxRemaining + 1
-	if !b.known || ev >= b.size() {
+	if !b.correctable() {
 		return false
 	}
+	ev := b.maxRemaining + 1
 	b.capped = ev
 	b.avail = math.Min(b.avail, ev)
 	b.learnRate()
 	return true
+}
+
+// correctable reports whether correct would lower the window: the most
+// the upstream ever showed left, plus one, is under its size.
+func (b *budget) correctable() bool {
+	return b.known && b.maxRemaining+1 < b.size()
 }
 
 // pacer holds a group's two budgets, on separate clocks: a request-window
