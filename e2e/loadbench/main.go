@@ -1,19 +1,62 @@
 // Command loadbench measures how close llmproxy gets to the time an
-// upstream's limits allow. It starts the project's mock upstream on
-// loopback, drives N chat requests at client concurrency C through the proxy
-// with the unmodified OpenAI Go SDK (default retries), then sends the same
-// load straight to a fresh mock for comparison, and prints one table row per
-// run. Each scenario has its own N and C; -n and -c, when given, override
-// them all.
+// upstream's limits allow, for every way an upstream may (or may not)
+// explain its limits.
 //
-//	go run ./e2e/loadbench                       # every scenario
-//	go run ./e2e/loadbench -scenario=headers -n=400 -c=50
-//	go run ./e2e/loadbench -scenario=quantized,concurrency -direct=false
+// It runs a matrix of cells named shape/speech. The shape is what the
+// upstream (the project's mock, e2e/mockupstream, on loopback) enforces and
+// the load sent to it:
+//
+//	short        chats; a 20 req/s bucket with a one-second burst, 200 ms
+//	             answers; 400 requests at client concurrency 50
+//	streams      4 req/s, 200 ms to the first chunk, 10 chunks 200 ms apart
+//	             (about 1.8 s a stream); 120 at 30
+//	concurrency  no rate limit, at most 8 answers in flight, 0.5 s answers;
+//	             200 at 50 (ideal rate 16/s)
+//	quantized    as short, but the limit headers state the per-minute figure
+//	             while a burst over one second's worth is refused
+//	tpm          a tokens limit worth 20 requests a second, requests 10×
+//	             less limited; 400 at 50
+//
+// The speech is what the upstream tells about them:
+//
+//	headers      limit headers, Retry-After and retry-after-ms, "try again
+//	             in …" in refusal bodies, concurrency refusals that say so;
+//	             for the concurrency shape only Retry-After (no words that
+//	             name concurrency, no hint in the body)
+//	hint         no limit headers, no Retry-After; the hint in the body (for
+//	             the concurrency shape: the hint, no words)
+//	silent       no limit headers, no Retry-After, no hint, concurrency not
+//	             named
+//	silent-503   silent, and every refusal is nginx's default limit_req /
+//	             limit_conn answer: 503 with an HTML page
+//
+// Every shape runs with headers, hint and silent; short and concurrency also
+// with silent-503; and streams-anthropic/headers and
+// quantized-anthropic/headers drive the streams and quantized shapes on
+// /v1/messages with the Anthropic Go SDK (Anthropic's header form). The
+// other cells use the OpenAI Go SDK on /v1/chat/completions. Both SDKs are
+// unmodified, with their default retries, and read streams to the end.
+//
+// Each cell runs through the proxy (-runs times, a fresh mock and proxy
+// each time), then once straight to a fresh mock for comparison unless
+// -direct=false. -n and -c, when given, override every cell's N and C.
+//
+//	go run ./e2e/loadbench                            # every cell
+//	go run ./e2e/loadbench -scenario 'short/*,*/silent' -runs 3
+//	go run ./e2e/loadbench -scenario concurrency/ -direct=false -markdown
+//
+// -scenario takes a comma-separated list of cell names, prefixes ending in
+// "/" (short/) and globs (short/*, */silent; "*" alone is every cell).
 //
 // makespan/ideal compares the wall time with N ÷ the allowed rate (requests
-// per second, or tokens per second ÷ tokens per request for TPM-bound
-// loads, or the concurrency cap ÷ the answer time for concurrency-bound
-// ones). Each run is bounded by -timeout and stops by itself.
+// per second, or tokens per second ÷ tokens per request for tpm, or the
+// concurrency cap ÷ the answer time for concurrency). "429s" are the
+// upstream's refusals whatever their status (the 503s of silent-503
+// included). Each proxy row ends with the issue's target for the cell
+// (makespan/ideal, refusals as a share of upstream requests, and no client
+// failure) and whether every run met it; targets are reported only, the exit
+// status does not depend on them. -markdown also prints the proxy rows as a
+// Markdown table. Each run is bounded by -timeout and stops by itself.
 package main
 
 import (
@@ -23,10 +66,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path"
 	"runtime"
 	"slices"
 	"strconv"
@@ -35,6 +80,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go"
+	aoption "github.com/anthropics/anthropic-sdk-go/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
@@ -43,8 +90,44 @@ import (
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
-// scenario is one upstream shape and the load sent to it.
-type scenario struct {
+// target is what a cell should reach through the proxy: makespan at most
+// ratio × ideal, upstream refusals at most pct % of upstream requests, and
+// no client failure.
+type target struct {
+	ratio, pct float64
+}
+
+// targets holds the issue's target for every cell. quantized/hint and
+// quantized/silent have none of their own: without limit headers the
+// quantized upstream is the short one, so they take short's.
+var targets = map[string]target{
+	"short/headers":               {1.05, 1},
+	"short/hint":                  {1.05, 5},
+	"short/silent":                {1.15, 10},
+	"short/silent-503":            {1.15, 10},
+	"streams/headers":             {1.1, 3},
+	"streams/hint":                {1.1, 10},
+	"streams/silent":              {1.2, 15},
+	"streams-anthropic/headers":   {1.1, 3},
+	"concurrency/headers":         {1.1, 5},
+	"concurrency/hint":            {1.1, 5},
+	"concurrency/silent":          {1.15, 10},
+	"concurrency/silent-503":      {1.15, 10},
+	"quantized/headers":           {1.05, 1},
+	"quantized/hint":              {1.05, 5},
+	"quantized/silent":            {1.15, 10},
+	"quantized-anthropic/headers": {1.05, 1},
+	"tpm/headers":                 {1.05, 1},
+	"tpm/hint":                    {1.05, 5},
+	"tpm/silent":                  {1.15, 10},
+}
+
+func (t target) String() string {
+	return fmt.Sprintf("≤%g× / ≤%g %%", t.ratio, t.pct)
+}
+
+// shape is an upstream's limits and the load sent to it.
+type shape struct {
 	name string
 	mock mockupstream.Config
 	// rate is what the upstream allows, in requests per second.
@@ -54,6 +137,20 @@ type scenario struct {
 	// stream makes the client ask for streamed answers and read them to
 	// the end.
 	stream bool
+	// anthropic drives /v1/messages with the Anthropic SDK instead of
+	// /v1/chat/completions with the OpenAI one.
+	anthropic bool
+	// concurrency marks the shape bound by requests in flight, where
+	// headers speech is Retry-After alone.
+	concurrency bool
+	// speeches are the speeches the shape runs with.
+	speeches []string
+}
+
+// cell is a shape with a speech: one row of the matrix.
+type cell struct {
+	shape
+	name string // shape/speech
 }
 
 const maxTokens = 100
@@ -69,94 +166,167 @@ func costPerRequest() int64 {
 	return int64((len(prompt(0))+3)/4+3) + maxTokens
 }
 
-// scenarios lists every scenario. latency and rps shape the ones about a
-// request or token rate; long-streams and concurrency have fixed shapes,
-// chosen so that the limit that binds is the one they are named after.
-func scenarios(latency time.Duration, rps float64) []scenario {
+// shapes lists every shape. latency and rps shape short, quantized and tpm;
+// streams and concurrency have fixed figures, chosen so that the limit that
+// binds is the one they are named after.
+func shapes(latency time.Duration, rps float64) []shape {
 	rpm := int(rps * 60)
 	tpm := int64(rps * 60 * float64(costPerRequest()))
-	scs := []scenario{
-		{name: "headers", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps},
-		{name: "no-headers", mock: mockupstream.Config{RPM: rpm, Latency: latency, NoHeaders: true}, rate: rps},
-		{name: "tpm", mock: mockupstream.Config{TPM: tpm, RPM: rpm * 10, Latency: latency}, rate: rps},
-		{name: "tpm-no-headers", mock: mockupstream.Config{TPM: tpm, RPM: rpm * 10, Latency: latency, NoHeaders: true}, rate: rps},
-		// The headers say rps×60 a minute, but a burst over one second's
-		// worth is refused.
-		{name: "quantized", mock: mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}, rate: rps},
-	}
-	for i := range scs {
-		scs[i].n, scs[i].c = 400, 50
-	}
+	all := []string{"headers", "hint", "silent"}
+	with503 := []string{"headers", "hint", "silent", "silent-503"}
+	only := []string{"headers"}
 
 	// 4 requests a second, each streamed over about 1.8 s: the answers
 	// outlast the refill, so several are always in flight.
-	longStreams := mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
-	quiet := longStreams
-	quiet.NoHeaders = true
-	scs = append(scs,
-		scenario{name: "long-streams", mock: longStreams, rate: 4, n: 120, c: 30, stream: true},
-		scenario{name: "long-streams-no-headers", mock: quiet, rate: 4, n: 120, c: 30, stream: true},
-	)
-
+	streams := mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
 	// No rate limit, only a cap of 8 answers in flight per key: at most
 	// the cap ÷ one answer's time = 16 requests a second.
 	capped := mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond}
-	scs = append(scs, scenario{name: "concurrency", mock: capped,
-		rate: float64(capped.MaxInFlight) / capped.Latency.Seconds(), n: 200, c: 50})
-	return scs
+	// The headers say rps×60 a minute, but a burst over one second's worth
+	// is refused.
+	quantized := mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}
+
+	return []shape{
+		{name: "short", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps, n: 400, c: 50, speeches: with503},
+		{name: "streams", mock: streams, rate: 4, n: 120, c: 30, stream: true, speeches: all},
+		{name: "streams-anthropic", mock: streams, rate: 4, n: 120, c: 30, stream: true, anthropic: true, speeches: only},
+		{name: "concurrency", mock: capped, rate: float64(capped.MaxInFlight) / capped.Latency.Seconds(),
+			n: 200, c: 50, concurrency: true, speeches: with503},
+		{name: "quantized", mock: quantized, rate: rps, n: 400, c: 50, speeches: all},
+		{name: "quantized-anthropic", mock: quantized, rate: rps, n: 400, c: 50, anthropic: true, speeches: only},
+		{name: "tpm", mock: mockupstream.Config{TPM: tpm, RPM: rpm * 10, Latency: latency}, rate: rps, n: 400, c: 50, speeches: all},
+	}
 }
 
-// pick returns the scenarios named in list, a comma-separated list, in its
-// order; an empty list picks them all.
-func pick(all []scenario, list string) ([]scenario, error) {
-	if list == "" {
+// speak sets the mock's switches for a speech.
+func speak(cfg *mockupstream.Config, speech string, concurrency bool) {
+	switch speech {
+	case "headers":
+		if concurrency {
+			cfg.NoLimitHeaders, cfg.NoHint, cfg.ConcurrencyUnnamed = true, true, true
+		}
+	case "hint":
+		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.ConcurrencyUnnamed = true, true, true
+	case "silent", "silent-503":
+		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.NoHint, cfg.ConcurrencyUnnamed = true, true, true, true
+		if speech == "silent-503" {
+			cfg.RefusalStatus = http.StatusServiceUnavailable
+		}
+	default:
+		panic("loadbench: unknown speech " + speech)
+	}
+}
+
+// cells is the whole matrix, shape by shape.
+func cells(latency time.Duration, rps float64) []cell {
+	var cs []cell
+	for _, sh := range shapes(latency, rps) {
+		for _, speech := range sh.speeches {
+			c := cell{shape: sh, name: sh.name + "/" + speech}
+			speak(&c.mock, speech, sh.concurrency)
+			cs = append(cs, c)
+		}
+	}
+	return cs
+}
+
+// pick returns the cells list names, a comma-separated list of names,
+// prefixes ending in "/" and globs, in the list's order without repeats; an
+// empty list picks them all.
+func pick(all []cell, list string) ([]cell, error) {
+	if strings.TrimSpace(list) == "" {
 		return all, nil
 	}
-	var picked []scenario
-	for _, name := range strings.Split(list, ",") {
-		name = strings.TrimSpace(name)
-		i := slices.IndexFunc(all, func(sc scenario) bool { return sc.name == name })
-		if i < 0 {
-			return nil, fmt.Errorf("unknown scenario %q; known: %s", name, strings.Join(names(all), ", "))
+	var picked []cell
+	seen := make(map[string]bool)
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
 		}
-		picked = append(picked, all[i])
+		if _, err := path.Match(item, ""); err != nil {
+			return nil, fmt.Errorf("bad pattern %q: %v", item, err)
+		}
+		found := false
+		for _, c := range all {
+			if !matches(item, c.name) {
+				continue
+			}
+			found = true
+			if !seen[c.name] {
+				seen[c.name] = true
+				picked = append(picked, c)
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("no cell matches %q; cells: %s", item, strings.Join(names(all), ", "))
+		}
 	}
 	return picked, nil
 }
 
-func names(scs []scenario) []string {
+// matches reports whether pattern (a name, a prefix ending in "/", a glob,
+// or "*") picks the cell name.
+func matches(pattern, name string) bool {
+	switch {
+	case pattern == "*":
+		return true
+	case strings.HasSuffix(pattern, "/"):
+		return strings.HasPrefix(name, pattern)
+	}
+	ok, _ := path.Match(pattern, name)
+	return ok
+}
+
+func names(cs []cell) []string {
 	var ns []string
-	for _, sc := range scs {
-		ns = append(ns, sc.name)
+	for _, c := range cs {
+		ns = append(ns, c.name)
 	}
 	return ns
 }
 
+// result is one run of one cell.
 type result struct {
-	scenario, mode   string
+	cell, mode       string
 	n, c             int
 	makespan, ideal  time.Duration
 	failures         int
 	upstreamRequests int64
-	upstream429      int64
+	upstream429      int64 // refusals of the mock's limits, whatever status
 	queueP50         time.Duration
 	queueP99         time.Duration
 	hasQueue         bool
 }
 
-func main() {
-	n := flag.Int("n", 0, "requests per run, for every scenario (default: each scenario's own)")
-	c := flag.Int("c", 0, "client concurrency, for every scenario (default: each scenario's own)")
-	rps := flag.Float64("rps", 20, "upstream limit of the rate scenarios, requests per second (TPM scenarios: the same rate in tokens)")
-	latency := flag.Duration("latency", 200*time.Millisecond, "upstream latency per request of the rate scenarios")
-	only := flag.String("scenario", "", "comma-separated scenarios to run (default all)")
-	direct := flag.Bool("direct", true, "also send the load straight to the upstream with the SDK's default retries")
-	timeout := flag.Duration("timeout", 3*time.Minute, "bound on each run")
-	flag.IntVar(&showFailures, "show-failures", 0, "print the first this many client failures")
-	flag.Parse()
+func (r result) ratio() float64 { return r.makespan.Seconds() / r.ideal.Seconds() }
 
-	all := scenarios(*latency, *rps)
-	picked, err := pick(all, *only)
+// pct429 is the refusals as a share of upstream requests, in percent.
+func (r result) pct429() float64 {
+	if r.upstreamRequests == 0 {
+		return 0
+	}
+	return 100 * float64(r.upstream429) / float64(r.upstreamRequests)
+}
+
+func main() {
+	n := flag.Int("n", 0, "requests per run, for every cell (default: each cell's own)")
+	c := flag.Int("c", 0, "client concurrency, for every cell (default: each cell's own)")
+	rps := flag.Float64("rps", 20, "upstream limit of the short, quantized and tpm shapes, requests per second (tpm: the same rate in tokens)")
+	latency := flag.Duration("latency", 200*time.Millisecond, "upstream latency per request of the short, quantized and tpm shapes")
+	only := flag.String("scenario", "", "comma-separated cells to run: names, prefixes ending in / and globs such as short/* or */silent (default all)")
+	direct := flag.Bool("direct", true, "also send the load straight to the upstream with the SDK's default retries, once per cell")
+	runs := flag.Int("runs", 1, "runs of each cell through the proxy, each with a fresh mock and proxy; the table shows the range")
+	markdown := flag.Bool("markdown", false, "also print the proxy rows as a Markdown table")
+	timeout := flag.Duration("timeout", 3*time.Minute, "bound on each run")
+	flag.IntVar(&showFailures, "show-failures", 0, "print the first this many client failures of each run")
+	flag.Parse()
+	if *runs < 1 {
+		fmt.Fprintln(os.Stderr, "loadbench: -runs must be at least 1")
+		os.Exit(2)
+	}
+
+	picked, err := pick(cells(*latency, *rps), *only)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadbench:", err)
 		os.Exit(2)
@@ -174,29 +344,38 @@ func main() {
 		}
 	})
 
-	fmt.Printf("loadbench: rate scenarios %.0f req/s, latency %v; %s/%s, %d CPUs\n",
-		*rps, *latency, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
-	var results []result
+	fmt.Printf("loadbench: %d cells, %d run(s) each through the proxy; short/quantized/tpm %.0f req/s, latency %v; %s/%s, %d CPUs\n",
+		len(picked), *runs, *rps, *latency, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	var rows []row
 	for _, sc := range picked {
-		results = append(results, run(sc, "proxy", *timeout))
+		var proxied []result
+		for range *runs {
+			proxied = append(proxied, run(sc, "proxy", *timeout))
+		}
+		rows = append(rows, row{cell: sc.name, mode: "proxy", runs: proxied})
 		if *direct {
-			results = append(results, run(sc, "direct", *timeout))
+			rows = append(rows, row{cell: sc.name, mode: "direct", runs: []result{run(sc, "direct", *timeout)}})
 		}
 	}
-	print(os.Stdout, results)
+	printTable(os.Stdout, rows)
+	if *markdown {
+		fmt.Println()
+		printMarkdown(os.Stdout, rows)
+	}
 }
 
-func run(sc scenario, mode string, timeout time.Duration) result {
+func run(sc cell, mode string, timeout time.Duration) result {
 	n, c := sc.n, sc.c
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()
-	base := mock.URL()
+	openaiBase, anthropicBase := mock.URL()+"/v1", mock.URL()
 	if mode == "proxy" {
 		u, _ := url.Parse(mock.URL())
 		tr := upstream.NewTransport()
 		defer tr.CloseIdleConnections()
 		p, err := proxy.New(proxy.Config{
 			Upstream:  u,
+			Routes:    []proxy.Route{{Name: "anthropic", URL: u}},
 			Transport: tr,
 			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 		})
@@ -205,11 +384,18 @@ func run(sc scenario, mode string, timeout time.Duration) result {
 		}
 		front := httptest.NewServer(p)
 		defer front.Close()
-		base = front.URL
+		openaiBase, anthropicBase = front.URL+"/v1", front.URL+"/anthropic"
 	}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c * 2}}
 	defer hc.CloseIdleConnections()
-	client := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("sk-loadbench"), option.WithHTTPClient(hc))
+	var ask func(ctx context.Context, i int) (*http.Response, error)
+	if sc.anthropic {
+		client := anthropic.NewClient(aoption.WithBaseURL(anthropicBase), aoption.WithAPIKey("sk-ant-loadbench"), aoption.WithHTTPClient(hc))
+		ask = func(ctx context.Context, i int) (*http.Response, error) { return message(ctx, client, i, sc.stream) }
+	} else {
+		client := openai.NewClient(option.WithBaseURL(openaiBase), option.WithAPIKey("sk-loadbench"), option.WithHTTPClient(hc))
+		ask = func(ctx context.Context, i int) (*http.Response, error) { return chat(ctx, client, i, sc.stream) }
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -225,18 +411,13 @@ func run(sc scenario, mode string, timeout time.Duration) result {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			resp, err := chat(ctx, client, i, sc.stream)
+			resp, err := ask(ctx, i)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				failures++
 				if failures <= showFailures {
-					var apiErr *openai.Error
-					if errors.As(err, &apiErr) {
-						fmt.Fprintln(os.Stderr, "failure:", apiErr.StatusCode, apiErr.Response.Header, apiErr.RawJSON())
-					} else {
-						fmt.Fprintln(os.Stderr, "failure:", err)
-					}
+					reportFailure(sc.name, mode, err)
 				}
 				return
 			}
@@ -249,7 +430,7 @@ func run(sc scenario, mode string, timeout time.Duration) result {
 	makespan := time.Since(start)
 	st := mock.Stats()
 	r := result{
-		scenario: sc.name, mode: mode, n: n, c: c, makespan: makespan,
+		cell: sc.name, mode: mode, n: n, c: c, makespan: makespan,
 		ideal:    time.Duration(float64(n) / sc.rate * float64(time.Second)),
 		failures: failures, upstreamRequests: st.Requests, upstream429: st.RateLimited,
 	}
@@ -262,8 +443,22 @@ func run(sc scenario, mode string, timeout time.Duration) result {
 	return r
 }
 
-// chat sends request i, reads the whole answer and returns the response
-// whose headers carry the proxy's queue wait.
+// reportFailure prints one client failure with what the SDK kept of it.
+func reportFailure(cell, mode string, err error) {
+	var oErr *openai.Error
+	var aErr *anthropic.Error
+	switch {
+	case errors.As(err, &oErr):
+		fmt.Fprintln(os.Stderr, "failure:", cell, mode, oErr.StatusCode, oErr.Response.Header, oErr.RawJSON())
+	case errors.As(err, &aErr):
+		fmt.Fprintln(os.Stderr, "failure:", cell, mode, aErr.StatusCode, aErr.Response.Header, aErr.Error())
+	default:
+		fmt.Fprintln(os.Stderr, "failure:", cell, mode, err)
+	}
+}
+
+// chat sends request i with the OpenAI SDK, reads the whole answer and
+// returns the response whose headers carry the proxy's queue wait.
 func chat(ctx context.Context, client openai.Client, i int, stream bool) (*http.Response, error) {
 	params := openai.ChatCompletionNewParams{
 		Model:     "gpt-bench",
@@ -294,26 +489,143 @@ func chat(ctx context.Context, client openai.Client, i int, stream bool) (*http.
 	return resp, nil
 }
 
-func print(w io.Writer, rs []result) {
-	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tmode\tN\tC\tmakespan\tideal\tmakespan/ideal\tclient failures\tupstream 429s\t429 % of N\t429 % of upstream\tqueue p50\tqueue p99\t")
-	for _, r := range rs {
-		q50, q99 := "-", "-"
-		if r.hasQueue {
-			q50, q99 = r.queueP50.Round(time.Millisecond).String(), r.queueP99.Round(time.Millisecond).String()
+// message sends request i to /v1/messages with the Anthropic SDK and reads
+// the whole answer, like chat.
+func message(ctx context.Context, client anthropic.Client, i int, stream bool) (*http.Response, error) {
+	params := anthropic.MessageNewParams{
+		Model:     "claude-bench",
+		MaxTokens: maxTokens,
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(prompt(i)))},
+	}
+	var resp *http.Response
+	if !stream {
+		msg, err := client.Messages.New(ctx, params, aoption.WithResponseInto(&resp))
+		if err == nil && (len(msg.Content) == 0 || msg.Usage.OutputTokens == 0) {
+			err = errors.New("message without content or usage")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2fs\t%.2fs\t%.2f×\t%d\t%d\t%s\t%s\t%s\t%s\t\n",
-			r.scenario, r.mode, r.n, r.c, r.makespan.Seconds(), r.ideal.Seconds(),
-			r.makespan.Seconds()/r.ideal.Seconds(), r.failures, r.upstream429,
-			percent(r.upstream429, int64(r.n)), percent(r.upstream429, r.upstreamRequests), q50, q99)
+		return resp, err
+	}
+
+	s := client.Messages.NewStreaming(ctx, params, aoption.WithResponseInto(&resp))
+	defer s.Close()
+	var usage, stopped bool
+	for s.Next() {
+		switch ev := s.Current().AsAny().(type) {
+		case anthropic.MessageDeltaEvent:
+			usage = usage || ev.Usage.OutputTokens > 0
+		case anthropic.MessageStopEvent:
+			stopped = true
+		}
+	}
+	if err := s.Err(); err != nil {
+		return resp, err
+	}
+	// As with chat: a stream cut short may end without an error, and only
+	// message_delta's usage and message_stop, the last events, show it
+	// arrived whole.
+	if !usage || !stopped {
+		return resp, fmt.Errorf("stream ended early (message_delta usage %v, message_stop %v)", usage, stopped)
+	}
+	return resp, nil
+}
+
+// row is a cell's runs in one mode.
+type row struct {
+	cell, mode string
+	runs       []result
+}
+
+// failures is the client failures of all runs together.
+func (r row) failures() int {
+	total := 0
+	for _, x := range r.runs {
+		total += x.failures
+	}
+	return total
+}
+
+// target is the cell's target and whether every run met it; has is false
+// for direct rows and cells with no target.
+func (r row) target() (t target, met, has bool) {
+	t, has = targets[r.cell]
+	if !has || r.mode != "proxy" {
+		return target{}, false, false
+	}
+	met = true
+	for _, x := range r.runs {
+		met = met && x.failures == 0 && x.ratio() <= t.ratio && x.pct429() <= t.pct
+	}
+	return t, met, true
+}
+
+// span formats the range of f over the runs: one value if all format
+// alike, else "min–max".
+func (r row) span(f func(result) float64, format func(float64) string) string {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, x := range r.runs {
+		v := f(x)
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	if a, b := format(lo), format(hi); a != b {
+		return a + "–" + b
+	}
+	return format(lo)
+}
+
+func seconds(v float64) string  { return fmt.Sprintf("%.2fs", v) }
+func times(v float64) string    { return fmt.Sprintf("%.2f×", v) }
+func percent(v float64) string  { return fmt.Sprintf("%.1f%%", v) }
+func count(v float64) string    { return strconv.FormatFloat(v, 'f', 0, 64) }
+func duration(v float64) string { return time.Duration(v).Round(time.Millisecond).String() }
+func metString(met bool) string {
+	if met {
+		return "yes"
+	}
+	return "no"
+}
+
+func printTable(w io.Writer, rows []row) {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "cell\tmode\truns\tN\tC\tmakespan\tideal\tmakespan/ideal\tclient failures\tupstream 429s\t429 % of N\t429 % of upstream\tqueue p50\tqueue p99\ttarget\tmet\t")
+	for _, r := range rows {
+		first := r.runs[0]
+		q50, q99 := "-", "-"
+		if first.hasQueue {
+			q50 = r.span(func(x result) float64 { return float64(x.queueP50) }, duration)
+			q99 = r.span(func(x result) float64 { return float64(x.queueP99) }, duration)
+		}
+		tgt, met := "-", "-"
+		if t, m, has := r.target(); has {
+			tgt, met = t.String(), metString(m)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%.2fs\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			r.cell, r.mode, len(r.runs), first.n, first.c,
+			r.span(func(x result) float64 { return x.makespan.Seconds() }, seconds),
+			first.ideal.Seconds(),
+			r.span(result.ratio, times),
+			r.failures(),
+			r.span(func(x result) float64 { return float64(x.upstream429) }, count),
+			r.span(func(x result) float64 { return 100 * float64(x.upstream429) / float64(x.n) }, percent),
+			r.span(result.pct429, percent),
+			q50, q99, tgt, met)
 	}
 	tw.Flush()
 }
 
-// percent is part ÷ whole as a percentage, or "-" when whole is 0.
-func percent(part, whole int64) string {
-	if whole == 0 {
-		return "-"
+// printMarkdown prints the proxy rows for the README.
+func printMarkdown(w io.Writer, rows []row) {
+	fmt.Fprintln(w, "| cell | runs | makespan/ideal | 429 % of upstream | client failures | target | met |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		if r.mode != "proxy" {
+			continue
+		}
+		tgt, met := "—", "—"
+		if t, m, has := r.target(); has {
+			tgt, met = t.String(), metString(m)
+		}
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %d | %s | %s |\n",
+			r.cell, len(r.runs), r.span(result.ratio, times),
+			r.span(result.pct429, percent), r.failures(), tgt, met)
 	}
-	return fmt.Sprintf("%.1f%%", 100*float64(part)/float64(whole))
 }

@@ -1,7 +1,8 @@
 // Package mockupstream is a fake LLM provider for llmproxy's end-to-end tests
 // and benchmarks.
 //
-// It imitates, over real HTTP on 127.0.0.1, the parts of the OpenAI and
+// It imitates, over real HTTP on 127.0.0.1 (New) or in process with no
+// socket (NewInProcess, Server.Transport), the parts of the OpenAI and
 // Anthropic APIs that a rate-limit-aware proxy cares about:
 //
 //   - OpenAI Chat Completions (POST /v1/chat/completions, including SSE
@@ -48,9 +49,32 @@
 // they do without it. A client that takes the limit header for the burst it
 // may send is refused.
 //
+// # What refusals say
+//
+// By default the mock explains itself as fully as the providers do: limit
+// headers on every answer, Retry-After and retry-after-ms on refusals, "Please
+// try again in …" in their bodies, and a concurrency refusal that says it is
+// about concurrent requests. Real upstreams often say less, and each part can
+// be silenced on its own:
+//
+//   - NoLimitHeaders: no x-ratelimit-* / anthropic-ratelimit-* headers;
+//   - NoRetryAfter: no Retry-After or retry-after-ms;
+//   - NoHint: no wait named in refusal bodies;
+//   - ConcurrencyUnnamed: the concurrency refusal reads like a request-rate
+//     refusal, with no word about concurrency;
+//   - NoHeaders: NoLimitHeaders and NoRetryAfter together.
+//
+// HeaderForm forces one provider's header names on every path. RefusalStatus
+// 503 replaces the buckets' and the concurrency cap's refusals with what an
+// nginx limit_req or limit_conn in front of the upstream sends by default: a
+// 503 with nginx's HTML error page and nothing else that explains it.
+//
 // # Time
 //
 // Buckets refill continuously from Config.Now, so tests can step a fake clock.
-// Latency, ChunkDelay and StreamHold are real waits on the wall clock; they
-// end early when the client goes away or the server is closed.
+// Latency, ChunkDelay and StreamHold are waits on timers; they end early when
+// the client goes away or the server is closed. On a listening server they
+// are wall-clock waits. An in-process server built inside a testing/synctest
+// bubble runs every request on goroutines of the bubble and reads time.Now,
+// so the bubble's fake clock drives both its buckets and its waits.
 package mockupstream

@@ -3,6 +3,7 @@ package mockupstream
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -88,9 +89,13 @@ var failureTexts = map[int]struct{ openAIType, openAICode, anthropicType, messag
 	http.StatusTooManyRequests:     {"requests", "rate_limit_exceeded", "rate_limit_error", "Rate limit reached for requests (injected). Please try again in 1s."},
 }
 
-// injectedError is the body for a status scripted with InjectFailures.
-func injectedError(d dialect, status int) apiError {
+// injectedError is the body for a status scripted with InjectFailures;
+// noHint leaves the wait out of the 429's message.
+func injectedError(d dialect, status int, noHint bool) apiError {
 	t, ok := failureTexts[status]
+	if status == http.StatusTooManyRequests && noHint {
+		t.message = "Rate limit reached for requests (injected)."
+	}
 	if !ok {
 		t.openAIType, t.anthropicType = "invalid_request_error", "invalid_request_error"
 		if status >= 500 {
@@ -104,15 +109,21 @@ func injectedError(d dialect, status int) apiError {
 	return apiError{status: status, typ: t.openAIType, code: t.openAICode, message: t.message}
 }
 
-// rejection is the error body for a request admission turned away.
-func rejection(d dialect, a admission, cost int64, maxInFlight int) apiError {
+// rejection is the error body for a request admission turned away, worded
+// as NoHint and ConcurrencyUnnamed ask.
+func (s *Server) rejection(d dialect, a admission, cost int64) apiError {
 	e := apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error"}
 	if d == openAI {
 		e.typ, e.code = a.dimension, "rate_limit_exceeded"
 	}
+	// hint is the sentence that names the wait, or nothing under NoHint.
+	hint := ""
+	if !s.cfg.NoHint {
+		hint = fmt.Sprintf(" Please try again in %s.", ceilMillis(a.wait))
+	}
 	switch a.verdict {
 	case injectedFailure:
-		return injectedError(d, a.status)
+		return injectedError(d, a.status, s.cfg.NoHint)
 	case overHardQuota:
 		if d == anthropic {
 			e.detail = "enforced_spend_limit_reached"
@@ -125,7 +136,11 @@ func rejection(d dialect, a admission, cost int64, maxInFlight int) apiError {
 		if d == openAI {
 			e.typ = "requests"
 		}
-		e.message = fmt.Sprintf("Rate limit reached for requests: too many concurrent requests for this key (concurrency limit %d). Please try again in 1s.", maxInFlight)
+		if s.cfg.ConcurrencyUnnamed {
+			e.message = "Rate limit reached for requests." + hint
+		} else {
+			e.message = fmt.Sprintf("Rate limit reached for requests: too many concurrent requests for this key (concurrency limit %d).%s", s.cfg.MaxInFlight, hint)
+		}
 	case tooLarge:
 		e.message = fmt.Sprintf("Request too large for tokens per min (TPM): Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.", a.limit, cost)
 	case rateLimited:
@@ -133,10 +148,30 @@ func rejection(d dialect, a admission, cost int64, maxInFlight int) apiError {
 		if a.dimension == "tokens" {
 			requested, unit = cost, "TPM"
 		}
-		e.message = fmt.Sprintf("Rate limit reached for %s per min (%s) in organization org-mock: Limit %d, Used %d, Requested %d. Please try again in %s.",
-			a.dimension, unit, a.limit, a.limit-a.remaining, requested, ceilMillis(a.wait))
+		e.message = fmt.Sprintf("Rate limit reached for %s per min (%s) in organization org-mock: Limit %d, Used %d, Requested %d.%s",
+			a.dimension, unit, a.limit, a.limit-a.remaining, requested, hint)
 	}
 	return e
+}
+
+// nginx503Page is the body nginx sends with its default 503 page, the one
+// limit_req and limit_conn refuse with unless configured otherwise.
+const nginx503Page = "<html>\r\n" +
+	"<head><title>503 Service Temporarily Unavailable</title></head>\r\n" +
+	"<body>\r\n" +
+	"<center><h1>503 Service Temporarily Unavailable</h1></center>\r\n" +
+	"<hr><center>nginx</center>\r\n" +
+	"</body>\r\n" +
+	"</html>\r\n"
+
+// writeNginx503 refuses the way a default nginx limiter does.
+func writeNginx503(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Server", "nginx")
+	h.Set("Content-Type", "text/html")
+	h.Set("Content-Length", strconv.Itoa(len(nginx503Page)))
+	w.WriteHeader(http.StatusServiceUnavailable)
+	io.WriteString(w, nginx503Page)
 }
 
 // setLimitHeaders reports lv as OpenAI's x-ratelimit-* headers (reset as a

@@ -180,14 +180,23 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	a := s.admit(key, q.cost)
-	if !s.cfg.NoHeaders {
-		setLimitHeaders(w.Header(), d, a.levels)
-		if a.wait > 0 {
-			setRetryAfter(w.Header(), a.wait)
-		}
+	if s.cfg.RefusalStatus == http.StatusServiceUnavailable &&
+		(a.verdict == rateLimited || a.verdict == overConcurrency) {
+		// The limiter in front of the upstream answers; the upstream never
+		// sees the request, so nothing of its own (request id) is sent.
+		w.Header().Del("request-id")
+		w.Header().Del("x-request-id")
+		writeNginx503(w)
+		return
+	}
+	if !s.cfg.NoHeaders && !s.cfg.NoLimitHeaders {
+		setLimitHeaders(w.Header(), s.headerForm(d), a.levels)
+	}
+	if !s.cfg.NoHeaders && !s.cfg.NoRetryAfter && a.wait > 0 {
+		setRetryAfter(w.Header(), a.wait)
 	}
 	if a.verdict != admitted {
-		writeError(w, d, requestID, rejection(d, a, q.cost, s.cfg.MaxInFlight))
+		writeError(w, d, requestID, s.rejection(d, a, q.cost))
 		return
 	}
 	// Deferred calls run before net/http sends the buffered end of the
@@ -198,4 +207,15 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ep.answer(s, r.Context(), w, q)
+}
+
+// headerForm is the dialect of the rate-limit headers on a path of dialect d.
+func (s *Server) headerForm(d dialect) dialect {
+	switch s.cfg.HeaderForm {
+	case "openai":
+		return openAI
+	case "anthropic":
+		return anthropic
+	}
+	return d
 }

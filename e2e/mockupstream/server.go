@@ -36,9 +36,41 @@ type Config struct {
 	QuantizedHeaders bool
 	// Latency is how long each admitted request takes before it answers.
 	Latency time.Duration
-	// NoHeaders sends no rate-limit headers at all, and no Retry-After or
-	// retry-after-ms on 429s: an upstream that tells nothing.
+	// NoHeaders is NoLimitHeaders and NoRetryAfter together: no rate-limit
+	// headers, no Retry-After or retry-after-ms. The try-again hint stays in
+	// refusal bodies unless NoHint.
 	NoHeaders bool
+	// NoLimitHeaders sends no x-ratelimit-* or anthropic-ratelimit-*
+	// headers on any answer. Retry-After and bodies are unchanged.
+	NoLimitHeaders bool
+	// NoRetryAfter sends no Retry-After and no retry-after-ms on any 429
+	// (the buckets', the concurrency cap's and injected ones). Limit
+	// headers and bodies are unchanged.
+	NoRetryAfter bool
+	// NoHint leaves the wait out of every 429 body that names one ("Please
+	// try again in …"): the buckets', the concurrency cap's and injected
+	// ones. Headers are unchanged.
+	NoHint bool
+	// ConcurrencyUnnamed makes the concurrency cap's refusal read like a
+	// generic request-rate refusal ("Rate limit reached for requests."),
+	// with no word that names concurrency or parallel requests. Its status,
+	// headers and hint are unchanged.
+	ConcurrencyUnnamed bool
+	// HeaderForm picks the names and formats of the rate-limit headers:
+	// "" = by path (OpenAI's x-ratelimit-* everywhere but /v1/messages,
+	// which gets Anthropic's anthropic-ratelimit-*); "openai" or
+	// "anthropic" forces that form on every path. Bodies keep the path's
+	// dialect. Other values panic in New.
+	HeaderForm string
+	// RefusalStatus is how the buckets and the concurrency cap refuse:
+	// 0 or 429 = the provider's 429 described above; 503 = the way nginx's
+	// limit_req and limit_conn refuse by default, a 503 with nginx's HTML
+	// error page and no rate-limit headers, Retry-After, hint or words,
+	// whatever the other switches say. A request larger than the token
+	// bucket still gets its 429 "Request too large" (no limiter in front of
+	// an upstream could know it), and hard-quota and injected failures are
+	// unchanged. Other values panic in New.
+	RefusalStatus int
 	// HardQuotaKeys always get a non-retryable quota 429: OpenAI
 	// insufficient_quota, or on /v1/messages Anthropic's spend-cap
 	// rate_limit_error (details.error_code enforced_spend_limit_reached).
@@ -71,8 +103,10 @@ type Stats struct {
 	Requests int64
 	// OK counts admitted requests (answered, or being answered, with 200).
 	OK int64
-	// RateLimited counts 429s from the buckets, the concurrency limit and
-	// requests larger than the token bucket. Not hard-quota or injected 429s.
+	// RateLimited counts every refusal of the buckets, the concurrency limit
+	// and requests larger than the token bucket, whatever status it was sent
+	// with (429, or 503 under RefusalStatus). Not hard-quota or injected
+	// failures.
 	RateLimited int64
 	// HardQuota counts 429s sent to HardQuotaKeys.
 	HardQuota int64
@@ -96,11 +130,16 @@ type KeyStats struct {
 type Server struct {
 	cfg       Config
 	now       func() time.Time
-	ts        *httptest.Server
-	done      chan struct{} // closed by Close, to end waits early
+	ts        *httptest.Server // nil for an in-process server
+	done      chan struct{}    // closed by Close, to end waits early
 	closeOnce sync.Once
 	nextID    atomic.Int64
 	hardQuota map[string]bool
+
+	// live guards closed; handlers counts the handlers Transport started.
+	live     sync.Mutex
+	closed   bool
+	handlers sync.WaitGroup
 
 	mu         sync.Mutex
 	keys       map[string]*keyState
@@ -120,6 +159,23 @@ type keyState struct {
 
 // New starts a Server on a free port of 127.0.0.1. Close it when done.
 func New(cfg Config) *Server {
+	s := newServer(cfg)
+	s.ts = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
+	return s
+}
+
+// newServer is a Server that does not listen yet.
+func newServer(cfg Config) *Server {
+	switch cfg.HeaderForm {
+	case "", "openai", "anthropic":
+	default:
+		panic(fmt.Sprintf("mockupstream: unknown HeaderForm %q", cfg.HeaderForm))
+	}
+	switch cfg.RefusalStatus {
+	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
+	default:
+		panic(fmt.Sprintf("mockupstream: unsupported RefusalStatus %d", cfg.RefusalStatus))
+	}
 	if cfg.CompletionTokens <= 0 {
 		cfg.CompletionTokens = 8
 	}
@@ -139,18 +195,31 @@ func New(cfg Config) *Server {
 	for _, k := range cfg.HardQuotaKeys {
 		s.hardQuota[k] = true
 	}
-	s.ts = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
 	return s
 }
 
 // URL is the server's base URL, such as http://127.0.0.1:41234, without /v1.
-func (s *Server) URL() string { return s.ts.URL }
+// An in-process server's is InProcessURL, where nothing listens.
+func (s *Server) URL() string {
+	if s.ts == nil {
+		return InProcessURL
+	}
+	return s.ts.URL
+}
 
 // Close ends held and delayed responses, then shuts the server down and
-// waits for its handlers to return.
+// waits for its handlers to return, those Transport started included.
+// Responses that Transport returned and whose handlers ended are still
+// delivered to whoever reads them.
 func (s *Server) Close() {
 	s.closeOnce.Do(func() { close(s.done) })
-	s.ts.Close()
+	s.live.Lock()
+	s.closed = true
+	s.live.Unlock()
+	if s.ts != nil {
+		s.ts.Close()
+	}
+	s.handlers.Wait()
 }
 
 // Stats returns a snapshot of the counters.
@@ -170,7 +239,8 @@ func (s *Server) Stats() Stats {
 // and without touching the buckets. 500, 502, 503, 504, 529 and 408 get the
 // provider's error body for that status; 429 gets a rate_limit_exceeded
 // (Anthropic: rate_limit_error) body with Retry-After 1 (or SetRetryAfter's
-// value) unless NoHeaders. Injected responses carry no rate-limit headers.
+// value) unless NoHeaders or NoRetryAfter, and its body's hint unless
+// NoHint. Injected responses carry no rate-limit headers.
 // Calls append to the script.
 func (s *Server) InjectFailures(key string, statuses ...int) {
 	s.mu.Lock()
