@@ -45,6 +45,18 @@ type decision struct {
 	wait      time.Duration
 	pauseLane bool
 	why       string // giveUp: the reason, for the client and the log
+	// next is the request's tally with this answer counted: what decide
+	// reads for the next attempt's answer when the action is retry.
+	next tally
+}
+
+// tally counts what a request's attempts so far have met. Only failures
+// use up maxRetries: a refusal the lane absorbs by waiting is bounded by
+// the request's budget, however many there are.
+type tally struct {
+	failures    int // 5xx, 408 and connection errors; checked against maxRetries
+	refusals    int // rate and concurrency 429s in a row, up to the latest answer
+	unreachable int // attempts in a row that made no connection
 }
 
 // retryPolicy is the part of Config that decides retries.
@@ -59,9 +71,17 @@ type retryPolicy struct {
 // is not, and the client should hear about it quickly.
 const maxUnreachableRetries = 2
 
-// decide chooses what to do with an attempt's answer, given how many retries
-// the request has had, the time, its deadline and a jitter draw in [0, 1).
-func decide(res upstream.Result, retries int, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
+// maxRefusalStep caps the backoff step of a refusal without a hint: the
+// step is the request's refusals in a row, so a request that absorbs many
+// waits at most Base·2³ (4 s by default) for each, not the policy's
+// maximum: a shared limit frees up within seconds, and the lane's pacing
+// already spaces the attempts.
+const maxRefusalStep = 3
+
+// decide chooses what to do with an attempt's answer, given what the
+// request's earlier attempts met, the time, its deadline and a jitter draw
+// in [0, 1).
+func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
 	d := decision{verdict: verdictOf(res)}
 	if res.Outcome != upstream.Retryable {
 		d.action = pass
@@ -74,24 +94,41 @@ func decide(res upstream.Result, retries int, pol retryPolicy, now, deadline tim
 		// that just refused would make a retry storm: back off instead.
 		hasHint = false
 	}
+	refused := d.verdict == lanequeue.RateRefused || d.verdict == lanequeue.ConcurrencyRefused
+	step := t.failures
 	switch {
-	case retries >= pol.maxRetries:
+	case refused:
+		step = min(t.refusals, maxRefusalStep)
+	case t.failures >= pol.maxRetries:
 		d.why = "retries exhausted (LLMPROXY_MAX_RETRIES)"
 		return d
-	case res.Unreachable && retries >= maxUnreachableRetries:
-		d.why = "no connection after " + strconv.Itoa(retries+1) + " attempts"
+	case res.Unreachable && t.unreachable >= maxUnreachableRetries:
+		d.why = "no connection after " + strconv.Itoa(t.unreachable+1) + " attempts"
 		return d
-	case hasHint && hint > pol.maxRetryAfter:
+	}
+	if hasHint && hint > pol.maxRetryAfter {
 		d.why = "the upstream asks to wait " + hint.Round(time.Millisecond).String() + ", longer than LLMPROXY_MAX_RETRY_AFTER"
 		return d
 	}
-	wait := pol.backoff.Choose(retries, hint, hasHint, rnd)
+	wait := pol.backoff.Choose(step, hint, hasHint, rnd)
 	if now.Add(wait).After(deadline) {
 		d.why = "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's budget"
 		return d
 	}
 	d.action, d.wait = retry, wait
 	d.pauseLane = d.verdict == lanequeue.RateRefused || d.verdict == lanequeue.Overloaded
+	d.next = t
+	if refused {
+		d.next.refusals++
+	} else {
+		d.next.refusals = 0
+		d.next.failures++
+	}
+	if res.Unreachable {
+		d.next.unreachable++
+	} else {
+		d.next.unreachable = 0
+	}
 	return d
 }
 

@@ -33,37 +33,41 @@ func TestDecide(t *testing.T) {
 	tests := []struct {
 		name      string
 		res       upstream.Result
-		retries   int
+		tries     tally
 		budget    time.Duration
 		action    action
 		verdict   lanequeue.Verdict
 		wait      time.Duration
 		pauseLane bool
 	}{
-		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), 0, time.Minute, pass, lanequeue.Accepted, 0, false},
-		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), 0, time.Minute, pass, lanequeue.Accepted, 0, false},
-		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), 0, time.Minute, pass, lanequeue.Failed, 0, false},
-		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), 0, time.Minute, retry, lanequeue.RateRefused, 1500 * time.Millisecond, true},
-		{"rate 429 without a hint backs off", rate429, 1, time.Minute, retry, lanequeue.RateRefused, 200 * time.Millisecond, true},
-		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), 0, time.Minute, retry, lanequeue.RateRefused, 100 * time.Millisecond, true},
-		{"negative hint backs off", withHint(rate429, -time.Second), 0, time.Minute, retry, lanequeue.RateRefused, 100 * time.Millisecond, true},
-		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), 0, time.Minute, retry, lanequeue.ConcurrencyRefused, time.Second, false},
-		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), 0, time.Minute, retry, lanequeue.Overloaded, 100 * time.Millisecond, true},
-		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), 0, time.Minute, retry, lanequeue.Overloaded, 100 * time.Millisecond, true},
-		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), 0, time.Minute, retry, lanequeue.Failed, 100 * time.Millisecond, false},
-		{"connection error is not sent", unreachable, 0, time.Minute, retry, lanequeue.NotSent, 100 * time.Millisecond, false},
-		{"unreachable gives up after two retries", unreachable, 2, time.Minute, giveUp, lanequeue.NotSent, 0, false},
-		{"retries exhausted", withHint(rate429, time.Second), 3, time.Minute, giveUp, lanequeue.RateRefused, 0, false},
-		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), 0, time.Hour, giveUp, lanequeue.RateRefused, 0, false},
-		{"wait past the budget", withHint(rate429, 30*time.Second), 0, 10 * time.Second, giveUp, lanequeue.RateRefused, 0, false},
+		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), tally{}, time.Minute, pass, lanequeue.Accepted, 0, false},
+		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), tally{}, time.Minute, pass, lanequeue.Accepted, 0, false},
+		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), tally{}, time.Minute, pass, lanequeue.Failed, 0, false},
+		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), tally{}, time.Minute, retry, lanequeue.RateRefused, 1500 * time.Millisecond, true},
+		{"rate 429 without a hint backs off", rate429, tally{refusals: 1}, time.Minute, retry, lanequeue.RateRefused, 200 * time.Millisecond, true},
+		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), tally{}, time.Minute, retry, lanequeue.RateRefused, 100 * time.Millisecond, true},
+		{"negative hint backs off", withHint(rate429, -time.Second), tally{}, time.Minute, retry, lanequeue.RateRefused, 100 * time.Millisecond, true},
+		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), tally{}, time.Minute, retry, lanequeue.ConcurrencyRefused, time.Second, false},
+		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, lanequeue.Overloaded, 100 * time.Millisecond, true},
+		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, lanequeue.Overloaded, 100 * time.Millisecond, true},
+		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), tally{}, time.Minute, retry, lanequeue.Failed, 100 * time.Millisecond, false},
+		{"connection error is not sent", unreachable, tally{}, time.Minute, retry, lanequeue.NotSent, 100 * time.Millisecond, false},
+		{"unreachable gives up after two retries", unreachable, tally{failures: 2, unreachable: 2}, time.Minute, giveUp, lanequeue.NotSent, 0, false},
+		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), tally{failures: 3}, time.Minute, giveUp, lanequeue.Failed, 0, false},
+		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), tally{failures: 3}, time.Minute, retry, lanequeue.RateRefused, time.Second, true},
+		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), tally{failures: 1, refusals: 7}, time.Minute, retry, lanequeue.Failed, 200 * time.Millisecond, false},
+		{"refusals without a hint back off at most 2^3 steps", rate429, tally{refusals: 40}, time.Minute, retry, lanequeue.RateRefused, 800 * time.Millisecond, true},
+		{"unreachable after refusals is retried", unreachable, tally{refusals: 5}, time.Minute, retry, lanequeue.NotSent, 100 * time.Millisecond, false},
+		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), tally{}, time.Hour, giveUp, lanequeue.RateRefused, 0, false},
+		{"wait past the budget", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, lanequeue.RateRefused, 0, false},
 	}
 	// The reasons a client reads when the proxy gives up count what happened.
-	if d := decide(unreachable, 2, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
+	if d := decide(unreachable, tally{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
 		t.Errorf("unreachable after two retries: %q, want 3 attempts counted", d.why)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := decide(tt.res, tt.retries, pol, now, now.Add(tt.budget), 0)
+			d := decide(tt.res, tt.tries, pol, now, now.Add(tt.budget), 0)
 			if d.action != tt.action || d.verdict != tt.verdict || d.wait != tt.wait || d.pauseLane != tt.pauseLane {
 				t.Fatalf("got %v %v wait %v pause %v (%s); want %v %v wait %v pause %v",
 					d.action, d.verdict, d.wait, d.pauseLane, d.why, tt.action, tt.verdict, tt.wait, tt.pauseLane)
@@ -78,6 +82,72 @@ func TestDecide(t *testing.T) {
 			if wantPause := tt.action == retry && tt.pauseLane; wantPause != !rep.PauseUntil.IsZero() ||
 				wantPause && !rep.PauseUntil.Equal(now.Add(tt.wait)) {
 				t.Fatalf("report pause until %v, want pause %v for %v", rep.PauseUntil, wantPause, tt.wait)
+			}
+		})
+	}
+}
+
+// times is n copies of res.
+func times(n int, res ...upstream.Result) []upstream.Result {
+	var out []upstream.Result
+	for range n {
+		out = append(out, res...)
+	}
+	return out
+}
+
+// TestDecideCountsFailuresNotRefusals plays a request's answers in order,
+// carrying what decide counted from one to the next and advancing the clock
+// by each wait: refusals absorbed by waiting are bounded by the budget
+// alone, failures by maxRetries.
+func TestDecideCountsFailuresNotRefusals(t *testing.T) {
+	start := time.Unix(2_000_000, 0)
+	pol := retryPolicy{maxRetries: 10, maxRetryAfter: 2 * time.Minute}
+	ok := answered(200, upstream.Success, headerparse.KindNone)
+	rate := withHint(answered(429, upstream.Retryable, headerparse.KindRateLimit), time.Second)
+	conc := withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second)
+	failed := func(code int) upstream.Result { return answered(code, upstream.Retryable, headerparse.KindOther) }
+	unreachable := upstream.Result{Err: errors.New("dial tcp: connection refused"), Outcome: upstream.Retryable, Unreachable: true}
+	tests := []struct {
+		name    string
+		answers []upstream.Result // the last one is decided on with action and why
+		budget  time.Duration
+		action  action
+		why     string
+	}{
+		{"50 absorbed 429s then a 200", append(times(50, rate), ok), 10 * time.Minute, pass, ""},
+		{"30 concurrency 429s then a 200", append(times(30, conc), ok), 10 * time.Minute, pass, ""},
+		{"429s without a hint then a 200", append(times(40, withHint(rate, 0)), ok), 10 * time.Minute, pass, ""},
+		{"11 × 500 gives up", times(11, failed(500)), 10 * time.Minute, giveUp, "retries exhausted (LLMPROXY_MAX_RETRIES)"},
+		{"10 × 500 then a 200", append(times(10, failed(500)), ok), 10 * time.Minute, pass, ""},
+		{"11 × 503 gives up", times(11, answered(503, upstream.Retryable, headerparse.KindOverloaded)), 10 * time.Minute, giveUp, "retries exhausted"},
+		{"11 × 408 gives up", times(11, failed(408)), 10 * time.Minute, giveUp, "retries exhausted"},
+		{"every failure kind counts", []upstream.Result{failed(500), failed(502), unreachable, failed(503), failed(504), unreachable,
+			answered(529, upstream.Retryable, headerparse.KindOverloaded), failed(408), failed(500), failed(502), failed(504)}, 10 * time.Minute, giveUp, "retries exhausted"},
+		{"a mix counts only the failures: the 11th 500 gives up", times(11, rate, conc, failed(500)), 10 * time.Minute, giveUp, "retries exhausted"},
+		{"a mix with 10 failures passes", append(times(10, rate, failed(500), rate), ok), 10 * time.Minute, pass, ""},
+		{"a 429 whose wait passes the deadline gives up", times(6, rate), 5500 * time.Millisecond, giveUp, "would pass the request's budget"},
+		{"a long hint gives up at once after absorbed refusals", append(times(5, rate), withHint(rate, 3*time.Minute)), 10 * time.Minute, giveUp, "longer than LLMPROXY_MAX_RETRY_AFTER"},
+		{"connection errors in a row still give up after 3", append(times(4, rate), unreachable, unreachable, unreachable), 10 * time.Minute, giveUp, "no connection after 3 attempts"},
+		{"connection errors apart are retried", append(times(3, rate, unreachable, unreachable), ok), 10 * time.Minute, pass, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			now, counted := start, tally{}
+			last := len(tt.answers) - 1
+			for i, res := range tt.answers[:last] {
+				d := decide(res, counted, pol, now, start.Add(tt.budget), 0.5)
+				if d.action != retry {
+					t.Fatalf("answer %d of %d: %v (%s), want retry", i+1, len(tt.answers), d.action, d.why)
+				}
+				counted, now = d.next, now.Add(d.wait)
+			}
+			d := decide(tt.answers[last], counted, pol, now, start.Add(tt.budget), 0.5)
+			if d.action != tt.action || !strings.Contains(d.why, tt.why) {
+				t.Fatalf("last answer: %v (%q), want %v (%q); counted %+v", d.action, d.why, tt.action, tt.why, counted)
+			}
+			if counted.failures > pol.maxRetries {
+				t.Fatalf("%d failures retried, more than maxRetries", counted.failures)
 			}
 		})
 	}

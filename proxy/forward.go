@@ -29,7 +29,8 @@ type request struct {
 	arrived   time.Time
 	deadline  time.Time
 	queueWait time.Duration
-	retries   int
+	retries   int           // re-sends, all causes: x-llmproxy-retries and the log
+	tries     tally         // what the attempts met, for decide
 	upstream  time.Duration // sum of attempt latencies
 	status    int           // what the client got; 0 = none was sent
 	outcome   string        // how the answer ended; see the outcome* names
@@ -326,7 +327,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			req.upstreamID = upstreamRequestID(res.Resp.Header)
 		}
 		now := p.cfg.Clock.Now()
-		d := decide(res, req.retries, p.policy, now, req.deadline, p.cfg.Rand())
+		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
 		slot.Report(d.report(res, now))
 		switch {
 		case r.Context().Err() != nil:
@@ -346,6 +347,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		res.Discard()
 		req.retries++
+		req.tries = d.next
 		after := d.wait
 		if d.pauseLane {
 			after = 0 // the group's pause holds the retry

@@ -40,7 +40,7 @@ type Route struct {
 type Config struct {
 	Upstream      *url.URL      // default upstream; nil = https://api.openai.com
 	Routes        []Route       // named prefix routes
-	MaxRetries    int           // upstream attempts after the first; zero = 10, negative = none
+	MaxRetries    int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = 10, negative = none
 	MaxWait       time.Duration // a request's whole budget (queue + retries); zero = 10m
 	MaxRetryAfter time.Duration // longer upstream hints are not waited for; zero = 2m
 	MaxBodyBytes  int64         // larger bodies get 413; zero = 32 MiB
