@@ -13,6 +13,7 @@ import (
 // rate × answer time: long answers need many in flight to keep a rate.
 type concurrency struct {
 	min, max int
+	start    int // the configured start
 	limit    int
 	inFlight int // permits out
 	// slowStart: no concurrency refusal yet; every second accepted answer
@@ -43,7 +44,8 @@ const (
 )
 
 func newConcurrency(cfg Config) concurrency {
-	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, limit: cfg.Concurrency, slowStart: true, probeAcks: minProbeAcks}
+	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
+		slowStart: true, probeAcks: minProbeAcks}
 }
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }

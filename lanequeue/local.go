@@ -1,6 +1,10 @@
 package lanequeue
 
-import "time"
+import (
+	"math"
+	"strconv"
+	"time"
+)
 
 // local is the in-process Shared: the state of one group in this process.
 type local struct {
@@ -12,6 +16,15 @@ type local struct {
 	// first in it, since they reach the upstream in any order.
 	batchAt time.Time
 	batch   mark
+	// learn reads the limit from what the upstream does, when its headers
+	// say nothing; held is when the learned pace last held a request back.
+	learn   learner
+	held    time.Time
+	learnAt time.Time // the time of the answer being learned from
+	// refusedHolding counts permits still held by refused requests: they
+	// are not in flight at the upstream.
+	refusedHolding int
+	lastSent       time.Time // the latest dispatch
 }
 
 // NewLocalShared returns the in-process Shared for a group with cfg's
@@ -32,7 +45,11 @@ func NewLocal(cfg Config) *Local {
 
 // NoteDispatch records a dispatch another store admitted, so that what
 // Local learns about the group's own sending rate stays true.
-func (s *local) NoteDispatch(now time.Time) { s.pace.recent.add(now) }
+// It returns the dispatch's number, for the ticket.
+func (s *local) NoteDispatch(now time.Time) uint64 {
+	s.pace.recent.add(now)
+	return s.learn.dispatched()
+}
 
 // NoteReturn records the end of an answer whose permit another store gave,
 // for the mean answer time; Local's own permit count is not touched.
@@ -45,8 +62,17 @@ func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time,
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
 	}
+	if at, ok := s.spread(now); !ok {
+		return Ticket{}, at, false
+	}
+	if s.pace.synthetic && s.learn.step(now, now.Sub(s.held) < time.Second) {
+		s.pace.setSynthetic(s.pacing(), now)
+	}
 	at, ok, room, paced := s.pace.admit(now, cost, probe)
 	if !ok {
+		if s.pace.synthetic && !at.IsZero() {
+			s.held = now
+		}
 		return Ticket{}, at, false
 	}
 	if !now.Equal(s.batchAt) {
@@ -55,27 +81,45 @@ func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time,
 	m := s.batch.plus(cost)
 	s.pace.take(now, cost)
 	t := Ticket{Dispatched: now, Cost: cost, Requests: m.requests, Tokens: m.tokens,
-		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced}
+		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced,
+		Seq: s.learn.dispatched(), Probe: s.pace.synthetic && s.learn.phase == probeUp,
+		Level: s.conc.inFlight - s.refusedHolding + 1}
 	s.conc.inFlight++
+	s.learn.sent(t.Level)
+	s.lastSent = now
 	return t, time.Time{}, true
 }
 
 func (s *local) Learn(t *Ticket, r Report, now time.Time) {
-	if r.PauseUntil.After(s.pausedUntil) {
-		s.pausedUntil = r.PauseUntil
-		switch r.Verdict {
-		case RateRefused:
-			s.pauseReason = "rate_limited"
-		case Overloaded:
-			s.pauseReason = "overloaded"
-		default:
-			s.pauseReason = "retry"
-		}
-	}
+	s.settle(t)
 	if r.Verdict == NotSent {
+		s.pauseFor(r)
 		s.Refund(t)
 		return
 	}
+	refusal := r.Verdict.refusal()
+	if r.Verdict != Failed {
+		s.learn.answered(t.Level, refusal)
+	}
+	if refusal && !t.Returned && !t.HoldsRefused {
+		t.HoldsRefused = true
+		s.refusedHolding++
+	}
+	if refusal {
+		s.conc.slowStart = false // the upstream said no: no more doubling
+		if t.Probe {
+			s.learn.probeHit = true
+		}
+	}
+	quiet := !s.pace.headers() && !r.Limits.Requests.HasRemaining && !r.Limits.Tokens.HasRemaining
+	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {
+		// Nothing but the upstream's behaviour tells the limit.
+		if s.behaved(t, r, now) {
+			s.pauseFor(r)
+		}
+		return
+	}
+	s.pauseFor(r)
 	corrected := false
 	if r.Verdict == RateRefused {
 		// Before the refusal's own headers are read: they describe the
@@ -87,18 +131,203 @@ func (s *local) Learn(t *Ticket, r Report, now time.Time) {
 	switch r.Verdict {
 	case Accepted:
 		t.Accepted = true
-		s.pace.accepted(t, now)
-		s.conc.accepted(t, now, s.outNow(t), s.pace.littleFloor(s.conc.answerSecs))
+		s.learn.lastAccepted = now
+		if s.learn.replySecs == 0 {
+			s.learn.replySecs = now.Sub(t.Dispatched).Seconds()
+		}
+		if s.pace.synthetic && s.learn.classify() {
+			// Admissions at the levels below the refusals can settle the
+			// bound after the refusals came.
+			s.learnAt = now
+			if s.learn.concurrencyBound() {
+				s.toConcurrency()
+			} else {
+				s.pace.setSynthetic(s.pacing(), now)
+			}
+		}
+		s.conc.accepted(t, now, s.outNow(t), s.floor())
 	case RateRefused:
 		if !corrected && t.Room && s.pace.underUsed(now) {
 			// The pace is well under what the upstream admits by its own
 			// account, yet it refused: what binds is the number in flight.
-			s.conc.refused(t, now, s.outNow(t), s.pace.littleFloor(s.conc.answerSecs), false)
-			return
+			s.conc.refused(t, now, s.outNow(t), s.floor(), false)
 		}
-		s.pace.refused(t, r.Hint, now)
-	case ConcurrencyRefused, Overloaded:
-		s.conc.refused(t, now, s.outNow(t), 0, r.Verdict == ConcurrencyRefused)
+	case ConcurrencyRefused:
+		s.learn.named = true
+		s.learn.refused(t.Seq, t.Dispatched)
+		s.conc.refused(t, now, s.outNow(t), 0, true)
+	case Overloaded:
+		s.conc.refused(t, now, s.outNow(t), 0, false)
+	}
+}
+
+// behaved learns from a refusal of an upstream whose headers say nothing,
+// and reports whether the group should take the refusal's pause. A
+// refusal while the upstream is admitting other requests is about
+// capacity: the learned pace or concurrency limit holds the group, and a
+// pause would only idle it, unless the upstream named a wait for a rate.
+func (s *local) behaved(t *Ticket, r Report, now time.Time) bool {
+	l := &s.learn
+	level := t.Level
+	l.lastRefused = now
+	s.learnAt = now
+	if !l.live(now) {
+		// Nothing admitted lately: an outage or a closed door, not a
+		// limit to measure. The refusal's pause (its hint, or a backoff)
+		// holds the group.
+		l.refused(t.Seq, t.Dispatched)
+		if r.Verdict == Overloaded {
+			s.conc.refused(t, now, s.outNow(t), 0, false)
+		}
+		if hp := hintPace(r.Hint); hp > 0 && !l.measured {
+			// A short hint still says how fast to go once it opens.
+			l.estimate, l.from = hp, "hint"
+			s.pace.setSynthetic(s.pacing(), now)
+			s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+		}
+		return true
+	}
+	if sample := l.refused(t.Seq, t.Dispatched); sample > 0 {
+		// A refusal of the probe is expected, and what was admitted over
+		// the cycle includes the cruise under the limit, lost to a
+		// concurrency limit: it only raises a measured estimate. Elsewhere
+		// a refusal says the estimate is too high, and a guess takes any
+		// measurement: it takes the sample.
+		if !t.Probe || sample > l.estimate || l.guess() {
+			l.estimate, l.from, l.measured = sample, "admitted rate", true
+		}
+		l.cut = now
+	} else if l.estimate == 0 {
+		// One refusal measures no rate yet. What the group has been
+		// sending is too fast; a short hint may say how fast is right.
+		l.estimate, l.from = s.pace.recent.rate(now), "sending rate"
+		if secs := s.conc.answerSecs; secs > 0 && !l.reached(level) {
+			// Refused at a number in flight nothing went through at: what
+			// did go through, over the answer time, is what it sustains
+			// (Little's law), if the number in flight is the bound.
+			l.estimate = max(l.estimate, float64(level-1)/secs)
+		}
+		n, _ := s.pace.recent.recent(now)
+		if hp := hintPace(r.Hint); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
+			l.estimate, l.from = hp, "hint" // a sending rate of a few requests says little
+		}
+		l.cut = now
+	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && l.reached(level) {
+		// Refused again at a pace not yet measured, at a number in flight
+		// the upstream admits: slower, once for the requests sent since
+		// the last change.
+		l.estimate *= unmeasuredCut
+		l.cut = now
+	}
+	if hp := hintPace(r.Hint); hp > 0 && hp < l.estimate {
+		// The wait for the next request is at most one request's worth of
+		// the refill: one per hint is as fast as the upstream can go.
+		l.estimate, l.from = hp, "hint"
+	}
+	if l.phaseUntil.IsZero() {
+		// Cruise before the first probe; soon, while the rate is a guess.
+		l.phaseUntil = now.Add(cruiseLength(l.estimate))
+		if l.guess() {
+			l.phaseUntil = now.Add(guessCruise)
+		}
+	}
+	if !l.reached(level) {
+		// Nothing went through at this number in flight or above: slow
+		// start overshot. Until the counts tell a rate from a
+		// concurrency, go back to what went through, but not under the
+		// configured start (a rate limit's first refusals come at any
+		// level; Little's law needs the room for long answers).
+		s.conc.limit = min(s.conc.limit, max(level-1, s.conc.start, s.floor()))
+	}
+	l.classify()
+	if l.concurrencyBound() {
+		// One step down as for any refusal of the number in flight (a
+		// level refused again waits longer before it is tried), but not
+		// below the level under the refusals.
+		s.conc.refused(t, now, s.outNow(t), max(l.atLevel-1, s.floor()), false)
+		s.toConcurrency()
+		return false
+	}
+	s.pace.setSynthetic(s.pacing(), now)
+	// The upstream's bucket is empty now: so is the pace's.
+	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+	// A wait short enough to be a pace holds the group; a longer one
+	// (Retry-After in whole seconds) holds only the refused request,
+	// while the learned pace holds the rest.
+	return hintPace(r.Hint) > 0
+}
+
+// toConcurrency holds the group at the level below the one the upstream
+// refuses at, and paces it loosely: the number in flight is what binds.
+func (s *local) toConcurrency() {
+	l := &s.learn
+	if l.atLevel > 0 {
+		c := &s.conc
+		c.limit = min(c.limit, c.max, max(l.atLevel-1, c.min))
+		if c.refusedAt == 0 || l.atLevel < c.refusedAt {
+			c.refusedAt = l.atLevel
+		}
+		c.slowStart = false
+	}
+	s.pace.setSynthetic(s.pacing(), s.learnAt)
+}
+
+// spread holds back a dispatch, before the group knows any limit, until
+// 1/(startSpread × limit) of an answer time has passed since the last one:
+// slow start sends what a burst of answers frees spread over part of an
+// answer time instead of at one instant, so the first refusal, which comes
+// back at once, sets the pace before the rest of the burst has gone.
+func (s *local) spread(now time.Time) (time.Time, bool) {
+	secs := s.conc.answerSecs
+	if secs <= 0 {
+		secs = s.learn.replySecs
+	}
+	if s.pace.synthetic || s.pace.headers() || !s.conc.slowStart || secs <= 0 || s.lastSent.IsZero() {
+		return time.Time{}, true
+	}
+	gap := time.Duration(secs / (startSpread * float64(s.conc.limit)) * float64(time.Second))
+	if next := s.lastSent.Add(gap); now.Before(next) {
+		return next, false
+	}
+	return time.Time{}, true
+}
+
+// pacing is the learned pace: the learner's, and for a group bound by
+// concurrency never under what its limit allows at the current answer
+// time (loosely): there the limit holds the group, not the pace.
+func (s *local) pacing() float64 {
+	p := s.learn.pace()
+	if s.learn.concurrencyBound() && s.conc.answerSecs > 0 {
+		p = max(p, concurrencyLoose*float64(s.conc.limit)/s.conc.answerSecs)
+	}
+	return p
+}
+
+// floor is the concurrency the learned rate needs for answers of the
+// current length (Little's law); 0 while either is unknown.
+func (s *local) floor() int {
+	if s.pace.synthetic {
+		if !s.learn.measured {
+			return 0 // a guess at the rate says nothing of what it needs
+		}
+		return ceilRate(s.learn.estimate*cruiseShare, s.conc.answerSecs)
+	}
+	return s.pace.littleFloor(s.conc.answerSecs)
+}
+
+// pauseFor takes r's pause, if it is longer than the current one.
+func (s *local) pauseFor(r Report) {
+	if r.PauseUntil.After(s.pausedUntil) {
+		s.pausedUntil = r.PauseUntil
+		s.pauseReason = pauseReason(r.Verdict)
+	}
+}
+
+// settle ends t's count as pending, once.
+func (s *local) settle(t *Ticket) {
+	if t.Lease == "" && !t.Settled {
+		t.Settled = true
+		s.learn.settled(t.Level)
 	}
 }
 
@@ -125,6 +354,11 @@ func (s *local) Settle(t *Ticket, usedTokens int64) {
 }
 
 func (s *local) Return(t *Ticket, now time.Time) {
+	s.settle(t) // an answer nobody reported
+	if t.HoldsRefused {
+		t.HoldsRefused = false
+		s.refusedHolding--
+	}
 	if t.Returned {
 		return
 	}
@@ -143,8 +377,22 @@ func (s *local) View(now time.Time) View {
 	switch {
 	case s.pace.synthetic:
 		v.Learned = "refusals"
+		v.RateFrom = s.learn.from
+		v.AdmittedRate = s.learn.estimate
+		v.Bound = "rate"
+		if s.learn.concurrencyBound() {
+			v.Bound = "concurrency"
+		}
 	case s.pace.requests.known || s.pace.tokens.known:
 		v.Learned = "headers"
+		v.RateFrom = "headers"
+	}
+	switch {
+	case s.learn.named:
+		v.ConcurrencyFrom = "words"
+		v.Bound = "concurrency"
+	case s.learn.atLevel > 0:
+		v.ConcurrencyFrom = "refusals at " + strconv.Itoa(s.learn.atLevel) + " in flight"
 	}
 	v.Corrected = s.pace.requests.capped > 0 || s.pace.tokens.capped > 0
 	return v

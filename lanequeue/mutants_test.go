@@ -538,67 +538,6 @@ func TestMeterCountsTheCurrentSecondAndForgetsTenSecondsAgo(t *testing.T) {
 	}
 }
 
-// TestARefusalHintOfExactlyMaxRefusalHintIsAPace: the longest hint taken
-// as a pace teaches minPace.
-func TestARefusalHintOfExactlyMaxRefusalHintIsAPace(t *testing.T) {
-	var p pacer
-	p.refused(&Ticket{Dispatched: t0}, maxRefusalHint, t0)
-	if !p.synthetic || !near(p.requests.rate, minPace) {
-		t.Fatalf("synthetic %v, pace %v after a %v hint; want a pace of %v", p.synthetic, p.requests.rate, maxRefusalHint, minPace)
-	}
-}
-
-// TestPacedRefusalFallsToTheAdmittedRateFromMinAdmittedSamples: eight
-// accepted dispatches in 2 s are enough to tell the upstream's rate.
-func TestPacedRefusalFallsToTheAdmittedRateFromMinAdmittedSamples(t *testing.T) {
-	var p pacer
-	p.setSynthetic(10, t0)
-	for i := range minAdmittedSamples {
-		d := at(time.Duration(i) * 250 * time.Millisecond)
-		p.accepted(&Ticket{Dispatched: d}, d)
-	}
-	now := at(2 * time.Second)
-	p.refused(&Ticket{Dispatched: now, Paced: true}, 20*time.Millisecond, now)
-	if !near(p.requests.rate, 4) {
-		t.Fatalf("pace %v after a paced refusal with 8 admitted in 2 s, want 4", p.requests.rate)
-	}
-}
-
-// TestPacedRefusalAtTheAdmittedRateBacksOff: the upstream admitted exactly
-// the pace and still refused a request the pace let go: the pace is too
-// fast, so it backs off.
-func TestPacedRefusalAtTheAdmittedRateBacksOff(t *testing.T) {
-	var p pacer
-	p.setSynthetic(4, t0)
-	for i := range 8 {
-		p.admitted.add(at(time.Duration(i) * 250 * time.Millisecond))
-	}
-	now := at(2 * time.Second)
-	p.refused(&Ticket{Dispatched: now, Paced: true}, 20*time.Millisecond, now)
-	if !near(p.requests.rate, 4*paceBackoff) {
-		t.Fatalf("pace %v, want %v", p.requests.rate, 4*paceBackoff)
-	}
-}
-
-// TestLearnedPaceCreepsUpOncePerProbeInterval: each accepted answer a
-// whole probeInterval after the last raise raises the pace again.
-func TestLearnedPaceCreepsUpOncePerProbeInterval(t *testing.T) {
-	var p pacer
-	p.setSynthetic(10, t0)
-	p.accepted(&Ticket{Dispatched: t0}, t0)
-	if !near(p.requests.rate, 10*probeFactor) {
-		t.Fatalf("pace %v, want %v after a quiet start", p.requests.rate, 10*probeFactor)
-	}
-	p.accepted(&Ticket{Dispatched: t0}, at(probeInterval-time.Nanosecond))
-	if !near(p.requests.rate, 10*probeFactor) {
-		t.Fatalf("pace %v, want no raise within probeInterval", p.requests.rate)
-	}
-	p.accepted(&Ticket{Dispatched: t0}, at(probeInterval))
-	if !near(p.requests.rate, 10*probeFactor*probeFactor) {
-		t.Fatalf("pace %v, want %v a probeInterval later", p.requests.rate, 10*probeFactor*probeFactor)
-	}
-}
-
 // TestLearnedPaceBurstsAQuarterSecondOfItsRate: a pace learned from
 // refusals holds burstSeconds of its rate, at least one request.
 func TestLearnedPaceBurstsAQuarterSecondOfItsRate(t *testing.T) {
@@ -641,11 +580,12 @@ func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 
 // TestHistoryCountsOnlyUpstream429s: a 200 and a 503 are answers, not 429s.
 func TestHistoryCountsOnlyUpstream429s(t *testing.T) {
-	l, _ := testLane(4, 10)
+	l, fc := testLane(4, 10)
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{})
 	report(s, Report{Status: 503, Verdict: Overloaded})
-	refuse(s, 0)
+	resend(t, s, fc.Advance) // past the pace the 503 taught
+	s.Report(Report{Status: 429, Verdict: RateRefused})
 	s.Release()
 	h := l.StateWithHistory().History
 	if got := h.Upstream429[len(h.Upstream429)-1]; got != 1 {

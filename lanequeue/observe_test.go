@@ -119,6 +119,7 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	for range 4 {
 		fc.Advance(10 * time.Millisecond)
 		accept(a, headerparse.Limits{})
+		fc.Advance(10 * time.Millisecond) // past slow start's spread
 		accept(b, headerparse.Limits{})
 	}
 	if st := l.State(); st.Concurrency <= 2 {
@@ -129,13 +130,14 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	}
 	fc.Advance(time.Second)
 	accept(a, headerparse.Limits{})
+	fc.Advance(200 * time.Millisecond) // past slow start's spread
 	accept(b, headerparse.Limits{})
 	now := l.State().Concurrency
 	got := log.take()
 	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != 2 || got[0].View.Concurrency != now {
 		t.Fatalf("after a second: %+v, want one change from 2 to %d", got, now)
 	}
-	fc.Advance(10 * time.Millisecond)
+	fc.Advance(200 * time.Millisecond)
 	report(a, Report{Status: 429, Verdict: ConcurrencyRefused})
 	got = log.take()
 	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != now || got[0].View.Concurrency >= now || got[0].Verdict != ConcurrencyRefused {

@@ -87,7 +87,7 @@ func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 	}
 	if b.rate > 0 {
 		secs := math.Min((need-b.avail)/b.rate, maxWaitSeconds)
-		return now.Add(max(time.Duration(secs*float64(time.Second)), time.Millisecond)), false
+		return now.Add(max(time.Duration(math.Ceil(secs*float64(time.Second))), time.Millisecond)), false
 	}
 	if b.resetAt.After(now) {
 		return b.resetAt, false
@@ -269,13 +269,10 @@ type pacer struct {
 	requests budget
 	tokens   budget
 	recent   meter // dispatches
-	admitted meter // dispatches the upstream accepted
 
-	// Pace learned from refusals when the upstream sends no headers.
-	synthetic    bool
-	lastRefusal  time.Time
-	lastProbe    time.Time
-	lastDecrease time.Time // of the learned pace, for once per burst
+	// synthetic: the request pace was learned from the upstream's
+	// behaviour (see learner), not from headers.
+	synthetic bool
 }
 
 // mark is where the running totals stood right after a dispatch.
@@ -433,75 +430,22 @@ func (m *meter) rate(now time.Time) float64 {
 	return float64(n) / span
 }
 
-// Upstreams that send no rate-limit headers still say no, and usually say
-// when to try again ("Please try again in 48ms", retry-after-ms). A group
-// whose request budget is unknown turns such a refusal into a pace: an
-// empty bucket that gives one more request after the hint refills at one
-// request per hint. The group then sends at that rate, lowered by every
-// shorter-paced refusal and raised a little each second without one, so a
-// limit that grows is found again. Real headers, when they come, replace it.
-
+// minPace is the slowest pace learned without headers, in requests a
+// second; the bucket of such a pace holds burstSeconds of it.
 const (
-	maxRefusalHint = 10 * time.Second // longer hints are pauses, not a pace
-	probeInterval  = time.Second      // how often the pace creeps up while all goes well
-	probeFactor    = 1.05             // by how much
-	burstSeconds   = 0.25             // the learned bucket holds this much of its rate
+	minPace      = 0.1
+	burstSeconds = 0.25
 )
 
-// paceBackoff is how far a learned pace falls when the upstream refuses a
-// request the pace had room for and nothing better is known.
-const paceBackoff = 0.85
-
-// refused learns from a rate refusal of t with the upstream's hint.
-func (p *pacer) refused(t *Ticket, hint time.Duration, now time.Time) {
-	if p.requests.known && !p.synthetic {
-		return // the headers (corrected by refusals) say more than a hint
-	}
-	p.lastRefusal = now
-	rate := math.Inf(1)
-	if hint > 0 && hint <= maxRefusalHint {
-		rate = 1 / hint.Seconds()
-	}
-	if p.synthetic {
-		rate = math.Min(rate, p.requests.rate)
-		if t.Paced && t.Dispatched.After(p.lastDecrease) {
-			// The pace let it go and the upstream said no: the pace is too
-			// fast, whatever the hint says. What the upstream admitted
-			// lately is the better figure, when there is one.
-			p.lastDecrease = now
-			if n, span := p.admitted.recent(now); n >= minAdmittedSamples && float64(n)/span < rate {
-				rate = float64(n) / span
-			} else {
-				rate = math.Min(rate, p.requests.rate*paceBackoff)
-			}
-		}
-	}
-	if math.IsInf(rate, 1) {
-		return
-	}
-	p.setSynthetic(math.Max(rate, minPace), now)
-	p.requests.avail = math.Min(p.requests.avail, 0)
+// headers reports whether a budget was learned from headers.
+func (p *pacer) headers() bool {
+	return p.requests.known && !p.synthetic || p.tokens.known
 }
 
-// minAdmittedSamples: fewer accepted dispatches in the meter's window
-// than this say nothing about the upstream's rate.
-const minAdmittedSamples = 8
-
-// minPace is the slowest pace refusals can teach, in requests a second:
-// one per maxRefusalHint, the longest hint taken as a pace.
-const minPace = 0.1
-
-// accepted notes an accepted dispatch, and lets a pace learned from
-// refusals creep up after a quiet second.
-func (p *pacer) accepted(t *Ticket, now time.Time) {
-	p.admitted.add(t.Dispatched)
-	if p.synthetic && now.Sub(p.lastProbe) >= probeInterval && now.Sub(p.lastRefusal) >= probeInterval {
-		p.lastProbe = now
-		p.setSynthetic(p.requests.rate*probeFactor, now)
-	}
-}
-
+// setSynthetic paces the group at rate requests a second, learned from the
+// upstream's behaviour.
 func (p *pacer) setSynthetic(rate float64, now time.Time) {
+	rate = math.Max(rate, minPace)
 	b := &p.requests
 	b.advance(now)
 	if !p.synthetic {

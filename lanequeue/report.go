@@ -72,13 +72,21 @@ type Report struct {
 // Report tells the lane what the answer to the slot's latest dispatch said.
 // Call it once per attempt, as soon as the answer's status and headers are
 // in (or the attempt failed without one), before WaitRetry or Release.
-func (s *Slot) Report(r Report) {
+//
+// It reports whether the group holds the retry: it is paused until
+// r.PauseUntil or later, or it learned that the number in flight is the
+// bound, so a free permit is what the retry waits for. The group may
+// decline a refusal's pause when what it learned holds the group better
+// (see Shared.Learn); a request that asked for the pause and is not held
+// waits out its own wait before it goes again (WaitRetry's after).
+func (s *Slot) Report(r Report) (held bool) {
 	l := s.lane
 	g := l.g
 	g.mu.Lock()
 	if s.phase != phaseSent {
+		held = !g.shared.PausedUntil().Before(r.PauseUntil)
 		g.mu.Unlock()
-		return // reported already, or released
+		return held // reported already, or released
 	}
 	now := g.clock.Now()
 	s.phase = phaseAnswered
@@ -98,24 +106,33 @@ func (s *Slot) Report(r Report) {
 	if g.onChange != nil {
 		v = g.shared.View(now)
 	}
-	if from := later(before, now); r.PauseUntil.After(from) {
+	// The group may decline an answer's pause (see Shared.Learn): count
+	// the one it took.
+	if from, until := later(before, now), g.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
 		// This answer started a pause, or made one longer.
 		reason := pauseReason(r.Verdict)
 		started := !before.After(now)
-		l.stats.countPause(reason, r.PauseUntil.Sub(from), started)
+		l.stats.countPause(reason, until.Sub(from), started)
 		if started && g.onChange != nil {
 			changes = append(changes, Change{Kind: Paused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
-				View: v, PauseReason: reason, PauseFor: r.PauseUntil.Sub(now)})
+				View: v, PauseReason: reason, PauseFor: until.Sub(now)})
 		}
 	}
 	if g.onChange != nil {
 		changes = g.changesLocked(l, r, v, now, changes)
+	}
+	held = !g.shared.PausedUntil().Before(r.PauseUntil)
+	if !held && r.Verdict.refusal() && !r.PauseUntil.IsZero() && g.shared.View(now).Bound == "concurrency" {
+		// The group learned that the number in flight is the bound: its
+		// concurrency limit holds the retry until a permit frees.
+		held = true
 	}
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	for _, c := range changes {
 		g.onChange(c)
 	}
+	return held
 }
 
 func later(a, b time.Time) time.Time {

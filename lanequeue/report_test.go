@@ -257,39 +257,6 @@ func TestOneOverloadDoesNotCrippleGrowth(t *testing.T) {
 	}
 }
 
-// TestPaceFromRefusalsNeverFallsToZero: after an idle spell the admitted
-// rate reads 0; a paced refusal then once set the pace to 0 for good.
-func TestPaceFromRefusalsNeverFallsToZero(t *testing.T) {
-	var p pacer
-	p.setSynthetic(10, t0)
-	for i := range 10 {
-		d := at(time.Duration(i) * 150 * time.Millisecond)
-		p.accepted(&Ticket{Dispatched: d}, d)
-	}
-	idle := at(30 * time.Second)
-	p.refused(&Ticket{Dispatched: idle, Paced: true}, 100*time.Millisecond, idle)
-	if p.requests.rate < minPace {
-		t.Fatalf("pace %v after a refusal following an idle spell", p.requests.rate)
-	}
-}
-
-// TestPacedRefusalAtAHighRateKeepsItNearTheAdmittedRate: 100 admitted a
-// second; one paced refusal must not drop the pace far below that.
-func TestPacedRefusalAtAHighRateKeepsItNearTheAdmittedRate(t *testing.T) {
-	var p pacer
-	now := t0
-	p.refused(&Ticket{Dispatched: now}, 10*time.Millisecond, now) // 100/s
-	for range 100 {
-		now = now.Add(10 * time.Millisecond)
-		p.accepted(&Ticket{Dispatched: now}, now)
-	}
-	now = now.Add(time.Millisecond)
-	p.refused(&Ticket{Dispatched: now, Paced: true}, 10*time.Millisecond, now)
-	if r := p.requests.rate; r < 100*paceBackoff {
-		t.Fatalf("pace %v/s after one paced refusal while 100/s were admitted", r)
-	}
-}
-
 // TestHonestHeadersOfASharedKeyAreNotCorrected: limit 600 a minute, resets
 // consistent with 10 a second, and other clients holding remaining near
 // 100: this lane's own answers show a slower refill than 10 a second, but

@@ -21,7 +21,10 @@ type Shared interface {
 	// request go to find out.
 	Admit(now time.Time, cost int64, probe bool) (t Ticket, at time.Time, ok bool)
 	// Learn folds one answer to t's dispatch into the state: the pause,
-	// the budgets and the concurrency limit. It may mark t (Accepted).
+	// the budgets and the concurrency limit. It may mark t (Accepted). It
+	// may decline the report's pause when what it learned holds the group
+	// better (a refusal by an upstream that admits other requests, with
+	// no wait named for a rate): PausedUntil tells what it took.
 	Learn(t *Ticket, r Report, now time.Time)
 	// Refund gives back what t's dispatch charged to the budgets, when it
 	// never reached the upstream.
@@ -60,6 +63,19 @@ type Ticket struct {
 	// OutNow is the number of permits out, all replicas together, when the
 	// answer came; 0 means the in-process count.
 	OutNow int
+	// Seq numbers the dispatch among the group's dispatches in this
+	// process, for measuring the rate admitted between refusals.
+	Seq uint64
+	// Probe: it went while the learned pace probed above the admitted
+	// rate.
+	Probe bool
+	// Settled: its answer was learned from, or none will come.
+	Settled bool
+	// Level is the number in flight it went at, itself included, less
+	// the permits held by refused requests (not in flight upstream).
+	Level int
+	// HoldsRefused: it was refused and still holds its permit.
+	HoldsRefused bool
 }
 
 // View is what Shared shows of itself.
@@ -76,6 +92,21 @@ type View struct {
 	// Learned says where the request pace comes from: "headers",
 	// "refusals" (an upstream without headers), or "" (nothing yet).
 	Learned string
+	// Bound is what the behaviour of an upstream without headers says it
+	// limits: "rate", "concurrency", or "" (not known, or from headers).
+	Bound string
+	// RateFrom says where the request pace comes from: "headers",
+	// "admitted rate" (measured between refusals), "sending rate" (what
+	// the group sent before its first refusals, lowered by later ones,
+	// until two refusals measure it), "hint" (one request per "try again
+	// in"), "probe" (a probe above it met no refusal), or "". AdmittedRate is the rate measured from behaviour, requests a
+	// second.
+	RateFrom     string
+	AdmittedRate float64
+	// ConcurrencyFrom says where the concurrency limit comes from:
+	// "words" (the upstream named concurrency), "refusals at N in flight"
+	// (learned from behaviour), or "" (the start, grown by answers).
+	ConcurrencyFrom string
 	// Corrected is set once a refusal has overruled the headers' figures.
 	Corrected bool
 	// Shared is "" for state in this process only; a store shared by

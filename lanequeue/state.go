@@ -100,17 +100,25 @@ type State struct {
 	History *History `json:"history,omitempty"`
 	// What the lane's group has learned; zero while the upstream said
 	// nothing.
-	RequestsLimit     float64   `json:"requests_limit,omitempty"`
-	RequestsAvailable float64   `json:"requests_available,omitempty"`
-	RequestsPerSecond float64   `json:"requests_per_second,omitempty"`
-	TokensLimit       float64   `json:"tokens_limit,omitempty"`
-	TokensAvailable   float64   `json:"tokens_available,omitempty"`
-	TokensPerSecond   float64   `json:"tokens_per_second,omitempty"`
-	Learned           string    `json:"learned_from,omitempty"`
-	Corrected         bool      `json:"corrected_by_refusals,omitempty"`
-	AnswerSeconds     float64   `json:"answer_seconds,omitempty"`
-	Shared            string    `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
-	LastUsed          time.Time `json:"last_used"`
+	RequestsLimit     float64 `json:"requests_limit,omitempty"`
+	RequestsAvailable float64 `json:"requests_available,omitempty"`
+	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
+	TokensLimit       float64 `json:"tokens_limit,omitempty"`
+	TokensAvailable   float64 `json:"tokens_available,omitempty"`
+	TokensPerSecond   float64 `json:"tokens_per_second,omitempty"`
+	Learned           string  `json:"learned_from,omitempty"`
+	// What the group believes binds and why (see View): Bound "rate" or
+	// "concurrency" when learned from behaviour; RateFrom and
+	// ConcurrencyFrom say where the pace and the concurrency limit come
+	// from; AdmittedRate is the rate measured between refusals.
+	Bound           string    `json:"bound,omitempty"`
+	RateFrom        string    `json:"rate_from,omitempty"`
+	AdmittedRate    float64   `json:"admitted_rate,omitempty"`
+	ConcurrencyFrom string    `json:"concurrency_from,omitempty"`
+	Corrected       bool      `json:"corrected_by_refusals,omitempty"`
+	AnswerSeconds   float64   `json:"answer_seconds,omitempty"`
+	Shared          string    `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
+	LastUsed        time.Time `json:"last_used"`
 }
 
 // State returns the lane's current state.
@@ -135,7 +143,8 @@ func (l *Lane) state(withHistory bool) State {
 		Pauses: maps.Clone(l.stats.pauses), PausedSeconds: maps.Clone(l.stats.pausedSecs),
 		GroupQueued:  g.waiters.Len(),
 		DrainSeconds: drainSeconds(g.waiters.Len(), g.queuedCost, v, now),
-		Learned:      v.Learned, Corrected: v.Corrected, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
+		Learned:      v.Learned, Corrected: v.Corrected,
+		Bound: v.Bound, RateFrom: v.RateFrom, AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.lastUsed,
 	}
 	if v.Requests.Known {

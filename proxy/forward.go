@@ -328,7 +328,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
-		slot.Report(d.report(res, now))
+		held := slot.Report(d.report(res, now))
 		switch {
 		case r.Context().Err() != nil:
 			res.Discard()
@@ -349,8 +349,8 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		req.retries++
 		req.tries = d.next
 		after := d.wait
-		if d.pauseLane {
-			after = 0 // the group's pause holds the retry
+		if d.pauseLane && held {
+			after = 0 // the group holds the retry: its pause, or its concurrency limit
 		}
 		if err := slot.WaitRetry(ctx, after); err != nil {
 			p.refuse(w, r, req, err)

@@ -83,10 +83,10 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	s.local.NoteDispatch(now)
+	seq := s.local.NoteDispatch(now)
 	s.out++
 	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
-		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease}, time.Time{}, true
+		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq}, time.Time{}, true
 }
 
 // budgetArgs are a budget's fields for learnScript.

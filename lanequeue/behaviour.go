@@ -1,0 +1,383 @@
+package lanequeue
+
+import (
+	"math"
+	"time"
+)
+
+// An upstream that explains nothing (no rate-limit headers, no Retry-After,
+// a 429 or 503 whose body names neither a wait nor concurrency) still shows
+// its limit by what it does. The learner reads that from status codes and
+// timing alone:
+//
+//   - the rate it admits: between two refusals its bucket was empty at
+//     both ends, so the requests it admitted in between, over the time
+//     between their dispatches, is its refill rate (a delivery rate, as
+//     BBR measures bandwidth from what is delivered, not from loss);
+//   - whether the bound is a rate or a concurrency: refusals that come at
+//     numbers in flight where other requests were admitted are about the
+//     pace; refusals that come only at the top numbers in flight, where
+//     admissions are rare, are about the number in flight;
+//   - a higher limit, found again by a short, bounded probe above the
+//     learned rate followed by as long a spell below it, so that a probe
+//     that fails costs a refusal or two and no storm.
+//
+// Words (a hint, Retry-After, "too many concurrent requests") only make it
+// converge sooner: a short hint seeds the rate before two refusals have
+// measured it, and named concurrency settles the bound at once.
+type learner struct {
+	seq uint64 // dispatches so far; tickets carry theirs
+
+	// refusals are the latest refusals by dispatch order, oldest first.
+	refusals []refusalMark
+	// admitted and refusedAt count the latest answers by their level in
+	// flight (permits out when each went, itself included), for the
+	// bound; counted is their total. Both halve when it passes
+	// levelMemory, so old answers fade.
+	admitted, refusedAt []float64
+	counted             float64
+	// pending counts the dispatches by level whose answers are not in:
+	// a refusal comes back at once, an admission only after the answer
+	// time, so until then they count as admitted.
+	pending []float64
+	// atLevel is the level in flight at which the upstream refuses, when
+	// the counts show the number in flight is what it limits; 0 when they
+	// show a rate, or nothing yet (see classify).
+	atLevel int
+	// named: the upstream named concurrency in words.
+	named bool
+
+	estimate float64 // the admitted rate, requests a second; 0 = unknown
+	from     string  // where estimate comes from (see View.RateFrom)
+	measured bool    // estimate was measured between refusals once
+
+	lastAccepted time.Time // the latest accepted answer
+	replySecs    float64   // the first accepted answer's time to its headers
+	lastRefused  time.Time // the latest refusal learned from
+	cut          time.Time // when the estimate last changed on a refusal
+
+	// The probe cycle: cruise, then up for probeUp, then down as long.
+	phase      probePhase
+	phaseUntil time.Time
+	probeFrom  time.Time // start of the latest up phase
+	probeHit   bool      // a request dispatched in it was refused
+	streak     int       // clean probes in a row
+}
+
+type refusalMark struct {
+	seq uint64
+	at  time.Time // dispatched
+}
+
+type probePhase uint8
+
+const (
+	cruise probePhase = iota
+	probeUp
+	probeDown
+)
+
+const (
+	// refusalMemory is how many refusals the rate is measured over, at
+	// most; refusalSpan how far back.
+	refusalMemory = 16
+	refusalSpan   = time.Minute
+	// minSampleSpan: refusals closer together than this measure nothing.
+	minSampleSpan = 500 * time.Millisecond
+	// levelMemory is how many answers the bound is judged from; minBelow
+	// is how many admissions at the level under a refusal show it was the
+	// highest the upstream holds.
+	levelMemory = 512
+	minBelow    = 8
+	maxLevel    = 4096
+	// A concurrency bound: at some level and above, refusals outnumber
+	// admissions refusedShare to one, hold concurrencyShare of all the
+	// refusals, and the two levels below it were admitted minBelow times
+	// (or see minRepeated).
+	refusedShare     = 1
+	concurrencyShare = 0.75
+	// minRepeated refusals at one level, where at most half as many were
+	// admitted, show a concurrency bound too: a rate refuses at whatever
+	// level the group is at, and a ramp passes each level in a few
+	// requests. (The proxy counts an answer in flight a moment longer than
+	// the upstream, so some admissions show at levels above its limit.)
+	minRepeated = 3
+	// minSampleAdmits: a rate measured over fewer admissions is off by
+	// more than an eighth (the bucket's part-token at either end).
+	minSampleAdmits = 8
+	// cruiseShare is the share of the admitted rate sent while cruising:
+	// a little under it, so the upstream's bucket does not sit empty.
+	cruiseShare = 0.97
+	// probeGain and drainGain are the pace of the up and down phases.
+	probeGain = 1.25
+	drainGain = 0.75
+	// probeEvery is the cruise between probes, at least; probeSpan the
+	// shortest up phase. Both grow for slow rates, so that a probe risks
+	// about probeRequests extra requests and comes every cycleRequests.
+	probeEvery    = 4 * time.Second
+	probeSpan     = 500 * time.Millisecond
+	probeRequests = 2
+	cycleRequests = 60
+	// unmeasuredCut is how far a rate not yet measured falls when a
+	// request sent at it is refused.
+	unmeasuredCut = 0.7
+	// probeRaise is how much a probe that met no refusal raises the rate;
+	// each clean probe in a row doubles the raise, up to eight times.
+	probeRaise = 1.1
+	// liveFor: an upstream that admitted a request this recently is
+	// working, and its refusals are about capacity, not an outage.
+	liveFor = 5 * time.Second
+	// concurrencyLoose is how far above the admitted rate a group bound by
+	// concurrency paces: the concurrency limit holds it, not the pace.
+	concurrencyLoose = 1.5
+	// guessCruise is the cruise between probes while the rate is a guess
+	// (not yet measured between refusals).
+	guessCruise = time.Second
+	guessRaise  = 1.25 // and the raise of a clean probe then
+	// startSpread: before any limit is known, dispatches are at least
+	// 1/(startSpread × limit) of an answer time apart (see local.spread).
+	startSpread = 2.0
+	// maxHintPace is the longest hint taken as a pace: a wait of a second
+	// or more (Retry-After is in whole seconds) says when to try again,
+	// not how fast.
+	maxHintPace = time.Second
+)
+
+// dispatched numbers a dispatch.
+func (l *learner) dispatched() uint64 {
+	l.seq++
+	return l.seq
+}
+
+// grow makes room for counts at level.
+func (l *learner) grow(level int) {
+	if level >= len(l.admitted) {
+		n := level + 1 - len(l.admitted)
+		l.admitted = append(l.admitted, make([]float64, n)...)
+		l.refusedAt = append(l.refusedAt, make([]float64, n)...)
+		l.pending = append(l.pending, make([]float64, n)...)
+	}
+}
+
+// sent notes a dispatch at level in flight, until settled.
+func (l *learner) sent(level int) {
+	level = min(max(level, 1), maxLevel)
+	l.grow(level)
+	l.pending[level]++
+}
+
+// settled notes that a dispatch at level has its answer, or none will
+// come.
+func (l *learner) settled(level int) {
+	level = min(max(level, 1), maxLevel)
+	if level < len(l.pending) && l.pending[level] > 0 {
+		l.pending[level]--
+	}
+}
+
+// answered notes an answer at level in flight.
+func (l *learner) answered(level int, refused bool) {
+	level = min(max(level, 1), maxLevel)
+	l.grow(level)
+	if refused {
+		l.refusedAt[level]++
+	} else {
+		l.admitted[level]++
+	}
+	if l.counted++; l.counted > levelMemory {
+		for i := range l.admitted {
+			l.admitted[i] /= 2
+			l.refusedAt[i] /= 2
+		}
+		l.counted /= 2
+	}
+}
+
+// concurrencyBound reports whether the evidence says the number in flight
+// is what the upstream limits.
+func (l *learner) concurrencyBound() bool { return l.named || l.atLevel > 0 }
+
+// classify reads the bound from the counts by level. A concurrency limit
+// refuses (nearly) every request at the levels above it and none below,
+// where it admits again and again; a rate limit refuses at whatever
+// level the group is at when its pace runs ahead, levels where it also
+// admits. It sets atLevel to the lowest level the upstream refuses at
+// when the counts show a concurrency limit, else 0, and reports whether
+// that changed.
+func (l *learner) classify() bool {
+	was := l.atLevel
+	l.atLevel = 0
+	var total float64
+	for _, r := range l.refusedAt {
+		total += r
+	}
+	var admitted, refused float64 // at the level and above
+	for level := len(l.admitted) - 1; level >= 2; level-- {
+		admitted += l.admitted[level] + l.pending[level]
+		refused += l.refusedAt[level]
+		if refused < 2 || refusedShare*admitted > refused || refused < concurrencyShare*total {
+			continue
+		}
+		below := l.admitted[level-1] + l.admitted[max(level-2, 1)]*boolFloat(level > 2)
+		if below >= minBelow || l.refusedAt[level] >= minRepeated && 2*(l.admitted[level]+l.pending[level]) <= l.refusedAt[level] {
+			l.atLevel = level
+		}
+	}
+	return l.atLevel != was
+}
+
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// reached reports whether the upstream admitted more requests than it
+// refused at level or above lately. (The proxy counts an answer in flight a
+// moment longer than the upstream does, so a few admissions show at
+// levels the upstream refuses.)
+func (l *learner) reached(level int) bool {
+	var admitted, refused float64
+	for i := max(level, 1); i < len(l.admitted); i++ {
+		admitted += l.admitted[i]
+		refused += l.refusedAt[i]
+	}
+	return admitted > refused
+}
+
+// refused notes a refusal of the dispatch numbered seq at at, and measures
+// the admitted rate over the latest refusals. It returns the rate, 0 when
+// the refusals do not span enough time yet.
+func (l *learner) refused(seq uint64, at time.Time) float64 {
+	i := len(l.refusals)
+	for i > 0 && l.refusals[i-1].seq > seq {
+		i--
+	}
+	l.refusals = append(l.refusals, refusalMark{})
+	copy(l.refusals[i+1:], l.refusals[i:])
+	l.refusals[i] = refusalMark{seq: seq, at: at}
+	if len(l.refusals) > refusalMemory {
+		l.refusals = l.refusals[len(l.refusals)-refusalMemory:]
+	}
+	last := l.refusals[len(l.refusals)-1]
+	first := 0
+	for first < len(l.refusals)-1 && last.at.Sub(l.refusals[first].at) > refusalSpan {
+		first++
+	}
+	f := l.refusals[first]
+	span := last.at.Sub(f.at)
+	// Dispatches after the first refusal up to the last, less the refused.
+	admitted := float64(last.seq-f.seq) - float64(len(l.refusals)-1-first)
+	if span < minSampleSpan || admitted < minSampleAdmits {
+		return 0
+	}
+	// The bucket may have held up to one part-token more at the first
+	// refusal than at the last: count one fewer, to err slow.
+	return (admitted - 1) / span.Seconds()
+}
+
+// pace is the learned pace for the current phase of the probe cycle.
+func (l *learner) pace() float64 {
+	switch {
+	case l.concurrencyBound():
+		return l.estimate * concurrencyLoose
+	case l.phase == probeUp:
+		return l.estimate * probeGain
+	case l.phase == probeDown:
+		return l.estimate * drainGain
+	}
+	return l.estimate * cruiseShare
+}
+
+// guess reports whether the estimate is only what the group was sending
+// when it was first refused, less the cuts of later refusals.
+func (l *learner) guess() bool { return !l.measured && l.from != "hint" }
+
+// probeLength is how long the up phase lasts at rate r: long enough to
+// send probeRequests more than the estimate would.
+func probeLength(r float64) time.Duration {
+	return max(probeSpan, time.Duration(probeRequests/((probeGain-1)*r)*float64(time.Second)))
+}
+
+// cruiseLength is how long the group cruises between probes at rate r.
+func cruiseLength(r float64) time.Duration {
+	return max(probeEvery, time.Duration(cycleRequests/r*float64(time.Second)))
+}
+
+// step moves the probe cycle on at now and reports whether the phase
+// changed. Probes run only while the pace is what holds requests back
+// (held), and never for a group bound by concurrency, whose limit probes
+// on its own.
+func (l *learner) step(now time.Time, held bool) bool {
+	if l.estimate <= 0 || l.concurrencyBound() {
+		if l.phase != cruise {
+			l.phase = cruise
+			return true
+		}
+		return false
+	}
+	if now.Before(l.phaseUntil) {
+		return false
+	}
+	switch l.phase {
+	case cruise:
+		if !held {
+			return false
+		}
+		l.phase, l.probeFrom, l.probeHit = probeUp, now, false
+		l.phaseUntil = now.Add(probeLength(l.estimate))
+	case probeUp:
+		l.phase = probeDown
+		l.phaseUntil = now.Add(probeLength(l.estimate))
+	case probeDown:
+		cruiseFor := cruiseLength(l.estimate)
+		if l.guess() {
+			// A guessed rate is probed often, so that refusals measure
+			// it or clean probes raise it soon.
+			cruiseFor = guessCruise
+		}
+		if l.probeHit {
+			l.streak = 0
+		} else {
+			// The upstream took the probe without a refusal: it allows
+			// more than was learned. Each clean probe in a row raises it
+			// further and comes sooner, so an estimate far too low (a
+			// limit that grew, a start misread) recovers in a few cycles.
+			raise := probeRaise - 1
+			if l.guess() {
+				raise = guessRaise - 1
+			}
+			l.estimate *= 1 + raise*float64(int(1)<<min(l.streak, 3))
+			l.from = "probe"
+			l.streak++
+			cruiseFor >>= min(l.streak, 2)
+		}
+		l.phase = cruise
+		l.phaseUntil = now.Add(cruiseFor)
+	}
+	return true
+}
+
+// live reports whether the upstream admitted a request lately.
+func (l *learner) live(now time.Time) bool {
+	return !l.lastAccepted.IsZero() && now.Sub(l.lastAccepted) < liveFor
+}
+
+// hintPace is the pace a refusal's hint suggests: one request per hint, for
+// hints shorter than maxHintPace; 0 otherwise.
+func hintPace(hint time.Duration) float64 {
+	if hint <= 0 || hint >= maxHintPace {
+		return 0
+	}
+	return 1 / hint.Seconds()
+}
+
+// ceilRate is the concurrency that rate needs for answers of secs (Little's
+// law), 0 when either is unknown.
+func ceilRate(rate, secs float64) int {
+	if rate <= 0 || secs <= 0 {
+		return 0
+	}
+	return int(math.Ceil(rate * secs))
+}

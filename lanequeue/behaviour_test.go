@@ -1,0 +1,311 @@
+package lanequeue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// TestAdmittedRateIsMeasuredBetweenRefusals: the upstream refused
+// dispatch 10 at 0 s and dispatch 31 at 1 s; the 20 in between were
+// admitted: 20 a second, counted one fewer for the part-token the bucket
+// may have held at the first refusal.
+func TestAdmittedRateIsMeasuredBetweenRefusals(t *testing.T) {
+	var l learner
+	if r := l.refused(10, t0); r != 0 {
+		t.Fatalf("one refusal measured %v/s", r)
+	}
+	if r := l.refused(31, at(time.Second)); !near(r, 19) {
+		t.Fatalf("measured %v/s, want 19", r)
+	}
+	// A third refusal, 10 dispatches and half a second later, of which
+	// one more was refused earlier (learned late, out of order).
+	if r := l.refused(41, at(1500*time.Millisecond)); !near(r, 28.0/1.5) {
+		t.Fatalf("measured %v/s, want %v", r, 28.0/1.5)
+	}
+	if r := l.refused(35, at(1200*time.Millisecond)); !near(r, 27.0/1.5) {
+		t.Fatalf("after a refusal learned out of order: %v/s, want %v", r, 27.0/1.5)
+	}
+}
+
+// TestRefusalsCloseTogetherMeasureNothing: two refusals within
+// minSampleSpan, or with fewer than minSampleAdmits admitted between
+// them, say nothing about a rate.
+func TestRefusalsCloseTogetherMeasureNothing(t *testing.T) {
+	var l learner
+	l.refused(1, t0)
+	if r := l.refused(20, at(minSampleSpan-time.Millisecond)); r != 0 {
+		t.Fatalf("measured %v/s over less than %v", r, minSampleSpan)
+	}
+	// Of dispatches 2 to 20, the upstream refused 20; 18 went.
+	if r := l.refused(21, at(minSampleSpan)); !near(r, 17/minSampleSpan.Seconds()) {
+		t.Fatalf("measured %v/s over %v, want %v", r, minSampleSpan, 17/minSampleSpan.Seconds())
+	}
+	var few learner
+	few.refused(1, t0)
+	if r := few.refused(1+minSampleAdmits, at(time.Second)); r != 0 {
+		t.Fatalf("measured %v/s from %d admitted", r, minSampleAdmits-1)
+	}
+	// Dispatches 2 to 8 and 10 admitted, 9 refused.
+	if r := few.refused(3+minSampleAdmits, at(2*time.Second)); !near(r, (minSampleAdmits-1)/2.0) {
+		t.Fatalf("measured %v/s from %d admitted in 2s, want %v", r, minSampleAdmits, (minSampleAdmits-1)/2.0)
+	}
+}
+
+// TestRateIsMeasuredOverTheLatestRefusalsOnly: refusals older than
+// refusalSpan, or beyond refusalMemory, no longer count.
+func TestRateIsMeasuredOverTheLatestRefusalsOnly(t *testing.T) {
+	var l learner
+	l.refused(0, t0)
+	// 10 s later the upstream admits 5 a second.
+	for i := range 5 {
+		l.refused(uint64(100+6*i), at(refusalSpan+time.Second+time.Duration(i)*time.Second))
+	}
+	if r := l.refused(130, at(refusalSpan+6*time.Second)); !near(r, 4.8) {
+		t.Fatalf("measured %v/s, want 4.8 (the old refusal forgotten)", r)
+	}
+	for i := range refusalMemory + 4 {
+		l.refused(uint64(200+2*i), at(30*time.Second+time.Duration(i)*100*time.Millisecond))
+	}
+	if len(l.refusals) != refusalMemory {
+		t.Fatalf("%d refusals kept, want %d", len(l.refusals), refusalMemory)
+	}
+}
+
+// TestRefusalsAtTheTopLevelsMeanConcurrency: the upstream admits every
+// request at 8 in flight and refuses every one at 9: the bound is the
+// number in flight, at 9. Refusals at levels where others were admitted
+// mean a rate; refusals at the top of a ramp whose levels were each tried
+// a few times only mean nothing yet.
+func TestRefusalsAtTheTopLevelsMeanConcurrency(t *testing.T) {
+	var conc learner
+	for range 4 {
+		for range 8 {
+			conc.answered(8, false) // with a backlog, each goes as a permit frees
+		}
+		conc.answered(9, true)
+		conc.answered(10, true)
+	}
+	if !conc.classify() || !conc.concurrencyBound() || conc.atLevel != 9 {
+		t.Fatalf("refusals only at 9 and 10 in flight: at level %d, want 9", conc.atLevel)
+	}
+	var rate learner
+	for range 8 {
+		for level := 1; level <= 8; level++ {
+			rate.answered(level, false)
+		}
+		rate.answered(4, true)
+	}
+	if rate.classify(); rate.concurrencyBound() {
+		t.Fatalf("refusals at 4 in flight, with admissions up to 8, judged concurrency at %d", rate.atLevel)
+	}
+	var ramp learner
+	for level := 1; level <= 12; level++ {
+		ramp.answered(level, false)
+		ramp.answered(level, false)
+	}
+	ramp.answered(13, true)
+	ramp.answered(13, true)
+	if ramp.classify(); ramp.concurrencyBound() {
+		t.Fatalf("refusals at the top of a ramp judged concurrency at %d", ramp.atLevel)
+	}
+	// Once the levels below it have been admitted again and again, the
+	// same refusals say concurrency.
+	for range 4 {
+		ramp.answered(12, false)
+	}
+	if !ramp.classify() || ramp.atLevel != 13 {
+		t.Fatalf("at level %d after admissions at 11 and 12, want 13", ramp.atLevel)
+	}
+	// Refusals spread below it turn the judgement back to a rate.
+	for range 8 {
+		ramp.answered(5, true)
+		ramp.answered(5, false)
+	}
+	if ramp.classify(); ramp.concurrencyBound() {
+		t.Fatalf("refusals at 5, where the upstream admits, still judged concurrency at %d", ramp.atLevel)
+	}
+}
+
+// TestCountsByLevelFade: past levelMemory answers every count halves.
+func TestCountsByLevelFade(t *testing.T) {
+	var l learner
+	for range levelMemory {
+		l.answered(3, false)
+	}
+	l.answered(3, true)
+	if l.admitted[3] != levelMemory/2 || l.refusedAt[3] != 0.5 || l.counted != (levelMemory+1)/2.0 {
+		t.Fatalf("admitted %v refused %v counted %v after %d answers", l.admitted[3], l.refusedAt[3], l.counted, levelMemory+1)
+	}
+	l.answered(maxLevel+10, false)
+	if len(l.admitted) != maxLevel+1 || l.admitted[maxLevel] != 1 {
+		t.Fatalf("a level past maxLevel was not counted at it")
+	}
+}
+
+// TestProbeCycle: cruising under the estimate, a probe above it once the
+// pace has held requests back, then as long below it; a probe that met no
+// refusal raises the estimate, one that did leaves it.
+func TestProbeCycle(t *testing.T) {
+	l := learner{estimate: 20, measured: true}
+	if l.pace() != 20*cruiseShare {
+		t.Fatalf("cruise pace %v, want %v", l.pace(), 20*cruiseShare)
+	}
+	if l.step(t0, false) {
+		t.Fatal("a probe started while the pace held nothing back")
+	}
+	if !l.step(t0, true) || l.phase != probeUp || l.pace() != 20*probeGain {
+		t.Fatalf("phase %v pace %v, want the up phase at %v", l.phase, l.pace(), 20*probeGain)
+	}
+	up := probeLength(20)
+	if l.step(t0.Add(up-time.Millisecond), true) {
+		t.Fatal("the up phase ended early")
+	}
+	if !l.step(t0.Add(up), true) || l.phase != probeDown || l.pace() != 20*drainGain {
+		t.Fatalf("phase %v pace %v, want the down phase at %v", l.phase, l.pace(), 20*drainGain)
+	}
+	if !l.step(t0.Add(2*up), false) || l.phase != cruise || !near(l.estimate, 20*probeRaise) || l.from != "probe" {
+		t.Fatalf("after a clean probe: phase %v estimate %v from %q, want cruise at %v from probe", l.phase, l.estimate, l.from, 20*probeRaise)
+	}
+	next := t0.Add(2 * up).Add(cruiseLength(l.estimate) / 2) // a clean probe brings the next one sooner
+	if l.step(next.Add(-time.Millisecond), true) {
+		t.Fatal("probed again before the cruise ended")
+	}
+	l.step(next, true)
+	l.probeHit = true
+	l.step(next.Add(probeLength(l.estimate)), true)
+	l.step(next.Add(2*probeLength(l.estimate)), true)
+	if !near(l.estimate, 20*probeRaise) {
+		t.Fatalf("a probe that met a refusal moved the estimate to %v", l.estimate)
+	}
+}
+
+// TestProbesAreBoundedInRequests: at a slow rate the up phase lasts long
+// enough for probeRequests more, and the cruise for cycleRequests.
+func TestProbesAreBoundedInRequests(t *testing.T) {
+	if d := probeLength(4); d != 2*time.Second {
+		t.Fatalf("up phase at 4/s lasts %v, want 2s", d)
+	}
+	if d := probeLength(100); d != probeSpan {
+		t.Fatalf("up phase at 100/s lasts %v, want %v", d, probeSpan)
+	}
+	if d := cruiseLength(4); d != 15*time.Second {
+		t.Fatalf("cruise at 4/s lasts %v, want 15s", d)
+	}
+	if d := cruiseLength(100); d != probeEvery {
+		t.Fatalf("cruise at 100/s lasts %v, want %v", d, probeEvery)
+	}
+}
+
+// TestShortHintsArePacesLongOnesAreWaits: "try again in 50ms" is one
+// request per 50 ms; Retry-After: 1 says nothing about a pace.
+func TestShortHintsArePacesLongOnesAreWaits(t *testing.T) {
+	for hint, want := range map[time.Duration]float64{50 * time.Millisecond: 20, 0: 0, -time.Second: 0, time.Second: 0, 999 * time.Millisecond: 1 / 0.999} {
+		if got := hintPace(hint); !near(got, want) {
+			t.Errorf("hintPace(%v) = %v, want %v", hint, got, want)
+		}
+	}
+}
+
+// silentLane is a lane whose upstream sends no headers and admitted one
+// request, with its fake clock.
+func silentLane(t *testing.T) (*Lane, *Slot, func(time.Duration)) {
+	t.Helper()
+	l, fc := testLane(64, 1000)
+	s := mustGet(t, acquireAsync(context.Background(), l))
+	accept(s, headerparse.Limits{})
+	return l, s, fc.Advance
+}
+
+// TestSilentRefusalOfALiveUpstreamPacesInsteadOfPausing: a bare 429 while
+// the upstream admits others teaches a pace and pauses nothing; with a
+// hint, the hint is the pause.
+func TestSilentRefusalOfALiveUpstreamPacesInsteadOfPausing(t *testing.T) {
+	l, s, advance := silentLane(t)
+	defer s.Release()
+	for range 8 {
+		shared(l).learn.answered(1, false) // others admitted at this level
+	}
+	advance(time.Second)
+	report(s, Report{Status: 429, Verdict: RateRefused, PauseUntil: shared(l).learn.lastAccepted.Add(2 * time.Second)})
+	st := l.State()
+	if !st.PausedUntil.IsZero() {
+		t.Fatalf("paused until %v after a bare refusal of a live upstream", st.PausedUntil)
+	}
+	if st.RequestsPerSecond <= 0 || st.RateFrom != "sending rate" || st.Bound != "rate" || st.Learned != "refusals" {
+		t.Fatalf("learned %+v, want a pace from the rate it was sending", st)
+	}
+	resend(t, s, advance)
+	now := l.g.clock.Now()
+	s.Report(Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond, PauseUntil: now.Add(50 * time.Millisecond)})
+	if st := l.State(); !st.PausedUntil.Equal(now.Add(50 * time.Millisecond)) {
+		t.Fatalf("paused until %v, want the hint's 50ms", st.PausedUntil)
+	}
+}
+
+// resend sends s again, moving the clock on until the pace lets it go.
+func resend(t *testing.T, s *Slot, advance func(time.Duration)) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.WaitRetry(context.Background(), 0) }()
+	for range 100 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			return
+		case <-time.After(10 * time.Millisecond):
+			advance(100 * time.Millisecond)
+		}
+	}
+	t.Fatal("the resend never went")
+}
+
+// TestRefusalOfAnUpstreamThatAdmitsNothingPauses: with nothing admitted
+// for liveFor, a refusal is not a limit to measure: its pause holds.
+func TestRefusalOfAnUpstreamThatAdmitsNothingPauses(t *testing.T) {
+	l, s, advance := silentLane(t)
+	defer s.Release()
+	advance(liveFor)
+	until := shared(l).learn.lastAccepted.Add(liveFor + time.Second)
+	report(s, Report{Status: 503, Verdict: Overloaded, PauseUntil: until})
+	if st := l.State(); !st.PausedUntil.Equal(until) || st.RequestsPerSecond != 0 {
+		t.Fatalf("state %+v, want paused until %v and no pace", st, until)
+	}
+}
+
+// TestConcurrencyBoundRefusalLowersTheLimitNotThePace: refusals that come
+// only at the top level in flight lower the concurrency limit, show it as
+// learned from refusals, and leave the pace loose.
+func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
+	l, fc := testLane(10, 1000)
+	pastProbe(l)
+	slots := acquireN(t, l, 10)
+	for _, s := range slots[:9] {
+		accept(s, headerparse.Limits{})
+	}
+	fc.Advance(time.Second)
+	sh := shared(l)
+	for range minBelow {
+		sh.learn.answered(9, false)
+	}
+	for range 3 {
+		sh.learn.answered(10, true)
+	}
+	sh.learn.answered(11, true)
+	report(slots[9], Report{Status: 429, Verdict: RateRefused})
+	st := l.State()
+	if st.Bound != "concurrency" || st.ConcurrencyFrom != "refusals at 10 in flight" || st.Concurrency != 9 {
+		t.Fatalf("bound %q from %q limit %d; want concurrency 9 from refusals at 10 in flight", st.Bound, st.ConcurrencyFrom, st.Concurrency)
+	}
+	if !st.PausedUntil.IsZero() {
+		t.Fatalf("a concurrency-bound refusal paused the group until %v", st.PausedUntil)
+	}
+	if !near(sh.pace.requests.rate, sh.learn.estimate*concurrencyLoose) {
+		t.Fatalf("pace %v, want loose %v", sh.pace.requests.rate, sh.learn.estimate*concurrencyLoose)
+	}
+	releaseAll(slots)
+}

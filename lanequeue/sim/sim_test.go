@@ -1,0 +1,289 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/proxy"
+)
+
+// speech is how the model upstream explains its refusals.
+type speech string
+
+const (
+	headers   speech = "headers"    // limit headers, Retry-After, a hint, concurrency in words
+	hint      speech = "hint"       // only "try again in …" in the body
+	silent    speech = "silent"     // a bare refusal
+	silent503 speech = "silent-503" // a bare 503, as nginx's limit_req sends
+)
+
+// cell is one shape spoken one way, with its load and targets.
+type cell struct {
+	name   string
+	mock   mockupstream.Config
+	rate   float64 // what the limit allows, requests a second
+	n, c   int
+	stream bool
+	// path and anthropic: /v1/messages in Anthropic's form.
+	anthropic bool
+	// targets: makespan ÷ ideal and the upstream's refusals as a share of
+	// its requests.
+	ratio, refusals float64
+}
+
+// speak makes cfg explain itself as sp. Concurrency-only upstreams with
+// headers send Retry-After only; with a hint, the hint without words.
+func speak(cfg mockupstream.Config, sp speech, concurrencyOnly bool) mockupstream.Config {
+	switch sp {
+	case headers:
+		if concurrencyOnly {
+			cfg.NoHint, cfg.ConcurrencyUnnamed = true, true
+		}
+	case hint:
+		cfg.NoLimitHeaders, cfg.NoRetryAfter = true, true
+		cfg.ConcurrencyUnnamed = concurrencyOnly
+	case silent, silent503:
+		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.NoHint, cfg.ConcurrencyUnnamed = true, true, true, true
+		if sp == silent503 {
+			cfg.RefusalStatus = http.StatusServiceUnavailable
+		}
+	}
+	return cfg
+}
+
+// target is the issue's bar for a shape spoken one way.
+func target(shape string, sp speech) (ratio, refusals float64) {
+	if sp == silent503 {
+		sp = silent
+	}
+	type k struct {
+		shape string
+		sp    speech
+	}
+	t := map[k][2]float64{
+		{"short", headers}: {1.05, 1}, {"short", hint}: {1.05, 5}, {"short", silent}: {1.15, 10},
+		{"tpm", headers}: {1.05, 1}, {"tpm", hint}: {1.05, 5}, {"tpm", silent}: {1.15, 10},
+		{"streams", headers}: {1.1, 3}, {"streams", hint}: {1.1, 10}, {"streams", silent}: {1.2, 15},
+		{"concurrency", headers}: {1.1, 5}, {"concurrency", hint}: {1.1, 5}, {"concurrency", silent}: {1.15, 10},
+		{"quantized", headers}: {1.05, 1}, {"quantized", hint}: {1.05, 5}, {"quantized", silent}: {1.15, 10},
+		{"quantized-anthropic", headers}: {1.05, 1}, {"streams-anthropic", headers}: {1.1, 3},
+	}[k{shape, sp}]
+	return t[0], t[1]
+}
+
+const maxTokens = 100
+
+// costPerRequest is what the mock charges a request of the simulation.
+func costPerRequest() int64 { return int64((len(prompt(0))+3)/4+3) + maxTokens }
+
+func prompt(i int) string { return fmt.Sprintf("question %06d", i) }
+
+// cells is the matrix of e2e/loadbench, with its figures.
+func cells() []cell {
+	const rps = 20
+	latency := 200 * time.Millisecond
+	short := mockupstream.Config{RPM: rps * 60, Latency: latency}
+	tpm := mockupstream.Config{TPM: rps * 60 * costPerRequest(), RPM: rps * 600, Latency: latency}
+	quantized := mockupstream.Config{RPM: rps * 60, Latency: latency, QuantizedHeaders: true}
+	streams := mockupstream.Config{RPM: 240, Latency: latency, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
+	capped := mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond}
+	var cs []cell
+	add := func(shape string, cfg mockupstream.Config, rate float64, n, c int, stream, anthropic bool, sps ...speech) {
+		for _, sp := range sps {
+			ratio, ref := target(shape, sp)
+			cs = append(cs, cell{name: shape + "/" + string(sp), mock: speak(cfg, sp, shape == "concurrency"),
+				rate: rate, n: n, c: c, stream: stream, anthropic: anthropic, ratio: ratio, refusals: ref})
+		}
+	}
+	all := []speech{headers, hint, silent}
+	add("short", short, rps, 400, 50, false, false, append(all, silent503)...)
+	add("streams", streams, 4, 120, 30, true, false, all...)
+	add("concurrency", capped, 16, 200, 50, false, false, append(all, silent503)...)
+	add("quantized", quantized, rps, 400, 50, false, false, all...)
+	add("tpm", tpm, rps, 400, 50, false, false, all...)
+	add("quantized-anthropic", quantized, rps, 400, 50, false, true, headers)
+	add("streams-anthropic", streams, 4, 120, 30, true, true, headers)
+	return cs
+}
+
+type result struct {
+	makespan  time.Duration
+	ideal     time.Duration
+	failures  int
+	upstream  int64
+	refused   int64
+	firstFail string
+	view      lanequeue.State
+}
+
+func (r result) ratio() float64 { return r.makespan.Seconds() / r.ideal.Seconds() }
+
+func (r result) refusedPct() float64 {
+	if r.upstream == 0 {
+		return 0
+	}
+	return 100 * float64(r.refused) / float64(r.upstream)
+}
+
+// simulate runs c in a synctest bubble and returns what happened.
+func simulate(t *testing.T, c cell) result {
+	var res result
+	synctest.Test(t, func(t *testing.T) {
+		mock := mockupstream.NewInProcess(c.mock)
+		defer mock.Close()
+		u, _ := url.Parse(mock.URL())
+		p, err := proxy.New(proxy.Config{Upstream: u, Transport: mock.Transport(),
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop()
+		var mu sync.Mutex
+		if *trace {
+			stop := make(chan struct{})
+			defer close(stop)
+			start := time.Now()
+			go func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(250 * time.Millisecond):
+					}
+					st := mock.Stats()
+					for _, v := range p.Lanes().States() {
+						t.Logf("%5.2fs queued %3d in flight %2d/%2d pace %5.1f/s admitted %5.1f/s from %-13q bound %-11q %q refused %d/%d",
+							time.Since(start).Seconds(), v.GroupQueued, v.InFlight, v.Concurrency, v.RequestsPerSecond,
+							v.AdmittedRate, v.RateFrom, v.Bound, v.ConcurrencyFrom, st.RateLimited, st.Requests)
+					}
+				}
+			}()
+		}
+		sem := make(chan struct{}, c.c)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range c.n {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := send(p, c, i); err != nil {
+					mu.Lock()
+					res.failures++
+					if res.firstFail == "" {
+						res.firstFail = err.Error()
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		res.makespan = time.Since(start)
+		res.ideal = time.Duration(float64(c.n) / c.rate * float64(time.Second))
+		st := mock.Stats()
+		res.upstream, res.refused = st.Requests, st.RateLimited
+		if ls := p.Lanes().States(); len(ls) > 0 {
+			res.view = ls[0]
+		}
+	})
+	return res
+}
+
+// send makes request i of c through p and checks its answer came whole.
+func send(p *proxy.Proxy, c cell, i int) error {
+	var body, path string
+	stream := ""
+	if c.stream {
+		stream = `,"stream":true`
+	}
+	if c.anthropic {
+		path = "/v1/messages"
+		body = fmt.Sprintf(`{"model":"claude-sim","max_tokens":%d,"messages":[{"role":"user","content":%q}]%s}`, maxTokens, prompt(i), stream)
+	} else {
+		path = "/v1/chat/completions"
+		if c.stream {
+			stream += `,"stream_options":{"include_usage":true}`
+		}
+		body = fmt.Sprintf(`{"model":"gpt-sim","max_tokens":%d,"messages":[{"role":"user","content":%q}]%s}`, maxTokens, prompt(i), stream)
+	}
+	req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer sk-sim")
+	req.Header.Set("x-api-key", "sk-sim")
+	req.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	p.ServeHTTP(w, req)
+	if w.Code != http.StatusOK {
+		return fmt.Errorf("status %d: %s", w.Code, bytes.TrimSpace(w.Body.Bytes()))
+	}
+	if c.stream {
+		end := "[DONE]"
+		if c.anthropic {
+			end = "message_stop"
+		}
+		if !bytes.Contains(w.Body.Bytes(), []byte(end)) {
+			return fmt.Errorf("stream without its end: %q", w.Body.String())
+		}
+	}
+	return nil
+}
+
+var trace = flag.Bool("trace", false, "log each lane's state every 250ms of simulated time")
+
+// runs is how many times each cell runs: goroutines that wake at one
+// simulated instant run in any order, so runs differ a little, and the
+// median is held to the target.
+const runs = 3
+
+// TestSim runs every cell of the matrix and holds each to its targets: no
+// client failure in any run, and in the median run the makespan within the
+// target ratio of the time the limit allows and the upstream's refusals
+// within the target share.
+func TestSim(t *testing.T) {
+	for _, c := range cells() {
+		t.Run(c.name, func(t *testing.T) {
+			var rs []result
+			for range runs {
+				rs = append(rs, simulate(t, c))
+			}
+			ratios := make([]float64, runs)
+			refused := make([]float64, runs)
+			for i, r := range rs {
+				ratios[i], refused[i] = r.ratio(), r.refusedPct()
+				if r.failures > 0 {
+					t.Errorf("%d client failures; first: %s", r.failures, r.firstFail)
+				}
+			}
+			slices.Sort(ratios)
+			slices.Sort(refused)
+			v := rs[runs/2].view
+			t.Logf("%-28s %.2f–%.2f× (target %.2f×)  %.1f–%.1f%% refused (target %g%%)  bound %q rate %.1f/s from %q conc %d %q",
+				c.name, ratios[0], ratios[runs-1], c.ratio, refused[0], refused[runs-1], c.refusals,
+				v.Bound, v.AdmittedRate, v.RateFrom, v.Concurrency, v.ConcurrencyFrom)
+			if raceBuild {
+				return // see raceBuild
+			}
+			if m := ratios[runs/2]; m > c.ratio {
+				t.Errorf("median makespan %.2f× the ideal, target %.2f×", m, c.ratio)
+			}
+			if m := refused[runs/2]; m > c.refusals {
+				t.Errorf("median %.1f%% of upstream requests refused, target %g%%", m, c.refusals)
+			}
+		})
+	}
+}
