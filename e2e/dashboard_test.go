@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -98,6 +100,7 @@ type pageLane struct {
 	InFlight string `json:"in_flight"`
 	Done     string `json:"done"`
 	Waiting  string `json:"waiting"`
+	Belief   string `json:"belief"`
 	Paused   bool   `json:"paused"`
 	Bars     int    `json:"bars"`
 }
@@ -116,6 +119,7 @@ const readPage = `(() => {
     lanes: [...document.querySelectorAll("tr.lane")].map(tr => ({
       id: tr.dataset.lane, model: f(tr, "model"), key_hash: f(tr, "key_hash"), path: f(tr, "path"),
       queued: f(tr, "queued"), in_flight: f(tr, "in_flight"), done: f(tr, "done"), waiting: f(tr, "waiting"),
+      belief: f(tr, "belief") || "",
       paused: tr.classList.contains("paused"), bars: tr.querySelectorAll("svg rect").length,
     })),
   };
@@ -151,13 +155,17 @@ func getLanes(t *testing.T, admin string) lanesJSON {
 
 // TestDashboardShowsWhatLanesSays drives the dashboard in real headless
 // Chromium while two keys' evals flow through the proxy against a
-// rate-limited mock, and a third key's upstream pauses its lane:
+// rate-limited mock, a third key's upstream pauses its lane, and a fourth
+// key's upstream sends no rate-limit headers:
 //   - the page lists exactly the lanes /lanes lists, with their model, path
 //     and key hash, and a done count between two /lanes readings taken
 //     around the page's reading;
 //   - the counts move without a reload, and the throughput chart fills;
 //   - the paused lane stands out and says why; a degraded Redis shows a
 //     banner;
+//   - each lane says what its group believes and why: the headers' rate,
+//     or for the silent upstream the rate learned from its behaviour and
+//     which limit binds;
 //   - no API key is anywhere on the page;
 //   - at phone width nothing overflows sideways.
 //
@@ -181,9 +189,13 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 		fmt.Fprint(w, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`)
 	}))
 	defer pausing.Close()
+	// A route whose upstream explains nothing (no rate-limit headers, no
+	// Retry-After): its lane learns its limit from what the upstream does.
+	silent := mockupstream.New(mockupstream.Config{RPM: 300, Latency: 50 * time.Millisecond, NoHeaders: true})
+	defer silent.Close()
 	s := newStack(t, mockupstream.Config{RPM: 600, Latency: 80 * time.Millisecond}, func(c *proxy.Config) {
 		u := mustURL(t, pausing.URL)
-		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u})
+		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u}, proxy.Route{Name: "silent", URL: mustURL(t, silent.URL())})
 		c.MaxWait, c.MaxRetryAfter = 10*time.Minute, 10*time.Minute
 	})
 	var degraded atomic.Bool
@@ -211,6 +223,17 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 			}()
 		}
 	}
+	silentClient := s.openai("sk-dashboard-secret-s", option.WithBaseURL(s.front.URL+"/silent/v1"))
+	for range 6 { // 6 clients; 5 requests a second are allowed
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			until := time.Now().Add(warmup + time.Minute)
+			for i := 0; (i < 30 || time.Now().Before(until) && warmup > 0) && trafficCtx.Err() == nil; i++ {
+				_, _ = silentClient.Chat.Completions.New(trafficCtx, chatParams("gpt-silent", "hello"))
+			}
+		}()
+	}
 	defer func() {
 		stopTraffic()
 		wg.Wait()
@@ -225,12 +248,20 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	}()
 	waitFor(t, func() bool {
 		l := getLanes(t, admin.URL).Lanes
-		if len(l) != 3 {
+		if len(l) != 4 {
 			return false
 		}
 		for _, st := range l {
-			if st.Model != "gpt-paused" && (st.Outcomes["ok"] == 0 || st.Queued == 0) {
-				return false
+			switch st.Model {
+			case "gpt-paused":
+			case "gpt-silent":
+				if st.Outcomes["ok"] == 0 || st.RateFrom == "" || st.Bound == "" {
+					return false
+				}
+			default:
+				if st.Outcomes["ok"] == 0 || st.Queued == 0 {
+					return false
+				}
 			}
 		}
 		return true
@@ -271,7 +302,7 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	waitRenders(2)
 	view = read()
 	after := getLanes(t, admin.URL)
-	if len(view.Lanes) != len(after.Lanes) || len(after.Lanes) != 3 {
+	if len(view.Lanes) != len(after.Lanes) || len(after.Lanes) != 4 {
 		t.Fatalf("page shows %d lanes, /lanes %d: %+v", len(view.Lanes), len(after.Lanes), view.Lanes)
 	}
 	doneBefore := map[string]int64{}
@@ -300,6 +331,27 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 		pl, _ := view.lane(st.ID)
 		if !pl.Paused || !strings.Contains(pl.Waiting, "rate_limited") {
 			t.Errorf("the paused lane shows paused=%v, waiting %q", pl.Paused, pl.Waiting)
+		}
+	}
+
+	// Each lane says what its group believes and why: the dashboard's
+	// keys their rate from the headers; the silent upstream's the rate it
+	// was seen to admit, where that figure comes from, and what binds.
+	learnedFromBehaviour := regexp.MustCompile(`^rate [0-9.]+/(s|min) learned from (admitted rate|hint|probe)` +
+		`( · concurrency [0-9]+ (named by the upstream|learned from refusals at [0-9]+ in flight))? · bound: (rate|concurrency)$`)
+	for _, st := range after.Lanes {
+		pl, _ := view.lane(st.ID)
+		switch st.Model {
+		case "gpt-paused":
+		case "gpt-silent":
+			if !learnedFromBehaviour.MatchString(pl.Belief) {
+				t.Errorf("the silent upstream's lane says %q; /lanes: bound %q, rate_from %q, admitted_rate %.3g, concurrency_from %q",
+					pl.Belief, st.Bound, st.RateFrom, st.AdmittedRate, st.ConcurrencyFrom)
+			}
+		default:
+			if !regexp.MustCompile(`^rate [0-9.]+/(s|min) from headers$`).MatchString(pl.Belief) {
+				t.Errorf("lane %s says %q, want its rate from headers", st.Model, pl.Belief)
+			}
 		}
 	}
 

@@ -37,11 +37,12 @@ var (
 	descTokLimit    = laneDesc("llmproxy_lane_tokens_limit", "The token window the lane has learned, as corrected by refusals (0: unknown).")
 	descTokLeft     = laneDesc("llmproxy_lane_tokens_remaining", "Tokens left in the learned window now.")
 	descTokRate     = laneDesc("llmproxy_lane_tokens_per_second", "The token rate the lane has learned (0: unknown).")
+	descAdmitted    = laneDesc("llmproxy_lane_admitted_rate", "The request rate the lane's group measured from the upstream's behaviour, without rate-limit headers (0: not learned so).")
 	descDrain       = laneDesc("llmproxy_lane_drain_seconds", "Estimated time until the lane's limit group has sent what waits now (0: nothing waits, or nothing learned).")
 	descLanes       = prometheus.NewDesc("llmproxy_lanes", "Lanes in the table.", nil, nil)
 	laneDescriptors = []*prometheus.Desc{descRequests, descAttempts, descAbsorbed, descInfo, descQueued, descInFlight,
 		descLimit, descPaused, descPauses, descPausedSecs, descReqLimit, descReqLeft, descReqRate, descTokLimit,
-		descTokLeft, descTokRate, descDrain, descLanes}
+		descTokLeft, descTokRate, descAdmitted, descDrain, descLanes}
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -93,6 +94,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTokLimit, s.TokensLimit, id)
 		gauge(descTokLeft, s.TokensAvailable, id)
 		gauge(descTokRate, s.TokensPerSecond, id)
+		gauge(descAdmitted, s.AdmittedRate, id)
 		gauge(descDrain, s.DrainSeconds, id)
 	}
 }

@@ -29,6 +29,12 @@ func logChange(log *slog.Logger, c lanequeue.Change) {
 	case lanequeue.LimitsChanged:
 		msg = "lane limits changed"
 		attrs = append(attrs, slog.String("learned_from", v.Learned), slog.Bool("corrected_by_refusals", v.Corrected))
+		// What the group believes binds and why, as /lanes says it.
+		attrs = append(attrs, slog.String("bound", v.Bound), slog.String("rate_from", v.RateFrom))
+		if v.AdmittedRate > 0 {
+			attrs = append(attrs, slog.Float64("admitted_rate", round2(v.AdmittedRate)))
+		}
+		attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom))
 		if v.Requests.Known {
 			attrs = append(attrs, slog.Float64("requests_limit", round2(v.Requests.Limit)), slog.Float64("requests_per_second", round2(v.Requests.PerSecond)))
 		}
@@ -43,6 +49,10 @@ func logChange(log *slog.Logger, c lanequeue.Change) {
 	case lanequeue.ConcurrencyChanged:
 		msg = "lane concurrency changed"
 		attrs = append(attrs, slog.Int("from", c.From), slog.Int("to", v.Concurrency), slog.String("after", c.Verdict.String()))
+		if v.ConcurrencyFrom != "" {
+			// A limit the upstream showed, not one grown by answers.
+			attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom), slog.String("bound", v.Bound))
+		}
 	case lanequeue.Evicted:
 		msg = "lane evicted"
 		attrs = append(attrs, slog.String("reason", c.Reason))

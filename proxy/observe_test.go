@@ -43,6 +43,25 @@ func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[s
 	return sum
 }
 
+// gaugeValue is the value of the llmproxy gauge name, summed over its
+// series.
+func gaugeValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range fams {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
 func matches(m *dto.Metric, want map[string]string) bool {
 	n := 0
 	for _, lp := range m.GetLabel() {
@@ -198,6 +217,7 @@ func TestLaneChangesAreLoggedAtInfoRequestsAtDebug(t *testing.T) {
 	for _, want := range []string{
 		`msg="lane paused"`, "reason=rate_limited", "status=429",
 		`msg="lane limits changed"`, "learned_from=headers", "requests_limit=600",
+		`bound="" rate_from=headers concurrency_from=""`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("info log lacks %q:\n%s", want, out)
@@ -208,6 +228,54 @@ func TestLaneChangesAreLoggedAtInfoRequestsAtDebug(t *testing.T) {
 	}
 	if strings.Contains(out, testKey) || strings.Contains(out, "secretquery") {
 		t.Errorf("log holds the key or the query:\n%s", out)
+	}
+}
+
+// TestLimitsLearnedFromBehaviourAreLogged: an upstream that sends no
+// rate-limit headers admits a request, then refuses one with a 200 ms
+// hint. The "lane limits changed" line says the pace was learned from
+// refusals, from the hint (one request per 200 ms), and that the rate is
+// what binds.
+func TestLimitsLearnedFromBehaviourAreLogged(t *testing.T) {
+	var n atomic.Int32
+	logs := &syncBuffer{}
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 2 {
+			w.Header().Set("Retry-After-Ms", "200")
+			w.WriteHeader(429)
+			fmt.Fprint(w, `{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`)
+			return
+		}
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	for range 2 {
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+		readAll(t, resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	var line string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if strings.Contains(l, `msg="lane limits changed"`) {
+			line = l
+		}
+	}
+	for _, want := range []string{
+		"learned_from=refusals", "bound=rate", "rate_from=hint", "admitted_rate=5 ", `concurrency_from=""`, "status=429",
+	} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the limits line lacks %q:\n%s", want, logs.String())
+		}
+	}
+	t.Log(line)
+	if v := gaugeValue(t, h.proxy.cfg.Gatherer, "llmproxy_lane_admitted_rate"); v != 5 {
+		t.Errorf("llmproxy_lane_admitted_rate %v, want 5", v)
+	}
+	if st := laneState(h.proxy, "m"); st.Bound != "rate" || st.RateFrom != "hint" || st.AdmittedRate != 5 {
+		t.Errorf("/lanes: bound %q, rate_from %q, admitted_rate %v", st.Bound, st.RateFrom, st.AdmittedRate)
 	}
 }
 

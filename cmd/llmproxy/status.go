@@ -111,7 +111,7 @@ func fetchLanes(ctx context.Context, c *http.Client, base, token string) (lanesR
 }
 
 // printStatus writes one line per lane, busiest first: where it goes, how
-// far it got, what it learned, and why it waits.
+// far it got, why it waits, and what its group believes limits it and why.
 func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 	shared := r.Redis
 	if shared == "" {
@@ -130,7 +130,7 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		return a.LastUsed.After(b.LastUsed)
 	})
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\tFAILED\t429s ABSORBED\tREQ/S\tTOK/S\tLEARNED\tDRAINS IN\tWAITING\t")
+	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\tFAILED\t429s ABSORBED\tREQ/S\tTOK/S\tDRAINS IN\tWAITING\tBELIEVES\t")
 	for _, s := range r.Lanes {
 		route := s.Route
 		if route == "" {
@@ -138,8 +138,8 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), s.Queued, s.InFlight, s.Concurrency,
-			s.Outcomes["ok"], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond), learned(s),
-			drainsIn(s), waiting(s, now))
+			s.Outcomes["ok"], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
+			drainsIn(s), waiting(s, now), orDash(believes(s)))
 	}
 	tw.Flush()
 }
@@ -163,14 +163,64 @@ func rate(r float64) string {
 	return strconv.FormatFloat(r, 'g', 3, 64)
 }
 
-func learned(s lanequeue.State) string {
-	switch {
-	case s.Learned == "":
-		return "-"
-	case s.Corrected:
-		return s.Learned + ", corrected"
+// believes says in words what the lane's group believes limits it and
+// why: its request rate and where that comes from, its concurrency limit
+// when the upstream showed one, which of the two binds, and whether
+// refusals overruled the headers. "" while it believes nothing.
+func believes(s lanequeue.State) string {
+	var parts []string
+	from := s.RateFrom
+	if from == "" {
+		from = s.Learned // a proxy that does not say more
 	}
-	return s.Learned
+	switch from {
+	case "":
+	case "headers":
+		switch {
+		case s.RequestsPerSecond > 0:
+			parts = append(parts, "rate "+perSecond(s.RequestsPerSecond)+" from headers")
+		case s.TokensPerSecond > 0:
+			parts = append(parts, "tokens "+perSecond(s.TokensPerSecond)+" from headers")
+		default:
+			parts = append(parts, "limits from headers")
+		}
+	default: // learned from behaviour: what the upstream admitted
+		r := s.AdmittedRate
+		if r <= 0 {
+			r = s.RequestsPerSecond
+		}
+		if r > 0 {
+			parts = append(parts, "rate "+perSecond(r)+" learned from "+from)
+		} else {
+			parts = append(parts, "rate learned from "+from)
+		}
+	}
+	conc := "concurrency " + strconv.Itoa(s.Concurrency)
+	switch c := s.ConcurrencyFrom; {
+	case c == "":
+	case c == "words":
+		parts = append(parts, conc+" named by the upstream")
+	case strings.HasPrefix(c, "refusals"):
+		parts = append(parts, conc+" learned from "+c)
+	default:
+		parts = append(parts, conc+" from "+c)
+	}
+	if s.Bound != "" {
+		parts = append(parts, "bound: "+s.Bound)
+	}
+	if s.Corrected {
+		parts = append(parts, "corrected by refusals")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// perSecond writes a rate with three significant digits at most, as
+// 19.6/s, 0.05/s or 1234/s.
+func perSecond(r float64) string {
+	if r >= 999.5 {
+		return strconv.FormatFloat(r, 'f', 0, 64) + "/s"
+	}
+	return strconv.FormatFloat(r, 'g', 3, 64) + "/s"
 }
 
 // drainsIn is the proxy's estimate of when the lane's limit group has sent

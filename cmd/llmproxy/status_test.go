@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 // TestStatusShowsTheLanesOfARunningProxy runs the proxy, sends one request
@@ -141,4 +143,56 @@ func TestStatusSendsTheAdminToken(t *testing.T) {
 	if strings.Contains(pr.logs.String(), token) {
 		t.Errorf("the token was logged:\n%s", pr.logs.String())
 	}
+}
+
+// TestStatusSaysWhatTheLaneBelievesAndWhy: the BELIEVES column tells the
+// rate the lane's group learned and where from, the concurrency limit
+// when the upstream showed it, and which of the two binds.
+func TestStatusSaysWhatTheLaneBelievesAndWhy(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		s    lanequeue.State
+		want string
+	}{
+		{"nothing learned", lanequeue.State{Concurrency: 8}, ""},
+		{"headers", lanequeue.State{Concurrency: 8, Learned: "headers", RateFrom: "headers", RequestsPerSecond: 9.994},
+			"rate 9.99/s from headers"},
+		{"headers corrected", lanequeue.State{Concurrency: 8, Learned: "headers", RateFrom: "headers", RequestsPerSecond: 10, Corrected: true},
+			"rate 10/s from headers, corrected by refusals"},
+		{"headers, tokens only", lanequeue.State{Learned: "headers", RateFrom: "headers", TokensPerSecond: 1500},
+			"tokens 1500/s from headers"},
+		{"admitted rate", lanequeue.State{Concurrency: 8, Learned: "refusals", RateFrom: "admitted rate", AdmittedRate: 19.62, RequestsPerSecond: 19.03, Bound: "rate"},
+			"rate 19.6/s learned from admitted rate, bound: rate"},
+		{"hint", lanequeue.State{Learned: "refusals", RateFrom: "hint", AdmittedRate: 5, Bound: "rate"},
+			"rate 5/s learned from hint, bound: rate"},
+		{"probe", lanequeue.State{Learned: "refusals", RateFrom: "probe", AdmittedRate: 22, Bound: "rate"},
+			"rate 22/s learned from probe, bound: rate"},
+		{"refusals at a level", lanequeue.State{Concurrency: 8, Learned: "refusals", RateFrom: "admitted rate", AdmittedRate: 40,
+			ConcurrencyFrom: "refusals at 8 in flight", Bound: "concurrency"},
+			"rate 40/s learned from admitted rate, concurrency 8 learned from refusals at 8 in flight, bound: concurrency"},
+		{"words", lanequeue.State{Concurrency: 4, ConcurrencyFrom: "words", Bound: "concurrency"},
+			"concurrency 4 named by the upstream, bound: concurrency"},
+		{"an older proxy", lanequeue.State{Learned: "refusals", RequestsPerSecond: 3}, "rate 3/s learned from refusals"},
+	} {
+		if got := believes(c.s); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+
+	// On the table, from what /lanes answers.
+	var out bytes.Buffer
+	printStatus(&out, lanesReply{Lanes: []lanequeue.State{{
+		ID: "beef00000001", Path: "/v1/chat/completions", Model: "silent", Concurrency: 8, InFlight: 8,
+		Learned: "refusals", RequestsPerSecond: 19.03, Bound: "concurrency", RateFrom: "admitted rate",
+		AdmittedRate: 19.62, ConcurrencyFrom: "refusals at 8 in flight",
+	}}}, "http://127.0.0.1:9090", time.Unix(0, 0))
+	lines := strings.Split(out.String(), "\n")
+	if len(lines) < 4 || !strings.HasSuffix(strings.TrimSpace(lines[2]), "BELIEVES") {
+		t.Fatalf("want a BELIEVES column last:\n%s", out.String())
+	}
+	want := "rate 19.6/s learned from admitted rate, concurrency 8 learned from refusals at 8 in flight, bound: concurrency"
+	if !strings.HasPrefix(lines[3], "beef00000001 ") || !strings.HasSuffix(strings.TrimSpace(lines[3]), want) {
+		t.Fatalf("the lane's line does not end with %q:\n%s", want, out.String())
+	}
+	t.Log("\n" + out.String())
 }
