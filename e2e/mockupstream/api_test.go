@@ -160,7 +160,7 @@ func TestAnthropicMessages(t *testing.T) {
 		"anthropic-ratelimit-requests-reset":     "2026-03-01T12:00:01Z",
 		"anthropic-ratelimit-tokens-limit":       "1000",
 		"anthropic-ratelimit-tokens-remaining":   "984",
-		"anthropic-ratelimit-tokens-reset":       "2026-03-01T12:00:00.16Z", // 16 tokens at 100/s
+		"anthropic-ratelimit-tokens-reset":       "2026-03-01T12:00:01Z", // 16 tokens at 100/s
 		"x-ratelimit-limit-requests":             "",
 	})
 	if resp.Header.Get("request-id") == "" {

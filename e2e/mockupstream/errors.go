@@ -176,7 +176,8 @@ func writeNginx503(w http.ResponseWriter) {
 
 // setLimitHeaders reports lv as OpenAI's x-ratelimit-* headers (reset as a
 // Go duration until full) or Anthropic's anthropic-ratelimit-* headers (reset
-// as the RFC 3339 time the bucket is full). Unlimited dimensions are left out.
+// as the RFC 3339 time, in whole seconds rounded up, the bucket is full).
+// Unlimited dimensions are left out.
 func setLimitHeaders(h http.Header, d dialect, lv levels) {
 	for _, dim := range []struct {
 		name string
@@ -191,7 +192,9 @@ func setLimitHeaders(h http.Header, d dialect, lv levels) {
 			prefix := "anthropic-ratelimit-" + dim.name + "-"
 			h.Set(prefix+"limit", limit)
 			h.Set(prefix+"remaining", remaining)
-			h.Set(prefix+"reset", lv.at.Add(dim.l.untilFull).UTC().Format(time.RFC3339Nano))
+			// Whole seconds, rounded up, as Anthropic sends them.
+			reset := lv.at.Add(dim.l.untilFull).Add(time.Second - 1).Truncate(time.Second)
+			h.Set(prefix+"reset", reset.UTC().Format(time.RFC3339))
 			continue
 		}
 		h.Set("x-ratelimit-limit-"+dim.name, limit)
