@@ -309,3 +309,121 @@ func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
 	}
 	releaseAll(slots)
 }
+
+// TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown: without headers or a
+// learned pace, what a burst of answers frees goes out 1/(startSpread ×
+// limit) of an answer time apart, not at one instant; once a pace is
+// learned the pace holds instead.
+func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
+	var s local
+	s.conc = newConcurrency(Config{Concurrency: 4, MaxConcurrency: 64}.withDefaults())
+	s.learn.replySecs = 0.4
+	if _, _, ok := s.Admit(t0, 1, true); !ok {
+		t.Fatal("the first dispatch was held")
+	}
+	gap := time.Duration(0.4 / (startSpread * 4) * float64(time.Second)) // 50ms
+	at, _, ok := s.Admit(t0.Add(gap-time.Millisecond), 1, true)
+	if ok {
+		t.Fatal("a second dispatch went within the spread")
+	}
+	if _, next, _ := s.Admit(t0.Add(time.Millisecond), 1, true); !next.Equal(t0.Add(gap)) {
+		t.Fatalf("told to come back at %v, want %v (ticket %+v)", next, t0.Add(gap), at)
+	}
+	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
+		t.Fatal("held past the spread")
+	}
+	s.pace.setSynthetic(1000, t0)
+	s.pace.requests.avail = 10
+	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
+		t.Fatal("the spread held a group that has a learned pace")
+	}
+}
+
+// TestRefusedPermitsDoNotCountAsInFlight: a refused request that still
+// holds its permit is not in flight at the upstream, so a dispatch beside
+// it goes at a level without it; the permit's return ends that.
+func TestRefusedPermitsDoNotCountAsInFlight(t *testing.T) {
+	var s local
+	s.conc = newConcurrency(Config{Concurrency: 8, MaxConcurrency: 64}.withDefaults())
+	a, _, _ := s.Admit(t0, 1, true)
+	b, _, _ := s.Admit(t0, 1, true)
+	if a.Level != 1 || b.Level != 2 {
+		t.Fatalf("levels %d and %d, want 1 and 2", a.Level, b.Level)
+	}
+	s.learn.lastAccepted = t0 // a live upstream
+	s.Learn(&b, Report{Status: 429, Verdict: RateRefused}, t0)
+	c, _, _ := s.Admit(t0.Add(time.Second), 1, true) // past the pace the refusal taught
+	if c.Level != 2 {
+		t.Fatalf("a dispatch beside a refused permit went at level %d, want 2", c.Level)
+	}
+	s.Return(&b, t0)
+	s.Return(&b, t0) // twice is once
+	if s.refusedHolding != 0 {
+		t.Fatalf("%d refused permits held after the return", s.refusedHolding)
+	}
+	if s.learn.pending[1] != 1 || s.learn.pending[2] != 1 {
+		t.Fatalf("pending %v, want a and c still out", s.learn.pending)
+	}
+}
+
+// TestShortHintCapsTheRate: a measured rate above one request per hint
+// falls to it: the next request's wait is at most one request's refill.
+func TestShortHintCapsTheRate(t *testing.T) {
+	l, s, advance := silentLane(t)
+	defer s.Release()
+	sh := shared(l)
+	sh.learn.estimate, sh.learn.measured, sh.learn.from = 30, true, "admitted rate"
+	advance(time.Second)
+	report(s, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond})
+	if st := l.State(); !near(st.AdmittedRate, 20) || st.RateFrom != "hint" {
+		t.Fatalf("rate %v from %q after a 50ms hint, want 20 from the hint", st.AdmittedRate, st.RateFrom)
+	}
+}
+
+// TestAGuessIsProbedSoonAndRaisedMore: a rate that is only a guess is
+// probed within guessCruise, and a clean probe raises it by guessRaise.
+func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
+	l := learner{estimate: 10, from: "sending rate", phaseUntil: t0}
+	if !l.guess() {
+		t.Fatal("a sending rate is not a guess")
+	}
+	l.step(t0, true)
+	up := probeLength(10)
+	l.step(t0.Add(up), true)
+	l.step(t0.Add(2*up), true)
+	// A clean probe also halves the cruise before the next one.
+	if !near(l.estimate, 10*guessRaise) || l.phaseUntil != t0.Add(2*up).Add(guessCruise/2) {
+		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*guessRaise, t0.Add(2*up).Add(guessCruise/2))
+	}
+	if (&learner{from: "hint"}).guess() || (&learner{from: "sending rate", measured: true}).guess() {
+		t.Fatal("a hint or a measured rate counted as a guess")
+	}
+}
+
+// TestConcurrencyBoundRetryIsHeldByTheGroup: once the group learned that
+// the number in flight is the bound, Report tells the caller its retry is
+// held (it waits for a free permit, not for its own wait).
+func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
+	l, fc := testLane(10, 1000)
+	pastProbe(l)
+	slots := acquireN(t, l, 10)
+	for _, s := range slots[:9] {
+		accept(s, headerparse.Limits{})
+	}
+	fc.Advance(time.Second)
+	sh := shared(l)
+	for range minBelow {
+		sh.learn.answered(9, false)
+	}
+	for range 3 {
+		sh.learn.answered(10, true)
+	}
+	now := fc.Now()
+	if held := slots[9].Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: now.Add(time.Second)}); !held {
+		t.Fatal("a concurrency-bound refusal's retry was not held by the group")
+	}
+	if st := l.State(); !st.PausedUntil.IsZero() {
+		t.Fatalf("paused until %v", st.PausedUntil)
+	}
+	releaseAll(slots)
+}
