@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 )
 
@@ -277,10 +278,12 @@ func TestRefusalOfAnUpstreamThatAdmitsNothingPauses(t *testing.T) {
 	}
 }
 
-// TestConcurrencyBoundRefusalLowersTheLimitNotThePace: refusals that come
-// only at the top level in flight lower the concurrency limit, show it as
-// learned from refusals, and leave the pace loose.
-func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
+// topRefusedLane is a silent upstream's lane with 10 slots out, 9 of them
+// admitted, whose counts show admissions again and again at 9 in flight
+// and refusals at 10: the tenth slot's refusal is about to say
+// concurrency.
+func topRefusedLane(t *testing.T) (*Lane, *clock.Fake, []*Slot) {
+	t.Helper()
 	l, fc := testLane(10, 1000)
 	pastProbe(l)
 	slots := acquireN(t, l, 10)
@@ -295,6 +298,15 @@ func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
 	for range 3 {
 		sh.learn.answered(10, true)
 	}
+	return l, fc, slots
+}
+
+// TestConcurrencyBoundRefusalLowersTheLimitNotThePace: refusals that come
+// only at the top level in flight lower the concurrency limit, show it as
+// learned from refusals, and leave the pace loose.
+func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
+	l, _, slots := topRefusedLane(t)
+	sh := shared(l)
 	sh.learn.answered(11, true)
 	report(slots[9], Report{Status: 429, Verdict: RateRefused})
 	st := l.State()
@@ -404,20 +416,7 @@ func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
 // the number in flight is the bound, Report tells the caller its retry is
 // held (it waits for a free permit, not for its own wait).
 func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
-	l, fc := testLane(10, 1000)
-	pastProbe(l)
-	slots := acquireN(t, l, 10)
-	for _, s := range slots[:9] {
-		accept(s, headerparse.Limits{})
-	}
-	fc.Advance(time.Second)
-	sh := shared(l)
-	for range minBelow {
-		sh.learn.answered(9, false)
-	}
-	for range 3 {
-		sh.learn.answered(10, true)
-	}
+	l, fc, slots := topRefusedLane(t)
 	now := fc.Now()
 	if held := slots[9].Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: now.Add(time.Second)}); !held {
 		t.Fatal("a concurrency-bound refusal's retry was not held by the group")
