@@ -312,3 +312,100 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	accept(s, headerparse.Limits{})
 	s.Release()
 }
+
+// TestPendingAboveTheRefusalsCountsAsAdmitted: requests still out at a
+// level above the refusals are admissions there, so a rate, not a cap.
+func TestPendingAboveTheRefusalsCountsAsAdmitted(t *testing.T) {
+	var l learner
+	for range 8 {
+		l.answered(8, false)
+	}
+	for range 3 {
+		l.answered(9, true)
+	}
+	for range 5 {
+		l.sent(10)
+	}
+	if l.classify(); l.atLevel != 0 {
+		t.Fatalf("five out at 10 beside three refusals at 9: at level %d, want 0", l.atLevel)
+	}
+}
+
+// TestAtLevelTwoTheLevelBelowCountsOnce: four admissions at 1 are not
+// eight.
+func TestAtLevelTwoTheLevelBelowCountsOnce(t *testing.T) {
+	var l learner
+	for range 4 {
+		l.answered(1, false)
+	}
+	l.answered(2, true)
+	l.answered(2, true)
+	if l.classify(); l.atLevel != 0 {
+		t.Fatalf("four admissions at 1, two refusals at 2: at level %d, want 0", l.atLevel)
+	}
+}
+
+// TestCeilRate: Little's law, rounded up; 0 when either is unknown.
+func TestCeilRate(t *testing.T) {
+	for _, tt := range []struct {
+		rate, secs float64
+		want       int
+	}{{16, 0.5, 8}, {16.1, 0.5, 9}, {0, 1, 0}, {1, 0, 0}, {-1, 1, 0}, {1, -1, 0}} {
+		if got := ceilRate(tt.rate, tt.secs); got != tt.want {
+			t.Errorf("ceilRate(%v, %v) = %d, want %d", tt.rate, tt.secs, got, tt.want)
+		}
+	}
+}
+
+// TestFloorFromAMeasuredRate: the concurrency a measured rate needs is
+// taken at the cruise share of it.
+func TestFloorFromAMeasuredRate(t *testing.T) {
+	s := quietLocal()
+	s.pace.setSynthetic(10, t0)
+	s.learn.estimate, s.learn.measured = 10, true
+	s.conc.answerSecs = 1
+	if f := s.floor(); f != 10 { // ceil(9.7)
+		t.Fatalf("floor %d, want 10", f)
+	}
+	s.learn.measured = false
+	if f := s.floor(); f != 0 {
+		t.Fatalf("floor %d from a guess, want 0", f)
+	}
+}
+
+// TestNoHintSeedsFromTheSendingRate: a refusal without a hint, with few
+// sent, starts from what was sent, never from nothing.
+func TestNoHintSeedsFromTheSendingRate(t *testing.T) {
+	s := quietLocal()
+	tk, _, _ := s.Admit(t0, 1, true)
+	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
+	if s.learn.from != "sending rate" || s.learn.estimate <= 0 {
+		t.Fatalf("seeded %v from %q, want the sending rate", s.learn.estimate, s.learn.from)
+	}
+}
+
+// TestNamedConcurrencyWithoutALevelKeepsTheLimit: toConcurrency for a
+// group that named concurrency but showed no level changes no limit.
+func TestNamedConcurrencyWithoutALevelKeepsTheLimit(t *testing.T) {
+	s := quietLocal()
+	s.learn.named = true
+	s.conc.limit = 12
+	s.toConcurrency()
+	if s.conc.limit != 12 || s.conc.refusedAt != 0 {
+		t.Fatalf("limit %d refused at %d, want 12 and 0", s.conc.limit, s.conc.refusedAt)
+	}
+}
+
+// TestAFasterHintDoesNotSeedOverWhatWasSent: with enough sent, a hint
+// faster than the sending rate is not taken as the seed.
+func TestAFasterHintDoesNotSeedOverWhatWasSent(t *testing.T) {
+	s := quietLocal()
+	var tk Ticket
+	for range 10 {
+		tk, _, _ = s.Admit(t0, 1, true)
+	}
+	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 10 * time.Millisecond}, at(time.Millisecond))
+	if s.learn.from != "sending rate" || !near(s.learn.estimate, 8) {
+		t.Fatalf("seeded %v from %q, want the 8/s sent (the limit let 8 go)", s.learn.estimate, s.learn.from)
+	}
+}
