@@ -45,7 +45,7 @@ const (
 
 func newConcurrency(cfg Config) concurrency {
 	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
-		slowStart: true, probeAcks: minProbeAcks}
+		slowStart: cfg.Limits.Concurrency == 0, probeAcks: minProbeAcks}
 }
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }

@@ -23,9 +23,16 @@ type group struct {
 	// onChange receives the group's state changes; nil: none are made.
 	onChange func(Change)
 
-	mu         sync.Mutex
-	waiters    list.List // *Slot
-	queuedCost int64     // the waiters' estimated tokens
+	mu sync.Mutex
+	// waiters are the queue, one list per priority, each in arrival
+	// order (a retry keeps its place in its own).
+	waiters    [2]list.List // *Slot, by Priority
+	queuedCost int64        // the waiters' estimated tokens
+	// highRun counts high-priority dispatches in a row while low ones
+	// waited; at LowShare-1 the next dispatch is a low one.
+	highRun int
+	// ceil holds the route's configured limits; nil when none are.
+	ceil       *ceiling
 	seen       seen      // what was last reported through onChange
 	arrivals   uint64    // arrival counter, for the order of retries
 	unanswered int       // dispatches whose answer has not been reported
@@ -40,7 +47,33 @@ type group struct {
 }
 
 func newGroup(key string, cfg Config, shared Shared, forgotten func(*group)) *group {
-	return &group{key: key, cfg: cfg, clock: cfg.Clock, shared: shared, forgotten: forgotten}
+	g := &group{key: key, cfg: cfg, clock: cfg.Clock, shared: shared, forgotten: forgotten}
+	if !cfg.Limits.IsZero() {
+		g.ceil = newCeiling(cfg.Limits)
+		// A configured limit is known: no need to wait for the first
+		// answer to learn one.
+		g.learned = cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
+	}
+	return g
+}
+
+// queued is the number of waiters.
+func (g *group) queued() int { return g.waiters[High].Len() + g.waiters[Low].Len() }
+
+// head is the waiter to dispatch next: the first high-priority one,
+// unless low-priority ones have waited through LowShare-1 high dispatches
+// in a row.
+func (g *group) head() *Slot {
+	hi, lo := g.waiters[High].Front(), g.waiters[Low].Front()
+	switch {
+	case lo == nil && hi == nil:
+		return nil
+	case lo == nil:
+		return hi.Value.(*Slot)
+	case hi == nil || g.highRun >= LowShare-1:
+		return lo.Value.(*Slot)
+	}
+	return hi.Value.(*Slot)
 }
 
 // newLane makes a lane of g. The caller accounts for the lane's reference.
@@ -56,20 +89,21 @@ func (g *group) enqueueLocked(s *Slot) {
 	s.ready = make(chan struct{})
 	s.lane.queued++
 	g.queuedCost += s.cost
+	q := &g.waiters[s.prio]
 	if s.retry {
-		for at := g.waiters.Front(); at != nil; at = at.Next() {
+		for at := q.Front(); at != nil; at = at.Next() {
 			if at.Value.(*Slot).seq > s.seq {
-				s.elem = g.waiters.InsertBefore(s, at)
+				s.elem = q.InsertBefore(s, at)
 				return
 			}
 		}
 	}
-	s.elem = g.waiters.PushBack(s)
+	s.elem = q.PushBack(s)
 }
 
 // dequeueLocked takes a waiting s out of the queue. Requires g.mu held.
 func (g *group) dequeueLocked(s *Slot) {
-	g.waiters.Remove(s.elem)
+	g.waiters[s.prio].Remove(s.elem)
 	s.elem = nil
 	s.lane.queued--
 	g.queuedCost -= s.cost
@@ -99,8 +133,7 @@ func (g *group) forget() { g.forgotten(g) }
 // dispatchLocked grants the head of the queue for as long as it can go, and
 // arms the timer when the head must wait for time. Requires g.mu held.
 func (g *group) dispatchLocked(now time.Time) {
-	for e := g.waiters.Front(); e != nil; e = g.waiters.Front() {
-		s := e.Value.(*Slot)
+	for s := g.head(); s != nil; s = g.head() {
 		if !g.learned && g.unanswered > 0 {
 			if now.Before(g.probeUntil) {
 				g.armLocked(now, g.probeUntil)
@@ -110,15 +143,33 @@ func (g *group) dispatchLocked(now time.Time) {
 		}
 		// With no answer outstanding, a budget that can only learn more
 		// from an answer lets this request go to find out.
+		if g.ceil != nil {
+			if at, ok := g.ceil.admit(now, s.cost, g.shared); !ok {
+				g.refuseLateLocked(at)
+				if g.queued() > 0 {
+					g.armLocked(now, at)
+				}
+				return
+			}
+		}
 		t, at, ok := g.shared.Admit(now, s.cost, g.unanswered == 0)
 		if !ok {
 			if !at.IsZero() {
 				g.refuseLateLocked(at)
-				if g.waiters.Len() > 0 {
+				if g.queued() > 0 {
 					g.armLocked(now, at)
 				}
 			}
 			return // else an answer or a returned permit dispatches again
+		}
+		if g.ceil != nil {
+			g.ceil.take(now, s.cost)
+		}
+		switch {
+		case s.prio == Low:
+			g.highRun = 0
+		case g.waiters[Low].Len() > 0:
+			g.highRun++
 		}
 		g.dequeueLocked(s)
 		s.phase = phaseSent
@@ -147,15 +198,17 @@ func (g *group) dispatchLocked(now time.Time) {
 // Each is taken out of the queue and told why. Requires g.mu held.
 func (g *group) refuseLateLocked(at time.Time) {
 	paused := !g.shared.PausedUntil().Before(at)
-	for e := g.waiters.Front(); e != nil; {
-		next := e.Next()
-		s := e.Value.(*Slot)
-		if !s.deadline.IsZero() && s.deadline.Before(at) {
-			g.dequeueLocked(s)
-			s.refused = &WaitError{At: at, Paused: paused}
-			close(s.ready)
+	for p := range g.waiters {
+		for e := g.waiters[p].Front(); e != nil; {
+			next := e.Next()
+			s := e.Value.(*Slot)
+			if !s.deadline.IsZero() && s.deadline.Before(at) {
+				g.dequeueLocked(s)
+				s.refused = &WaitError{At: at, Paused: paused}
+				close(s.ready)
+			}
+			e = next
 		}
-		e = next
 	}
 }
 

@@ -66,6 +66,9 @@ type Config struct {
 	MaxConcurrency int         // highest the limit may rise to; zero = 1024
 	MaxQueue       int         // waiting requests per lane before ErrQueueFull; zero = 10000
 	Clock          clock.Clock // nil = the wall clock
+	// Limits are the route's configured limits (see Limits): a configured
+	// concurrency is the start, and as a ceiling also the highest.
+	Limits Limits
 }
 
 // DefaultConcurrency is a new group's concurrency limit when Config leaves
@@ -84,6 +87,13 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConcurrency < c.MinConcurrency {
 		c.MaxConcurrency = c.MinConcurrency
+	}
+	if n := c.Limits.Concurrency; n > 0 {
+		c.Concurrency = n
+		if !c.Limits.Start {
+			c.MaxConcurrency = min(c.MaxConcurrency, n)
+			c.MinConcurrency = min(c.MinConcurrency, c.MaxConcurrency)
+		}
 	}
 	c.Concurrency = min(max(c.Concurrency, c.MinConcurrency), c.MaxConcurrency)
 	if c.MaxQueue <= 0 {
@@ -134,7 +144,8 @@ func (l *Lane) Key() Key { return l.key }
 type Slot struct {
 	lane    *Lane
 	seq     uint64 // arrival order, kept across retries
-	cost    int64  // estimated tokens
+	prio    Priority
+	cost    int64 // estimated tokens
 	arrived time.Time
 	granted time.Time // first grant
 	// deadline is the current wait's context deadline (zero: none).
@@ -177,6 +188,13 @@ func (p phase) holdsPermit() bool { return p == phaseSent || p == phaseAnswered 
 // ErrBudgetExceeded when ctx's deadline passes or lies before the end of the
 // pause.
 func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
+	return l.AcquirePriority(ctx, cost, High)
+}
+
+// AcquirePriority is Acquire for a request of priority p: a high-priority
+// request goes ahead of every queued low-priority one, except that one
+// dispatch in LowShare goes to a low-priority request while both wait.
+func (l *Lane) AcquirePriority(ctx context.Context, cost int64, p Priority) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, budgetErr(err)
 	}
@@ -197,7 +215,7 @@ func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
 	}
 	g.arrivals++
 	g.refs++
-	s := &Slot{lane: l, seq: g.arrivals, cost: cost, arrived: now, deadline: dl}
+	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl}
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
 	g.mu.Unlock()
@@ -351,6 +369,9 @@ func (s *Slot) Settle(usedTokens int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.shared.Settle(&s.ticket, usedTokens)
+	if g.ceil != nil && !s.ticket.Refunded {
+		g.ceil.settle(s.ticket.Cost, usedTokens)
+	}
 	g.dispatchLocked(g.clock.Now())
 }
 

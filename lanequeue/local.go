@@ -397,3 +397,7 @@ func (s *local) View(now time.Time) View {
 	v.Corrected = s.pace.requests.capped > 0 || s.pace.tokens.capped > 0
 	return v
 }
+
+// Knows reports whether the group has learned a limit of its own: from
+// headers, or from the upstream's refusals.
+func (s *local) Knows() bool { return s.pace.synthetic || s.pace.headers() }

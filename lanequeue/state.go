@@ -111,14 +111,19 @@ type State struct {
 	// "concurrency" when learned from behaviour; RateFrom and
 	// ConcurrencyFrom say where the pace and the concurrency limit come
 	// from; AdmittedRate is the rate measured between refusals.
-	Bound           string    `json:"bound,omitempty"`
-	RateFrom        string    `json:"rate_from,omitempty"`
-	AdmittedRate    float64   `json:"admitted_rate,omitempty"`
-	ConcurrencyFrom string    `json:"concurrency_from,omitempty"`
-	Corrected       bool      `json:"corrected_by_refusals,omitempty"`
-	AnswerSeconds   float64   `json:"answer_seconds,omitempty"`
-	Shared          string    `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
-	LastUsed        time.Time `json:"last_used"`
+	Bound           string  `json:"bound,omitempty"`
+	RateFrom        string  `json:"rate_from,omitempty"`
+	AdmittedRate    float64 `json:"admitted_rate,omitempty"`
+	ConcurrencyFrom string  `json:"concurrency_from,omitempty"`
+	Corrected       bool    `json:"corrected_by_refusals,omitempty"`
+	AnswerSeconds   float64 `json:"answer_seconds,omitempty"`
+	Shared          string  `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
+	// Configured is the route's configured limits for the group, shown
+	// beside what was learned; nil when none are.
+	Configured *ConfiguredView `json:"configured,omitempty"`
+	// QueuedLow is how many of the group's waiters are low priority.
+	QueuedLow int       `json:"group_queued_low,omitempty"`
+	LastUsed  time.Time `json:"last_used"`
 }
 
 // State returns the lane's current state.
@@ -141,12 +146,16 @@ func (l *Lane) state(withHistory bool) State {
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,
 		AnswerCounts: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
 		Pauses: maps.Clone(l.stats.pauses), PausedSeconds: maps.Clone(l.stats.pausedSecs),
-		GroupQueued:  g.waiters.Len(),
-		DrainSeconds: drainSeconds(g.waiters.Len(), g.queuedCost, v, now),
+		GroupQueued:  g.queued(),
+		DrainSeconds: drainSeconds(g.queued(), g.queuedCost, v, now),
 		Learned:      v.Learned, Corrected: v.Corrected,
 		Bound: v.Bound, RateFrom: v.RateFrom, AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.lastUsed,
 	}
+	if g.ceil != nil {
+		s.Configured = g.ceil.view()
+	}
+	s.QueuedLow = g.waiters[Low].Len()
 	if v.Requests.Known {
 		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = v.Requests.Limit, v.Requests.Available, v.Requests.PerSecond
 	}

@@ -10,9 +10,12 @@ import (
 
 // TableConfig bounds the lane table. Zero fields take the documented defaults.
 type TableConfig struct {
-	Lane     Config        // every new lane's config
-	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
-	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
+	Lane Config // every new lane's config
+	// RouteLimits are the configured limits of each route's groups, by
+	// route name ("" for the default upstream); they set Lane.Limits.
+	RouteLimits map[string]Limits
+	MaxLanes    int           // most lanes kept; the least recently used goes first; zero = 10000
+	IdleTTL     time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
 	// nil = NewLocalShared, state in this process only.
 	Shared func(group string, cfg Config) Shared
@@ -114,7 +117,12 @@ func (t *Table) Get(key Key) *Lane {
 		gk := key.LimitGroup()
 		g := t.groups[gk]
 		if g == nil {
-			g = newGroup(gk, t.cfg.Lane, t.cfg.Shared(gk, t.cfg.Lane), t.forgotten)
+			cfg := t.cfg.Lane
+			if lim, ok := t.cfg.RouteLimits[key.Route]; ok {
+				cfg.Limits = lim
+				cfg = cfg.withDefaults()
+			}
+			g = newGroup(gk, cfg, t.cfg.Shared(gk, cfg), t.forgotten)
 			g.onChange = t.cfg.OnChange
 			t.groups[gk] = g
 		}

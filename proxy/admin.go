@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -120,7 +121,15 @@ func (p *Proxy) laneViews(r chi.Router, h Health) {
 		if states == nil {
 			states = []lanequeue.State{}
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"redis": shared, "total": total, "lanes": states})
+		body := map[string]any{"redis": shared, "total": total, "lanes": states}
+		if p.global != nil {
+			st := p.global.Stats()
+			body["global"] = st
+		}
+		if len(p.gates) > 0 {
+			body["local_routes"] = p.LocalRoutes()
+		}
+		writeJSON(w, http.StatusOK, body)
 	})
 	r.Get("/ui", func(w http.ResponseWriter, _ *http.Request) {
 		hd := w.Header()
@@ -232,4 +241,29 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// LocalRoute is what /lanes shows of a local route's model gate.
+type LocalRoute struct {
+	Route string `json:"route"`
+	lanequeue.GateStats
+}
+
+// LocalRoutes is the state of every local route's model gate, by name.
+func (p *Proxy) LocalRoutes() []LocalRoute {
+	out := make([]LocalRoute, 0, len(p.gates))
+	for name, g := range p.gates {
+		out = append(out, LocalRoute{Route: name, GateStats: g.Stats()})
+	}
+	slices.SortFunc(out, func(a, b LocalRoute) int { return strings.Compare(a.Route, b.Route) })
+	return out
+}
+
+// GlobalCap is the state of LLMPROXY_GLOBAL_CONCURRENCY; ok is false when
+// it is off.
+func (p *Proxy) GlobalCap() (st lanequeue.CapStats, ok bool) {
+	if p.global == nil {
+		return st, false
+	}
+	return p.global.Stats(), true
 }

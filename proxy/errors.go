@@ -44,6 +44,7 @@ const (
 	failAbsoluteURI
 	failShutdown
 	failWaitTooLong
+	failBadPriority
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -68,6 +69,7 @@ var replies = map[failKind]errorReply{
 	failBodyRead:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error"},
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
+	failBadPriority: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_priority", noRetry: true},
 	// The upstream's own limits hold the lane past the request's budget:
 	// the client learns at once when to come back, instead of after its
 	// whole budget; its SDK must not retry sooner on its own.

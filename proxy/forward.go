@@ -20,6 +20,10 @@ import (
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
+// priorityHeader is a request's priority within its lane, high or low;
+// it is not sent upstream.
+const priorityHeader = "X-Llmproxy-Priority"
+
 // request is one client request on its way through the proxy.
 type request struct {
 	route     string
@@ -172,6 +176,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		Path:           lanequeue.Bounded(req.target.Path),
 		Model:          lanequeue.Bounded(modelOf(body)),
 	}
+	settings := p.settings[route]
+	prio := settings.Priority
+	if v := r.Header.Get(priorityHeader); v != "" {
+		var ok bool
+		if prio, ok = lanequeue.ParsePriority(strings.TrimSpace(v)); !ok {
+			p.failRequest(w, req, fail(failBadPriority, "x-llmproxy-priority must be high or low"))
+			return
+		}
+	}
 	req.lane = p.lanes.Get(key)
 	w.Header().Set("X-Llmproxy-Lane", req.lane.ID())
 
@@ -179,7 +192,18 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
 	req.cost = tokens.Estimate(req.target.Path, body)
-	slot, err := req.lane.Acquire(ctx, req.cost)
+	if gate := p.gates[route]; gate != nil {
+		// A local server holds one model at a time: wait for this one's
+		// turn before the lane's queue.
+		leave, err := gate.Enter(ctx, key.Model)
+		if err != nil {
+			req.queueWait = p.cfg.Clock.Now().Sub(now)
+			p.refuse(w, r, req, err)
+			return
+		}
+		defer leave()
+	}
+	slot, err := req.lane.AcquirePriority(ctx, req.cost, prio)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	if err != nil {
 		p.refuse(w, r, req, err)
@@ -299,6 +323,7 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	})
 	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), bytes.NewReader(req.body))
 	out.Header = upstream.OutboundHeader(r.Header)
+	out.Header.Del(priorityHeader)
 	out.Header["X-Llmproxy-Request-Id"] = req.idHeader // to match the upstream's logs with ours
 	out.ContentLength = int64(len(req.body))
 	if req.body == nil {
@@ -318,7 +343,20 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 // forward runs the attempts and answers the client. The slot is held
 // throughout, retries included.
 func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request, slot *lanequeue.Slot) {
+	release := func() {}
+	defer func() { release() }()
 	for {
+		if p.global != nil {
+			// Taken only now, so a lane held by its own pause or pace
+			// holds none of it; given back before a retry's wait.
+			var err error
+			if release, err = p.global.Take(ctx); err != nil {
+				release = func() {}
+				slot.Report(lanequeue.Report{Verdict: lanequeue.NotSent})
+				p.refuse(w, r, req, err)
+				return
+			}
+		}
 		res, cancel, timedOut := p.attempt(ctx, r, req)
 		defer cancel()
 		req.cancelAttempt = cancel
@@ -352,6 +390,8 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if d.pauseLane && held {
 			after = 0 // the group holds the retry: its pause, or its concurrency limit
 		}
+		release()
+		release = func() {}
 		if err := slot.WaitRetry(ctx, after); err != nil {
 			p.refuse(w, r, req, err)
 			return

@@ -31,19 +31,41 @@ import (
 
 // Route sends requests under /Name/ to URL, with the prefix removed.
 type Route struct {
-	Name string
-	URL  *url.URL
+	Name     string
+	URL      *url.URL
+	Settings RouteSettings
+}
+
+// RouteSettings are what the configuration says of a route beyond its URL
+// (LLMPROXY_ROUTE_<NAME>_*).
+type RouteSettings struct {
+	// Limits are the route's configured limits per limit group.
+	Limits lanequeue.Limits
+	// Priority is the priority of a request that does not send
+	// x-llmproxy-priority.
+	Priority lanequeue.Priority
+	// Local marks a local model server that holds one model at a time:
+	// requests for the loaded model go first (see lanequeue.ModelGate).
+	Local bool
+	// LocalFairness bounds how long a request for another model waits
+	// while the loaded one keeps being asked for; zero = 30s.
+	LocalFairness time.Duration
 }
 
 // Config is everything the proxy needs. Zero fields take the documented
 // defaults.
 type Config struct {
-	Upstream      *url.URL      // default upstream; nil = https://api.openai.com
-	Routes        []Route       // named prefix routes
-	MaxRetries    int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = 10, negative = none
-	MaxWait       time.Duration // a request's whole budget (queue + retries); zero = 10m
-	MaxRetryAfter time.Duration // longer upstream hints are not waited for; zero = 2m
-	MaxBodyBytes  int64         // larger bodies get 413; zero = 32 MiB
+	Upstream *url.URL // default upstream; nil = https://api.openai.com
+	Routes   []Route  // named prefix routes
+	// Default is the settings of the default upstream's route.
+	Default RouteSettings
+	// GlobalConcurrency caps the upstream calls in flight over all lanes,
+	// taken just before each call; zero = no cap.
+	GlobalConcurrency int
+	MaxRetries        int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = 10, negative = none
+	MaxWait           time.Duration // a request's whole budget (queue + retries); zero = 10m
+	MaxRetryAfter     time.Duration // longer upstream hints are not waited for; zero = 2m
+	MaxBodyBytes      int64         // larger bodies get 413; zero = 32 MiB
 	// MaxBufferedBytes bounds the request bodies all requests hold
 	// together (queued, retried, in flight); a body past it gets 429
 	// queue_full. Zero = 256 MiB.
@@ -78,6 +100,12 @@ type Proxy struct {
 	policy   retryPolicy
 	log      *slog.Logger
 	handler  http.Handler
+	// settings are each route's, by name ("" for the default upstream).
+	settings map[string]RouteSettings
+	// gates keep each local route to one model at a time.
+	gates map[string]*lanequeue.ModelGate
+	// global is LLMPROXY_GLOBAL_CONCURRENCY; nil when off.
+	global *lanequeue.Cap
 }
 
 // New builds a proxy from cfg.
@@ -158,6 +186,25 @@ func New(cfg Config) (*Proxy, error) {
 	stopped, stop := context.WithCancel(context.Background())
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
+	p.settings = map[string]RouteSettings{"": cfg.Default}
+	for _, rt := range cfg.Routes {
+		p.settings[rt.Name] = rt.Settings
+	}
+	p.gates = map[string]*lanequeue.ModelGate{}
+	for name, st := range p.settings {
+		if !st.Limits.IsZero() {
+			if cfg.Lanes.RouteLimits == nil {
+				cfg.Lanes.RouteLimits = map[string]lanequeue.Limits{}
+			}
+			cfg.Lanes.RouteLimits[name] = st.Limits
+		}
+		if st.Local {
+			p.gates[name] = lanequeue.NewModelGate(st.LocalFairness, cfg.Clock)
+		}
+	}
+	if cfg.GlobalConcurrency > 0 {
+		p.global = lanequeue.NewCap(cfg.GlobalConcurrency)
+	}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
 	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) })
 	if err != nil {

@@ -246,3 +246,7 @@ func errOr(err error) error {
 	}
 	return errString("short reply")
 }
+
+// Knows reports whether this replica's state has learned a limit (see
+// lanequeue.Local.Knows).
+func (s *shared) Knows() bool { return s.local.Knows() }

@@ -1,0 +1,319 @@
+package lanequeue
+
+import (
+	"container/list"
+	"context"
+	"sync"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+)
+
+// Cap is one concurrency cap over many lanes (LLMPROXY_GLOBAL_CONCURRENCY).
+// A request takes it just before its upstream call and gives it back when
+// the answer ends or before it waits to try again, so a lane held by its
+// own pause or pace never holds any of it. Waiters are served in arrival
+// order.
+type Cap struct {
+	limit int
+
+	mu      sync.Mutex
+	inUse   int
+	most    int       // the most in use at once
+	waiters list.List // chan struct{}, closed when granted
+}
+
+// NewCap returns a cap of limit (at least 1).
+func NewCap(limit int) *Cap { return &Cap{limit: max(limit, 1)} }
+
+// Take waits until the cap has room, or ctx is done. release gives the
+// room back; calling it again does nothing.
+func (c *Cap) Take(ctx context.Context) (release func(), err error) {
+	c.mu.Lock()
+	if c.inUse < c.limit && c.waiters.Len() == 0 {
+		c.grantLocked()
+		c.mu.Unlock()
+		return c.releaser(), nil
+	}
+	ready := make(chan struct{})
+	e := c.waiters.PushBack(ready)
+	c.mu.Unlock()
+	select {
+	case <-ready:
+		return c.releaser(), nil
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	select {
+	case <-ready: // granted while giving up: hand it on
+		c.inUse--
+		c.handOnLocked()
+	default:
+		c.waiters.Remove(e)
+	}
+	c.mu.Unlock()
+	return nil, budgetErr(ctx.Err())
+}
+
+func (c *Cap) grantLocked() {
+	c.inUse++
+	c.most = max(c.most, c.inUse)
+}
+
+func (c *Cap) releaser() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			c.inUse--
+			c.handOnLocked()
+			c.mu.Unlock()
+		})
+	}
+}
+
+// handOnLocked grants waiters while there is room. Requires c.mu held.
+func (c *Cap) handOnLocked() {
+	for c.inUse < c.limit && c.waiters.Len() > 0 {
+		ready := c.waiters.Remove(c.waiters.Front()).(chan struct{})
+		c.grantLocked()
+		close(ready)
+	}
+}
+
+// CapStats is what a Cap shows.
+type CapStats struct {
+	Limit   int `json:"limit"`
+	InUse   int `json:"in_use"`
+	Waiting int `json:"waiting"`
+	Most    int `json:"most_in_use"`
+}
+
+// Stats is the cap's state now.
+func (c *Cap) Stats() CapStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return CapStats{Limit: c.limit, InUse: c.inUse, Waiting: c.waiters.Len(), Most: c.most}
+}
+
+// DefaultFairness is how long a ModelGate lets the loaded model's
+// requests go ahead of a waiting request for another model.
+const DefaultFairness = 30 * time.Second
+
+// ModelGate keeps a local model server to one model at a time. A request
+// enters before its lane; requests for the loaded model enter at once,
+// others wait until the loaded model has nothing in flight. Then the model
+// whose request has waited longest is loaded, and all its waiters enter.
+// While another model waits, the loaded one keeps entering new requests
+// until the fairness bound passes (counted from the later of that wait's
+// start and the last swap, so at most one swap in a bound is forced);
+// then it stops, and the swap follows its last answer.
+type ModelGate struct {
+	fairness time.Duration
+	clock    clock.Clock
+
+	mu         sync.Mutex
+	loaded     string
+	hasLoaded  bool
+	inFlight   int
+	draining   bool // the fairness bound passed: the loaded model takes no more
+	queues     map[string]*list.List
+	waiting    int
+	lastSwap   time.Time
+	timer      clock.Timer
+	timerGen   uint64
+	loads      int64
+	swaps      int64
+	arrivals   int64
+	arrSwaps   int64 // model changes between consecutive arrivals
+	lastArrive string
+}
+
+type gateWaiter struct {
+	model   string
+	arrived time.Time
+	ready   chan struct{}
+	elem    *list.Element
+}
+
+// NewModelGate returns a gate with the fairness bound (zero =
+// DefaultFairness) on clock c (nil = the wall clock).
+func NewModelGate(fairness time.Duration, c clock.Clock) *ModelGate {
+	if fairness <= 0 {
+		fairness = DefaultFairness
+	}
+	if c == nil {
+		c = clock.Real{}
+	}
+	return &ModelGate{fairness: fairness, clock: c, queues: map[string]*list.List{}}
+}
+
+// Enter waits until a request for model may go to the server, or ctx is
+// done. leave must be called once the request's answer has ended (more
+// calls do nothing).
+func (m *ModelGate) Enter(ctx context.Context, model string) (leave func(), err error) {
+	m.mu.Lock()
+	now := m.clock.Now()
+	m.arrivals++
+	if m.arrivals > 1 && model != m.lastArrive {
+		m.arrSwaps++
+	}
+	m.lastArrive = model
+	switch {
+	case m.hasLoaded && m.loaded == model && !m.draining:
+		m.inFlight++
+		m.mu.Unlock()
+		return m.leaver(), nil
+	case m.inFlight == 0 && m.waiting == 0:
+		m.loadLocked(model, now)
+		m.inFlight++
+		m.mu.Unlock()
+		return m.leaver(), nil
+	}
+	w := &gateWaiter{model: model, arrived: now, ready: make(chan struct{})}
+	q := m.queues[model]
+	if q == nil {
+		q = list.New()
+		m.queues[model] = q
+	}
+	w.elem = q.PushBack(w)
+	m.waiting++
+	m.armLocked(now)
+	m.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		return m.leaver(), nil
+	case <-ctx.Done():
+	}
+	m.mu.Lock()
+	select {
+	case <-w.ready: // entered while giving up
+		m.leaveLocked()
+	default:
+		q.Remove(w.elem)
+		m.waiting--
+		if q.Len() == 0 {
+			delete(m.queues, model)
+		}
+	}
+	m.mu.Unlock()
+	return nil, budgetErr(ctx.Err())
+}
+
+func (m *ModelGate) leaver() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			m.leaveLocked()
+			m.mu.Unlock()
+		})
+	}
+}
+
+func (m *ModelGate) leaveLocked() {
+	m.inFlight--
+	if m.inFlight == 0 && m.waiting > 0 {
+		m.swapLocked(m.clock.Now())
+	}
+}
+
+// loadLocked makes model the loaded one. Requires m.mu held.
+func (m *ModelGate) loadLocked(model string, now time.Time) {
+	if m.hasLoaded && m.loaded == model {
+		m.draining = false
+		return
+	}
+	if m.hasLoaded {
+		m.swaps++
+	}
+	m.loads++
+	m.loaded, m.hasLoaded, m.lastSwap = model, true, now
+	m.draining = false
+	if m.timer != nil {
+		// The bound counts again from this load.
+		m.timer.Stop()
+		m.timer = nil
+		m.timerGen++
+	}
+}
+
+// swapLocked loads the model whose request waited longest and lets all of
+// its waiters in. Requires m.mu held, nothing in flight.
+func (m *ModelGate) swapLocked(now time.Time) {
+	var next *gateWaiter
+	for _, q := range m.queues {
+		w := q.Front().Value.(*gateWaiter)
+		if next == nil || w.arrived.Before(next.arrived) {
+			next = w
+		}
+	}
+	m.loadLocked(next.model, now)
+	q := m.queues[next.model]
+	delete(m.queues, next.model)
+	for e := q.Front(); e != nil; e = e.Next() {
+		m.inFlight++
+		m.waiting--
+		close(e.Value.(*gateWaiter).ready)
+	}
+	m.armLocked(now)
+}
+
+// armLocked sets the fairness timer for the oldest request waiting for
+// another model. Requires m.mu held.
+func (m *ModelGate) armLocked(now time.Time) {
+	if m.draining || m.waiting == 0 || m.timer != nil {
+		return
+	}
+	var oldest time.Time
+	for model, q := range m.queues {
+		if model == m.loaded {
+			continue
+		}
+		if a := q.Front().Value.(*gateWaiter).arrived; oldest.IsZero() || a.Before(oldest) {
+			oldest = a
+		}
+	}
+	if oldest.IsZero() {
+		return
+	}
+	at := latest(oldest, m.lastSwap).Add(m.fairness)
+	m.timerGen++
+	gen := m.timerGen
+	m.timer = m.clock.AfterFunc(max(at.Sub(now), 0), func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.timerGen != gen {
+			return
+		}
+		m.timer = nil
+		m.draining = true
+		if m.inFlight == 0 && m.waiting > 0 {
+			m.swapLocked(m.clock.Now())
+		}
+	})
+}
+
+// GateStats is what a ModelGate shows.
+type GateStats struct {
+	Loaded   string `json:"loaded_model"`
+	InFlight int    `json:"in_flight"`
+	Waiting  int    `json:"waiting"`
+	Draining bool   `json:"draining,omitempty"`
+	Loads    int64  `json:"loads"`
+	Swaps    int64  `json:"swaps"`
+	// SwapsAvoided is how many more swaps arrival order would have made:
+	// the model changes between consecutive arrivals, less Swaps.
+	SwapsAvoided int64 `json:"swaps_avoided"`
+	// FairnessSeconds is the bound a waiting model is held to.
+	FairnessSeconds float64 `json:"fairness_seconds"`
+}
+
+// Stats is the gate's state now.
+func (m *ModelGate) Stats() GateStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return GateStats{Loaded: m.loaded, InFlight: m.inFlight, Waiting: m.waiting, Draining: m.draining,
+		Loads: m.loads, Swaps: m.swaps, SwapsAvoided: max(m.arrSwaps-m.swaps, 0), FairnessSeconds: m.fairness.Seconds()}
+}

@@ -1,0 +1,322 @@
+package lanequeue
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestHighPriorityWaitsOneDispatchBehindADeepLowQueue: 1,000 batch
+// requests queue in a lane that sends one at a time, 100 ms each; an
+// interactive request arriving behind them goes after the one in flight,
+// not after the queue.
+func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{Concurrency: 1}).Get(ckey)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		serve := func(p Priority, done func()) {
+			defer wg.Done()
+			s, err := l.AcquirePriority(ctx, 1, p)
+			if err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+			done()
+		}
+		var lowDone atomic.Int64
+		for range 1000 {
+			wg.Add(1)
+			go serve(Low, func() { lowDone.Add(1) })
+			synctest.Wait()
+		}
+		time.Sleep(250 * time.Millisecond) // mid-way through the third
+		arrived := time.Now()
+		var waited time.Duration
+		finished := make(chan struct{})
+		go func() {
+			s, err := l.AcquirePriority(ctx, 1, High)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			waited = time.Since(arrived)
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+			close(finished)
+		}()
+		<-finished
+		if waited > 100*time.Millisecond {
+			t.Errorf("the high-priority request waited %v behind %d low ones, want at most one dispatch (100ms)", waited, 1000-lowDone.Load())
+		}
+		if st := l.State(); st.QueuedLow < 990 {
+			t.Errorf("group_queued_low = %d, want the low queue", st.QueuedLow)
+		}
+		cancel()
+	})
+}
+
+// TestLowPriorityKeepsItsShare: with both classes queued deep, one
+// dispatch in LowShare goes to a low-priority request.
+func TestLowPriorityKeepsItsShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{Concurrency: 1}).Get(ckey)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		defer wg.Wait()
+		defer cancel()
+		var mu sync.Mutex
+		var order []Priority
+		for i := range 200 {
+			p := High
+			if i%2 == 1 {
+				p = Low
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := l.AcquirePriority(ctx, 1, p)
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				order = append(order, p)
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+				s.Report(Report{Status: 200, Verdict: Accepted})
+				s.Release()
+			}()
+			synctest.Wait()
+		}
+		time.Sleep(800 * time.Millisecond) // 80 dispatches
+		mu.Lock()
+		got := append([]Priority(nil), order[:80]...)
+		mu.Unlock()
+		cancel()
+		lows := 0
+		for _, p := range got[1:] { // the first went before anything queued
+			if p == Low {
+				lows++
+			}
+		}
+		if lows < 19 || lows > 20 {
+			t.Errorf("%d of 79 dispatches went to low-priority requests, want one in %d (19-20)", lows, LowShare)
+		}
+	})
+}
+
+// TestCapIsNeverExceededAndIsFIFO: 50 takers of a cap of 3.
+func TestCapIsNeverExceededAndIsFIFO(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := NewCap(3)
+		var in, most atomic.Int64
+		granted := make([]time.Time, 50)
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				release, err := c.Take(context.Background())
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				n := in.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				granted[i] = time.Now()
+				time.Sleep(10 * time.Millisecond)
+				in.Add(-1)
+				release()
+				release() // a second call gives nothing back twice
+			}()
+			synctest.Wait()
+		}
+		wg.Wait()
+		if most.Load() != 3 || c.Stats().Most != 3 {
+			t.Errorf("most in use %d (stats %d), want 3", most.Load(), c.Stats().Most)
+		}
+		for i := 1; i < len(granted); i++ {
+			if granted[i].Before(granted[i-1]) {
+				t.Fatalf("taker %d was granted before taker %d, who came first", i, i-1)
+			}
+		}
+		if st := c.Stats(); st.InUse != 0 || st.Waiting != 0 {
+			t.Errorf("after all: %+v", st)
+		}
+	})
+}
+
+// TestCapWaiterThatGivesUpLeavesNoHole: a waiter whose context ends leaves
+// the queue; the next one gets the room.
+func TestCapWaiterThatGivesUpLeavesNoHole(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := NewCap(1)
+		release, _ := c.Take(context.Background())
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := c.Take(ctx); !errors.Is(err, ErrBudgetExceeded) {
+			t.Errorf("err = %v, want ErrBudgetExceeded", err)
+		}
+		got := make(chan struct{})
+		go func() {
+			r, err := c.Take(context.Background())
+			if err == nil {
+				r()
+			}
+			close(got)
+		}()
+		synctest.Wait()
+		release()
+		<-got
+		if st := c.Stats(); st.InUse != 0 || st.Waiting != 0 {
+			t.Errorf("after all: %+v", st)
+		}
+	})
+}
+
+// gateRun sends the models in order, one request each, arriving every
+// arrive apart; each is served for serve once it enters. It returns the
+// gate and the most distinct models in flight at once.
+func gateRun(t *testing.T, g *ModelGate, models []string, arrive, serve time.Duration) int {
+	t.Helper()
+	var mu sync.Mutex
+	in := map[string]int{}
+	most := 0
+	var wg sync.WaitGroup
+	for _, m := range models {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leave, err := g.Enter(context.Background(), m)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			in[m]++
+			most = max(most, len(in))
+			mu.Unlock()
+			time.Sleep(serve)
+			mu.Lock()
+			if in[m]--; in[m] == 0 {
+				delete(in, m)
+			}
+			mu.Unlock()
+			leave()
+			leave()
+		}()
+		if arrive > 0 {
+			time.Sleep(arrive)
+		} else {
+			synctest.Wait()
+		}
+	}
+	wg.Wait()
+	return most
+}
+
+// TestModelGateServesOneModelAtATime: 300 requests interleaving three
+// models, all queued at once: one model in flight at a time, two swaps,
+// and arrival order's 299 model changes avoided but two.
+func TestModelGateServesOneModelAtATime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := NewModelGate(30*time.Second, nil)
+		var models []string
+		for i := range 300 {
+			models = append(models, []string{"a", "b", "c"}[i%3])
+		}
+		if most := gateRun(t, g, models, 0, 100*time.Millisecond); most != 1 {
+			t.Errorf("%d models in flight at once, want 1", most)
+		}
+		st := g.Stats()
+		if st.Loads != 3 || st.Swaps != 2 || st.SwapsAvoided != 297 {
+			t.Errorf("stats %+v, want 3 loads, 2 swaps, 297 avoided", st)
+		}
+		if st.InFlight != 0 || st.Waiting != 0 {
+			t.Errorf("left over: %+v", st)
+		}
+	})
+}
+
+// TestModelGateFairnessBound: a model that keeps being asked for holds
+// the server until another model's request has waited the bound; then
+// it drains and the other goes: one swap per bound, not per request.
+func TestModelGateFairnessBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := NewModelGate(5*time.Second, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		// A stream of "a" requests, a new one every 100 ms, each 300 ms.
+		go func() {
+			for ctx.Err() == nil {
+				go func() {
+					leave, err := g.Enter(ctx, "a")
+					if err == nil {
+						time.Sleep(300 * time.Millisecond)
+						leave()
+					}
+				}()
+				time.Sleep(100 * time.Millisecond)
+			}
+		}()
+		time.Sleep(time.Second)
+		asked := time.Now()
+		leave, err := g.Enter(ctx, "b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		waited := time.Since(asked)
+		st := g.Stats()
+		leave()
+		// The bound, then the 300 ms answers in flight.
+		if waited < 5*time.Second || waited > 5300*time.Millisecond {
+			t.Errorf("b waited %v, want the 5s bound and the drain", waited)
+		}
+		if st.Swaps != 1 || st.Loaded != "b" {
+			t.Errorf("stats as b entered %+v, want b loaded by the first swap", st)
+		}
+		synctest.Wait()
+		if st := g.Stats(); st.Swaps != 2 || st.Loaded != "a" {
+			t.Errorf("stats after b %+v, want a back, 2 swaps", st)
+		}
+		cancel()
+		time.Sleep(time.Second)
+	})
+}
+
+// TestModelGateWaiterThatGivesUp: a request that gives up waiting for its
+// model leaves no trace; the gate still swaps for the others.
+func TestModelGateWaiterThatGivesUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := NewModelGate(time.Minute, nil)
+		leaveA, _ := g.Enter(context.Background(), "a")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := g.Enter(ctx, "b"); !errors.Is(err, ErrBudgetExceeded) {
+			t.Errorf("err = %v, want ErrBudgetExceeded", err)
+		}
+		entered := make(chan struct{})
+		go func() {
+			leave, err := g.Enter(context.Background(), "c")
+			if err == nil {
+				close(entered)
+				leave()
+			}
+		}()
+		synctest.Wait()
+		leaveA()
+		<-entered
+		if st := g.Stats(); st.Loaded != "c" || st.Swaps != 1 || st.Waiting != 0 {
+			t.Errorf("stats %+v, want c loaded after 1 swap", st)
+		}
+	})
+}

@@ -1,0 +1,203 @@
+package lanequeue
+
+import (
+	"math"
+	"time"
+)
+
+// Limits are what a route's configuration says of its upstream's limits,
+// per limit group. Zero fields say nothing. By default they are ceilings:
+// what is learned from the upstream may only lower them. With Start set
+// they are where learning starts, and what the upstream shows replaces them.
+type Limits struct {
+	RPM         float64       // requests per minute
+	TPM         float64       // tokens per minute
+	Concurrency int           // requests in flight
+	MinGap      time.Duration // between two request starts; always enforced
+	Start       bool          // learning may replace RPM, TPM and Concurrency
+}
+
+// IsZero reports whether l configures nothing.
+func (l Limits) IsZero() bool { return l == Limits{} || l == Limits{Start: true} }
+
+// Priority is a request's class within its lane: High goes ahead of queued
+// Low requests, which keep a guaranteed share of the dispatches.
+type Priority uint8
+
+const (
+	High Priority = iota
+	Low
+)
+
+// String is "high" or "low".
+func (p Priority) String() string {
+	if p == Low {
+		return "low"
+	}
+	return "high"
+}
+
+// ParsePriority reads "high" or "low" (any case); ok is false otherwise.
+func ParsePriority(s string) (p Priority, ok bool) {
+	switch {
+	case equalFold(s, "high"):
+		return High, true
+	case equalFold(s, "low"):
+		return Low, true
+	}
+	return High, false
+}
+
+func equalFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		c := a[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// LowShare is the share of dispatches kept for low-priority requests while
+// high-priority ones wait: one in LowShare.
+const LowShare = 4
+
+// ceiling enforces a group's configured limits in front of its Shared
+// state: the gap between starts (MinGap, and RPM as even spacing) and the
+// token rate (TPM, a bucket of one second's worth). Guarded by the group's
+// mutex.
+type ceiling struct {
+	lim      Limits
+	gapNext  time.Time // the earliest next start by MinGap
+	rpmNext  time.Time // the earliest next start by RPM
+	tokAvail float64   // tokens left at tokAt
+	tokAt    time.Time
+	// replaced: Limits.Start and the Shared state learned a limit of its
+	// own, which replaces RPM and TPM from then on.
+	replaced bool
+}
+
+func newCeiling(l Limits) *ceiling {
+	c := &ceiling{lim: l}
+	c.tokAvail = c.tokCap()
+	return c
+}
+
+// knower is a Shared that can tell whether it has learned a limit.
+type knower interface{ Knows() bool }
+
+// rpmOn and tpmOn report whether RPM and TPM still hold.
+func (c *ceiling) rpmOn() bool { return c.lim.RPM > 0 && !c.replaced }
+func (c *ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
+
+// rpmGap is the spacing of starts that RPM asks for.
+func (c *ceiling) rpmGap() time.Duration {
+	return time.Duration(float64(time.Minute) / c.lim.RPM)
+}
+
+func (c *ceiling) tokRate() float64 { return c.lim.TPM / 60 }
+
+// tokCap is the token bucket's size: one second's worth.
+func (c *ceiling) tokCap() float64 { return max(c.tokRate(), 1) }
+
+func (c *ceiling) refill(now time.Time) {
+	if !c.tokAt.IsZero() && now.After(c.tokAt) {
+		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+c.tokRate()*now.Sub(c.tokAt).Seconds())
+	}
+	if now.After(c.tokAt) {
+		c.tokAt = now
+	}
+}
+
+// admit reports whether a request of cost tokens may start now, or else
+// when it may.
+func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) {
+	if c.lim.Start && !c.replaced {
+		if k, ok := sh.(knower); ok && k.Knows() {
+			c.replaced = true
+		}
+	}
+	at := now
+	if c.lim.MinGap > 0 {
+		at = latest(at, c.gapNext)
+	}
+	if c.rpmOn() {
+		at = latest(at, c.rpmNext)
+	}
+	if c.tpmOn() {
+		c.refill(now)
+		if need := math.Min(float64(cost), c.tokCap()); c.tokAvail < need {
+			secs := math.Min((need-c.tokAvail)/c.tokRate(), maxWaitSeconds)
+			at = latest(at, now.Add(max(time.Duration(math.Ceil(secs*float64(time.Second))), time.Millisecond)))
+		}
+	}
+	if at.After(now) {
+		return at, false
+	}
+	return time.Time{}, true
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// take charges a start of cost tokens at now.
+func (c *ceiling) take(now time.Time, cost int64) {
+	if g := c.lim.MinGap; g > 0 {
+		// Never closer than the gap, whatever happened before.
+		c.gapNext = now.Add(g)
+	}
+	if c.rpmOn() {
+		// Even spacing, kept in step with the plan when a timer fires a
+		// little late (up to a tenth of a gap), so the rate holds; an
+		// idle spell gives no burst.
+		g := c.rpmGap()
+		if c.rpmNext.IsZero() || now.Sub(c.rpmNext) > g/10 {
+			c.rpmNext = now
+		}
+		c.rpmNext = c.rpmNext.Add(g)
+	}
+	if c.tpmOn() {
+		c.refill(now)
+		c.tokAvail -= math.Min(float64(cost), c.tokCap())
+	}
+}
+
+// settle swaps a request's estimated tokens for what it used.
+func (c *ceiling) settle(estimate, used int64) {
+	if c.tpmOn() {
+		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+float64(estimate-used))
+	}
+}
+
+// ConfiguredView is what a group's configured limits are now.
+type ConfiguredView struct {
+	RPM         float64 `json:"rpm,omitempty"`
+	TPM         float64 `json:"tpm,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	MinGapSecs  float64 `json:"min_gap_seconds,omitempty"`
+	// Mode is "ceiling" or "start"; "replaced" once learning replaced a
+	// start.
+	Mode string `json:"mode"`
+}
+
+func (c *ceiling) view() *ConfiguredView {
+	v := &ConfiguredView{RPM: c.lim.RPM, TPM: c.lim.TPM, Concurrency: c.lim.Concurrency,
+		MinGapSecs: c.lim.MinGap.Seconds(), Mode: "ceiling"}
+	switch {
+	case c.replaced:
+		v.Mode = "replaced"
+	case c.lim.Start:
+		v.Mode = "start"
+	}
+	return v
+}

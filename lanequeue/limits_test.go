@@ -1,0 +1,244 @@
+package lanequeue
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// configuredTable is a table whose default route has lim, on the bubble's
+// wall clock.
+func configuredTable(lim Limits) *Table {
+	return NewTable(TableConfig{Lane: Config{Concurrency: 8}, RouteLimits: map[string]Limits{"": lim}})
+}
+
+var ckey = Key{CredentialHash: HashCredential("sk-c"), Path: "/v1/chat/completions", Model: "m"}
+
+// runStarts sends n requests at once through l, each answered after
+// answer (Accepted, with limits), and returns their start times in order
+// and the most in flight at once.
+func runStarts(t *testing.T, l *Lane, n int, answer time.Duration, limits func() headerparse.Limits) ([]time.Time, int) {
+	t.Helper()
+	var mu sync.Mutex
+	var starts []time.Time
+	inFlight, most := 0, 0
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := l.Acquire(context.Background(), 10)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			starts = append(starts, time.Now())
+			inFlight++
+			most = max(most, inFlight)
+			mu.Unlock()
+			time.Sleep(answer)
+			var lim headerparse.Limits
+			if limits != nil {
+				lim = limits()
+			}
+			s.Report(Report{Status: 200, Verdict: Accepted, Limits: lim})
+			mu.Lock()
+			inFlight--
+			mu.Unlock()
+			s.Release()
+		}()
+	}
+	wg.Wait()
+	return starts, most
+}
+
+func minGap(starts []time.Time) time.Duration {
+	gap := time.Duration(1 << 62)
+	for i := 1; i < len(starts); i++ {
+		gap = min(gap, starts[i].Sub(starts[i-1]))
+	}
+	return gap
+}
+
+// TestConfiguredRPMPacesEvenlyWithoutHeaders: 600 RPM on an upstream that
+// says nothing: starts are 100 ms apart from the first request on (no
+// probe for the first answer, no burst), 60 requests take 5.9 s.
+func TestConfiguredRPMPacesEvenlyWithoutHeaders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{RPM: 600}).Get(ckey)
+		begin := time.Now()
+		starts, _ := runStarts(t, l, 60, 300*time.Millisecond, nil)
+		if g := minGap(starts); g < 100*time.Millisecond {
+			t.Errorf("closest starts %v apart, want ≥ 100ms", g)
+		}
+		if took := starts[len(starts)-1].Sub(begin); took != 5900*time.Millisecond {
+			t.Errorf("60 starts took %v, want 5.9s (600 a minute)", took)
+		}
+		if c := l.State().Configured; c == nil || c.RPM != 600 || c.Mode != "ceiling" {
+			t.Errorf("configured view = %+v", c)
+		}
+	})
+}
+
+// TestConfiguredRPMHoldsUnderHeadersThatClaimMore: headers saying ten
+// thousand are left do not take the pace past the ceiling.
+func TestConfiguredRPMHoldsUnderHeadersThatClaimMore(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{RPM: 1200}).Get(ckey)
+		generous := func() headerparse.Limits {
+			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true,
+				Reset: time.Now().Add(6 * time.Millisecond)}}
+		}
+		begin := time.Now()
+		starts, _ := runStarts(t, l, 40, 100*time.Millisecond, generous)
+		if g := minGap(starts); g < 50*time.Millisecond {
+			t.Errorf("closest starts %v apart, want ≥ 50ms (1200 a minute)", g)
+		}
+		if took := starts[len(starts)-1].Sub(begin); took < 1950*time.Millisecond {
+			t.Errorf("40 starts took %v, want 1.95s", took)
+		}
+	})
+}
+
+// TestConfiguredStartIsReplacedByHeaders: with LIMITS=start, the first
+// answer's headers replace the configured 60 RPM: the rest go at once.
+func TestConfiguredStartIsReplacedByHeaders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{RPM: 60, Start: true}).Get(ckey)
+		generous := func() headerparse.Limits {
+			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true,
+				Reset: time.Now().Add(6 * time.Millisecond)}}
+		}
+		begin := time.Now()
+		starts, _ := runStarts(t, l, 10, 100*time.Millisecond, generous)
+		// The first goes at 0; the second waits its 1 s (60 a minute)
+		// only until the first answer (at 0.1 s) replaces the start.
+		if took := starts[len(starts)-1].Sub(begin); took > 300*time.Millisecond {
+			t.Errorf("10 starts took %v: the start was not replaced", took)
+		}
+		if c := l.State().Configured; c == nil || c.Mode != "replaced" {
+			t.Errorf("configured view = %+v, want mode replaced", c)
+		}
+	})
+}
+
+// TestConfiguredCeilingIsNeverExceededWhenStartIsNot: the same headers
+// under LIMITS=ceiling leave the pace at 60 a minute.
+func TestConfiguredCeilingIsNeverExceededWhenStartIsNot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{RPM: 60}).Get(ckey)
+		generous := func() headerparse.Limits {
+			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true}}
+		}
+		begin := time.Now()
+		starts, _ := runStarts(t, l, 4, 100*time.Millisecond, generous)
+		if took := starts[len(starts)-1].Sub(begin); took != 3*time.Second {
+			t.Errorf("4 starts took %v, want 3s", took)
+		}
+		if c := l.State().Configured; c.Mode != "ceiling" {
+			t.Errorf("mode %q, want ceiling", c.Mode)
+		}
+	})
+}
+
+// TestMinGapHoldsNoSlot: a minimum gap spaces every two starts, retries
+// included, and is pacing: while the next request waits out the gap, no
+// permit is held.
+func TestMinGapHoldsNoSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{MinGap: time.Second, Concurrency: 1}).Get(ckey)
+		var mu sync.Mutex
+		var starts []time.Time
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := l.Acquire(context.Background(), 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer s.Release()
+				mu.Lock()
+				starts = append(starts, time.Now())
+				mu.Unlock()
+				time.Sleep(100 * time.Millisecond)
+				if i == 0 {
+					// Refused once: the retry is a start too.
+					s.Report(Report{Status: 500, Verdict: Failed})
+					if err := s.WaitRetry(context.Background(), 0); err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					starts = append(starts, time.Now())
+					mu.Unlock()
+					time.Sleep(100 * time.Millisecond)
+				}
+				s.Report(Report{Status: 200, Verdict: Accepted})
+			}()
+		}
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		if st := l.State(); st.InFlight != 0 || st.Queued != 2 {
+			t.Errorf("inside the gap: %d in flight, %d queued; want 0 and 2 (the gap holds no permit)", st.InFlight, st.Queued)
+		}
+		wg.Wait()
+		if len(starts) != 4 {
+			t.Fatalf("%d starts, want 4", len(starts))
+		}
+		if g := minGap(starts); g != time.Second {
+			t.Errorf("closest starts %v apart, want 1s", g)
+		}
+	})
+}
+
+// TestConfiguredTPMPacesTokens: 6,000 tokens a minute is 100 a second;
+// requests of 50 tokens go two a second after the first second's worth.
+func TestConfiguredTPMPacesTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{TPM: 6000}).Get(ckey)
+		var starts []time.Time
+		begin := time.Now()
+		for range 10 {
+			s, err := l.Acquire(context.Background(), 50)
+			if err != nil {
+				t.Fatal(err)
+			}
+			starts = append(starts, time.Now())
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		}
+		// 2 from the full bucket at 0, then one each 0.5 s: the 10th at 4 s.
+		if took := starts[9].Sub(begin); took != 4*time.Second {
+			t.Errorf("10 requests of 50 tokens took %v, want 4s", took)
+		}
+	})
+}
+
+// TestConfiguredConcurrencyIsACeiling: a configured concurrency is where
+// the group starts, and a ceiling it never grows past; with LIMITS=start
+// it grows.
+func TestConfiguredConcurrencyIsACeiling(t *testing.T) {
+	for _, tc := range []struct {
+		start    bool
+		wantMost int
+	}{{false, 3}, {true, 4}} {
+		synctest.Test(t, func(t *testing.T) {
+			l := configuredTable(Limits{Concurrency: 3, Start: tc.start}).Get(ckey)
+			if c := l.State().Concurrency; c != 3 {
+				t.Errorf("start %v: starts at %d, want 3", tc.start, c)
+			}
+			_, most := runStarts(t, l, 200, 100*time.Millisecond, nil)
+			if tc.start && most <= 3 || !tc.start && most != 3 {
+				t.Errorf("start %v: most in flight %d, want %s", tc.start, most, map[bool]string{false: "3", true: "more than 3"}[tc.start])
+			}
+		})
+	}
+}

@@ -1,0 +1,178 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestPriorityHeaderStaysHere: x-llmproxy-priority decides the order in
+// the lane and never reaches the upstream; a value other than high or
+// low is a 400 that says so.
+func TestPriorityHeaderStaysHere(t *testing.T) {
+	var seen atomic.Value
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Store(r.Header.Get("X-Llmproxy-Priority") + "|")
+		w.Write([]byte(`{}`))
+	}), nil)
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`, "X-Llmproxy-Priority", "low")
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if v := seen.Load(); v != "|" {
+		t.Errorf("upstream saw x-llmproxy-priority %q", v)
+	}
+	resp = h.post("/v1/chat/completions", `{"model":"m"}`, "X-Llmproxy-Priority", "urgent")
+	if resp.StatusCode != 400 {
+		t.Fatalf("bad priority: status %d, want 400", resp.StatusCode)
+	}
+	if e := decodeErr(t, resp); e.Error.Code != "invalid_priority" || !strings.Contains(e.Error.Message, "high or low") {
+		t.Errorf("bad priority: %+v", e)
+	}
+}
+
+// TestGlobalCapHoldsAcrossLanesAndAPausedLaneHoldsNone: 100 lanes (one key
+// each) under a global cap of 5, and one more lane whose first answer is
+// a 429 with Retry-After 2: the upstream never sees more than 5 at once,
+// and the 100 finish while the refused request waits out its pause, which
+// holds none of the cap.
+func TestGlobalCapHoldsAcrossLanesAndAPausedLaneHoldsNone(t *testing.T) {
+	var in, most atomic.Int64
+	var refused atomic.Bool
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer sk-paused" && refused.CompareAndSwap(false, true) {
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(429)
+			w.Write([]byte(`{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`))
+			return
+		}
+		n := in.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(20 * time.Millisecond)
+		in.Add(-1)
+		w.Write([]byte(`{}`))
+	}), func(c *Config) { c.GlobalConcurrency = 5 })
+
+	pausedDone := make(chan time.Time, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		req.Header.Set("Authorization", "Bearer sk-paused")
+		resp, err := testClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		pausedDone <- time.Now()
+	}()
+	for !refused.Load() {
+		time.Sleep(time.Millisecond)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+			req.Header.Set("Authorization", fmt.Sprintf("Bearer sk-%d", i))
+			resp, err := testClient.Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				failed.Add(1)
+			}
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if failed.Load() > 0 {
+		t.Fatalf("%d requests failed", failed.Load())
+	}
+	if m := most.Load(); m > 5 || m < 2 {
+		t.Errorf("upstream saw %d at once, want at most the cap of 5 (and more than one)", m)
+	}
+	if took >= 2*time.Second {
+		t.Errorf("100 requests of 20 ms at 5 at once took %v: the paused lane held the cap", took)
+	}
+	st, ok := h.proxy.GlobalCap()
+	if !ok || st.Limit != 5 || st.Most > 5 {
+		t.Errorf("global cap stats %+v", st)
+	}
+	if d := <-pausedDone; d.Sub(start) < time.Second {
+		t.Errorf("the refused request did not wait out its pause")
+	}
+}
+
+// TestLocalRouteServesOneModelAtATime: requests interleaving three models
+// on a local route reach the upstream one model at a time, and /lanes
+// shows the loaded model and the swaps made and avoided.
+func TestLocalRouteServesOneModelAtATime(t *testing.T) {
+	var mu sync.Mutex
+	in := map[string]int{}
+	mostModels := 0
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Model string }
+		json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		in[body.Model]++
+		mostModels = max(mostModels, len(in))
+		mu.Unlock()
+		time.Sleep(10 * time.Millisecond)
+		mu.Lock()
+		if in[body.Model]--; in[body.Model] == 0 {
+			delete(in, body.Model)
+		}
+		mu.Unlock()
+		w.Write([]byte(`{}`))
+	}), func(c *Config) {
+		u, _ := url.Parse(c.Upstream.String())
+		c.Routes = []Route{{Name: "ollama", URL: u, Settings: RouteSettings{Local: true}}}
+	})
+	var wg sync.WaitGroup
+	for i := range 60 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", h.front.URL+"/ollama/v1/chat/completions",
+				strings.NewReader(fmt.Sprintf(`{"model":"m%d"}`, i%3)))
+			resp, err := testClient.Do(req)
+			if err != nil || resp.StatusCode != 200 {
+				t.Errorf("request %d: %v", i, err)
+			}
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if mostModels != 1 {
+		t.Errorf("%d models in flight at once at the upstream, want 1", mostModels)
+	}
+	routes := h.proxy.LocalRoutes()
+	if len(routes) != 1 || routes[0].Route != "ollama" || routes[0].Loaded == "" {
+		t.Fatalf("local routes %+v", routes)
+	}
+	if r := routes[0]; r.Swaps+r.SwapsAvoided < 2 || r.Swaps > 30 || r.InFlight != 0 {
+		t.Errorf("gate stats %+v", r)
+	}
+	var page struct {
+		LocalRoutes []struct {
+			Route       string `json:"route"`
+			LoadedModel string `json:"loaded_model"`
+		} `json:"local_routes"`
+	}
+	rec := httptest.NewRecorder()
+	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil || len(page.LocalRoutes) != 1 || page.LocalRoutes[0].LoadedModel == "" {
+		t.Errorf("/lanes local_routes: %s (%v)", rec.Body.String(), err)
+	}
+}
