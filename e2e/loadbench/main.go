@@ -16,6 +16,9 @@
 //	             while a burst over one second's worth is refused
 //	tpm          a tokens limit worth 20 requests a second, requests 10×
 //	             less limited; 400 at 50
+//	configured   the proxy's route configured at 600 RPM (a ceiling) in
+//	             front of an upstream that allows 6,000 (with headers: and
+//	             says so); 300 at 50, ideal rate 10/s
 //
 // The speech is what the upstream tells about them:
 //
@@ -86,6 +89,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -120,6 +124,10 @@ var targets = map[string]target{
 	"tpm/headers":                 {1.05, 1},
 	"tpm/hint":                    {1.05, 5},
 	"tpm/silent":                  {1.15, 10},
+	// A configured 600 RPM holds within 2 % of the ceiling, with no
+	// refusals, whatever the upstream allows or claims.
+	"configured/silent":  {1.02, 0},
+	"configured/headers": {1.02, 0},
 }
 
 func (t target) String() string {
@@ -145,6 +153,9 @@ type shape struct {
 	concurrency bool
 	// speeches are the speeches the shape runs with.
 	speeches []string
+	// configure, when set, changes the proxy's configuration: the shapes
+	// of routes that know their limits.
+	configure func(*proxy.Config)
 }
 
 // cell is a shape with a speech: one row of the matrix.
@@ -195,6 +206,13 @@ func shapes(latency time.Duration, rps float64) []shape {
 		{name: "quantized", mock: quantized, rate: rps, n: 400, c: 50, speeches: all},
 		{name: "quantized-anthropic", mock: quantized, rate: rps, n: 400, c: 50, anthropic: true, speeches: only},
 		{name: "tpm", mock: mockupstream.Config{TPM: tpm, RPM: rpm * 10, Latency: latency}, rate: rps, n: 400, c: 50, speeches: all},
+		// A route configured at 600 RPM (LLMPROXY_ROUTE_DEFAULT_RPM=600) in
+		// front of an upstream that allows 6,000 and, with headers, says
+		// so.
+		{name: "configured", mock: mockupstream.Config{RPM: 6000, Latency: latency}, rate: 10, n: 300, c: 50,
+			speeches: []string{"headers", "silent"}, configure: func(c *proxy.Config) {
+				c.Default.Limits = lanequeue.Limits{RPM: 600}
+			}},
 	}
 }
 
@@ -373,12 +391,16 @@ func run(sc cell, mode string, timeout time.Duration) result {
 		u, _ := url.Parse(mock.URL())
 		tr := upstream.NewTransport()
 		defer tr.CloseIdleConnections()
-		p, err := proxy.New(proxy.Config{
+		cfg := proxy.Config{
 			Upstream:  u,
 			Routes:    []proxy.Route{{Name: "anthropic", URL: u}},
 			Transport: tr,
 			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		})
+		}
+		if sc.configure != nil {
+			sc.configure(&cfg)
+		}
+		p, err := proxy.New(cfg)
 		if err != nil {
 			panic(err)
 		}
