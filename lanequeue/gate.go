@@ -9,83 +9,93 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 )
 
-// Cap is one concurrency cap over many lanes (LLMPROXY_GLOBAL_CONCURRENCY).
-// A request takes it just before its upstream call and gives it back when
-// the answer ends or before it waits to try again, so a lane held by its
-// own pause or pace never holds any of it. Waiters are served in arrival
-// order.
+// Cap is one concurrency cap over many limit groups
+// (LLMPROXY_GLOBAL_CONCURRENCY). A group takes it as it dispatches a
+// request, after its pause, pace and concurrency let the request go, and
+// the request holds it until its permit goes back (its answer ended, or it
+// waits to try again); so a group held by its own pause or pace never
+// holds any of it. Groups that could dispatch but for the cap wait in
+// arrival order, and each freed place goes to the first of them.
 type Cap struct {
 	limit int
 
 	mu      sync.Mutex
 	inUse   int
-	most    int       // the most in use at once
-	waiters list.List // chan struct{}, closed when granted
+	most    int                      // the most in use at once
+	waiting list.List                // *group, in the order they came
+	places  map[*group]*list.Element // their places in waiting
 }
 
 // NewCap returns a cap of limit (at least 1).
-func NewCap(limit int) *Cap { return &Cap{limit: max(limit, 1)} }
+func NewCap(limit int) *Cap { return &Cap{limit: max(limit, 1), places: map[*group]*list.Element{}} }
 
-// Take waits until the cap has room, or ctx is done. release gives the
-// room back; calling it again does nothing.
-func (c *Cap) Take(ctx context.Context) (release func(), err error) {
+// take gives g a place if there is one and no group waits before it;
+// otherwise g waits in line for one. Called with g.mu held.
+func (c *Cap) take(g *group) bool {
 	c.mu.Lock()
-	if c.inUse < c.limit && c.waiters.Len() == 0 {
-		c.grantLocked()
-		c.mu.Unlock()
-		return c.releaser(), nil
+	defer c.mu.Unlock()
+	e := c.places[g]
+	if c.inUse < c.limit && (c.waiting.Len() == 0 || c.waiting.Front() == e) {
+		if e != nil {
+			c.waiting.Remove(e)
+			delete(c.places, g)
+		}
+		c.inUse++
+		c.most = max(c.most, c.inUse)
+		if c.inUse < c.limit {
+			c.kickLocked() // room for the next in line too
+		}
+		return true
 	}
-	ready := make(chan struct{})
-	e := c.waiters.PushBack(ready)
-	c.mu.Unlock()
-	select {
-	case <-ready:
-		return c.releaser(), nil
-	case <-ctx.Done():
+	if e == nil {
+		c.places[g] = c.waiting.PushBack(g)
 	}
+	return false
+}
+
+// giveBack returns a place and lets the first group in line try again.
+func (c *Cap) giveBack() {
 	c.mu.Lock()
-	select {
-	case <-ready: // granted while giving up: hand it on
-		c.inUse--
-		c.handOnLocked()
-	default:
-		c.waiters.Remove(e)
+	defer c.mu.Unlock()
+	c.inUse--
+	c.kickLocked()
+}
+
+// leave takes g out of the line: it has nothing the cap holds back.
+// Called with g.mu held.
+func (c *Cap) leave(g *group) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.places[g]
+	if e == nil {
+		return
 	}
-	c.mu.Unlock()
-	return nil, budgetErr(ctx.Err())
-}
-
-func (c *Cap) grantLocked() {
-	c.inUse++
-	c.most = max(c.most, c.inUse)
-}
-
-func (c *Cap) releaser() func() {
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			c.mu.Lock()
-			c.inUse--
-			c.handOnLocked()
-			c.mu.Unlock()
-		})
+	first := c.waiting.Front() == e
+	c.waiting.Remove(e)
+	delete(c.places, g)
+	if first {
+		c.kickLocked()
 	}
 }
 
-// handOnLocked grants waiters while there is room. Requires c.mu held.
-func (c *Cap) handOnLocked() {
-	for c.inUse < c.limit && c.waiters.Len() > 0 {
-		ready := c.waiters.Remove(c.waiters.Front()).(chan struct{})
-		c.grantLocked()
-		close(ready)
+// kickLocked lets the first group in line try again, if there is room. The
+// group runs its dispatch on a goroutine of its own: it takes its own lock,
+// which the caller may hold for another group. Requires c.mu held.
+func (c *Cap) kickLocked() {
+	if c.inUse >= c.limit || c.waiting.Len() == 0 {
+		return
 	}
+	g := c.waiting.Front().Value.(*group)
+	go g.kick()
 }
 
 // CapStats is what a Cap shows.
 type CapStats struct {
-	Limit   int `json:"limit"`
-	InUse   int `json:"in_use"`
-	Waiting int `json:"waiting"`
+	Limit int `json:"limit"`
+	InUse int `json:"in_use"`
+	// Waiting is the number of limit groups with a request ready but for
+	// the cap.
+	Waiting int `json:"waiting_groups"`
 	Most    int `json:"most_in_use"`
 }
 
@@ -93,7 +103,7 @@ type CapStats struct {
 func (c *Cap) Stats() CapStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return CapStats{Limit: c.limit, InUse: c.inUse, Waiting: c.waiters.Len(), Most: c.most}
+	return CapStats{Limit: c.limit, InUse: c.inUse, Waiting: c.waiting.Len(), Most: c.most}
 }
 
 // DefaultFairness is how long a ModelGate lets the loaded model's

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,40 +114,66 @@ func TestLowPriorityKeepsItsShare(t *testing.T) {
 	})
 }
 
-// TestCapIsNeverExceededAndIsFIFO: 50 takers of a cap of 3.
-func TestCapIsNeverExceededAndIsFIFO(t *testing.T) {
+// capTable is a table of lanes of concurrency 8 under a global cap.
+func capTable(c *Cap) *Table {
+	return NewTable(TableConfig{Lane: Config{Concurrency: 8}, Cap: c})
+}
+
+func capKey(i int) Key {
+	return Key{CredentialHash: HashCredential(fmt.Sprintf("sk-%d", i)), Path: "/v1/chat/completions", Model: "m"}
+}
+
+// TestCapIsNeverExceededAndServesGroupsInOrder: 50 lanes of 4 requests
+// each under a cap of 3: never more than 3 dispatched at once, the cap
+// used in full, and the groups served in the order they came.
+func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := NewCap(3)
+		tbl := capTable(c)
 		var in, most atomic.Int64
-		granted := make([]time.Time, 50)
+		first := make([]time.Time, 50)
+		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for i := range 50 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				release, err := c.Take(context.Background())
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				n := in.Add(1)
-				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-				}
-				granted[i] = time.Now()
-				time.Sleep(10 * time.Millisecond)
-				in.Add(-1)
-				release()
-				release() // a second call gives nothing back twice
-			}()
+		for k := range 50 {
+			l := tbl.Get(capKey(k))
+			pastProbe(l)
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					s, err := l.Acquire(context.Background(), 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					n := in.Add(1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					mu.Lock()
+					if first[k].IsZero() {
+						first[k] = time.Now()
+					}
+					mu.Unlock()
+					time.Sleep(10 * time.Millisecond)
+					in.Add(-1)
+					s.Report(Report{Status: 200, Verdict: Accepted})
+					s.Release()
+				}()
+			}
 			synctest.Wait()
 		}
+		begin := time.Now()
 		wg.Wait()
 		if most.Load() != 3 || c.Stats().Most != 3 {
-			t.Errorf("most in use %d (stats %d), want 3", most.Load(), c.Stats().Most)
+			t.Errorf("most in flight %d (stats %d), want 3", most.Load(), c.Stats().Most)
 		}
-		for i := 1; i < len(granted); i++ {
-			if granted[i].Before(granted[i-1]) {
-				t.Fatalf("taker %d was granted before taker %d, who came first", i, i-1)
+		// 200 requests, 3 at a time, 10 ms each: 67 rounds.
+		if took := time.Since(begin); took > 670*time.Millisecond {
+			t.Errorf("took %v, want 670ms: the cap was not used in full", took)
+		}
+		for k := 1; k < 50; k++ {
+			if first[k].Before(first[k-1]) {
+				t.Fatalf("lane %d was served before lane %d, which came first", k, k-1)
 			}
 		}
 		if st := c.Stats(); st.InUse != 0 || st.Waiting != 0 {
@@ -155,28 +182,97 @@ func TestCapIsNeverExceededAndIsFIFO(t *testing.T) {
 	})
 }
 
-// TestCapWaiterThatGivesUpLeavesNoHole: a waiter whose context ends leaves
-// the queue; the next one gets the room.
-func TestCapWaiterThatGivesUpLeavesNoHole(t *testing.T) {
+// TestCapIsNotHeldByAPausedLane: a lane paused by a refusal holds no
+// place of the cap while it waits; the other lane gets them all.
+func TestCapIsNotHeldByAPausedLane(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := NewCap(2)
+		tbl := capTable(c)
+		paused, busy := tbl.Get(capKey(0)), tbl.Get(capKey(1))
+		pastProbe(paused)
+		pastProbe(busy)
+		s, err := paused.Acquire(context.Background(), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: time.Now().Add(5 * time.Second)})
+		retried := make(chan error, 1)
+		go func() { retried <- s.WaitRetry(context.Background(), 0) }()
+		synctest.Wait()
+		if st := c.Stats(); st.InUse != 0 {
+			t.Fatalf("the paused lane holds %d places", st.InUse)
+		}
+		begin := time.Now()
+		var wg sync.WaitGroup
+		for range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s, err := busy.Acquire(context.Background(), 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+				s.Report(Report{Status: 200, Verdict: Accepted})
+				s.Release()
+			}()
+		}
+		wg.Wait()
+		// 1 s, and a few ms of slow start's spreading: a place held by
+		// the paused lane would make it 2 s.
+		if took := time.Since(begin); took > 1100*time.Millisecond {
+			t.Errorf("20 requests of 100 ms, 2 at a time, took %v beside the paused lane, want 1s", took)
+		}
+		if err := <-retried; err != nil {
+			t.Fatal(err)
+		}
+		if time.Since(begin) < 5*time.Second-time.Second {
+			t.Errorf("the paused request went before its pause ended")
+		}
+		s.Release()
+	})
+}
+
+// TestCapLineMovesOnWhenAGroupGivesUp: a group waiting in the cap's line
+// whose request gives up leaves the line; the next group gets the place.
+func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := NewCap(1)
-		release, _ := c.Take(context.Background())
+		tbl := capTable(c)
+		a, b, d := tbl.Get(capKey(0)), tbl.Get(capKey(1)), tbl.Get(capKey(2))
+		for _, l := range []*Lane{a, b, d} {
+			pastProbe(l)
+		}
+		sa, _ := a.Acquire(context.Background(), 1)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if _, err := c.Take(ctx); !errors.Is(err, ErrBudgetExceeded) {
-			t.Errorf("err = %v, want ErrBudgetExceeded", err)
-		}
-		got := make(chan struct{})
+		gaveUp := make(chan error, 1)
 		go func() {
-			r, err := c.Take(context.Background())
-			if err == nil {
-				r()
-			}
-			close(got)
+			_, err := b.Acquire(ctx, 1)
+			gaveUp <- err
 		}()
 		synctest.Wait()
-		release()
-		<-got
+		got := make(chan *Slot, 1)
+		go func() {
+			s, err := d.Acquire(context.Background(), 1)
+			if err == nil {
+				got <- s
+			}
+		}()
+		synctest.Wait()
+		if st := c.Stats(); st.Waiting != 2 {
+			t.Errorf("%d groups in line, want 2", st.Waiting)
+		}
+		if err := <-gaveUp; !errors.Is(err, ErrBudgetExceeded) {
+			t.Errorf("err = %v, want ErrBudgetExceeded", err)
+		}
+		sa.Report(Report{Status: 200, Verdict: Accepted})
+		sa.Release()
+		sd := <-got
+		sd.Report(Report{Status: 200, Verdict: Accepted})
+		sd.Release()
+		synctest.Wait()
 		if st := c.Stats(); st.InUse != 0 || st.Waiting != 0 {
 			t.Errorf("after all: %+v", st)
 		}

@@ -32,7 +32,9 @@ type group struct {
 	// waited; at LowShare-1 the next dispatch is a low one.
 	highRun int
 	// ceil holds the route's configured limits; nil when none are.
-	ceil       *ceiling
+	ceil *ceiling
+	// cap is the global cap every dispatch takes a place of; nil: none.
+	cap        *Cap
 	seen       seen      // what was last reported through onChange
 	arrivals   uint64    // arrival counter, for the order of retries
 	unanswered int       // dispatches whose answer has not been reported
@@ -55,6 +57,21 @@ func newGroup(key string, cfg Config, shared Shared, forgotten func(*group)) *gr
 		g.learned = cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
 	}
 	return g
+}
+
+// kick runs the dispatch again: the global cap has room for this group.
+func (g *group) kick() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dispatchLocked(g.clock.Now())
+}
+
+// offCap takes the group out of the global cap's line: what holds its
+// head back now, if anything, is not the cap. Requires g.mu held.
+func (g *group) offCap() {
+	if g.cap != nil {
+		g.cap.leave(g)
+	}
 }
 
 // queued is the number of waiters.
@@ -117,6 +134,10 @@ func (g *group) returnPermitLocked(s *Slot, now time.Time) {
 	}
 	s.lane.inFlight--
 	g.shared.Return(&s.ticket, now)
+	if s.capped {
+		s.capped = false
+		g.cap.giveBack()
+	}
 }
 
 // unrefLocked drops one reference and reports whether it was the last.
@@ -136,6 +157,7 @@ func (g *group) dispatchLocked(now time.Time) {
 	for s := g.head(); s != nil; s = g.head() {
 		if !g.learned && g.unanswered > 0 {
 			if now.Before(g.probeUntil) {
+				g.offCap()
 				g.armLocked(now, g.probeUntil)
 				return
 			}
@@ -145,6 +167,7 @@ func (g *group) dispatchLocked(now time.Time) {
 		// from an answer lets this request go to find out.
 		if g.ceil != nil {
 			if at, ok := g.ceil.admit(now, s.cost, g.shared); !ok {
+				g.offCap()
 				g.refuseLateLocked(at)
 				if g.queued() > 0 {
 					g.armLocked(now, at)
@@ -152,8 +175,14 @@ func (g *group) dispatchLocked(now time.Time) {
 				return
 			}
 		}
+		if g.cap != nil && !g.cap.take(g) {
+			return // in the cap's line: a freed place dispatches again
+		}
 		t, at, ok := g.shared.Admit(now, s.cost, g.unanswered == 0)
 		if !ok {
+			if g.cap != nil {
+				g.cap.giveBack()
+			}
 			if !at.IsZero() {
 				g.refuseLateLocked(at)
 				if g.queued() > 0 {
@@ -173,6 +202,7 @@ func (g *group) dispatchLocked(now time.Time) {
 		}
 		g.dequeueLocked(s)
 		s.phase = phaseSent
+		s.capped = g.cap != nil
 		s.ticket = t
 		s.lane.inFlight++
 		if !s.retry {
@@ -184,6 +214,7 @@ func (g *group) dispatchLocked(now time.Time) {
 		}
 		close(s.ready)
 	}
+	g.offCap()
 	if g.timer != nil {
 		// Nobody waits: a pending timer would only keep the group alive.
 		g.timer.Stop()

@@ -145,6 +145,7 @@ type Slot struct {
 	lane    *Lane
 	seq     uint64 // arrival order, kept across retries
 	prio    Priority
+	capped  bool  // holds a place of the global cap; guarded by the group's mutex
 	cost    int64 // estimated tokens
 	arrived time.Time
 	granted time.Time // first grant

@@ -186,8 +186,10 @@ func TestMinGapHoldsNoSlot(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 		synctest.Wait()
-		if st := l.State(); st.InFlight != 0 || st.Queued != 2 {
-			t.Errorf("inside the gap: %d in flight, %d queued; want 0 and 2 (the gap holds no permit)", st.InFlight, st.Queued)
+		// The first answer is in at 100 ms (a retry is queued again when
+		// it was the one refused): the rest wait out the gap in the queue.
+		if st := l.State(); st.InFlight != 0 || st.Queued < 2 {
+			t.Errorf("inside the gap: %d in flight, %d queued; want none in flight (the gap holds no permit)", st.InFlight, st.Queued)
 		}
 		wg.Wait()
 		if len(starts) != 4 {

@@ -14,8 +14,11 @@ type TableConfig struct {
 	// RouteLimits are the configured limits of each route's groups, by
 	// route name ("" for the default upstream); they set Lane.Limits.
 	RouteLimits map[string]Limits
-	MaxLanes    int           // most lanes kept; the least recently used goes first; zero = 10000
-	IdleTTL     time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
+	// Cap, when set, is one concurrency cap over every group of the
+	// table (see Cap).
+	Cap      *Cap
+	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
+	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
 	// nil = NewLocalShared, state in this process only.
 	Shared func(group string, cfg Config) Shared
@@ -123,6 +126,7 @@ func (t *Table) Get(key Key) *Lane {
 				cfg = cfg.withDefaults()
 			}
 			g = newGroup(gk, cfg, t.cfg.Shared(gk, cfg), t.forgotten)
+			g.cap = t.cfg.Cap
 			g.onChange = t.cfg.OnChange
 			t.groups[gk] = g
 		}

@@ -343,20 +343,7 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 // forward runs the attempts and answers the client. The slot is held
 // throughout, retries included.
 func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request, slot *lanequeue.Slot) {
-	release := func() {}
-	defer func() { release() }()
 	for {
-		if p.global != nil {
-			// Taken only now, so a lane held by its own pause or pace
-			// holds none of it; given back before a retry's wait.
-			var err error
-			if release, err = p.global.Take(ctx); err != nil {
-				release = func() {}
-				slot.Report(lanequeue.Report{Verdict: lanequeue.NotSent})
-				p.refuse(w, r, req, err)
-				return
-			}
-		}
 		res, cancel, timedOut := p.attempt(ctx, r, req)
 		defer cancel()
 		req.cancelAttempt = cancel
@@ -390,8 +377,6 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if d.pauseLane && held {
 			after = 0 // the group holds the retry: its pause, or its concurrency limit
 		}
-		release()
-		release = func() {}
 		if err := slot.WaitRetry(ctx, after); err != nil {
 			p.refuse(w, r, req, err)
 			return

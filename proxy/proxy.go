@@ -204,6 +204,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.GlobalConcurrency > 0 {
 		p.global = lanequeue.NewCap(cfg.GlobalConcurrency)
+		cfg.Lanes.Cap = p.global
 	}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
 	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) })
