@@ -19,6 +19,11 @@
 //	configured   the proxy's route configured at 600 RPM (a ceiling) in
 //	             front of an upstream that allows 6,000 (with headers: and
 //	             says so); 300 at 50, ideal rate 10/s
+//	local        a local model server: one model at a time, 2 s to load
+//	             one, 4 served at once, 200 ms answers, behind a route
+//	             marked local; 300 requests interleaving three models, all
+//	             at once (speech "interleaved"); ideal: three loads and
+//	             the answers, 21 s
 //
 // The speech is what the upstream tells about them:
 //
@@ -128,6 +133,9 @@ var targets = map[string]target{
 	// refusals, whatever the upstream allows or claims.
 	"configured/silent":  {1.02, 0},
 	"configured/headers": {1.02, 0},
+	// A local route interleaving three models: within 1.2× of three loads
+	// and the answers.
+	"local/interleaved": {1.2, 0},
 }
 
 func (t target) String() string {
@@ -156,6 +164,11 @@ type shape struct {
 	// configure, when set, changes the proxy's configuration: the shapes
 	// of routes that know their limits.
 	configure func(*proxy.Config)
+	// model names request i's model; nil: one model for all.
+	model func(i int) string
+	// ideal, when set, is the time the upstream allows for n requests
+	// (else n ÷ rate).
+	ideal func(n int) time.Duration
 }
 
 // cell is a shape with a speech: one row of the matrix.
@@ -213,6 +226,17 @@ func shapes(latency time.Duration, rps float64) []shape {
 			speeches: []string{"headers", "silent"}, configure: func(c *proxy.Config) {
 				c.Default.Limits = lanequeue.Limits{RPM: 600}
 			}},
+		// A local model server (one model at a time, 2 s to load one, 4
+		// served at once, 200 ms answers) behind a route marked local
+		// (LLMPROXY_ROUTE_DEFAULT_LOCAL=true, _CONCURRENCY=4), and an eval
+		// interleaving three models, all queued at once.
+		{name: "local", mock: mockupstream.Config{ModelLoad: 2 * time.Second, LocalParallel: 4, Latency: latency},
+			n: 300, c: 300, speeches: []string{"interleaved"},
+			configure: func(c *proxy.Config) {
+				c.Default = proxy.RouteSettings{Local: true, Limits: lanequeue.Limits{Concurrency: 4}}
+			},
+			model: func(i int) string { return []string{"llama", "qwen", "mistral"}[i%3] },
+			ideal: func(n int) time.Duration { return 3*2*time.Second + time.Duration(n)*latency/4 }},
 	}
 }
 
@@ -225,6 +249,7 @@ func speak(cfg *mockupstream.Config, speech string, concurrency bool) {
 		}
 	case "hint":
 		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.ConcurrencyUnnamed = true, true, true
+	case "interleaved": // the local shape's only speech: it says nothing of limits
 	case "silent", "silent-503":
 		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.NoHint, cfg.ConcurrencyUnnamed = true, true, true, true
 		if speech == "silent-503" {
@@ -416,7 +441,13 @@ func run(sc cell, mode string, timeout time.Duration) result {
 		ask = func(ctx context.Context, i int) (*http.Response, error) { return message(ctx, client, i, sc.stream) }
 	} else {
 		client := openai.NewClient(option.WithBaseURL(openaiBase), option.WithAPIKey("sk-loadbench"), option.WithHTTPClient(hc))
-		ask = func(ctx context.Context, i int) (*http.Response, error) { return chat(ctx, client, i, sc.stream) }
+		model := func(int) string { return "gpt-bench" }
+		if sc.model != nil {
+			model = sc.model
+		}
+		ask = func(ctx context.Context, i int) (*http.Response, error) {
+			return chat(ctx, client, i, model(i), sc.stream)
+		}
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -453,7 +484,7 @@ func run(sc cell, mode string, timeout time.Duration) result {
 	st := mock.Stats()
 	r := result{
 		cell: sc.name, mode: mode, n: n, c: c, makespan: makespan,
-		ideal:    time.Duration(float64(n) / sc.rate * float64(time.Second)),
+		ideal:    idealOf(sc, n),
 		failures: failures, upstreamRequests: st.Requests, upstream429: st.RateLimited,
 	}
 	if len(waits) > 0 {
@@ -463,6 +494,14 @@ func run(sc cell, mode string, timeout time.Duration) result {
 		r.queueP99 = waits[min(len(waits)-1, len(waits)*99/100)]
 	}
 	return r
+}
+
+// idealOf is the time the cell's upstream allows for n requests.
+func idealOf(sc cell, n int) time.Duration {
+	if sc.ideal != nil {
+		return sc.ideal(n)
+	}
+	return time.Duration(float64(n) / sc.rate * float64(time.Second))
 }
 
 // reportFailure prints one client failure with what the SDK kept of it.
@@ -481,9 +520,9 @@ func reportFailure(cell, mode string, err error) {
 
 // chat sends request i with the OpenAI SDK, reads the whole answer and
 // returns the response whose headers carry the proxy's queue wait.
-func chat(ctx context.Context, client openai.Client, i int, stream bool) (*http.Response, error) {
+func chat(ctx context.Context, client openai.Client, i int, model string, stream bool) (*http.Response, error) {
 	params := openai.ChatCompletionNewParams{
-		Model:     "gpt-bench",
+		Model:     model,
 		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt(i))},
 		MaxTokens: openai.Int(maxTokens),
 	}

@@ -203,6 +203,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// response, so a client that has read the whole answer finds the slot
 	// already free.
 	defer s.release(key)
+	if s.models != nil {
+		leave, ok := s.models.enter(r.Context(), q.model)
+		if !ok {
+			return
+		}
+		defer leave()
+	}
 	if !s.sleep(r.Context(), s.cfg.Latency) {
 		return
 	}

@@ -94,6 +94,18 @@ type Config struct {
 	StreamHold <-chan struct{}
 	// Now is the clock the buckets refill from. nil = time.Now.
 	Now func() time.Time
+	// ModelLoad, when positive, makes the server a local model server
+	// that holds one model at a time (Ollama, LM Studio, a single-GPU
+	// vLLM): admitted requests wait in one line in arrival order; the
+	// head is served when its model (the body's "model") is loaded and a
+	// parallel place is free; a head for another model waits until
+	// nothing is being served, then its model loads, which takes
+	// ModelLoad, and then it is served. Latency runs once served.
+	// ModelStats tells the loads and swaps.
+	ModelLoad time.Duration
+	// LocalParallel is how many requests of the loaded model are served
+	// at once (OLLAMA_NUM_PARALLEL); 0 = any number. Only with ModelLoad.
+	LocalParallel int
 }
 
 // Stats is a snapshot of what the server has seen.
@@ -140,6 +152,8 @@ type Server struct {
 	live     sync.Mutex
 	closed   bool
 	handlers sync.WaitGroup
+
+	models *models // nil unless Config.ModelLoad > 0
 
 	mu         sync.Mutex
 	keys       map[string]*keyState
@@ -192,6 +206,9 @@ func newServer(cfg Config) *Server {
 	if s.now == nil {
 		s.now = time.Now
 	}
+	if cfg.ModelLoad > 0 {
+		s.models = newModels(cfg, s.done)
+	}
 	for _, k := range cfg.HardQuotaKeys {
 		s.hardQuota[k] = true
 	}
@@ -232,6 +249,15 @@ func (s *Server) Stats() Stats {
 		st.ByKey[k] = ks.stats
 	}
 	return st
+}
+
+// ModelStats is what the local model server saw; zero unless
+// Config.ModelLoad is set.
+func (s *Server) ModelStats() ModelStats {
+	if s.models == nil {
+		return ModelStats{}
+	}
+	return s.models.stats()
 }
 
 // InjectFailures makes the next len(statuses) requests with key fail with

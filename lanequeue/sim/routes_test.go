@@ -363,3 +363,70 @@ func priorities(t *testing.T, mc mockupstream.Config, lim lanequeue.Limits) {
 		}
 	})
 }
+
+// TestRouteLocalModels: a local model server (one model at a time, 2 s to
+// load one, 4 served at once, 200 ms answers) and an eval interleaving
+// three models, 300 requests. The ideal is three loads and the answers
+// 4 at a time: 3 × 2 s + 300 × 0.2 s ÷ 4 = 21 s. With the route marked
+// local, one model is in flight at a time, swaps come when a model's
+// queue drains (at most one more per fairness bound), and the makespan is
+// within 1.2× of the ideal; in arrival order (the route not marked) the
+// server swaps on nearly every request.
+func TestRouteLocalModels(t *testing.T) {
+	const n = 300
+	ideal := 3*2*time.Second + time.Duration(n)*200*time.Millisecond/4
+	mc := mockupstream.Config{ModelLoad: 2 * time.Second, LocalParallel: 4, Latency: 200 * time.Millisecond}
+	models := func(i int) string { return []string{"llama", "qwen", "mistral"}[i%3] }
+	for _, tc := range []struct {
+		name  string
+		local bool
+		c     int
+	}{
+		{"local, all queued at once (C=300)", true, 300},
+		{"local, C=50", true, 50},
+		{"arrival order, C=300", false, 300},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := newBench(t, mc, func(c *proxy.Config, _ *url.URL) {
+					c.Default = proxy.RouteSettings{Local: tc.local, LocalFairness: 30 * time.Second,
+						Limits: lanequeue.Limits{Concurrency: 4}}
+				})
+				defer b.close()
+				took, failures := b.load(n, tc.c, "/v1/chat/completions", models)
+				ms := b.mock.ModelStats()
+				// What the loads made and the answers take: makespan over it
+				// is time the server sat idle.
+				busy := time.Duration(ms.Loads)*2*time.Second + time.Duration(n)*200*time.Millisecond/4
+				t.Logf("%d requests in %v: %.2f× the ideal %v, %.2f× the loads made and the answers (%v); %d loads, %d swaps, at most %d models in flight at once, %d failed",
+					n, took.Round(time.Millisecond), took.Seconds()/ideal.Seconds(), ideal, took.Seconds()/busy.Seconds(), busy,
+					ms.Loads, ms.Swaps, ms.MaxModelsPresent, failures)
+				if !tc.local {
+					return // the comparison
+				}
+				if lr := b.proxy.LocalRoutes(); len(lr) == 1 {
+					t.Logf("gate: %d swaps, %d avoided", lr[0].Swaps, lr[0].SwapsAvoided)
+				}
+				if failures > 0 {
+					t.Errorf("%d failures", failures)
+				}
+				if ms.MaxModelsPresent != 1 {
+					t.Errorf("%d models in flight at once, want 1", ms.MaxModelsPresent)
+				}
+				if r := took.Seconds() / busy.Seconds(); r > 1.2 {
+					t.Errorf("makespan %.2f× the loads and answers: the server sat idle", r)
+				}
+				if tc.c < n {
+					return // the client's own concurrency forces a swap when its slots all wait for other models
+				}
+				// Two swaps for three models, and at most one more per bound.
+				if bound := 2 + int64(took/(30*time.Second)); ms.Swaps > bound {
+					t.Errorf("%d swaps, want at most %d", ms.Swaps, bound)
+				}
+				if r := took.Seconds() / ideal.Seconds(); r > 1.2 {
+					t.Errorf("makespan %.2f× the ideal, want at most 1.2×", r)
+				}
+			})
+		})
+	}
+}
