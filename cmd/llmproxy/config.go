@@ -49,10 +49,13 @@ type config struct {
 	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted"`
 	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
+	GlobalConcurrency  int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`
 	ShutdownTimeout    time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
 
 	upstreamURL *url.URL
 	routes      []proxy.Route
+	// defaultRoute is LLMPROXY_ROUTE_DEFAULT_*.
+	defaultRoute proxy.RouteSettings
 	// laneConcurrencyGiven is LANE_CONCURRENCY as set, when validate moved
 	// it into [MIN, MAX]; zero otherwise.
 	laneConcurrencyGiven int
@@ -66,7 +69,10 @@ func loadConfig(environ map[string]string) (config, error) {
 	if err := env.ParseWithOptions(&c, opts); err != nil {
 		return c, describeEnvError(err)
 	}
-	return c, c.validate()
+	if err := c.validate(); err != nil {
+		return c, err
+	}
+	return c, c.parseRouteSettings(environ)
 }
 
 func describeEnvError(err error) error {
@@ -121,6 +127,7 @@ func (c *config) validate() error {
 		{"LANE_MIN_CONCURRENCY", int64(c.LaneMinConcurrency), 1},
 		{"LANE_MAX_CONCURRENCY", int64(c.LaneMaxConcurrency), 1},
 		{"MAX_LANES", int64(c.MaxLanes), 1},
+		{"GLOBAL_CONCURRENCY", int64(c.GlobalConcurrency), 0},
 	} {
 		if v.val < v.min {
 			return bad(v.name, "%d is below the minimum %d", v.val, v.min)
@@ -284,7 +291,7 @@ func unknownVariables(environ map[string]string) []unknownVariable {
 	}
 	var out []unknownVariable
 	for name := range environ {
-		if !strings.HasPrefix(name, envPrefix) || known[name] ||
+		if !strings.HasPrefix(name, envPrefix) || known[name] || strings.HasPrefix(name, routePrefix) ||
 			strings.HasPrefix(name, envPrefix+"E2E_") || name == envPrefix+"ARTIFACTS" || name == envPrefix+"CHROMIUM" {
 			continue
 		}
@@ -355,4 +362,5 @@ Environment (default in brackets; other LLMPROXY_* names get a warning):
 		fmt.Fprintf(tw, "  %s%s\t[%s]\t%s\n", envPrefix, name, f.Tag.Get("envDefault"), f.Tag.Get("help"))
 	}
 	tw.Flush()
+	printRouteUsage(w)
 }

@@ -96,6 +96,7 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	}
 	log := newLogger(cfg, stderr)
 	cfg.logNotes(log, environ)
+	cfg.logRoutes(log)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -140,6 +141,8 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	p, err := proxy.New(proxy.Config{
 		Upstream:             cfg.upstreamURL,
 		Routes:               cfg.routes,
+		Default:              cfg.defaultRoute,
+		GlobalConcurrency:    cfg.GlobalConcurrency,
 		MaxRetries:           retries,
 		MaxWait:              cfg.MaxWait,
 		MaxRetryAfter:        cfg.MaxRetryAfter,
