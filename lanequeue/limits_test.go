@@ -7,6 +7,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmproxy/llmproxy/headerparse"
 )
 
@@ -242,5 +244,45 @@ func TestConfiguredConcurrencyIsACeiling(t *testing.T) {
 				t.Errorf("start %v: most in flight %d, want %s", tc.start, most, map[bool]string{false: "3", true: "more than 3"}[tc.start])
 			}
 		})
+	}
+}
+
+// TestConfiguredLimitsAreMetrics: the configured limits of a lane's route
+// are gauges by kind, only those set; a lane of a route without any has
+// none.
+func TestConfiguredLimitsAreMetrics(t *testing.T) {
+	tbl := NewTable(TableConfig{RouteLimits: map[string]Limits{"": {RPM: 600, Concurrency: 4, MinGap: 50 * time.Millisecond}}})
+	l := tbl.Get(ckey)
+	tbl.Get(Key{Route: "other", Path: "/v1/x", Model: "m"})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(tbl.Collector())
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "llmproxy_lane_configured_limit" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["lane"] != l.ID() {
+				t.Errorf("a configured limit on lane %s, which has none", labels["lane"])
+			}
+			got[labels["kind"]] = m.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{"rpm": 600, "concurrency": 4, "min_gap_seconds": 0.05}
+	if len(got) != len(want) {
+		t.Errorf("kinds %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
 	}
 }

@@ -39,10 +39,11 @@ var (
 	descTokRate     = laneDesc("llmproxy_lane_tokens_per_second", "The token rate the lane has learned (0: unknown).")
 	descAdmitted    = laneDesc("llmproxy_lane_admitted_rate", "The request rate the lane's group measured from the upstream's behaviour, without rate-limit headers (0: not learned so).")
 	descDrain       = laneDesc("llmproxy_lane_drain_seconds", "Estimated time until the lane's limit group has sent what waits now (0: nothing waits, or nothing learned).")
+	descConfigured  = laneDesc("llmproxy_lane_configured_limit", "A limit the lane's route configures (LLMPROXY_ROUTE_<NAME>_*), by kind: rpm, tpm, concurrency, min_gap_seconds; only those set.", "kind")
 	descLanes       = prometheus.NewDesc("llmproxy_lanes", "Lanes in the table.", nil, nil)
 	laneDescriptors = []*prometheus.Desc{descRequests, descAttempts, descAbsorbed, descInfo, descQueued, descInFlight,
 		descLimit, descPaused, descPauses, descPausedSecs, descReqLimit, descReqLeft, descReqRate, descTokLimit,
-		descTokLeft, descTokRate, descAdmitted, descDrain, descLanes}
+		descTokLeft, descTokRate, descAdmitted, descDrain, descConfigured, descLanes}
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -96,5 +97,15 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTokRate, s.TokensPerSecond, id)
 		gauge(descAdmitted, s.AdmittedRate, id)
 		gauge(descDrain, s.DrainSeconds, id)
+		if c := s.Configured; c != nil {
+			for _, k := range []struct {
+				kind string
+				v    float64
+			}{{"rpm", c.RPM}, {"tpm", c.TPM}, {"concurrency", float64(c.Concurrency)}, {"min_gap_seconds", c.MinGapSecs}} {
+				if k.v > 0 {
+					gauge(descConfigured, k.v, id, k.kind)
+				}
+			}
+		}
 	}
 }

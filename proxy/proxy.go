@@ -207,7 +207,11 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Lanes.Cap = p.global
 	}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
-	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) })
+	var routes prometheus.Collector
+	if p.global != nil || len(p.gates) > 0 {
+		routes = routesCollector{p}
+	}
+	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) }, routes)
 	if err != nil {
 		return nil, err
 	}

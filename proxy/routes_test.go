@@ -107,6 +107,9 @@ func TestGlobalCapHoldsAcrossLanesAndAPausedLaneHoldsNone(t *testing.T) {
 	if !ok || st.Limit != 5 || st.Most > 5 {
 		t.Errorf("global cap stats %+v", st)
 	}
+	if v := gaugeValue(t, h.proxy.cfg.Gatherer, "llmproxy_global_concurrency_limit"); v != 5 {
+		t.Errorf("llmproxy_global_concurrency_limit %v, want 5", v)
+	}
 	if d := <-pausedDone; d.Sub(start) < time.Second {
 		t.Errorf("the refused request did not wait out its pause")
 	}
@@ -163,6 +166,19 @@ func TestLocalRouteServesOneModelAtATime(t *testing.T) {
 	}
 	if r := routes[0]; r.Swaps+r.SwapsAvoided < 2 || r.Swaps > 30 || r.InFlight != 0 {
 		t.Errorf("gate stats %+v", r)
+	}
+	if v := gaugeValue(t, h.proxy.cfg.Gatherer, "llmproxy_local_model_loaded"); v != 1 {
+		t.Errorf("llmproxy_local_model_loaded sums to %v, want 1 (one model)", v)
+	}
+	fams, _ := h.proxy.cfg.Gatherer.Gather()
+	swaps := -1.0
+	for _, f := range fams {
+		if f.GetName() == "llmproxy_local_model_swaps_total" {
+			swaps = f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if swaps != float64(routes[0].Swaps) {
+		t.Errorf("llmproxy_local_model_swaps_total %v, want %d", swaps, routes[0].Swaps)
 	}
 	var page struct {
 		LocalRoutes []struct {
