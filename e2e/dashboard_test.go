@@ -195,8 +195,12 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	defer silent.Close()
 	s := newStack(t, mockupstream.Config{RPM: 600, Latency: 80 * time.Millisecond}, func(c *proxy.Config) {
 		u := mustURL(t, pausing.URL)
-		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u}, proxy.Route{Name: "silent", URL: mustURL(t, silent.URL())})
+		// The pausing route is a local model server's (one model); the
+		// silent one has a configured ceiling above what it allows.
+		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u, Settings: proxy.RouteSettings{Local: true}},
+			proxy.Route{Name: "silent", URL: mustURL(t, silent.URL()), Settings: proxy.RouteSettings{Limits: lanequeue.Limits{RPM: 600}}})
 		c.MaxWait, c.MaxRetryAfter = 10*time.Minute, 10*time.Minute
+		c.GlobalConcurrency = 100
 	})
 	var degraded atomic.Bool
 	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{Shared: func() string {
@@ -338,7 +342,8 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	// keys their rate from the headers; the silent upstream's the rate it
 	// was seen to admit, where that figure comes from, and what binds.
 	learnedFromBehaviour := regexp.MustCompile(`^rate [0-9.]+/(s|min) learned from (admitted rate|hint|probe)` +
-		`( · concurrency [0-9]+ (named by the upstream|learned from refusals at [0-9]+ in flight))? · bound: (rate|concurrency)$`)
+		`( · concurrency [0-9]+ (named by the upstream|learned from refusals at [0-9]+ in flight))? · bound: (rate|concurrency)` +
+		` · configured 600 rpm \(ceiling\)$`)
 	for _, st := range after.Lanes {
 		pl, _ := view.lane(st.ID)
 		switch st.Model {
@@ -353,6 +358,25 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 				t.Errorf("lane %s says %q, want its rate from headers", st.Model, pl.Belief)
 			}
 		}
+	}
+
+	// The global cap and the local route show above the lanes.
+	type extras struct {
+		Global string `json:"global"`
+		Local  string `json:"local"`
+	}
+	ex, err := chromedp.Run(ctx, chromedp.Evaluate[extras](`(() => ({
+	  global: document.getElementById("global").hidden ? "" : document.getElementById("global").textContent.trim(),
+	  local: [...document.querySelectorAll("#local-routes [data-route]")].map(e => e.textContent.trim()).join("|"),
+	}))()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^global cap [0-9]+/100`).MatchString(ex.Global) {
+		t.Errorf("global cap shows %q", ex.Global)
+	}
+	if !strings.HasPrefix(ex.Local, "/pausing (local): gpt-paused loaded · 0 swaps") {
+		t.Errorf("local route shows %q", ex.Local)
 	}
 
 	// Counts move without a reload.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/proxy"
 )
 
 // adminURL is the base URL of an admin listener address; a wildcard host
@@ -38,6 +39,10 @@ type lanesReply struct {
 	Redis string            `json:"redis"`
 	Total int               `json:"total"` // lanes in the table; Lanes is the busiest page
 	Lanes []lanequeue.State `json:"lanes"`
+	// Global is LLMPROXY_GLOBAL_CONCURRENCY's state, when it is set.
+	Global *lanequeue.CapStats `json:"global"`
+	// LocalRoutes are the local routes' model gates.
+	LocalRoutes []proxy.LocalRoute `json:"local_routes"`
 }
 
 // status prints the lane table of a running proxy, once or (-w) every
@@ -121,7 +126,15 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 	if r.Total > len(r.Lanes) {
 		lanes = fmt.Sprintf("%d busiest of %d", len(r.Lanes), r.Total)
 	}
-	fmt.Fprintf(w, "llmproxy at %s  %s lanes  redis: %s  %s\n\n", base, lanes, shared, now.Format("15:04:05"))
+	fmt.Fprintf(w, "llmproxy at %s  %s lanes  redis: %s  %s\n", base, lanes, shared, now.Format("15:04:05"))
+	if g := r.Global; g != nil {
+		fmt.Fprintf(w, "global cap: %d/%d in use, %d groups waiting, at most %d so far\n", g.InUse, g.Limit, g.Waiting, g.Most)
+	}
+	for _, lr := range r.LocalRoutes {
+		fmt.Fprintf(w, "local route /%s: %s loaded, %d in flight, %d waiting for their model, %d swaps, %d avoided\n",
+			lr.Route, orDash(lr.Loaded), lr.InFlight, lr.Waiting, lr.Swaps, lr.SwapsAvoided)
+	}
+	fmt.Fprintln(w)
 	sort.SliceStable(r.Lanes, func(i, j int) bool {
 		a, b := r.Lanes[i], r.Lanes[j]
 		if a.Queued+a.InFlight != b.Queued+b.InFlight {
@@ -130,18 +143,44 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		return a.LastUsed.After(b.LastUsed)
 	})
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\tFAILED\t429s ABSORBED\tREQ/S\tTOK/S\tDRAINS IN\tWAITING\tBELIEVES\t")
+	fmt.Fprintln(tw, "LANE\tROUTE\tPATH\tMODEL\tKEY\tQUEUED\tIN FLIGHT\tLIMIT\tDONE\tFAILED\t429s ABSORBED\tREQ/S\tTOK/S\tDRAINS IN\tWAITING\tCONFIGURED\tBELIEVES\t")
 	for _, s := range r.Lanes {
 		route := s.Route
 		if route == "" {
 			route = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n",
-			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), s.Queued, s.InFlight, s.Concurrency,
+		queued := strconv.Itoa(s.Queued)
+		if s.QueuedLow > 0 {
+			queued += fmt.Sprintf(" (%d low)", s.QueuedLow)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), queued, s.InFlight, s.Concurrency,
 			s.Outcomes["ok"], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
-			drainsIn(s), waiting(s, now), orDash(believes(s)))
+			drainsIn(s), waiting(s, now), orDash(configured(s.Configured)), orDash(believes(s)))
 	}
 	tw.Flush()
+}
+
+// configured is what the lane's route configures: "600rpm c8 gap50ms
+// ceiling"; "" when nothing.
+func configured(c *lanequeue.ConfiguredView) string {
+	if c == nil {
+		return ""
+	}
+	var parts []string
+	if c.RPM > 0 {
+		parts = append(parts, strconv.FormatFloat(c.RPM, 'g', -1, 64)+"rpm")
+	}
+	if c.TPM > 0 {
+		parts = append(parts, strconv.FormatFloat(c.TPM, 'g', -1, 64)+"tpm")
+	}
+	if c.Concurrency > 0 {
+		parts = append(parts, "c"+strconv.Itoa(c.Concurrency))
+	}
+	if c.MinGapSecs > 0 {
+		parts = append(parts, "gap"+time.Duration(c.MinGapSecs*float64(time.Second)).String())
+	}
+	return strings.Join(append(parts, c.Mode), " ")
 }
 
 // failed counts the lane's answers that were not a success, those whose

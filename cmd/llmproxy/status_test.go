@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/proxy"
 )
 
 // TestStatusShowsTheLanesOfARunningProxy runs the proxy, sends one request
@@ -195,4 +196,31 @@ func TestStatusSaysWhatTheLaneBelievesAndWhy(t *testing.T) {
 		t.Fatalf("the lane's line does not end with %q:\n%s", want, out.String())
 	}
 	t.Log("\n" + out.String())
+}
+
+// TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes: what a route
+// configures is a column beside what the lane believes; the global cap and
+// each local route get a line above the table.
+func TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
+	var out bytes.Buffer
+	printStatus(&out, lanesReply{
+		Lanes: []lanequeue.State{{ID: "beef00000002", Path: "/v1/chat/completions", Model: "llama", Concurrency: 4, Queued: 12, QueuedLow: 10,
+			Configured: &lanequeue.ConfiguredView{RPM: 600, Concurrency: 4, MinGapSecs: 0.05, Mode: "ceiling"}}},
+		Global:      &lanequeue.CapStats{Limit: 64, InUse: 3, Waiting: 2, Most: 64},
+		LocalRoutes: []proxy.LocalRoute{{Route: "ollama", GateStats: lanequeue.GateStats{Loaded: "llama", Swaps: 4, SwapsAvoided: 120, Waiting: 2}}},
+	}, "http://127.0.0.1:9090", time.Unix(0, 0))
+	s := out.String()
+	for _, want := range []string{
+		"global cap: 3/64 in use, 2 groups waiting, at most 64 so far\n",
+		"local route /ollama: llama loaded, 0 in flight, 2 waiting for their model, 4 swaps, 120 avoided\n",
+		"CONFIGURED", "600rpm c4 gap50ms ceiling", "12 (10 low)",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("status lacks %q:\n%s", want, s)
+		}
+	}
+	if c := configured(&lanequeue.ConfiguredView{TPM: 150000, Mode: "replaced"}); c != "150000tpm replaced" {
+		t.Errorf("configured = %q", c)
+	}
+	t.Log("\n" + s)
 }
