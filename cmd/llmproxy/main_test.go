@@ -46,6 +46,9 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_CLIENT_RATELIMIT_HEADERS", "rewrite"},
 		{"LLMPROXY_LANE_CONCURRENCY", "0"},
 		{"LLMPROXY_MAX_BODY_BYTES", "0"},
+		{"LLMPROXY_ROUTE_NOPE_RPM", "600"},
+		{"LLMPROXY_ROUTE_DEFAULT_MIN_GAP", "soon"},
+		{"LLMPROXY_GLOBAL_CONCURRENCY", "-3"},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {
 			var stderr bytes.Buffer

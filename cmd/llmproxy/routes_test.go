@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +131,59 @@ func TestHelpListsRouteSettings(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "LLMPROXY_GLOBAL_CONCURRENCY") {
 		t.Error("-h lacks LLMPROXY_GLOBAL_CONCURRENCY")
+	}
+}
+
+// TestProgramAppliesRouteSettings: the real program, started with a
+// configured default route, a local route and a global cap, logs each
+// route's settings and shows them on /lanes once a request went through.
+func TestProgramAppliesRouteSettings(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[]}`)
+	}))
+	defer up.Close()
+	pr := startProgram(t, map[string]string{
+		"LLMPROXY_UPSTREAM":                 up.URL,
+		"LLMPROXY_ROUTES":                   "ollama=" + up.URL,
+		"LLMPROXY_ROUTE_DEFAULT_RPM":        "600",
+		"LLMPROXY_ROUTE_DEFAULT_LIMITS":     "start",
+		"LLMPROXY_ROUTE_OLLAMA_LOCAL":       "true",
+		"LLMPROXY_ROUTE_OLLAMA_CONCURRENCY": "2",
+		"LLMPROXY_GLOBAL_CONCURRENCY":       "16",
+	})
+	for _, path := range []string{"/v1/chat/completions", "/ollama/v1/chat/completions"} {
+		resp, err := http.Post("http://"+pr.proxy+path, "application/json", strings.NewReader(`{"model":"llama"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	for _, want := range []string{`msg="route settings" route=DEFAULT settings="600 rpm, as start"`,
+		`msg="route settings" route=ollama settings="concurrency 2, as ceiling, local (fairness 30s)"`} {
+		if !strings.Contains(pr.logs.String(), want) {
+			t.Errorf("logs lack %q:\n%s", want, pr.logs)
+		}
+	}
+	r := pr.lanes(t)
+	if r.Global == nil || r.Global.Limit != 16 {
+		t.Errorf("global: %+v", r.Global)
+	}
+	if len(r.LocalRoutes) != 1 || r.LocalRoutes[0].Route != "ollama" || r.LocalRoutes[0].Loaded != "llama" {
+		t.Errorf("local routes: %+v", r.LocalRoutes)
+	}
+	for _, l := range r.Lanes {
+		c := l.Configured
+		switch l.Route {
+		case "":
+			if c == nil || c.RPM != 600 || c.Mode != "start" {
+				t.Errorf("default lane configured %+v", c)
+			}
+		case "ollama":
+			if c == nil || c.Concurrency != 2 || c.Mode != "ceiling" || l.Concurrency != 2 {
+				t.Errorf("ollama lane configured %+v, limit %d", c, l.Concurrency)
+			}
+		}
 	}
 }
