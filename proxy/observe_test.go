@@ -295,9 +295,17 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	var n atomic.Int32
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limitedThenRefusedOnce(w, &n, true)
-	}), func(c *Config) { c.MaxBodyBytes = 64 })
+	}), func(c *Config) {
+		c.MaxBodyBytes = 64
+		// Configured limits, the global cap and a local route have their
+		// series too.
+		c.Default.Limits.Concurrency = 64
+		c.GlobalConcurrency = 100
+		c.Routes = append(c.Routes, Route{Name: "local", URL: c.Upstream, Settings: RouteSettings{Local: true}})
+	})
 	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
 	readAll(t, h.post("/v1/chat/completions", `{"model":"`+strings.Repeat("x", 100)+`"}`).Body)
+	readAll(t, h.post("/local/v1/chat/completions", `{"model":"m"}`).Body)
 	fams, err := h.proxy.cfg.Gatherer.Gather()
 	if err != nil {
 		t.Fatal(err)
