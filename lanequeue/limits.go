@@ -81,10 +81,22 @@ type ceiling struct {
 	// replaced: Limits.Start and the Shared state learned a limit of its
 	// own, which replaces RPM and TPM from then on.
 	replaced bool
+	// grow multiplies a start's RPM and TPM: a start that holds requests
+	// back without a refusal grows, so an upstream that allows more (and
+	// says nothing) is found; grownAt is its last growth.
+	grow    float64
+	grownAt time.Time
 }
 
+// Growth of a start that holds requests back while nothing is learned:
+// by startGrowth every startGrowEvery.
+const (
+	startGrowth    = 1.25
+	startGrowEvery = time.Second
+)
+
 func newCeiling(l Limits) *ceiling {
-	c := &ceiling{lim: l}
+	c := &ceiling{lim: l, grow: 1}
 	c.tokAvail = c.tokCap()
 	return c
 }
@@ -98,10 +110,10 @@ func (c *ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
 
 // rpmGap is the spacing of starts that RPM asks for.
 func (c *ceiling) rpmGap() time.Duration {
-	return time.Duration(float64(time.Minute) / c.lim.RPM)
+	return time.Duration(float64(time.Minute) / (c.lim.RPM * c.grow))
 }
 
-func (c *ceiling) tokRate() float64 { return c.lim.TPM / 60 }
+func (c *ceiling) tokRate() float64 { return c.lim.TPM * c.grow / 60 }
 
 // tokCap is the token bucket's size: one second's worth.
 func (c *ceiling) tokCap() float64 { return max(c.tokRate(), 1) }
@@ -138,6 +150,17 @@ func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 		}
 	}
 	if at.After(now) {
+		if c.lim.Start && !c.replaced {
+			switch {
+			case c.grownAt.IsZero():
+				c.grownAt = now
+			case now.Sub(c.grownAt) >= startGrowEvery:
+				// Held back a while and nothing learned: the upstream has
+				// not refused the start's pace; try more.
+				c.grow *= startGrowth
+				c.grownAt = now
+			}
+		}
 		return at, false
 	}
 	return time.Time{}, true

@@ -286,3 +286,34 @@ func TestConfiguredLimitsAreMetrics(t *testing.T) {
 		}
 	}
 }
+
+// TestConfiguredStartGrowsWhileNothingIsLearned: a start of 60 RPM that
+// holds requests back on an upstream that says nothing and refuses nothing
+// grows by a quarter each second it holds them; a ceiling would not.
+func TestConfiguredStartGrowsWhileNothingIsLearned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{RPM: 60, Start: true}).Get(ckey)
+		starts, _ := runStarts(t, l, 8, 10*time.Millisecond, nil)
+		var gaps []time.Duration
+		for i := 1; i < len(starts); i++ {
+			gaps = append(gaps, starts[i].Sub(starts[i-1]))
+		}
+		if gaps[0] != time.Second {
+			t.Errorf("first gap %v, want the start's 1s", gaps[0])
+		}
+		// 1s, 1s, 0.8s, 0.64s, 0.64s, 0.512s, …: a quarter more for each
+		// second held back.
+		for i := 1; i < len(gaps); i++ {
+			if gaps[i] > gaps[i-1] {
+				t.Errorf("gaps %v: want none longer than the one before", gaps)
+				break
+			}
+		}
+		if last := gaps[len(gaps)-1]; last > 520*time.Millisecond {
+			t.Errorf("last gap %v (gaps %v), want the start grown to about twice", last, gaps)
+		}
+		if c := l.State().Configured; c.Mode != "start" {
+			t.Errorf("mode %q, want start: nothing was learned", c.Mode)
+		}
+	})
+}

@@ -54,7 +54,7 @@ var routeSettings = []routeSetting{
 		st.Limits.MinGap = d
 		return nil
 	}},
-	{"LIMITS", "ceiling", "ceiling: learning may only lower RPM, TPM and CONCURRENCY, they are never exceeded; start: they are where learning starts, and what the upstream shows replaces them", func(st *proxy.RouteSettings, v string) error {
+	{"LIMITS", "ceiling", "ceiling: learning may only lower RPM, TPM and CONCURRENCY, they are never exceeded; start: they are where learning starts (growing while nothing is refused), and what the upstream shows replaces them", func(st *proxy.RouteSettings, v string) error {
 		switch strings.ToLower(v) {
 		case "ceiling":
 			st.Limits.Start = false

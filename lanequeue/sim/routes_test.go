@@ -430,3 +430,68 @@ func TestRouteLocalModels(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteCeilingAboveWhatTheUpstreamAllows: a configured 1,200 RPM over a
+// silent upstream that allows 600 (10/s): learning lowers the pace under
+// the ceiling, as it would without one; the silent short cell's targets
+// hold (1.15× of N ÷ 10/s, 10 % refused).
+func TestRouteCeilingAboveWhatTheUpstreamAllows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBench(t, speak(mockupstream.Config{RPM: 600, Latency: 200 * time.Millisecond}, silent, false), func(c *proxy.Config, _ *url.URL) {
+			c.Default.Limits = lanequeue.Limits{RPM: 1200}
+		})
+		defer b.close()
+		const n = 300
+		took, failures := b.load(n, 50, "/v1/chat/completions", gptSim)
+		st := b.mock.Stats()
+		ratio := took.Seconds() / (n / 10.0)
+		refused := 100 * float64(st.RateLimited) / float64(st.Requests)
+		t.Logf("%d requests in %v: %.2f× N ÷ 10/s, %.1f%% of %d upstream requests refused, %d failed", n, took, ratio, refused, st.Requests, failures)
+		if failures > 0 {
+			t.Errorf("%d failures", failures)
+		}
+		if raceBuild {
+			return // see raceBuild
+		}
+		if ratio > 1.15 || refused > 10 {
+			t.Errorf("%.2f×, %.1f%% refused; want ≤ 1.15× and ≤ 10%%", ratio, refused)
+		}
+	})
+}
+
+// TestRouteStartGrowsToWhatTheUpstreamAllows: LIMITS=start at 600 RPM over
+// a silent upstream that allows 1,800 (30/s): the start grows while it
+// holds requests back and nothing is refused, then what the refusals teach
+// replaces it. Against a ceiling of the same 600 (30 s), the run takes
+// about a third.
+func TestRouteStartGrowsToWhatTheUpstreamAllows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBench(t, speak(mockupstream.Config{RPM: 1800, Latency: 200 * time.Millisecond}, silent, false), func(c *proxy.Config, _ *url.URL) {
+			c.Default.Limits = lanequeue.Limits{RPM: 600, Start: true}
+		})
+		defer b.close()
+		const n = 600
+		took, failures := b.load(n, 50, "/v1/chat/completions", gptSim)
+		st := b.mock.Stats()
+		ratio := took.Seconds() / (n / 30.0)
+		refused := 100 * float64(st.RateLimited) / float64(st.Requests)
+		var mode string
+		if ls := b.proxy.Lanes().States(); len(ls) == 1 && ls[0].Configured != nil {
+			mode = ls[0].Configured.Mode
+		}
+		t.Logf("%d requests in %v: %.2f× N ÷ 30/s (the start alone: 3×), %.1f%% of %d upstream requests refused, %d failed, mode %q",
+			n, took, ratio, refused, st.Requests, failures, mode)
+		if failures > 0 {
+			t.Errorf("%d failures", failures)
+		}
+		if mode != "replaced" {
+			t.Errorf("mode %q, want replaced", mode)
+		}
+		if raceBuild {
+			return // see raceBuild
+		}
+		if ratio > 1.5 || refused > 10 {
+			t.Errorf("%.2f×, %.1f%% refused; want ≤ 1.5× and ≤ 10%%", ratio, refused)
+		}
+	})
+}
