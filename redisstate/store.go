@@ -104,6 +104,12 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	// go-redis logs its own retries and dial failures (a dozen a second
+	// while Redis is down) to stderr in a format of its own; they go
+	// through slog at debug instead. The store's one line per change
+	// between shared and local stays the warning. go-redis has one logger
+	// for the process: the latest store's.
+	redis.SetLogger(clientLog{cfg.Logger})
 	opt.DialTimeout = cfg.Timeout
 	opt.ReadTimeout = cfg.Timeout
 	opt.WriteTimeout = cfg.Timeout
@@ -338,4 +344,11 @@ func (s *Store) Held() int {
 // lanequeue.TableConfig.Shared.
 func (s *Store) Shared(group string, cfg lanequeue.Config) lanequeue.Shared {
 	return newShared(s, group, cfg)
+}
+
+// clientLog hands go-redis's log lines to slog at debug.
+type clientLog struct{ log *slog.Logger }
+
+func (c clientLog) Printf(ctx context.Context, format string, v ...any) {
+	c.log.DebugContext(ctx, "redis client", "detail", fmt.Sprintf(format, v...))
 }
