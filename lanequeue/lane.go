@@ -75,6 +75,10 @@ type Config struct {
 // it zero.
 const DefaultConcurrency = 8
 
+// WithDefaults is c with its zero fields at their documented defaults and
+// its concurrency bounds in order, as a group uses it.
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
 func (c Config) withDefaults() Config {
 	if c.Concurrency <= 0 {
 		c.Concurrency = DefaultConcurrency

@@ -145,7 +145,7 @@ func TestRegressionReturnDuringBlipBlocksAfterRejoin(t *testing.T) {
 // never puts them back.
 func TestRegressionFlushLosesInFlightForever(t *testing.T) {
 	srv := startServer(t)
-	const lease = 300 * time.Millisecond
+	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
 	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
 	if _, _, ok := a.Shared("g", one).Admit(time.Now(), 1, false); !ok {

@@ -38,7 +38,7 @@ type Config struct {
 	Prefix string
 	// LeaseTTL is how long a permit stays counted without its replica
 	// renewing it: how long a replica that died holds its permits. Zero =
-	// 15s.
+	// 15s; at least MinLeaseTTL.
 	LeaseTTL time.Duration
 	// KeyTTL is how long a group's keys live unused; zero = 10m.
 	KeyTTL time.Duration
@@ -75,6 +75,11 @@ type Store struct {
 	failures prometheus.Counter
 }
 
+// MinLeaseTTL is the shortest lease: a replica renews its leases every
+// third of the TTL with a call that may take Timeout, so a shorter one
+// would let live permits lapse. A shorter Config.LeaseTTL is raised to it.
+const MinLeaseTTL = time.Second
+
 // ErrBadURL is returned by New for a URL that cannot be used.
 var ErrBadURL = errors.New("redisstate: bad URL")
 
@@ -89,8 +94,11 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "llmproxy:v1:"
 	}
-	if cfg.LeaseTTL <= 0 {
+	switch {
+	case cfg.LeaseTTL <= 0:
 		cfg.LeaseTTL = 15 * time.Second
+	case cfg.LeaseTTL < MinLeaseTTL:
+		cfg.LeaseTTL = MinLeaseTTL
 	}
 	if cfg.KeyTTL <= 0 {
 		cfg.KeyTTL = 10 * time.Minute
@@ -343,7 +351,9 @@ func (s *Store) Held() int {
 // Shared returns the shared state of the limit group; use it as
 // lanequeue.TableConfig.Shared.
 func (s *Store) Shared(group string, cfg lanequeue.Config) lanequeue.Shared {
-	return newShared(s, group, cfg)
+	// A zero Config means the defaults here as everywhere: the scripts
+	// would read a concurrency of 0 as "admit nothing".
+	return newShared(s, group, cfg.WithDefaults())
 }
 
 // clientLog hands go-redis's log lines to slog at debug.

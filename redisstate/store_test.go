@@ -158,7 +158,7 @@ func TestAPauseIsShared(t *testing.T) {
 
 func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 	srv := startServer(t)
-	const lease = 400 * time.Millisecond
+	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
 	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
 	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
@@ -183,7 +183,7 @@ func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 
 func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
 	srv := startServer(t)
-	const lease = 300 * time.Millisecond
+	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
 	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
 	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
@@ -267,5 +267,26 @@ func TestUnreachableAtStartIsDegradedNotAnError(t *testing.T) {
 	}
 	if _, err := New(Config{URL: "http://nope"}); err == nil {
 		t.Fatal("a URL that is not redis:// was accepted")
+	}
+}
+
+// TestAZeroConfigTakesTheDefaults: Shared with a zero lanequeue.Config
+// admits as a group with the default limits does (it admitted nothing,
+// ever: the scripts read a concurrency of 0), and a lease shorter than
+// MinLeaseTTL is raised to it.
+func TestAZeroConfigTakesTheDefaults(t *testing.T) {
+	srv := startServer(t)
+	st := newStore(t, srv.url(), 100*time.Millisecond)
+	if st.cfg.LeaseTTL != MinLeaseTTL {
+		t.Errorf("lease TTL %v, want it raised to %v", st.cfg.LeaseTTL, MinLeaseTTL)
+	}
+	sh := st.Shared("g", lanequeue.Config{})
+	for i := range lanequeue.DefaultConcurrency {
+		if _, _, ok := admit(t, sh); !ok {
+			t.Fatalf("admit %d of a zero config refused", i+1)
+		}
+	}
+	if _, _, ok := admit(t, sh); ok {
+		t.Fatalf("admitted more than the default concurrency %d", lanequeue.DefaultConcurrency)
 	}
 }

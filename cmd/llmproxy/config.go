@@ -46,7 +46,7 @@ type config struct {
 	LaneIdleTTL        time.Duration `env:"LANE_IDLE_TTL" envDefault:"10m" help:"a lane idle this long is dropped"`
 	ClientRateLimitHdr string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`
 	RedisURL           string        `env:"REDIS_URL" help:"redis:// or rediss:// URL: replicas share their lanes' limits through it (unset: this process only)"`
-	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted"`
+	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted; at least 1s"`
 	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
 	GlobalConcurrency  int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`
@@ -143,7 +143,7 @@ func (c *config) validate() error {
 		{"MAX_WAIT", c.MaxWait, time.Second}, {"MAX_RETRY_AFTER", c.MaxRetryAfter, time.Second},
 		{"BODY_TIMEOUT", c.BodyTimeout, time.Second},
 		{"IDLE_TIMEOUT", c.IdleTimeout, 0}, {"LANE_IDLE_TTL", c.LaneIdleTTL, 0},
-		{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0}, {"REDIS_LEASE_TTL", c.RedisLeaseTTL, 0},
+		{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0}, {"REDIS_LEASE_TTL", c.RedisLeaseTTL, time.Second},
 	} {
 		switch {
 		case v.val <= 0:
