@@ -4,6 +4,7 @@ package redisstate
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -252,5 +253,54 @@ func TestRegressionProbeWaitsForABudgetWithATime(t *testing.T) {
 	_, at, ok := sh.Admit(time.Now(), 100, true)
 	if ok || at.IsZero() {
 		t.Fatalf("admit = %v, at %v; want to wait for the token refill", ok, at)
+	}
+}
+
+func tokLimits(now time.Time, limit, remaining int64) headerparse.Limits {
+	return headerparse.Limits{Tokens: headerparse.Window{Limit: limit, Remaining: remaining, HasRemaining: true, Reset: now.Add(60 * time.Second)}}
+}
+
+// Settling an answer's estimate credits the unused tokens back, unless an
+// answer to a later dispatch has already told the upstream's own count,
+// which holds what that request really used (issue 18, item 8; the
+// in-process budget checks this).
+func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
+	now := time.Now()
+	tk, _, _ := sa.Admit(now, 100, false)
+	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 100000, 50000)}, now)
+	sa.Return(&tk, now)
+	// first (estimated 1,000 tokens) goes, then second; second's answer
+	// says 40,000 are left: the upstream's count, first's real use in it.
+	first, _, _ := sa.Admit(time.Now(), 1000, false)
+	second, _, _ := sa.Admit(time.Now(), 1000, false)
+	now = time.Now()
+	sa.Learn(&second, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 100000, 40000)}, now)
+	sa.Return(&second, now)
+	avail := func() float64 {
+		v, err := strconv.ParseFloat(hget(t, a, sa.(*shared).state, "t_avail"), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := avail()
+	// first used only 10 of its 1,000: already in the upstream's 40,000.
+	sa.Learn(&first, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	sa.Settle(&first, 10)
+	sa.Return(&first, time.Now())
+	after := avail()
+	if after-before > 100 { // a refill of a few ms aside
+		t.Fatalf("t_avail %.0f before settling first, %.0f after: 990 tokens credited twice", before, after)
+	}
+	// An estimate settled with no later count credits back as before:
+	// 1,000 charged, 990 back.
+	third, _, _ := sa.Admit(time.Now(), 1000, false)
+	sa.Settle(&third, 10)
+	sa.Return(&third, time.Now())
+	if got := avail(); got < after-10-100 || got > after-10+100 {
+		t.Fatalf("t_avail %.0f after third, want about %.0f (its unused 990 back)", got, after-10)
 	}
 }

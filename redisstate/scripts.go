@@ -6,7 +6,8 @@ import "github.com/redis/go-redis/v9"
 //
 //	state   hash: paused (ms), climit, and per budget (prefix r_ for
 //	        requests, t_ for tokens) known, syn, size, rate (per second),
-//	        avail, at (ms), sent
+//	        avail, at (ms), sent, seen (the largest sent-at-dispatch an
+//	        answer's remaining count covered)
 //	leases  sorted set: one member per permit out, scored by its expiry (ms)
 //	waiting hash: replica -> "since:seen", the arrival of the replica's
 //	        oldest waiter and when it last asked (ms)
@@ -133,7 +134,11 @@ local function learn(p, i)
   b.known, b.syn, b.size, b.rate = 1, tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
   local mode, value, mark = tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), tonumber(ARGV[i+6])
   if redis.call('HEXISTS', KEYS[1], p..'avail') == 0 then b.avail = b.size end
-  if mode == 1 then b.avail = value - math.max(0, b.sent - mark)
+  if mode == 1 then
+    b.avail = value - math.max(0, b.sent - mark)
+    -- The upstream's count now holds what every request sent up to mark
+    -- really used: settling one of them must not credit it back again.
+    redis.call('HSET', KEYS[1], p..'seen', tostring(math.max(num(redis.call('HGET', KEYS[1], p..'seen'), 0), mark)))
   elseif mode == 2 then b.avail = math.min(b.avail, value) end
   b.avail = math.min(b.avail, b.size)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
@@ -146,13 +151,17 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 return {redis.call('ZCARD', KEYS[2]), paused}
 `)
 
-// giveBackScript: KEYS state. ARGV now, requests, tokens: adds them back to
-// what is left, never above the window (a refund, or a settled estimate).
+// giveBackScript: KEYS state. ARGV now, requests, tokens, mark: adds them
+// back to what is left, never above the window (a refund, or a settled
+// estimate). A positive mark is a settle's: the tokens' running total
+// when its request was sent; when an answer's count already covered that
+// dispatch (t_seen), the tokens are not given back.
 var giveBackScript = redis.NewScript(lib + `
-local now = tonumber(ARGV[1])
+local now, mark = tonumber(ARGV[1]), tonumber(ARGV[4] or '0')
 for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
   local b = budget(KEYS[1], x[1], now)
-  if b.known == 1 and x[2] ~= 0 then
+  local counted = mark > 0 and num(redis.call('HGET', KEYS[1], x[1]..'seen'), 0) >= mark
+  if b.known == 1 and x[2] ~= 0 and not counted then
     local back = x[2]
     if back > 0 then back = charge(b, back) end -- never more than was charged
     b.avail = math.min(b.size, b.avail + back)

@@ -159,7 +159,7 @@ func (s *shared) Refund(t *lanequeue.Ticket) {
 		return
 	}
 	t.Refunded = true
-	s.giveBack("refund", 1, float64(t.Cost))
+	s.giveBack("refund", 1, float64(t.Cost), 0)
 }
 
 func (s *shared) Settle(t *lanequeue.Ticket, usedTokens int64) {
@@ -168,17 +168,21 @@ func (s *shared) Settle(t *lanequeue.Ticket, usedTokens int64) {
 		return
 	}
 	if !t.Refunded && usedTokens != t.Cost {
-		s.giveBack("settle", 0, float64(t.Cost-usedTokens))
+		// t.Tokens is Redis' running total right after t's dispatch: an
+		// answer whose count covered it already holds what t used.
+		s.giveBack("settle", 0, float64(t.Cost-usedTokens), t.Tokens)
 	}
 }
 
-func (s *shared) giveBack(op string, requests, tokens float64) {
+// giveBack adds requests and tokens back to the shared budgets; a
+// positive mark (a settle's) skips what an answer's count already covered.
+func (s *shared) giveBack(op string, requests, tokens, mark float64) {
 	if !s.st.up.Load() {
 		return
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	err := giveBackScript.Run(ctx, s.st.rdb, []string{s.state}, ms(time.Now()), requests, tokens).Err()
+	err := giveBackScript.Run(ctx, s.st.rdb, []string{s.state}, ms(time.Now()), requests, tokens, mark).Err()
 	s.st.commands.WithLabelValues(op).Inc()
 	if err != nil {
 		s.st.failed(op, err)
