@@ -304,3 +304,27 @@ func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
 		t.Fatalf("t_avail %.0f after third, want about %.0f (its unused 990 back)", got, after-10)
 	}
 }
+
+// A lease returned while a renewal is on its way (after the renewal copied
+// the held leases, before it wrote them) stays returned: the renewal
+// wrote it back, for a whole TTL, a permit nobody held (issue 18, item 5).
+func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
+	tk, _, ok := sa.Admit(time.Now(), 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	a.renewCopied = func() { sa.Return(&tk, time.Now()) }
+	if err := a.renew(); err != nil {
+		t.Fatal(err)
+	}
+	a.renewCopied = nil
+	if n, _ := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); n != 0 {
+		t.Fatalf("%d leases counted after the only one was returned", n)
+	}
+	if _, _, ok := sa.Admit(time.Now(), 1, false); !ok {
+		t.Fatal("the one permit is still taken by a returned lease")
+	}
+}

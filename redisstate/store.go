@@ -73,6 +73,9 @@ type Store struct {
 	upGauge  prometheus.Gauge
 	commands *prometheus.CounterVec // op
 	failures prometheus.Counter
+	// renewCopied, tests only, runs in renew once it copied the held
+	// leases.
+	renewCopied func()
 }
 
 // MinLeaseTTL is the shortest lease: a replica renews its leases every
@@ -308,6 +311,9 @@ func (s *Store) renew() error {
 	if len(held) == 0 {
 		return nil
 	}
+	if s.renewCopied != nil {
+		s.renewCopied()
+	}
 	exp := float64(time.Now().Add(s.cfg.LeaseTTL).UnixMilli())
 	ctx, cancel := s.ctx()
 	defer cancel()
@@ -325,6 +331,36 @@ func (s *Store) renew() error {
 	s.commands.WithLabelValues("renew").Inc()
 	if err != nil {
 		s.failed("renew", err)
+		return err
+	}
+	// A lease returned while the renewal was on its way may have been
+	// removed before the renewal added it again: remove it once more, or
+	// it would count a permit nobody holds for a whole TTL.
+	s.mu.Lock()
+	var gone []string
+	for l := range held {
+		if _, ok := s.leases[l]; !ok {
+			gone = append(gone, l)
+		}
+	}
+	s.mu.Unlock()
+	if len(gone) == 0 {
+		return nil
+	}
+	ctx2, cancel2 := s.ctx()
+	defer cancel2()
+	_, err = s.rdb.Pipelined(ctx2, func(p redis.Pipeliner) error {
+		for _, l := range gone {
+			p.ZRem(ctx2, held[l], l)
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("return").Inc()
+	if err != nil {
+		for _, l := range gone {
+			s.returnLater(l, held[l])
+		}
+		s.failed("return", err)
 	}
 	return err
 }
