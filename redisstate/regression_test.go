@@ -328,3 +328,27 @@ func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
 		t.Fatal("the one permit is still taken by a returned lease")
 	}
 }
+
+// A permit given back while the replica rejoins (the store not up yet, so
+// the return is kept for Redis) reaches Redis with the rejoin, not at the
+// next time Redis goes away and comes back (issue 18, item 6).
+func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
+	tk, _, ok := sa.Admit(time.Now(), 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	a.rejoinHook = func() { sa.Return(&tk, time.Now()) } // before the loop can read it
+	blip(t, a, 400*time.Millisecond)
+	sa.Admit(time.Now(), 1, false) // times out: degraded
+	if a.Status() != "degraded" {
+		t.Fatal("not degraded")
+	}
+	waitUp(t, a)
+	a.rejoinHook = nil
+	if n, _ := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); n != 0 {
+		t.Fatalf("%d leases counted after the only one was returned during the rejoin", n)
+	}
+}

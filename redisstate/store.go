@@ -73,9 +73,9 @@ type Store struct {
 	upGauge  prometheus.Gauge
 	commands *prometheus.CounterVec // op
 	failures prometheus.Counter
-	// renewCopied, tests only, runs in renew once it copied the held
-	// leases.
-	renewCopied func()
+	// renewCopied and rejoinHook, tests only, run in renew once it
+	// copied the held leases, and in rejoin just before the store is up.
+	renewCopied, rejoinHook func()
 }
 
 // MinLeaseTTL is the shortest lease: a replica renews its leases every
@@ -255,33 +255,52 @@ func (s *Store) loop() {
 // while Redis was away are removed, held ones renewed (and put back, if
 // Redis lost them), then admission goes through Redis again.
 func (s *Store) rejoin() bool {
-	s.mu.Lock()
-	returns := s.returns
-	s.returns = map[string]string{}
-	s.mu.Unlock()
-	if len(returns) > 0 {
-		ctx, cancel := s.ctx()
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for l, k := range returns {
-				p.ZRem(ctx, k, l)
-			}
-			return nil
-		})
-		cancel()
-		s.commands.WithLabelValues("return").Inc()
-		if err != nil {
-			s.mu.Lock()
-			for l, k := range returns {
-				s.returns[l] = k
-			}
-			s.mu.Unlock()
-			return false
-		}
+	if !s.flushReturns() {
+		return false
 	}
 	if s.renew() != nil {
 		return false
 	}
+	if s.rejoinHook != nil {
+		s.rejoinHook()
+	}
 	s.setUp(true)
+	// Returns made while this rejoin was under way went to the map (the
+	// store was not up yet): send them now, or they would wait for the
+	// next time Redis goes away and comes back.
+	if !s.flushReturns() {
+		s.failed("return", errors.New("returns after rejoin failed"))
+	}
+	return true
+}
+
+// flushReturns removes from Redis the leases given back while it was
+// away; false when Redis did not take them (they are kept for later).
+func (s *Store) flushReturns() bool {
+	s.mu.Lock()
+	returns := s.returns
+	s.returns = map[string]string{}
+	s.mu.Unlock()
+	if len(returns) == 0 {
+		return true
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for l, k := range returns {
+			p.ZRem(ctx, k, l)
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("return").Inc()
+	if err != nil {
+		s.mu.Lock()
+		for l, k := range returns {
+			s.returns[l] = k
+		}
+		s.mu.Unlock()
+		return false
+	}
 	return true
 }
 
