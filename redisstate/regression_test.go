@@ -352,3 +352,27 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 		t.Fatalf("%d leases counted after the only one was returned during the rejoin", n)
 	}
 }
+
+// A Redis that stops answering (CLIENT PAUSE from another connection)
+// costs a call at most its cutoff: the replica falls back to local limits
+// and admits from them (issue 18, item 3).
+func TestASlowRedisCostsACallItsCutoff(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 4, MaxConcurrency: 4})
+	if _, _, ok := sa.Admit(time.Now(), 1, false); !ok {
+		t.Fatal("admit")
+	}
+	other := newStore(t, srv.url(), time.Minute)
+	blip(t, other, 2*time.Second)
+	start := time.Now()
+	_, _, ok := sa.Admit(time.Now(), 1, false)
+	took := time.Since(start)
+	if !ok || a.Status() != "degraded" {
+		t.Fatalf("ok %v, status %s: want a local admit while Redis is paused", ok, a.Status())
+	}
+	if took > 2*a.cfg.Timeout {
+		t.Fatalf("the call took %v, past its %v cutoff", took, a.cfg.Timeout)
+	}
+	t.Logf("a call to a paused Redis took %v (cutoff %v)", took, a.cfg.Timeout)
+}

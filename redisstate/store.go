@@ -125,6 +125,9 @@ func New(cfg Config) (*Store, error) {
 	opt.ReadTimeout = cfg.Timeout
 	opt.WriteTimeout = cfg.Timeout
 	opt.MaxRetries = -1 // a failed call falls back at once; the pinger retries
+	// Each call's context (Timeout) bounds the whole call, its reads and
+	// writes included, not only the wait for a connection.
+	opt.ContextTimeoutEnabled = true
 	var id [6]byte
 	_, _ = rand.Read(id[:])
 	s := &Store{
