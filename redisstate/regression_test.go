@@ -376,3 +376,61 @@ func TestASlowRedisCostsACallItsCutoff(t *testing.T) {
 	}
 	t.Logf("a call to a paused Redis took %v (cutoff %v)", took, a.cfg.Timeout)
 }
+
+// Two replicas whose clocks differ by ±2 s, admitting in turn against a
+// token window of 100,000 learned from headers, admit what the window
+// holds and what it refills, not more: with each replica's clock moving
+// the budget's time back and forth, the same interval refilled again and
+// again (2,000,000 tokens in a second with 20 ms of skew; issue 18,
+// item 1).
+func TestSkewedClocksDoNotRefillTwice(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 1024, MaxConcurrency: 1024}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	start := time.Now()
+	tk, _, _ := sa.Admit(start, 1, false)
+	// Half of 100,000 left, full again in 30 s: 1,667 tokens a second.
+	lim := headerparse.Limits{Tokens: headerparse.Window{Limit: 100000, Remaining: 50000, HasRemaining: true, Reset: start.Add(30 * time.Second)}}
+	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: lim}, start)
+	sa.Return(&tk, start)
+	admitted := 0.0
+	for time.Since(start) < time.Second {
+		for i, sh := range []lanequeue.Shared{sa, sb} {
+			skew := 2 * time.Second
+			if i == 1 {
+				skew = -skew
+			}
+			if tk, _, ok := sh.Admit(time.Now().Add(skew), 1000, false); ok {
+				admitted += 1000
+				sh.Return(&tk, time.Now().Add(skew))
+			}
+		}
+	}
+	// What was left, a second's refill, and one request's worth of slack.
+	if most := 50000 + 1667*time.Since(start).Seconds() + 1000; admitted > most {
+		t.Fatalf("admitted %.0f tokens in %v against 50,000 left refilling 1,667 a second (at most %.0f)",
+			admitted, time.Since(start).Round(time.Millisecond), most)
+	}
+	t.Logf("admitted %.0f tokens in %v", admitted, time.Since(start).Round(time.Millisecond))
+}
+
+// A replica a minute ahead that learns a 1 s pause pauses the others for
+// 1 s, not a minute and a second: a pause travels as a length (issue 18,
+// item 4).
+func TestAReplicaAheadPausesOthersOnlyAsLongAsAsked(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
+	ahead := time.Now().Add(time.Minute)
+	tk, _, _ := sa.Admit(ahead, 1, false)
+	sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: ahead.Add(time.Second)}, ahead)
+	sa.Return(&tk, ahead)
+	_, at, ok := sb.Admit(time.Now(), 1, false)
+	if ok {
+		t.Fatal("b was not paused")
+	}
+	if d := time.Until(at); d > 1100*time.Millisecond || d < 900*time.Millisecond {
+		t.Fatalf("b is paused for %v, want the 1 s asked", d)
+	}
+}

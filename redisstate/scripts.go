@@ -12,13 +12,19 @@ import "github.com/redis/go-redis/v9"
 //	waiting hash: replica -> "since:seen", the arrival of the replica's
 //	        oldest waiter and when it last asked (ms)
 //
-// Times are milliseconds on the replicas' clocks, which are assumed to
-// agree to well under a lease.
+// Times are milliseconds on Redis' clock (TIME): the one clock every
+// replica shares, so a replica whose clock is off moves nothing but its
+// own deadlines. Replicas send durations (a pause's length, a waiter's
+// age) and read times back against the `now` each script returns.
 
 // lib holds the budget arithmetic the scripts share: the Go budget's
 // advance, admit and take, on a hash.
 const lib = `
 local function num(v, d) if v == false or v == nil then return d end return tonumber(v) end
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local function budget(key, p, now)
   local f = redis.call('HMGET', key, p..'known', p..'syn', p..'size', p..'rate', p..'avail', p..'at', p..'sent')
   local b = {known = num(f[1], 0), syn = num(f[2], 0), size = num(f[3], 0), rate = num(f[4], 0),
@@ -46,13 +52,13 @@ local function save(key, p, b)
 end
 `
 
-// admitScript: KEYS state, leases, waiting, climits. ARGV now, cost, probe
-// (0/1), lease, leaseTTL, replica, since, keyTTL, climit default, max
-// climit.
-// Returns {ok, at, out, climit, rsent, tsent, room, paced, paused}.
+// admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
+// probe (0/1), lease, leaseTTL, replica, the age of the replica's oldest
+// waiter (ms), keyTTL, climit default, max climit.
+// Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now}.
 var admitScript = redis.NewScript(lib + `
-local now, cost, probe = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
-local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
+local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
 -- The concurrency limit is the lowest any replica learned lately: a
 -- replica that saw concurrency refusals is not overruled by one that did
@@ -70,7 +76,7 @@ end
 climit = math.min(climit or tonumber(ARGV[9]), tonumber(ARGV[10]))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
-if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused} end
+if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused, now} end
 -- No replica starves: permits go first to replicas whose oldest waiter
 -- arrived earlier. Waiting replicas ask again every few tens of
 -- milliseconds; one that stopped asking (its waiter left) is forgotten
@@ -89,7 +95,7 @@ for i = 1, #w, 2 do
   end
 end
 redis.call('PEXPIRE', KEYS[3], keyttl)
-if out + older >= climit then return {0, 0, out, climit, 0, 0, 0, 0, 0} end
+if out + older >= climit then return {0, 0, out, climit, 0, 0, 0, 0, 0, now} end
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
 local rok, rat = admit(r, now, 1)
 local tok, tat = admit(t, now, cost)
@@ -97,7 +103,7 @@ if not (rok and tok) then
   -- A budget that waits for a time goes first; only when none does can a
   -- probe go to learn what the budgets that wait for an answer hold.
   local at = math.max(rat, tat)
-  if not (at == 0 and probe) then return {0, at, out, climit, 0, 0, 0, 0, 0} end
+  if not (at == 0 and probe) then return {0, at, out, climit, 0, 0, 0, 0, 0, now} end
 end
 local room, paced = 0, 0
 if rok and tok and (r.known == 1 and r.syn == 0 or t.known == 1) then room = 1 end
@@ -112,18 +118,19 @@ redis.call('HDEL', KEYS[3], replica)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('PEXPIRE', KEYS[2], math.max(keyttl, ttl))
 redis.call('PEXPIRE', KEYS[4], keyttl)
-return {1, 0, out, climit, r.sent, t.sent, room, paced, 0}
+return {1, 0, out, climit, r.sent, t.sent, room, paced, 0, now}
 `)
 
-// learnScript: KEYS state, leases, climits. ARGV now, keyTTL, paused,
-// climit, replica, then for requests and then tokens: known, syn, size,
-// rate, mode, value, mark.
+// learnScript: KEYS state, leases, climits. ARGV (unused), keyTTL, the
+// pause's length from now (ms; 0: none), climit, replica, then for
+// requests and then tokens: known, syn, size, rate, mode, value, mark.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
-// mode 2 caps it at value; mode 0 leaves it. Returns {out, paused}.
+// mode 2 caps it at value; mode 0 leaves it. Returns {out, paused, now}.
 var learnScript = redis.NewScript(lib + `
-local now, keyttl = tonumber(ARGV[1]), tonumber(ARGV[2])
-local paused = math.max(num(redis.call('HGET', KEYS[1], 'paused'), 0), tonumber(ARGV[3]))
+local now, keyttl, pause = clock(), tonumber(ARGV[2]), tonumber(ARGV[3])
+local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
+if pause > 0 then paused = math.max(paused, now + pause) end
 redis.call('HSET', KEYS[1], 'paused', paused)
 redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now)
 redis.call('PEXPIRE', KEYS[3], keyttl)
@@ -148,16 +155,16 @@ learn('r_', 6)
 learn('t_', 13)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-return {redis.call('ZCARD', KEYS[2]), paused}
+return {redis.call('ZCARD', KEYS[2]), paused, now}
 `)
 
-// giveBackScript: KEYS state. ARGV now, requests, tokens, mark: adds them
+// giveBackScript: KEYS state. ARGV (unused), requests, tokens, mark: adds them
 // back to what is left, never above the window (a refund, or a settled
 // estimate). A positive mark is a settle's: the tokens' running total
 // when its request was sent; when an answer's count already covered that
 // dispatch (t_seen), the tokens are not given back.
 var giveBackScript = redis.NewScript(lib + `
-local now, mark = tonumber(ARGV[1]), tonumber(ARGV[4] or '0')
+local now, mark = clock(), tonumber(ARGV[4] or '0')
 for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
   local b = budget(KEYS[1], x[1], now)
   local counted = mark > 0 and num(redis.call('HGET', KEYS[1], x[1]..'seen'), 0) >= mark

@@ -35,13 +35,13 @@ func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits"}
 }
 
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-func fromMS(v int64) time.Time {
+// local is a time on Redis' clock (ms), read as the replica's: redisNow
+// on Redis' clock is localNow on the replica's. Zero stays zero.
+func local(v, redisNow int64, localNow time.Time) time.Time {
 	if v <= 0 {
 		return time.Time{}
 	}
-	return time.UnixMilli(v)
+	return localNow.Add(time.Duration(v-redisNow) * time.Millisecond)
 }
 
 func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
@@ -65,17 +65,18 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits},
-		ms(now), cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, ms(s.since),
+		0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
 		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
-	if err != nil || len(res) < 9 {
+	if err != nil || len(res) < 10 {
 		s.st.failed("admit", errOr(err))
 		s.st.returnLater(lease, s.leases) // the script may have run
 		return s.local.Admit(now, cost, probe)
 	}
-	s.out, s.climit, s.paused = int(res[2]), int(res[3]), fromMS(res[8])
+	s.st.sawClock(res[9])
+	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
 	if res[0] != 1 {
-		at := fromMS(res[1])
+		at := local(res[1], res[9], now)
 		if at.IsZero() {
 			at = now.Add(s.st.cfg.Poll) // a permit may free on another replica
 		}
@@ -136,18 +137,21 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if p := s.local.PausedUntil(); p.After(pause) && p.After(now) {
 		pause = p
 	}
-	args := []any{ms(now), s.st.cfg.KeyTTL.Milliseconds(), ms(pause), v.Concurrency, s.st.replica}
+	// The pause travels as a length: a replica's clock moves only its own
+	// deadlines.
+	args := []any{0, s.st.cfg.KeyTTL.Milliseconds(), max(pause.Sub(now).Milliseconds(), 0), v.Concurrency, s.st.replica}
 	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
 	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
-	if err != nil || len(res) < 2 {
+	if err != nil || len(res) < 3 {
 		s.st.failed("learn", errOr(err))
 		return
 	}
-	s.out, s.paused = int(res[0]), fromMS(res[1])
+	s.st.sawClock(res[2])
+	s.out, s.paused = int(res[0]), local(res[1], res[2], now)
 }
 
 func (s *shared) Refund(t *lanequeue.Ticket) {
@@ -182,7 +186,7 @@ func (s *shared) giveBack(op string, requests, tokens, mark float64) {
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	err := giveBackScript.Run(ctx, s.st.rdb, []string{s.state}, ms(time.Now()), requests, tokens, mark).Err()
+	err := giveBackScript.Run(ctx, s.st.rdb, []string{s.state}, 0, requests, tokens, mark).Err()
 	s.st.commands.WithLabelValues(op).Inc()
 	if err != nil {
 		s.st.failed(op, err)

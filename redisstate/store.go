@@ -62,17 +62,20 @@ type Store struct {
 	replica string
 	log     *slog.Logger
 
-	up       atomic.Bool
-	seq      atomic.Uint64
-	mu       sync.Mutex
-	leases   map[string]string // lease -> leases key, renewed while held
-	returns  map[string]string // lease -> leases key, to remove once Redis answers
-	closing  sync.Once
-	stop     chan struct{}
-	done     chan struct{}
-	upGauge  prometheus.Gauge
-	commands *prometheus.CounterVec // op
-	failures prometheus.Counter
+	up  atomic.Bool
+	seq atomic.Uint64
+	// clockOffset is Redis' clock less this process' wall clock (ms), as
+	// the latest script reply showed it.
+	clockOffset atomic.Int64
+	mu          sync.Mutex
+	leases      map[string]string // lease -> leases key, renewed while held
+	returns     map[string]string // lease -> leases key, to remove once Redis answers
+	closing     sync.Once
+	stop        chan struct{}
+	done        chan struct{}
+	upGauge     prometheus.Gauge
+	commands    *prometheus.CounterVec // op
+	failures    prometheus.Counter
 	// renewCopied and rejoinHook, tests only, run in renew once it
 	// copied the held leases, and in rejoin just before the store is up.
 	renewCopied, rejoinHook func()
@@ -210,6 +213,11 @@ func (s *Store) failed(op string, err error) {
 	}
 }
 
+// sawClock notes Redis' clock (ms) from a reply just received.
+func (s *Store) sawClock(redisNow int64) {
+	s.clockOffset.Store(redisNow - time.Now().UnixMilli())
+}
+
 // ctx bounds one call.
 func (s *Store) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), s.cfg.Timeout)
@@ -336,7 +344,8 @@ func (s *Store) renew() error {
 	if s.renewCopied != nil {
 		s.renewCopied()
 	}
-	exp := float64(time.Now().Add(s.cfg.LeaseTTL).UnixMilli())
+	// On Redis' clock, as the scripts that count leases read it.
+	exp := float64(time.Now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
 	ctx, cancel := s.ctx()
 	defer cancel()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
