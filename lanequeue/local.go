@@ -395,6 +395,7 @@ func (s *local) View(now time.Time) View {
 		v.ConcurrencyFrom = "refusals at " + strconv.Itoa(s.learn.atLevel) + " in flight"
 	}
 	v.Corrected = s.pace.requests.capped > 0 || s.pace.tokens.capped > 0
+	v.ConcurrencyLowered = s.conc.refusedAt > 0 || s.learn.named || s.learn.atLevel > 0
 	return v
 }
 

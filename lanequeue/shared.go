@@ -107,6 +107,10 @@ type View struct {
 	// "words" (the upstream named concurrency), "refusals at N in flight"
 	// (learned from behaviour), or "" (the start, grown by answers).
 	ConcurrencyFrom string
+	// ConcurrencyLowered: refusals of the number in flight (named, learned
+	// from behaviour, or overload) lowered the concurrency limit lately;
+	// otherwise it is the start, grown by answers.
+	ConcurrencyLowered bool
 	// Corrected is set once a refusal has overruled the headers' figures.
 	Corrected bool
 	// Shared is "" for state in this process only; a store shared by

@@ -434,3 +434,52 @@ func TestAReplicaAheadPausesOthersOnlyAsLongAsAsked(t *testing.T) {
 		t.Fatalf("b is paused for %v, want the 1 s asked", d)
 	}
 }
+
+// A fresh replica, whose concurrency limit is the configured start, does
+// not pull the fleet's shared limit down to it: only a limit lowered by
+// the upstream's refusals binds the others; limits grown by answers (or
+// started) count as the most any replica found to work (issue 18,
+// item 9).
+func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
+	srv := startServer(t)
+	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	// a has grown to 32 (here: started there); b is fresh at 8.
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 32, MaxConcurrency: 64})
+	sb := b.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 64})
+	answer := func(sh lanequeue.Shared, r lanequeue.Report) {
+		tk, _, ok := sh.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		sh.Learn(&tk, r, time.Now())
+		sh.Return(&tk, time.Now())
+	}
+	ok200 := lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}
+	answer(sa, ok200)
+	answer(sb, ok200)
+	answer(sa, ok200) // its admit reads the shared limit
+	if v := sa.View(time.Now()); v.Concurrency != 32 {
+		t.Fatalf("shared limit %d after a fresh replica published its start of 8, want a's 32", v.Concurrency)
+	}
+	// c is refused for concurrency with 3 in flight: that is evidence.
+	sc := c.Shared("g", lanequeue.Config{Concurrency: 32, MaxConcurrency: 64})
+	var held []lanequeue.Ticket
+	for range 3 {
+		tk, _, ok := sc.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		held = append(held, tk)
+	}
+	last := held[2]
+	sc.Learn(&last, lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, time.Now())
+	for i := range held {
+		sc.Return(&held[i], time.Now())
+	}
+	lowered := sc.(*shared).local.View(time.Now()).Concurrency
+	answer(sa, ok200)
+	answer(sa, ok200)
+	if v := sa.View(time.Now()); v.Concurrency != lowered || lowered >= 32 {
+		t.Fatalf("shared limit %d after c was refused for concurrency (c's own: %d), want c's", v.Concurrency, lowered)
+	}
+}

@@ -11,6 +11,8 @@ import "github.com/redis/go-redis/v9"
 //	leases  sorted set: one member per permit out, scored by its expiry (ms)
 //	waiting hash: replica -> "since:seen", the arrival of the replica's
 //	        oldest waiter and when it last asked (ms)
+//	climits hash: replica -> "limit:seen:lowered", its concurrency limit,
+//	        when it said so (ms), and 1 when refusals lowered it
 //
 // Times are milliseconds on Redis' clock (TIME): the one clock every
 // replica shares, so a replica whose clock is off moves nothing but its
@@ -60,20 +62,24 @@ var admitScript = redis.NewScript(lib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
--- The concurrency limit is the lowest any replica learned lately: a
--- replica that saw concurrency refusals is not overruled by one that did
--- not. A replica silent for a minute no longer counts.
-local climit = nil
+-- The concurrency limit: the lowest any replica's refusals lowered it to
+-- lately, since a replica that saw concurrency refusals is not overruled
+-- by one that did not; with no such evidence, the highest any replica
+-- grew to, so a fresh replica at its start does not pull the fleet down.
+-- A replica silent for a minute no longer counts.
+local lowered, grown = nil, nil
 local cl = redis.call('HGETALL', KEYS[4])
 for i = 1, #cl, 2 do
-  local l, seen = string.match(cl[i+1], '^(%d+):(%d+)$')
+  local l, seen, ev = string.match(cl[i+1], '^(%d+):(%d+):?(%d*)$')
   if l == nil or now - tonumber(seen) > 60000 then
     redis.call('HDEL', KEYS[4], cl[i])
-  elseif climit == nil or tonumber(l) < climit then
-    climit = tonumber(l)
+  elseif ev == '1' then
+    if lowered == nil or tonumber(l) < lowered then lowered = tonumber(l) end
+  elseif grown == nil or tonumber(l) > grown then
+    grown = tonumber(l)
   end
 end
-climit = math.min(climit or tonumber(ARGV[9]), tonumber(ARGV[10]))
+local climit = math.min(lowered or grown or tonumber(ARGV[9]), tonumber(ARGV[10]))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused, now} end
@@ -123,7 +129,8 @@ return {1, 0, out, climit, r.sent, t.sent, room, paced, 0, now}
 
 // learnScript: KEYS state, leases, climits. ARGV (unused), keyTTL, the
 // pause's length from now (ms; 0: none), climit, replica, then for
-// requests and then tokens: known, syn, size, rate, mode, value, mark.
+// requests and then tokens: known, syn, size, rate, mode, value, mark;
+// last (ARGV[20]) 1 when the upstream's refusals lowered climit, else 0.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it. Returns {out, paused, now}.
@@ -132,7 +139,7 @@ local now, keyttl, pause = clock(), tonumber(ARGV[2]), tonumber(ARGV[3])
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
 if pause > 0 then paused = math.max(paused, now + pause) end
 redis.call('HSET', KEYS[1], 'paused', paused)
-redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now)
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now .. ':' .. ARGV[20])
 redis.call('PEXPIRE', KEYS[3], keyttl)
 local function learn(p, i)
   local known = tonumber(ARGV[i])

@@ -142,6 +142,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	args := []any{0, s.st.cfg.KeyTTL.Milliseconds(), max(pause.Sub(now).Milliseconds(), 0), v.Concurrency, s.st.replica}
 	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
 	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
+	args = append(args, boolInt(v.ConcurrencyLowered))
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits}, args...).Int64Slice()
