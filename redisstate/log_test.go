@@ -56,3 +56,24 @@ func TestClientLogLinesGoThroughSlogAtDebug(t *testing.T) {
 	}
 	t.Log(out.String()[:min(len(out.String()), 600)])
 }
+
+// TestAClusterNodeIsWarnedAbout: pointed at a Redis Cluster node, which it
+// does not support, the store says so once at start; a standalone Redis
+// gets no such line.
+func TestAClusterNodeIsWarnedAbout(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{{[]string{"--cluster-enabled", "yes"}, true}, {nil, false}} {
+		srv := startServer(t, tc.args...)
+		var out lockedBuffer
+		st, err := New(Config{URL: srv.url(), Logger: slog.New(slog.NewTextHandler(&out, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		if got := strings.Contains(out.String(), "Redis Cluster node, which is not supported"); got != tc.warn {
+			t.Errorf("cluster %v: warned %v:\n%s", tc.warn, got, out.String())
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -156,10 +157,24 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {
+		s.warnIfCluster()
 		s.setUp(true)
 	}
 	go s.loop()
 	return s, nil
+}
+
+// warnIfCluster says, once at start, that a Redis Cluster node is not
+// supported: the client talks to the one node of the URL and does not
+// follow MOVED, so groups whose keys live on other nodes fail over to
+// local limits.
+func (s *Store) warnIfCluster() {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	info, err := s.rdb.Info(ctx, "cluster").Result()
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
+		s.log.Warn("LLMPROXY_REDIS_URL is a Redis Cluster node, which is not supported: groups whose keys another node holds use local limits; use a standalone Redis (or a primary with replicas)")
+	}
 }
 
 // Status is "ok" while the replica shares state, "degraded" while it uses

@@ -20,9 +20,10 @@ type server struct {
 	t    testing.TB
 	port int
 	cmd  *exec.Cmd
+	args []string // more redis-server options
 }
 
-func startServer(t testing.TB) *server {
+func startServer(t testing.TB, args ...string) *server {
 	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("LLMPROXY_E2E_REQUIRE_REDIS") != "" {
@@ -36,7 +37,7 @@ func startServer(t testing.TB) *server {
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	s := &server{t: t, port: port}
+	s := &server{t: t, port: port, args: args}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -46,8 +47,9 @@ func (s *server) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.p
 
 func (s *server) start() {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no")
+	s.cmd = exec.Command("redis-server", append([]string{"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no"}, s.args...)...)
+	s.cmd.Dir = s.t.TempDir() // a cluster node writes nodes.conf here
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
