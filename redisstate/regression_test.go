@@ -483,3 +483,56 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 		t.Fatalf("shared limit %d after c was refused for concurrency (c's own: %d), want c's", v.Concurrency, lowered)
 	}
 }
+
+// A 5,000-token request waiting on one replica, while two other replicas
+// send a stream of 25-token requests, is admitted within twice the time
+// one process (strict FIFO) would take: the oldest waiter anywhere is
+// served first when tokens are short, not only when permits are (issue
+// 18, item 2).
+func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
+	srv := startServer(t)
+	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 1024, MaxConcurrency: 1024}
+	sa, sb, sc := a.Shared("g", cfg), b.Shared("g", cfg), c.Shared("g", cfg)
+	now := time.Now()
+	tk, _, _ := sa.Admit(now, 1, false)
+	// 10,000 tokens, none left, full again in 5 s: 2,000 a second.
+	lim := headerparse.Limits{Tokens: headerparse.Window{Limit: 10000, Remaining: 0, HasRemaining: true, Reset: now.Add(5 * time.Second)}}
+	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: lim}, now)
+	sa.Return(&tk, now)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // b and c: a 25-token request each every 5 ms, as their queues allow
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, sh := range []lanequeue.Shared{sb, sc} {
+				if tk, _, ok := sh.Admit(time.Now(), 25, false); ok {
+					sh.Return(&tk, time.Now())
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	// One process: the window refills 2,000 a second, so 5,000 tokens are
+	// there after 2.5 s at most.
+	for {
+		tk, at, ok := sa.Admit(time.Now(), 5000, false)
+		if ok {
+			sa.Return(&tk, time.Now())
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("the 5,000-token request still waits after %v (twice what one process takes)", time.Since(start).Round(time.Millisecond))
+		}
+		time.Sleep(min(max(time.Until(at), time.Millisecond), 20*time.Millisecond))
+	}
+	t.Logf("admitted after %v", time.Since(start).Round(time.Millisecond))
+}

@@ -9,8 +9,9 @@ import "github.com/redis/go-redis/v9"
 //	        avail, at (ms), sent, seen (the largest sent-at-dispatch an
 //	        answer's remaining count covered)
 //	leases  sorted set: one member per permit out, scored by its expiry (ms)
-//	waiting hash: replica -> "since:seen", the arrival of the replica's
-//	        oldest waiter and when it last asked (ms)
+//	waiting hash: replica -> "since:seen:cost", the arrival of the
+//	        replica's oldest waiter, when it last asked (ms), and its
+//	        estimated tokens
 //	climits hash: replica -> "limit:seen:lowered", its concurrency limit,
 //	        when it said so (ms), and 1 when refusals lowered it
 //
@@ -83,28 +84,29 @@ local climit = math.min(lowered or grown or tonumber(ARGV[9]), tonumber(ARGV[10]
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused, now} end
--- No replica starves: permits go first to replicas whose oldest waiter
--- arrived earlier. Waiting replicas ask again every few tens of
--- milliseconds; one that stopped asking (its waiter left) is forgotten
--- after 250 ms.
-redis.call('HSET', KEYS[3], replica, since .. ':' .. now)
-local older = 0
+-- No replica starves: permits, requests and tokens go first to replicas
+-- whose oldest waiter arrived earlier (what they wait for is kept for
+-- them). Waiting replicas ask again every few tens of milliseconds; one
+-- that stopped asking (its waiter left) is forgotten after 250 ms.
+redis.call('HSET', KEYS[3], replica, since .. ':' .. now .. ':' .. cost)
+local older, oldercost = 0, 0
 local w = redis.call('HGETALL', KEYS[3])
 for i = 1, #w, 2 do
   if w[i] ~= replica then
-    local s, seen = string.match(w[i+1], '^(%d+):(%d+)$')
+    local s, seen, c = string.match(w[i+1], '^(%d+):(%d+):?(%d*)$')
     if s == nil or now - tonumber(seen) > 250 then
       redis.call('HDEL', KEYS[3], w[i])
     elseif tonumber(s) < since then
       older = older + 1
+      oldercost = oldercost + num(tonumber(c), 0)
     end
   end
 end
 redis.call('PEXPIRE', KEYS[3], keyttl)
 if out + older >= climit then return {0, 0, out, climit, 0, 0, 0, 0, 0, now} end
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
-local rok, rat = admit(r, now, 1)
-local tok, tat = admit(t, now, cost)
+local rok, rat = admit(r, now, 1 + older)
+local tok, tat = admit(t, now, cost + oldercost)
 if not (rok and tok) then
   -- A budget that waits for a time goes first; only when none does can a
   -- probe go to learn what the budgets that wait for an answer hold.
