@@ -536,3 +536,34 @@ func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
 	}
 	t.Logf("admitted after %v", time.Since(start).Round(time.Millisecond))
 }
+
+// Requests admitted through Redis and still in flight count against the
+// local limits when Redis goes away: a replica at its limit of 2 does not
+// send 2 more on its own (issue 18, item 7).
+func TestPermitsOutThroughRedisCountWhileDegraded(t *testing.T) {
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute)
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 2, MaxConcurrency: 2})
+	var out []lanequeue.Ticket
+	for range 2 {
+		tk, _, ok := sa.Admit(time.Now(), 1, false)
+		if !ok || tk.Lease == "" {
+			t.Fatal("admit through Redis")
+		}
+		out = append(out, tk)
+	}
+	blip(t, a, 400*time.Millisecond)
+	if _, _, ok := sa.Admit(time.Now(), 1, false); ok {
+		t.Fatal("degraded, the replica admitted a third request beside its 2 still out")
+	}
+	if a.Status() != "degraded" {
+		t.Fatal("not degraded")
+	}
+	if _, _, ok := sa.Admit(time.Now(), 1, false); ok {
+		t.Fatal("degraded, the replica admitted beside its 2 still out")
+	}
+	sa.Return(&out[0], time.Now())
+	if _, _, ok := sa.Admit(time.Now(), 1, false); !ok {
+		t.Fatal("one permit came back, yet the degraded replica admits nothing")
+	}
+}

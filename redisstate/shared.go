@@ -23,6 +23,9 @@ type shared struct {
 	paused                          time.Time // the shared pause at the last reply
 	since                           time.Time // when the current run of refused Admits began
 	lastAsk                         time.Time
+	// remoteOut counts this replica's permits from Redis still out: while
+	// Redis is away they count against the local limits.
+	remoteOut int
 }
 
 func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
@@ -46,7 +49,7 @@ func local(v, redisNow int64, localNow time.Time) time.Time {
 
 func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
 	if !s.st.up.Load() {
-		return s.local.Admit(now, cost, probe)
+		return s.localAdmit(now, cost, probe)
 	}
 	if p := s.local.PausedUntil(); now.Before(p) {
 		return lanequeue.Ticket{}, p, false // learned while Redis was away
@@ -71,7 +74,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	if err != nil || len(res) < 10 {
 		s.st.failed("admit", errOr(err))
 		s.st.returnLater(lease, s.leases) // the script may have run
-		return s.local.Admit(now, cost, probe)
+		return s.localAdmit(now, cost, probe)
 	}
 	s.st.sawClock(res[9])
 	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
@@ -86,8 +89,20 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	s.st.hold(lease, s.leases)
 	seq := s.local.NoteDispatch(now)
 	s.out++
+	s.remoteOut++
 	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
 		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq}, time.Time{}, true
+}
+
+// localAdmit admits from the local limits while Redis is away, counting
+// the permits still out that Redis gave: the upstream sees those too.
+func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
+	if s.remoteOut > 0 {
+		if v := s.local.View(now); v.InFlight+s.remoteOut >= v.Concurrency {
+			return lanequeue.Ticket{}, time.Time{}, false // a return dispatches again
+		}
+	}
+	return s.local.Admit(now, cost, probe)
 }
 
 // budgetArgs are a budget's fields for learnScript.
@@ -203,6 +218,7 @@ func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 		return
 	}
 	t.Returned = true
+	s.remoteOut--
 	s.local.NoteReturn(t, now)
 	s.st.drop(t.Lease)
 	if s.out > 0 {
