@@ -5,6 +5,7 @@ package redisstate
 import (
 	"context"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -340,9 +341,18 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 	if !ok {
 		t.Fatal("admit")
 	}
-	a.rejoinHook = func() { sa.Return(&tk, time.Now()) } // before the loop can read it
+	// The proxy calls a group's Shared under the group's lock; so does
+	// this test, from the loop's goroutine too.
+	var group sync.Mutex
+	a.rejoinHook = func() { // set before the loop can read it
+		group.Lock()
+		sa.Return(&tk, time.Now())
+		group.Unlock()
+	}
 	blip(t, a, 400*time.Millisecond)
+	group.Lock()
 	sa.Admit(time.Now(), 1, false) // times out: degraded
+	group.Unlock()
 	if a.Status() != "degraded" {
 		t.Fatal("not degraded")
 	}
