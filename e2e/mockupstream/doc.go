@@ -15,7 +15,8 @@
 //     retry-after-ms on 429, and each provider's 429 and error bodies,
 //     optionally with quantized limit headers (see below);
 //   - hard-quota keys (OpenAI insufficient_quota, Anthropic spend cap),
-//     a per-key concurrency limit, scripted failures, slow and held streams.
+//     a per-key concurrency limit, scripted failures, slow and held streams;
+//   - a local model server that holds one model at a time (see below).
 //
 // It does not imitate model output (answers are "tok 1 tok 2 …"), real
 // tokenisation, organisations or projects, or any endpoint not listed above.
@@ -68,6 +69,22 @@
 // 503 replaces the buckets' and the concurrency cap's refusals with what an
 // nginx limit_req or limit_conn in front of the upstream sends by default: a
 // 503 with nginx's HTML error page and nothing else that explains it.
+//
+// # Local model server
+//
+// With Config.ModelLoad the mock behaves like Ollama, LM Studio or a
+// single-GPU vLLM, which hold one model in memory at a time. Admitted
+// requests wait in one line in arrival order. The head is served when its
+// model (the body's "model", "" included) is loaded and fewer than
+// LocalParallel requests are being served (any number when 0); a head for
+// another model waits until the loaded model's requests have all ended,
+// then its model loads for ModelLoad, during which nothing is served; the
+// first load takes ModelLoad too. Everyone behind the head waits, so A, B,
+// A sent together load three times. Waiting is never refused. ModelStats
+// counts loads and swaps (loads after the first), the most requests served
+// at once, the most distinct models among the requests in the handler at
+// once (served or waiting: 1 means the client never had two models in
+// flight) and the arrival time of every request in the line.
 //
 // # Time
 //

@@ -2,6 +2,7 @@ package mockupstream
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -16,6 +17,7 @@ type models struct {
 	load     time.Duration
 	parallel int // 0 = unlimited
 	done     <-chan struct{}
+	now      func() time.Time
 
 	mu      sync.Mutex
 	loaded  string
@@ -27,6 +29,9 @@ type models struct {
 	most    int64          // the most distinct models present at once
 	loads   int64
 	swaps   int64
+
+	mostServing int64       // the most requests served at once
+	arrivals    []time.Time // when each request joined the line, in order
 }
 
 type modelWaiter struct {
@@ -35,7 +40,11 @@ type modelWaiter struct {
 }
 
 func newModels(cfg Config, done <-chan struct{}) *models {
-	return &models{load: cfg.ModelLoad, parallel: cfg.LocalParallel, done: done, present: map[string]int{}}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &models{load: cfg.ModelLoad, parallel: cfg.LocalParallel, done: done, now: now, present: map[string]int{}}
 }
 
 // enter waits until a request for model is served, or ctx or the server
@@ -43,6 +52,7 @@ func newModels(cfg Config, done <-chan struct{}) *models {
 func (m *models) enter(ctx context.Context, model string) (leave func(), ok bool) {
 	w := &modelWaiter{model: model, ready: make(chan struct{})}
 	m.mu.Lock()
+	m.arrivals = append(m.arrivals, m.now())
 	m.present[model]++
 	m.most = max(m.most, int64(len(m.present)))
 	m.line = append(m.line, w)
@@ -91,6 +101,7 @@ func (m *models) pumpLocked() {
 				return
 			}
 			m.serving++
+			m.mostServing = max(m.mostServing, int64(m.serving))
 			m.line = m.line[1:]
 			close(w.ready)
 			continue
@@ -125,10 +136,32 @@ type ModelStats struct {
 	MaxModelsPresent int64
 	// Loaded is the model loaded now ("" before the first load).
 	Loaded string
+	// MaxServing is the most requests served at once, from leaving the
+	// line to the end of their answer: at most LocalParallel when it is set.
+	MaxServing int64
+	// Arrivals are the times, on Config.Now, at which the requests that
+	// reached the line (every admitted one) arrived there, in arrival
+	// order. Requests refused by admission are not in it.
+	Arrivals []time.Time
+}
+
+// MinArrivalGap is the shortest time between two consecutive Arrivals,
+// or -1 when there are fewer than two.
+func (st ModelStats) MinArrivalGap() time.Duration {
+	if len(st.Arrivals) < 2 {
+		return -1
+	}
+	at := slices.SortedFunc(slices.Values(st.Arrivals), time.Time.Compare)
+	gap := at[1].Sub(at[0])
+	for i := 2; i < len(at); i++ {
+		gap = min(gap, at[i].Sub(at[i-1]))
+	}
+	return gap
 }
 
 func (m *models) stats() ModelStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return ModelStats{Loads: m.loads, Swaps: m.swaps, MaxModelsPresent: m.most, Loaded: m.loaded}
+	return ModelStats{Loads: m.loads, Swaps: m.swaps, MaxModelsPresent: m.most, Loaded: m.loaded,
+		MaxServing: m.mostServing, Arrivals: slices.Clone(m.arrivals)}
 }

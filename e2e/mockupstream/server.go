@@ -97,14 +97,18 @@ type Config struct {
 	// ModelLoad, when positive, makes the server a local model server
 	// that holds one model at a time (Ollama, LM Studio, a single-GPU
 	// vLLM): admitted requests wait in one line in arrival order; the
-	// head is served when its model (the body's "model") is loaded and a
-	// parallel place is free; a head for another model waits until
-	// nothing is being served, then its model loads, which takes
-	// ModelLoad, and then it is served. Latency runs once served.
-	// ModelStats tells the loads and swaps.
+	// head is served when its model (the body's "model"; "" is a model
+	// too) is loaded and a parallel place is free; a head for another
+	// model waits until nothing is being served, then its model loads,
+	// which takes ModelLoad (the first load too), and then it is served.
+	// Latency runs once served. Requests behind the head wait, whatever
+	// model they want, as Ollama's scheduler makes them wait. Waiting is
+	// never refused: 429s come only from the other limits. ModelStats
+	// tells the loads, swaps, most models in flight and arrival times.
 	ModelLoad time.Duration
 	// LocalParallel is how many requests of the loaded model are served
-	// at once (OLLAMA_NUM_PARALLEL); 0 = any number. Only with ModelLoad.
+	// at once (OLLAMA_NUM_PARALLEL); 0 = any number. Requests over it
+	// wait in the line. Only with ModelLoad.
 	LocalParallel int
 }
 
