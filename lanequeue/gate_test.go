@@ -58,8 +58,8 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 		if waited > 100*time.Millisecond {
 			t.Errorf("the high-priority request waited %v behind %d low ones, want at most one dispatch (100ms)", waited, 1000-lowDone.Load())
 		}
-		if st := l.State(); st.QueuedLow < 990 {
-			t.Errorf("group_queued_low = %d, want the low queue", st.QueuedLow)
+		if st := l.State(); st.QueuedLow < 990 || st.GroupQueued != st.QueuedLow {
+			t.Errorf("group_queued %d, group_queued_low %d: want the low queue in both", st.GroupQueued, st.QueuedLow)
 		}
 		cancel()
 	})
@@ -414,5 +414,125 @@ func TestModelGateWaiterThatGivesUp(t *testing.T) {
 		if st := g.Stats(); st.Loaded != "c" || st.Swaps != 1 || st.Waiting != 0 {
 			t.Errorf("stats %+v, want c loaded after 1 swap", st)
 		}
+	})
+}
+
+// TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree: three places free
+// at one instant go to the three groups in line, not only the first.
+func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := NewCap(3)
+		tbl := capTable(c)
+		var held []*Slot
+		for k := range 3 {
+			l := tbl.Get(capKey(k))
+			pastProbe(l)
+			s, err := l.Acquire(context.Background(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, s)
+		}
+		got := make(chan *Slot, 3)
+		for k := 3; k < 6; k++ {
+			l := tbl.Get(capKey(k))
+			pastProbe(l)
+			go func() {
+				if s, err := l.Acquire(context.Background(), 1); err == nil {
+					got <- s
+				}
+			}()
+			synctest.Wait()
+		}
+		if st := c.Stats(); st.Waiting != 3 || st.InUse != 3 {
+			t.Fatalf("before: %+v, want 3 in use and 3 groups in line", st)
+		}
+		for _, s := range held {
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		}
+		synctest.Wait()
+		if st := c.Stats(); st.InUse != 3 || st.Waiting != 0 || len(got) != 3 {
+			t.Fatalf("after three places freed: %+v, %d granted; want all three groups in", st, len(got))
+		}
+		for range 3 {
+			s := <-got
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		}
+	})
+}
+
+// TestModelGateDefaultsAndAStaleFairnessTimer: a zero fairness bound is
+// the default; a bound that passes after the waiter it was set for gave
+// up, with nothing in flight, changes nothing.
+func TestModelGateDefaultsAndAStaleFairnessTimer(t *testing.T) {
+	if f := NewModelGate(0, nil).Stats().FairnessSeconds; f != DefaultFairness.Seconds() {
+		t.Errorf("fairness %vs, want the default %v", f, DefaultFairness)
+	}
+	synctest.Test(t, func(t *testing.T) {
+		g := NewModelGate(time.Second, nil)
+		leaveA, _ := g.Enter(context.Background(), "a")
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if _, err := g.Enter(ctx, "b"); err == nil {
+			t.Fatal("b entered while a was in flight")
+		}
+		time.Sleep(200 * time.Millisecond)
+		leaveA()
+		time.Sleep(time.Second) // the bound passes: nothing waits, nothing is in flight
+		leave, err := g.Enter(context.Background(), "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		leave()
+		if st := g.Stats(); st.Swaps != 0 || st.Loaded != "a" {
+			t.Errorf("stats %+v, want a still loaded, no swap", st)
+		}
+	})
+}
+
+// TestCapLineMovesOnWhenTheFirstGroupCannotGo: the first group in line is
+// given a freed place but has been paused meanwhile (a 429 to one of its
+// requests); it leaves the line and the place goes to the next group.
+func TestCapLineMovesOnWhenTheFirstGroupCannotGo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := NewCap(2)
+		tbl := capTable(c)
+		b, d := tbl.Get(capKey(0)), tbl.Get(capKey(1))
+		pastProbe(b)
+		pastProbe(d)
+		b1, _ := b.Acquire(context.Background(), 1)
+		b2, _ := b.Acquire(context.Background(), 1)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go b.Acquire(ctx, 1) // b's third waits in line, first
+		synctest.Wait()
+		dGot := make(chan *Slot, 1)
+		go func() {
+			if s, err := d.Acquire(context.Background(), 1); err == nil {
+				dGot <- s
+			}
+		}()
+		synctest.Wait()
+		// b1 is refused with a 5 s pause and waits to retry: its place
+		// frees, b is first in line but paused.
+		b1.Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: time.Now().Add(5 * time.Second)})
+		retried := make(chan error, 1)
+		go func() { retried <- b1.WaitRetry(ctx, 0) }()
+		synctest.Wait()
+		select {
+		case s := <-dGot:
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		default:
+			t.Fatalf("the freed place did not go to the next group in line: %+v", c.Stats())
+		}
+		cancel()
+		<-retried // a slot is used by one goroutine at a time
+		b2.Report(Report{Status: 200, Verdict: Accepted})
+		b2.Release()
+		b1.Release()
+		synctest.Wait()
 	})
 }

@@ -317,3 +317,98 @@ func TestConfiguredStartGrowsWhileNothingIsLearned(t *testing.T) {
 		}
 	})
 }
+
+// TestAConfiguredLimitSkipsTheFirstAnswerProbe: a group whose route
+// configures a rate, a token rate or a concurrency knows a limit and sends
+// a burst at once; one with only a minimum gap still sends one request
+// and waits for its answer first.
+func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
+	for _, tc := range []struct {
+		lim   Limits
+		probe bool
+	}{
+		{Limits{RPM: 6e6}, false}, {Limits{TPM: 6e9}, false}, {Limits{Concurrency: 4}, false},
+		{Limits{MinGap: time.Millisecond}, true},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			l := configuredTable(tc.lim).Get(ckey)
+			first, err := l.Acquire(context.Background(), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			second := make(chan *Slot, 1)
+			go func() {
+				if s, err := l.Acquire(context.Background(), 1); err == nil {
+					second <- s
+				}
+			}()
+			time.Sleep(100 * time.Millisecond) // the gap and the rate are long past
+			if went := len(second) == 1; went == tc.probe {
+				t.Errorf("%+v: the second request went before the first answer: %v, want %v", tc.lim, went, !tc.probe)
+			}
+			first.Report(Report{Status: 200, Verdict: Accepted})
+			first.Release()
+			s := <-second
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		})
+	}
+}
+
+// TestConfiguredRPMGivesNoBurstAfterAnIdleSpell: 600 RPM, one request,
+// half a second idle, then five at once: they go 100 ms apart, not in a
+// burst that makes up for the idle time; a timer a little late keeps the
+// cadence.
+func TestConfiguredRPMGivesNoBurstAfterAnIdleSpell(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{RPM: 600}).Get(ckey)
+		s, _ := l.Acquire(context.Background(), 1)
+		s.Report(Report{Status: 200, Verdict: Accepted})
+		s.Release()
+		time.Sleep(500 * time.Millisecond)
+		starts, _ := runStarts(t, l, 5, 10*time.Millisecond, nil)
+		if g := minGap(starts); g < 100*time.Millisecond {
+			t.Errorf("after an idle spell, starts %v apart, want 100ms", g)
+		}
+	})
+}
+
+// TestConfiguredTPMWaitsForWhatIsMissing: with 20 of 100 tokens refilled,
+// a 50-token request waits for the 30 missing (0.3 s at 100 a second).
+func TestConfiguredTPMWaitsForWhatIsMissing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{TPM: 6000}).Get(ckey)
+		for range 2 { // the full bucket: 100 tokens
+			s, _ := l.Acquire(context.Background(), 50)
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		}
+		time.Sleep(200 * time.Millisecond) // 20 back
+		begin := time.Now()
+		s, _ := l.Acquire(context.Background(), 50)
+		if w := time.Since(begin); w != 300*time.Millisecond {
+			t.Errorf("waited %v, want 300ms for the 30 tokens missing", w)
+		}
+		s.Report(Report{Status: 200, Verdict: Accepted})
+		s.Release()
+	})
+}
+
+// TestConfiguredTPMStartGrows: a token start that holds requests back
+// grows like a request start.
+func TestConfiguredTPMStartGrows(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(Limits{TPM: 6000, Start: true}).Get(ckey)
+		begin := time.Now()
+		for range 20 {
+			s, _ := l.Acquire(context.Background(), 50)
+			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Release()
+		}
+		// At 100 tokens a second, 20 × 50 tokens take 9 s past the first
+		// second's 100; grown by a quarter each second held, far less.
+		if took := time.Since(begin); took > 6*time.Second {
+			t.Errorf("20 requests of 50 tokens took %v: the start did not grow", took)
+		}
+	})
+}
