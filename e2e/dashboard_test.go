@@ -340,8 +340,10 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 
 	// Each lane says what its group believes and why: the dashboard's
 	// keys their rate from the headers; the silent upstream's the rate it
-	// was seen to admit, where that figure comes from, and what binds.
-	learnedFromBehaviour := regexp.MustCompile(`^rate [0-9.]+/(s|min) learned from (admitted rate|hint|probe)` +
+	// was seen to admit (or, before two refusals measured it, the rate it
+	// was sending when refused), where that figure comes from, what binds,
+	// and the ceiling its route configures.
+	learnedFromBehaviour := regexp.MustCompile(`^rate [0-9.]+/(s|min) learned from (admitted rate|sending rate|hint|probe)` +
 		`( · concurrency [0-9]+ (named by the upstream|learned from refusals at [0-9]+ in flight))? · bound: (rate|concurrency)` +
 		` · configured 600 rpm \(ceiling\)$`)
 	for _, st := range after.Lanes {
