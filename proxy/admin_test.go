@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 const testAdminToken = "s3cret-admin-token"
@@ -154,5 +156,114 @@ func TestAdminTokenLoginFromTheBrowser(t *testing.T) {
 		t.Errorf("a cookie holding something else than the login's: %v %v", resp.StatusCode, err)
 	} else {
 		resp.Body.Close()
+	}
+}
+
+// TestLanesShowConfiguredLimitsTheCapAndLocalRoutes: /lanes gives every
+// lane of a route with configured limits its "configured" view, adds
+// "global" with LLMPROXY_GLOBAL_CONCURRENCY and "local_routes" with a
+// local route, and /metrics has their series; a proxy with none of them
+// has none of it.
+func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
+	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{}`)) })
+	h := newHarness(t, up, func(c *Config) {
+		c.Default.Limits = lanequeue.Limits{RPM: 600, Concurrency: 8}
+		c.GlobalConcurrency = 4
+		c.Routes = append(c.Routes, Route{Name: "ollama", URL: c.Upstream, Settings: RouteSettings{Local: true}})
+	})
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	readAll(t, h.post("/ollama/v1/chat/completions", `{"model":"llama3"}`).Body)
+
+	rec := httptest.NewRecorder()
+	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	var page struct {
+		Lanes       []lanequeue.State   `json:"lanes"`
+		Global      *lanequeue.CapStats `json:"global"`
+		LocalRoutes []LocalRoute        `json:"local_routes"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
+		t.Fatal(err)
+	}
+	if g := page.Global; g == nil || g.Limit != 4 || g.InUse != 0 || g.Waiting != 0 || g.Most < 1 || g.Most > 4 {
+		t.Errorf("/lanes global: %+v", page.Global)
+	}
+	if lr := page.LocalRoutes; len(lr) != 1 || lr[0].Route != "ollama" || lr[0].Loaded != "llama3" || lr[0].Loads != 1 || lr[0].Swaps != 0 || lr[0].FairnessSeconds <= 0 {
+		t.Errorf("/lanes local_routes: %+v", lr)
+	}
+	if len(page.Lanes) != 2 {
+		t.Fatalf("/lanes: %d lanes, want 2", len(page.Lanes))
+	}
+	for _, s := range page.Lanes {
+		switch s.Route {
+		case "":
+			if c := s.Configured; c == nil || *c != (lanequeue.ConfiguredView{RPM: 600, Concurrency: 8, Mode: "ceiling"}) {
+				t.Errorf("default route's lane: configured %+v", c)
+			}
+		case "ollama":
+			if s.Configured != nil {
+				t.Errorf("local route's lane, which configures nothing: configured %+v", s.Configured)
+			}
+		}
+		if s.QueuedLow != 0 {
+			t.Errorf("lane %s: group_queued_low %d with nothing queued", s.ID, s.QueuedLow)
+		}
+	}
+
+	fams, err := h.proxy.cfg.Gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keys are the name and the labels but lane, by label name.
+	got := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			key := f.GetName()
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "lane" {
+					key += " " + l.GetName() + "=" + l.GetValue()
+				}
+			}
+			got[key] += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	for key, want := range map[string]float64{
+		"llmproxy_lane_configured_limit kind=rpm":               600,
+		"llmproxy_lane_configured_limit kind=concurrency":       8,
+		"llmproxy_global_concurrency_limit":                     4,
+		"llmproxy_global_concurrency_in_use":                    0,
+		"llmproxy_global_concurrency_waiting_groups":            0,
+		"llmproxy_local_model_swaps_total route=ollama":         0,
+		"llmproxy_local_model_swaps_avoided_total route=ollama": 0,
+		"llmproxy_local_model_waiting route=ollama":             0,
+		"llmproxy_local_model_loaded model=llama3 route=ollama": 1,
+	} {
+		if v, ok := got[key]; !ok || v != want {
+			t.Errorf("%s = %v (exported: %v), want %v", key, v, ok, want)
+		}
+	}
+	for _, key := range []string{"llmproxy_lane_configured_limit kind=tpm", "llmproxy_lane_configured_limit kind=min_gap_seconds"} {
+		if _, ok := got[key]; ok {
+			t.Errorf("%s exported for a limit not configured", key)
+		}
+	}
+
+	// None of it on a proxy without configured limits, cap or local route.
+	plain := newHarness(t, up, nil)
+	readAll(t, plain.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	rec = httptest.NewRecorder()
+	plain.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	for _, field := range []string{`"global"`, `"local_routes"`, `"configured"`, `"group_queued_low"`} {
+		if strings.Contains(rec.Body.String(), field) {
+			t.Errorf("/lanes of a plain proxy has %s: %s", field, rec.Body.String())
+		}
+	}
+	fams, err = plain.proxy.cfg.Gatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if n := f.GetName(); strings.HasPrefix(n, "llmproxy_global_") || strings.HasPrefix(n, "llmproxy_local_model_") || n == "llmproxy_lane_configured_limit" {
+			t.Errorf("a plain proxy exports %s", n)
+		}
 	}
 }
