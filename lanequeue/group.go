@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"container/list"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
@@ -44,8 +45,10 @@ type group struct {
 	timerAt    time.Time
 	timerGen   uint64
 	// refs counts what keeps the group alive: each of its lanes while the
-	// table holds it, and each slot from Acquire until it is done.
-	refs int
+	// table holds it, and each slot from Acquire until it is done. It is
+	// atomic so that the table never takes mu: a group may hold mu through
+	// a slow call to a shared store, and that must not hold up the table.
+	refs atomic.Int64
 }
 
 func newGroup(key string, cfg Config, shared Shared, forgotten func(*group)) *group {
@@ -95,7 +98,9 @@ func (g *group) head() *Slot {
 
 // newLane makes a lane of g. The caller accounts for the lane's reference.
 func (g *group) newLane(key Key) *Lane {
-	return &Lane{key: key, id: key.ID(), g: g, lastUsed: g.clock.Now()}
+	l := &Lane{key: key, id: key.ID(), g: g}
+	l.touch(g.clock.Now())
+	return l
 }
 
 // enqueueLocked puts s in the queue: after every waiter that arrived before
@@ -143,8 +148,7 @@ func (g *group) returnPermitLocked(s *Slot, now time.Time) {
 // unrefLocked drops one reference and reports whether it was the last.
 // Requires g.mu held.
 func (g *group) unrefLocked() bool {
-	g.refs--
-	return g.refs == 0 && g.forgotten != nil
+	return g.refs.Add(-1) == 0 && g.forgotten != nil
 }
 
 // forget tells the table that nothing refers to g any more. Call it after

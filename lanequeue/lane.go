@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
@@ -123,7 +124,9 @@ type Lane struct {
 
 	queued   int // waiters of this lane in the group's queue
 	inFlight int // this lane's slots holding a permit
-	lastUsed time.Time
+	// lastUsed is when a request last came (UnixNano of the group's
+	// clock); atomic so that the table reads it without the group's lock.
+	lastUsed atomic.Int64
 	stats    laneStats
 }
 
@@ -132,9 +135,15 @@ type Lane struct {
 func New(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
 	g := newGroup(key.LimitGroup(), cfg, NewLocalShared(cfg), nil)
-	g.refs = 1 // the lane's own
+	g.refs.Store(1) // the lane's own
 	return g.newLane(key)
 }
+
+// touch records a use of the lane at now.
+func (l *Lane) touch(now time.Time) { l.lastUsed.Store(now.UnixNano()) }
+
+// used is when the lane was last used.
+func (l *Lane) used() time.Time { return time.Unix(0, l.lastUsed.Load()) }
 
 // ID is the lane's short hashed identifier.
 func (l *Lane) ID() string { return l.id }
@@ -206,7 +215,7 @@ func (l *Lane) AcquirePriority(ctx context.Context, cost int64, p Priority) (*Sl
 	g := l.g
 	g.mu.Lock()
 	now := g.clock.Now()
-	l.lastUsed = now
+	l.touch(now)
 	if l.queued >= g.cfg.MaxQueue {
 		l.stats.rejected++
 		g.mu.Unlock()
@@ -219,7 +228,7 @@ func (l *Lane) AcquirePriority(ctx context.Context, cost int64, p Priority) (*Sl
 		return nil, fmt.Errorf("lane %s: %w", l.id, &WaitError{At: until, Paused: true})
 	}
 	g.arrivals++
-	g.refs++
+	g.refs.Add(1)
 	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl}
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
@@ -293,7 +302,7 @@ func (s *Slot) WaitRetry(ctx context.Context, after time.Duration) error {
 	g := l.g
 	g.mu.Lock()
 	now := g.clock.Now()
-	l.lastUsed = now
+	l.touch(now)
 	if s.phase.holdsPermit() {
 		g.returnPermitLocked(s, now)
 	}
@@ -357,7 +366,7 @@ func (s *Slot) Release() {
 		g.dequeueLocked(s)
 	}
 	s.phase = phaseDone
-	l.lastUsed = now
+	l.touch(now)
 	forget := g.unrefLocked()
 	g.dispatchLocked(now)
 	g.mu.Unlock()

@@ -150,7 +150,7 @@ func (l *Lane) state(withHistory bool) State {
 		DrainSeconds: drainSeconds(g.queued(), g.queuedCost, v, now),
 		Learned:      v.Learned, Corrected: v.Corrected,
 		Bound: v.Bound, RateFrom: v.RateFrom, AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
-		LastUsed: l.lastUsed,
+		LastUsed: l.used(),
 	}
 	if g.ceil != nil {
 		s.Configured = g.ceil.view()

@@ -80,11 +80,7 @@ func (t *Table) evictLocked(_ string, l *Lane) {
 	}
 	t.evicted = append(t.evicted, evicted{l, reason})
 	g := l.g
-	g.mu.Lock()
-	gone := g.refs == 1
-	g.refs--
-	g.mu.Unlock()
-	if gone {
+	if g.refs.Add(-1) == 0 {
 		t.dropGroupLocked(g)
 	}
 }
@@ -102,10 +98,7 @@ func (t *Table) dropGroupLocked(g *group) {
 func (t *Table) forgotten(g *group) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	g.mu.Lock()
-	gone := g.refs == 0
-	g.mu.Unlock()
-	if gone {
+	if g.refs.Load() == 0 {
 		t.dropGroupLocked(g)
 	}
 }
@@ -130,15 +123,11 @@ func (t *Table) Get(key Key) *Lane {
 			g.onChange = t.cfg.OnChange
 			t.groups[gk] = g
 		}
-		g.mu.Lock()
-		g.refs++
+		g.refs.Add(1)
 		l = g.newLane(key)
-		g.mu.Unlock()
 		t.lanes.Add(id, l)
 	} else {
-		l.g.mu.Lock()
-		l.lastUsed = now // so the sweep below cannot drop the lane it returns
-		l.g.mu.Unlock()
+		l.touch(now) // so the sweep below cannot drop the lane it returns
 	}
 	t.sweepLocked(now)
 	evicted := t.takeEvictedLocked()
@@ -196,7 +185,7 @@ func (t *Table) Busiest(n int, history bool) (states []State, total int) {
 	loads := make([]load, len(lanes))
 	for i, l := range lanes {
 		l.g.mu.Lock()
-		loads[i] = load{l, l.queued + l.inFlight, l.lastUsed}
+		loads[i] = load{l, l.queued + l.inFlight, l.used()}
 		l.g.mu.Unlock()
 	}
 	slices.SortStableFunc(loads, func(a, b load) int {
@@ -246,13 +235,17 @@ func (t *Table) sweepLocked(now time.Time) {
 	t.lastSweep = now
 	for _, id := range t.lanes.Keys() {
 		l, _ := t.lanes.Peek(id)
-		l.g.mu.Lock()
-		stale := now.Sub(l.lastUsed) >= t.cfg.IdleTTL
-		idle := l.queued == 0 && l.inFlight == 0
-		l.g.mu.Unlock()
-		if !stale {
+		if now.Sub(l.used()) < t.cfg.IdleTTL {
 			return
 		}
+		// A group whose lock is taken is busy, maybe waiting on a shared
+		// store: the table does not wait for it, and the lane stays until
+		// a later sweep finds it idle.
+		if !l.g.mu.TryLock() {
+			continue
+		}
+		idle := l.queued == 0 && l.inFlight == 0
+		l.g.mu.Unlock()
 		if idle {
 			t.sweeping = true
 			t.lanes.Remove(id)

@@ -256,3 +256,78 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 		t.Error("fields run together in the lane ID or limit group")
 	}
 }
+
+// stallingShared is the in-process state with an Admit that waits until
+// released: a shared store gone slow, with its group's lock held.
+type stallingShared struct {
+	*Local
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s stallingShared) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	<-s.release
+	return s.Local.Admit(now, cost, probe)
+}
+
+func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
+	fc := clock.NewFake(t0)
+	stall := stallingShared{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute,
+		Shared: func(group string, cfg Config) Shared {
+			if strings.Contains(group, HashCredential("slow")) {
+				stall.Local = NewLocal(cfg)
+				return stall
+			}
+			return NewLocal(cfg)
+		}})
+	slowKey := Key{CredentialHash: HashCredential("slow"), Path: "/v1/chat/completions"}
+	slow := tb.Get(slowKey)
+	stuck := make(chan error, 1)
+	go func() {
+		s, err := slow.Acquire(context.Background(), 1)
+		if err == nil {
+			s.Release()
+		}
+		stuck <- err
+	}()
+	<-stall.entered // the slow group now holds its lock in Admit
+
+	done := make(chan string, 1)
+	go func() {
+		if tb.Get(slowKey) != slow {
+			done <- "a second lane for the slow key"
+			return
+		}
+		fast := tb.Get(Key{CredentialHash: HashCredential("fast"), Path: "/v1/chat/completions"})
+		s, err := fast.Acquire(context.Background(), 1)
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		s.Release()
+		fc.Advance(2 * time.Minute) // every lane is stale: the sweep visits the slow one
+		tb.Sweep()
+		done <- ""
+	}()
+	select {
+	case msg := <-done:
+		if msg != "" {
+			t.Fatal(msg)
+		}
+	case <-time.After(5 * time.Second):
+		close(stall.release)
+		t.Fatal("the table waited for a group held up by its shared store")
+	}
+	if _, ok := tb.Lookup(slow.ID()); !ok {
+		t.Fatal("the sweep dropped the busy lane")
+	}
+	close(stall.release)
+	if err := <-stuck; err != nil {
+		t.Fatal(err)
+	}
+}
