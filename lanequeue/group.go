@@ -62,6 +62,15 @@ func newGroup(key string, cfg Config, shared Shared, forgotten func(*group)) *gr
 	return g
 }
 
+// answeredElsewhere reports whether sh is shared with other replicas of
+// the proxy and one of them has learned from an answer of the group
+// lately: the first-answer probe need not wait for one of this replica's
+// own.
+func answeredElsewhere(sh Shared) bool {
+	a, ok := sh.(interface{ AnsweredElsewhere() bool })
+	return ok && a.AnsweredElsewhere()
+}
+
 // kick runs the dispatch again: the global cap has room for this group.
 func (g *group) kick() {
 	g.mu.Lock()
@@ -159,6 +168,9 @@ func (g *group) forget() { g.forgotten(g) }
 // arms the timer when the head must wait for time. Requires g.mu held.
 func (g *group) dispatchLocked(now time.Time) {
 	for s := g.head(); s != nil; s = g.head() {
+		if !g.learned && g.unanswered > 0 && answeredElsewhere(g.shared) {
+			g.learned = true // another replica's answer taught the group
+		}
 		if !g.learned && g.unanswered > 0 {
 			if now.Before(g.probeUntil) {
 				g.offCap()

@@ -14,6 +14,7 @@ import (
 )
 
 func hget(t *testing.T, st *Store, key, f string) string {
+	st.flush() // what was given back is in Redis
 	v, _ := st.rdb.HGet(context.Background(), key, f).Result()
 	return v
 }
@@ -457,12 +458,13 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 32, MaxConcurrency: 64})
 	sb := b.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 64})
 	answer := func(sh lanequeue.Shared, r lanequeue.Report) {
-		tk, _, ok := sh.Admit(time.Now(), 1, false)
+		tk, at, ok := sh.Admit(time.Now(), 1, false)
 		if !ok {
-			t.Fatal("admit")
+			t.Fatalf("admit: %v %+v", at, sh.View(time.Now()))
 		}
 		sh.Learn(&tk, r, time.Now())
 		sh.Return(&tk, time.Now())
+		sh.(*shared).st.flush()
 	}
 	ok200 := lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}
 	answer(sa, ok200)
@@ -486,6 +488,7 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 	for i := range held {
 		sc.Return(&held[i], time.Now())
 	}
+	c.flush()
 	lowered := sc.(*shared).local.View(time.Now()).Concurrency
 	answer(sa, ok200)
 	answer(sa, ok200)

@@ -35,7 +35,9 @@ local function budget(key, p, now)
   if b.known == 1 and b.rate > 0 and now > b.at then
     b.avail = math.min(b.size, b.avail + b.rate * (now - b.at) / 1000)
   end
-  b.at = now
+  -- Redis' clock going back (a failover to a host behind) must not move
+  -- the budget's time back: the same interval would refill twice.
+  b.at = math.max(b.at, now)
   return b
 end
 local function charge(b, cost)
@@ -57,8 +59,11 @@ end
 
 // admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
 // probe (0/1), lease, leaseTTL, replica, the age of the replica's oldest
-// waiter (ms), keyTTL, climit default, max climit.
-// Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now}.
+// waiter (ms), keyTTL, climit default, max climit, then the replica's
+// leases of the group given back and not yet removed: removed first.
+// Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
+// answered, rrate, tsize, trate, rsize}: answered is 1 when a replica
+// learned from an answer in the last minute; rates are per 1000 seconds.
 var admitScript = redis.NewScript(lib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -68,12 +73,16 @@ local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
 -- by one that did not; with no such evidence, the highest any replica
 -- grew to, so a fresh replica at its start does not pull the fleet down.
 -- A replica silent for a minute no longer counts.
-local lowered, grown = nil, nil
+local lowered, grown, answered = nil, nil, 0
 local cl = redis.call('HGETALL', KEYS[4])
 for i = 1, #cl, 2 do
   local l, seen, ev = string.match(cl[i+1], '^(%d+):(%d+):?(%d*)$')
   if l == nil or now - tonumber(seen) > 60000 then
     redis.call('HDEL', KEYS[4], cl[i])
+  else
+    answered = 1
+  end
+  if l == nil or now - tonumber(seen) > 60000 then
   elseif ev == '1' then
     if lowered == nil or tonumber(l) < lowered then lowered = tonumber(l) end
   elseif grown == nil or tonumber(l) > grown then
@@ -81,9 +90,26 @@ for i = 1, #cl, 2 do
   end
 end
 local climit = math.min(lowered or grown or tonumber(ARGV[9]), tonumber(ARGV[10]))
+for i = 11, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
-if paused > now then return {0, paused, out, climit, 0, 0, 0, 0, paused, now} end
+local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
+local function reply(ok, at, rsent, tsent, room, paced, p)
+  return {ok, at, out, climit, rsent, tsent, room, paced, p, now, answered,
+          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size)}
+end
+if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
+-- Until some replica has learned from an answer, one replica's first
+-- request goes alone, fleet-wide, for at most the probe window (1s): N
+-- replicas starting together do not each send theirs blind.
+if probe and answered == 0 and r.known ~= 1 and t.known ~= 1 then
+  local first = num(redis.call('HGET', KEYS[1], 'first'), 0)
+  if now - first > 60000 then
+    redis.call('HSET', KEYS[1], 'first', now)
+  elseif now - first < 1000 and out > 0 then
+    return reply(0, 0, 0, 0, 0, 0, 0)
+  end
+end
 -- No replica starves: permits, requests and tokens go first to replicas
 -- whose oldest waiter arrived earlier (what they wait for is kept for
 -- them). Waiting replicas ask again every few tens of milliseconds; one
@@ -103,15 +129,14 @@ for i = 1, #w, 2 do
   end
 end
 redis.call('PEXPIRE', KEYS[3], keyttl)
-if out + older >= climit then return {0, 0, out, climit, 0, 0, 0, 0, 0, now} end
-local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
+if out + older >= climit then return reply(0, 0, 0, 0, 0, 0, 0) end
 local rok, rat = admit(r, now, 1 + older)
 local tok, tat = admit(t, now, cost + oldercost)
 if not (rok and tok) then
   -- A budget that waits for a time goes first; only when none does can a
   -- probe go to learn what the budgets that wait for an answer hold.
   local at = math.max(rat, tat)
-  if not (at == 0 and probe) then return {0, at, out, climit, 0, 0, 0, 0, 0, now} end
+  if not (at == 0 and probe) then return reply(0, at, 0, 0, 0, 0, 0) end
 end
 local room, paced = 0, 0
 if rok and tok and (r.known == 1 and r.syn == 0 or t.known == 1) then room = 1 end
@@ -126,13 +151,18 @@ redis.call('HDEL', KEYS[3], replica)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('PEXPIRE', KEYS[2], math.max(keyttl, ttl))
 redis.call('PEXPIRE', KEYS[4], keyttl)
-return {1, 0, out, climit, r.sent, t.sent, room, paced, 0, now}
+return reply(1, 0, r.sent, t.sent, room, paced, 0)
 `)
 
-// learnScript: KEYS state, leases, climits. ARGV (unused), keyTTL, the
+// learnScript: KEYS state, leases, climits, raise. ARGV (unused), keyTTL, the
 // pause's length from now (ms; 0: none), climit, replica, then for
 // requests and then tokens: known, syn, size, rate, mode, value, mark;
 // last (ARGV[20]) 1 when the upstream's refusals lowered climit, else 0.
+// A window's size and rate are the lowest a replica holds: a replica may
+// lower them at any time, and raise them only once nobody has held the
+// lower figures for a minute (low: when they were last affirmed), or, for
+// a pace learned from refusals, while it holds the raise lease: one
+// replica at a time probes above the shared pace.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it. Returns {out, paused, now}.
@@ -147,7 +177,25 @@ local function learn(p, i)
   local known = tonumber(ARGV[i])
   if known ~= 1 then return end
   local b = budget(KEYS[1], p, now)
-  b.known, b.syn, b.size, b.rate = 1, tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
+  local syn, size, rate = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
+  if b.known == 1 and b.syn == syn and (size > b.size or rate > b.rate) then
+    local low = num(redis.call('HGET', KEYS[1], p..'low'), 0)
+    local may = now - low > 60000
+    if not may and syn == 1 then
+      local holder = redis.call('GET', KEYS[4])
+      if holder == ARGV[5] then
+        redis.call('PEXPIRE', KEYS[4], 10000)
+        may = true
+      elseif not holder then
+        may = redis.call('SET', KEYS[4], ARGV[5], 'NX', 'PX', 10000) ~= false
+      end
+    end
+    if not may then size, rate = math.min(size, b.size), math.min(rate, b.rate) end
+  end
+  if b.known ~= 1 or b.syn ~= syn or size <= b.size and rate <= b.rate then
+    redis.call('HSET', KEYS[1], p..'low', now)
+  end
+  b.known, b.syn, b.size, b.rate = 1, syn, size, rate
   local mode, value, mark = tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), tonumber(ARGV[i+6])
   if redis.call('HEXISTS', KEYS[1], p..'avail') == 0 then b.avail = b.size end
   if mode == 1 then

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -18,6 +20,7 @@ type shared struct {
 	local                           *lanequeue.Local
 	cfg                             lanequeue.Config
 	state, leases, waiting, climits string
+	raise                           string
 	out                             int       // permits out, all replicas, at the last reply
 	climit                          int       // the shared concurrency limit at the last reply
 	paused                          time.Time // the shared pause at the last reply
@@ -26,6 +29,20 @@ type shared struct {
 	// remoteOut counts this replica's permits from Redis still out: while
 	// Redis is away they count against the local limits.
 	remoteOut int
+	// last are the shared limits at the last reply: while Redis is away
+	// the replica uses its share of them (see share).
+	last limits
+	// share is what this replica may use while Redis is away; nil while
+	// it is up.
+	share *share
+	// answered: some replica learned from an answer of the group lately,
+	// so this one need not wait for an answer of its own to go on.
+	answered bool
+	// epoch is the store's epoch at this group's last admission through
+	// Redis; localLeases are the leases that count, in Redis, the permits
+	// taken while it was away and still out.
+	epoch       uint64
+	localLeases []string
 }
 
 func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
@@ -35,7 +52,8 @@ func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 	base := st.cfg.Prefix + "{g:" + hex.EncodeToString(sum[:12]) + "}"
 
 	return &shared{st: st, local: lanequeue.NewLocal(cfg), cfg: cfg,
-		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits"}
+		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits",
+		raise: base + ":raise"}
 }
 
 // local is a time on Redis' clock (ms), read as the replica's: redisNow
@@ -50,6 +68,13 @@ func local(v, redisNow int64, localNow time.Time) time.Time {
 func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
 	if !s.st.up.Load() {
 		return s.localAdmit(now, cost, probe)
+	}
+	s.share = nil
+	if e := s.st.epoch.Load(); e != s.epoch {
+		if !s.recount() {
+			return s.localAdmit(now, cost, probe)
+		}
+		s.epoch = e
 	}
 	if p := s.local.PausedUntil(); now.Before(p) {
 		return lanequeue.Ticket{}, p, false // learned while Redis was away
@@ -67,17 +92,32 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits},
-		0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
-		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency).Int64Slice()
+	start := time.Now()
+	// The group's permits given back and not yet removed by the writer
+	// go with the admission: this replica's own returns never hold back
+	// its next request.
+	returned := s.st.takeReturns(s.leases)
+	args := []any{0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
+		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency}
+	for _, l := range returned {
+		args = append(args, l)
+	}
+	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
-	if err != nil || len(res) < 10 {
+	s.st.took(start, err)
+	if err != nil || len(res) < 15 {
 		s.st.failed("admit", errOr(err))
 		s.st.returnLater(lease, s.leases) // the script may have run
+		for _, l := range returned {
+			s.st.returnLater(l, s.leases)
+		}
 		return s.localAdmit(now, cost, probe)
 	}
 	s.st.sawClock(res[9])
 	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
+	s.answered = res[10] == 1
+	s.last = limits{concurrency: s.climit, reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
+		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}
 	if res[0] != 1 {
 		at := local(res[1], res[9], now)
 		if at.IsZero() {
@@ -94,15 +134,61 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq}, time.Time{}, true
 }
 
-// localAdmit admits from the local limits while Redis is away, counting
-// the permits still out that Redis gave: the upstream sees those too.
+// localAdmit admits from the local limits while Redis is away, within
+// this replica's share of the last shared limits, counting the permits
+// still out that Redis gave: the upstream sees those too.
 func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
-	if s.remoteOut > 0 {
-		if v := s.local.View(now); v.InFlight+s.remoteOut >= v.Concurrency {
-			return lanequeue.Ticket{}, time.Time{}, false // a return dispatches again
-		}
+	v := s.local.View(now)
+	if s.share == nil {
+		s.share = newShare(s.last, v, s.st.Replicas())
 	}
-	return s.local.Admit(now, cost, probe)
+	if v.InFlight+s.remoteOut >= min(v.Concurrency, s.share.concurrency) {
+		return lanequeue.Ticket{}, time.Time{}, false // a return dispatches again
+	}
+	if at, ok := s.share.admit(now, cost); !ok {
+		return lanequeue.Ticket{}, at, false
+	}
+	t, at, ok := s.local.Admit(now, cost, probe)
+	if ok {
+		s.share.take(now, cost)
+	}
+	return t, at, ok
+}
+
+// recount puts in Redis a lease for each permit taken while Redis was
+// away and still out, so that the other replicas count them; false when
+// Redis did not take them.
+func (s *shared) recount() bool {
+	missing := s.local.View(time.Now()).InFlight - len(s.localLeases)
+	if missing <= 0 {
+		return true
+	}
+	exp := float64(time.Now().UnixMilli() + s.st.clockOffset.Load() + s.st.cfg.LeaseTTL.Milliseconds())
+	fresh := make([]string, missing)
+	for i := range fresh {
+		fresh[i] = s.st.replica + "-l" + strconv.FormatUint(s.st.seq.Add(1), 36)
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	start := time.Now()
+	_, err := s.st.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, l := range fresh {
+			p.ZAdd(ctx, s.leases, redis.Z{Score: exp, Member: l})
+		}
+		p.PExpire(ctx, s.leases, max(s.st.cfg.KeyTTL, s.st.cfg.LeaseTTL))
+		return nil
+	})
+	s.st.commands.WithLabelValues("recount").Inc()
+	s.st.took(start, err)
+	if err != nil {
+		s.st.failed("recount", err)
+		return false
+	}
+	for _, l := range fresh {
+		s.st.hold(l, s.leases)
+	}
+	s.localLeases = append(s.localLeases, fresh...)
+	return true
 }
 
 // budgetArgs are a budget's fields for learnScript.
@@ -160,8 +246,10 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	args = append(args, boolInt(v.ConcurrencyLowered))
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits}, args...).Int64Slice()
+	start := time.Now()
+	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
+	s.st.took(start, err)
 	if err != nil || len(res) < 3 {
 		s.st.failed("learn", errOr(err))
 		return
@@ -194,24 +282,27 @@ func (s *shared) Settle(t *lanequeue.Ticket, usedTokens int64) {
 	}
 }
 
-// giveBack adds requests and tokens back to the shared budgets; a
-// positive mark (a settle's) skips what an answer's count already covered.
+// giveBack adds requests and tokens back to the shared budgets, through
+// the writer; a positive mark (a settle's) skips what an answer's count
+// already covered.
 func (s *shared) giveBack(op string, requests, tokens, mark float64) {
 	if !s.st.up.Load() {
 		return
 	}
-	ctx, cancel := s.st.ctx()
-	defer cancel()
-	err := giveBackScript.Run(ctx, s.st.rdb, []string{s.state}, 0, requests, tokens, mark).Err()
-	s.st.commands.WithLabelValues(op).Inc()
-	if err != nil {
-		s.st.failed(op, err)
-	}
+	s.st.giveLater(give{op: op, state: s.state, requests: requests, tokens: tokens, mark: mark})
 }
 
 func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 	if t.Lease == "" {
-		s.local.Return(t, now) // a permit taken while Redis was away
+		// A permit taken while Redis was away; once Redis is back a lease
+		// counts it there (see recount), and goes with it.
+		if !t.Returned && len(s.localLeases) > 0 {
+			l := s.localLeases[len(s.localLeases)-1]
+			s.localLeases = s.localLeases[:len(s.localLeases)-1]
+			s.st.drop(l)
+			s.st.returnLater(l, s.leases)
+		}
+		s.local.Return(t, now)
 		return
 	}
 	if t.Returned {
@@ -224,18 +315,9 @@ func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 	if s.out > 0 {
 		s.out--
 	}
-	if !s.st.up.Load() {
-		s.st.returnLater(t.Lease, s.leases) // sent when Redis answers again
-		return
-	}
-	ctx, cancel := s.st.ctx()
-	defer cancel()
-	err := s.st.rdb.ZRem(ctx, s.leases, t.Lease).Err()
-	s.st.commands.WithLabelValues("return").Inc()
-	if err != nil {
-		s.st.failed("return", err)
-		s.st.returnLater(t.Lease, s.leases)
-	}
+	// The writer removes the lease from Redis (or the rejoin, when Redis
+	// is away): the request does not wait for it.
+	s.st.returnLater(t.Lease, s.leases)
 }
 
 func (s *shared) PausedUntil() time.Time {
@@ -271,6 +353,10 @@ func errOr(err error) error {
 	}
 	return errString("short reply")
 }
+
+// AnsweredElsewhere reports whether a replica learned from an answer of
+// the group lately: this one's first request need not wait for its own.
+func (s *shared) AnsweredElsewhere() bool { return s.st.up.Load() && s.answered }
 
 // Knows reports whether this replica's state has learned a limit (see
 // lanequeue.Local.Knows).

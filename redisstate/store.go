@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +50,11 @@ type Config struct {
 	// Poll is how soon a group asks again when Redis says no and nothing
 	// says when: a permit may free on another replica. Zero = 20ms.
 	Poll time.Duration
+	// Slow is the 99th percentile of recent calls past which Redis counts
+	// as too slow to share through: the replica uses its share of the
+	// limits locally until a ping answers within it again, rather than
+	// making its requests wait on Redis. Zero = 50ms; negative = never.
+	Slow time.Duration
 	// Logger gets one line per change between shared and local; nil =
 	// discard.
 	Logger *slog.Logger
@@ -71,12 +77,23 @@ type Store struct {
 	mu          sync.Mutex
 	leases      map[string]string // lease -> leases key, renewed while held
 	returns     map[string]string // lease -> leases key, to remove once Redis answers
+	gives       []give            // budget give-backs waiting for the writer
 	closing     sync.Once
 	stop        chan struct{}
-	done        chan struct{}
-	upGauge     prometheus.Gauge
-	commands    *prometheus.CounterVec // op
-	failures    prometheus.Counter
+	done        chan struct{} // the loop and the writer ended
+	kick        chan struct{} // wakes the writer
+	flushes     chan chan struct{}
+	// peers is the number of replicas that said they were alive in the
+	// last minute, this one included, as Redis last told it: while Redis
+	// is away each replica uses this share of the last shared limits.
+	peers atomic.Int64
+	// epoch counts the times the store came back to Redis; a group that
+	// sees it move counts its local permits out in Redis again.
+	epoch    atomic.Uint64
+	latency  latencies
+	upGauge  prometheus.Gauge
+	commands *prometheus.CounterVec // op
+	failures prometheus.Counter
 	// renewCopied and rejoinHook, tests only, run in renew once it
 	// copied the held leases, and in rejoin just before the store is up.
 	renewCopied, rejoinHook func()
@@ -116,6 +133,9 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Poll <= 0 {
 		cfg.Poll = 20 * time.Millisecond
 	}
+	if cfg.Slow == 0 {
+		cfg.Slow = 50 * time.Millisecond
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -137,6 +157,7 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{
 		cfg: cfg, rdb: redis.NewClient(opt), replica: hex.EncodeToString(id[:]), log: cfg.Logger,
 		leases: map[string]string{}, returns: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -158,9 +179,14 @@ func New(cfg Config) (*Store, error) {
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {
 		s.warnIfCluster()
+		s.heartbeat()
 		s.setUp(true)
 	}
-	go s.loop()
+	var both sync.WaitGroup
+	both.Add(2)
+	go func() { defer both.Done(); s.loop() }()
+	go func() { defer both.Done(); s.writer() }()
+	go func() { both.Wait(); close(s.done) }()
 	return s, nil
 }
 
@@ -195,8 +221,9 @@ func (s *Store) Ready() error {
 	return errors.New("redis unreachable: lanes use local limits")
 }
 
-// Close stops the background work and the connection. Leases still held
-// expire on their own.
+// Close stops the background work and the connection, once the permits
+// given back and the budgets' give-backs still waiting have been sent.
+// Leases still held expire on their own.
 func (s *Store) Close() error {
 	err := errors.New("redisstate: closed twice")
 	s.closing.Do(func() {
@@ -241,8 +268,9 @@ func (s *Store) ctx() (context.Context, context.CancelFunc) {
 // loop renews the leases this replica holds and, while degraded, pings
 // until Redis answers.
 func (s *Store) loop() {
-	defer close(s.done)
-	renew := time.NewTicker(s.cfg.LeaseTTL / 3)
+	// Renewals also say the replica is alive: at least every 10s, so
+	// that the count of replicas seen in the last minute holds it.
+	renew := time.NewTicker(min(s.cfg.LeaseTTL/3, 10*time.Second))
 	defer renew.Stop()
 	// Rejoin attempts back off while Redis answers pings but keeps failing
 	// calls (read-only, out of memory, no EVAL): no flapping every 500 ms.
@@ -255,8 +283,8 @@ func (s *Store) loop() {
 		case <-s.stop:
 			return
 		case <-renew.C:
-			if s.up.Load() {
-				s.renew()
+			if s.up.Load() && s.renew() == nil {
+				s.heartbeat()
 			}
 		case <-ping.C:
 			if !s.up.Load() {
@@ -266,8 +294,14 @@ func (s *Store) loop() {
 					wait = minRejoinWait
 				}
 				ctx, cancel := s.ctx()
+				start := time.Now()
 				err := s.rdb.Ping(ctx).Err()
 				cancel()
+				// A ping slower than the bound leaves the replica local:
+				// Redis is there but would hold up every request.
+				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
+					err = errors.New("slow")
+				}
 				if err == nil && s.rejoin() {
 					rejoined = time.Now()
 				}
@@ -287,9 +321,12 @@ func (s *Store) rejoin() bool {
 	if s.renew() != nil {
 		return false
 	}
+	s.heartbeat()
 	if s.rejoinHook != nil {
 		s.rejoinHook()
 	}
+	s.latency.reset()
+	s.epoch.Add(1)
 	s.setUp(true)
 	// Returns made while this rejoin was under way went to the map (the
 	// store was not up yet): send them now, or they would wait for the
@@ -312,6 +349,7 @@ func (s *Store) flushReturns() bool {
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
+	start := time.Now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range returns {
 			p.ZRem(ctx, k, l)
@@ -319,6 +357,7 @@ func (s *Store) flushReturns() bool {
 		return nil
 	})
 	s.commands.WithLabelValues("return").Inc()
+	s.took(start, err)
 	if err != nil {
 		s.mu.Lock()
 		for l, k := range returns {
@@ -337,11 +376,183 @@ const (
 	maxRejoinWait = 30 * time.Second
 )
 
-// returnLater keeps a lease to remove from Redis when it answers again.
+// returnLater keeps a lease to remove from Redis: the writer sends it,
+// or the rejoin when Redis is away.
 func (s *Store) returnLater(lease, key string) {
 	s.mu.Lock()
 	s.returns[lease] = key
 	s.mu.Unlock()
+	s.wake()
+}
+
+// takeReturns takes the leases of one leases key waiting to be removed
+// (at most 64), for the caller to remove.
+func (s *Store) takeReturns(key string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ls []string
+	for l, k := range s.returns {
+		if k == key {
+			ls = append(ls, l)
+			delete(s.returns, l)
+			if len(ls) == 64 {
+				break
+			}
+		}
+	}
+	return ls
+}
+
+// give is a give-back to a group's budgets (see giveBackScript).
+type give struct {
+	op, state              string
+	requests, tokens, mark float64
+}
+
+// giveLater queues a give-back for the writer.
+func (s *Store) giveLater(g give) {
+	s.mu.Lock()
+	if len(s.gives) < maxGives {
+		s.gives = append(s.gives, g)
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+// maxGives bounds the give-backs waiting: past it, while Redis is slow,
+// they are dropped (the budgets then hold back a little more than needed).
+const maxGives = 4096
+
+func (s *Store) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// writer sends what needs no answer on a request's path: permits given
+// back and the budgets' give-backs. A request never waits for Redis to
+// take them.
+func (s *Store) writer() {
+	for {
+		select {
+		case <-s.stop:
+			s.write()
+			return
+		case <-s.kick:
+			s.write()
+		case done := <-s.flushes:
+			s.write()
+			close(done)
+		}
+	}
+}
+
+// flush waits until what was given back before it has been sent (or
+// kept for the rejoin).
+func (s *Store) flush() {
+	done := make(chan struct{})
+	select {
+	case s.flushes <- done:
+		<-done
+	case <-s.done:
+	}
+}
+
+// write sends the returns and give-backs waiting. While Redis is away the
+// returns wait for the rejoin and the give-backs are dropped: the budgets
+// they would go to are not in use.
+func (s *Store) write() {
+	s.mu.Lock()
+	gives := s.gives
+	s.gives = nil
+	s.mu.Unlock()
+	if !s.up.Load() {
+		return
+	}
+	if !s.flushReturns() {
+		s.failed("return", errors.New("returning permits failed"))
+		return
+	}
+	for _, g := range gives {
+		ctx, cancel := s.ctx()
+		start := time.Now()
+		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, 0, g.requests, g.tokens, g.mark).Err()
+		cancel()
+		s.commands.WithLabelValues(g.op).Inc()
+		s.took(start, err)
+		if err != nil {
+			s.failed(g.op, err)
+			return
+		}
+	}
+}
+
+// heartbeatScript: KEYS replicas. ARGV replica. Notes the replica alive
+// now and returns how many were in the last minute.
+var heartbeatScript = redis.NewScript(lib + `
+local now = clock()
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+redis.call('PEXPIRE', KEYS[1], 120000)
+return redis.call('ZCARD', KEYS[1])
+`)
+
+// heartbeat says this replica is alive and learns how many are.
+func (s *Store) heartbeat() {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	n, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas"}, s.replica).Int64()
+	s.commands.WithLabelValues("heartbeat").Inc()
+	if err == nil && n > 0 {
+		s.peers.Store(n)
+	}
+}
+
+// Replicas is the number of replicas seen alive in the last minute, as
+// Redis last said (this one included; 1 before it said anything).
+func (s *Store) Replicas() int { return int(max(s.peers.Load(), 1)) }
+
+// latencies keeps the duration of recent calls.
+type latencies struct {
+	mu   sync.Mutex
+	last [128]time.Duration
+	n    int // calls recorded since the last reset
+}
+
+func (l *latencies) reset() {
+	l.mu.Lock()
+	l.n = 0
+	l.mu.Unlock()
+}
+
+// add records d and returns the 99th percentile of the recent calls once
+// there are enough of them to tell (every 8th call), else 0.
+func (l *latencies) add(d time.Duration) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last[l.n%len(l.last)] = d
+	l.n++
+	if l.n < 32 || l.n%8 != 0 {
+		return 0
+	}
+	k := min(l.n, len(l.last))
+	recent := make([]time.Duration, k)
+	copy(recent, l.last[:k])
+	slices.Sort(recent)
+	return recent[(k*99+99)/100-1]
+}
+
+// took records a call that began at start; a replica whose recent calls
+// are too slow goes local (see Config.Slow).
+func (s *Store) took(start time.Time, err error) {
+	if err != nil || s.cfg.Slow < 0 {
+		return
+	}
+	if p99 := s.latency.add(time.Since(start)); p99 > s.cfg.Slow {
+		s.latency.reset()
+		s.failed("slow", fmt.Errorf("p99 of recent calls %v, over %v", p99.Round(time.Millisecond), s.cfg.Slow))
+	}
 }
 
 // renew pushes the expiry of every held lease forward, and puts back any
@@ -363,6 +574,7 @@ func (s *Store) renew() error {
 	exp := float64(time.Now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
 	ctx, cancel := s.ctx()
 	defer cancel()
+	start := time.Now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		keys := map[string]bool{}
 		for l, k := range held {
@@ -375,6 +587,7 @@ func (s *Store) renew() error {
 		return nil
 	})
 	s.commands.WithLabelValues("renew").Inc()
+	s.took(start, err)
 	if err != nil {
 		s.failed("renew", err)
 		return err

@@ -1,0 +1,316 @@
+package redisstate
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// debugCommand lets a test's server take DEBUG SLEEP.
+var debugCommand = []string{"--enable-debug-command", "local"}
+
+// sleepRedis blocks the server for d (DEBUG SLEEP) from a connection of
+// its own; the returned channel closes when the server is awake again.
+func sleepRedis(t *testing.T, url string, d time.Duration) <-chan struct{} {
+	t.Helper()
+	st, err := New(Config{URL: url, Timeout: d + 5*time.Second, Slow: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Second)
+		defer cancel()
+		c := st.rdb.Conn()
+		defer c.Close()
+		if err := c.Do(ctx, "DEBUG", "SLEEP", d.Seconds()).Err(); err != nil {
+			t.Errorf("DEBUG SLEEP: %v", err)
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the server is asleep
+	return done
+}
+
+// Giving a permit back does not wait for Redis: a request that ended is
+// not held up by a slow Redis; the writer sends the return once Redis
+// answers (issue 18, item 3).
+func TestAReturnDoesNotWaitForRedis(t *testing.T) {
+	srv := startServer(t, debugCommand...)
+	a, err := New(Config{URL: srv.url(), Timeout: 5 * time.Second, Slow: -1}) // a slow Redis, not a gone one
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sa := a.Shared("g", groupCfg)
+	tk, _, ok := admit(t, sa)
+	if !ok {
+		t.Fatal("admit")
+	}
+	awake := sleepRedis(t, srv.url(), time.Second)
+	returned := make(chan struct{})
+	go func() {
+		sa.Return(&tk, time.Now())
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-awake:
+		t.Fatal("Return waited for Redis to wake up")
+	}
+	<-awake
+	a.flush()
+	if n, err := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); err != nil || n != 0 {
+		t.Fatalf("%d leases in Redis after the return was sent (%v), want 0", n, err)
+	}
+}
+
+// A Redis whose recent calls are slower than Config.Slow at the 99th
+// percentile sends the replica local, where its requests do not wait on
+// Redis; it shares again once a ping answers within the bound (item 3).
+func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
+	srv := startServer(t, debugCommand...)
+	a, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second}) // below the cutoff: only slow
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
+	for range 31 { // fast calls
+		tk, _, ok := admit(t, sa)
+		if !ok {
+			t.Fatal("admit")
+		}
+		sa.Return(&tk, time.Now())
+	}
+	a.flush()
+	if a.Status() != "ok" {
+		t.Fatal("degraded by fast calls")
+	}
+	awake := sleepRedis(t, srv.url(), 300*time.Millisecond)
+	var slow lanequeue.Ticket
+	for i := 0; a.Status() == "ok" && i < 40; i++ {
+		tk, _, ok := admit(t, sa)
+		if !ok {
+			t.Fatal("admit")
+		}
+		slow = tk
+	}
+	if a.Status() != "degraded" {
+		t.Fatal("a replica whose calls took 300ms (bound 50ms) still waits on Redis")
+	}
+	<-awake
+	before := commandCount(a)
+	tk, _, ok := admit(t, sa)
+	if !ok || tk.Lease != "" {
+		t.Fatalf("degraded for slowness, the admit went to Redis (ok %v, lease %q)", ok, tk.Lease)
+	}
+	if after := commandCount(a); after != before {
+		t.Fatalf("%v Redis calls while local", after-before)
+	}
+	sa.Return(&tk, time.Now())
+	sa.Return(&slow, time.Now())
+	waitUp(t, a) // pings answer fast again
+}
+
+// heartbeatAll has every store say it is alive, then read how many are.
+func heartbeatAll(stores ...*Store) {
+	for range 2 {
+		for _, st := range stores {
+			st.heartbeat()
+		}
+	}
+}
+
+// While Redis is away each of three replicas uses a third of the last
+// shared limits, so that together they send about what one proxy would:
+// a concurrency of 6 is 2 each, and a request pace of r a second is one
+// every 3/r seconds each (issue 18, item 4).
+func TestDegradedReplicasTakeTheirShare(t *testing.T) {
+	srv := startServer(t)
+	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
+	heartbeatAll(stores...)
+	conc := lanequeue.Config{Concurrency: 6, MaxConcurrency: 6}
+	var perm, paced []lanequeue.Shared
+	for _, st := range stores {
+		if st.Replicas() != 3 {
+			t.Fatalf("a replica counts %d replicas, want 3", st.Replicas())
+		}
+		c, p := st.Shared("conc", conc), st.Shared("paced", conc)
+		perm, paced = append(perm, c), append(paced, p)
+		tk, _, ok := admit(t, c) // each has seen the shared limits
+		if !ok {
+			t.Fatal("admit")
+		}
+		c.Return(&tk, time.Now())
+		now := time.Now()
+		tk, _, ok = p.Admit(now, 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		p.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 60, 50)}, now)
+		p.Return(&tk, time.Now())
+		st.flush()
+	}
+	for i, p := range paced { // the shared limits as each last saw them
+		tk, _, ok := p.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		p.Return(&tk, time.Now())
+		stores[i].flush()
+	}
+	rate, err := strconv.ParseFloat(hget(t, stores[0], paced[0].(*shared).state, "r_rate"), 64)
+	if err != nil || rate <= 0 {
+		t.Fatalf("no shared request pace (%v)", err)
+	}
+	want := time.Duration(3 / rate * float64(time.Second))
+	srv.stop()
+	for i, c := range perm {
+		n := 0
+		for range 6 {
+			if _, _, ok := c.Admit(time.Now(), 1, false); ok {
+				n++
+			}
+		}
+		if stores[i].Status() != "degraded" {
+			t.Fatal("not degraded with Redis gone")
+		}
+		if n != 2 {
+			t.Fatalf("replica %d took %d permits of the shared 6 while degraded, want its share of 2", i, n)
+		}
+	}
+	for i, p := range paced {
+		now := time.Now()
+		if _, _, ok := p.Admit(now, 1, false); !ok {
+			t.Fatalf("replica %d: no request at all while degraded", i)
+		}
+		_, at, ok := p.Admit(now, 1, false)
+		if ok {
+			t.Fatalf("replica %d sent two requests at once at a shared 1/s", i)
+		}
+		if gap := at.Sub(now); gap < want-100*time.Millisecond || gap > want+100*time.Millisecond {
+			t.Fatalf("replica %d's next request at +%v, want +%v (a third of the shared %.3f/s)", i, gap, want, rate)
+		}
+	}
+}
+
+// Permits taken while Redis was away and still out are counted in Redis
+// once it is back: the other replicas do not fill the limit beside them
+// (issue 18, item 4).
+func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	heartbeatAll(a, b)
+	four := lanequeue.Config{Concurrency: 4, MaxConcurrency: 4}
+	sa, sb := a.Shared("g", four), b.Shared("g", four)
+	tk, _, ok := admit(t, sa)
+	if !ok {
+		t.Fatal("admit")
+	}
+	sa.Return(&tk, time.Now())
+	srv.stop()
+	var away []lanequeue.Ticket
+	for range 2 {
+		tk, _, ok := admit(t, sa)
+		if !ok || tk.Lease != "" {
+			t.Fatalf("degraded admit: ok %v lease %q", ok, tk.Lease)
+		}
+		away = append(away, tk)
+	}
+	srv.start()
+	waitUp(t, a)
+	waitUp(t, b)
+	if _, _, ok := admit(t, sa); !ok { // a's next admit counts its 2 out
+		t.Fatal("admit after rejoin")
+	}
+	n := 0
+	for range 4 {
+		if _, _, ok := admit(t, sb); ok {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("b took %d permits beside a's 3 (2 from while Redis was away), want 1 of 4", n)
+	}
+	for i := range away {
+		sa.Return(&away[i], time.Now())
+	}
+	a.flush()
+	if _, _, ok := admit(t, sb); !ok {
+		t.Fatal("a gave its permits from while Redis was away back; b still cannot take one")
+	}
+	if a.Held() != 1 {
+		t.Fatalf("a holds %d leases, want the 1 it took after the rejoin", a.Held())
+	}
+}
+
+// Until some replica has learned from an answer, only one replica's first
+// request goes; the others go once an answer is learned, without waiting
+// for one of their own (issue 18, item 5).
+func TestOneReplicaProbesFirst(t *testing.T) {
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	first, _, ok := sa.Admit(time.Now(), 1, true)
+	if !ok {
+		t.Fatal("the first probe was refused")
+	}
+	if _, _, ok := sb.Admit(time.Now(), 1, true); ok {
+		t.Fatal("a second replica probed beside the first, before any answer")
+	}
+	if sb.(*shared).AnsweredElsewhere() {
+		t.Fatal("answered elsewhere before any answer")
+	}
+	sa.Learn(&first, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	if _, _, ok := sb.Admit(time.Now(), 1, true); !ok {
+		t.Fatal("after an answer was learned the other replica still waits")
+	}
+	if !sb.(*shared).AnsweredElsewhere() {
+		t.Fatal("b does not know an answer was learned")
+	}
+}
+
+// learnWindow pushes a requests window (size, rate per second; syn for a
+// pace learned from refusals) from replica, as Learn does.
+func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, size, rate float64) {
+	t.Helper()
+	args := []any{0, st.cfg.KeyTTL.Milliseconds(), 0, 8, replica, 1, boolInt(syn), size, rate, 0, 0, 0}
+	args = append(args, 0, 0, 0, 0, 0, 0, 0, 0)
+	if err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise}, args...).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A window's figures are the lowest a replica holds, not the last
+// written: a replica whose refusals corrected the window is not undone by
+// one that only read the headers; a pace learned from refusals is raised
+// by one replica at a time, the one holding the raise lease (item 5).
+func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("headers", groupCfg).(*shared)
+	learnWindow(t, st, sh, "a", false, 100, 100.0/60)
+	learnWindow(t, st, sh, "b", false, 50, 50.0/60) // b's refusals corrected it
+	learnWindow(t, st, sh, "a", false, 100, 100.0/60)
+	if size := hget(t, st, sh.state, "r_size"); size != "50" {
+		t.Fatalf("window %s after a replica that saw no refusal wrote its headers' 100 over b's corrected 50", size)
+	}
+	paced := st.Shared("paced", groupCfg).(*shared)
+	learnWindow(t, st, paced, "a", true, 10, 10)
+	learnWindow(t, st, paced, "b", true, 10, 10)
+	learnWindow(t, st, paced, "a", true, 12, 12) // a probes up: it takes the lease
+	learnWindow(t, st, paced, "b", true, 14, 14) // b may not probe beside it
+	if rate := hget(t, st, paced.state, "r_rate"); rate != "12" {
+		t.Fatalf("pace %s, want a's 12: b raised it while a held the raise lease", rate)
+	}
+	learnWindow(t, st, paced, "b", true, 9, 9) // lowering needs no lease
+	if rate := hget(t, st, paced.state, "r_rate"); rate != "9" {
+		t.Fatalf("pace %s, want b's 9: a refusal's lowering was refused", rate)
+	}
+}

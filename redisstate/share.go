@@ -1,0 +1,107 @@
+package redisstate
+
+import (
+	"math"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// limits are a group's shared limits as Redis last told them: the
+// concurrency limit, and each budget's window and refill per second (0:
+// not known).
+type limits struct {
+	concurrency      int
+	reqSize, reqRate float64
+	tokSize, tokRate float64
+}
+
+// share is what one replica may use of a group's limits while Redis is
+// away: the last shared limits divided by the replicas seen in the last
+// minute, so that the replicas together send about what one proxy would.
+// Requests go evenly spaced; tokens come from a bucket that starts empty,
+// as nothing says what the window has left.
+type share struct {
+	concurrency int
+	gap         time.Duration // between two requests; 0: no bound
+	next        time.Time
+	tokRate     float64 // per second; 0: no bound
+	tokSize     float64
+	tokAvail    float64
+	tokAt       time.Time
+}
+
+// newShare is 1/n of last, each figure falling back on what the local
+// state learned when Redis never said it (a replica that started while
+// Redis was away).
+func newShare(last limits, v lanequeue.View, n int) *share {
+	n = max(n, 1)
+	c := last.concurrency
+	if c <= 0 {
+		c = v.Concurrency
+	}
+	sh := &share{concurrency: max(1, c/n)}
+	reqRate := last.reqRate
+	if reqRate <= 0 && v.Requests.Known {
+		reqRate = v.Requests.PerSecond
+	}
+	if reqRate > 0 {
+		sh.gap = time.Duration(float64(n) / reqRate * float64(time.Second))
+	}
+	tokRate, tokSize := last.tokRate, last.tokSize
+	if tokRate <= 0 && v.Tokens.Known {
+		tokRate, tokSize = v.Tokens.PerSecond, v.Tokens.Limit
+	}
+	if tokRate > 0 {
+		sh.tokRate, sh.tokSize = tokRate/float64(n), math.Max(tokSize/float64(n), 1)
+	}
+	return sh
+}
+
+// admit says whether a request costing cost tokens fits the share at
+// now, and if not when it will.
+func (sh *share) admit(now time.Time, cost int64) (time.Time, bool) {
+	at := now
+	if sh.gap > 0 && now.Before(sh.next) {
+		at = sh.next
+	}
+	if sh.tokRate > 0 {
+		sh.refill(now)
+		if need := math.Min(float64(cost), sh.tokSize); sh.tokAvail < need {
+			wait := time.Duration((need - sh.tokAvail) / sh.tokRate * float64(time.Second))
+			at = maxTime(at, now.Add(max(wait, time.Millisecond)))
+		}
+	}
+	if at.After(now) {
+		return at, false
+	}
+	return time.Time{}, true
+}
+
+// take charges one request of cost tokens at now.
+func (sh *share) take(now time.Time, cost int64) {
+	if sh.gap > 0 {
+		sh.next = maxTime(sh.next, now).Add(sh.gap)
+	}
+	if sh.tokRate > 0 {
+		sh.refill(now)
+		sh.tokAvail -= math.Min(float64(cost), sh.tokSize)
+	}
+}
+
+func (sh *share) refill(now time.Time) {
+	if sh.tokAt.IsZero() {
+		sh.tokAt = now
+	}
+	if now.After(sh.tokAt) {
+		sh.tokAvail = math.Min(sh.tokSize, sh.tokAvail+sh.tokRate*now.Sub(sh.tokAt).Seconds())
+		sh.tokAt = now
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
