@@ -20,6 +20,7 @@ type budget struct {
 	resetAt time.Time // when the upstream said the window is full again
 	sent    float64   // cost dispatched so far, for the correction below
 	seen    float64   // the largest dispatch total an answer has reported on
+	owed    float64   // an overrun settled since the last refill
 
 	// What refusals taught about the window (see contradicted).
 	capped       float64 // the window's size as the upstream enforces it; 0 = as stated
@@ -57,7 +58,13 @@ func (b *budget) effectiveRate() float64 {
 
 // advance refills the bucket up to now.
 func (b *budget) advance(now time.Time) {
-	if !b.known || !now.After(b.at) {
+	if !b.known {
+		return
+	}
+	// An overrun settled since the last refill is owed from the window as
+	// it is now: charged before the refill, the cap would forgive it.
+	defer func() { b.avail -= b.owed; b.owed = 0 }()
+	if !now.After(b.at) {
 		return
 	}
 	switch {
@@ -131,10 +138,16 @@ func (b *budget) refund(cost float64) {
 // to a request dispatched at or after it has already replaced the local
 // count with the upstream's own.
 func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
-	if !b.known || b.seen >= sentAtDispatch {
+	// A running total of 0 is a dispatch of nothing before any other: no
+	// answer can have counted it.
+	if !b.known || sentAtDispatch > 0 && b.seen >= sentAtDispatch {
 		return
 	}
-	b.avail = math.Min(b.size(), b.avail+estimate-actual)
+	if d := estimate - actual; d >= 0 {
+		b.avail = math.Min(b.size(), b.avail+d)
+	} else {
+		b.owed -= d // taken at the next refill (see advance)
+	}
 }
 
 // maxRate bounds a believable refill: a full window per millisecond.
