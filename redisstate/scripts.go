@@ -49,7 +49,8 @@ local function admit(b, now, cost)
   if b.known ~= 1 then return true, 0 end
   local need = charge(b, cost)
   if b.avail >= need then return true, 0 end
-  if b.rate > 0 then return false, now + math.max(1, math.ceil((need - b.avail) / b.rate * 1000)) end
+  -- One wait is at most a day, as in Go: a tiny rate asks again then.
+  if b.rate > 0 then return false, now + math.max(1, math.ceil(math.min((need - b.avail) / b.rate, 86400) * 1000)) end
   return false, 0
 end
 local function save(key, p, b)
