@@ -101,6 +101,7 @@ func runBucketCaseLua(ctx context.Context, rdb *redis.Client, key string, c buck
 }
 
 func TestBucketCasesLua(t *testing.T) {
+	t.Parallel()
 	cases := bucketcases.Load(t, bucketCasesPath)
 	srv := startServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.port)})

@@ -45,6 +45,7 @@ func reqLimits(now time.Time, limit, remaining int64) headerparse.Limits {
 // A ticket admitted locally during a blip, answered after rejoin: its local
 // mark is compared with the global r_sent in learnScript mode 1.
 func TestRegressionLocalTicketAfterRejoinDrainsBudget(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}
@@ -81,6 +82,7 @@ func TestRegressionLocalTicketAfterRejoinDrainsBudget(t *testing.T) {
 // NotSent on a shared ticket: local.Learn marks it Refunded on the local
 // pace, so Redis never gets its charge back.
 func TestRegressionNotSentNeverRefundedInRedis(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
@@ -106,6 +108,7 @@ func TestRegressionNotSentNeverRefundedInRedis(t *testing.T) {
 
 // One replica's concurrency refusal is undone by another's next answer.
 func TestRegressionClimitLastWriterWins(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
@@ -128,6 +131,7 @@ func TestRegressionClimitLastWriterWins(t *testing.T) {
 
 // A permit returned during a short blip stays counted for the whole lease.
 func TestRegressionReturnDuringBlipBlocksAfterRejoin(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), 15*time.Second), newStore(t, srv.url(), 15*time.Second)
 	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
@@ -147,6 +151,7 @@ func TestRegressionReturnDuringBlipBlocksAfterRejoin(t *testing.T) {
 // Redis flushed mid-run: in-flight leases are gone and renewal (ZADD XX)
 // never puts them back.
 func TestRegressionFlushLosesInFlightForever(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
@@ -163,6 +168,7 @@ func TestRegressionFlushLosesInFlightForever(t *testing.T) {
 
 // A pause learned while degraded is ignored by Admit after rejoin.
 func TestRegressionLocalPauseIgnoredAfterRejoin(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
@@ -180,6 +186,7 @@ func TestRegressionLocalPauseIgnoredAfterRejoin(t *testing.T) {
 // A replica whose only waiter went away keeps its waiting entry: the other
 // replicas leave a free permit unused for up to a second.
 func TestRegressionLeftWaiterHoldsPermit(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
@@ -206,6 +213,7 @@ func TestRegressionLeftWaiterHoldsPermit(t *testing.T) {
 // The local pacer never sees a shared dispatch (take is not called), so its
 // send meter reads 0 and every 429 with room is taken as a concurrency limit.
 func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"local", "redis"} {
 		var sh lanequeue.Shared
 		cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
@@ -239,6 +247,7 @@ func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
 // admission waits for the refill instead of letting a probe through, as the
 // in-process one does.
 func TestRegressionProbeWaitsForABudgetWithATime(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
 	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
@@ -267,6 +276,7 @@ func tokLimits(now time.Time, limit, remaining int64) headerparse.Limits {
 // which holds what that request really used (issue 18, item 8; the
 // in-process budget checks this).
 func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
@@ -311,6 +321,7 @@ func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
 // the held leases, before it wrote them) stays returned: the renewal
 // wrote it back, for a whole TTL, a permit nobody held (issue 18, item 5).
 func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
@@ -335,6 +346,7 @@ func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
 // the return is kept for Redis) reaches Redis with the rejoin, not at the
 // next time Redis goes away and comes back (issue 18, item 6).
 func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
@@ -395,6 +407,7 @@ func TestASlowRedisCostsACallItsCutoff(t *testing.T) {
 // again (2,000,000 tokens in a second with 20 ms of skew; issue 18,
 // item 1).
 func TestSkewedClocksDoNotRefillTwice(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := lanequeue.Config{Concurrency: 1024, MaxConcurrency: 1024}
@@ -430,6 +443,7 @@ func TestSkewedClocksDoNotRefillTwice(t *testing.T) {
 // 1 s, not a minute and a second: a pause travels as a length (issue 18,
 // item 4).
 func TestAReplicaAheadPausesOthersOnlyAsLongAsAsked(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
@@ -452,6 +466,7 @@ func TestAReplicaAheadPausesOthersOnlyAsLongAsAsked(t *testing.T) {
 // started) count as the most any replica found to work (issue 18,
 // item 9).
 func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	// a has grown to 32 (here: started there); b is fresh at 8.
@@ -503,6 +518,7 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 // served first when tokens are short, not only when permits are (issue
 // 18, item 2).
 func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := lanequeue.Config{Concurrency: 1024, MaxConcurrency: 1024}
@@ -554,6 +570,7 @@ func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
 // local limits when Redis goes away: a replica at its limit of 2 does not
 // send 2 more on its own (issue 18, item 7).
 func TestPermitsOutThroughRedisCountWhileDegraded(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", lanequeue.Config{Concurrency: 2, MaxConcurrency: 2})

@@ -131,6 +131,7 @@ func heartbeatAll(stores ...*Store) {
 // a concurrency of 6 is 2 each, and a request pace of r a second is one
 // every 3/r seconds each (issue 18, item 4).
 func TestDegradedReplicasTakeTheirShare(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
 	heartbeatAll(stores...)
@@ -203,6 +204,7 @@ func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 // once it is back: the other replicas do not fill the limit beside them
 // (issue 18, item 4).
 func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	heartbeatAll(a, b)
@@ -253,6 +255,7 @@ func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
 // request goes; the others go once an answer is learned, without waiting
 // for one of their own (issue 18, item 5).
 func TestOneReplicaProbesFirst(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
@@ -292,6 +295,7 @@ func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, 
 // one that only read the headers; a pace learned from refusals is raised
 // by one replica at a time, the one holding the raise lease (item 5).
 func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
 	sh := st.Shared("headers", groupCfg).(*shared)

@@ -96,6 +96,7 @@ func admit(t *testing.T, sh lanequeue.Shared) (lanequeue.Ticket, time.Time, bool
 }
 
 func TestReplicasShareThePermits(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
@@ -119,6 +120,7 @@ func TestReplicasShareThePermits(t *testing.T) {
 }
 
 func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}
@@ -144,6 +146,7 @@ func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
 }
 
 func TestAPauseIsShared(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
@@ -163,6 +166,7 @@ func TestAPauseIsShared(t *testing.T) {
 }
 
 func TestLeasesOfADeadReplicaExpire(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
@@ -188,6 +192,7 @@ func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 }
 
 func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
@@ -202,6 +207,7 @@ func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
 }
 
 func TestAReplicasOlderWaiterGoesFirst(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
@@ -225,6 +231,7 @@ func TestAReplicasOlderWaiterGoesFirst(t *testing.T) {
 }
 
 func TestRedisDownFallsBackAndRejoins(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", groupCfg)
@@ -258,6 +265,7 @@ func TestRedisDownFallsBackAndRejoins(t *testing.T) {
 }
 
 func TestUnreachableAtStartIsDegradedNotAnError(t *testing.T) {
+	t.Parallel()
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	url := fmt.Sprintf("redis://%s/0", ln.Addr())
 	ln.Close() // nothing listens there now
@@ -282,6 +290,7 @@ func TestUnreachableAtStartIsDegradedNotAnError(t *testing.T) {
 // ever: the scripts read a concurrency of 0), and a lease shorter than
 // MinLeaseTTL is raised to it.
 func TestAZeroConfigTakesTheDefaults(t *testing.T) {
+	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), 100*time.Millisecond)
 	if st.cfg.LeaseTTL != MinLeaseTTL {
