@@ -81,6 +81,10 @@ func TestReplicasShareOneLimit(t *testing.T) {
 		if v, ok := metricValue(page, "llmproxy_redis_up"); err != nil || !ok || v != 1 {
 			t.Errorf("%s: llmproxy_redis_up = %v (present %v, err %v), want 1", r.name, v, ok, err)
 		}
+		// Each notes itself alive at least every 10 s: by now all see 3.
+		if v, ok := metricValue(page, "llmproxy_redis_replicas"); !ok || v != 3 {
+			t.Errorf("%s: llmproxy_redis_replicas = %v (present %v), want 3", r.name, v, ok)
+		}
 	}
 }
 

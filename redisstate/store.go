@@ -89,11 +89,12 @@ type Store struct {
 	peers atomic.Int64
 	// epoch counts the times the store came back to Redis; a group that
 	// sees it move counts its local permits out in Redis again.
-	epoch    atomic.Uint64
-	latency  latencies
-	upGauge  prometheus.Gauge
-	commands *prometheus.CounterVec // op
-	failures prometheus.Counter
+	epoch         atomic.Uint64
+	latency       latencies
+	upGauge       prometheus.Gauge
+	replicasGauge prometheus.Gauge
+	commands      *prometheus.CounterVec // op
+	failures      prometheus.Counter
 	// renewCopied and rejoinHook, tests only, run in renew once it
 	// copied the held leases, and in rejoin just before the store is up.
 	renewCopied, rejoinHook func()
@@ -160,13 +161,15 @@ func New(cfg Config) (*Store, error) {
 		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
+		replicasGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmproxy_redis_replicas", Help: "Replicas seen alive through Redis in the last minute, this one included: while Redis is away each uses this share of the last shared limits."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmproxy_redis_commands_total", Help: "Redis round trips, by operation."}, []string{"op"}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmproxy_redis_failures_total", Help: "Redis calls that failed or timed out; each makes the replica use local limits until Redis answers again."}),
 	}
 	if cfg.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.upGauge, s.commands, s.failures} {
+		for _, c := range []prometheus.Collector{s.upGauge, s.replicasGauge, s.commands, s.failures} {
 			if err := cfg.Registerer.Register(c); err != nil {
 				return nil, err
 			}
@@ -506,6 +509,7 @@ func (s *Store) heartbeat() {
 	s.commands.WithLabelValues("heartbeat").Inc()
 	if err == nil && n > 0 {
 		s.peers.Store(n)
+		s.replicasGauge.Set(float64(n))
 	}
 }
 
