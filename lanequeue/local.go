@@ -24,7 +24,10 @@ type local struct {
 	// refusedHolding counts permits still held by refused requests: they
 	// are not in flight at the upstream.
 	refusedHolding int
-	lastSent       time.Time // the latest dispatch
+	// fleetSent is the group's running count of dispatches, all replicas
+	// together, at the last dispatch another store admitted.
+	fleetSent uint64
+	lastSent  time.Time // the latest dispatch
 }
 
 // NewLocalShared returns the in-process Shared for a group with cfg's
@@ -43,17 +46,72 @@ func NewLocal(cfg Config) *Local {
 	return &local{conc: newConcurrency(cfg)}
 }
 
-// NoteDispatch records a dispatch another store admitted, so that what
-// Local learns about the group's own sending rate stays true.
-// It returns the dispatch's number, for the ticket.
-func (s *local) NoteDispatch(now time.Time) uint64 {
-	s.pace.recent.add(now)
-	return s.learn.dispatched()
+// NoteDispatch records a dispatch another store admitted, one that every
+// replica of the proxy shares, so that what Local learns from behaviour
+// is about the group as the upstream sees it, all replicas together: out
+// is the number of permits out, all replicas together, before this one;
+// sent the running count of the group's dispatches, all replicas
+// together, right after it (0: not known). It returns the dispatch's
+// number and the number in flight it went at, for the ticket.
+func (s *local) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, level int) {
+	// Dispatches of the other replicas since this one's last count toward
+	// the group's sending rate too (at most a meter's worth at once).
+	n := uint64(1)
+	if sent > s.fleetSent && s.fleetSent > 0 {
+		n = min(sent-s.fleetSent, 10000)
+	}
+	s.fleetSent = max(s.fleetSent, sent)
+	s.pace.recent.addN(now, int(n))
+	seq = s.learn.dispatched()
+	if sent > seq {
+		// Numbered in the group's count, so that the dispatches admitted
+		// between two refusals are all the replicas'.
+		s.learn.seq, seq = sent, sent
+	}
+	level = out - s.refusedHolding + 1
+	s.learn.sent(level)
+	return seq, level
+}
+
+// ShareLevels replaces the counts of answers by the number in flight they
+// went at, from which the bound of an upstream without headers is judged,
+// with those of every replica together (admitted[i] and refused[i] for
+// level i): each replica sees only its share of the refusals, too few
+// alone to tell a concurrency limit from a rate. A group paced from
+// refusals judges its bound again at once.
+func (s *local) ShareLevels(admitted, refused []float64, now time.Time) {
+	l := &s.learn
+	n := min(max(len(admitted), len(refused)), maxLevel+1)
+	l.grow(max(n-1, 1))
+	for i := range l.admitted {
+		l.admitted[i], l.refusedAt[i] = 0, 0
+		if i < len(admitted) && i < n {
+			l.admitted[i] = admitted[i]
+		}
+		if i < len(refused) && i < n {
+			l.refusedAt[i] = refused[i]
+		}
+	}
+	if s.pace.synthetic && l.classify() {
+		s.learnAt = now
+		if l.concurrencyBound() {
+			s.toConcurrency()
+		} else {
+			s.pace.setSynthetic(s.pacing(), now)
+		}
+	}
 }
 
 // NoteReturn records the end of an answer whose permit another store gave,
 // for the mean answer time; Local's own permit count is not touched.
-func (s *local) NoteReturn(t *Ticket, now time.Time) { s.conc.answered(t, now) }
+func (s *local) NoteReturn(t *Ticket, now time.Time) {
+	s.settle(t) // an answer nobody reported
+	if t.HoldsRefused {
+		t.HoldsRefused = false
+		s.refusedHolding--
+	}
+	s.conc.answered(t, now)
+}
 
 func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
 	if now.Before(s.pausedUntil) {
@@ -325,7 +383,7 @@ func (s *local) pauseFor(r Report) {
 
 // settle ends t's count as pending, once.
 func (s *local) settle(t *Ticket) {
-	if t.Lease == "" && !t.Settled {
+	if !t.Settled {
 		t.Settled = true
 		s.learn.settled(t.Level)
 	}

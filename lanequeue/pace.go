@@ -421,6 +421,13 @@ func (m *meter) add(now time.Time) {
 	m.counts[i]++
 }
 
+// addN counts n events at now.
+func (m *meter) addN(now time.Time, n int) {
+	for range n {
+		m.add(now)
+	}
+}
+
 // recent is the number of events in the window and the seconds they span,
 // from the oldest of them to now (at least one).
 func (m *meter) recent(now time.Time) (n int, span float64) {

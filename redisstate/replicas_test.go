@@ -285,7 +285,7 @@ func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, 
 	t.Helper()
 	args := []any{0, st.cfg.KeyTTL.Milliseconds(), 0, 8, replica, 1, boolInt(syn), size, rate, 0, 0, 0}
 	args = append(args, 0, 0, 0, 0, 0, 0, 0, 0)
-	if err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise}, args...).Err(); err != nil {
+	if err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, args...).Err(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -316,5 +316,91 @@ func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
 	learnWindow(t, st, paced, "b", true, 9, 9) // lowering needs no lease
 	if rate := hget(t, st, paced.state, "r_rate"); rate != "9" {
 		t.Fatalf("pace %s, want b's 9: a refusal's lowering was refused", rate)
+	}
+}
+
+// A refusal's wait that the replica declined (an upstream without headers
+// that admits other requests: the learned pace holds the group) does not
+// pause the other replicas either (one it took does: TestAPauseIsShared).
+func TestADeclinedPauseIsNotShared(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	answer := func(r lanequeue.Report) {
+		now := time.Now()
+		tk, _, ok := sa.Admit(now, 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		sa.Learn(&tk, r, time.Now())
+		sa.Return(&tk, time.Now())
+	}
+	for range 3 {
+		answer(lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted})
+	}
+	answer(lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: time.Now().Add(time.Second)})
+	if p := sa.PausedUntil(); p.After(time.Now()) {
+		t.Fatalf("the replica took the pause (%v) of a refusal by an upstream that admits", time.Until(p))
+	}
+	// (b may still wait for the pace the refusal taught: not a pause.)
+	sb.Admit(time.Now(), 1, false)
+	if p := sb.PausedUntil(); p.After(time.Now()) {
+		t.Fatalf("another replica is paused (%v) by a wait the refused one declined", time.Until(p))
+	}
+}
+
+// Each replica sees only its share of the refusals: two replicas each
+// refused once at 9 and 10 in flight (all replicas together), after many
+// admissions at 8 and below, judge a concurrency limit at 9 from the
+// answers of both, as one proxy would from the two refusals (item 10: the
+// upstream must not tell how many replicas there are).
+func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 16, MinConcurrency: 1, MaxConcurrency: 16}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	ok200 := lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}
+	refused := lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}
+	// Rounds of 8 in flight, all replicas together, alternating replicas,
+	// all admitted; then one of 10, whose ninth (on a) and tenth (on b)
+	// are refused.
+	for round := range 6 {
+		n := 8
+		if round == 5 {
+			n = 10
+		}
+		var held []lanequeue.Ticket
+		var from []lanequeue.Shared
+		for i := range n {
+			sh := []lanequeue.Shared{sa, sb}[i%2]
+			tk, _, ok := sh.Admit(time.Now(), 1, false)
+			if !ok {
+				t.Fatalf("round %d: admit %d", round, i)
+			}
+			held, from = append(held, tk), append(from, sh)
+		}
+		// The refusals come back first, then the admissions: a learns of
+		// b's refusal with its next answer, as a replica would.
+		for i := len(held) - 1; i >= 0; i-- {
+			r := ok200
+			if i >= 8 {
+				r = refused
+			}
+			from[i].Learn(&held[i], r, time.Now())
+		}
+		for i := range held {
+			from[i].Return(&held[i], time.Now())
+		}
+		a.flush()
+		b.flush()
+	}
+	for name, sh := range map[string]lanequeue.Shared{"a": sa, "b": sb} {
+		v := sh.(*shared).local.View(time.Now())
+		if v.Bound != "concurrency" || v.ConcurrencyFrom != "refusals at 9 in flight" {
+			t.Errorf("replica %s judges bound %q (%q) from one refusal of its own; want concurrency at 9 from both", name, v.Bound, v.ConcurrencyFrom)
+		}
 	}
 }

@@ -155,10 +155,16 @@ redis.call('PEXPIRE', KEYS[4], keyttl)
 return reply(1, 0, r.sent, t.sent, room, paced, 0)
 `)
 
-// learnScript: KEYS state, leases, climits, raise. ARGV (unused), keyTTL, the
+// learnScript: KEYS state, leases, climits, raise, levels. ARGV (unused), keyTTL, the
 // pause's length from now (ms; 0: none), climit, replica, then for
 // requests and then tokens: known, syn, size, rate, mode, value, mark;
-// last (ARGV[20]) 1 when the upstream's refusals lowered climit, else 0.
+// ARGV[20] 1 when the upstream's refusals lowered climit, else 0; ARGV[21]
+// the number in flight the answer's request went at, all replicas
+// together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
+// for neither. The levels hash counts every replica's answers by level
+// (a<level>, r<level>), halved past 512 as in one process. Returns {out,
+// paused, now} and then, per level counted, {level, 1 for refusals or 0,
+// count × 1000}.
 // A window's size and rate are the lowest a replica holds: a replica may
 // lower them at any time, and raise them only once nobody has held the
 // lower figures for a minute (low: when they were last affirmed), or, for
@@ -213,7 +219,29 @@ learn('r_', 6)
 learn('t_', 13)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-return {redis.call('ZCARD', KEYS[2]), paused, now}
+local level, kind = tonumber(ARGV[21] or '0'), tonumber(ARGV[22] or '-1')
+if level > 0 and kind >= 0 then
+  redis.call('HINCRBYFLOAT', KEYS[5], (kind == 1 and 'r' or 'a') .. level, 1)
+  if redis.call('HINCRBY', KEYS[5], 'n', 1) > 512 then
+    local all = redis.call('HGETALL', KEYS[5])
+    for i = 1, #all, 2 do
+      if all[i] ~= 'n' then redis.call('HSET', KEYS[5], all[i], tostring(tonumber(all[i+1]) / 2)) end
+    end
+    redis.call('HSET', KEYS[5], 'n', 256)
+  end
+end
+redis.call('PEXPIRE', KEYS[5], keyttl)
+local reply = {redis.call('ZCARD', KEYS[2]), paused, now}
+local counts = redis.call('HGETALL', KEYS[5])
+for i = 1, #counts, 2 do
+  local k, l = string.match(counts[i], '^([ar])(%d+)$')
+  if k then
+    table.insert(reply, tonumber(l))
+    table.insert(reply, k == 'r' and 1 or 0)
+    table.insert(reply, math.floor(tonumber(counts[i+1]) * 1000))
+  end
+end
+return reply
 `)
 
 // giveBackScript: KEYS state. ARGV (unused), requests, tokens, mark: adds them

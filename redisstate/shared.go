@@ -20,7 +20,7 @@ type shared struct {
 	local                           *lanequeue.Local
 	cfg                             lanequeue.Config
 	state, leases, waiting, climits string
-	raise                           string
+	raise, levels                   string
 	out                             int       // permits out, all replicas, at the last reply
 	climit                          int       // the shared concurrency limit at the last reply
 	paused                          time.Time // the shared pause at the last reply
@@ -53,7 +53,7 @@ func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 
 	return &shared{st: st, local: lanequeue.NewLocal(cfg), cfg: cfg,
 		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits",
-		raise: base + ":raise"}
+		raise: base + ":raise", levels: base + ":levels"}
 }
 
 // local is a time on Redis' clock (ms), read as the replica's: redisNow
@@ -127,11 +127,12 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	seq := s.local.NoteDispatch(now)
+	seq, level := s.local.NoteDispatch(now, int(res[2]), uint64(max(res[4], 0)))
 	s.out++
 	s.remoteOut++
 	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
-		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq}, time.Time{}, true
+		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq,
+		Level: level}, time.Time{}, true
 }
 
 // localAdmit admits from the local limits while Redis is away, within
@@ -234,20 +235,32 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if remote && r.Limits.Tokens.HasRemaining {
 		tokMode, tokValue = 1, float64(r.Limits.Tokens.Remaining)
 	}
-	pause := r.PauseUntil
-	if p := s.local.PausedUntil(); p.After(pause) && p.After(now) {
-		pause = p
-	}
+	// The pause this replica took, not the report's: learning from the
+	// behaviour of an upstream without headers may decline a refusal's
+	// wait, when the learned pace or concurrency limit holds the group;
+	// the fleet must not idle for what one replica declined.
+	pause := s.local.PausedUntil()
 	// The pause travels as a length: a replica's clock moves only its own
 	// deadlines.
 	args := []any{0, s.st.cfg.KeyTTL.Milliseconds(), max(pause.Sub(now).Milliseconds(), 0), v.Concurrency, s.st.replica}
 	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
 	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
 	args = append(args, boolInt(v.ConcurrencyLowered))
+	// The answer counts toward the levels every replica judges the bound
+	// from, when Redis gave its permit (its level is the fleet's).
+	kind := -1
+	switch {
+	case !remote || r.Verdict == lanequeue.Failed || r.Verdict == lanequeue.NotSent:
+	case r.Verdict == lanequeue.Accepted:
+		kind = 0
+	default:
+		kind = 1
+	}
+	args = append(args, t.Level, kind)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
-	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise}, args...).Int64Slice()
+	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	s.st.took(start, err)
 	if err != nil || len(res) < 3 {
@@ -256,6 +269,24 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	}
 	s.st.sawClock(res[2])
 	s.out, s.paused = int(res[0]), local(res[1], res[2], now)
+	if kind >= 0 {
+		var admitted, refused []float64
+		for i := 3; i+2 < len(res); i += 3 {
+			level := int(res[i])
+			if level <= 0 || level > 4096 {
+				continue
+			}
+			for len(admitted) <= level {
+				admitted, refused = append(admitted, 0), append(refused, 0)
+			}
+			if res[i+1] == 1 {
+				refused[level] = float64(res[i+2]) / 1000
+			} else {
+				admitted[level] = float64(res[i+2]) / 1000
+			}
+		}
+		s.local.ShareLevels(admitted, refused, now)
+	}
 }
 
 func (s *shared) Refund(t *lanequeue.Ticket) {
