@@ -165,11 +165,12 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // (a<level>, r<level>), halved past 512 as in one process. Returns {out,
 // paused, now} and then, per level counted, {level, 1 for refusals or 0,
 // count × 1000}.
-// A window's size and rate are the lowest a replica holds: a replica may
-// lower them at any time, and raise them only once nobody has held the
-// lower figures for a minute (low: when they were last affirmed), or, for
-// a pace learned from refusals, while it holds the raise lease: one
-// replica at a time probes above the shared pace.
+// A window's size is the lowest a replica holds: a replica may lower it
+// at any time, and raise it only once nobody has held the lower figure
+// for a minute (low: when it was last affirmed), or, for a pace learned
+// from refusals, while it holds the raise lease: one replica at a time
+// probes above the shared pace. Such a pace's rate follows the same rule;
+// a refill rate read from headers is the latest a replica wrote.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it. Returns {out, paused, now}.
@@ -197,7 +198,13 @@ local function learn(p, i)
         may = redis.call('SET', KEYS[4], ARGV[5], 'NX', 'PX', 10000) ~= false
       end
     end
-    if not may then size, rate = math.min(size, b.size), math.min(rate, b.rate) end
+    if not may then
+      size = math.min(size, b.size)
+      -- A pace learned from refusals is the lowest too; a refill read
+      -- from headers is each replica's own estimate (from counts its
+      -- peers move too): the latest stands.
+      if syn == 1 then rate = math.min(rate, b.rate) end
+    end
   end
   if b.known ~= 1 or b.syn ~= syn or size <= b.size and rate <= b.rate then
     redis.call('HSET', KEYS[1], p..'low', now)

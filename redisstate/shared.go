@@ -142,6 +142,8 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	v := s.local.View(now)
 	if s.share == nil {
 		s.share = newShare(s.last, v, s.st.Replicas())
+		s.st.log.Debug("redis away or slow: the group uses its share of the shared limits", "replicas", s.st.Replicas(),
+			"concurrency", s.share.concurrency, "gap", s.share.gap, "tokens_per_second", s.share.tokRate)
 	}
 	if v.InFlight+s.remoteOut >= min(v.Concurrency, s.share.concurrency) {
 		return lanequeue.Ticket{}, time.Time{}, false // a return dispatches again
@@ -152,6 +154,15 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	t, at, ok := s.local.Admit(now, cost, probe)
 	if ok {
 		s.share.take(now, cost)
+		// Counted in Redis too, as soon as it takes it: the replicas
+		// still sharing (Redis may only be slow for this one) see it.
+		l := s.st.replica + "-l" + strconv.FormatUint(s.st.seq.Add(1), 36)
+		s.localLeases = append(s.localLeases, l)
+		s.st.addLater(l, s.leases)
+		// And its charge to the shared budgets, or the replicas still
+		// sharing would see room this one used, be refused, and take
+		// the window for smaller than it is.
+		s.st.giveLater(give{op: "charge", state: s.state, requests: -1, tokens: -float64(cost)})
 	}
 	return t, at, ok
 }
@@ -209,10 +220,18 @@ func boolInt(b bool) int {
 
 func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if t.Lease != "" {
-		t.OutNow = s.out
+		// At least the number in flight it went at: the count from this
+		// replica's last reply may be old (it has been local meanwhile).
+		t.OutNow = max(s.out, t.Level)
 		if r.Verdict == lanequeue.NotSent {
 			s.Refund(t) // in Redis, where it was charged; the local refund is then skipped
 		}
+	} else if n := s.st.Replicas(); n > 1 {
+		// A permit taken while Redis was away: the upstream saw about
+		// this replica's permits out times the replicas, each using its
+		// share. A refusal at 3 of this replica's must not teach the
+		// group a concurrency of 2.
+		t.OutNow = (s.local.View(now).InFlight + s.remoteOut) * n
 	}
 	s.local.Learn(t, r, now)
 	if !s.st.up.Load() {

@@ -77,6 +77,7 @@ type Store struct {
 	mu          sync.Mutex
 	leases      map[string]string // lease -> leases key, renewed while held
 	returns     map[string]string // lease -> leases key, to remove once Redis answers
+	adds        map[string]string // lease -> leases key of a permit taken locally, to count in Redis
 	gives       []give            // budget give-backs waiting for the writer
 	closing     sync.Once
 	stop        chan struct{}
@@ -157,7 +158,7 @@ func New(cfg Config) (*Store, error) {
 	_, _ = rand.Read(id[:])
 	s := &Store{
 		cfg: cfg, rdb: redis.NewClient(opt), replica: hex.EncodeToString(id[:]), log: cfg.Logger,
-		leases: map[string]string{}, returns: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		leases: map[string]string{}, returns: map[string]string{}, adds: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
 		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
@@ -286,7 +287,10 @@ func (s *Store) loop() {
 		case <-s.stop:
 			return
 		case <-renew.C:
-			if s.up.Load() && s.renew() == nil {
+			// Held leases are renewed while the replica is local too:
+			// Redis may only be slow, and then its other replicas count
+			// them still.
+			if s.renew() == nil && s.up.Load() {
 				s.heartbeat()
 			}
 		case <-ping.C:
@@ -318,7 +322,7 @@ func (s *Store) loop() {
 // while Redis was away are removed, held ones renewed (and put back, if
 // Redis lost them), then admission goes through Redis again.
 func (s *Store) rejoin() bool {
-	if !s.flushReturns() {
+	if !s.flushAdds() || !s.flushReturns() {
 		return false
 	}
 	if s.renew() != nil {
@@ -383,9 +387,62 @@ const (
 // or the rejoin when Redis is away.
 func (s *Store) returnLater(lease, key string) {
 	s.mu.Lock()
-	s.returns[lease] = key
+	if _, pending := s.adds[lease]; pending {
+		delete(s.adds, lease) // never sent: nothing to remove
+	} else {
+		s.returns[lease] = key
+	}
 	s.mu.Unlock()
 	s.wake()
+}
+
+// addLater counts in Redis, through the writer, a permit this replica
+// took on its local limits: while it is local for a slow Redis, or until
+// Redis is back, the other replicas see it. The lease is held (renewed)
+// until returned.
+func (s *Store) addLater(lease, key string) {
+	s.mu.Lock()
+	s.adds[lease] = key
+	s.leases[lease] = key
+	s.mu.Unlock()
+	s.wake()
+}
+
+// flushAdds sends the leases of permits taken locally; false when Redis
+// did not take them (those still held are kept for later).
+func (s *Store) flushAdds() bool {
+	s.mu.Lock()
+	adds := s.adds
+	s.adds = map[string]string{}
+	s.mu.Unlock()
+	if len(adds) == 0 {
+		return true
+	}
+	exp := float64(time.Now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
+	ctx, cancel := s.ctx()
+	defer cancel()
+	start := time.Now()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for l, k := range adds {
+			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
+			p.PExpire(ctx, k, max(s.cfg.KeyTTL, s.cfg.LeaseTTL))
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("count").Inc()
+	s.took(start, err)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for l, k := range adds {
+		_, held := s.leases[l]
+		switch {
+		case err != nil && held:
+			s.adds[l] = k // try again
+		case err == nil && !held:
+			s.returns[l] = k // returned while on its way: remove it again
+		}
+	}
+	return err == nil
 }
 
 // takeReturns takes the leases of one leases key waiting to be removed
@@ -462,16 +519,19 @@ func (s *Store) flush() {
 	}
 }
 
-// write sends the returns and give-backs waiting. While Redis is away the
-// returns wait for the rejoin and the give-backs are dropped: the budgets
-// they would go to are not in use.
+// write sends the leases of permits taken locally, the returns and the
+// budgets' give-backs and charges waiting. They are tried while the
+// replica is local too: Redis may only be slow, and the other replicas
+// share through it still. Leases and returns Redis does not take wait
+// for the next try or the rejoin; give-backs and charges are dropped
+// (once Redis is gone, the budgets are relearned from the answers).
 func (s *Store) write() {
 	s.mu.Lock()
 	gives := s.gives
 	s.gives = nil
 	s.mu.Unlock()
-	if !s.up.Load() {
-		return
+	if !s.flushAdds() {
+		s.failed("count", errors.New("counting local permits failed"))
 	}
 	if !s.flushReturns() {
 		s.failed("return", errors.New("returning permits failed"))

@@ -47,6 +47,7 @@ type config struct {
 	ClientRateLimitHdr string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`
 	RedisURL           string        `env:"REDIS_URL" help:"redis:// or rediss:// URL: replicas share their lanes' limits through it (unset: this process only)"`
 	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted; at least 1s"`
+	RedisSlow          time.Duration `env:"REDIS_SLOW" envDefault:"50ms" help:"with Redis: a replica whose recent calls take longer than this (99th percentile) uses its share of the limits locally until Redis is fast again; 0 = never"`
 	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
 	GlobalConcurrency  int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`

@@ -122,7 +122,7 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	}}
 	if cfg.RedisURL != "" {
 		store, err := redisstate.New(redisstate.Config{
-			URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL,
+			URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: redisSlow(cfg.RedisSlow),
 			Logger: log, Registerer: reg,
 		})
 		if err != nil {
@@ -306,4 +306,13 @@ func healthcheck(adminAddr string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// redisSlow is LLMPROXY_REDIS_SLOW as redisstate takes it: 0 there is
+// the default, and never is negative.
+func redisSlow(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
