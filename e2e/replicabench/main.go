@@ -1,0 +1,650 @@
+// Command replicabench measures three llmproxy replicas sharing their lane
+// state through Redis against one proxy alone, on the same loads, and what
+// Redis or a replica going wrong in the middle of a run costs.
+//
+// It builds ./cmd/llmproxy once, starts the mock upstream (e2e/mockupstream)
+// in process and, for each run, a fresh mock, a fresh redis-server (Debian's
+// redis-server, no persistence) and fresh llmproxy processes, all on
+// 127.0.0.1. The client (the OpenAI Go SDK with its retries off, streams
+// read to the end) sends each request to the next replica in turn; a
+// request is lost if it gets anything but a whole 200 answer.
+//
+//	short           chats; the upstream allows 20 req/s (one second's
+//	                burst) and 8 in flight, answers in 100 ms, and says so in
+//	                limit headers and Retry-After; 450 at client concurrency 50
+//	streams         loadbench's streams/headers cell: 4 req/s, streams of
+//	                about 1.8 s; 120 at 30
+//	concurrency     loadbench's concurrency/headers cell: 8 in flight, 0.5 s
+//	                answers, Retry-After alone; 200 at 50 (ideal 16/s)
+//	redis-slow      short, while Redis stalls (DEBUG SLEEP 0.2) every 600 ms
+//	redis-killed    short with 360 requests; redis-server is SIGKILLed a
+//	                third of the way through and started again, empty, on
+//	                the same port two thirds of the way through
+//	replica-killed  streams; one replica (lease TTL -lease-ttl) is SIGKILLed
+//	                a third of the way through and gets no new requests; its
+//	                cut requests are counted apart, and the time until Redis
+//	                stops counting its permits (its leases expire) is shown
+//
+// short, streams and concurrency run through one proxy (no Redis) and
+// through three replicas; the others through three replicas only, compared
+// with the one-proxy row of their load (short or streams) when that ran.
+//
+//	go run ./e2e/replicabench                                  # every row
+//	go run ./e2e/replicabench -scenario short,redis-killed     # the CI subset
+//	go run ./e2e/replicabench -scenario streams -runs 3 -v
+//
+// makespan/ideal compares the wall time of the load with N ÷ the rate the
+// upstream allows (replica-killed: the answers the upstream admitted ÷ the
+// rate, as the requests queued on the dead replica never reach it). 429s
+// are the upstream's refusals (from the mock's counters) as a share of the
+// requests that reached it; Δ pts is that share minus the one-proxy row's. Each row shows its target and whether it
+// was met: streams through three replicas within 1.1× the ideal and 2 points
+// of one proxy's refusals, no request lost; redis-killed at most 10 %
+// refused, none lost; replica-killed none lost on the survivors, the dead
+// replica's permits free within the lease TTL, and 2 points; the others as
+// good as one proxy (no more lost, makespan/ideal at most 0.05 more, 2
+// points). Targets are reported only: the exit status is non-zero only when
+// the harness fails (a build, redis-server or a replica that will not
+// start) or is interrupted. Under the table, notes give each run's events
+// and what the replicas showed: in flight over all of them and their
+// concurrency limits (/lanes every 250 ms), live leases in Redis, Redis
+// calls that failed. Each run's line goes to stderr as it ends, with the
+// first failures; -v adds the replicas' Redis log lines and their /lanes
+// after each run. Each run is bounded by -timeout and each
+// request by -request-timeout; every child is killed at exit.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+)
+
+type options struct {
+	replicas   int
+	runs       int
+	verbose    bool
+	timeout    time.Duration
+	reqTimeout time.Duration
+	bin        string
+	redisBin   string
+	tmp        string
+	// env is more environment for every replica of the shared rows.
+	env []string
+}
+
+func main() { os.Exit(realMain()) }
+
+func realMain() int {
+	var o options
+	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, redis-slow, redis-killed, replica-killed (default all)")
+	flag.IntVar(&o.runs, "runs", 1, "runs of each row; the table shows each run and the median")
+	flag.BoolVar(&o.verbose, "v", false, "print progress, the replicas' Redis log lines and the first failures of each run")
+	flag.IntVar(&o.replicas, "replicas", 3, "replicas in the shared rows")
+	leaseTTL := flag.Duration("lease-ttl", 3*time.Second, "LLMPROXY_REDIS_LEASE_TTL of replica-killed (the other rows keep the default)")
+	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on each run's load")
+	flag.DurationVar(&o.reqTimeout, "request-timeout", time.Minute, "bound on each request")
+	deadline := flag.Duration("deadline", 30*time.Minute, "bound on the whole command")
+	flag.StringVar(&o.bin, "bin", "", "an llmproxy binary to use instead of building ./cmd/llmproxy")
+	flag.Func("replica-env", "NAME=value for every replica of the shared rows (repeatable), e.g. LLMPROXY_REDIS_SLOW=0", func(v string) error {
+		if !strings.HasPrefix(v, "LLMPROXY_") || !strings.Contains(v, "=") {
+			return errors.New("want LLMPROXY_NAME=value")
+		}
+		o.env = append(o.env, v)
+		return nil
+	})
+	flag.StringVar(&o.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH, else /usr/bin/redis-server)")
+	flag.Parse()
+	if o.runs < 1 || o.replicas < 2 {
+		fmt.Fprintln(os.Stderr, "replicabench: -runs must be at least 1 and -replicas at least 2")
+		return 2
+	}
+	if *leaseTTL < time.Second {
+		fmt.Fprintln(os.Stderr, "replicabench: -lease-ttl must be at least 1s")
+		return 2
+	}
+	picked, err := pick(scenarios(*leaseTTL), *only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "replicabench:", err)
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *deadline)
+	defer cancel()
+	defer killAll()
+	redis.SetLogger(quiet{})
+
+	if o.redisBin == "" {
+		if o.redisBin, err = exec.LookPath("redis-server"); err != nil {
+			o.redisBin = "/usr/bin/redis-server"
+		}
+	}
+	if _, err := os.Stat(o.redisBin); err != nil {
+		fmt.Fprintf(os.Stderr, "replicabench: redis-server not found (%v); install it, e.g. apt-get install -y redis-server\n", err)
+		return 1
+	}
+	if o.tmp, err = os.MkdirTemp("", "replicabench-"); err != nil {
+		fmt.Fprintln(os.Stderr, "replicabench:", err)
+		return 1
+	}
+	defer os.RemoveAll(o.tmp)
+	if o.bin == "" {
+		began := time.Now()
+		if o.bin, err = buildLLMProxy(ctx, o.tmp); err != nil {
+			fmt.Fprintln(os.Stderr, "replicabench:", err)
+			return 1
+		}
+		o.logf("built llmproxy in %v", time.Since(began).Round(10*time.Millisecond))
+	}
+
+	fmt.Printf("replicabench: %d row(s), %d run(s) each, %d replicas; %s/%s, %d CPUs\n",
+		len(picked), o.runs, o.replicas, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	var groups []group
+	failed := false
+	for _, sc := range picked {
+		counts := []int{o.replicas}
+		if sc.solo {
+			counts = []int{1, o.replicas}
+		}
+		for _, n := range counts {
+			g := group{sc: sc, replicas: n}
+			for run := 1; run <= o.runs && !failed && ctx.Err() == nil; run++ {
+				r, err := runOnce(ctx, o, sc, n, run)
+				if err != nil {
+					fmt.Fprintf(os.Stderr, "replicabench: %s ×%d run %d: %v\n", sc.name, n, run, err)
+					failed = true
+					break
+				}
+				g.runs = append(g.runs, r)
+				fmt.Fprintf(os.Stderr, "%-14s ×%d run %d: %d/%d ok, %d lost, %d cut, makespan %.2fs, upstream %d requests %d 429s; took %.1fs\n",
+					sc.name, n, run, r.ok, r.n, r.lost, r.cut, r.makespan.Seconds(), r.upReq, r.up429, r.took.Seconds())
+			}
+			if len(g.runs) > 0 {
+				groups = append(groups, g)
+			}
+		}
+		if failed || ctx.Err() != nil {
+			break
+		}
+	}
+	fmt.Println()
+	printTable(os.Stdout, groups)
+	switch {
+	case failed:
+		return 1
+	case ctx.Err() != nil:
+		fmt.Fprintln(os.Stderr, "replicabench: interrupted or past -deadline; the figures above are partial")
+		return 1
+	}
+	return 0
+}
+
+func (o options) logf(format string, args ...any) {
+	if o.verbose {
+		fmt.Fprintf(os.Stderr, format+"\n", args...)
+	}
+}
+
+// quiet drops go-redis's own log lines (its client here only reads leases).
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+// pick returns the scenarios list names, in the table's order.
+func pick(all []*scenario, list string) ([]*scenario, error) {
+	if strings.TrimSpace(list) == "" || strings.TrimSpace(list) == "all" {
+		return all, nil
+	}
+	want := map[string]bool{}
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		if !slices.ContainsFunc(all, func(s *scenario) bool { return s.name == item }) {
+			var names []string
+			for _, s := range all {
+				names = append(names, s.name)
+			}
+			return nil, fmt.Errorf("no row %q; rows: %s", item, strings.Join(names, ", "))
+		}
+		want[item] = true
+	}
+	var picked []*scenario
+	for _, s := range all {
+		if want[s.name] {
+			picked = append(picked, s)
+		}
+	}
+	return picked, nil
+}
+
+// result is one run of one row.
+type result struct {
+	sc                  *scenario
+	replicas, run       int
+	n, c                int
+	ok, lost, cut       int
+	makespan, ideal     time.Duration
+	took                time.Duration
+	upReq, up429        int64
+	killAt              time.Time
+	victim              int
+	permitsBack         time.Duration
+	permitsKnown        bool
+	notes, lostExamples []string
+}
+
+// runOnce runs sc once through n proxies (one: no Redis).
+func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, error) {
+	began := time.Now()
+	res := result{sc: sc, replicas: n, run: run, n: sc.n, c: sc.c, victim: -1,
+		ideal: time.Duration(float64(sc.n) / sc.rate * float64(time.Second))}
+	shared := n > 1
+
+	mock := mockupstream.New(sc.mock)
+	defer mock.Close()
+
+	var rs *redisServer
+	var extra []string
+	if shared {
+		dir, err := os.MkdirTemp(o.tmp, "redis-")
+		if err != nil {
+			return res, err
+		}
+		if rs, err = startRedis(o.redisBin, dir); err != nil {
+			return res, err
+		}
+		defer rs.kill()
+		extra = append(extra, "LLMPROXY_REDIS_URL="+rs.url())
+		extra = append(extra, o.env...)
+		for _, kv := range o.env {
+			res.notes = append(res.notes, kv)
+		}
+		if sc.leaseTTL > 0 {
+			extra = append(extra, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
+			res.notes = append(res.notes, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
+		}
+	}
+
+	reps := make([]*replica, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range reps {
+		wg.Go(func() {
+			reps[i], errs[i] = startReplica(fmt.Sprintf("replica %d", i), o.bin, mock.URL(), extra)
+			if errs[i] == nil {
+				errs[i] = reps[i].waitReady(shared, 15*time.Second)
+			}
+		})
+	}
+	wg.Wait()
+	defer func() {
+		for _, r := range reps {
+			if r != nil {
+				r.kill()
+			}
+		}
+	}()
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+
+	tr := &http.Transport{MaxIdleConnsPerHost: 2 * sc.c} // no Proxy: loopback, never through one
+	defer tr.CloseIdleConnections()
+	addrs := make([]string, n)
+	for i, r := range reps {
+		addrs[i] = r.addr
+	}
+	env := &runEnv{sc: sc, redis: rs, reps: reps, ts: newTargets(&http.Client{Transport: tr}, addrs), res: &res}
+	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	env.ctx = runCtx
+	if shared {
+		env.rdb = redis.NewClient(&redis.Options{Addr: rs.addr(), DialTimeout: time.Second,
+			ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: -1})
+		defer env.rdb.Close()
+		if sc.setup != nil {
+			if err := sc.setup(env); err != nil {
+				return res, err
+			}
+		}
+	}
+
+	before := mock.Stats()
+	env.load = &loadRun{n: sc.n, done: make(chan struct{})}
+	duringDone := make(chan error, 1)
+	env.start = time.Now()
+	if shared && sc.during != nil {
+		go func() { duringDone <- sc.during(env) }()
+	} else {
+		duringDone <- nil
+	}
+	sampled := make(chan string, 1)
+	go func() { sampled <- sampleLanes(runCtx, env.load.done, reps, env.rdb) }()
+	outs := runLoad(runCtx, env.load, env.ts, sc.c, sc.stream, o.reqTimeout)
+	res.makespan = time.Since(env.start)
+	duringErr := <-duringDone
+	if s := <-sampled; s != "" {
+		res.notes = append(res.notes, s)
+	}
+	after := mock.Stats()
+	res.upReq = after.Requests - before.Requests
+	res.up429 = after.RateLimited - before.RateLimited
+	if sc.killsReplica && !res.killAt.IsZero() {
+		// The cut requests queued on the victim never reached the
+		// upstream: the ideal is that of the answers it admitted.
+		res.ideal = time.Duration(float64(after.OK-before.OK) / sc.rate * float64(time.Second))
+	}
+
+	lostBy := make([]int, n)
+	for _, out := range outs {
+		switch {
+		case out.err == nil:
+			res.ok++
+		case out.target == res.victim && out.target >= 0 && !out.end.Before(res.killAt):
+			res.cut++
+		default:
+			res.lost++
+			where := "never sent"
+			if out.target >= 0 {
+				lostBy[out.target]++
+				where = fmt.Sprintf("replica %d, %.2fs into the load", out.target, out.end.Sub(env.start).Seconds())
+			}
+			if len(res.lostExamples) < 3 {
+				res.lostExamples = append(res.lostExamples, where+": "+describe(out.err))
+			}
+		}
+	}
+	if res.lost > 0 && n > 1 && slices.ContainsFunc(lostBy, func(k int) bool { return k > 0 }) {
+		res.notes = append(res.notes, fmt.Sprintf("lost by replica: %v", lostBy))
+	}
+	if runCtx.Err() != nil && ctx.Err() == nil {
+		res.notes = append(res.notes, fmt.Sprintf("the run hit -timeout %v", o.timeout))
+	}
+	if shared {
+		var failures float64
+		for i, r := range reps {
+			if r.exited() {
+				continue
+			}
+			if v, ok := r.metric("llmproxy_redis_failures_total"); ok {
+				failures += v
+			}
+			if lv, err := r.lanes(); err == nil && lv.Redis != "ok" {
+				res.notes = append(res.notes, fmt.Sprintf("replica %d still says redis %q as the load ends", i, lv.Redis))
+			}
+		}
+		if failures > 0 {
+			res.notes = append(res.notes, fmt.Sprintf("%.0f Redis calls failed or timed out (each sends its replica to local limits)", failures))
+		}
+	}
+	for _, ex := range res.lostExamples {
+		fmt.Fprintf(os.Stderr, "  %s ×%d run %d lost: %s\n", sc.name, n, run, ex)
+	}
+	if o.verbose {
+		for i, r := range reps {
+			if shared {
+				for _, ev := range r.logEvents() {
+					fmt.Fprintf(os.Stderr, "  replica %d %+.2fs: %s\n", i, ev.at.Sub(env.start).Seconds(), ev.line)
+				}
+			}
+			if !r.exited() {
+				fmt.Fprintf(os.Stderr, "  replica %d /lanes after the load: %s\n", i, r.lanesSummary())
+			}
+		}
+	}
+	res.took = time.Since(began)
+	if duringErr != nil {
+		return res, duringErr
+	}
+	return res, nil
+}
+
+// sampleLanes reads every live replica's /lanes each 250 ms until done
+// closes, and sums up what they had in flight and the concurrency limits
+// they showed; with rdb, also the leases out in Redis.
+func sampleLanes(ctx context.Context, done <-chan struct{}, reps []*replica, rdb *redis.Client) string {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var samples, sum, most int
+	var leaseSamples, leaseSum, leaseMost int
+	lo, hi := -1, -1
+	for {
+		select {
+		case <-done:
+			if samples == 0 {
+				return ""
+			}
+			s := fmt.Sprintf("in flight over all proxies (/lanes every 250ms): mean %.1f, max %d; concurrency limit shown %d–%d",
+				float64(sum)/float64(samples), most, lo, hi)
+			if leaseSamples > 0 {
+				s += fmt.Sprintf("; live leases in Redis: mean %.1f, max %d", float64(leaseSum)/float64(leaseSamples), leaseMost)
+			}
+			return s
+		case <-tick.C:
+		}
+		if rdb != nil {
+			if members, _, err := liveLeases(ctx, rdb); err == nil {
+				leaseSamples++
+				leaseSum += len(members)
+				leaseMost = max(leaseMost, len(members))
+			}
+		}
+		total, ok := 0, true
+		for _, r := range reps {
+			if r.exited() {
+				continue
+			}
+			lv, err := r.lanes()
+			if err != nil {
+				ok = false
+				continue
+			}
+			for _, l := range lv.Lanes {
+				total += l.InFlight
+				if lo < 0 || l.Concurrency < lo {
+					lo = l.Concurrency
+				}
+				hi = max(hi, l.Concurrency)
+			}
+		}
+		if ok {
+			samples++
+			sum += total
+			most = max(most, total)
+		}
+	}
+}
+
+// group is a row's runs through one number of proxies.
+type group struct {
+	sc       *scenario
+	replicas int
+	runs     []result
+}
+
+// vals is what a table line shows: one run's figures, or the medians.
+type vals struct {
+	ok, lost, cut, makespan, ideal, ratio, upReq, up429, pct, took float64
+	permitsBack                                                    float64 // seconds; <0: not measured
+}
+
+func valsOf(r result) vals {
+	v := vals{ok: float64(r.ok), lost: float64(r.lost), cut: float64(r.cut), makespan: r.makespan.Seconds(), ideal: r.ideal.Seconds(),
+		ratio: r.makespan.Seconds() / r.ideal.Seconds(), upReq: float64(r.upReq), up429: float64(r.up429),
+		took: r.took.Seconds(), permitsBack: -1}
+	if r.upReq > 0 {
+		v.pct = 100 * float64(r.up429) / float64(r.upReq)
+	}
+	if r.permitsKnown {
+		v.permitsBack = r.permitsBack.Seconds()
+	} else if !r.killAt.IsZero() {
+		v.permitsBack = 1e9 // killed, never seen free
+	}
+	return v
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// medians is the median of every figure over the group's runs.
+func (g group) medians() vals {
+	field := func(f func(vals) float64) float64 {
+		var xs []float64
+		for _, r := range g.runs {
+			xs = append(xs, f(valsOf(r)))
+		}
+		return median(xs)
+	}
+	return vals{
+		ok: field(func(v vals) float64 { return v.ok }), lost: field(func(v vals) float64 { return v.lost }),
+		cut: field(func(v vals) float64 { return v.cut }), makespan: field(func(v vals) float64 { return v.makespan }),
+		ideal: field(func(v vals) float64 { return v.ideal }),
+		ratio: field(func(v vals) float64 { return v.ratio }), upReq: field(func(v vals) float64 { return v.upReq }),
+		up429: field(func(v vals) float64 { return v.up429 }), pct: field(func(v vals) float64 { return v.pct }),
+		took: field(func(v vals) float64 { return v.took }), permitsBack: field(func(v vals) float64 { return v.permitsBack }),
+	}
+}
+
+type targetKind int
+
+const (
+	asOneProxy targetKind = iota + 1
+	streamsTarget
+	refusedTarget
+	replicaKilledTarget
+)
+
+// target is what a shared row should reach.
+type target struct {
+	kind   targetKind
+	ratio  float64 // streams: makespan/ideal at most this
+	points float64 // refusals at most this many points over one proxy's
+	pct    float64 // refused: at most this % of upstream requests
+}
+
+// judge is the row's target and whether v meets it; base is the one-proxy
+// medians of the same load, nil if that did not run.
+func judge(sc *scenario, replicas int, v vals, base *vals) (text, met string) {
+	if replicas == 1 {
+		return "baseline", "-"
+	}
+	yes := func(ok bool) string {
+		if ok {
+			return "yes"
+		}
+		return "no"
+	}
+	t := sc.target
+	switch t.kind {
+	case asOneProxy:
+		text = "as 1 proxy: lost ≤, ×ideal ≤ +0.05, Δ ≤ +2 pts"
+		if base == nil {
+			return text, "? (no 1-proxy " + sc.base + " row)"
+		}
+		return text, yes(v.lost <= base.lost && v.ratio <= base.ratio+0.05 && v.pct <= base.pct+2)
+	case streamsTarget:
+		text = fmt.Sprintf("≤%g×, Δ ≤ +%g pts, 0 lost", t.ratio, t.points)
+		ok := v.ratio <= t.ratio && v.lost == 0
+		if base == nil {
+			return text, yes(ok) + " (Δ unchecked: no 1-proxy " + sc.base + " row)"
+		}
+		return text, yes(ok && v.pct <= base.pct+t.points)
+	case refusedTarget:
+		return fmt.Sprintf("≤%g %% refused, 0 lost", t.pct), yes(v.pct <= t.pct && v.lost == 0)
+	case replicaKilledTarget:
+		ttl := sc.leaseTTL.Seconds()
+		text = fmt.Sprintf("0 lost, permits back ≤ TTL %gs, Δ ≤ +%g pts", ttl, t.points)
+		ok := v.lost == 0 && v.permitsBack >= 0 && v.permitsBack <= ttl+0.25
+		if base == nil {
+			return text, yes(ok) + " (Δ unchecked: no 1-proxy " + sc.base + " row)"
+		}
+		return text, yes(ok && v.pct <= base.pct+t.points)
+	}
+	return "-", "-"
+}
+
+func printTable(w io.Writer, groups []group) {
+	bases := map[string]vals{}
+	for _, g := range groups {
+		if g.replicas == 1 {
+			bases[g.sc.name] = g.medians()
+		}
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "row\tproxies\trun\tN\tC\tok\tlost\tcut\tmakespan\tideal\t×ideal\tupstream\t429s\t429 %\tΔ pts vs 1\tpermits back\ttook\t target\tmet\t")
+	line := func(g group, run string, v vals) {
+		var base *vals
+		if b, ok := bases[g.sc.base]; ok {
+			base = &b
+		}
+		delta := "-"
+		if base != nil && g.replicas > 1 {
+			delta = fmt.Sprintf("%+.1f", v.pct-base.pct)
+		}
+		cut, back := "-", "-"
+		if g.sc.killsReplica {
+			cut = fmt.Sprintf("%g", v.cut)
+			switch {
+			case v.permitsBack >= 1e9:
+				back = "never"
+			case v.permitsBack >= 0:
+				back = fmt.Sprintf("%.2fs", v.permitsBack)
+			}
+		}
+		text, met := judge(g.sc, g.replicas, v, base)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%g\t%g\t%s\t%.2fs\t%.2fs\t%.2f×\t%g\t%g\t%.1f%%\t%s\t%s\t%.1fs\t %s\t%s\t\n",
+			g.sc.name, g.replicas, run, g.sc.n, g.sc.c, v.ok, v.lost, cut, v.makespan, v.ideal, v.ratio,
+			v.upReq, v.up429, v.pct, delta, back, v.took, text, met)
+	}
+	for _, g := range groups {
+		for _, r := range g.runs {
+			line(g, fmt.Sprint(r.run), valsOf(r))
+		}
+		if len(g.runs) > 1 {
+			line(g, "median", g.medians())
+		}
+	}
+	tw.Flush()
+
+	var notes []string
+	for _, g := range groups {
+		for _, r := range g.runs {
+			if len(r.notes) > 0 {
+				notes = append(notes, fmt.Sprintf("  %s ×%d run %d: %s", g.sc.name, g.replicas, r.run, strings.Join(r.notes, "; ")))
+			}
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w, "\nnotes:")
+		for _, n := range notes {
+			fmt.Fprintln(w, n)
+		}
+	}
+}

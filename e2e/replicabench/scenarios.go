@@ -1,0 +1,287 @@
+package main
+
+// The rows: what the mock upstream enforces, the load, and what happens to
+// Redis or a replica while the load runs.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+)
+
+// scenario is one row of the table.
+type scenario struct {
+	name string
+	// base names the load whose 1-proxy row this one is compared with.
+	base string
+	mock mockupstream.Config
+	// rate is what the upstream allows, in requests per second: the ideal
+	// makespan is n ÷ rate.
+	rate   float64
+	n, c   int
+	stream bool
+	// solo: also run through one proxy without Redis.
+	solo bool
+	// leaseTTL, when set, is the replicas' LLMPROXY_REDIS_LEASE_TTL.
+	leaseTTL time.Duration
+	// killsReplica: the row kills a replica and shows its cut requests
+	// and when its permits came back.
+	killsReplica bool
+	// setup runs before the load, during while it runs (3 replicas only).
+	setup  func(*runEnv) error
+	during func(*runEnv) error
+	target target
+}
+
+// runEnv is what setup and during work with.
+type runEnv struct {
+	ctx   context.Context
+	sc    *scenario
+	redis *redisServer
+	rdb   *redis.Client
+	reps  []*replica
+	ts    *targets
+	load  *loadRun
+	start time.Time // of the load
+	res   *result
+	// victimID is the replica id the killed replica's leases start with.
+	victimID string
+}
+
+func (e *runEnv) note(format string, args ...any) {
+	e.res.notes = append(e.res.notes, fmt.Sprintf(format, args...))
+}
+
+func (e *runEnv) since() string {
+	return fmt.Sprintf("%.1fs", time.Since(e.start).Seconds())
+}
+
+// The upstreams. short: a 20 req/s bucket with a one-second burst and 8 in
+// flight, 100 ms answers, limit headers and Retry-After (the mock's
+// default speech). streams: loadbench's streams cell, 4 req/s and about
+// 1.8 s a stream. concurrency: loadbench's concurrency/headers cell, no
+// rate limit, 8 in flight, 0.5 s answers, Retry-After alone.
+var (
+	shortMock       = mockupstream.Config{RPM: 1200, MaxInFlight: 8, Latency: 100 * time.Millisecond}
+	streamsMock     = mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
+	concurrencyMock = mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond,
+		NoLimitHeaders: true, NoHint: true, ConcurrencyUnnamed: true}
+)
+
+// scenarios lists every row in the order they run.
+func scenarios(leaseTTL time.Duration) []*scenario {
+	asOne := target{kind: asOneProxy}
+	return []*scenario{
+		{name: "short", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, solo: true, target: asOne},
+		{name: "streams", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true, solo: true,
+			target: target{kind: streamsTarget, ratio: 1.1, points: 2}},
+		{name: "concurrency", base: "concurrency", mock: concurrencyMock, rate: 8 / 0.5, n: 200, c: 50, solo: true, target: asOne},
+		{name: "redis-slow", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, during: slowRedis, target: asOne},
+		{name: "redis-killed", base: "short", mock: shortMock, rate: 20, n: 360, c: 50, during: killRedis,
+			target: target{kind: refusedTarget, pct: 10}},
+		{name: "replica-killed", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true,
+			leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
+			target: target{kind: replicaKilledTarget, points: 2}},
+	}
+}
+
+// victim is the replica replica-killed kills.
+const victim = 0
+
+// slowRedis makes Redis stall for 200 ms every 600 ms while the load runs,
+// from a connection of its own.
+func slowRedis(e *runEnv) error {
+	if !e.redis.debug {
+		e.note("this redis-server has no enable-debug-command: DEBUG may be refused")
+	}
+	conn, err := net.DialTimeout("tcp", e.redis.addr(), time.Second)
+	if err != nil {
+		return fmt.Errorf("redis-slow: %w", err)
+	}
+	defer conn.Close()
+	rd := bufio.NewReader(conn)
+	tick := time.NewTicker(600 * time.Millisecond)
+	defer tick.Stop()
+	sent, refused := 0, ""
+	for {
+		select {
+		case <-e.load.done:
+			e.note("DEBUG SLEEP 0.2 sent %d times, every 600ms", sent)
+			if refused != "" {
+				e.note("DEBUG refused: %s", refused)
+			}
+			return nil
+		case <-e.ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := conn.Write([]byte("*3\r\n$5\r\nDEBUG\r\n$5\r\nSLEEP\r\n$3\r\n0.2\r\n")); err != nil {
+			return fmt.Errorf("redis-slow: DEBUG SLEEP: %w", err)
+		}
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("redis-slow: DEBUG SLEEP: %w", err)
+		}
+		if !strings.HasPrefix(line, "+OK") {
+			refused = strings.TrimSpace(line)
+		}
+		sent++
+	}
+}
+
+// killRedis SIGKILLs redis-server a third of the way through the load and
+// starts it again, empty, on the same port two thirds of the way through.
+func killRedis(e *runEnv) error {
+	if !e.load.waitCompleted(e.ctx, e.load.n/3) {
+		e.note("the load ended before a third of it: Redis not killed")
+		return nil
+	}
+	e.redis.kill()
+	e.note("redis-server SIGKILLed at %s (%d done)", e.since(), e.load.completed.Load())
+	if !e.load.waitCompleted(e.ctx, 2*e.load.n/3) && e.ctx.Err() != nil {
+		return nil
+	}
+	if err := e.redis.launch(); err != nil {
+		return fmt.Errorf("redis-killed: restart: %w", err)
+	}
+	e.note("restarted at %s (%d done)", e.since(), e.load.completed.Load())
+	return nil
+}
+
+// findVictim learns the id the victim's leases carry: it holds one stream
+// on the victim alone and reads the one lease out in Redis.
+func findVictim(e *runEnv) error {
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	params := chatParams(0, true)
+	s := e.ts.clients[victim].Chat.Completions.NewStreaming(ctx, params)
+	defer s.Close()
+	deadline := time.Now().Add(time.Second)
+	for e.victimID == "" && time.Now().Before(deadline) {
+		members, _, err := liveLeases(ctx, e.rdb)
+		if err == nil && len(members) == 1 {
+			e.victimID, _, _ = strings.Cut(members[0], "-")
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for s.Next() {
+	}
+	if err := s.Err(); err != nil {
+		return fmt.Errorf("replica-killed: the stream that finds the victim's id: %w", err)
+	}
+	if e.victimID == "" {
+		e.note("the victim's leases could not be told apart: permits counted as leases out minus the survivors' in flight")
+	}
+	return nil
+}
+
+// killReplica, a third of the way through the load, stops sending to the
+// victim, SIGKILLs it, and watches Redis until the permits it held are
+// free again.
+func killReplica(e *runEnv) error {
+	if !e.load.waitCompleted(e.ctx, e.load.n/3) {
+		e.note("the load ended before a third of it: no replica killed")
+		return nil
+	}
+	e.ts.drop(victim)
+	// From here on the victim's failures are cuts: set before the signal,
+	// as its clients may see their connections drop before it is reaped.
+	e.res.killAt = time.Now()
+	e.res.victim = victim
+	e.reps[victim].kill()
+	e.note("replica %d SIGKILLed at %s (%d done)", victim, e.since(), e.load.completed.Load())
+
+	ttl := e.sc.leaseTTL
+	deadline := e.res.killAt.Add(ttl + 10*time.Second)
+	held, zeroes := -1, 0
+	for time.Now().Before(deadline) && e.ctx.Err() == nil {
+		n, err := victimPermits(e)
+		if err == nil {
+			if held < 0 {
+				held = n
+			}
+			// The fallback count subtracts figures read at different
+			// moments: it must hold twice in a row.
+			if n <= 0 {
+				zeroes++
+			} else {
+				zeroes = 0
+			}
+			if (zeroes >= 1 && e.victimID != "") || zeroes >= 2 {
+				e.res.permitsBack = time.Since(e.res.killAt)
+				e.res.permitsKnown = true
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if e.res.permitsKnown {
+		e.note("it held %d permits; free again %.2fs after the kill (lease TTL %v)", held, e.res.permitsBack.Seconds(), ttl)
+	} else {
+		e.note("its %d permits still counted %v after the kill (lease TTL %v)", held, ttl+10*time.Second, ttl)
+	}
+	return nil
+}
+
+// victimPermits is how many permits the dead replica still holds.
+func victimPermits(e *runEnv) (int, error) {
+	members, _, err := liveLeases(e.ctx, e.rdb)
+	if err != nil {
+		return 0, err
+	}
+	if e.victimID != "" {
+		n := 0
+		for _, m := range members {
+			if strings.HasPrefix(m, e.victimID+"-") {
+				n++
+			}
+		}
+		return n, nil
+	}
+	inFlight := 0
+	for i, r := range e.reps {
+		if i == victim {
+			continue
+		}
+		lv, err := r.lanes()
+		if err != nil {
+			return 0, err
+		}
+		for _, l := range lv.Lanes {
+			inFlight += l.InFlight
+		}
+	}
+	return len(members) - inFlight, nil
+}
+
+// liveLeases lists the leases in Redis that have not expired (their score
+// is their expiry, in ms on Redis' clock), over every limit group.
+func liveLeases(ctx context.Context, rdb *redis.Client) ([]string, int, error) {
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	keys, err := rdb.Keys(ctx, "llmproxy:v1:*:leases").Result()
+	if err != nil {
+		return nil, 0, err
+	}
+	var members []string
+	from := fmt.Sprintf("(%d", now.UnixMilli())
+	for _, k := range keys {
+		ms, err := rdb.ZRangeByScore(ctx, k, &redis.ZRangeBy{Min: from, Max: "+inf"}).Result()
+		if err != nil {
+			return nil, 0, err
+		}
+		members = append(members, ms...)
+	}
+	return members, len(keys), nil
+}
