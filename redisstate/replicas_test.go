@@ -227,7 +227,7 @@ func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
 	srv.start()
 	waitUp(t, a)
 	waitUp(t, b)
-	if _, _, ok := admit(t, sa); !ok { // a's next admit counts its 2 out
+	if _, _, ok := admit(t, sa); !ok { // its 2 from while away are counted beside it
 		t.Fatal("admit after rejoin")
 	}
 	n := 0

@@ -161,7 +161,8 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // ARGV[20] 1 when the upstream's refusals lowered climit, else 0; ARGV[21]
 // the number in flight the answer's request went at, all replicas
 // together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
-// for neither. The levels hash counts every replica's answers by level
+// for neither; ARGV[23] 1 when the replica judged the bound a
+// concurrency limit. The levels hash counts every replica's answers by level
 // (a<level>, r<level>), halved past 512 as in one process. Returns {out,
 // paused, now} and then, per level counted, {level, 1 for refusals or 0,
 // count × 1000}.
@@ -188,7 +189,10 @@ local function learn(p, i)
   local syn, size, rate = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
   if b.known == 1 and b.syn == syn and (size > b.size or rate > b.rate) then
     local low = num(redis.call('HGET', KEYS[1], p..'low'), 0)
-    local may = now - low > 60000
+    -- A pace from a replica that found the bound is a concurrency limit
+    -- is loose by design (the limit holds the group): it may replace a
+    -- lower guess made before the bound was known.
+    local may = now - low > 60000 or syn == 1 and ARGV[23] == '1'
     if not may and syn == 1 then
       local holder = redis.call('GET', KEYS[4])
       if holder == ARGV[5] then

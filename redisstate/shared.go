@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -38,10 +36,8 @@ type shared struct {
 	// answered: some replica learned from an answer of the group lately,
 	// so this one need not wait for an answer of its own to go on.
 	answered bool
-	// epoch is the store's epoch at this group's last admission through
-	// Redis; localLeases are the leases that count, in Redis, the permits
-	// taken while it was away and still out.
-	epoch       uint64
+	// localLeases are the leases that count, in Redis, the permits this
+	// replica took on its local limits and still holds.
 	localLeases []string
 }
 
@@ -70,12 +66,6 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 		return s.localAdmit(now, cost, probe)
 	}
 	s.share = nil
-	if e := s.st.epoch.Load(); e != s.epoch {
-		if !s.recount() {
-			return s.localAdmit(now, cost, probe)
-		}
-		s.epoch = e
-	}
 	if p := s.local.PausedUntil(); now.Before(p) {
 		return lanequeue.Ticket{}, p, false // learned while Redis was away
 	}
@@ -167,42 +157,6 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	return t, at, ok
 }
 
-// recount puts in Redis a lease for each permit taken while Redis was
-// away and still out, so that the other replicas count them; false when
-// Redis did not take them.
-func (s *shared) recount() bool {
-	missing := s.local.View(time.Now()).InFlight - len(s.localLeases)
-	if missing <= 0 {
-		return true
-	}
-	exp := float64(time.Now().UnixMilli() + s.st.clockOffset.Load() + s.st.cfg.LeaseTTL.Milliseconds())
-	fresh := make([]string, missing)
-	for i := range fresh {
-		fresh[i] = s.st.replica + "-l" + strconv.FormatUint(s.st.seq.Add(1), 36)
-	}
-	ctx, cancel := s.st.ctx()
-	defer cancel()
-	start := time.Now()
-	_, err := s.st.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, l := range fresh {
-			p.ZAdd(ctx, s.leases, redis.Z{Score: exp, Member: l})
-		}
-		p.PExpire(ctx, s.leases, max(s.st.cfg.KeyTTL, s.st.cfg.LeaseTTL))
-		return nil
-	})
-	s.st.commands.WithLabelValues("recount").Inc()
-	s.st.took(start, err)
-	if err != nil {
-		s.st.failed("recount", err)
-		return false
-	}
-	for _, l := range fresh {
-		s.st.hold(l, s.leases)
-	}
-	s.localLeases = append(s.localLeases, fresh...)
-	return true
-}
-
 // budgetArgs are a budget's fields for learnScript.
 func budgetArgs(b lanequeue.BudgetView, syn bool, mode int, value, mark float64) []any {
 	if !b.Known {
@@ -275,7 +229,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	default:
 		kind = 1
 	}
-	args = append(args, t.Level, kind)
+	args = append(args, t.Level, kind, boolInt(v.Bound == "concurrency"))
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
@@ -345,7 +299,7 @@ func (s *shared) giveBack(op string, requests, tokens, mark float64) {
 func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 	if t.Lease == "" {
 		// A permit taken while Redis was away; once Redis is back a lease
-		// counts it there (see recount), and goes with it.
+		// counts it there (see localAdmit), and goes with it.
 		if !t.Returned && len(s.localLeases) > 0 {
 			l := s.localLeases[len(s.localLeases)-1]
 			s.localLeases = s.localLeases[:len(s.localLeases)-1]

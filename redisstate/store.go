@@ -87,10 +87,7 @@ type Store struct {
 	// peers is the number of replicas that said they were alive in the
 	// last minute, this one included, as Redis last told it: while Redis
 	// is away each replica uses this share of the last shared limits.
-	peers atomic.Int64
-	// epoch counts the times the store came back to Redis; a group that
-	// sees it move counts its local permits out in Redis again.
-	epoch         atomic.Uint64
+	peers         atomic.Int64
 	latency       latencies
 	upGauge       prometheus.Gauge
 	replicasGauge prometheus.Gauge
@@ -333,7 +330,6 @@ func (s *Store) rejoin() bool {
 		s.rejoinHook()
 	}
 	s.latency.reset()
-	s.epoch.Add(1)
 	s.setUp(true)
 	// Returns made while this rejoin was under way went to the map (the
 	// store was not up yet): send them now, or they would wait for the

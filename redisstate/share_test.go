@@ -1,0 +1,147 @@
+package redisstate
+
+import (
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid: newShare is
+// 1/n of the last shared limits, and each figure Redis never gave (0)
+// comes from what the local state learned, if it learned it; a figure
+// Redis gave wins over the local one; a rate nobody knows leaves that
+// bound off (0).
+func TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid(t *testing.T) {
+	t.Parallel()
+	known := func(limit, rate float64) lanequeue.BudgetView {
+		return lanequeue.BudgetView{Known: true, Limit: limit, PerSecond: rate}
+	}
+	cases := []struct {
+		name string
+		last limits
+		v    lanequeue.View
+		n    int
+		want share
+	}{
+		{name: "nothing known, one replica", v: lanequeue.View{Concurrency: 4}, n: 1,
+			want: share{concurrency: 4}},
+		{name: "local concurrency when Redis gave none", v: lanequeue.View{Concurrency: 6}, n: 2,
+			want: share{concurrency: 3}},
+		{name: "Redis' concurrency wins over the local one", last: limits{concurrency: 8}, v: lanequeue.View{Concurrency: 2}, n: 2,
+			want: share{concurrency: 4}},
+		{name: "at least one permit", last: limits{concurrency: 2}, n: 5,
+			want: share{concurrency: 1}},
+		{name: "no replica count is one replica", last: limits{concurrency: 2}, n: 0,
+			want: share{concurrency: 2}},
+		{name: "local request rate when Redis gave none", v: lanequeue.View{Concurrency: 2, Requests: known(60, 2)}, n: 2,
+			want: share{concurrency: 1, gap: time.Second}},
+		{name: "Redis' request rate wins", last: limits{concurrency: 2, reqRate: 4}, v: lanequeue.View{Requests: known(60, 1)}, n: 2,
+			want: share{concurrency: 1, gap: 500 * time.Millisecond}},
+		{name: "an unknown local request rate is no bound", v: lanequeue.View{Concurrency: 2, Requests: lanequeue.BudgetView{PerSecond: 5}}, n: 1,
+			want: share{concurrency: 2}},
+		{name: "local token bucket when Redis gave none", v: lanequeue.View{Concurrency: 2, Tokens: known(1000, 100)}, n: 2,
+			want: share{concurrency: 1, tokRate: 50, tokSize: 500}},
+		{name: "Redis' token bucket wins", last: limits{concurrency: 2, tokRate: 10, tokSize: 600}, v: lanequeue.View{Tokens: known(1000, 100)}, n: 3,
+			want: share{concurrency: 1, tokRate: 10.0 / 3, tokSize: 200}},
+		{name: "a bucket holds at least one token", last: limits{concurrency: 2, tokRate: 1, tokSize: 1}, n: 4,
+			want: share{concurrency: 1, tokRate: 0.25, tokSize: 1}},
+		{name: "an unknown local token rate is no bound", v: lanequeue.View{Concurrency: 2, Tokens: lanequeue.BudgetView{Limit: 100, PerSecond: 5}}, n: 1,
+			want: share{concurrency: 2}},
+	}
+	for _, c := range cases {
+		got := *newShare(c.last, c.v, c.n)
+		if got != c.want {
+			t.Errorf("%s: newShare(%+v, n=%d) = %+v, want %+v", c.name, c.last, c.n, got, c.want)
+		}
+	}
+}
+
+// TestAShareSpacesRequestsByItsGap: with a request rate, a share admits
+// one request, then none until the gap has passed; without one it admits
+// every request at once.
+func TestAShareSpacesRequestsByItsGap(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_000_000, 0)
+	sh := newShare(limits{concurrency: 4, reqRate: 2}, lanequeue.View{}, 1) // gap 500ms
+	if _, ok := sh.admit(t0, 1); !ok {
+		t.Fatal("the first request was refused")
+	}
+	sh.take(t0, 1)
+	at, ok := sh.admit(t0.Add(100*time.Millisecond), 1)
+	if ok || !at.Equal(t0.Add(500*time.Millisecond)) {
+		t.Fatalf("second request 100ms later: ok %v at %v, want refused until %v", ok, at, t0.Add(500*time.Millisecond))
+	}
+	if _, ok := sh.admit(t0.Add(500*time.Millisecond), 1); !ok {
+		t.Fatal("second request refused once the gap had passed")
+	}
+
+	free := newShare(limits{concurrency: 4}, lanequeue.View{}, 1)
+	for i := range 5 {
+		if _, ok := free.admit(t0, 1); !ok {
+			t.Fatalf("request %d refused by a share without a request rate", i+1)
+		}
+		free.take(t0, 1)
+	}
+}
+
+// TestAShareTokenBucketStartsEmptyChargesAndRefills: a share's token
+// bucket starts empty, so the first request waits for its tokens to
+// come in; a request charged empties the bucket again, and it fills at
+// the share's rate; a request larger than the bucket waits only for a
+// full bucket.
+func TestAShareTokenBucketStartsEmptyChargesAndRefills(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_000_000, 0)
+	sh := newShare(limits{concurrency: 4, tokRate: 200, tokSize: 1000}, lanequeue.View{}, 2) // 100/s, 500
+	at, ok := sh.admit(t0, 50)
+	if ok || !at.Equal(t0.Add(500*time.Millisecond)) {
+		t.Fatalf("50 tokens from an empty bucket: ok %v at %v, want refused until %v", ok, at, t0.Add(500*time.Millisecond))
+	}
+	t1 := t0.Add(500 * time.Millisecond)
+	if _, ok := sh.admit(t1, 50); !ok {
+		t.Fatal("50 tokens refused once 50 had come in")
+	}
+	sh.take(t1, 50)
+	if at, ok := sh.admit(t1, 50); ok || !at.Equal(t1.Add(500*time.Millisecond)) {
+		t.Fatalf("50 tokens right after the bucket was charged: ok %v at %v, want refused until %v", ok, at, t1.Add(500*time.Millisecond))
+	}
+	// A request over the bucket's size waits for a full bucket (5s), not
+	// forever.
+	if at, ok := sh.admit(t1, 10_000); ok || !at.Equal(t1.Add(5*time.Second)) {
+		t.Fatalf("10,000 tokens: ok %v at %v, want refused until the bucket is full at %v", ok, at, t1.Add(5*time.Second))
+	}
+	t2 := t1.Add(time.Hour) // the bucket holds no more than its size
+	sh.take(t2, 10_000)
+	if at, ok := sh.admit(t2, 1); ok || !at.Equal(t2.Add(10*time.Millisecond)) {
+		t.Fatalf("1 token after a full bucket was charged: ok %v at %v, want refused until %v", ok, at, t2.Add(10*time.Millisecond))
+	}
+}
+
+// TestLocalReadsRedisTimesOnTheReplicasClock: a time on Redis' clock is
+// moved by the clocks' difference; 0 (no time) stays the zero time.
+func TestLocalReadsRedisTimesOnTheReplicasClock(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	if got := local(5_000, 4_000, now); !got.Equal(now.Add(time.Second)) {
+		t.Errorf("local(5000, 4000) = %v, want %v", got, now.Add(time.Second))
+	}
+	for _, v := range []int64{0, -1} {
+		if got := local(v, 4_000, now); !got.IsZero() {
+			t.Errorf("local(%d, 4000) = %v, want the zero time", v, got)
+		}
+	}
+}
+
+// TestErrOrKeepsTheCallsError: a failed call is reported with its own
+// error; a reply too short, with no error, as "short reply".
+func TestErrOrKeepsTheCallsError(t *testing.T) {
+	t.Parallel()
+	e := errString("boom")
+	if got := errOr(e); got != e {
+		t.Errorf("errOr(boom) = %v", got)
+	}
+	if got := errOr(nil); got == nil || got.Error() != "short reply" {
+		t.Errorf("errOr(nil) = %v, want short reply", got)
+	}
+}

@@ -1,0 +1,376 @@
+package redisstate
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// TestTheViewCountsThePermitsOutThroughRedis: while Redis is shared the
+// group's view shows the permits out fleet-wide, one more after each
+// admission and one fewer after each return, and before any reply the
+// local concurrency limit, not 0.
+func TestTheViewCountsThePermitsOutThroughRedis(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 3, MaxConcurrency: 3})
+	if v := sh.View(time.Now()); v.Concurrency != 3 || v.InFlight != 0 || v.Shared != "ok" {
+		t.Fatalf("view before any admission: concurrency %d, in flight %d, shared %q; want 3, 0, ok", v.Concurrency, v.InFlight, v.Shared)
+	}
+	var tks []lanequeue.Ticket
+	for i := 1; i <= 2; i++ {
+		tk, _, ok := admit(t, sh)
+		if !ok {
+			t.Fatal("admit")
+		}
+		tks = append(tks, tk)
+		if v := sh.View(time.Now()); v.InFlight != i {
+			t.Fatalf("after %d admissions the view shows %d in flight", i, v.InFlight)
+		}
+	}
+	for i := range tks {
+		sh.Return(&tks[i], time.Now())
+		sh.Return(&tks[i], time.Now()) // twice: counted once
+		if v, want := sh.View(time.Now()), 1-i; v.InFlight != want {
+			t.Fatalf("after %d returns the view shows %d in flight, want %d", i+1, v.InFlight, want)
+		}
+	}
+}
+
+// TestATicketSaysWhetherABudgetHadRoomOrAPacedIt: a ticket Redis gave
+// says Room when a budget learned from headers had room for it, and
+// Paced when a request pace learned from refusals admitted it; a group
+// that knows no budget gives neither.
+func TestATicketSaysWhetherABudgetHadRoomOrAPacedIt(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	fresh := st.Shared("fresh", cfg)
+	tk, _, ok := admit(t, fresh)
+	if !ok || tk.Room || tk.Paced {
+		t.Fatalf("a group knowing nothing: ok %v room %v paced %v; want true, false, false", ok, tk.Room, tk.Paced)
+	}
+	fresh.Return(&tk, time.Now())
+
+	headers := st.Shared("headers", cfg)
+	now := time.Now()
+	tk, _, _ = headers.Admit(now, 1, false)
+	headers.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 600, 500)}, now)
+	headers.Return(&tk, now)
+	tk, _, ok = admit(t, headers)
+	if !ok || !tk.Room || tk.Paced {
+		t.Fatalf("a window from headers with room: ok %v room %v paced %v; want true, true, false", ok, tk.Room, tk.Paced)
+	}
+	headers.Return(&tk, time.Now())
+
+	paced := st.Shared("paced", cfg)
+	learnWindow(t, st, paced.(*shared), "x", true, 100, 100)
+	tk, _, ok = admit(t, paced)
+	if !ok || tk.Room || !tk.Paced {
+		t.Fatalf("a pace learned from refusals: ok %v room %v paced %v; want true, false, true", ok, tk.Room, tk.Paced)
+	}
+	paced.Return(&tk, time.Now())
+}
+
+// TestADegradedReplicasTokenShareIsTheSharedRate: the token bucket a
+// replica uses while Redis is away fills at the shared token rate (per
+// second, as Redis keeps it) divided by the replicas: a request waits
+// for its tokens at that rate.
+func TestADegradedReplicasTokenShareIsTheSharedRate(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	now := time.Now()
+	tk, _, _ := sh.Admit(now, 1, false)
+	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 60000, 50000)}, now)
+	sh.Return(&tk, now)
+	tk, _, ok := admit(t, sh) // the shared limits as Redis has them now
+	if !ok {
+		t.Fatal("admit")
+	}
+	sh.Return(&tk, time.Now())
+	rate, err := strconv.ParseFloat(hget(t, st, sh.(*shared).state, "t_rate"), 64)
+	if err != nil || rate <= 0 {
+		t.Fatalf("no shared token rate (%q, %v)", hget(t, st, sh.(*shared).state, "t_rate"), err)
+	}
+	srv.stop()
+	now = time.Now()
+	_, at, ok := sh.Admit(now, 100, false) // the share's bucket starts empty
+	if st.Status() != "degraded" {
+		t.Fatal("not degraded with Redis gone")
+	}
+	want := time.Duration(100 / rate * float64(time.Second))
+	if got := at.Sub(now); ok || got < want*9/10 || got > want*11/10 {
+		t.Fatalf("100 tokens while degraded: ok %v, wait %v; want a wait of %v at the shared %.1f tokens/s", ok, got, want, rate)
+	}
+}
+
+// TestAWaiterAskingAgainWithinASecondKeepsItsPlace: a replica's refused
+// Admits less than a second apart, up to a second included, are one
+// waiter, whose age orders it before replicas that started waiting
+// later; one asking after more than a second is a new waiter.
+func TestAWaiterAskingAgainWithinASecondKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	for _, c := range []struct {
+		gap   time.Duration
+		bGoes bool // b's waiter is older than c's
+	}{{time.Second, true}, {time.Second + time.Millisecond, false}} {
+		a, b, cst := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+		one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+		group := "g" + c.gap.String()
+		sa, sb, sc := a.Shared(group, one), b.Shared(group, one), cst.Shared(group, one)
+		held, _, _ := admit(t, sa)
+		t0 := time.Now()
+		if _, _, ok := sb.Admit(t0, 1, false); ok { // b starts waiting
+			t.Fatal("b admitted past the limit")
+		}
+		time.Sleep(5 * time.Millisecond)
+		if _, _, ok := admit(t, sc); ok { // c starts waiting later
+			t.Fatal("c admitted past the limit")
+		}
+		time.Sleep(5 * time.Millisecond) // c's ask is older than b's next, to the ms
+		// b asks again, its clock c.gap after its first ask.
+		if _, _, ok := sb.Admit(t0.Add(c.gap), 1, false); ok {
+			t.Fatal("b admitted past the limit")
+		}
+		sa.Return(&held, time.Now())
+		a.flush()
+		if _, _, ok := admit(t, sc); ok == c.bGoes {
+			t.Fatalf("b asked again %v after its first ask: c admitted %v, want %v", c.gap, ok, !c.bGoes)
+		}
+	}
+}
+
+// TestASettleGivesBackTheUnusedTokens: settling a ticket whose answer
+// used fewer tokens than estimated gives the difference back to the
+// shared budget, and one that used more takes the excess from it.
+func TestASettleGivesBackTheUnusedTokens(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	now := time.Now()
+	tk, _, _ := sh.Admit(now, 1, false)
+	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 1_000_000, 500_000)}, now)
+	sh.Return(&tk, now)
+	avail := func() float64 {
+		v, err := strconv.ParseFloat(hget(t, st, sh.(*shared).state, "t_avail"), 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, used := range []int64{400, 5000} {
+		tk, _, ok := sh.Admit(time.Now(), 1000, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		before := avail()
+		sh.Settle(&tk, used)
+		sh.Return(&tk, time.Now())
+		// a refill of up to ~17 tokens/ms aside
+		if got, want := avail(), before+float64(1000-used); got < want-200 || got > want+200 {
+			t.Fatalf("used %d of 1000: t_avail %.0f after the settle, %.0f before; want about %.0f", used, got, before, want)
+		}
+	}
+}
+
+// TestLeasesExpireOnRedisClock: a replica renewing or counting a lease
+// sets its expiry on Redis' clock, however far its own clock is from it.
+func TestLeasesExpireOnRedisClock(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	ctx := context.Background()
+	const ahead = time.Hour // Redis' clock, as the last reply showed it
+	st.clockOffset.Store(ahead.Milliseconds())
+	st.hold("renewed", "k1")
+	if err := st.renew(); err != nil {
+		t.Fatal(err)
+	}
+	st.addLater("counted", "k2")
+	st.flush()
+	for _, c := range []struct{ key, lease string }{{"k1", "renewed"}, {"k2", "counted"}} {
+		score, err := st.rdb.ZScore(ctx, c.key, c.lease).Result()
+		if err != nil {
+			t.Fatalf("lease %s: %v", c.lease, err)
+		}
+		want := float64(time.Now().Add(ahead + time.Minute).UnixMilli())
+		if score < want-5000 || score > want+5000 {
+			t.Fatalf("lease %s expires at %.0f, want about %.0f (a minute on Redis' clock, an hour ahead)", c.lease, score, want)
+		}
+	}
+}
+
+// TestTheUpGaugeFollowsTheStatus: llmproxy_redis_up is 1 while the
+// replica shares through Redis, 0 once it went local, and 1 again once
+// it rejoined.
+func TestTheUpGaugeFollowsTheStatus(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	if g := testutil.ToFloat64(st.upGauge); st.Status() != "ok" || g != 1 {
+		t.Fatalf("with Redis up: status %s, gauge %v", st.Status(), g)
+	}
+	st.failed("test", errString("gone for a moment"))
+	if g := testutil.ToFloat64(st.upGauge); st.Status() != "degraded" || g != 0 {
+		t.Fatalf("after a failed call: status %s, gauge %v", st.Status(), g)
+	}
+	if !st.rejoin() {
+		t.Fatal("no rejoin")
+	}
+	if g := testutil.ToFloat64(st.upGauge); st.Status() != "ok" || g != 1 {
+		t.Fatalf("after the rejoin: status %s, gauge %v", st.Status(), g)
+	}
+}
+
+// TestARenewalSaysTheReplicaIsAlive: each lease renewal tick, held
+// leases or not, says the replica is alive and reads how many are: a
+// replica learns of one that started after it.
+func TestARenewalSaysTheReplicaIsAlive(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a := newStore(t, srv.url(), MinLeaseTTL) // renews every third of a second
+	if n := a.Replicas(); n != 1 {
+		t.Fatalf("a alone counts %d replicas", n)
+	}
+	newStore(t, srv.url(), time.Minute)
+	deadline := time.Now().Add(3 * time.Second)
+	for a.Replicas() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a still counts %d replicas, a second after another started", a.Replicas())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestANeverSlowStoreRejoinsWhenRedisAnswers: with Slow negative (never
+// too slow) a degraded replica rejoins at the first ping that answers.
+func TestANeverSlowStoreRejoinsWhenRedisAnswers(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st, err := New(Config{URL: srv.url(), Slow: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv.stop()
+	admit(t, st.Shared("g", groupCfg))
+	if st.Status() != "degraded" {
+		t.Fatal("not degraded with Redis gone")
+	}
+	srv.start()
+	waitUp(t, st)
+}
+
+// TestAPermitTakenWhileAwayIsCountedAfterTheRejoin: permits taken while
+// Redis was away are counted there by their own leases, sent as they are
+// taken or at the rejoin, and stay counted beside the next admission's.
+func TestAPermitTakenWhileAwayIsCountedAfterTheRejoin(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 4, MaxConcurrency: 4})
+	first, _, _ := admit(t, sh)
+	sh.Return(&first, time.Now())
+	st.flush() // its lease is removed from Redis
+	st.failed("test", errString("gone for a moment"))
+	away, _, ok := admit(t, sh)
+	if !ok || away.Lease != "" {
+		t.Fatalf("degraded admit: ok %v lease %q", ok, away.Lease)
+	}
+	if !st.rejoin() {
+		t.Fatal("no rejoin")
+	}
+	tk, _, ok := admit(t, sh)
+	if !ok || tk.Lease == "" {
+		t.Fatalf("admit after the rejoin: ok %v lease %q", ok, tk.Lease)
+	}
+	if n, err := st.rdb.ZCard(context.Background(), sh.(*shared).leases).Result(); err != nil || n != 2 {
+		t.Fatalf("Redis counts %d permits (%v), want the one from while away and the new one", n, err)
+	}
+}
+
+// TestASlowPingKeepsTheReplicaLocal: a degraded replica whose ping
+// answers, but slower than Slow, stays local: Redis is there but would
+// hold up every request.
+func TestASlowPingKeepsTheReplicaLocal(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, debugCommand...)
+	st, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second}) // Slow 50ms
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// Redis asleep for longer than a ping period: the next ping waits for
+	// it, at least 100ms.
+	awake := sleepRedis(t, srv.url(), 650*time.Millisecond)
+	st.failed("test", errString("gone for a moment"))
+	<-awake
+	for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if st.Status() == "ok" {
+			t.Fatal("the replica rejoined on a ping slower than Slow")
+		}
+	}
+}
+
+// scriptRuns is how many scripts the server ran (or refused) so far,
+// from its own command statistics.
+func scriptRuns(t *testing.T, url string) int {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(info, "\n") {
+		if name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls="); ok && (name == "cmdstat_eval" || name == "cmdstat_evalsha") {
+			calls, _, _ := strings.Cut(rest, ",")
+			v, err := strconv.Atoi(calls)
+			if err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			n += v
+		}
+	}
+	return n
+}
+
+// TestAFailedCallIsNotRetried: a call Redis fails (here a write to a
+// read-only replica, which the client would retry) is sent once; the
+// replica falls back to its local limits at once and the pinger tries
+// again later.
+func TestAFailedCallIsNotRetried(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, "--replicaof", "127.0.0.1", "1") // read-only, its primary never answers
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", groupCfg)
+	if err := admitScript.Load(context.Background(), st.rdb).Err(); err != nil { // EVALSHA finds it
+		t.Fatal(err)
+	}
+	before := scriptRuns(t, srv.url())
+	tk, _, ok := admit(t, sh)
+	if !ok || tk.Lease != "" || st.Status() != "degraded" {
+		t.Fatalf("admit on a read-only Redis: ok %v lease %q status %s; want a local permit", ok, tk.Lease, st.Status())
+	}
+	if n := scriptRuns(t, srv.url()) - before; n != 1 {
+		t.Fatalf("the admission's script was sent %d times, want once", n)
+	}
+}

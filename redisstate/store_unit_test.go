@@ -1,0 +1,123 @@
+package redisstate
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestLatenciesTellTheP99EveryEighthCallFromTheThirtySecond: add says
+// nothing (0) before 32 calls, then gives the 99th percentile of the
+// recent calls on every 8th call only; a reset starts the count again.
+func TestLatenciesTellTheP99EveryEighthCallFromTheThirtySecond(t *testing.T) {
+	t.Parallel()
+	var l latencies
+	for i := 1; i <= 200; i++ {
+		d := time.Duration(i) * time.Millisecond
+		got := l.add(d)
+		var want time.Duration
+		if i >= 32 && i%8 == 0 {
+			k := min(i, 128)
+			// the calls kept are the last k: i-k+1 .. i ms, whose p99 is
+			// the ceil(0.99k)-th of them
+			want = time.Duration(i-k+(k*99+99)/100) * time.Millisecond
+		}
+		if got != want {
+			t.Fatalf("call %d: add = %v, want %v", i, got, want)
+		}
+	}
+	l.reset()
+	for i := 1; i < 32; i++ {
+		if got := l.add(time.Second); got != 0 {
+			t.Fatalf("call %d after a reset: add = %v, want 0", i, got)
+		}
+	}
+	if got := l.add(time.Second); got != time.Second {
+		t.Fatalf("32nd call after a reset: add = %v, want 1s", got)
+	}
+}
+
+// TestTakeReturnsTakesOneKeysLeasesAtMost64: an admission takes the
+// returns of its own group only, at most 64 at a time; the others stay.
+func TestTakeReturnsTakesOneKeysLeasesAtMost64(t *testing.T) {
+	t.Parallel()
+	st := &Store{returns: map[string]string{}}
+	for i := range 70 {
+		st.returns[fmt.Sprint("a", i)] = "ka"
+	}
+	st.returns["b"] = "kb"
+	got := st.takeReturns("ka")
+	if len(got) != 64 {
+		t.Fatalf("took %d leases of ka, want 64", len(got))
+	}
+	for _, l := range got {
+		if l[0] != 'a' {
+			t.Fatalf("took %q, a lease of another key", l)
+		}
+		if _, ok := st.returns[l]; ok {
+			t.Fatalf("%q taken but still waiting", l)
+		}
+	}
+	if got := st.takeReturns("ka"); len(got) != 6 {
+		t.Fatalf("took %d leases of ka the second time, want the 6 left", len(got))
+	}
+	if got := st.takeReturns("kb"); len(got) != 1 || got[0] != "b" {
+		t.Fatalf("took %q for kb, want [b]", got)
+	}
+	if len(st.returns) != 0 {
+		t.Fatalf("%d returns left", len(st.returns))
+	}
+}
+
+// TestGiveBacksWaitingAreBounded: past maxGives waiting, a give-back is
+// dropped.
+func TestGiveBacksWaitingAreBounded(t *testing.T) {
+	t.Parallel()
+	st := &Store{kick: make(chan struct{}, 1)}
+	for range maxGives + 10 {
+		st.giveLater(give{op: "refund", state: "s", requests: 1})
+	}
+	if len(st.gives) != maxGives {
+		t.Fatalf("%d give-backs waiting, want %d", len(st.gives), maxGives)
+	}
+}
+
+// TestNewFillsTheDocumentedDefaults: zero Config fields take the
+// documented defaults, set ones are kept, and a lease under MinLeaseTTL
+// is raised to it. Redis need not answer.
+func TestNewFillsTheDocumentedDefaults(t *testing.T) {
+	t.Parallel()
+	url := "redis://127.0.0.1:1/0" // nobody listens: the store starts degraded
+	zero, err := New(Config{URL: url, Timeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zero.Close()
+	want := Config{Prefix: "llmproxy:v1:", LeaseTTL: 15 * time.Second, KeyTTL: 10 * time.Minute,
+		Timeout: 50 * time.Millisecond, Poll: 20 * time.Millisecond, Slow: 50 * time.Millisecond}
+	if c := zero.cfg; c.Prefix != want.Prefix || c.LeaseTTL != want.LeaseTTL || c.KeyTTL != want.KeyTTL ||
+		c.Timeout != want.Timeout || c.Poll != want.Poll || c.Slow != want.Slow {
+		t.Errorf("zero config became %+v, want %+v", c, want)
+	}
+	set := Config{URL: url, Prefix: "x:", LeaseTTL: 3 * time.Second, KeyTTL: time.Minute, Timeout: 40 * time.Millisecond,
+		Poll: 5 * time.Millisecond, Slow: -1}
+	st, err := New(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if c := st.cfg; c.Prefix != set.Prefix || c.LeaseTTL != set.LeaseTTL || c.KeyTTL != set.KeyTTL ||
+		c.Timeout != set.Timeout || c.Poll != set.Poll || c.Slow != set.Slow {
+		t.Errorf("config %+v became %+v", set, c)
+	}
+	for _, lease := range []time.Duration{time.Millisecond, MinLeaseTTL} {
+		short, err := New(Config{URL: url, LeaseTTL: lease, Timeout: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if short.cfg.LeaseTTL != MinLeaseTTL {
+			t.Errorf("lease TTL %v became %v, want %v", lease, short.cfg.LeaseTTL, MinLeaseTTL)
+		}
+		short.Close()
+	}
+}
