@@ -404,3 +404,33 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 		}
 	}
 }
+
+// A refusal that names the number in flight, of a permit a degraded
+// replica took on its share, teaches the level the fleet went at (each
+// replica sends about what this one does), not this replica's alone: one
+// permit out of three replicas' is a limit of three, not one.
+func TestADegradedRefusalTeachesTheFleetsLevel(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
+	heartbeatAll(stores...)
+	cfg := lanequeue.Config{Concurrency: 6, MinConcurrency: 1, MaxConcurrency: 6}
+	sh := stores[0].Shared("g", cfg)
+	tk, _, ok := admit(t, sh) // the shared limits, once
+	if !ok {
+		t.Fatal("admit")
+	}
+	sh.Return(&tk, time.Now())
+	stores[0].flush()
+	srv.stop()
+	now := time.Now()
+	tk, _, ok = sh.Admit(now, 1, false)
+	if !ok || stores[0].Status() != "degraded" {
+		t.Fatalf("admit with Redis gone: ok %v, status %s", ok, stores[0].Status())
+	}
+	sh.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, now)
+	sh.Return(&tk, now)
+	if got := sh.(*shared).local.View(now).Concurrency; got != 3 {
+		t.Fatalf("concurrency after a named refusal at one local permit of three replicas: %d, want 3", got)
+	}
+}

@@ -63,8 +63,9 @@ end
 // waiter (ms), keyTTL, climit default, max climit, then the replica's
 // leases of the group given back and not yet removed: removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
-// answered, rrate, tsize, trate, rsize}: answered is 1 when a replica
-// learned from an answer in the last minute; rates are per 1000 seconds.
+// answered, rrate, tsize, trate, rsize, rsyn}: answered is 1 when a
+// replica learned from an answer in the last minute; rates are per 1000
+// seconds; rsyn is 1 when the request pace was learned from refusals.
 var admitScript = redis.NewScript(lib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -97,7 +98,7 @@ local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
 local function reply(ok, at, rsent, tsent, room, paced, p)
   return {ok, at, out, climit, rsent, tsent, room, paced, p, now, answered,
-          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size)}
+          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn}
 end
 if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
 -- Until some replica has learned from an answer, one replica's first

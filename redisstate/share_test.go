@@ -145,3 +145,42 @@ func TestErrOrKeepsTheCallsError(t *testing.T) {
 		t.Errorf("errOr(nil) = %v, want short reply", got)
 	}
 }
+
+// TestAShareTakesTheMedianOfTheRecentRates: a refill rate read from
+// headers that swings for a moment, low or high, leaves the share at the
+// median of the recent readings; a pace learned from refusals, or a
+// window found smaller, is taken as it is and starts the readings anew.
+func TestAShareTakesTheMedianOfTheRecentRates(t *testing.T) {
+	t.Parallel()
+	t0 := time.Unix(1_000_000, 0)
+	lim := func(reqRate, reqSize, tokRate, tokSize float64) limits {
+		return limits{concurrency: 4, reqRate: reqRate, reqSize: reqSize, tokRate: tokRate, tokSize: tokSize}
+	}
+	var s shared
+	see := func(name string, l limits, syn bool, wantReq, wantTok float64) {
+		t.Helper()
+		s.seeLimits(l, syn, t0)
+		if s.last.reqRate != wantReq || s.last.tokRate != wantTok {
+			t.Fatalf("%s: share rates %v req/s, %v tok/s; want %v, %v", name, s.last.reqRate, s.last.tokRate, wantReq, wantTok)
+		}
+		if s.last.reqSize != l.reqSize || s.last.tokSize != l.tokSize || s.last.concurrency != l.concurrency {
+			t.Fatalf("%s: sizes or concurrency changed: %+v from %+v", name, s.last, l)
+		}
+	}
+	see("first reading", lim(20, 1200, 1000, 60000), false, 20, 1000)
+	see("a second, lower", lim(19, 1200, 900, 60000), false, 20, 1000)
+	see("a third, between", lim(19.5, 1200, 950, 60000), false, 19.5, 950)
+	for range 5 {
+		see("steady", lim(20, 1200, 1000, 60000), false, 20, 1000)
+	}
+	see("a low reading", lim(8, 1200, 300, 60000), false, 20, 1000)
+	see("a high reading", lim(37, 1200, 3000, 60000), false, 20, 1000)
+	for range 40 { // the old readings are gone
+		s.seeLimits(lim(10, 1200, 500, 60000), false, t0)
+	}
+	see("a new level", lim(10, 1200, 500, 60000), false, 10, 500)
+	see("a pace learned from refusals is taken as it is", lim(5, 1200, 500, 60000), true, 5, 500)
+	see("a window found smaller is taken as it is", lim(4, 100, 200, 6000), false, 4, 200)
+	see("then the median again", lim(6, 100, 300, 6000), false, 6, 300)
+	see("of the readings since", lim(5, 100, 250, 6000), false, 5, 250)
+}

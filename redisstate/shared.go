@@ -3,6 +3,7 @@ package redisstate
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"time"
 
@@ -30,6 +31,9 @@ type shared struct {
 	// last are the shared limits at the last reply: while Redis is away
 	// the replica uses its share of them (see share).
 	last limits
+	// reqRates and tokRates are the refill rates Redis gave lately (see
+	// seeLimits).
+	reqRates, tokRates readings
 	// share is what this replica may use while Redis is away; nil while
 	// it is up.
 	share *share
@@ -95,7 +99,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
-	if err != nil || len(res) < 15 {
+	if err != nil || len(res) < 16 {
 		s.st.failed("admit", errOr(err))
 		s.st.returnLater(lease, s.leases) // the script may have run
 		for _, l := range returned {
@@ -106,8 +110,8 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	s.st.sawClock(res[9])
 	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
 	s.answered = res[10] == 1
-	s.last = limits{concurrency: s.climit, reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
-		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}
+	s.seeLimits(limits{concurrency: s.climit, reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
+		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}, res[15] == 1, now)
 	if res[0] != 1 {
 		at := local(res[1], res[9], now)
 		if at.IsZero() {
@@ -144,6 +148,13 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	t, at, ok := s.local.Admit(now, cost, probe)
 	if ok {
 		s.share.take(now, cost)
+		if n := s.st.Replicas(); n > 1 {
+			// The level it goes at is the fleet's: each replica sends
+			// about as many as this one. A refusal that names the
+			// number in flight must not teach the group a limit of one
+			// because this replica had one out.
+			t.InFlight = (t.InFlight+s.remoteOut+1)*n - 1
+		}
 		// Counted in Redis too, as soon as it takes it: the replicas
 		// still sharing (Redis may only be slow for this one) see it.
 		l := s.st.replica + "-l" + strconv.FormatUint(s.st.seq.Add(1), 36)
@@ -365,3 +376,39 @@ func (s *shared) AnsweredElsewhere() bool { return s.st.up.Load() && s.answered 
 // Knows reports whether this replica's state has learned a limit (see
 // lanequeue.Local.Knows).
 func (s *shared) Knows() bool { return s.local.Knows() }
+
+// seeLimits keeps l as the limits the replica's share comes from, should
+// Redis go away. A refill rate read from headers swings with each
+// answer: it reads low while the window is nearly full (the answer's
+// latency counts in the window's reset) and, now and then, high. The
+// share takes the median of the recent readings instead, unless the
+// pace was learned from refusals, which lower it on evidence, or the
+// window was found smaller than it said (a correction lowers its size):
+// those are taken as they are.
+func (s *shared) seeLimits(l limits, syn bool, now time.Time) {
+	prev := s.last
+	l.reqRate = s.reqRates.see(l.reqRate, syn || l.reqSize < prev.reqSize)
+	l.tokRate = s.tokRates.see(l.tokRate, l.tokSize < prev.tokSize)
+	s.last = l
+}
+
+// readings are the recent readings of a rate, one per admission.
+type readings struct {
+	v [31]float64
+	n int
+}
+
+// see adds v, after forgetting every earlier reading if restart, and
+// returns the median of those kept.
+func (r *readings) see(v float64, restart bool) float64 {
+	if restart {
+		r.n = 0
+	}
+	r.v[r.n%len(r.v)] = v
+	r.n++
+	k := min(r.n, len(r.v))
+	var sorted [len(r.v)]float64
+	copy(sorted[:], r.v[:k])
+	slices.Sort(sorted[:k])
+	return sorted[k/2]
+}

@@ -235,21 +235,35 @@ func TestTheUpGaugeFollowsTheStatus(t *testing.T) {
 	}
 }
 
-// TestARenewalSaysTheReplicaIsAlive: each lease renewal tick, held
-// leases or not, says the replica is alive and reads how many are: a
-// replica learns of one that started after it.
-func TestARenewalSaysTheReplicaIsAlive(t *testing.T) {
+// TestAHeartbeatCountsAReplicaStartedLater: leases held or not and
+// however long their TTL, a replica says it is alive and reads how many
+// are, soon after it starts and every heartbeatEvery after that.
+func TestAHeartbeatCountsAReplicaStartedLater(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), MinLeaseTTL) // renews every third of a second
+	a := newStore(t, srv.url(), time.Hour) // no renewal in the test's time
 	if n := a.Replicas(); n != 1 {
 		t.Fatalf("a alone counts %d replicas", n)
 	}
-	newStore(t, srv.url(), time.Minute)
-	deadline := time.Now().Add(3 * time.Second)
-	for a.Replicas() != 2 {
+	// Its first heartbeats come a quarter second apart, then twice as
+	// long each time up to heartbeatEvery: one that starts soon after is
+	// counted within half a second; one that starts later, within
+	// heartbeatEvery (and a bit).
+	b := newStore(t, srv.url(), time.Hour)
+	waitCount(t, a, 2, 600*time.Millisecond)
+	time.Sleep(heartbeatEvery)
+	b.Close()
+	newStore(t, srv.url(), time.Hour)
+	waitCount(t, a, 3, heartbeatEvery+300*time.Millisecond)
+}
+
+// waitCount waits up to within for st to count n replicas.
+func waitCount(t *testing.T, st *Store, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for st.Replicas() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("a still counts %d replicas, a second after another started", a.Replicas())
+			t.Fatalf("still counts %d replicas after %v, want %d", st.Replicas(), within, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

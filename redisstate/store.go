@@ -89,6 +89,7 @@ type Store struct {
 	// is away each replica uses this share of the last shared limits.
 	peers         atomic.Int64
 	latency       latencies
+	slow          atomic.Bool // the last failure was slowness, not an error
 	upGauge       prometheus.Gauge
 	replicasGauge prometheus.Gauge
 	commands      *prometheus.CounterVec // op
@@ -250,6 +251,7 @@ func (s *Store) setUp(up bool) {
 // failed notes a failed call: the replica goes local until a ping answers.
 func (s *Store) failed(op string, err error) {
 	s.failures.Inc()
+	s.slow.Store(op == "slow")
 	if s.up.Swap(false) {
 		s.upGauge.Set(0)
 		s.log.Warn("redis call failed; lanes use local limits until it answers again", "op", op, "err", err.Error())
@@ -269,10 +271,16 @@ func (s *Store) ctx() (context.Context, context.CancelFunc) {
 // loop renews the leases this replica holds and, while degraded, pings
 // until Redis answers.
 func (s *Store) loop() {
-	// Renewals also say the replica is alive: at least every 10s, so
-	// that the count of replicas seen in the last minute holds it.
-	renew := time.NewTicker(min(s.cfg.LeaseTTL/3, 10*time.Second))
+	renew := time.NewTicker(s.cfg.LeaseTTL / 3)
 	defer renew.Stop()
+	// The heartbeat says the replica is alive and reads how many are:
+	// often, so that replicas started together soon count each other
+	// (a degraded replica's share divides by that count): at first
+	// every quarter second, then twice as long each time, up to
+	// heartbeatEvery.
+	every := heartbeatEvery / 8
+	beat := time.NewTimer(every)
+	defer beat.Stop()
 	// Rejoin attempts back off while Redis answers pings but keeps failing
 	// calls (read-only, out of memory, no EVAL): no flapping every 500 ms.
 	wait := minRejoinWait
@@ -287,16 +295,16 @@ func (s *Store) loop() {
 			// Held leases are renewed while the replica is local too:
 			// Redis may only be slow, and then its other replicas count
 			// them still.
-			if s.renew() == nil && s.up.Load() {
+			_ = s.renew()
+		case <-beat.C:
+			if s.up.Load() {
 				s.heartbeat()
 			}
+			every = min(2*every, heartbeatEvery)
+			beat.Reset(every)
 		case <-ping.C:
 			if !s.up.Load() {
-				if time.Since(rejoined) < maxRejoinWait {
-					wait = min(2*wait, maxRejoinWait) // it failed soon after the last rejoin
-				} else {
-					wait = minRejoinWait
-				}
+				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
 				start := time.Now()
 				err := s.rdb.Ping(ctx).Err()
@@ -372,11 +380,33 @@ func (s *Store) flushReturns() bool {
 	return true
 }
 
+// nextRejoinWait is how long a degraded replica waits before it tries
+// Redis again, after waiting wait last time, since the last rejoin, and
+// whether Redis was only slow. A replica that failed soon after its last
+// rejoin waits twice as long each time, up to maxRejoinWait, or up to
+// maxSlowRejoinWait when Redis answered, only slowly: the replica's share
+// leaves unused time that Redis would share out.
+func nextRejoinWait(wait, sinceRejoin time.Duration, slow bool) time.Duration {
+	if sinceRejoin >= maxRejoinWait {
+		return minRejoinWait
+	}
+	wait = min(2*wait, maxRejoinWait)
+	if slow {
+		wait = min(wait, maxSlowRejoinWait)
+	}
+	return wait
+}
+
+// heartbeatEvery is how often a replica says it is alive.
+const heartbeatEvery = 2 * time.Second
+
 // How soon a degraded replica tries Redis again: every minRejoinWait, and
 // up to maxRejoinWait apart while rejoining keeps failing soon after.
 const (
 	minRejoinWait = 500 * time.Millisecond
 	maxRejoinWait = 30 * time.Second
+	// maxSlowRejoinWait bounds the wait when Redis answered, only slowly.
+	maxSlowRejoinWait = 2 * time.Second
 )
 
 // returnLater keeps a lease to remove from Redis: the writer sends it,

@@ -2,8 +2,11 @@ package redisstate
 
 import (
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestLatenciesTellTheP99EveryEighthCallFromTheThirtySecond: add says
@@ -119,5 +122,48 @@ func TestNewFillsTheDocumentedDefaults(t *testing.T) {
 			t.Errorf("lease TTL %v became %v, want %v", lease, short.cfg.LeaseTTL, MinLeaseTTL)
 		}
 		short.Close()
+	}
+}
+
+// TestRejoinWaitsDoubleAfterQuickFailuresLessWhenOnlySlow: a replica that
+// failed soon after its last rejoin waits twice as long each time, up to
+// maxRejoinWait, or up to maxSlowRejoinWait when Redis was only slow; a
+// failure long after the last rejoin starts again at minRejoinWait.
+func TestRejoinWaitsDoubleAfterQuickFailuresLessWhenOnlySlow(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		wait, since time.Duration
+		slow        bool
+		want        time.Duration
+	}{
+		{minRejoinWait, time.Second, false, 2 * minRejoinWait},
+		{minRejoinWait, time.Second, true, 2 * minRejoinWait},
+		{4 * time.Second, time.Second, false, 8 * time.Second},
+		{4 * time.Second, time.Second, true, maxSlowRejoinWait},
+		{maxSlowRejoinWait, time.Second, true, maxSlowRejoinWait},
+		{20 * time.Second, time.Second, false, maxRejoinWait},
+		{maxRejoinWait, maxRejoinWait - time.Millisecond, false, maxRejoinWait},
+		{maxRejoinWait, maxRejoinWait, false, minRejoinWait},
+		{maxSlowRejoinWait, maxRejoinWait, true, minRejoinWait},
+	}
+	for _, c := range cases {
+		if got := nextRejoinWait(c.wait, c.since, c.slow); got != c.want {
+			t.Errorf("nextRejoinWait(%v, %v since the rejoin, slow %v) = %v, want %v", c.wait, c.since, c.slow, got, c.want)
+		}
+	}
+}
+
+// TestAFailureSaysWhetherRedisWasOnlySlow: the last failure's kind is
+// kept for the rejoin's wait: slowness, or an error.
+func TestAFailureSaysWhetherRedisWasOnlySlow(t *testing.T) {
+	t.Parallel()
+	st := &Store{log: slog.New(slog.DiscardHandler), failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "f"}), upGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "u"})}
+	st.failed("slow", fmt.Errorf("p99"))
+	if !st.slow.Load() {
+		t.Fatal("a slow failure is not kept as slow")
+	}
+	st.failed("admit", fmt.Errorf("refused"))
+	if st.slow.Load() {
+		t.Fatal("an error after a slow failure is kept as slow")
 	}
 }

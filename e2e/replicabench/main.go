@@ -375,6 +375,21 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 			}
 		}
 	}
+	if n > 1 {
+		// When each replica's last answer came: the round-robin gives
+		// each its count, so the slowest replica sets the makespan.
+		last := make([]float64, n)
+		for _, out := range outs {
+			if out.target >= 0 && out.target < n {
+				last[out.target] = max(last[out.target], out.end.Sub(env.start).Seconds())
+			}
+		}
+		parts := make([]string, n)
+		for i, l := range last {
+			parts[i] = fmt.Sprintf("%.1fs", l)
+		}
+		res.notes = append(res.notes, "last answer by replica: "+strings.Join(parts, ", "))
+	}
 	if res.lost > 0 && n > 1 && slices.ContainsFunc(lostBy, func(k int) bool { return k > 0 }) {
 		res.notes = append(res.notes, fmt.Sprintf("lost by replica: %v", lostBy))
 	}

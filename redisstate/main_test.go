@@ -1,0 +1,22 @@
+package redisstate
+
+import (
+	"flag"
+	"os"
+	"testing"
+)
+
+// TestMain runs up to eight parallel tests at once unless -parallel says
+// otherwise. Most tests here wait on a redis-server of their own and on
+// real time, not on the CPU, so the default of one per CPU (two on the
+// CI machine) left the suite twice as long, and the mutation run, which
+// runs the suite once per mutant, with it.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "8")
+	}
+	os.Exit(m.Run())
+}
