@@ -15,12 +15,16 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 // Health is what the admin endpoints report beyond the lanes. Nil fields
-// mean: always ready, never degraded, no shared state.
+// mean: always ready, never degraded, no shared state; a zero Build, no
+// build named.
 type Health struct {
+	// Build is the running build, which /healthz names beside its status.
+	Build buildinfo.Info
 	// Ready reports why the proxy cannot serve; /readyz then answers 503.
 	Ready func(context.Context) error
 	// Degraded reports why the proxy serves with less than it should (a
@@ -30,6 +34,13 @@ type Health struct {
 	// Shared is what /lanes says of the state shared with other replicas:
 	// "ok" or "degraded"; nil: "off".
 	Shared func() string
+}
+
+// healthz is the /healthz answer: {"status":"ok"} and the build's fields
+// (version, revision, time, modified, goversion) that are known.
+type healthz struct {
+	Status string `json:"status"`
+	buildinfo.Info
 }
 
 // dashboard is the /ui page: one file, its styles and script inline, so it
@@ -77,7 +88,7 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	}
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		writeJSON(w, http.StatusOK, healthz{Status: "ok", Info: h.Build})
 	})
 	r.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if h.Ready != nil {

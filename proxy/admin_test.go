@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -264,6 +266,36 @@ func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	for _, f := range fams {
 		if n := f.GetName(); strings.HasPrefix(n, "llmproxy_global_") || strings.HasPrefix(n, "llmproxy_local_model_") || n == "llmproxy_lane_configured_limit" {
 			t.Errorf("a plain proxy exports %s", n)
+		}
+	}
+}
+
+// TestHealthzNamesTheBuild: /healthz says which build answers, adding the
+// build's fields to {"status":"ok"}, and a proxy told nothing of its build
+// answers as before.
+func TestHealthzNamesTheBuild(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := buildinfo.Info{Version: "v1.2.0", Revision: "d795ecd518a7703f2521dc5d6d50489125b0c02e",
+		Time: "2026-11-24T09:20:09Z", Modified: true, GoVersion: "go1.26.8"}
+	for _, tc := range []struct {
+		health Health
+		want   map[string]any
+	}{
+		{Health{Build: build}, map[string]any{"status": "ok", "version": "v1.2.0", "revision": build.Revision,
+			"time": build.Time, "modified": true, "goversion": "go1.26.8"}},
+		{Health{}, map[string]any{"status": "ok"}},
+	} {
+		rec := httptest.NewRecorder()
+		p.AdminHandler(tc.health).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		var got map[string]any
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || rec.Code != http.StatusOK {
+			t.Fatalf("%d %s: %v", rec.Code, rec.Body, err)
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("/healthz = %v, want %v", got, tc.want)
 		}
 	}
 }

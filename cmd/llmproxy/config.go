@@ -17,6 +17,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -336,9 +337,11 @@ func editDistance(a, b string) int {
 func printUsage(w io.Writer) {
 	fmt.Fprintf(w, `llmproxy: an HTTP reverse proxy that queues LLM API requests per lane,
 absorbs upstream 429s and paces itself under the learned rate limits.
+This is llmproxy %s.
 
 Usage:
   llmproxy              run the proxy (configured by the environment)
+  llmproxy version      the build: module version, commit and its time, Go
   llmproxy healthcheck  exit 0 when the admin listener answers /healthz
   llmproxy status [-w] [-interval 2s] [-admin ADDR]
                         the lane table of a running proxy (from its admin
@@ -351,7 +354,7 @@ Point a client at it: OPENAI_BASE_URL=http://127.0.0.1:8080/v1
                       ANTHROPIC_BASE_URL=http://127.0.0.1:8080/anthropic
 
 Environment (default in brackets; other LLMPROXY_* names get a warning):
-`)
+`, buildinfo.Read().Short())
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
 	t := reflect.TypeOf(config{})
 	for i := 0; i < t.NumField(); i++ {

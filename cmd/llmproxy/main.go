@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/redisstate"
@@ -70,6 +71,9 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 		case "-h", "-help", "--help", "help":
 			printUsage(stdout)
 			return 0
+		case "version", "-version", "--version":
+			fmt.Fprint(stdout, buildinfo.Read().Describe())
+			return 0
 		case "healthcheck":
 			cfg, err := loadConfig(environ)
 			if err != nil {
@@ -99,7 +103,8 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	cfg.logRoutes(log)
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := buildinfo.Read()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(build))
 	lanes := lanequeue.TableConfig{
 		Lane: lanequeue.Config{
 			Concurrency:    cfg.LaneConcurrency,
@@ -114,7 +119,7 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	// anything else happens.
 	var draining atomic.Bool
 	defer context.AfterFunc(ctx, func() { draining.Store(true) })()
-	health := proxy.Health{Ready: func(context.Context) error {
+	health := proxy.Health{Build: build, Ready: func(context.Context) error {
 		if draining.Load() {
 			return errors.New("draining: finishing queued and in-flight requests")
 		}
@@ -193,7 +198,8 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 		go func() { errc <- s.Serve(listeners[i]) }()
 	}
 	log.Info("llmproxy listening", "addr", proxyLn.Addr().String(), "admin", adminAddr,
-		"upstream", cfg.upstreamURL.Redacted(), "routes", cfg.Routes)
+		"upstream", cfg.upstreamURL.Redacted(), "routes", cfg.Routes,
+		"version", build.Version, "revision", build.Revision, "go", build.GoVersion)
 	if up != nil {
 		up(proxyLn.Addr().String(), adminAddr)
 	}
@@ -306,6 +312,18 @@ func healthcheck(adminAddr string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// buildInfoGauge is llmproxy_build_info: always 1, its labels name the
+// build, so a dashboard can show which builds a fleet runs.
+func buildInfoGauge(b buildinfo.Info) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "llmproxy_build_info",
+		Help:        "Always 1; the labels name the running build (llmproxy version).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	g.Set(1)
+	return g
 }
 
 // redisSlow is LLMPROXY_REDIS_SLOW as redisstate takes it: 0 there is
