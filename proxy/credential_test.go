@@ -103,3 +103,77 @@ func newAdmin(t *testing.T, h *harness) func(path string) string {
 		return readAll(t, resp.Body)
 	}
 }
+
+// TestSigV4KeysItsLaneOnTheSignerNotTheSignature: ten requests signed
+// with one access key, each with its own date and signature, share one
+// lane; another access key, region or service gets its own; neither the
+// access key nor a signature shows in the lane id, /lanes or the log.
+func TestSigV4KeysItsLaneOnTheSignerNotTheSignature(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	auth := func(akid, date, region, service string, sig int) string {
+		return fmt.Sprintf("AWS4-HMAC-SHA256 Credential=%s/%s/%s/%s/aws4_request, SignedHeaders=host;x-amz-date, Signature=%064x",
+			akid, date, region, service, sig)
+	}
+	send := func(a string) string {
+		t.Helper()
+		req, _ := http.NewRequest("POST", h.front.URL+"/model/anthropic.claude-x/invoke", strings.NewReader(`{"messages":[]}`))
+		req.Header.Set("Authorization", a)
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp.Body)
+		return resp.Header.Get("X-Llmproxy-Lane")
+	}
+	first := send(auth("AKIDSECRETONE", "20261124", "us-east-1", "bedrock", 0))
+	for i := 1; i < 10; i++ {
+		if l := send(auth("AKIDSECRETONE", fmt.Sprintf("202611%02d", 10+i), "us-east-1", "bedrock", i)); l != first {
+			t.Fatalf("request %d signed by the same key got lane %s, the first %s", i, l, first)
+		}
+	}
+	others := map[string]string{
+		"another access key": send(auth("AKIDSECRETTWO", "20261124", "us-east-1", "bedrock", 0)),
+		"another region":     send(auth("AKIDSECRETONE", "20261124", "eu-west-1", "bedrock", 0)),
+		"another service":    send(auth("AKIDSECRETONE", "20261124", "us-east-1", "bedrock-runtime", 0)),
+	}
+	for what, l := range others {
+		if l == first {
+			t.Errorf("%s shares the first key's lane %s", what, l)
+		}
+	}
+	admin := newAdmin(t, h)
+	shown := admin("/lanes") + admin("/metrics") + h.logs.String()
+	for _, secret := range []string{"AKIDSECRET", "Signature", "0000000000000000000000000000000000000000000000000000000000000009"} {
+		if strings.Contains(shown, secret) {
+			t.Errorf("%q shows in /lanes, /metrics or the log", secret)
+		}
+	}
+}
+
+// TestSigV4CredentialReadsOnlyAWholeCredential: the signer is the access
+// key ID, region and service; a scheme in any case is read; a Credential=
+// without its five parts, or another scheme, is not SigV4 (the header is
+// then keyed whole).
+func TestSigV4CredentialReadsOnlyAWholeCredential(t *testing.T) {
+	cases := []struct {
+		auth, want string
+		ok         bool
+	}{
+		{"AWS4-HMAC-SHA256 Credential=AKID/20261124/us-east-1/bedrock/aws4_request, SignedHeaders=host, Signature=ab", "sigv4 AKID/us-east-1/bedrock", true},
+		{"aws4-hmac-sha256 SignedHeaders=host,Credential=AKID/20261124/eu-west-1/s3/aws4_request,Signature=ab", "sigv4 AKID/eu-west-1/s3", true},
+		{"AWS4-HMAC-SHA256 Credential=AKID/20261124/us-east-1/bedrock, Signature=ab", "", false},
+		{"AWS4-HMAC-SHA256 Credential=AKID/20261124/us-east-1/bedrock/other, Signature=ab", "", false},
+		{"AWS4-HMAC-SHA256 Credential=/20261124/us-east-1/bedrock/aws4_request", "", false},
+		{"AWS4-HMAC-SHA256 Signature=ab", "", false},
+		{"AWS4-HMAC-SHA256 ", "", false},
+		{"Basic QUtJRDpzZWNyZXQ=", "", false},
+	}
+	for _, c := range cases {
+		got, ok := sigV4Credential(c.auth)
+		if got != c.want || ok != c.ok {
+			t.Errorf("sigV4Credential(%q) = %q, %v; want %q, %v", c.auth, got, ok, c.want, c.ok)
+		}
+	}
+}

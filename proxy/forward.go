@@ -94,6 +94,9 @@ func credential(h http.Header, rawQuery string) string {
 		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
 			return strings.TrimSpace(v[7:])
 		}
+		if id, ok := sigV4Credential(v); ok {
+			return id
+		}
 		return v
 	}
 	for _, k := range []string{"X-Api-Key", "Api-Key", "X-Goog-Api-Key"} {
@@ -102,6 +105,31 @@ func credential(h http.Header, rawQuery string) string {
 		}
 	}
 	return queryKey(rawQuery)
+}
+
+// sigV4Credential is what names the signer of an AWS Signature Version 4
+// Authorization (Amazon Bedrock's own API): the access key ID, region and
+// service of its Credential=, never the date or the signature, which
+// change from request to request. ok is false for any other scheme, or a
+// Credential= that does not have its five parts.
+func sigV4Credential(auth string) (string, bool) {
+	const scheme = "AWS4-HMAC-SHA256 "
+	if len(auth) <= len(scheme) || !strings.EqualFold(auth[:len(scheme)], scheme) {
+		return "", false
+	}
+	for _, part := range strings.Split(auth[len(scheme):], ",") {
+		name, value, _ := strings.Cut(strings.TrimSpace(part), "=")
+		if name != "Credential" {
+			continue
+		}
+		// AKID/yyyymmdd/region/service/aws4_request
+		f := strings.Split(value, "/")
+		if len(f) != 5 || f[0] == "" || f[4] != "aws4_request" {
+			return "", false
+		}
+		return "sigv4 " + f[0] + "/" + f[2] + "/" + f[3], true
+	}
+	return "", false
 }
 
 // queryKey is the first key parameter of a raw query, unescaped when it
