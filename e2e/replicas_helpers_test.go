@@ -113,7 +113,7 @@ type child struct {
 // startChild starts path with args and env (nil: the parent's). stderr may
 // carry a line callback. The child is SIGKILLed and reaped when the test
 // ends; if the test failed, the end of its output goes to the test log.
-func startChild(t *testing.T, name, path string, args, env []string, stderr *outputLog) *child {
+func startChild(t testing.TB, name, path string, args, env []string, stderr *outputLog) *child {
 	t.Helper()
 	if stderr == nil {
 		stderr = &outputLog{}
@@ -318,7 +318,7 @@ var llmproxyBuild struct {
 
 // llmproxyBinary returns the path of an llmproxy binary built from this
 // tree with `go build`.
-func llmproxyBinary(t *testing.T) string {
+func llmproxyBinary(t testing.TB) string {
 	t.Helper()
 	llmproxyBuild.mu.Lock()
 	defer llmproxyBuild.mu.Unlock()
@@ -413,7 +413,7 @@ var (
 
 // launchLLMProxy starts the binary with env. The returned channel yields
 // the "llmproxy listening" line once, if the process gets that far.
-func launchLLMProxy(t *testing.T, name, bin string, env []string) (*child, <-chan string) {
+func launchLLMProxy(t testing.TB, name, bin string, env []string) (*child, <-chan string) {
 	t.Helper()
 	listening := make(chan string, 1)
 	stderr := &outputLog{onLine: func(line string) {
@@ -429,7 +429,7 @@ func launchLLMProxy(t *testing.T, name, bin string, env []string) (*child, <-cha
 
 // startReplica starts an llmproxy with replicaEnv(upstream, extra...) and
 // waits (up to 15s) until it says where it listens.
-func startReplica(t *testing.T, name, bin, upstream string, extra ...string) *replica {
+func startReplica(t testing.TB, name, bin, upstream string, extra ...string) *replica {
 	t.Helper()
 	c, listening := launchLLMProxy(t, name, bin, replicaEnv(upstream, extra...))
 	timer := time.NewTimer(15 * time.Second)

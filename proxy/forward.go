@@ -28,7 +28,7 @@ const priorityHeader = "X-Llmproxy-Priority"
 type request struct {
 	route     string
 	target    *url.URL
-	body      []byte
+	body      body
 	lane      *lanequeue.Lane
 	arrived   time.Time
 	deadline  time.Time
@@ -46,7 +46,6 @@ type request struct {
 	id            string   // x-llmproxy-request-id
 	idHeader      []string // {id}, the header value
 	upstreamID    string   // the upstream's own request id, from its latest answer
-	held          int64    // body bytes counted against MaxBufferedBytes
 }
 
 // newRequestID is a request's id: 16 hex digits, random, so ids from
@@ -191,18 +190,22 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	}
 
 	defer p.releaseBody(req)
-	body, err := p.readBody(w, r, req)
-	if err != nil {
+	if err := p.readBody(w, r, req); err != nil {
 		p.failRequest(w, req, err)
 		return
 	}
-	req.body = body
 	req.deadline = p.budget(r, now)
+	model := ""
+	if req.body.file != nil {
+		model = modelOfSpool(req.body.reader())
+	} else {
+		model = modelOf(req.body.mem)
+	}
 	key := lanequeue.Key{
 		Route:          route,
 		CredentialHash: lanequeue.HashCredential(credential(r.Header, r.URL.RawQuery)),
 		Path:           lanequeue.Bounded(req.target.Path),
-		Model:          lanequeue.Bounded(modelOf(body)),
+		Model:          lanequeue.Bounded(model),
 	}
 	settings := p.settings[route]
 	prio := settings.Priority
@@ -219,7 +222,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
-	req.cost = tokens.Estimate(req.target.Path, body)
+	// A spooled body is not read for its prompt (that would take it into
+	// memory): it reserves the default output, and its answer's usage
+	// settles the rest.
+	req.cost = tokens.Estimate(req.target.Path, req.body.mem)
 	if gate := p.gates[route]; gate != nil {
 		// A local server holds one model at a time: wait for this one's
 		// turn before the lane's queue.
@@ -240,81 +246,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	defer slot.Release()
 	p.metrics.queueWait.WithLabelValues(route).Observe(req.queueWait.Seconds())
 	p.forward(ctx, w, r, req, slot)
-}
-
-// readBody buffers the body so it can be sent again, refusing one larger
-// than MaxBodyBytes before reading it all, and one that would take the
-// bodies held by all requests past MaxBufferedBytes. What it holds is
-// counted in req.held until the request ends (see releaseBody).
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) ([]byte, error) {
-	tooLarge := fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
-	if r.ContentLength > p.cfg.MaxBodyBytes {
-		return nil, tooLarge
-	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	src := io.Reader(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
-	var body []byte
-	var err error
-	if n := r.ContentLength; n > 0 {
-		// Known length: hold it before reading, and read it into one
-		// buffer of that size.
-		if !p.hold(req, n) {
-			return nil, errBuffersFull
-		}
-		body = make([]byte, n)
-		_, err = io.ReadFull(src, body)
-	} else {
-		body, err = io.ReadAll(&heldReader{r: src, p: p, req: req})
-	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		switch {
-		case errors.As(err, &mbe):
-			return nil, tooLarge
-		case errors.Is(err, errBuffersFull):
-			return nil, errBuffersFull
-		}
-		return nil, fail(failBodyRead, "could not read the request body: "+err.Error())
-	}
-	return body, nil
-}
-
-// errBuffersFull refuses a body that would take what all requests hold
-// past MaxBufferedBytes.
-var errBuffersFull = fail(failQueueFull, "the request bodies held by the proxy reached LLMPROXY_MAX_BUFFERED_BYTES; retry later")
-
-// hold counts n more bytes as held by req, unless that takes the total
-// past MaxBufferedBytes.
-func (p *Proxy) hold(req *request, n int64) bool {
-	if p.buffered.Add(n) > p.cfg.MaxBufferedBytes {
-		p.buffered.Add(-n)
-		return false
-	}
-	req.held += n
-	return true
-}
-
-// releaseBody gives back what req held.
-func (p *Proxy) releaseBody(req *request) {
-	p.buffered.Add(-req.held)
-	req.held = 0
-}
-
-// heldReader counts a body of unknown length as it arrives.
-type heldReader struct {
-	r   io.Reader
-	p   *Proxy
-	req *request
-}
-
-func (h *heldReader) Read(b []byte) (int, error) {
-	n, err := h.r.Read(b)
-	if n > 0 && !h.p.hold(h.req, int64(n)) {
-		return n, errBuffersFull
-	}
-	return n, err
 }
 
 // refuse answers a request that never got a slot, or lost it waiting.
@@ -349,14 +280,14 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 			cancel()
 		}
 	})
-	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), bytes.NewReader(req.body))
+	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), http.NoBody)
 	out.Header = upstream.OutboundHeader(r.Header)
 	out.Header.Del(priorityHeader)
 	out.Header["X-Llmproxy-Request-Id"] = req.idHeader // to match the upstream's logs with ours
-	out.ContentLength = int64(len(req.body))
-	if req.body == nil {
-		out.Body = http.NoBody
-		out.ContentLength = 0
+	if req.body.size > 0 {
+		b := &req.body
+		out.Body, out.ContentLength = io.NopCloser(b.reader()), b.size
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(b.reader()), nil }
 	}
 	res := upstream.Do(p.cfg.Transport, out, p.cfg.Clock.Now())
 	mu.Lock()

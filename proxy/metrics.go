@@ -15,7 +15,7 @@ type metrics struct {
 	proxyErrors *prometheus.CounterVec   // route, code, status
 }
 
-func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered func() float64, routes prometheus.Collector) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered, spooled func() float64, routes prometheus.Collector) (*metrics, error) {
 	m := &metrics{
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmproxy_queue_wait_seconds", Help: "Time from arrival to the first upstream attempt, by route.",
@@ -30,9 +30,12 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered func
 		}, []string{"route", "code", "status"}),
 	}
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "llmproxy_buffered_request_bytes", Help: "Request body bytes the proxy holds now (bounded by LLMPROXY_MAX_BUFFERED_BYTES).",
+		Name: "llmproxy_buffered_request_bytes", Help: "Request body bytes the proxy holds in memory now (bounded by LLMPROXY_MAX_BUFFERED_BYTES).",
 	}, buffered)
-	cs := []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, held, lanes.Collector()}
+	spool := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "llmproxy_spooled_request_bytes", Help: "Request body bytes the proxy holds in spool files now (bounded by LLMPROXY_MAX_SPOOL_BYTES).",
+	}, spooled)
+	cs := []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, held, spool, lanes.Collector()}
 	if routes != nil {
 		cs = append(cs, routes)
 	}

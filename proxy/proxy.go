@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,16 @@ type Config struct {
 	MaxRetries        int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = 10, negative = none
 	MaxWait           time.Duration // a request's whole budget (queue + retries); zero = 10m
 	MaxRetryAfter     time.Duration // longer upstream hints are not waited for; zero = 2m
-	MaxBodyBytes      int64         // larger bodies get 413; zero = 32 MiB
+	MaxBodyBytes      int64         // larger bodies get 413; zero = 512 MiB
+	// MemoryBodyBytes is the largest body held in memory; a larger one
+	// is spooled to a file in SpoolDir. Zero = 1 MiB.
+	MemoryBodyBytes int64
+	// SpoolDir holds the spooled bodies; "" = the system's temporary
+	// directory. Spools left there by a crash are removed by New.
+	SpoolDir string
+	// MaxSpoolBytes bounds the bodies all requests spooled together; a
+	// body past it gets 429 queue_full. Zero = 2 GiB.
+	MaxSpoolBytes int64
 	// MaxBufferedBytes bounds the request bodies all requests hold
 	// together (queued, retried, in flight); a body past it gets 429
 	// queue_full. Zero = 256 MiB.
@@ -94,7 +104,8 @@ type Proxy struct {
 	stop    context.CancelFunc
 
 	cfg      Config
-	buffered atomic.Int64 // request body bytes held; see hold
+	buffered atomic.Int64 // request body bytes held in memory; see hold
+	spooled  atomic.Int64 // request body bytes spooled; see holdSpool
 	lanes    *lanequeue.Table
 	metrics  *metrics
 	policy   retryPolicy
@@ -143,7 +154,16 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.MaxRetryAfter = 2 * time.Minute
 	}
 	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = 32 << 20
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MemoryBodyBytes <= 0 {
+		cfg.MemoryBodyBytes = DefaultMemoryBodyBytes
+	}
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = os.TempDir()
+	}
+	if cfg.MaxSpoolBytes <= 0 {
+		cfg.MaxSpoolBytes = DefaultMaxSpoolBytes
 	}
 	if cfg.MaxBufferedBytes <= 0 {
 		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
@@ -207,11 +227,15 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.Lanes.Cap = p.global
 	}
 	p.lanes = lanequeue.NewTable(cfg.Lanes)
+	if n := removeSpools(cfg.SpoolDir); n > 0 {
+		p.log.Info("removed request bodies spooled before a crash", "dir", cfg.SpoolDir, "files", n)
+	}
 	var routes prometheus.Collector
 	if p.global != nil || len(p.gates) > 0 {
 		routes = routesCollector{p}
 	}
-	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) }, routes)
+	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) },
+		func() float64 { return float64(p.spooled.Load()) }, routes)
 	if err != nil {
 		return nil, err
 	}
@@ -228,6 +252,15 @@ func New(cfg Config) (*Proxy, error) {
 	p.handler = p.guard(r)
 	return p, nil
 }
+
+// The defaults of Config's body bounds. The largest body is the Files
+// API's largest upload (512 MB); the Batch API takes input files of up to
+// 200 MB.
+const (
+	DefaultMaxBodyBytes    = 512 << 20
+	DefaultMemoryBodyBytes = 1 << 20
+	DefaultMaxSpoolBytes   = 2 << 30
+)
 
 // DefaultMaxBufferedBytes is Config.MaxBufferedBytes' default: a quarter
 // of a 1 GiB container, room for 10,000 queued requests of 25 KiB.

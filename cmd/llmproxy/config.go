@@ -36,7 +36,10 @@ type config struct {
 	MaxWait            time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout can shorten it); at least 1s"`
 	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
 	MaxQueue           int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
-	MaxBodyBytes       int64         `env:"MAX_BODY_BYTES" envDefault:"33554432" help:"larger request bodies get 413"`
+	MaxBodyBytes       int64         `env:"MAX_BODY_BYTES" envDefault:"536870912" help:"larger request bodies get 413"`
+	MemoryBodyBytes    int64         `env:"MEMORY_BODY_BYTES" envDefault:"1048576" help:"larger request bodies are spooled to a file in LLMPROXY_SPOOL_DIR, not held in memory"`
+	SpoolDir           string        `env:"SPOOL_DIR" help:"where large request bodies are spooled; empty = the system's temporary directory"`
+	MaxSpoolBytes      int64         `env:"MAX_SPOOL_BYTES" envDefault:"2147483648" help:"all spooled request bodies at once; past it new requests get 429 queue_full"`
 	MaxBufferedBytes   int64         `env:"MAX_BUFFERED_BYTES" envDefault:"268435456" help:"all request bodies held at once (queued, retried, in flight); past it new requests get 429 queue_full"`
 	BodyTimeout        time.Duration `env:"BODY_TIMEOUT" envDefault:"60s" help:"a request's whole body must arrive within this, else 400 body_read_error; at least 1s"`
 	IdleTimeout        time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"a client's keep-alive connection idle this long is closed (both listeners)"`
@@ -125,6 +128,8 @@ func (c *config) validate() error {
 		{"MAX_QUEUE", int64(c.MaxQueue), 1},
 		{"MAX_BODY_BYTES", c.MaxBodyBytes, 1},
 		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, 1},
+		{"MEMORY_BODY_BYTES", c.MemoryBodyBytes, 1},
+		{"MAX_SPOOL_BYTES", c.MaxSpoolBytes, 1},
 		{"LANE_CONCURRENCY", int64(c.LaneConcurrency), 1},
 		{"LANE_MIN_CONCURRENCY", int64(c.LaneMinConcurrency), 1},
 		{"LANE_MAX_CONCURRENCY", int64(c.LaneMaxConcurrency), 1},

@@ -1,0 +1,358 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// body is a request's body, kept so that it can be sent again: in memory
+// when it is small, in a spool file when it is larger than
+// Config.MemoryBodyBytes.
+type body struct {
+	mem  []byte
+	file *os.File // the spool; nil when the body is in memory
+	// path is the spool's name while it is still in the directory: where
+	// a file open for reading cannot be removed (Windows). On Unix the
+	// spool is removed as soon as it is made, so that nothing is left
+	// behind even by a crash.
+	path string
+	size int64
+	held int64 // bytes counted against MaxBufferedBytes
+	// spooled is bytes counted against MaxSpoolBytes.
+	spooled int64
+}
+
+// reader reads the whole body from its start; each attempt takes its own.
+func (b *body) reader() io.Reader {
+	if b.file != nil {
+		return io.NewSectionReader(b.file, 0, b.size)
+	}
+	return bytes.NewReader(b.mem)
+}
+
+// spoolPrefix starts every spool file's name.
+const spoolPrefix = "llmproxy-spool-"
+
+// spoolBuffers are the copy buffers of spooling.
+var spoolBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
+
+// readBody keeps the body so it can be sent again: a body larger than
+// MaxBodyBytes is refused before it is read; one up to MemoryBodyBytes is
+// held in memory within MaxBufferedBytes, a larger one is spooled within
+// MaxSpoolBytes. What it holds is given back when the request ends (see
+// releaseBody).
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) error {
+	tooLarge := fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
+	if r.ContentLength > p.cfg.MaxBodyBytes {
+		return tooLarge
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	src := io.Reader(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	var err error
+	switch n := r.ContentLength; {
+	case n > p.cfg.MemoryBodyBytes:
+		err = p.spool(req, src, nil, n)
+	case n > 0:
+		// Known length: hold it before reading, and read it into one
+		// buffer of that size.
+		if !p.hold(req, n) {
+			return errBuffersFull
+		}
+		req.body.mem = make([]byte, n)
+		req.body.size = n
+		_, err = io.ReadFull(src, req.body.mem)
+	default:
+		// Unknown length: in memory up to MemoryBodyBytes, spooled past it.
+		var mem []byte
+		mem, err = io.ReadAll(io.LimitReader(&heldReader{r: src, p: p, req: req}, p.cfg.MemoryBodyBytes+1))
+		if err == nil && int64(len(mem)) > p.cfg.MemoryBodyBytes {
+			err = p.spool(req, src, mem, -1)
+			p.unhold(req) // the part read is in the spool now
+			break
+		}
+		req.body.mem, req.body.size = mem, int64(len(mem))
+	}
+	if err != nil {
+		var mbe *http.MaxBytesError
+		var f *failure
+		switch {
+		case errors.As(err, &mbe):
+			return tooLarge
+		case errors.As(err, &f):
+			return err
+		}
+		return fail(failBodyRead, "could not read the request body: "+err.Error())
+	}
+	return nil
+}
+
+// spool writes the body to a spool file: head, read already, then the
+// rest of src. n is the body's length when known (held against
+// MaxSpoolBytes at once), else -1 (held as it arrives).
+func (p *Proxy) spool(req *request, src io.Reader, head []byte, n int64) error {
+	if n > 0 && !p.holdSpool(req, n) {
+		return errSpoolFull
+	}
+	f, err := os.CreateTemp(p.cfg.SpoolDir, spoolPrefix+"*")
+	if err != nil {
+		p.log.Error("cannot spool a request body", "dir", p.cfg.SpoolDir, "err", err)
+		return fail(failInternal, "the proxy could not spool the request body to disk (LLMPROXY_SPOOL_DIR)")
+	}
+	req.body.file = f
+	if os.Remove(f.Name()) != nil {
+		req.body.path = f.Name() // removed when the request ends
+	}
+	var dst io.Writer = f
+	if n < 0 {
+		dst = &spoolWriter{f: f, p: p, req: req}
+	}
+	bp := spoolBuffers.Get().(*[]byte)
+	defer spoolBuffers.Put(bp)
+	if _, err := dst.Write(head); err != nil {
+		return err
+	}
+	var copied int64
+	if n > 0 {
+		copied, err = io.CopyBuffer(dst, io.LimitReader(src, n), *bp)
+		if err == nil && copied < n {
+			err = io.ErrUnexpectedEOF
+		}
+	} else {
+		copied, err = io.CopyBuffer(dst, src, *bp)
+	}
+	req.body.size = int64(len(head)) + copied
+	return err
+}
+
+// spoolWriter holds the bytes of a body of unknown length against
+// MaxSpoolBytes as they are written.
+type spoolWriter struct {
+	f   *os.File
+	p   *Proxy
+	req *request
+}
+
+func (s *spoolWriter) Write(b []byte) (int, error) {
+	if !s.p.holdSpool(s.req, int64(len(b))) {
+		return 0, errSpoolFull
+	}
+	return s.f.Write(b)
+}
+
+// errBuffersFull refuses a body that would take what all requests hold
+// past MaxBufferedBytes.
+var errBuffersFull = fail(failQueueFull, "the request bodies held by the proxy reached LLMPROXY_MAX_BUFFERED_BYTES; retry later")
+
+// errSpoolFull refuses a body that would take what all requests spooled
+// past MaxSpoolBytes.
+var errSpoolFull = fail(failQueueFull, "the request bodies spooled to disk by the proxy reached LLMPROXY_MAX_SPOOL_BYTES; retry later")
+
+// hold counts n more bytes as held in memory by req, unless that takes
+// the total past MaxBufferedBytes.
+func (p *Proxy) hold(req *request, n int64) bool {
+	return reserve(&p.buffered, &req.body.held, n, p.cfg.MaxBufferedBytes)
+}
+
+// unhold gives back what req holds in memory.
+func (p *Proxy) unhold(req *request) {
+	p.buffered.Add(-req.body.held)
+	req.body.held = 0
+}
+
+// holdSpool counts n more bytes as spooled by req, unless that takes the
+// total past MaxSpoolBytes.
+func (p *Proxy) holdSpool(req *request, n int64) bool {
+	return reserve(&p.spooled, &req.body.spooled, n, p.cfg.MaxSpoolBytes)
+}
+
+// reserve adds n to total and to mine, unless that takes total past max.
+func reserve(total *atomic.Int64, mine *int64, n, max int64) bool {
+	if total.Add(n) > max {
+		total.Add(-n)
+		return false
+	}
+	*mine += n
+	return true
+}
+
+// releaseBody gives back what req held, and closes (and removes) its
+// spool.
+func (p *Proxy) releaseBody(req *request) {
+	p.unhold(req)
+	p.spooled.Add(-req.body.spooled)
+	req.body.spooled = 0
+	if f := req.body.file; f != nil {
+		f.Close()
+		if req.body.path != "" {
+			os.Remove(req.body.path)
+		}
+		req.body.file, req.body.path = nil, ""
+	}
+}
+
+// heldReader counts a body of unknown length as it arrives.
+type heldReader struct {
+	r   io.Reader
+	p   *Proxy
+	req *request
+}
+
+func (h *heldReader) Read(b []byte) (int, error) {
+	n, err := h.r.Read(b)
+	if n > 0 && !h.p.hold(h.req, int64(n)) {
+		return n, errBuffersFull
+	}
+	return n, err
+}
+
+// removeSpools removes the spool files left in dir: on Unix only a crash
+// between making a spool and removing it leaves one; elsewhere any crash
+// does. A spool still in use where files cannot be removed while open is
+// not removed. It returns how many it removed.
+func removeSpools(dir string) int {
+	names, _ := filepath.Glob(filepath.Join(dir, spoolPrefix+"*"))
+	n := 0
+	for _, name := range names {
+		if os.Remove(name) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// modelOfSpool reads the top-level "model" of a spooled JSON body, ""
+// when there is none, without holding the body: every other value is
+// skipped as it is read. The first "model" counts.
+func modelOfSpool(r io.Reader) string {
+	br := bufio.NewReaderSize(r, 16<<10)
+	if c, ok := nextByte(br); !ok || c != '{' {
+		return ""
+	}
+	for {
+		c, ok := nextByte(br)
+		if !ok || c != '"' {
+			return "" // '}' or not JSON
+		}
+		key, ok := readString(br, 64)
+		if !ok {
+			return ""
+		}
+		if c, ok = nextByte(br); !ok || c != ':' {
+			return ""
+		}
+		if key == `"model"` {
+			if c, ok = nextByte(br); !ok || c != '"' {
+				return ""
+			}
+			raw, ok := readString(br, 1024)
+			var model string
+			if !ok || json.Unmarshal([]byte(raw), &model) != nil {
+				return ""
+			}
+			return model
+		}
+		if !skipValue(br) {
+			return ""
+		}
+		if c, ok = nextByte(br); !ok || c != ',' {
+			return ""
+		}
+	}
+}
+
+// nextByte is the next byte that is not JSON white space.
+func nextByte(br *bufio.Reader) (byte, bool) {
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return 0, false
+		}
+		if !strings.ContainsRune(" \t\r\n", rune(c)) {
+			return c, true
+		}
+	}
+}
+
+// readString reads the rest of a JSON string whose opening quote was
+// read, and returns it quoted as it came when it is at most keep bytes
+// long; a longer one is read to its end and returned as "" (ok stays
+// true: the caller only skips it).
+func readString(br *bufio.Reader, keep int) (string, bool) {
+	s := []byte{'"'}
+	escaped := false
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return "", false
+		}
+		if len(s) <= keep {
+			s = append(s, c)
+		}
+		switch {
+		case escaped:
+			escaped = false
+		case c == '\\':
+			escaped = true
+		case c == '"':
+			if len(s) > keep {
+				return "", true
+			}
+			return string(s), true
+		}
+	}
+}
+
+// skipValue reads one JSON value, of any size, and keeps none of it. It
+// leaves the byte after a number or literal unread.
+func skipValue(br *bufio.Reader) bool {
+	c, ok := nextByte(br)
+	if !ok {
+		return false
+	}
+	switch c {
+	case '"':
+		_, ok := readString(br, 0)
+		return ok
+	case '{', '[':
+		depth := 1
+		for depth > 0 {
+			c, err := br.ReadByte()
+			if err != nil {
+				return false
+			}
+			switch c {
+			case '"':
+				if _, ok := readString(br, 0); !ok {
+					return false
+				}
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+		}
+		return true
+	}
+	// A number or a literal: up to the next delimiter.
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return false
+		}
+		if strings.IndexByte(",}] \t\r\n", c) >= 0 {
+			return br.UnreadByte() == nil
+		}
+	}
+}
