@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -127,7 +128,19 @@ type Lane struct {
 	// lastUsed is when a request last came (UnixNano of the group's
 	// clock); atomic so that the table reads it without the group's lock.
 	lastUsed atomic.Int64
+	// sessions counts the lane's open sessions (WebSocket connections
+	// joined after their handshake): they hold no permit, and keep the
+	// lane from being swept as idle.
+	sessions atomic.Int64
 	stats    laneStats
+}
+
+// OpenSession counts a session opened on the lane, until the returned
+// func is called (once; later calls do nothing).
+func (l *Lane) OpenSession() (closed func()) {
+	l.sessions.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { l.sessions.Add(-1) }) }
 }
 
 // New returns a lane outside any table, with a group of its own; tests and

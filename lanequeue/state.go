@@ -59,13 +59,16 @@ func (s *laneStats) countPause(reason string, d time.Duration, started bool) {
 // State is a point-in-time view of a lane, safe to show: it holds only the
 // credential's short hash.
 type State struct {
-	ID          string    `json:"id"`
-	Route       string    `json:"route"`
-	KeyHash     string    `json:"key_hash"`
-	Path        string    `json:"path"`
-	Model       string    `json:"model"`
-	Queued      int       `json:"queued"`
-	InFlight    int       `json:"in_flight"`
+	ID       string `json:"id"`
+	Route    string `json:"route"`
+	KeyHash  string `json:"key_hash"`
+	Path     string `json:"path"`
+	Model    string `json:"model"`
+	Queued   int    `json:"queued"`
+	InFlight int    `json:"in_flight"`
+	// Sessions is the lane's open WebSocket sessions, joined after their
+	// handshake; they hold no permit.
+	Sessions    int       `json:"sessions,omitempty"`
 	Concurrency int       `json:"concurrency_limit"` // of the lane's group
 	PausedUntil time.Time `json:"paused_until,omitzero"`
 	PauseReason string    `json:"pause_reason,omitempty"`
@@ -140,7 +143,7 @@ func (l *Lane) state(withHistory bool) State {
 	v := g.shared.View(now)
 	s := State{
 		ID: l.id, Route: l.key.Route, KeyHash: l.key.ShortKeyHash(), Path: l.key.Path, Model: l.key.Model,
-		Queued: l.queued, InFlight: l.inFlight, Concurrency: v.Concurrency,
+		Queued: l.queued, InFlight: l.inFlight, Sessions: int(l.sessions.Load()), Concurrency: v.Concurrency,
 		PausedUntil: v.PausedUntil, PauseReason: v.PauseReason,
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,

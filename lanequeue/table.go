@@ -244,7 +244,7 @@ func (t *Table) sweepLocked(now time.Time) {
 		if !l.g.mu.TryLock() {
 			continue
 		}
-		idle := l.queued == 0 && l.inFlight == 0
+		idle := l.queued == 0 && l.inFlight == 0 && l.sessions.Load() == 0
 		l.g.mu.Unlock()
 		if idle {
 			t.sweeping = true

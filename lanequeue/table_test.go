@@ -331,3 +331,33 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestALaneWithAnOpenSessionIsNotSweptAsIdle: a lane whose only use is an
+// open session (no queue, no permit) stays past the idle TTL, shows the
+// session in its state, and is swept once the session closes (closing
+// twice counts once).
+func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
+	fc := clock.NewFake(t0)
+	var evicted []string
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, OnEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
+	l := tb.Get(Key{Path: "/v1/realtime"})
+	closed := l.OpenSession()
+	if got := l.State().Sessions; got != 1 {
+		t.Fatalf("sessions in the state: %d, want 1", got)
+	}
+	fc.Advance(2 * time.Minute)
+	tb.Sweep()
+	if len(evicted) != 0 {
+		t.Fatalf("a lane with an open session was swept: %v", evicted)
+	}
+	closed()
+	closed()
+	if got := l.State().Sessions; got != 0 {
+		t.Fatalf("sessions after closing (twice): %d, want 0", got)
+	}
+	fc.Advance(2 * time.Minute)
+	tb.Sweep()
+	if len(evicted) != 1 {
+		t.Fatalf("the lane was not swept once its session closed: %v", evicted)
+	}
+}

@@ -196,9 +196,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	}
 	req.deadline = p.budget(r, now)
 	model := ""
-	if req.body.file != nil {
+	switch {
+	case req.body.file != nil:
 		model = modelOfSpool(req.body.reader())
-	} else {
+	case isUpgrade(r):
+		// The Realtime API names the model in the query.
+		model = r.URL.Query().Get("model")
+	default:
 		model = modelOf(req.body.mem)
 	}
 	key := lanequeue.Key{
@@ -284,6 +288,11 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	out.Header = upstream.OutboundHeader(r.Header)
 	out.Header.Del(priorityHeader)
 	out.Header["X-Llmproxy-Request-Id"] = req.idHeader // to match the upstream's logs with ours
+	if isUpgrade(r) {
+		// Hop-by-hop, so dropped above; the handshake needs them.
+		out.Header.Set("Connection", "Upgrade")
+		out.Header.Set("Upgrade", "websocket")
+	}
 	if req.body.size > 0 {
 		b := &req.body
 		out.Body, out.ContentLength = io.NopCloser(b.reader()), b.size
@@ -321,6 +330,9 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		case timedOut:
 			res.Discard()
 			p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting for the upstream's answer")
+			return
+		case d.action == pass && res.Resp != nil && res.Resp.StatusCode == http.StatusSwitchingProtocols && isUpgrade(r):
+			p.join(w, req, res, slot)
 			return
 		case d.action == pass:
 			p.respond(w, req, res, slot)

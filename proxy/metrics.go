@@ -15,7 +15,7 @@ type metrics struct {
 	proxyErrors *prometheus.CounterVec   // route, code, status
 }
 
-func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered, spooled func() float64, routes prometheus.Collector) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered, spooled, sessions func() float64, routes prometheus.Collector) (*metrics, error) {
 	m := &metrics{
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmproxy_queue_wait_seconds", Help: "Time from arrival to the first upstream attempt, by route.",
@@ -35,7 +35,10 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered, spo
 	spool := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "llmproxy_spooled_request_bytes", Help: "Request body bytes the proxy holds in spool files now (bounded by LLMPROXY_MAX_SPOOL_BYTES).",
 	}, spooled)
-	cs := []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, held, spool, lanes.Collector()}
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "llmproxy_websocket_sessions", Help: "WebSocket sessions open now (joined after their handshake; they hold no lane permit).",
+	}, sessions)
+	cs := []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, held, spool, open, lanes.Collector()}
 	if routes != nil {
 		cs = append(cs, routes)
 	}

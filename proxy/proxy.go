@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -106,11 +107,14 @@ type Proxy struct {
 	cfg      Config
 	buffered atomic.Int64 // request body bytes held in memory; see hold
 	spooled  atomic.Int64 // request body bytes spooled; see holdSpool
-	lanes    *lanequeue.Table
-	metrics  *metrics
-	policy   retryPolicy
-	log      *slog.Logger
-	handler  http.Handler
+	// sessions are the open WebSocket sessions (see join).
+	sessionsMu sync.Mutex
+	sessions   map[*session]struct{}
+	lanes      *lanequeue.Table
+	metrics    *metrics
+	policy     retryPolicy
+	log        *slog.Logger
+	handler    http.Handler
 	// settings are each route's, by name ("" for the default upstream).
 	settings map[string]RouteSettings
 	// gates keep each local route to one model at a time.
@@ -206,6 +210,7 @@ func New(cfg Config) (*Proxy, error) {
 	stopped, stop := context.WithCancel(context.Background())
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
+	p.sessions = map[*session]struct{}{}
 	p.settings = map[string]RouteSettings{"": cfg.Default}
 	for _, rt := range cfg.Routes {
 		p.settings[rt.Name] = rt.Settings
@@ -235,7 +240,7 @@ func New(cfg Config) (*Proxy, error) {
 		routes = routesCollector{p}
 	}
 	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) },
-		func() float64 { return float64(p.spooled.Load()) }, routes)
+		func() float64 { return float64(p.spooled.Load()) }, func() float64 { return float64(p.Sessions()) }, routes)
 	if err != nil {
 		return nil, err
 	}

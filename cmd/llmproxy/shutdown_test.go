@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 )
 
 // oneLaneOfOne is a proxy whose lane sends one request at a time, so that
@@ -132,5 +136,69 @@ func TestReadyzFailsAtTheFirstSignal(t *testing.T) {
 	}
 	if code := pr.wait(t, 5*time.Second); code != 0 {
 		t.Fatalf("exit %d", code)
+	}
+}
+
+// TestShutdownClosesWebSocketSessionsAfterTheDrain: a WebSocket session
+// open at SIGTERM goes on while the drain lasts, then both its client and
+// its upstream get a close frame with 1001 (going away), and the program
+// exits 0.
+func TestShutdownClosesWebSocketSessionsAfterTheDrain(t *testing.T) {
+	upClosed := make(chan websocket.StatusCode, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		for {
+			typ, msg, err := c.Read(context.Background())
+			if err != nil {
+				upClosed <- websocket.CloseStatus(err)
+				return
+			}
+			c.Write(context.Background(), typ, msg)
+		}
+	}))
+	defer up.Close()
+	pr := startProgram(t, map[string]string{"LLMPROXY_UPSTREAM": up.URL, "LLMPROXY_SHUTDOWN_TIMEOUT": "5s"})
+	ctx := context.Background()
+	c, _, err := websocket.Dial(ctx, "ws://"+pr.proxy+"/v1/realtime?model=m", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	pr.stop()
+	// The drain has nothing to wait for; the session still works until
+	// the proxy closes it.
+	read := make(chan error, 1)
+	go func() {
+		for {
+			if _, _, err := c.Read(ctx); err != nil {
+				read <- err
+				return
+			}
+		}
+	}()
+	select {
+	case err := <-read:
+		if websocket.CloseStatus(err) != websocket.StatusGoingAway {
+			t.Fatalf("the client got %v, want close 1001", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session was not closed within 5s of the signal")
+	}
+	select {
+	case code := <-upClosed:
+		if code != websocket.StatusGoingAway {
+			t.Fatalf("the upstream got close %d, want 1001", code)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream's side was not closed")
+	}
+	if code := pr.wait(t, 5*time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	if !strings.Contains(pr.logs.String(), "closing WebSocket sessions") {
+		t.Errorf("no log line for the sessions closed:\n%s", pr.logs)
 	}
 }
