@@ -234,7 +234,8 @@ func removeSpools(dir string) int {
 
 // modelOfSpool reads the top-level "model" of a spooled JSON body, ""
 // when there is none, without holding the body: every other value is
-// skipped as it is read. The first "model" counts.
+// skipped as it is read. The key matches as modelOf's does (escapes
+// decoded, in any case); the first one counts.
 func modelOfSpool(r io.Reader) string {
 	br := bufio.NewReaderSize(r, 16<<10)
 	if c, ok := nextByte(br); !ok || c != '{' {
@@ -252,7 +253,8 @@ func modelOfSpool(r io.Reader) string {
 		if c, ok = nextByte(br); !ok || c != ':' {
 			return ""
 		}
-		if key == `"model"` {
+		var name string
+		if key != "" && json.Unmarshal([]byte(key), &name) == nil && strings.EqualFold(name, "model") {
 			if c, ok = nextByte(br); !ok || c != '"' {
 				return ""
 			}

@@ -70,3 +70,49 @@ func FuzzLaneKey(f *testing.F) {
 		}
 	})
 }
+
+// FuzzModelOfSpool: the scanner that reads a spooled body's model never
+// panics, and on any valid JSON object with one top-level key naming the
+// model (in any case or escaping, as encoding/json matches it) it reads
+// what modelOf reads from the same bytes in memory.
+func FuzzModelOfSpool(f *testing.F) {
+	f.Add(`{"model":"gpt-4o"}`)
+	f.Add(`{"messages":[{"content":"a\"}"}],"n":1,"Model":"x"}`)
+	f.Add(`{"\u006dodel":"esc","a":[[{}],null,true,-1.5e3]}`)
+	f.Add(`{"model":7}`)
+	f.Add(`[1,2]`)
+	f.Fuzz(func(t *testing.T, body string) {
+		got := modelOfSpool(strings.NewReader(body))
+		if !json.Valid([]byte(body)) {
+			return
+		}
+		var top map[string]json.RawMessage
+		if json.Unmarshal([]byte(body), &top) != nil {
+			return
+		}
+		// Keys that match "model" as encoding/json does, counted on the
+		// raw object (a map would keep one of duplicates).
+		dec := json.NewDecoder(strings.NewReader(body))
+		dec.Token() // {
+		matches := 0
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return
+			}
+			if strings.EqualFold(k.(string), "model") {
+				matches++
+			}
+			var skip json.RawMessage
+			if dec.Decode(&skip) != nil {
+				return
+			}
+		}
+		if matches != 1 {
+			return
+		}
+		if want := modelOf([]byte(body)); got != want && len(body) < 1000 { // a longer model is not read (see readString)
+			t.Fatalf("modelOfSpool(%q) = %q, modelOf = %q", body, got, want)
+		}
+	})
+}
