@@ -257,6 +257,8 @@ func TestModelOfSpoolReadsOnlyTheTopLevelModel(t *testing.T) {
 		`{"a":{"model":"inner","b":[1,{"c":"]}\"{"}]},"model":"outer"}`:                                               "outer",
 		`{"` + long + `":1,"model":"after-a-long-key"}`:                                                               "after-a-long-key",
 		`{"model":"caf\u00e9\"q"}`:           "café\"q",
+		`{"Model":"cased"}`:                  "cased",
+		`{"\u006dodel":"escaped-key"}`:       "escaped-key",
 		`{"a":{"model":"inner"}}`:            "",
 		`{"model":7}`:                        "",
 		`["model","x"]`:                      "",
