@@ -1,18 +1,32 @@
 # syntax=docker/dockerfile:1
-# Build: a static binary, made by the same script CI runs.
+# The image is one file system, laid out by scripts/image-rootfs.sh (the
+# static binary, Debian's CA certificates, a non-root user), and the
+# settings of the last stage. CI builds that last stage with buildah from
+# the script's output (--build-context rootfs=DIR), which skips the first.
+#   docker build --build-arg LLMPROXY_REVISION=$(git rev-parse HEAD) -t llmproxy .
+# (the build context has no .git, so the commit comes in as an argument;
+# without it `llmproxy version` says the revision is unknown).
+
+# Build: the static binary, made by the same script CI and the releases run.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN sh scripts/build-static.sh /out/llmproxy
+ARG LLMPROXY_REVISION
+RUN sh scripts/build-static.sh /out/llmproxy && sh scripts/image-rootfs.sh /out/llmproxy /out/rootfs
+FROM scratch AS rootfs
+COPY --from=build /out/rootfs/ /rootfs/
 
-# Run: distroless static, non-root, nothing but the binary.
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/llmproxy /llmproxy
+# Run: nothing but that file system; uid 65532, no shell.
+FROM scratch
+COPY --from=rootfs /rootfs/ /
+ARG LLMPROXY_REVISION
+LABEL org.opencontainers.image.source="https://github.com/llmproxy/llmproxy" \
+      org.opencontainers.image.revision="${LLMPROXY_REVISION}"
 ENV LLMPROXY_ADDR=:8080 \
     LLMPROXY_ADMIN_ADDR=:9090
 EXPOSE 8080 9090
-USER nonroot:nonroot
+USER 65532:65532
 HEALTHCHECK --interval=10s --timeout=3s --start-period=2s --retries=3 CMD ["/llmproxy", "healthcheck"]
 ENTRYPOINT ["/llmproxy"]
