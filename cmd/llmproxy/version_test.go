@@ -111,3 +111,16 @@ func TestStaticBuildNamesItsCommit(t *testing.T) {
 		}
 	}
 }
+
+// TestBuildInfoMetricIsDocumented: the README's metric table has
+// llmproxy_build_info with its labels (the proxy package's check of that
+// table leaves it to this package, which registers it).
+func TestBuildInfoMetricIsDocumented(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "| `llmproxy_build_info` | gauge | version, revision, goversion |") {
+		t.Error("README's metric table lacks llmproxy_build_info with its labels")
+	}
+}
