@@ -273,6 +273,7 @@ func TestCompose(t *testing.T) {
 type k8sContainer struct {
 	where string
 	c     map[string]any
+	vols  map[string]bool // the names of its pod's volumes
 }
 
 func (c k8sContainer) env() map[string]any {
@@ -328,10 +329,14 @@ func TestKubernetes(t *testing.T) {
 			if l, ok := get(doc, "spec", "template", "metadata", "labels").(map[string]any); ok {
 				podLabels = append(podLabels, l)
 			}
+			vols := map[string]bool{}
+			for _, v := range list(spec["volumes"]) {
+				vols[str(get(v, "name"))] = true
+			}
 			for _, field := range []string{"initContainers", "containers"} {
 				for _, c := range list(spec[field]) {
 					m, _ := c.(map[string]any)
-					containers = append(containers, k8sContainer{fmt.Sprintf("%s: %s %s: %s", path, kind, name, str(m["name"])), m})
+					containers = append(containers, k8sContainer{fmt.Sprintf("%s: %s %s: %s", path, kind, name, str(m["name"])), m, vols})
 				}
 			}
 		}
@@ -363,6 +368,19 @@ func TestKubernetes(t *testing.T) {
 			}
 			if port != adminPort {
 				t.Errorf("%s: readinessProbe port %q, want %s", c.where, port, adminPort)
+			}
+			// Large request bodies are spooled to files: a read-only root
+			// file system needs a volume where they go.
+			if get(c.c, "securityContext", "readOnlyRootFilesystem") == true {
+				dir := "/tmp"
+				if e, ok := env["LLMPROXY_SPOOL_DIR"]; ok {
+					dir = str(get(e, "value"))
+				}
+				if !slices.ContainsFunc(list(c.c["volumeMounts"]), func(m any) bool {
+					return str(get(m, "mountPath")) == dir && c.vols[str(get(m, "name"))]
+				}) {
+					t.Errorf("%s: read-only root file system and no pod volume mounted at the spool directory %s", c.where, dir)
+				}
 			}
 			if raw, ok := env["LLMPROXY_REDIS_URL"]; ok {
 				if host := redisHost(t, c.where, str(get(raw, "value"))); host != "" && !services[host] {
