@@ -76,6 +76,10 @@ func main() {
 	if err != nil {
 		fatal(err)
 	}
+	root, err := os.Getwd() // go run ./scripts/mutation runs from the module root
+	if err != nil {
+		fatal(err)
+	}
 	tmp, err := os.MkdirTemp("", "mutation")
 	if err != nil {
 		fatal(err)
@@ -86,7 +90,7 @@ func main() {
 	for _, pkg := range pkgs {
 		out := filepath.Join(tmp, pkg+".json")
 		start := time.Now()
-		cmd := gremlinsCmd(pkg, out, *workers, *coefficient, *diff, os.Environ())
+		cmd := gremlinsCmd(root, pkg, out, *workers, *coefficient, *diff, os.Environ())
 		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fatal(fmt.Errorf("gremlins on %s: %w", pkg, err))
@@ -116,7 +120,8 @@ func main() {
 	}
 }
 
-// gremlinsCmd is one gremlins run over pkg, writing its JSON to out.
+// gremlinsCmd is one gremlins run over pkg, a directory of the module at
+// root, writing its JSON to out.
 //
 // Its environment adds -count=1 to GOFLAGS. Gremlins times its coverage
 // run, `go test -cover`, and times mutants out at a multiple of that; a
@@ -124,8 +129,16 @@ func main() {
 // the last run) takes a second, so every mutant whose tests take longer
 // than the multiple shows as timed out, survivors among them, and the
 // figures change from the first run to the second.
-func gremlinsCmd(pkg, out string, workers, coefficient int, diff string, environ []string) *exec.Cmd {
-	args := []string{"run", gremlins, "unleash", "./" + pkg, "-s", "-o", out,
+//
+// It runs in the package's directory. Gremlins names the files it mutates
+// relative to the package, and with --diff matches them against the names
+// `git diff` prints, which run from the module root are relative to the
+// root: nothing matched, and a diff run mutated nothing. From the package's
+// directory, with git's diff.relative set for the run, git prints names
+// relative to the package too.
+func gremlinsCmd(root, pkg, out string, workers, coefficient int, diff string, environ []string) *exec.Cmd {
+	dir := filepath.Join(root, pkg)
+	args := []string{"run", gremlins, "unleash", dir, "-s", "-o", out,
 		"--workers", strconv.Itoa(workers)}
 	if coefficient > 0 {
 		args = append(args, "--timeout-coefficient", strconv.Itoa(coefficient))
@@ -134,16 +147,24 @@ func gremlinsCmd(pkg, out string, workers, coefficient int, diff string, environ
 		args = append(args, "--diff", diff)
 	}
 	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
 	goflags := "-count=1"
-	env := make([]string, 0, len(environ)+1)
+	env := make([]string, 0, len(environ)+4)
 	for _, kv := range environ {
 		if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok {
 			goflags = strings.TrimSpace(v + " " + goflags)
 			continue
 		}
+		if strings.HasPrefix(kv, "GIT_CONFIG_") {
+			continue // the run's own git settings below
+		}
 		env = append(env, kv)
 	}
-	cmd.Env = append(env, "GOFLAGS="+goflags)
+	env = append(env, "GOFLAGS="+goflags)
+	if diff != "" {
+		env = append(env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=diff.relative", "GIT_CONFIG_VALUE_0=true")
+	}
+	cmd.Env = env
 	return cmd
 }
 

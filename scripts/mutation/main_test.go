@@ -98,8 +98,8 @@ func TestTouchedKeepsChangedPackages(t *testing.T) {
 }
 
 func TestGremlinsRunsBypassTheTestCache(t *testing.T) {
-	cmd := gremlinsCmd("proxy", "/tmp/out.json", 1, 10, "abc123",
-		[]string{"HOME=/root", "GOFLAGS=-buildvcs=false", "PATH=/bin"})
+	cmd := gremlinsCmd("/m", "proxy", "/tmp/out.json", 1, 10, "abc123",
+		[]string{"HOME=/root", "GOFLAGS=-buildvcs=false", "PATH=/bin", "GIT_CONFIG_COUNT=3"})
 	var goflags []string
 	for _, kv := range cmd.Env {
 		if v, ok := strings.CutPrefix(kv, "GOFLAGS="); ok {
@@ -113,12 +113,24 @@ func TestGremlinsRunsBypassTheTestCache(t *testing.T) {
 		t.Errorf("environment lost entries: %q", cmd.Env)
 	}
 	args := strings.Join(cmd.Args, " ")
-	for _, want := range []string{gremlins + " unleash ./proxy", "-o /tmp/out.json", "--workers 1", "--timeout-coefficient 10", "--diff abc123"} {
+	for _, want := range []string{gremlins + " unleash /m/proxy", "-o /tmp/out.json", "--workers 1", "--timeout-coefficient 10", "--diff abc123"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}
 	}
-	cmd = gremlinsCmd("tokens", "o", 1, 0, "", nil)
+	// A diff run names files as gremlins does, relative to the package.
+	if cmd.Dir != "/m/proxy" {
+		t.Errorf("runs in %q, want the package's directory", cmd.Dir)
+	}
+	for _, want := range []string{"GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=diff.relative", "GIT_CONFIG_VALUE_0=true"} {
+		if !slices.Contains(cmd.Env, want) {
+			t.Errorf("env lacks %s: %q", want, cmd.Env)
+		}
+	}
+	if slices.Contains(cmd.Env, "GIT_CONFIG_COUNT=3") {
+		t.Errorf("the caller's git config count kept: %q", cmd.Env)
+	}
+	cmd = gremlinsCmd("/m", "tokens", "o", 1, 0, "", nil)
 	if !slices.Contains(cmd.Env, "GOFLAGS=-count=1") {
 		t.Errorf("env without GOFLAGS: got %q", cmd.Env)
 	}
