@@ -116,6 +116,12 @@ func TestAShareTokenBucketStartsEmptyChargesAndRefills(t *testing.T) {
 	if at, ok := sh.admit(t2, 1); ok || !at.Equal(t2.Add(10*time.Millisecond)) {
 		t.Fatalf("1 token after a full bucket was charged: ok %v at %v, want refused until %v", ok, at, t2.Add(10*time.Millisecond))
 	}
+	// Part of the need there: only the rest is waited for (20 of 50
+	// tokens in after 200ms, 30 to come at 100/s).
+	t3 := t2.Add(200 * time.Millisecond)
+	if at, ok := sh.admit(t3, 50); ok || !at.Equal(t3.Add(300*time.Millisecond)) {
+		t.Fatalf("50 tokens with 20 in: ok %v at %v, want refused until %v", ok, at, t3.Add(300*time.Millisecond))
+	}
 }
 
 // TestLocalReadsRedisTimesOnTheReplicasClock: a time on Redis' clock is

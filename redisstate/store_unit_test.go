@@ -167,3 +167,16 @@ func TestAFailureSaysWhetherRedisWasOnlySlow(t *testing.T) {
 		t.Fatal("an error after a slow failure is kept as slow")
 	}
 }
+
+// TestSawClockKeepsRedisClockLessOurs: the offset a reply leaves is Redis'
+// clock less this process' wall clock, whichever is ahead.
+func TestSawClockKeepsRedisClockLessOurs(t *testing.T) {
+	t.Parallel()
+	var st Store
+	for _, ahead := range []int64{5000, -5000} {
+		st.sawClock(time.Now().UnixMilli() + ahead)
+		if got := st.clockOffset.Load(); got < ahead-100 || got > ahead+100 {
+			t.Errorf("Redis %d ms ahead: offset %d ms", ahead, got)
+		}
+	}
+}
