@@ -59,11 +59,16 @@ func TestDecide(t *testing.T) {
 		{"refusals without a hint back off at most 2^3 steps", rate429, tally{refusals: 40}, time.Minute, retry, lanequeue.RateRefused, 800 * time.Millisecond, true},
 		{"unreachable after refusals is retried", unreachable, tally{refusals: 5}, time.Minute, retry, lanequeue.NotSent, 100 * time.Millisecond, false},
 		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), tally{}, time.Hour, giveUp, lanequeue.RateRefused, 0, false},
+		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), tally{}, time.Hour, retry, lanequeue.RateRefused, time.Minute, true},
 		{"wait past the budget", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, lanequeue.RateRefused, 0, false},
 	}
 	// The reasons a client reads when the proxy gives up count what happened.
 	if d := decide(unreachable, tally{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
 		t.Errorf("unreachable after two retries: %q, want 3 attempts counted", d.why)
+	}
+	// A refusal retried counts one more in a row for the next answer.
+	if d := decide(rate429, tally{refusals: 2}, pol, now, now.Add(time.Minute), 0); d.next.refusals != 3 {
+		t.Errorf("a third refusal in a row counts %d for the next answer, want 3", d.next.refusals)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

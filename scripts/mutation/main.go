@@ -7,9 +7,9 @@
 //	go run ./scripts/mutation proxy lanequeue  # some of them
 //	go run ./scripts/mutation -diff REV        # only lines changed since REV
 //
-// CI runs it with -diff at the commit of the last full run, named in
-// scripts/mutation/BASELINE, so it tests what changed since the figures in
-// the README were measured.
+// CI runs it, package by package, with -diff at the commit of the
+// package's last full run, named in scripts/mutation/BASELINE, so it
+// tests what changed since the figures in the README were measured.
 //
 // It prints a Markdown table of killed, lived, not covered and timed-out
 // mutants per package, then every unlisted survivor, and exits 1 when a
@@ -55,6 +55,7 @@ func main() {
 	// its package again. Its default of 3 timed out most mutants of the
 	// small packages here; 10 leaves a hanging test under a minute in all.
 	coefficient := flag.Int("timeout-coefficient", 10, "gremlins' timeout as a multiple of the package's test time")
+	from := flag.String("report", "", "print the report of the gremlins JSON files (PACKAGE.json) in this directory, without running anything")
 	flag.Parse()
 
 	pkgs := corePackages
@@ -75,6 +76,18 @@ func main() {
 	listed, err := readSurvivors(*survivorsFile)
 	if err != nil {
 		fatal(err)
+	}
+	if *from != "" {
+		// The JSON a run leaves in its directory when it was stopped
+		// before its report (a run over several packages takes hours).
+		results, err := readResults(*from, pkgs)
+		if err != nil {
+			fatal(err)
+		}
+		if !report(os.Stdout, results, minEfficacy, listed, sourceLine) {
+			os.Exit(1)
+		}
+		return
 	}
 	root, err := os.Getwd() // go run ./scripts/mutation runs from the module root
 	if err != nil {
@@ -237,6 +250,30 @@ func readResult(pkg string, rd io.Reader) (result, error) {
 		return a.Column - b.Column
 	})
 	return r, nil
+}
+
+// readResults reads dir/PKG.json for each of pkgs that has one.
+func readResults(dir string, pkgs []string) ([]result, error) {
+	var results []result
+	for _, pkg := range pkgs {
+		f, err := os.Open(filepath.Join(dir, pkg+".json"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		r, err := readResult(pkg, f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		results = append(results, r)
+	}
+	if len(results) == 0 {
+		return nil, fmt.Errorf("no PACKAGE.json of %v in %s", pkgs, dir)
+	}
+	return results, nil
 }
 
 // survivor names a mutant that may live: where, which mutator, and the

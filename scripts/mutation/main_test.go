@@ -191,3 +191,22 @@ func TestListedSurvivorsStillReadAsListed(t *testing.T) {
 		}
 	}
 }
+
+// TestReadResultsReadsEachPackagesJSON: the JSON files a stopped run left
+// are read per package, and a directory holding none is an error.
+func TestReadResultsReadsEachPackagesJSON(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pkg.json"), []byte(sample), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := readResults(dir, []string{"other", "pkg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) != 1 || rs[0].pkg != "pkg" || rs[0].count("KILLED") != 1 || rs[0].count("LIVED") != 2 {
+		t.Fatalf("read %+v", rs)
+	}
+	if _, err := readResults(t.TempDir(), []string{"pkg"}); err == nil {
+		t.Fatal("an empty directory read without error")
+	}
+}
