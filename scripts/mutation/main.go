@@ -394,12 +394,13 @@ func gitChanged(rev string) ([]string, error) {
 	return strings.Fields(string(out)), nil
 }
 
-// touched keeps the packages among pkgs that one of files is in.
+// touched keeps the packages among pkgs that hold one of files, a Go
+// file that is not a test (a test alone has no line to mutate).
 func touched(pkgs, files []string) []string {
 	var out []string
 	for _, p := range pkgs {
 		for _, f := range files {
-			if filepath.Dir(f) == p && strings.HasSuffix(f, ".go") {
+			if filepath.Dir(f) == p && strings.HasSuffix(f, ".go") && !strings.HasSuffix(f, "_test.go") {
 				out = append(out, p)
 				break
 			}
