@@ -46,6 +46,7 @@ type request struct {
 	id            string   // x-llmproxy-request-id
 	idHeader      []string // {id}, the header value
 	upstreamID    string   // the upstream's own request id, from its latest answer
+	upgrade       bool     // a WebSocket handshake (see isUpgrade)
 }
 
 // newRequestID is a request's id: 16 hex digits, random, so ids from
@@ -195,11 +196,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		return
 	}
 	req.deadline = p.budget(r, now)
+	req.upgrade = isUpgrade(r)
 	model := ""
 	switch {
 	case req.body.file != nil:
 		model = modelOfSpool(req.body.reader())
-	case isUpgrade(r):
+	case req.upgrade:
 		// The Realtime API names the model in the query.
 		model = r.URL.Query().Get("model")
 	default:
@@ -288,7 +290,7 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	out.Header = upstream.OutboundHeader(r.Header)
 	out.Header.Del(priorityHeader)
 	out.Header["X-Llmproxy-Request-Id"] = req.idHeader // to match the upstream's logs with ours
-	if isUpgrade(r) {
+	if req.upgrade {
 		// Hop-by-hop, so dropped above; the handshake needs them.
 		out.Header.Set("Connection", "Upgrade")
 		out.Header.Set("Upgrade", "websocket")
@@ -331,7 +333,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			res.Discard()
 			p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting for the upstream's answer")
 			return
-		case d.action == pass && res.Resp != nil && res.Resp.StatusCode == http.StatusSwitchingProtocols && isUpgrade(r):
+		case d.action == pass && res.Resp != nil && res.Resp.StatusCode == http.StatusSwitchingProtocols && req.upgrade:
 			p.join(w, req, res, slot)
 			return
 		case d.action == pass:

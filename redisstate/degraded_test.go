@@ -192,7 +192,7 @@ func TestAShareTakesTheMedianHeaderRateFromRedis(t *testing.T) {
 		t.Fatal("admit")
 	}
 	sh.Return(&tk, time.Now())
-	if r := sh.(*shared).last.reqRate; r < 9.5 || r > 10.5 {
+	if r := sh.(*shared).shareLimits().reqRate; r < 9.5 || r > 10.5 {
 		t.Fatalf("the share's request rate after readings of 10, 10 and 3.3/s: %.2f, want their median, 10", r)
 	}
 }

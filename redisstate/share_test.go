@@ -158,19 +158,19 @@ func TestErrOrKeepsTheCallsError(t *testing.T) {
 // window found smaller, is taken as it is and starts the readings anew.
 func TestAShareTakesTheMedianOfTheRecentRates(t *testing.T) {
 	t.Parallel()
-	t0 := time.Unix(1_000_000, 0)
 	lim := func(reqRate, reqSize, tokRate, tokSize float64) limits {
 		return limits{concurrency: 4, reqRate: reqRate, reqSize: reqSize, tokRate: tokRate, tokSize: tokSize}
 	}
 	var s shared
 	see := func(name string, l limits, syn bool, wantReq, wantTok float64) {
 		t.Helper()
-		s.seeLimits(l, syn, t0)
-		if s.last.reqRate != wantReq || s.last.tokRate != wantTok {
-			t.Fatalf("%s: share rates %v req/s, %v tok/s; want %v, %v", name, s.last.reqRate, s.last.tokRate, wantReq, wantTok)
+		s.seeLimits(l, syn)
+		got := s.shareLimits()
+		if got.reqRate != wantReq || got.tokRate != wantTok {
+			t.Fatalf("%s: share rates %v req/s, %v tok/s; want %v, %v", name, got.reqRate, got.tokRate, wantReq, wantTok)
 		}
-		if s.last.reqSize != l.reqSize || s.last.tokSize != l.tokSize || s.last.concurrency != l.concurrency {
-			t.Fatalf("%s: sizes or concurrency changed: %+v from %+v", name, s.last, l)
+		if got.reqSize != l.reqSize || got.tokSize != l.tokSize || got.concurrency != l.concurrency {
+			t.Fatalf("%s: sizes or concurrency changed: %+v from %+v", name, got, l)
 		}
 	}
 	see("first reading", lim(20, 1200, 1000, 60000), false, 20, 1000)
@@ -182,7 +182,7 @@ func TestAShareTakesTheMedianOfTheRecentRates(t *testing.T) {
 	see("a low reading", lim(8, 1200, 300, 60000), false, 20, 1000)
 	see("a high reading", lim(37, 1200, 3000, 60000), false, 20, 1000)
 	for range 40 { // the old readings are gone
-		s.seeLimits(lim(10, 1200, 500, 60000), false, t0)
+		s.seeLimits(lim(10, 1200, 500, 60000), false)
 	}
 	see("a new level", lim(10, 1200, 500, 60000), false, 10, 500)
 	see("a pace learned from refusals is taken as it is", lim(5, 1200, 500, 60000), true, 5, 500)

@@ -32,7 +32,7 @@ type shared struct {
 	// the replica uses its share of them (see share).
 	last limits
 	// reqRates and tokRates are the refill rates Redis gave lately (see
-	// seeLimits).
+	// shareLimits).
 	reqRates, tokRates readings
 	// share is what this replica may use while Redis is away; nil while
 	// it is up.
@@ -111,7 +111,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
 	s.answered = res[10] == 1
 	s.seeLimits(limits{concurrency: s.climit, reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
-		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}, res[15] == 1, now)
+		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}, res[15] == 1)
 	if res[0] != 1 {
 		at := local(res[1], res[9], now)
 		if at.IsZero() {
@@ -135,7 +135,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
 	v := s.local.View(now)
 	if s.share == nil {
-		s.share = newShare(s.last, v, s.st.Replicas())
+		s.share = newShare(s.shareLimits(), v, s.st.Replicas())
 		s.st.log.Debug("redis away or slow: the group uses its share of the shared limits", "replicas", s.st.Replicas(),
 			"concurrency", s.share.concurrency, "gap", s.share.gap, "tokens_per_second", s.share.tokRate)
 	}
@@ -377,19 +377,26 @@ func (s *shared) AnsweredElsewhere() bool { return s.st.up.Load() && s.answered 
 // lanequeue.Local.Knows).
 func (s *shared) Knows() bool { return s.local.Knows() }
 
-// seeLimits keeps l as the limits the replica's share comes from, should
-// Redis go away. A refill rate read from headers swings with each
-// answer: it reads low while the window is nearly full (the answer's
-// latency counts in the window's reset) and, now and then, high. The
-// share takes the median of the recent readings instead, unless the
-// pace was learned from refusals, which lower it on evidence, or the
-// window was found smaller than it said (a correction lowers its size):
-// those are taken as they are.
-func (s *shared) seeLimits(l limits, syn bool, now time.Time) {
-	prev := s.last
-	l.reqRate = s.reqRates.see(l.reqRate, syn || l.reqSize < prev.reqSize)
-	l.tokRate = s.tokRates.see(l.tokRate, l.tokSize < prev.tokSize)
+// seeLimits keeps l, Redis' latest limits, and its rates among the
+// readings the replica's share is paced by, should Redis go away (see
+// shareLimits). A pace learned from refusals lowers on evidence, and a
+// window found smaller than it said (a correction lowers its size) is
+// new: either starts the readings anew.
+func (s *shared) seeLimits(l limits, syn bool) {
+	s.reqRates.add(l.reqRate, syn || l.reqSize < s.last.reqSize)
+	s.tokRates.add(l.tokRate, l.tokSize < s.last.tokSize)
 	s.last = l
+}
+
+// shareLimits are the limits a share comes from: the latest, with each
+// rate the median of its recent readings. A refill rate read from headers
+// swings with each answer: it reads low while the window is nearly full
+// (the answer's latency counts in the window's reset) and, now and then,
+// high. Worked out only when a share is made, not at every admission.
+func (s *shared) shareLimits() limits {
+	l := s.last
+	l.reqRate, l.tokRate = s.reqRates.median(), s.tokRates.median()
+	return l
 }
 
 // readings are the recent readings of a rate, one per admission.
@@ -398,15 +405,22 @@ type readings struct {
 	n int
 }
 
-// see adds v, after forgetting every earlier reading if restart, and
-// returns the median of those kept.
-func (r *readings) see(v float64, restart bool) float64 {
+// add keeps v, after forgetting every earlier reading if restart.
+func (r *readings) add(v float64, restart bool) {
 	if restart {
 		r.n = 0
 	}
 	r.v[r.n%len(r.v)] = v
 	r.n++
+}
+
+// median is the median of the readings kept (the upper one of an even
+// count), 0 with none.
+func (r *readings) median() float64 {
 	k := min(r.n, len(r.v))
+	if k == 0 {
+		return 0
+	}
 	var sorted [len(r.v)]float64
 	copy(sorted[:], r.v[:k])
 	slices.Sort(sorted[:k])
