@@ -75,3 +75,37 @@ func TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer(t *testing.T) {
 	}
 	second.Release()
 }
+
+// TestAPaceLearnedElsewhereIsProbedUp: a group whose admissions a store
+// kept elsewhere makes (the Redis path: NoteDispatch, never Admit) still
+// runs its probe cycle, so a pace learned too low from refusals rises
+// while it is what holds requests back, and stays put while it is not.
+func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		held bool
+		rise bool
+	}{{"held by the pace", true, true}, {"not held", false, false}} {
+		l := NewLocal(Config{Concurrency: 64, MaxConcurrency: 64})
+		now := time.Unix(1_000_000, 0)
+		l.learn.estimate, l.learn.from, l.learn.measured = 5, "admitted rate", true
+		l.pace.setSynthetic(l.pacing(), now)
+		start := l.View(now).Requests.PerSecond
+		sawProbe := false
+		for i := range 600 { // a minute, a dispatch each 100 ms, none refused
+			now = now.Add(100 * time.Millisecond)
+			if c.held {
+				l.NoteHeld(now)
+			}
+			_, _, probe := l.NoteDispatch(now, 0, uint64(i+1))
+			sawProbe = sawProbe || probe
+		}
+		got := l.View(now).Requests.PerSecond
+		if rose := got > start*1.2; rose != c.rise {
+			t.Errorf("%s: the pace went from %.2f/s to %.2f/s over a minute of clean dispatches, want a rise: %v", c.name, start, got, c.rise)
+		}
+		if sawProbe != c.rise {
+			t.Errorf("%s: a dispatch went as a probe: %v, want %v", c.name, sawProbe, c.rise)
+		}
+	}
+}

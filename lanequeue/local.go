@@ -52,8 +52,11 @@ func NewLocal(cfg Config) *Local {
 // is the number of permits out, all replicas together, before this one;
 // sent the running count of the group's dispatches, all replicas
 // together, right after it (0: not known). It returns the dispatch's
-// number and the number in flight it went at, for the ticket.
-func (s *local) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, level int) {
+// number, the number in flight it went at, and whether it goes in a
+// probe of the pace learned from refusals, for the ticket. The probe
+// cycle moves on here, as Admit moves it for the group's own admissions.
+func (s *local) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, level int, probe bool) {
+	s.stepProbe(now)
 	// Dispatches of the other replicas since this one's last count toward
 	// the group's sending rate too (at most a meter's worth at once).
 	n := uint64(1)
@@ -70,7 +73,32 @@ func (s *local) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, l
 	}
 	level = out - s.refusedHolding + 1
 	s.learn.sent(level)
-	return seq, level
+	return seq, level, s.pace.synthetic && s.learn.phase == probeUp
+}
+
+// NoteAccepted records that the upstream accepted a request of the group
+// sent elsewhere, answered at at (zero: none): the upstream is live.
+func (s *local) NoteAccepted(at time.Time) {
+	if at.After(s.learn.lastAccepted) {
+		s.learn.lastAccepted = at
+	}
+}
+
+// NoteHeld records that the store kept elsewhere held a request back at
+// now for the pace learned from refusals: the probe cycle probes only
+// while the pace is what holds requests back.
+func (s *local) NoteHeld(now time.Time) {
+	if s.pace.synthetic {
+		s.held = now
+		s.stepProbe(now)
+	}
+}
+
+// stepProbe moves the probe cycle on at now, pacing by the phase it is in.
+func (s *local) stepProbe(now time.Time) {
+	if s.pace.synthetic && s.learn.step(now, now.Sub(s.held) < time.Second) {
+		s.pace.setSynthetic(s.pacing(), now)
+	}
 }
 
 // ShareLevels replaces the counts of answers by the number in flight they
@@ -123,9 +151,7 @@ func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time,
 	if at, ok := s.spread(now); !ok {
 		return Ticket{}, at, false
 	}
-	if s.pace.synthetic && s.learn.step(now, now.Sub(s.held) < time.Second) {
-		s.pace.setSynthetic(s.pacing(), now)
-	}
+	s.stepProbe(now)
 	at, ok, room, paced := s.pace.admit(now, cost, probe)
 	if !ok {
 		if s.pace.synthetic && !at.IsZero() {

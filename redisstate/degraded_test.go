@@ -196,3 +196,55 @@ func TestAShareTakesTheMedianHeaderRateFromRedis(t *testing.T) {
 		t.Fatalf("the share's request rate after readings of 10, 10 and 3.3/s: %.2f, want their median, 10", r)
 	}
 }
+
+// A replica local for slowness divides the shared limits among the
+// replicas busy lately, not all those alive: once the others' clients
+// are done (no request to admit for a heartbeat and busyWindow), it
+// takes the whole, and
+// it does so on the share it already has, as soon as a heartbeat says so.
+func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
+	heartbeatAll(stores...)
+	st := stores[0]
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 6, MaxConcurrency: 6})
+	tk, _, ok := admit(t, sh) // sees the shared limit
+	if !ok {
+		t.Fatal("admit")
+	}
+	sh.Return(&tk, time.Now())
+	st.flush()
+	goLocal(st)
+	takeAll := func() int {
+		var got []lanequeue.Ticket
+		for range 8 {
+			if tk, _, ok := sh.Admit(time.Now(), 1, false); ok {
+				got = append(got, tk)
+			}
+		}
+		for i := range got {
+			sh.Return(&got[i], time.Now())
+		}
+		return len(got)
+	}
+	if n := takeAll(); n != 2 {
+		t.Fatalf("with three replicas busy, a local replica took %d permits of the shared 6, want 2", n)
+	}
+	// Their own loops may have said busy up to a heartbeat after they
+	// last asked.
+	time.Sleep(heartbeatEvery + busyWindow + 100*time.Millisecond)
+	for _, other := range stores[1:] { // alive, nothing to admit
+		other.heartbeat(time.Now())
+	}
+	st.heartbeat(time.Now()) // it asked just now
+	if n := st.sharers(); n != 1 {
+		t.Fatalf("the others idle for %v, the replica shares with %d", heartbeatEvery+busyWindow, n)
+	}
+	if st.Replicas() != 3 {
+		t.Fatalf("idle replicas are still alive: counted %d, want 3", st.Replicas())
+	}
+	if n := takeAll(); n != 6 {
+		t.Fatalf("the others idle, a local replica took %d permits of the shared 6, want all", n)
+	}
+}

@@ -117,11 +117,13 @@ func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 	waitUp(t, a) // pings answer fast again
 }
 
-// heartbeatAll has every store say it is alive, then read how many are.
+// heartbeatAll has every store say it is alive and busy, then read how
+// many are.
 func heartbeatAll(stores ...*Store) {
 	for range 2 {
 		for _, st := range stores {
-			st.heartbeat()
+			st.ask(time.Now())
+			st.heartbeat(time.Now())
 		}
 	}
 }
@@ -280,11 +282,18 @@ func TestOneReplicaProbesFirst(t *testing.T) {
 }
 
 // learnWindow pushes a requests window (size, rate per second; syn for a
-// pace learned from refusals) from replica, as Learn does.
+// pace learned from refusals) from replica, as Learn does for an answer
+// the upstream accepted.
 func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, size, rate float64) {
 	t.Helper()
+	learnWindowAfter(t, st, sh, replica, syn, false, size, rate)
+}
+
+// learnWindowAfter is learnWindow for a refusal when refused is set.
+func learnWindowAfter(t *testing.T, st *Store, sh *shared, replica string, syn, refused bool, size, rate float64) {
+	t.Helper()
 	args := []any{0, st.cfg.KeyTTL.Milliseconds(), 0, 8, replica, 1, boolInt(syn), size, rate, 0, 0, 0}
-	args = append(args, 0, 0, 0, 0, 0, 0, 0, 0)
+	args = append(args, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0, boolInt(refused))
 	if err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, args...).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +302,8 @@ func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, 
 // A window's figures are the lowest a replica holds, not the last
 // written: a replica whose refusals corrected the window is not undone by
 // one that only read the headers; a pace learned from refusals is raised
-// by one replica at a time, the one holding the raise lease (item 5).
+// by one replica at a time, the one holding the raise lease, and lowered
+// only by a refusal (item 5).
 func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
@@ -313,7 +323,11 @@ func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
 	if rate := hget(t, st, paced.state, "r_rate"); rate != "12" {
 		t.Fatalf("pace %s, want a's 12: b raised it while a held the raise lease", rate)
 	}
-	learnWindow(t, st, paced, "b", true, 9, 9) // lowering needs no lease
+	learnWindow(t, st, paced, "b", true, 9, 9) // lower, but with no refusal: b's own older figure
+	if rate := hget(t, st, paced.state, "r_rate"); rate != "12" {
+		t.Fatalf("pace %s, want a's 12: b lowered it without a refusal", rate)
+	}
+	learnWindowAfter(t, st, paced, "b", true, true, 9, 9) // lowering by a refusal needs no lease
 	if rate := hget(t, st, paced.state, "r_rate"); rate != "9" {
 		t.Fatalf("pace %s, want b's 9: a refusal's lowering was refused", rate)
 	}
@@ -432,5 +446,43 @@ func TestADegradedRefusalTeachesTheFleetsLevel(t *testing.T) {
 	sh.Return(&tk, now)
 	if got := sh.(*shared).local.View(now).Concurrency; got != 3 {
 		t.Fatalf("concurrency after a named refusal at one local permit of three replicas: %d, want 3", got)
+	}
+}
+
+// A replica whose own first answer is a refusal, while the upstream admits
+// the other replicas' requests, does not take the upstream for down: it
+// declines the refusal's wait as one proxy would, and the fleet does not
+// pause. (Three replicas lost a second each run to such a pause.)
+func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name        string
+		othersAdmit bool
+		paused      bool
+	}{{"others admitted", true, false}, {"nothing admitted anywhere", false, true}} {
+		srv := startServer(t)
+		a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+		cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+		sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+		if c.othersAdmit {
+			for range 3 {
+				tk, _, ok := sa.Admit(time.Now(), 1, false)
+				if !ok {
+					t.Fatal("admit")
+				}
+				sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+				sa.Return(&tk, time.Now())
+			}
+		}
+		tk, _, ok := sb.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatalf("%s: admit", c.name)
+		}
+		sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: time.Now().Add(time.Second)}, time.Now())
+		sb.Return(&tk, time.Now())
+		sa.Admit(time.Now(), 1, false) // reads the shared pause
+		if p := sa.PausedUntil(); p.After(time.Now()) != c.paused {
+			t.Errorf("%s: the fleet paused %v by b's first answer, a refusal; want paused: %v", c.name, time.Until(p).Round(time.Millisecond), c.paused)
+		}
 	}
 }

@@ -63,9 +63,10 @@ end
 // waiter (ms), keyTTL, climit default, max climit, then the replica's
 // leases of the group given back and not yet removed: removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
-// answered, rrate, tsize, trate, rsize, rsyn}: answered is 1 when a
+// answered, rrate, tsize, trate, rsize, rsyn, acc}: answered is 1 when a
 // replica learned from an answer in the last minute; rates are per 1000
-// seconds; rsyn is 1 when the request pace was learned from refusals.
+// seconds; rsyn is 1 when the request pace was learned from refusals; acc
+// is when some replica last had an answer the upstream accepted (0: none).
 var admitScript = redis.NewScript(lib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -96,9 +97,10 @@ for i = 11, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
+local acc = num(redis.call('HGET', KEYS[1], 'acc'), 0)
 local function reply(ok, at, rsent, tsent, room, paced, p)
   return {ok, at, out, climit, rsent, tsent, room, paced, p, now, answered,
-          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn}
+          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn, acc}
 end
 if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
 -- Until some replica has learned from an answer, one replica's first
@@ -163,7 +165,8 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // the number in flight the answer's request went at, all replicas
 // together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
 // for neither; ARGV[23] 1 when the replica judged the bound a
-// concurrency limit. The levels hash counts every replica's answers by level
+// concurrency limit; ARGV[24] 1 when the answer is a refusal. The levels
+// hash counts every replica's answers by level
 // (a<level>, r<level>), halved past 512 as in one process. Returns {out,
 // paused, now} and then, per level counted, {level, 1 for refusals or 0,
 // count × 1000}.
@@ -171,8 +174,9 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // at any time, and raise it only once nobody has held the lower figure
 // for a minute (low: when it was last affirmed), or, for a pace learned
 // from refusals, while it holds the raise lease: one replica at a time
-// probes above the shared pace. Such a pace's rate follows the same rule;
-// a refill rate read from headers is the latest a replica wrote.
+// probes above the shared pace. Such a pace's rate follows the same rule,
+// and it is lowered only with a refusal; a refill rate read from headers
+// is the latest a replica wrote.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it. Returns {out, paused, now}.
@@ -211,6 +215,13 @@ local function learn(p, i)
       if syn == 1 then rate = math.min(rate, b.rate) end
     end
   end
+  if b.known == 1 and b.syn == 1 and syn == 1 and ARGV[24] ~= '1' then
+    -- A pace learned from refusals is lowered by a refusal only: a
+    -- replica whose own figure is lower without one (learned before a
+    -- raise, or from its share of the evidence) does not pull the fleet
+    -- down.
+    size, rate = math.max(size, b.size), math.max(rate, b.rate)
+  end
   if b.known ~= 1 or b.syn ~= syn or size <= b.size and rate <= b.rate then
     redis.call('HSET', KEYS[1], p..'low', now)
   end
@@ -232,6 +243,7 @@ learn('t_', 13)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local level, kind = tonumber(ARGV[21] or '0'), tonumber(ARGV[22] or '-1')
+if kind == 0 then redis.call('HSET', KEYS[1], 'acc', now) end
 if level > 0 and kind >= 0 then
   redis.call('HINCRBYFLOAT', KEYS[5], (kind == 1 and 'r' or 'a') .. level, 1)
   if redis.call('HINCRBY', KEYS[5], 'n', 1) > 512 then

@@ -17,11 +17,13 @@ type limits struct {
 }
 
 // share is what one replica may use of a group's limits while Redis is
-// away: the last shared limits divided by the replicas seen in the last
-// minute, so that the replicas together send about what one proxy would.
+// away or slow: the last shared limits divided by the replicas busy
+// lately, so that the replicas together send about what one proxy would,
+// and one whose clients are done leaves its part to the others.
 // Requests go evenly spaced; tokens come from a bucket that starts empty,
 // as nothing says what the window has left.
 type share struct {
+	n           int // the replicas it is 1/n for
 	concurrency int
 	gap         time.Duration // between two requests; 0: no bound
 	next        time.Time
@@ -40,7 +42,7 @@ func newShare(last limits, v lanequeue.View, n int) *share {
 	if c <= 0 {
 		c = v.Concurrency
 	}
-	sh := &share{concurrency: max(1, c/n)}
+	sh := &share{n: n, concurrency: max(1, c/n)}
 	reqRate := last.reqRate
 	if reqRate <= 0 && v.Requests.Known {
 		reqRate = v.Requests.PerSecond
@@ -56,6 +58,16 @@ func newShare(last limits, v lanequeue.View, n int) *share {
 		sh.tokRate, sh.tokSize = tokRate/float64(n), math.Max(tokSize/float64(n), 1)
 	}
 	return sh
+}
+
+// carry keeps what old had used (nil: nothing): the next request's time
+// and the tokens left, within this share's window.
+func (sh *share) carry(old *share) {
+	if old == nil {
+		return
+	}
+	sh.next = old.next
+	sh.tokAvail, sh.tokAt = math.Min(old.tokAvail, sh.tokSize), old.tokAt
 }
 
 // admit says whether a request costing cost tokens fits the share at

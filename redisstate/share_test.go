@@ -51,6 +51,7 @@ func TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid(t *testing.T) {
 	}
 	for _, c := range cases {
 		got := *newShare(c.last, c.v, c.n)
+		c.want.n = max(c.n, 1) // what it is a share of: no replica count is one
 		if got != c.want {
 			t.Errorf("%s: newShare(%+v, n=%d) = %+v, want %+v", c.name, c.last, c.n, got, c.want)
 		}
@@ -189,4 +190,35 @@ func TestAShareTakesTheMedianOfTheRecentRates(t *testing.T) {
 	see("a window found smaller is taken as it is", lim(4, 100, 200, 6000), false, 4, 200)
 	see("then the median again", lim(6, 100, 300, 6000), false, 6, 300)
 	see("of the readings since", lim(5, 100, 250, 6000), false, 5, 250)
+}
+
+// TestAShareMadeAgainCarriesWhatWasUsed: a share made again for a new
+// number of busy replicas keeps the old one's next request time and the
+// tokens left (within its own window), so a change of count is no burst.
+func TestAShareMadeAgainCarriesWhatWasUsed(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	old := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, lanequeue.View{}, 3)
+	old.take(now, 150) // next request in 0.5 s; tokens 0 - 150
+	sh := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, lanequeue.View{}, 1)
+	sh.carry(old)
+	if !sh.next.Equal(old.next) || sh.next.IsZero() {
+		t.Fatalf("next request at %v, want the old share's %v", sh.next, old.next)
+	}
+	if sh.tokAvail != old.tokAvail || !sh.tokAt.Equal(old.tokAt) {
+		t.Fatalf("tokens %v at %v, want the old share's %v at %v", sh.tokAvail, sh.tokAt, old.tokAvail, old.tokAt)
+	}
+	if _, ok := sh.admit(now, 1); ok {
+		t.Fatal("the share made again admitted at once what the old one had just spent")
+	}
+	big := &share{tokSize: 10, tokAvail: 50}
+	small := newShare(limits{concurrency: 6, tokRate: 30, tokSize: 30}, lanequeue.View{}, 3) // window 10
+	small.carry(big)
+	if small.tokAvail != 10 {
+		t.Fatalf("carried %v tokens into a window of %v", small.tokAvail, small.tokSize)
+	}
+	fresh := newShare(limits{concurrency: 6, reqRate: 6}, lanequeue.View{}, 1)
+	fresh.carry(nil)
+	if !fresh.next.IsZero() {
+		t.Fatal("a share made from nothing carries a next request time")
+	}
 }

@@ -66,6 +66,7 @@ func local(v, redisNow int64, localNow time.Time) time.Time {
 }
 
 func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
+	s.st.ask(now)
 	if !s.st.up.Load() {
 		return s.localAdmit(now, cost, probe)
 	}
@@ -99,7 +100,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
-	if err != nil || len(res) < 16 {
+	if err != nil || len(res) < 17 {
 		s.st.failed("admit", errOr(err))
 		s.st.returnLater(lease, s.leases) // the script may have run
 		for _, l := range returned {
@@ -110,23 +111,31 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	s.st.sawClock(res[9])
 	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
 	s.answered = res[10] == 1
+	// The upstream is live when it admits any replica's requests: a
+	// replica whose own first answer is a refusal does not take it for
+	// an outage (and pause the fleet for it).
+	s.local.NoteAccepted(local(res[16], res[9], now))
 	s.seeLimits(limits{concurrency: s.climit, reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
 		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}, res[15] == 1)
 	if res[0] != 1 {
 		at := local(res[1], res[9], now)
 		if at.IsZero() {
 			at = now.Add(s.st.cfg.Poll) // a permit may free on another replica
+		} else if res[8] == 0 && res[15] == 1 {
+			// The shared pace learned from refusals held it: this
+			// replica's probe cycle may raise it (one replica at a time).
+			s.local.NoteHeld(now)
 		}
 		return lanequeue.Ticket{}, at, false
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	seq, level := s.local.NoteDispatch(now, int(res[2]), uint64(max(res[4], 0)))
+	seq, level, probe := s.local.NoteDispatch(now, int(res[2]), uint64(max(res[4], 0)))
 	s.out++
 	s.remoteOut++
 	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
 		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq,
-		Level: level}, time.Time{}, true
+		Level: level, Probe: probe}, time.Time{}, true
 }
 
 // localAdmit admits from the local limits while Redis is away, within
@@ -134,9 +143,13 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 // still out that Redis gave: the upstream sees those too.
 func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
 	v := s.local.View(now)
-	if s.share == nil {
-		s.share = newShare(s.shareLimits(), v, s.st.Replicas())
-		s.st.log.Debug("redis away or slow: the group uses its share of the shared limits", "replicas", s.st.Replicas(),
+	if n := s.st.sharers(); s.share == nil || s.share.n != n {
+		// Made when Redis goes, and made again, carrying what the old
+		// one had used, when the number of busy replicas changes.
+		old := s.share
+		s.share = newShare(s.shareLimits(), v, n)
+		s.share.carry(old)
+		s.st.log.Debug("redis away or slow: the group uses its share of the shared limits", "replicas", n,
 			"concurrency", s.share.concurrency, "gap", s.share.gap, "tokens_per_second", s.share.tokRate)
 	}
 	if v.InFlight+s.remoteOut >= min(v.Concurrency, s.share.concurrency) {
@@ -148,7 +161,7 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	t, at, ok := s.local.Admit(now, cost, probe)
 	if ok {
 		s.share.take(now, cost)
-		if n := s.st.Replicas(); n > 1 {
+		if n := s.st.sharers(); n > 1 {
 			// The level it goes at is the fleet's: each replica sends
 			// about as many as this one. A refusal that names the
 			// number in flight must not teach the group a limit of one
@@ -191,7 +204,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 		if r.Verdict == lanequeue.NotSent {
 			s.Refund(t) // in Redis, where it was charged; the local refund is then skipped
 		}
-	} else if n := s.st.Replicas(); n > 1 {
+	} else if n := s.st.sharers(); n > 1 {
 		// A permit taken while Redis was away: the upstream saw about
 		// this replica's permits out times the replicas, each using its
 		// share. A refusal at 3 of this replica's must not teach the
@@ -240,7 +253,8 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	default:
 		kind = 1
 	}
-	args = append(args, t.Level, kind, boolInt(v.Bound == "concurrency"))
+	refused := r.Verdict == lanequeue.RateRefused || r.Verdict == lanequeue.ConcurrencyRefused || r.Verdict == lanequeue.Overloaded
+	args = append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(refused))
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()

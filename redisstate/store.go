@@ -87,7 +87,13 @@ type Store struct {
 	// peers is the number of replicas that said they were alive in the
 	// last minute, this one included, as Redis last told it: while Redis
 	// is away each replica uses this share of the last shared limits.
-	peers         atomic.Int64
+	peers atomic.Int64
+	// busyPeers is the number of other replicas that had requests to
+	// admit lately (busyWindow), as Redis last told it; asked is when this
+	// one last had (unix ns). A replica's share divides among the busy
+	// ones: a replica whose clients are done leaves its part to the rest.
+	busyPeers     atomic.Int64
+	asked         atomic.Int64
 	latency       latencies
 	slow          atomic.Bool // the last failure was slowness, not an error
 	upGauge       prometheus.Gauge
@@ -181,7 +187,7 @@ func New(cfg Config) (*Store, error) {
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {
 		s.warnIfCluster()
-		s.heartbeat()
+		s.heartbeat(time.Now())
 		s.setUp(true)
 	}
 	var both sync.WaitGroup
@@ -297,8 +303,10 @@ func (s *Store) loop() {
 			// them still.
 			_ = s.renew()
 		case <-beat.C:
-			if s.up.Load() {
-				s.heartbeat()
+			// A replica local because Redis is slow still beats: the
+			// busy count its share divides by must stay current.
+			if s.up.Load() || s.slow.Load() {
+				s.heartbeat(time.Now())
 			}
 			every = min(2*every, heartbeatEvery)
 			beat.Reset(every)
@@ -333,7 +341,7 @@ func (s *Store) rejoin() bool {
 	if s.renew() != nil {
 		return false
 	}
-	s.heartbeat()
+	s.heartbeat(time.Now())
 	if s.rejoinHook != nil {
 		s.rejoinHook()
 	}
@@ -398,7 +406,7 @@ func nextRejoinWait(wait, sinceRejoin time.Duration, slow bool) time.Duration {
 }
 
 // heartbeatEvery is how often a replica says it is alive.
-const heartbeatEvery = 2 * time.Second
+const heartbeatEvery = time.Second
 
 // How soon a degraded replica tries Redis again: every minRejoinWait, and
 // up to maxRejoinWait apart while rejoining keeps failing soon after.
@@ -577,27 +585,54 @@ func (s *Store) write() {
 	}
 }
 
-// heartbeatScript: KEYS replicas. ARGV replica. Notes the replica alive
-// now and returns how many were in the last minute.
+// heartbeatScript: KEYS replicas, busy. ARGV replica, 1 when it had
+// requests to admit since its last heartbeat, the busy window (ms).
+// Notes the replica alive (and busy) now and returns how many replicas
+// were alive in the last minute and how many others were busy within
+// the window.
 var heartbeatScript = redis.NewScript(lib + `
 local now = clock()
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
 redis.call('PEXPIRE', KEYS[1], 120000)
-return redis.call('ZCARD', KEYS[1])
+if ARGV[2] == '1' then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+redis.call('PEXPIRE', KEYS[2], 120000)
+local busy = redis.call('ZCARD', KEYS[2])
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then busy = busy - 1 end
+return {redis.call('ZCARD', KEYS[1]), busy}
 `)
 
-// heartbeat says this replica is alive and learns how many are.
-func (s *Store) heartbeat() {
+// busyWindow is how long a replica counts as busy after a heartbeat
+// that said so: a heartbeat may be missed.
+const busyWindow = heartbeatEvery * 5 / 2
+
+// heartbeat says this replica is alive, and busy if it had requests to
+// admit since the last one, and learns how many replicas are of each.
+func (s *Store) heartbeat(now time.Time) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	n, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas"}, s.replica).Int64()
+	busy := boolInt(now.UnixNano()-s.asked.Load() < int64(heartbeatEvery))
+	res, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas", s.cfg.Prefix + "busy"},
+		s.replica, busy, busyWindow.Milliseconds()).Int64Slice()
 	s.commands.WithLabelValues("heartbeat").Inc()
-	if err == nil && n > 0 {
-		s.peers.Store(n)
-		s.replicasGauge.Set(float64(n))
+	if err == nil && len(res) == 2 && res[0] > 0 {
+		s.peers.Store(res[0])
+		s.busyPeers.Store(max(res[1], 0))
+		s.replicasGauge.Set(float64(res[0]))
 	}
 }
+
+// ask notes that the replica has a request to admit at now.
+func (s *Store) ask(now time.Time) {
+	if n := now.UnixNano(); n > s.asked.Load() {
+		s.asked.Store(n)
+	}
+}
+
+// sharers is how many replicas share the group's limits while Redis is
+// away or slow: this one and the others busy lately (as Redis last said).
+func (s *Store) sharers() int { return int(s.busyPeers.Load()) + 1 }
 
 // Replicas is the number of replicas seen alive in the last minute, as
 // Redis last said (this one included; 1 before it said anything).
