@@ -232,13 +232,16 @@ func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
 		t.Fatalf("with three replicas busy, a local replica took %d permits of the shared 6, want 2", n)
 	}
 	// Their own loops may have said busy up to a heartbeat after they
-	// last asked.
-	time.Sleep(heartbeatEvery + busyWindow + 100*time.Millisecond)
+	// last asked; st has requests to admit all along.
+	for end := time.Now().Add(heartbeatEvery + busyWindow + 100*time.Millisecond); time.Now().Before(end); {
+		st.ask(time.Now())
+		time.Sleep(100 * time.Millisecond)
+	}
 	for _, other := range stores[1:] { // alive, nothing to admit
 		other.heartbeat(time.Now())
 	}
 	st.heartbeat(time.Now()) // it asked just now
-	if n := st.sharers(); n != 1 {
+	if n := st.sharers(time.Now()); n != 1 {
 		t.Fatalf("the others idle for %v, the replica shares with %d", heartbeatEvery+busyWindow, n)
 	}
 	if st.Replicas() != 3 {
@@ -246,5 +249,39 @@ func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
 	}
 	if n := takeAll(); n != 6 {
 		t.Fatalf("the others idle, a local replica took %d permits of the shared 6, want all", n)
+	}
+}
+
+// A replica that has just become busy divides by every replica alive, not
+// by those Redis last said were busy: replicas whose clients start
+// together have not told each other yet. Once busy for busyWindow it
+// divides by the busy ones.
+func TestAReplicaJustBusySharesWithEveryReplicaAlive(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
+	for range 2 { // alive, none busy
+		for _, st := range stores {
+			st.heartbeat(time.Now())
+		}
+	}
+	st := stores[0]
+	t0 := time.Now()
+	st.ask(t0)
+	if n := st.sharers(t0); n != 3 {
+		t.Fatalf("just busy, with no replica said busy, it shares with %d, want all 3 alive", n)
+	}
+	at := t0
+	for at.Sub(t0) <= busyWindow { // busy all along
+		at = at.Add(500 * time.Millisecond)
+		st.ask(at)
+	}
+	if n := st.sharers(at); n != 1 {
+		t.Fatalf("busy for %v while Redis says no other is, it shares with %d, want 1", at.Sub(t0), n)
+	}
+	later := at.Add(heartbeatEvery + time.Millisecond) // nothing to admit for a heartbeat: a new run
+	st.ask(later)
+	if n := st.sharers(later); n != 3 {
+		t.Fatalf("busy again after a pause, it shares with %d, want all 3 alive", n)
 	}
 }

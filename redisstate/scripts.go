@@ -179,7 +179,7 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // is the latest a replica wrote.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
-// mode 2 caps it at value; mode 0 leaves it. Returns {out, paused, now}.
+// mode 2 caps it at value; mode 0 leaves it.
 var learnScript = redis.NewScript(lib + `
 local now, keyttl, pause = clock(), tonumber(ARGV[2]), tonumber(ARGV[3])
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)

@@ -100,7 +100,8 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
-	if err != nil || len(res) < 17 {
+	rep, ok := decodeAdmit(res, now)
+	if err != nil || !ok {
 		s.st.failed("admit", errOr(err))
 		s.st.returnLater(lease, s.leases) // the script may have run
 		for _, l := range returned {
@@ -108,20 +109,19 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 		}
 		return s.localAdmit(now, cost, probe)
 	}
-	s.st.sawClock(res[9])
-	s.out, s.climit, s.paused = int(res[2]), int(res[3]), local(res[8], res[9], now)
-	s.answered = res[10] == 1
+	s.st.sawClock(rep.redisNow)
+	s.out, s.climit, s.paused = rep.out, rep.limits.concurrency, rep.paused
+	s.answered = rep.answered
 	// The upstream is live when it admits any replica's requests: a
 	// replica whose own first answer is a refusal does not take it for
 	// an outage (and pause the fleet for it).
-	s.local.NoteAccepted(local(res[16], res[9], now))
-	s.seeLimits(limits{concurrency: s.climit, reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
-		tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])}, res[15] == 1)
-	if res[0] != 1 {
-		at := local(res[1], res[9], now)
+	s.local.NoteAccepted(rep.accepted)
+	s.seeLimits(rep.limits, rep.paceFromRefusals)
+	if !rep.ok {
+		at := rep.retryAt
 		if at.IsZero() {
 			at = now.Add(s.st.cfg.Poll) // a permit may free on another replica
-		} else if res[8] == 0 && res[15] == 1 {
+		} else if rep.paused.IsZero() && rep.paceFromRefusals {
 			// The shared pace learned from refusals held it: this
 			// replica's probe cycle may raise it (one replica at a time).
 			s.local.NoteHeld(now)
@@ -130,12 +130,50 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	seq, level, probe := s.local.NoteDispatch(now, int(res[2]), uint64(max(res[4], 0)))
+	seq, level, probe := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)))
 	s.out++
 	s.remoteOut++
-	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(res[4]), Tokens: float64(res[5]),
-		InFlight: int(res[2]), Limit: int(res[3]), Room: res[6] == 1, Paced: res[7] == 1, Lease: lease, Seq: seq,
+	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(rep.reqSent), Tokens: float64(rep.tokSent),
+		InFlight: rep.out, Limit: rep.limits.concurrency, Room: rep.room, Paced: rep.paced, Lease: lease, Seq: seq,
 		Level: level, Probe: probe}, time.Time{}, true
+}
+
+// admitReply is admitScript's reply, its times on this replica's clock.
+type admitReply struct {
+	ok bool
+	// retryAt is when to ask again (zero: when a permit frees).
+	retryAt time.Time
+	// out is the permits out before this one, all replicas.
+	out int
+	// reqSent and tokSent are the group's running totals of requests
+	// and tokens sent, this dispatch included (0 when refused).
+	reqSent, tokSent int64
+	// room: the budgets known had room for it; paced: the pace learned
+	// from refusals admitted it.
+	room, paced bool
+	paused      time.Time
+	redisNow    int64 // Redis' clock (ms) when it ran
+	// answered: some replica learned from an answer in the last minute.
+	answered bool
+	limits   limits
+	// paceFromRefusals: the shared request pace was learned from refusals.
+	paceFromRefusals bool
+	// accepted is when some replica last had an answer the upstream
+	// accepted (zero: none).
+	accepted time.Time
+}
+
+// decodeAdmit reads admitScript's reply at now; false for a short one.
+func decodeAdmit(res []int64, now time.Time) (admitReply, bool) {
+	if len(res) < 17 {
+		return admitReply{}, false
+	}
+	at := func(v int64) time.Time { return local(v, res[9], now) }
+	return admitReply{ok: res[0] == 1, retryAt: at(res[1]), out: int(res[2]), reqSent: res[4], tokSent: res[5],
+		room: res[6] == 1, paced: res[7] == 1, paused: at(res[8]), redisNow: res[9], answered: res[10] == 1,
+		limits: limits{concurrency: int(res[3]), reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
+			tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])},
+		paceFromRefusals: res[15] == 1, accepted: at(res[16])}, true
 }
 
 // localAdmit admits from the local limits while Redis is away, within
@@ -143,7 +181,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 // still out that Redis gave: the upstream sees those too.
 func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
 	v := s.local.View(now)
-	if n := s.st.sharers(); s.share == nil || s.share.n != n {
+	if n := s.st.sharers(now); s.share == nil || s.share.n != n {
 		// Made when Redis goes, and made again, carrying what the old
 		// one had used, when the number of busy replicas changes.
 		old := s.share
@@ -161,7 +199,7 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	t, at, ok := s.local.Admit(now, cost, probe)
 	if ok {
 		s.share.take(now, cost)
-		if n := s.st.sharers(); n > 1 {
+		if n := s.st.sharers(now); n > 1 {
 			// The level it goes at is the fleet's: each replica sends
 			// about as many as this one. A refusal that names the
 			// number in flight must not teach the group a limit of one
@@ -204,7 +242,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 		if r.Verdict == lanequeue.NotSent {
 			s.Refund(t) // in Redis, where it was charged; the local refund is then skipped
 		}
-	} else if n := s.st.sharers(); n > 1 {
+	} else if n := s.st.sharers(now); n > 1 {
 		// A permit taken while Redis was away: the upstream saw about
 		// this replica's permits out times the replicas, each using its
 		// share. A refusal at 3 of this replica's must not teach the
@@ -261,30 +299,49 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	s.st.took(start, err)
-	if err != nil || len(res) < 3 {
+	rep, ok := decodeLearn(res, now)
+	if err != nil || !ok {
 		s.st.failed("learn", errOr(err))
 		return
 	}
-	s.st.sawClock(res[2])
-	s.out, s.paused = int(res[0]), local(res[1], res[2], now)
+	s.st.sawClock(rep.redisNow)
+	s.out, s.paused = rep.out, rep.paused
 	if kind >= 0 {
-		var admitted, refused []float64
-		for i := 3; i+2 < len(res); i += 3 {
-			level := int(res[i])
-			if level <= 0 || level > 4096 {
-				continue
-			}
-			for len(admitted) <= level {
-				admitted, refused = append(admitted, 0), append(refused, 0)
-			}
-			if res[i+1] == 1 {
-				refused[level] = float64(res[i+2]) / 1000
-			} else {
-				admitted[level] = float64(res[i+2]) / 1000
-			}
-		}
-		s.local.ShareLevels(admitted, refused, now)
+		s.local.ShareLevels(rep.admitted, rep.refused, now)
 	}
+}
+
+// learnReply is learnScript's reply, its times on this replica's clock.
+type learnReply struct {
+	out      int // permits out, all replicas
+	paused   time.Time
+	redisNow int64 // Redis' clock (ms) when it ran
+	// admitted and refused count every replica's answers by the number
+	// in flight they went at (index: level).
+	admitted, refused []float64
+}
+
+// decodeLearn reads learnScript's reply at now; false for a short one.
+func decodeLearn(res []int64, now time.Time) (learnReply, bool) {
+	if len(res) < 3 {
+		return learnReply{}, false
+	}
+	rep := learnReply{out: int(res[0]), paused: local(res[1], res[2], now), redisNow: res[2]}
+	for i := 3; i+2 < len(res); i += 3 {
+		level := int(res[i])
+		if level <= 0 || level > 4096 {
+			continue
+		}
+		for len(rep.admitted) <= level {
+			rep.admitted, rep.refused = append(rep.admitted, 0), append(rep.refused, 0)
+		}
+		if res[i+1] == 1 {
+			rep.refused[level] = float64(res[i+2]) / 1000
+		} else {
+			rep.admitted[level] = float64(res[i+2]) / 1000
+		}
+	}
+	return rep, true
 }
 
 func (s *shared) Refund(t *lanequeue.Ticket) {

@@ -85,8 +85,7 @@ type Store struct {
 	kick        chan struct{} // wakes the writer
 	flushes     chan chan struct{}
 	// peers is the number of replicas that said they were alive in the
-	// last minute, this one included, as Redis last told it: while Redis
-	// is away each replica uses this share of the last shared limits.
+	// last minute, this one included, as Redis last told it.
 	peers atomic.Int64
 	// busyPeers is the number of other replicas that had requests to
 	// admit lately (busyWindow), as Redis last told it; asked is when this
@@ -94,6 +93,7 @@ type Store struct {
 	// ones: a replica whose clients are done leaves its part to the rest.
 	busyPeers     atomic.Int64
 	asked         atomic.Int64
+	busySince     atomic.Int64 // when the current run of requests to admit began (unix ns)
 	latency       latencies
 	slow          atomic.Bool // the last failure was slowness, not an error
 	upGauge       prometheus.Gauge
@@ -167,7 +167,7 @@ func New(cfg Config) (*Store, error) {
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
 		replicasGauge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "llmproxy_redis_replicas", Help: "Replicas seen alive through Redis in the last minute, this one included: while Redis is away each uses this share of the last shared limits."}),
+			Name: "llmproxy_redis_replicas", Help: "Replicas seen alive through Redis in the last minute, this one included."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmproxy_redis_commands_total", Help: "Redis round trips, by operation."}, []string{"op"}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
@@ -406,7 +406,7 @@ func nextRejoinWait(wait, sinceRejoin time.Duration, slow bool) time.Duration {
 }
 
 // heartbeatEvery is how often a replica says it is alive.
-const heartbeatEvery = time.Second
+const heartbeatEvery = 500 * time.Millisecond
 
 // How soon a degraded replica tries Redis again: every minRejoinWait, and
 // up to maxRejoinWait apart while rejoining keeps failing soon after.
@@ -623,16 +623,31 @@ func (s *Store) heartbeat(now time.Time) {
 	}
 }
 
-// ask notes that the replica has a request to admit at now.
+// ask notes that the replica has a request to admit at now: busy, and
+// since now if it was not (nothing to admit for a heartbeat).
 func (s *Store) ask(now time.Time) {
-	if n := now.UnixNano(); n > s.asked.Load() {
-		s.asked.Store(n)
+	n := now.UnixNano()
+	last := s.asked.Load()
+	if n <= last {
+		return
 	}
+	if n-last > int64(heartbeatEvery) {
+		s.busySince.Store(n)
+	}
+	s.asked.Store(n)
 }
 
-// sharers is how many replicas share the group's limits while Redis is
-// away or slow: this one and the others busy lately (as Redis last said).
-func (s *Store) sharers() int { return int(s.busyPeers.Load()) + 1 }
+// sharers is how many replicas share the group's limits at now while
+// Redis is away or slow: this one and the others busy lately, as Redis
+// last said. For busyWindow after this replica became busy it is every
+// replica alive instead: replicas whose clients start together have not
+// yet told each other, and a share must not take what theirs need.
+func (s *Store) sharers(now time.Time) int {
+	if now.UnixNano()-s.busySince.Load() < int64(busyWindow) {
+		return s.Replicas()
+	}
+	return int(s.busyPeers.Load()) + 1
+}
 
 // Replicas is the number of replicas seen alive in the last minute, as
 // Redis last said (this one included; 1 before it said anything).
