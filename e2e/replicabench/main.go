@@ -16,6 +16,10 @@
 //	                about 1.8 s; 120 at 30
 //	concurrency     loadbench's concurrency/headers cell: 8 in flight, 0.5 s
 //	                answers, Retry-After alone; 200 at 50 (ideal 16/s)
+//	silent          short chats against a silent upstream: 20 req/s and 8
+//	                in flight, refused with a bare 429 (no limit headers, no
+//	                Retry-After, no hint); 300 at 50
+//	silent-concurrency  concurrency, silent: no Retry-After either
 //	redis-slow      short, while Redis stalls (DEBUG SLEEP 0.2) every 600 ms
 //	redis-killed    short with 360 requests; redis-server is SIGKILLed a
 //	                third of the way through and started again, empty, on
@@ -25,7 +29,7 @@
 //	                cut requests are counted apart, and the time until Redis
 //	                stops counting its permits (its leases expire) is shown
 //
-// short, streams and concurrency run through one proxy (no Redis) and
+// short, streams, concurrency and the silent rows run through one proxy (no Redis) and
 // through three replicas; the others through three replicas only, compared
 // with the one-proxy row of their load (short or streams) when that ran.
 //
@@ -94,9 +98,9 @@ func main() { os.Exit(realMain()) }
 
 func realMain() int {
 	var o options
-	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, redis-slow, redis-killed, replica-killed (default all)")
+	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, silent, silent-concurrency, redis-slow, redis-killed, replica-killed (default all)")
 	flag.IntVar(&o.runs, "runs", 1, "runs of each row; the table shows each run and the median")
-	flag.BoolVar(&o.verbose, "v", false, "print progress, the replicas' Redis log lines and the first failures of each run")
+	flag.BoolVar(&o.verbose, "v", false, "print progress, the replicas' Redis and lane-change log lines and the first failures of each run")
 	flag.IntVar(&o.replicas, "replicas", 3, "replicas in the shared rows")
 	leaseTTL := flag.Duration("lease-ttl", 3*time.Second, "LLMPROXY_REDIS_LEASE_TTL of replica-killed (the other rows keep the default)")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on each run's load")

@@ -345,7 +345,7 @@ func startReplica(name, bin, upstream string, extra []string) (*replica, error) 
 			}
 			return
 		}
-		if strings.Contains(strings.ToLower(line), "redis") || strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+		if strings.Contains(strings.ToLower(line), "redis") || strings.Contains(line, "level=WARN") || strings.Contains(line, "msg=\"lane ") || strings.Contains(line, "level=ERROR") {
 			r.mu.Lock()
 			if len(r.events) < 1000 {
 				r.events = append(r.events, logEvent{at, line})

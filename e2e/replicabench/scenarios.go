@@ -73,6 +73,11 @@ var (
 	streamsMock     = mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
 	concurrencyMock = mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond,
 		NoLimitHeaders: true, NoHint: true, ConcurrencyUnnamed: true}
+	// The silent rows: the same limits, refused with a bare 429.
+	silentMock = mockupstream.Config{RPM: 1200, MaxInFlight: 8, Latency: 100 * time.Millisecond,
+		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
+	silentConcurrencyMock = mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond,
+		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
 )
 
 // scenarios lists every row in the order they run.
@@ -83,6 +88,9 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 		{name: "streams", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true, solo: true,
 			target: target{kind: streamsTarget, ratio: 1.1, points: 2}},
 		{name: "concurrency", base: "concurrency", mock: concurrencyMock, rate: 8 / 0.5, n: 200, c: 50, solo: true, target: asOne},
+		{name: "silent", base: "silent", mock: silentMock, rate: 20, n: 300, c: 50, solo: true, target: asOne},
+		{name: "silent-concurrency", base: "silent-concurrency", mock: silentConcurrencyMock, rate: 8 / 0.5, n: 200, c: 50,
+			solo: true, target: asOne},
 		{name: "redis-slow", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, during: slowRedis, target: asOne},
 		{name: "redis-killed", base: "short", mock: shortMock, rate: 20, n: 360, c: 50, during: killRedis,
 			target: target{kind: refusedTarget, pct: 10}},
