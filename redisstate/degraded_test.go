@@ -247,6 +247,7 @@ func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
 	if st.Replicas() != 3 {
 		t.Fatalf("idle replicas are still alive: counted %d, want 3", st.Replicas())
 	}
+	goLocal(st) // it may have rejoined meanwhile: Redis was never slow
 	if n := takeAll(); n != 6 {
 		t.Fatalf("the others idle, a local replica took %d permits of the shared 6, want all", n)
 	}
@@ -283,5 +284,18 @@ func TestAReplicaJustBusySharesWithEveryReplicaAlive(t *testing.T) {
 	st.ask(later)
 	if n := st.sharers(later); n != 3 {
 		t.Fatalf("busy again after a pause, it shares with %d, want all 3 alive", n)
+	}
+	for _, other := range stores[1:] { // the others have requests too
+		other.ask(time.Now())
+		other.heartbeat(time.Now())
+	}
+	st.heartbeat(time.Now())
+	end := later
+	for end.Sub(later) <= busyWindow { // busy all along again
+		end = end.Add(400 * time.Millisecond)
+		st.ask(end)
+	}
+	if n := st.sharers(end); n != 3 {
+		t.Fatalf("busy for %v with both others said busy, it shares with %d, want 3", end.Sub(later), n)
 	}
 }
