@@ -160,15 +160,14 @@ func TestCancelledClientLeavesNothingBehind(t *testing.T) {
 			stream.Close()
 		}()
 	}
-	lanes := s.proxy.Lanes()
 	waitFor(t, func() bool {
-		st := lanes.States()
+		st := s.proxy.States()
 		return len(st) == 1 && st[0].InFlight == 2 && st[0].Queued == 4
 	})
 	cancel()
 	wg.Wait()
 	waitFor(t, func() bool {
-		st := lanes.States()
+		st := s.proxy.States()
 		return st[0].InFlight == 0 && st[0].Queued == 0
 	})
 	s.close()
@@ -191,7 +190,7 @@ func TestPausedKeyDoesNotSlowAnother(t *testing.T) {
 		pausedDone <- err
 	}()
 	waitFor(t, func() bool {
-		for _, l := range s.proxy.Lanes().States() {
+		for _, l := range s.proxy.States() {
 			if !l.PausedUntil.IsZero() {
 				return true
 			}

@@ -84,7 +84,7 @@ func TestNothingLostUnderFaults(t *testing.T) {
 		}
 	}
 	waitFor(t, func() bool {
-		for _, st := range s.proxy.Lanes().States() {
+		for _, st := range s.proxy.States() {
 			if st.Queued != 0 || st.InFlight != 0 {
 				return false
 			}

@@ -36,7 +36,7 @@ func messageParams(prompt string) anthropic.MessageNewParams {
 
 func laneFor(s *stack, route, key, path, model string) (lanequeue.State, bool) {
 	id := lanequeue.Key{Route: route, CredentialHash: lanequeue.HashCredential(key), Path: path, Model: model}.ID()
-	for _, st := range s.proxy.Lanes().States() {
+	for _, st := range s.proxy.States() {
 		if st.ID == id {
 			return st, true
 		}

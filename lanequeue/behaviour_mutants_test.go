@@ -13,8 +13,8 @@ import (
 
 // quietLocal is the in-process state of a group whose upstream sends no
 // headers, with an admission a moment ago (a live upstream).
-func quietLocal() *local {
-	s := NewLocal(Config{Concurrency: 8, MaxConcurrency: 64})
+func quietLocal() *Memory {
+	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
 	s.learn.lastAccepted = t0
 	return s
 }
@@ -211,7 +211,7 @@ func TestReplySecsIsTheFirstAnswers(t *testing.T) {
 // a second, above what the group was sending; and the concurrency limit
 // falls to the 8 that went through.
 func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
-	s := NewLocal(Config{Concurrency: 16, MaxConcurrency: 64})
+	s := NewMemory(Config{Concurrency: 16, MaxConcurrency: 64})
 	s.conc.start = 4
 	var tks []Ticket
 	for range 9 {

@@ -327,7 +327,7 @@ func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
 // limit) of an answer time apart, not at one instant; once a pace is
 // learned the pace holds instead.
 func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
-	var s local
+	var s Memory
 	s.conc = newConcurrency(Config{Concurrency: 4, MaxConcurrency: 64}.withDefaults())
 	s.learn.replySecs = 0.4
 	if _, _, ok := s.Admit(t0, 1, true); !ok {
@@ -355,7 +355,7 @@ func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
 // holds its permit is not in flight at the upstream, so a dispatch beside
 // it goes at a level without it; the permit's return ends that.
 func TestRefusedPermitsDoNotCountAsInFlight(t *testing.T) {
-	var s local
+	var s Memory
 	s.conc = newConcurrency(Config{Concurrency: 8, MaxConcurrency: 64}.withDefaults())
 	a, _, _ := s.Admit(t0, 1, true)
 	b, _, _ := s.Admit(t0, 1, true)

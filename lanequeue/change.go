@@ -109,14 +109,3 @@ func (g *group) changesLocked(l *Lane, r Report, v View, now time.Time, out []Ch
 	}
 	return out
 }
-
-// pauseReason names the pause an answer with verdict v sets.
-func pauseReason(v Verdict) string {
-	switch v {
-	case RateRefused:
-		return "rate_limited"
-	case Overloaded:
-		return "overloaded"
-	}
-	return "retry"
-}

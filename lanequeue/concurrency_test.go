@@ -314,7 +314,7 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 // all replicas together, and are numbered in the group's running count;
 // a refused one's permit stops counting when it is given back.
 func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
-	s := NewLocal(Config{Concurrency: 8, MaxConcurrency: 8})
+	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 	seq, level, _ := s.NoteDispatch(t0, 3, 100)
 	if seq != 100 || level != 4 {
 		t.Fatalf("seq %d level %d, want the fleet's 100 and 3 out + itself = 4", seq, level)

@@ -13,7 +13,7 @@ import (
 // concurrency limit was lowered only once refusals lowered it (a shared
 // store publishes only such limits); a fresh group's was not.
 func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
-	l := NewLocal(Config{Concurrency: 8, MinConcurrency: 1, MaxConcurrency: 8})
+	l := NewMemory(Config{Concurrency: 8, MinConcurrency: 1, MaxConcurrency: 8})
 	now := time.Unix(1_000_000, 0)
 	if l.View(now).ConcurrencyLowered {
 		t.Fatal("a fresh group says its concurrency was lowered")
@@ -32,7 +32,7 @@ func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
 // between two of this one's count toward the group's sending rate once;
 // a count that did not move counts this dispatch alone.
 func TestFleetDispatchesCountOnceEach(t *testing.T) {
-	l := NewLocal(Config{})
+	l := NewMemory(Config{})
 	now := time.Unix(1_000_000, 0)
 	l.NoteDispatch(now, 0, 5) // the first count only sets the mark
 	l.NoteDispatch(now, 0, 9) // four dispatches, all replicas
@@ -45,7 +45,7 @@ func TestFleetDispatchesCountOnceEach(t *testing.T) {
 // elsewhere is a Local whose peers have had an answer once answered is
 // set.
 type elsewhere struct {
-	*Local
+	*Memory
 	answered *atomic.Bool
 }
 
@@ -59,7 +59,7 @@ func TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer(t *testing.T) {
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
 	cfg := Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}
 	var answered atomic.Bool
-	tb := NewTable(TableConfig{Lane: cfg, Shared: func(_ string, c Config) Shared { return elsewhere{NewLocal(c), &answered} }})
+	tb := NewTable(TableConfig{Lane: cfg, Shared: func(_ string, c Config) Shared { return elsewhere{NewMemory(c), &answered} }})
 	l := tb.Get(Key{Path: "/p"})
 	first, err := l.Acquire(context.Background(), 1)
 	if err != nil {
@@ -86,7 +86,7 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 		held bool
 		rise bool
 	}{{"held by the pace", true, true}, {"not held", false, false}} {
-		l := NewLocal(Config{Concurrency: 64, MaxConcurrency: 64})
+		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
 		l.learn.estimate, l.learn.from, l.learn.measured = 5, "admitted rate", true
 		l.pace.setSynthetic(l.pacing(), now)

@@ -42,7 +42,7 @@ func report(s *Slot, r Report) {
 func pause(l *Lane, until time.Time) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	sh := l.g.shared.(*local)
+	sh := l.g.shared.(*Memory)
 	if until.After(sh.pausedUntil) {
 		sh.pausedUntil = until
 	}
@@ -56,4 +56,4 @@ func pastProbe(l *Lane) {
 }
 
 // shared is the lane's in-process shared state, for white-box checks.
-func shared(l *Lane) *local { return l.g.shared.(*local) }
+func shared(l *Lane) *Memory { return l.g.shared.(*Memory) }

@@ -147,7 +147,7 @@ func (l *Lane) OpenSession() (closed func()) {
 // single-lane users call it.
 func New(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
-	g := newGroup(key.LimitGroup(), cfg, NewLocalShared(cfg), nil)
+	g := newGroup(key.LimitGroup(), cfg, NewMemory(cfg), nil)
 	g.refs.Store(1) // the lane's own
 	return g.newLane(key)
 }

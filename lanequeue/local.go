@@ -6,8 +6,11 @@ import (
 	"time"
 )
 
-// local is the in-process Shared: the state of one group in this process.
-type local struct {
+// Memory is the in-process Shared: the state of one group in this
+// process. A Shared kept elsewhere can learn with one beside it (see
+// redisstate): it hands Memory the answers to learn from and tells it of
+// the dispatches made elsewhere with NoteDispatch.
+type Memory struct {
 	pace        pacer
 	conc        concurrency
 	pausedUntil time.Time
@@ -30,20 +33,11 @@ type local struct {
 	lastSent  time.Time // the latest dispatch
 }
 
-// NewLocalShared returns the in-process Shared for a group with cfg's
+// NewMemory returns the in-process state for a group with cfg's
 // concurrency bounds.
-func NewLocalShared(cfg Config) Shared { return NewLocal(cfg) }
-
-// Local is the in-process Shared. A Shared kept elsewhere can learn with
-// one beside it (see redisstate): it hands Local the answers to learn from
-// and tells it of the dispatches made elsewhere with NoteDispatch.
-type Local = local
-
-// NewLocal returns the in-process state for a group with cfg's concurrency
-// bounds.
-func NewLocal(cfg Config) *Local {
+func NewMemory(cfg Config) *Memory {
 	cfg = cfg.withDefaults()
-	return &local{conc: newConcurrency(cfg)}
+	return &Memory{conc: newConcurrency(cfg)}
 }
 
 // NoteDispatch records a dispatch another store admitted, one that every
@@ -55,7 +49,7 @@ func NewLocal(cfg Config) *Local {
 // number, the number in flight it went at, and whether it goes in a
 // probe of the pace learned from refusals, for the ticket. The probe
 // cycle moves on here, as Admit moves it for the group's own admissions.
-func (s *local) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, level int, probe bool) {
+func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, level int, probe bool) {
 	s.stepProbe(now)
 	// Dispatches of the other replicas since this one's last count toward
 	// the group's sending rate too (at most a meter's worth at once).
@@ -78,7 +72,7 @@ func (s *local) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, l
 
 // NoteAccepted records that the upstream accepted a request of the group
 // sent elsewhere, answered at at (zero: none): the upstream is live.
-func (s *local) NoteAccepted(at time.Time) {
+func (s *Memory) NoteAccepted(at time.Time) {
 	if at.After(s.learn.lastAccepted) {
 		s.learn.lastAccepted = at
 	}
@@ -87,7 +81,7 @@ func (s *local) NoteAccepted(at time.Time) {
 // NoteHeld records that the store kept elsewhere held a request back at
 // now for the pace learned from refusals: the probe cycle probes only
 // while the pace is what holds requests back.
-func (s *local) NoteHeld(now time.Time) {
+func (s *Memory) NoteHeld(now time.Time) {
 	if s.pace.synthetic {
 		s.held = now
 		s.stepProbe(now)
@@ -95,7 +89,7 @@ func (s *local) NoteHeld(now time.Time) {
 }
 
 // stepProbe moves the probe cycle on at now, pacing by the phase it is in.
-func (s *local) stepProbe(now time.Time) {
+func (s *Memory) stepProbe(now time.Time) {
 	if s.pace.synthetic && s.learn.step(now, now.Sub(s.held) < time.Second) {
 		s.pace.setSynthetic(s.pacing(), now)
 	}
@@ -107,7 +101,7 @@ func (s *local) stepProbe(now time.Time) {
 // level i): each replica sees only its share of the refusals, too few
 // alone to tell a concurrency limit from a rate. A group paced from
 // refusals judges its bound again at once.
-func (s *local) ShareLevels(admitted, refused []float64, now time.Time) {
+func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
 	l := &s.learn
 	n := min(max(len(admitted), len(refused)), maxLevel+1)
 	l.grow(max(n-1, 1))
@@ -131,8 +125,8 @@ func (s *local) ShareLevels(admitted, refused []float64, now time.Time) {
 }
 
 // NoteReturn records the end of an answer whose permit another store gave,
-// for the mean answer time; Local's own permit count is not touched.
-func (s *local) NoteReturn(t *Ticket, now time.Time) {
+// for the mean answer time; Memory's own permit count is not touched.
+func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
 	s.settle(t) // an answer nobody reported
 	if t.HoldsRefused {
 		t.HoldsRefused = false
@@ -141,7 +135,7 @@ func (s *local) NoteReturn(t *Ticket, now time.Time) {
 	s.conc.answered(t, now)
 }
 
-func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
+func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
 	if now.Before(s.pausedUntil) {
 		return Ticket{}, s.pausedUntil, false
 	}
@@ -174,14 +168,14 @@ func (s *local) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time,
 	return t, time.Time{}, true
 }
 
-func (s *local) Learn(t *Ticket, r Report, now time.Time) {
+func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
 	if r.Verdict == NotSent {
 		s.pauseFor(r)
 		s.Refund(t)
 		return
 	}
-	refusal := r.Verdict.refusal()
+	refusal := r.Verdict.Refusal()
 	if r.Verdict != Failed {
 		s.learn.answered(t.Level, refusal)
 	}
@@ -250,7 +244,7 @@ func (s *local) Learn(t *Ticket, r Report, now time.Time) {
 // refusal while the upstream is admitting other requests is about
 // capacity: the learned pace or concurrency limit holds the group, and a
 // pause would only idle it, unless the upstream named a wait for a rate.
-func (s *local) behaved(t *Ticket, r Report, now time.Time) bool {
+func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	l := &s.learn
 	level := t.Level
 	l.lastRefused = now
@@ -343,7 +337,7 @@ func (s *local) behaved(t *Ticket, r Report, now time.Time) bool {
 
 // toConcurrency holds the group at the level below the one the upstream
 // refuses at, and paces it loosely: the number in flight is what binds.
-func (s *local) toConcurrency() {
+func (s *Memory) toConcurrency() {
 	l := &s.learn
 	if l.atLevel > 0 {
 		c := &s.conc
@@ -361,7 +355,7 @@ func (s *local) toConcurrency() {
 // slow start sends what a burst of answers frees spread over part of an
 // answer time instead of at one instant, so the first refusal, which comes
 // back at once, sets the pace before the rest of the burst has gone.
-func (s *local) spread(now time.Time) (time.Time, bool) {
+func (s *Memory) spread(now time.Time) (time.Time, bool) {
 	secs := s.conc.answerSecs
 	if secs <= 0 {
 		secs = s.learn.replySecs
@@ -379,7 +373,7 @@ func (s *local) spread(now time.Time) (time.Time, bool) {
 // pacing is the learned pace: the learner's, and for a group bound by
 // concurrency never under what its limit allows at the current answer
 // time (loosely): there the limit holds the group, not the pace.
-func (s *local) pacing() float64 {
+func (s *Memory) pacing() float64 {
 	p := s.learn.pace()
 	if s.learn.concurrencyBound() && s.conc.answerSecs > 0 {
 		p = max(p, concurrencyLoose*float64(s.conc.limit)/s.conc.answerSecs)
@@ -389,7 +383,7 @@ func (s *local) pacing() float64 {
 
 // floor is the concurrency the learned rate needs for answers of the
 // current length (Little's law); 0 while either is unknown.
-func (s *local) floor() int {
+func (s *Memory) floor() int {
 	if s.pace.synthetic {
 		if !s.learn.measured {
 			return 0 // a guess at the rate says nothing of what it needs
@@ -400,15 +394,15 @@ func (s *local) floor() int {
 }
 
 // pauseFor takes r's pause, if it is longer than the current one.
-func (s *local) pauseFor(r Report) {
+func (s *Memory) pauseFor(r Report) {
 	if r.PauseUntil.After(s.pausedUntil) {
 		s.pausedUntil = r.PauseUntil
-		s.pauseReason = pauseReason(r.Verdict)
+		s.pauseReason = r.Verdict.PauseReason()
 	}
 }
 
 // settle ends t's count as pending, once.
-func (s *local) settle(t *Ticket) {
+func (s *Memory) settle(t *Ticket) {
 	if !t.Settled {
 		t.Settled = true
 		s.learn.settled(t.Level)
@@ -416,14 +410,14 @@ func (s *local) settle(t *Ticket) {
 }
 
 // outNow is how many permits are out as t's answer is learned from.
-func (s *local) outNow(t *Ticket) int {
+func (s *Memory) outNow(t *Ticket) int {
 	if t.OutNow > 0 {
 		return t.OutNow
 	}
 	return s.conc.inFlight
 }
 
-func (s *local) Refund(t *Ticket) {
+func (s *Memory) Refund(t *Ticket) {
 	if t.Refunded {
 		return
 	}
@@ -431,13 +425,13 @@ func (s *local) Refund(t *Ticket) {
 	s.pace.refund(t.Cost)
 }
 
-func (s *local) Settle(t *Ticket, usedTokens int64) {
+func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 	if !t.Refunded {
 		s.pace.settle(t.Cost, usedTokens, t.Tokens)
 	}
 }
 
-func (s *local) Return(t *Ticket, now time.Time) {
+func (s *Memory) Return(t *Ticket, now time.Time) {
 	s.settle(t) // an answer nobody reported
 	if t.HoldsRefused {
 		t.HoldsRefused = false
@@ -450,9 +444,9 @@ func (s *local) Return(t *Ticket, now time.Time) {
 	s.conc.returned(t, now)
 }
 
-func (s *local) PausedUntil() time.Time { return s.pausedUntil }
+func (s *Memory) PausedUntil() time.Time { return s.pausedUntil }
 
-func (s *local) View(now time.Time) View {
+func (s *Memory) View(now time.Time) View {
 	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs}
 	if now.Before(s.pausedUntil) {
 		v.PausedUntil, v.PauseReason = s.pausedUntil, s.pauseReason
@@ -485,4 +479,4 @@ func (s *local) View(now time.Time) View {
 
 // Knows reports whether the group has learned a limit of its own: from
 // headers, or from the upstream's refusals.
-func (s *local) Knows() bool { return s.pace.synthetic || s.pace.headers() }
+func (s *Memory) Knows() bool { return s.pace.synthetic || s.pace.headers() }

@@ -210,7 +210,7 @@ func (m *model) check(step string) {
 			want = &counts{}
 		}
 		g.mu.Lock()
-		refs, unanswered, permits, limit := int(g.refs.Load()), g.unanswered, g.shared.(*local).conc.inFlight, g.shared.(*local).conc.limit
+		refs, unanswered, permits, limit := int(g.refs.Load()), g.unanswered, g.shared.(*Memory).conc.inFlight, g.shared.(*Memory).conc.limit
 		g.mu.Unlock()
 		wantRefs := inTable[g] + want.live
 		if refs != wantRefs || unanswered != want.unanswered || permits != want.inFlight {

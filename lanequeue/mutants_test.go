@@ -560,8 +560,8 @@ func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 		v    Verdict
 		want bool
 	}{{Accepted, false}, {RateRefused, true}, {ConcurrencyRefused, true}, {Overloaded, true}, {Failed, false}, {NotSent, false}} {
-		if got := tt.v.refusal(); got != tt.want {
-			t.Errorf("%v.refusal() = %v, want %v", tt.v, got, tt.want)
+		if got := tt.v.Refusal(); got != tt.want {
+			t.Errorf("%v.Refusal() = %v, want %v", tt.v, got, tt.want)
 		}
 	}
 	l, _ := testLane(4, 10)

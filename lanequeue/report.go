@@ -47,9 +47,26 @@ func (v Verdict) String() string {
 	return "unknown"
 }
 
-// refusal reports whether the upstream said no for capacity.
-func (v Verdict) refusal() bool {
+// Refusal reports whether the upstream said no for capacity.
+func (v Verdict) Refusal() bool {
 	return v == RateRefused || v == ConcurrencyRefused || v == Overloaded
+}
+
+// Pauses reports whether a retry after an answer with this verdict pauses
+// the whole limit group rather than waiting alone: a rate refusal or an
+// overload is about the group (a concurrency refusal waits for a permit).
+func (v Verdict) Pauses() bool { return v == RateRefused || v == Overloaded }
+
+// PauseReason names the pause an answer with this verdict sets (see
+// View.PauseReason).
+func (v Verdict) PauseReason() string {
+	switch v {
+	case RateRefused:
+		return "rate_limited"
+	case Overloaded:
+		return "overloaded"
+	}
+	return "retry"
 }
 
 // Report is everything one attempt's answer tells the lane, handed over in
@@ -96,7 +113,7 @@ func (s *Slot) Report(r Report) (held bool) {
 		g.learned = true
 	}
 	l.stats.countAttempt(r.Status, now)
-	if r.Verdict.refusal() {
+	if r.Verdict.Refusal() {
 		l.stats.throttled++
 	}
 	before := g.shared.PausedUntil()
@@ -110,7 +127,7 @@ func (s *Slot) Report(r Report) (held bool) {
 	// the one it took.
 	if from, until := later(before, now), g.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
 		// This answer started a pause, or made one longer.
-		reason := pauseReason(r.Verdict)
+		reason := r.Verdict.PauseReason()
 		started := !before.After(now)
 		l.stats.countPause(reason, until.Sub(from), started)
 		if started && g.onChange != nil {
@@ -122,7 +139,7 @@ func (s *Slot) Report(r Report) (held bool) {
 		changes = g.changesLocked(l, r, v, now, changes)
 	}
 	held = !g.shared.PausedUntil().Before(r.PauseUntil)
-	if !held && r.Verdict.refusal() && !r.PauseUntil.IsZero() && g.shared.View(now).Bound == "concurrency" {
+	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() && g.shared.View(now).Bound == "concurrency" {
 		// The group learned that the number in flight is the bound: its
 		// concurrency limit holds the retry until a permit frees.
 		held = true
@@ -143,10 +160,9 @@ func later(a, b time.Time) time.Time {
 }
 
 // CountAnswer counts one request of the lane by the status the client got
-// (0: none was sent) and its outcome, a short name the caller chooses from
-// a fixed set ("ok", "client_gone", …). A lane that has left the table
+// (0: none was sent) and its outcome. A lane that has left the table
 // counts too, where nobody sees it.
-func (l *Lane) CountAnswer(status int, outcome string) {
+func (l *Lane) CountAnswer(status int, outcome Outcome) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
 	l.stats.countAnswer(status, outcome, l.g.clock.Now())

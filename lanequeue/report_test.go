@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -291,5 +292,44 @@ func TestABudgetWaitingForATimeHoldsAProbeBack(t *testing.T) {
 	at1, ok, _, _ := p.admit(t0, 100, true)
 	if ok || at1.IsZero() {
 		t.Fatalf("admit = %v, %v; want to wait for the token refill", at1, ok)
+	}
+}
+
+// TestOutcomesNameEveryWayAnAnswerEnds: the metric's help names every
+// outcome the proxy counts, and an outcome is a failure unless the answer
+// went whole or its client left.
+func TestOutcomesNameEveryWayAnAnswerEnds(t *testing.T) {
+	help := descRequests.String()
+	for _, o := range Outcomes {
+		if !strings.Contains(help, string(o)) {
+			t.Errorf("llmproxy_requests_total's help does not name %q: %s", o, help)
+		}
+		if want := o != OutcomeOK && o != OutcomeClientGone; o.Failed() != want {
+			t.Errorf("%q.Failed() = %v", o, o.Failed())
+		}
+	}
+	if len(Outcomes) != 6 {
+		t.Errorf("%d outcomes listed, want the 6 ways an answer ends", len(Outcomes))
+	}
+}
+
+// TestWhatEachVerdictMeans: which verdicts are refusals, which pause the
+// group on a retry, and the reason such a pause shows.
+func TestWhatEachVerdictMeans(t *testing.T) {
+	for _, c := range []struct {
+		v               Verdict
+		refusal, pauses bool
+		reason          string
+	}{
+		{Accepted, false, false, "retry"},
+		{RateRefused, true, true, "rate_limited"},
+		{ConcurrencyRefused, true, false, "retry"},
+		{Overloaded, true, true, "overloaded"},
+		{Failed, false, false, "retry"},
+		{NotSent, false, false, "retry"},
+	} {
+		if c.v.Refusal() != c.refusal || c.v.Pauses() != c.pauses || c.v.PauseReason() != c.reason {
+			t.Errorf("%v: refusal %v, pauses %v, reason %q; want %v, %v, %q", c.v, c.v.Refusal(), c.v.Pauses(), c.v.PauseReason(), c.refusal, c.pauses, c.reason)
+		}
 	}
 }

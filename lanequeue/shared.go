@@ -58,7 +58,7 @@ type Ticket struct {
 	Returned         bool // its permit was given back
 	// Lease names the permit when a shared store outside this process
 	// gave it; empty for the in-process state. Such a store gives and
-	// takes back its own permits (see Local.NoteDispatch, NoteReturn).
+	// takes back its own permits (see Memory.NoteDispatch, NoteReturn).
 	Lease string
 	// OutNow is the number of permits out, all replicas together, when the
 	// answer came; 0 means the in-process count.
@@ -81,7 +81,7 @@ type Ticket struct {
 // View is what Shared shows of itself.
 type View struct {
 	PausedUntil time.Time
-	PauseReason string // "rate_limited", "overloaded", "retry" or ""
+	PauseReason string // "rate_limited", "overloaded", "retry", "shared" (a pause another replica set, see redisstate) or ""
 	Concurrency int    // current concurrency limit
 	InFlight    int    // permits out
 	// Requests and Tokens are the learned budgets; Known is false while

@@ -24,10 +24,10 @@ type laneStats struct {
 // none was sent) and the outcome.
 type AnswerKey struct {
 	Status  int
-	Outcome string
+	Outcome Outcome
 }
 
-func (s *laneStats) countAnswer(status int, outcome string, now time.Time) {
+func (s *laneStats) countAnswer(status int, outcome Outcome, now time.Time) {
 	if s.answers == nil {
 		s.answers = map[AnswerKey]int64{}
 	}
@@ -82,7 +82,7 @@ type State struct {
 	// the same answers by outcome, and AnswerCounts by both; Attempts the
 	// upstream's statuses per attempt (0: no answer).
 	Answers      map[int]int64       `json:"answers,omitempty"`
-	Outcomes     map[string]int64    `json:"outcomes,omitempty"`
+	Outcomes     map[Outcome]int64   `json:"outcomes,omitempty"`
 	AnswerCounts map[AnswerKey]int64 `json:"-"`
 	Attempts     map[int]int64       `json:"attempts,omitempty"`
 	// Pauses counts the pauses this lane's answers started, by reason;
@@ -166,7 +166,7 @@ func (l *Lane) state(withHistory bool) State {
 		s.TokensLimit, s.TokensAvailable, s.TokensPerSecond = v.Tokens.Limit, v.Tokens.Available, v.Tokens.PerSecond
 	}
 	if len(s.AnswerCounts) > 0 {
-		s.Answers, s.Outcomes = map[int]int64{}, map[string]int64{}
+		s.Answers, s.Outcomes = map[int]int64{}, map[Outcome]int64{}
 		for k, n := range s.AnswerCounts {
 			s.Answers[k.Status] += n
 			s.Outcomes[k.Outcome] += n

@@ -20,7 +20,7 @@ type TableConfig struct {
 	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
 	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
-	// nil = NewLocalShared, state in this process only.
+	// nil = NewMemory, state in this process only.
 	Shared func(group string, cfg Config) Shared
 	// OnEvict is called, outside the table's lock, for every lane dropped.
 	OnEvict func(*Lane)
@@ -59,7 +59,7 @@ func NewTable(cfg TableConfig) *Table {
 		cfg.IdleTTL = 10 * time.Minute
 	}
 	if cfg.Shared == nil {
-		cfg.Shared = func(_ string, c Config) Shared { return NewLocalShared(c) }
+		cfg.Shared = func(_ string, c Config) Shared { return NewMemory(c) }
 	}
 	t := &Table{cfg: cfg, groups: map[string]*group{}}
 	lanes, err := simplelru.NewLRU[string, *Lane](cfg.MaxLanes, t.evictLocked)

@@ -260,7 +260,7 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 // stallingShared is the in-process state with an Admit that waits until
 // released: a shared store gone slow, with its group's lock held.
 type stallingShared struct {
-	*Local
+	*Memory
 	entered chan struct{}
 	release chan struct{}
 }
@@ -271,7 +271,7 @@ func (s stallingShared) Admit(now time.Time, cost int64, probe bool) (Ticket, ti
 	default:
 	}
 	<-s.release
-	return s.Local.Admit(now, cost, probe)
+	return s.Memory.Admit(now, cost, probe)
 }
 
 func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
@@ -280,10 +280,10 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute,
 		Shared: func(group string, cfg Config) Shared {
 			if strings.Contains(group, HashCredential("slow")) {
-				stall.Local = NewLocal(cfg)
+				stall.Memory = NewMemory(cfg)
 				return stall
 			}
-			return NewLocal(cfg)
+			return NewMemory(cfg)
 		}})
 	slowKey := Key{CredentialHash: HashCredential("slow"), Path: "/v1/chat/completions"}
 	slow := tb.Get(slowKey)

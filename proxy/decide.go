@@ -116,7 +116,7 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 		return d
 	}
 	d.action, d.wait = retry, wait
-	d.pauseLane = d.verdict == lanequeue.RateRefused || d.verdict == lanequeue.Overloaded
+	d.pauseLane = d.verdict.Pauses()
 	d.next = t
 	if refused {
 		d.next.refusals++

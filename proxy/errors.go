@@ -122,7 +122,7 @@ func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error) int
 // failRequest answers req with the proxy's own error.
 func (p *Proxy) failRequest(w http.ResponseWriter, req *request, err error) {
 	req.status = p.writeFailure(w, req.route, err)
-	req.outcome = outcomeProxyError
+	req.outcome = lanequeue.OutcomeProxyError
 }
 
 func (e errorReply) write(w http.ResponseWriter) {

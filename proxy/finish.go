@@ -3,17 +3,8 @@ package proxy
 import (
 	"log/slog"
 	"net/http"
-)
 
-// How a request's answer ended: the outcome label of
-// llmproxy_requests_total.
-const (
-	outcomeOK            = "ok"             // a 1xx–3xx answer passed on whole
-	outcomeUpstreamError = "upstream_error" // the upstream's own 4xx/5xx passed on
-	outcomeProxyError    = "proxy_error"    // an error the proxy made
-	outcomeUpstreamCut   = "upstream_cut"   // the upstream's answer broke off after the status went out
-	outcomeClientGone    = "client_gone"    // the client left before or while being answered
-	outcomeClientStalled = "client_stalled" // the client accepted nothing for the idle bound and was cut
+	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 // finish logs the request's line and counts it. It never logs headers, the
@@ -22,7 +13,7 @@ const (
 // answers at warn.
 func (p *Proxy) finish(r *http.Request, req *request) {
 	if req.outcome == "" {
-		req.outcome = outcomeClientGone // left before anything was decided
+		req.outcome = lanequeue.OutcomeClientGone // left before anything was decided
 	}
 	lane := ""
 	if req.lane != nil {
@@ -30,7 +21,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		req.lane.CountAnswer(req.status, req.outcome)
 	}
 	level := slog.LevelDebug
-	if req.outcome == outcomeUpstreamCut || req.outcome == outcomeClientStalled || req.status >= 500 {
+	if req.outcome == lanequeue.OutcomeUpstreamCut || req.outcome == lanequeue.OutcomeClientStalled || req.status >= 500 {
 		level = slog.LevelWarn
 	}
 	if !p.log.Enabled(r.Context(), level) {
@@ -44,7 +35,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		slog.String("method", r.Method),
 		slog.String("path", req.target.Path),
 		slog.Int("status", req.status),
-		slog.String("outcome", req.outcome),
+		slog.String("outcome", string(req.outcome)),
 		slog.Int64("queue_ms", req.queueWait.Milliseconds()),
 		slog.Int("retries", req.retries),
 		slog.Int64("upstream_ms", req.upstream.Milliseconds()),

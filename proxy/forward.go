@@ -33,16 +33,16 @@ type request struct {
 	arrived   time.Time
 	deadline  time.Time
 	queueWait time.Duration
-	retries   int           // re-sends, all causes: x-llmproxy-retries and the log
-	tries     tally         // what the attempts met, for decide
-	upstream  time.Duration // sum of attempt latencies
-	status    int           // what the client got; 0 = none was sent
-	outcome   string        // how the answer ended; see the outcome* names
-	cost      int64         // estimated tokens
+	retries   int               // re-sends, all causes: x-llmproxy-retries and the log
+	tries     tally             // what the attempts met, for decide
+	upstream  time.Duration     // sum of attempt latencies
+	status    int               // what the client got; 0 = none was sent
+	outcome   lanequeue.Outcome // how the answer ended
+	cost      int64             // estimated tokens
 	// cancelAttempt ends the current upstream attempt; the answer's idle
 	// watchdog uses it.
 	cancelAttempt context.CancelFunc
-	cutErr        string   // why the upstream's answer broke off (outcomeUpstreamCut)
+	cutErr        string   // why the upstream's answer broke off (an upstream_cut)
 	id            string   // x-llmproxy-request-id
 	idHeader      []string // {id}, the header value
 	upstreamID    string   // the upstream's own request id, from its latest answer
@@ -257,7 +257,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 // refuse answers a request that never got a slot, or lost it waiting.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
 	if r.Context().Err() != nil {
-		req.outcome = outcomeClientGone // nobody to answer
+		req.outcome = lanequeue.OutcomeClientGone // nobody to answer
 		return
 	}
 	setLLMHeaders(w.Header(), req)
@@ -327,7 +327,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		switch {
 		case r.Context().Err() != nil:
 			res.Discard()
-			req.outcome = outcomeClientGone
+			req.outcome = lanequeue.OutcomeClientGone
 			return
 		case timedOut:
 			res.Discard()

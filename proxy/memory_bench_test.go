@@ -66,7 +66,7 @@ func BenchmarkMemoryPerQueuedRequest(b *testing.B) {
 		}
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			st := p.Lanes().States()
+			st := p.States()
 			if len(st) == 1 && st[0].Queued == n-1 {
 				break
 			}

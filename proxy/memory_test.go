@@ -22,7 +22,7 @@ func TestLaneFieldsAreBounded(t *testing.T) {
 		path := "/v1/" + strings.Repeat("p", 4<<10) + fmt.Sprint(i)
 		readAll(t, h.post(path, `{"model":"`+model+`"}`).Body)
 	}
-	states := h.proxy.Lanes().States()
+	states := h.proxy.States()
 	models, paths := map[string]bool{}, map[string]bool{}
 	for _, s := range states {
 		if len(s.Model) > 160 || len(s.Path) > 160 || !utf8.ValidString(s.Model) {

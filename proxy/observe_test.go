@@ -156,7 +156,7 @@ func laneInFlight(p *Proxy, model string) int { return laneState(p, model).InFli
 func laneQueued(p *Proxy, model string) int { return laneState(p, model).Queued }
 
 func laneState(p *Proxy, model string) lanequeue.State {
-	for _, s := range p.Lanes().States() {
+	for _, s := range p.States() {
 		if s.Model == model {
 			return s
 		}

@@ -281,7 +281,7 @@ func TestBearerKeysGetTheirOwnLanes(t *testing.T) {
 	if a != a2 {
 		t.Fatalf("one key got lanes %q and %q", a, a2)
 	}
-	if n := len(h.proxy.Lanes().States()); n != 2 {
+	if n := len(h.proxy.States()); n != 2 {
 		t.Fatalf("%d lanes, want 2", n)
 	}
 }

@@ -322,8 +322,17 @@ func (p *Proxy) stopping() bool { return p.stopped.Err() != nil }
 // ServeHTTP handles a client request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.handler.ServeHTTP(w, r) }
 
-// Lanes is the proxy's lane table.
-func (p *Proxy) Lanes() *lanequeue.Table { return p.lanes }
+// States is every lane's state, as /lanes shows it.
+func (p *Proxy) States() []lanequeue.State { return p.lanes.States() }
+
+// UnderWay is the number of requests queued or at the upstream.
+func (p *Proxy) UnderWay() int {
+	n := 0
+	for _, s := range p.lanes.States() {
+		n += s.Queued + s.InFlight
+	}
+	return n
+}
 
 // trackingWriter remembers whether the status line went out. It keeps
 // http.Flusher and the rest reachable through Unwrap for

@@ -462,7 +462,7 @@ func laneIdle(t *testing.T, p *Proxy) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		busy := false
-		for _, s := range p.Lanes().States() {
+		for _, s := range p.States() {
 			if s.InFlight != 0 || s.Queued != 0 {
 				busy = true
 			}
@@ -471,7 +471,7 @@ func laneIdle(t *testing.T, p *Proxy) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lanes still busy: %+v", p.Lanes().States())
+			t.Fatalf("lanes still busy: %+v", p.States())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -637,5 +637,49 @@ func TestRequestIDGoesToClientUpstreamAndLog(t *testing.T) {
 	logs := h.logs.String()
 	if !strings.Contains(logs, "request_id="+id) || !strings.Contains(logs, "upstream_request_id=req_upstream_42") {
 		t.Fatalf("log lacks the ids:\n%s", logs)
+	}
+}
+
+// TestUnderWayCountsQueuedAndInFlight: UnderWay is what a drain waits for,
+// the requests at the upstream and those queued behind them, over every
+// lane; none once they are answered.
+func TestUnderWayCountsQueuedAndInFlight(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 8)
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"ok":true}`)
+	}), func(c *Config) {
+		c.Lanes.Lane = lanequeue.Config{Concurrency: 1, MinConcurrency: 1, MaxConcurrency: 1}
+	})
+	if n := h.proxy.UnderWay(); n != 0 {
+		t.Fatalf("under way before any request: %d", n)
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.post("/v1/chat/completions", `{"model":"m"}`)
+		}()
+	}
+	<-arrived
+	deadline := time.Now().Add(5 * time.Second)
+	for h.proxy.UnderWay() != 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("under way %d with one request at the upstream and two queued, want 3", h.proxy.UnderWay())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	deadline = time.Now().Add(5 * time.Second)
+	for h.proxy.UnderWay() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("under way %d after every answer, want 0", h.proxy.UnderWay())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

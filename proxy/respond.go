@@ -58,9 +58,9 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		h.Set("X-Should-Retry", "false")
 	}
 	req.status = resp.StatusCode
-	req.outcome = outcomeOK
+	req.outcome = lanequeue.OutcomeOK
 	if resp.StatusCode >= 400 {
-		req.outcome = outcomeUpstreamError
+		req.outcome = lanequeue.OutcomeUpstreamError
 	}
 	w.WriteHeader(resp.StatusCode)
 	stream := flushEachWrite(resp)
@@ -77,14 +77,14 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run, and
 		// the attempt's cancellation ends the upstream call.
-		req.outcome = outcomeClientGone
+		req.outcome = lanequeue.OutcomeClientGone
 		switch {
 		case p.stopping():
-			req.outcome, req.cutErr = outcomeProxyError, "cut by shutdown"
+			req.outcome, req.cutErr = lanequeue.OutcomeProxyError, "cut by shutdown"
 		case errors.Is(err, errClientStalled):
-			req.outcome, req.cutErr = outcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
+			req.outcome, req.cutErr = lanequeue.OutcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
 		case !errors.Is(err, errClientGone):
-			req.outcome = outcomeUpstreamCut
+			req.outcome = lanequeue.OutcomeUpstreamCut
 			req.cutErr = redactErr(err, req.target)
 		}
 		panic(http.ErrAbortHandler)

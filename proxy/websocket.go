@@ -91,7 +91,7 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result, s
 	slot.Release()
 	closed := req.lane.OpenSession()
 	defer closed()
-	req.status, req.outcome = http.StatusSwitchingProtocols, outcomeOK
+	req.status, req.outcome = http.StatusSwitchingProtocols, lanequeue.OutcomeOK
 
 	h := resp.Header.Clone()
 	upstream.StripHopHeaders(h)
@@ -105,7 +105,7 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result, s
 	if err := brw.Flush(); err != nil {
 		conn.Close()
 		up.Close()
-		req.outcome = outcomeClientGone
+		req.outcome = lanequeue.OutcomeClientGone
 		return
 	}
 

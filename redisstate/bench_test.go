@@ -28,7 +28,7 @@ func BenchmarkRequest(b *testing.B) {
 
 // BenchmarkRequestLocal is the same with the in-process state.
 func BenchmarkRequestLocal(b *testing.B) {
-	benchRequests(b, lanequeue.NewLocalShared(lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}), nil)
+	benchRequests(b, lanequeue.NewMemory(lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}), nil)
 }
 
 func benchRequests(b *testing.B, sh lanequeue.Shared, st *Store) {

@@ -218,7 +218,7 @@ func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
 		var sh lanequeue.Shared
 		cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
 		if mode == "local" {
-			sh = lanequeue.NewLocalShared(cfg)
+			sh = lanequeue.NewMemory(cfg)
 		} else {
 			srv := startServer(t)
 			sh = newStore(t, srv.url(), time.Minute).Shared("g", cfg)

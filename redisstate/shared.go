@@ -16,7 +16,7 @@ import (
 // is unreachable.
 type shared struct {
 	st                              *Store
-	local                           *lanequeue.Local
+	local                           *lanequeue.Memory
 	cfg                             lanequeue.Config
 	state, leases, waiting, climits string
 	raise, levels                   string
@@ -51,7 +51,7 @@ func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 	// its scripts need.
 	base := st.cfg.Prefix + "{g:" + hex.EncodeToString(sum[:12]) + "}"
 
-	return &shared{st: st, local: lanequeue.NewLocal(cfg), cfg: cfg,
+	return &shared{st: st, local: lanequeue.NewMemory(cfg), cfg: cfg,
 		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits",
 		raise: base + ":raise", levels: base + ":levels"}
 }
@@ -291,8 +291,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	default:
 		kind = 1
 	}
-	refused := r.Verdict == lanequeue.RateRefused || r.Verdict == lanequeue.ConcurrencyRefused || r.Verdict == lanequeue.Overloaded
-	args = append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(refused))
+	args = append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(r.Verdict.Refusal()))
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
@@ -445,7 +444,7 @@ func errOr(err error) error {
 func (s *shared) AnsweredElsewhere() bool { return s.st.up.Load() && s.answered }
 
 // Knows reports whether this replica's state has learned a limit (see
-// lanequeue.Local.Knows).
+// lanequeue.Memory.Knows).
 func (s *shared) Knows() bool { return s.local.Knows() }
 
 // seeLimits keeps l, Redis' latest limits, and its rates among the

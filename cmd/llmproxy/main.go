@@ -273,7 +273,7 @@ func drain(srv *http.Server, p *proxy.Proxy, timeout time.Duration, again <-chan
 		return // drained (an error without the context's is the listener's close)
 	}
 	log.Info("drain ended early: answering the requests still under way with 503 shutting_down",
-		"by", context.Cause(ctx).Error(), "under_way", underWay(p))
+		"by", context.Cause(ctx).Error(), "under_way", p.UnderWay())
 	p.Stop()
 	gctx, cancelGrace := context.WithTimeout(context.Background(), stopGrace)
 	defer cancelGrace()
@@ -283,15 +283,6 @@ func drain(srv *http.Server, p *proxy.Proxy, timeout time.Duration, again <-chan
 		}
 		srv.Close()
 	}
-}
-
-// underWay is the number of requests queued or at the upstream.
-func underWay(p *proxy.Proxy) int {
-	n := 0
-	for _, s := range p.Lanes().States() {
-		n += s.Queued + s.InFlight
-	}
-	return n
 }
 
 func newLogger(cfg config, w io.Writer) *slog.Logger {

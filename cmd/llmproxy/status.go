@@ -155,7 +155,7 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), queued, s.InFlight, s.Concurrency,
-			s.Outcomes["ok"], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
+			s.Outcomes[lanequeue.OutcomeOK], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
 			drainsIn(s), waiting(s, now), orDash(configured(s.Configured)), orDash(believes(s)))
 	}
 	tw.Flush()
@@ -183,12 +183,11 @@ func configured(c *lanequeue.ConfiguredView) string {
 	return strings.Join(append(parts, c.Mode), " ")
 }
 
-// failed counts the lane's answers that were not a success, those whose
-// client left aside.
+// failed counts the lane's answers that failed (see Outcome.Failed).
 func failed(s lanequeue.State) int64 {
 	var n int64
 	for outcome, c := range s.Outcomes {
-		if outcome != "ok" && outcome != "client_gone" {
+		if outcome.Failed() {
 			n += c
 		}
 	}

@@ -476,7 +476,7 @@ func TestRouteStartGrowsToWhatTheUpstreamAllows(t *testing.T) {
 		ratio := took.Seconds() / (n / 30.0)
 		refused := 100 * float64(st.RateLimited) / float64(st.Requests)
 		var mode string
-		if ls := b.proxy.Lanes().States(); len(ls) == 1 && ls[0].Configured != nil {
+		if ls := b.proxy.States(); len(ls) == 1 && ls[0].Configured != nil {
 			mode = ls[0].Configured.Mode
 		}
 		t.Logf("%d requests in %v: %.2f× N ÷ 30/s (the start alone: 3×), %.1f%% of %d upstream requests refused, %d failed, mode %q",

@@ -166,7 +166,7 @@ func simulate(t *testing.T, c cell) result {
 					case <-time.After(250 * time.Millisecond):
 					}
 					st := mock.Stats()
-					for _, v := range p.Lanes().States() {
+					for _, v := range p.States() {
 						t.Logf("%5.2fs queued %3d in flight %2d/%2d pace %5.1f/s admitted %5.1f/s from %-13q bound %-11q %q refused %d/%d",
 							time.Since(start).Seconds(), v.GroupQueued, v.InFlight, v.Concurrency, v.RequestsPerSecond,
 							v.AdmittedRate, v.RateFrom, v.Bound, v.ConcurrencyFrom, st.RateLimited, st.Requests)
@@ -198,7 +198,7 @@ func simulate(t *testing.T, c cell) result {
 		res.ideal = time.Duration(float64(c.n) / c.rate * float64(time.Second))
 		st := mock.Stats()
 		res.upstream, res.refused = st.Requests, st.RateLimited
-		if ls := p.Lanes().States(); len(ls) > 0 {
+		if ls := p.States(); len(ls) > 0 {
 			res.view = ls[0]
 		}
 	})
