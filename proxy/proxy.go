@@ -110,11 +110,14 @@ type Proxy struct {
 	// sessions are the open WebSocket sessions (see join).
 	sessionsMu sync.Mutex
 	sessions   map[*session]struct{}
-	lanes      *lanequeue.Table
-	metrics    *metrics
-	policy     retryPolicy
-	log        *slog.Logger
-	handler    http.Handler
+	// sessionsClosed: CloseSessions ran; a session that opens after it
+	// is closed at once.
+	sessionsClosed bool
+	lanes          *lanequeue.Table
+	metrics        *metrics
+	policy         retryPolicy
+	log            *slog.Logger
+	handler        http.Handler
 	// settings are each route's, by name ("" for the default upstream).
 	settings map[string]RouteSettings
 	// gates keep each local route to one model at a time.

@@ -113,13 +113,16 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result, s
 		toClient: make(chan struct{}, 1), toUpstream: make(chan struct{}, 1), done: make(chan struct{})}
 	p.sessionsMu.Lock()
 	p.sessions[s] = struct{}{}
+	shutting := p.sessionsClosed
 	p.sessionsMu.Unlock()
 	defer func() {
 		p.sessionsMu.Lock()
 		delete(p.sessions, s)
 		p.sessionsMu.Unlock()
 	}()
-	if p.stopping() {
+	// A session whose 101 went out as the proxy was closing them (the
+	// drain does not wait for a hijacked connection) is closed too.
+	if shutting || p.stopping() {
 		go s.shut(closeGoingAway)
 	}
 	s.run()
@@ -249,9 +252,11 @@ func (s *session) shut(code uint16) {
 
 // CloseSessions closes every open WebSocket session with a close frame
 // (1001, going away) to both sides, and waits until they have ended or ctx
-// is done. Shutdown calls it once the drain is over.
+// is done; a session that opens afterwards is closed at once. Shutdown
+// calls it once the drain is over.
 func (p *Proxy) CloseSessions(ctx context.Context) {
 	p.sessionsMu.Lock()
+	p.sessionsClosed = true
 	open := make([]*session, 0, len(p.sessions))
 	for s := range p.sessions {
 		open = append(open, s)

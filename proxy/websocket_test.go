@@ -225,6 +225,22 @@ func TestShutdownClosesSessionsWithGoingAway(t *testing.T) {
 	})
 }
 
+// TestASessionOpenedAfterCloseSessionsIsClosed: a session whose 101 went
+// out as shutdown was closing the sessions (the drain does not wait for a
+// hijacked connection, so shutdown may count the sessions before this one
+// is counted) is closed with 1001 as soon as it opens, without Stop.
+func TestASessionOpenedAfterCloseSessionsIsClosed(t *testing.T) {
+	up := &realtimeUpstream{}
+	h := newHarness(t, up, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	h.proxy.CloseSessions(ctx) // none open yet
+	c := dialRealtime(t, h)
+	if _, _, err := c.Read(ctx); websocket.CloseStatus(err) != websocket.StatusGoingAway {
+		t.Fatalf("a session opened after CloseSessions: the client got %v, want close 1001", err)
+	}
+}
+
 // TestCloseFrameIsWhatAPeerReads: the proxy's own close frames carry
 // their code, masked when they go to the upstream (as a client's must be).
 func TestCloseFrameIsWhatAPeerReads(t *testing.T) {

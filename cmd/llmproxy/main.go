@@ -223,12 +223,13 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	drain(servers[0], p, cfg.ShutdownTimeout, again, log)
 	// WebSocket sessions are not requests the drain waits for: once it is
 	// over, each gets a close frame (1001, going away) at both ends.
+	// Always: a session may be between its 101 and being counted.
 	if n := p.Sessions(); n > 0 {
 		log.Info("closing WebSocket sessions", "sessions", n)
-		sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
-		p.CloseSessions(sctx)
-		cancel()
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	p.CloseSessions(sctx)
+	cancel()
 	for _, s := range servers[1:] {
 		sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
 		if err := s.Shutdown(sctx); err != nil {
