@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/redis/go-redis/v9"
 )
 
 // debugCommand lets a test's server take DEBUG SLEEP.
@@ -32,7 +33,23 @@ func sleepRedis(t *testing.T, url string, d time.Duration) <-chan struct{} {
 			t.Errorf("DEBUG SLEEP: %v", err)
 		}
 	}()
-	time.Sleep(50 * time.Millisecond) // the server is asleep
+	// The server is asleep once a ping from another connection goes
+	// unanswered: a fixed pause here was not enough on a loaded machine,
+	// where the dial for DEBUG SLEEP can take longer.
+	probe := redis.NewClient(&redis.Options{Addr: st.rdb.Options().Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer probe.Close()
+	for end := time.Now().Add(5 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+		err := probe.Ping(ctx).Err()
+		cancel()
+		if err != nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the server never went to sleep")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	return done
 }
 
