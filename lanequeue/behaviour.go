@@ -61,12 +61,18 @@ type learner struct {
 	phaseUntil time.Time
 	probeFrom  time.Time // start of the latest up phase
 	probeHit   bool      // a request dispatched in it was refused
-	streak     int       // clean probes in a row
+	// probeUnseen: the probe's pace did not reach the upstream (another
+	// replica held the raise lease), so it cannot come back clean.
+	probeUnseen bool
+	streak      int // clean probes in a row
 }
 
 type refusalMark struct {
 	seq uint64
 	at  time.Time // dispatched
+	// before is Ticket.Refusals: one more than the group's refusals
+	// learned before it went, all replicas together; 0 when not counted.
+	before uint64
 }
 
 type probePhase uint8
@@ -246,17 +252,18 @@ func (l *learner) reached(level int) bool {
 	return admitted > refused
 }
 
-// refused notes a refusal of the dispatch numbered seq at at, and measures
-// the admitted rate over the latest refusals. It returns the rate, 0 when
-// the refusals do not span enough time yet.
-func (l *learner) refused(seq uint64, at time.Time) float64 {
+// refused notes a refusal of the dispatch numbered seq at at, with the
+// group's refusals before it (see refusalMark.before), and measures the
+// admitted rate over the latest refusals. It returns the rate, 0 when the
+// refusals do not span enough time yet.
+func (l *learner) refused(seq uint64, at time.Time, before uint64) float64 {
 	i := len(l.refusals)
 	for i > 0 && l.refusals[i-1].seq > seq {
 		i--
 	}
 	l.refusals = append(l.refusals, refusalMark{})
 	copy(l.refusals[i+1:], l.refusals[i:])
-	l.refusals[i] = refusalMark{seq: seq, at: at}
+	l.refusals[i] = refusalMark{seq: seq, at: at, before: before}
 	if len(l.refusals) > refusalMemory {
 		l.refusals = l.refusals[len(l.refusals)-refusalMemory:]
 	}
@@ -267,8 +274,15 @@ func (l *learner) refused(seq uint64, at time.Time) float64 {
 	}
 	f := l.refusals[first]
 	span := last.at.Sub(f.at)
-	// Dispatches after the first refusal up to the last, less the refused.
-	admitted := float64(last.seq-f.seq) - float64(len(l.refusals)-1-first)
+	// Dispatches after the first refusal up to the last, less the refused:
+	// every replica's when counted (a replica sees only its own share of
+	// the refusals, and counting the others' as admitted would measure a
+	// rate too high by the share refused), else this process's own.
+	refusedBetween := float64(len(l.refusals) - 1 - first)
+	if f.before > 0 && last.before >= f.before {
+		refusedBetween = float64(last.before - f.before)
+	}
+	admitted := float64(last.seq-f.seq) - refusedBetween
 	if span < minSampleSpan || admitted < minSampleAdmits {
 		return 0
 	}
@@ -325,7 +339,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 		if !held {
 			return false
 		}
-		l.phase, l.probeFrom, l.probeHit = probeUp, now, false
+		l.phase, l.probeFrom, l.probeHit, l.probeUnseen = probeUp, now, false, false
 		l.phaseUntil = now.Add(probeLength(l.estimate))
 	case probeUp:
 		l.phase = probeDown
@@ -337,7 +351,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 			// it or clean probes raise it soon.
 			cruiseFor = guessCruise
 		}
-		if l.probeHit {
+		if l.probeHit || l.probeUnseen {
 			l.streak = 0
 		} else {
 			// The upstream took the probe without a refusal: it allows

@@ -112,17 +112,17 @@ func TestReachedNeedsMoreAdmittedThanRefused(t *testing.T) {
 func TestRefusalRingKeepsExactlyItsMemoryAndSpan(t *testing.T) {
 	var l learner
 	for i := range refusalMemory {
-		l.refused(uint64(10*i), at(time.Duration(i)*time.Second))
+		l.refused(uint64(10*i), at(time.Duration(i)*time.Second), 0)
 	}
 	if len(l.refusals) != refusalMemory || l.refusals[0].seq != 0 {
 		t.Fatalf("kept %d refusals from seq %d, want %d from 0", len(l.refusals), l.refusals[0].seq, refusalMemory)
 	}
 	var w learner
-	w.refused(0, t0)
-	if r := w.refused(61, at(refusalSpan)); !near(r, 59/refusalSpan.Seconds()) {
+	w.refused(0, t0, 0)
+	if r := w.refused(61, at(refusalSpan), 0); !near(r, 59/refusalSpan.Seconds()) {
 		t.Fatalf("a refusal exactly refusalSpan back was dropped: %v/s", r)
 	}
-	if r := w.refused(62, at(refusalSpan+time.Nanosecond)); !near(r, 0) {
+	if r := w.refused(62, at(refusalSpan+time.Nanosecond), 0); !near(r, 0) {
 		t.Fatalf("a refusal past refusalSpan still counts: %v/s", r)
 	}
 }

@@ -15,19 +15,33 @@ import (
 // may have held at the first refusal.
 func TestAdmittedRateIsMeasuredBetweenRefusals(t *testing.T) {
 	var l learner
-	if r := l.refused(10, t0); r != 0 {
+	if r := l.refused(10, t0, 0); r != 0 {
 		t.Fatalf("one refusal measured %v/s", r)
 	}
-	if r := l.refused(31, at(time.Second)); !near(r, 19) {
+	if r := l.refused(31, at(time.Second), 0); !near(r, 19) {
 		t.Fatalf("measured %v/s, want 19", r)
 	}
 	// A third refusal, 10 dispatches and half a second later, of which
 	// one more was refused earlier (learned late, out of order).
-	if r := l.refused(41, at(1500*time.Millisecond)); !near(r, 28.0/1.5) {
+	if r := l.refused(41, at(1500*time.Millisecond), 0); !near(r, 28.0/1.5) {
 		t.Fatalf("measured %v/s, want %v", r, 28.0/1.5)
 	}
-	if r := l.refused(35, at(1200*time.Millisecond)); !near(r, 27.0/1.5) {
+	if r := l.refused(35, at(1200*time.Millisecond), 0); !near(r, 27.0/1.5) {
 		t.Fatalf("after a refusal learned out of order: %v/s, want %v", r, 27.0/1.5)
+	}
+}
+
+// TestRefusalsElsewhereAreNotCountedAsAdmitted: with the group's refusals
+// counted (every replica's), the dispatches between two of this
+// replica's refusals less all the refusals among them are what was
+// admitted: 31 dispatches after dispatch 10 up to 41, 10 of them refused
+// (11 − 1 before), 21 admitted, 20 a second counted one fewer. Counting
+// only its own refusals would measure 29.
+func TestRefusalsElsewhereAreNotCountedAsAdmitted(t *testing.T) {
+	var l learner
+	l.refused(10, t0, 1)
+	if r := l.refused(41, at(time.Second), 11); !near(r, 20) {
+		t.Fatalf("measured %v/s, want 20 (21 admitted less one)", r)
 	}
 }
 
@@ -36,21 +50,21 @@ func TestAdmittedRateIsMeasuredBetweenRefusals(t *testing.T) {
 // them, say nothing about a rate.
 func TestRefusalsCloseTogetherMeasureNothing(t *testing.T) {
 	var l learner
-	l.refused(1, t0)
-	if r := l.refused(20, at(minSampleSpan-time.Millisecond)); r != 0 {
+	l.refused(1, t0, 0)
+	if r := l.refused(20, at(minSampleSpan-time.Millisecond), 0); r != 0 {
 		t.Fatalf("measured %v/s over less than %v", r, minSampleSpan)
 	}
 	// Of dispatches 2 to 20, the upstream refused 20; 18 went.
-	if r := l.refused(21, at(minSampleSpan)); !near(r, 17/minSampleSpan.Seconds()) {
+	if r := l.refused(21, at(minSampleSpan), 0); !near(r, 17/minSampleSpan.Seconds()) {
 		t.Fatalf("measured %v/s over %v, want %v", r, minSampleSpan, 17/minSampleSpan.Seconds())
 	}
 	var few learner
-	few.refused(1, t0)
-	if r := few.refused(1+minSampleAdmits, at(time.Second)); r != 0 {
+	few.refused(1, t0, 0)
+	if r := few.refused(1+minSampleAdmits, at(time.Second), 0); r != 0 {
 		t.Fatalf("measured %v/s from %d admitted", r, minSampleAdmits-1)
 	}
 	// Dispatches 2 to 8 and 10 admitted, 9 refused.
-	if r := few.refused(3+minSampleAdmits, at(2*time.Second)); !near(r, (minSampleAdmits-1)/2.0) {
+	if r := few.refused(3+minSampleAdmits, at(2*time.Second), 0); !near(r, (minSampleAdmits-1)/2.0) {
 		t.Fatalf("measured %v/s from %d admitted in 2s, want %v", r, minSampleAdmits, (minSampleAdmits-1)/2.0)
 	}
 }
@@ -59,16 +73,16 @@ func TestRefusalsCloseTogetherMeasureNothing(t *testing.T) {
 // refusalSpan, or beyond refusalMemory, no longer count.
 func TestRateIsMeasuredOverTheLatestRefusalsOnly(t *testing.T) {
 	var l learner
-	l.refused(0, t0)
+	l.refused(0, t0, 0)
 	// 10 s later the upstream admits 5 a second.
 	for i := range 5 {
-		l.refused(uint64(100+6*i), at(refusalSpan+time.Second+time.Duration(i)*time.Second))
+		l.refused(uint64(100+6*i), at(refusalSpan+time.Second+time.Duration(i)*time.Second), 0)
 	}
-	if r := l.refused(130, at(refusalSpan+6*time.Second)); !near(r, 4.8) {
+	if r := l.refused(130, at(refusalSpan+6*time.Second), 0); !near(r, 4.8) {
 		t.Fatalf("measured %v/s, want 4.8 (the old refusal forgotten)", r)
 	}
 	for i := range refusalMemory + 4 {
-		l.refused(uint64(200+2*i), at(30*time.Second+time.Duration(i)*100*time.Millisecond))
+		l.refused(uint64(200+2*i), at(30*time.Second+time.Duration(i)*100*time.Millisecond), 0)
 	}
 	if len(l.refusals) != refusalMemory {
 		t.Fatalf("%d refusals kept, want %d", len(l.refusals), refusalMemory)

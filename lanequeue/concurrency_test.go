@@ -315,23 +315,23 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 // a refused one's permit stops counting when it is given back.
 func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
 	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-	seq, level, _ := s.NoteDispatch(t0, 3, 100)
+	seq, level, _ := s.NoteDispatch(t0, 3, 100, 0)
 	if seq != 100 || level != 4 {
 		t.Fatalf("seq %d level %d, want the fleet's 100 and 3 out + itself = 4", seq, level)
 	}
 	tk := Ticket{Dispatched: t0, Level: level, Seq: seq, Lease: "l1"}
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, t0)
-	if _, level, _ := s.NoteDispatch(t0, 3, 101); level != 3 {
+	if _, level, _ := s.NoteDispatch(t0, 3, 101, 0); level != 3 {
 		t.Fatalf("level %d beside a refused permit still held, want 3", level)
 	}
 	s.NoteReturn(&tk, t0)
-	if _, level, _ := s.NoteDispatch(t0, 3, 102); level != 4 {
+	if _, level, _ := s.NoteDispatch(t0, 3, 102, 0); level != 4 {
 		t.Fatalf("level %d after the refused permit came back, want 4", level)
 	}
 	if n, _ := s.pace.recent.recent(t0); n != 3 {
 		t.Fatalf("%d dispatches in the sending rate, want 3 (one each)", n)
 	}
-	s.NoteDispatch(t0, 0, 112) // nine more elsewhere since
+	s.NoteDispatch(t0, 0, 112, 0) // nine more elsewhere since
 	if n, _ := s.pace.recent.recent(t0); n != 13 {
 		t.Fatalf("%d dispatches in the sending rate, want 13: the other replicas' count too", n)
 	}

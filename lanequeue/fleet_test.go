@@ -34,11 +34,25 @@ func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
 func TestFleetDispatchesCountOnceEach(t *testing.T) {
 	l := NewMemory(Config{})
 	now := time.Unix(1_000_000, 0)
-	l.NoteDispatch(now, 0, 5) // the first count only sets the mark
-	l.NoteDispatch(now, 0, 9) // four dispatches, all replicas
-	l.NoteDispatch(now, 0, 9) // the count had not moved: this one
+	l.NoteDispatch(now, 0, 5, 0) // the first count only sets the mark
+	l.NoteDispatch(now, 0, 9, 0) // four dispatches, all replicas
+	l.NoteDispatch(now, 0, 9, 0) // the count had not moved: this one
 	if n, _ := l.pace.recent.recent(now); n != 6 {
 		t.Fatalf("the sending meter counts %d dispatches, want 1 + 4 + 1", n)
+	}
+}
+
+// TestAReplicasFirstDispatchCountsTheGroupsLastSecond: a replica that
+// starts sending after the others counts the group's dispatches of the
+// last second at its first, so that the sending rate it guesses from at
+// its first refusal is the group's, not the few of its own.
+func TestAReplicasFirstDispatchCountsTheGroupsLastSecond(t *testing.T) {
+	l := NewMemory(Config{})
+	now := time.Unix(1_000_000, 0)
+	l.NoteDispatch(now, 0, 40, 18) // 18 in the last second, this one included
+	l.NoteDispatch(now, 0, 43, 20) // three more since: counted from the running total
+	if n, _ := l.pace.recent.recent(now); n != 21 {
+		t.Fatalf("the sending meter counts %d dispatches, want 18 + 3", n)
 	}
 }
 
@@ -80,12 +94,21 @@ func TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer(t *testing.T) {
 // kept elsewhere makes (the Redis path: NoteDispatch, never Admit) still
 // runs its probe cycle, so a pace learned too low from refusals rises
 // while it is what holds requests back, and stays put while it is not.
+//
+// A probe made while another replica holds the raise lease (NoteRaiser
+// false, above the fleet's pace) reached no upstream: it does not raise.
 func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 	for _, c := range []struct {
-		name string
-		held bool
-		rise bool
-	}{{"held by the pace", true, true}, {"not held", false, false}} {
+		name   string
+		held   bool
+		raiser bool
+		rise   bool
+		probes bool
+	}{
+		{"held by the pace", true, true, true, true},
+		{"not held", false, true, false, false},
+		{"held, another replica raises", true, false, false, true},
+	} {
 		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
 		l.learn.estimate, l.learn.from, l.learn.measured = 5, "admitted rate", true
@@ -97,15 +120,16 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 			if c.held {
 				l.NoteHeld(now)
 			}
-			_, _, probe := l.NoteDispatch(now, 0, uint64(i+1))
+			_, _, probe := l.NoteDispatch(now, 0, uint64(i+1), 0)
 			sawProbe = sawProbe || probe
+			l.NoteRaiser(c.raiser)
 		}
 		got := l.View(now).Requests.PerSecond
 		if rose := got > start*1.2; rose != c.rise {
 			t.Errorf("%s: the pace went from %.2f/s to %.2f/s over a minute of clean dispatches, want a rise: %v", c.name, start, got, c.rise)
 		}
-		if sawProbe != c.rise {
-			t.Errorf("%s: a dispatch went as a probe: %v, want %v", c.name, sawProbe, c.rise)
+		if sawProbe != c.probes {
+			t.Errorf("%s: a dispatch went as a probe: %v, want %v", c.name, sawProbe, c.probes)
 		}
 	}
 }

@@ -45,17 +45,23 @@ func NewMemory(cfg Config) *Memory {
 // is about the group as the upstream sees it, all replicas together: out
 // is the number of permits out, all replicas together, before this one;
 // sent the running count of the group's dispatches, all replicas
-// together, right after it (0: not known). It returns the dispatch's
+// together, right after it (0: not known); lastSecond the group's
+// dispatches in the second up to now, all replicas, this one included (0:
+// not known). It returns the dispatch's
 // number, the number in flight it went at, and whether it goes in a
 // probe of the pace learned from refusals, for the ticket. The probe
 // cycle moves on here, as Admit moves it for the group's own admissions.
-func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64) (seq uint64, level int, probe bool) {
+func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond int) (seq uint64, level int, probe bool) {
 	s.stepProbe(now)
 	// Dispatches of the other replicas since this one's last count toward
-	// the group's sending rate too (at most a meter's worth at once).
+	// the group's sending rate too (at most a meter's worth at once); at
+	// this replica's first, those of the last second.
 	n := uint64(1)
-	if sent > s.fleetSent && s.fleetSent > 0 {
+	switch {
+	case sent > s.fleetSent && s.fleetSent > 0:
 		n = min(sent-s.fleetSent, 10000)
+	case s.fleetSent == 0 && lastSecond > 1:
+		n = uint64(min(lastSecond, 10000))
 	}
 	s.fleetSent = max(s.fleetSent, sent)
 	s.pace.recent.addN(now, int(n))
@@ -85,6 +91,16 @@ func (s *Memory) NoteHeld(now time.Time) {
 	if s.pace.synthetic {
 		s.held = now
 		s.stepProbe(now)
+	}
+}
+
+// NoteRaiser records whether this replica holds the lease that lets one
+// replica at a time raise a pace learned from refusals: a probe made
+// without it reached no upstream, and does not raise the estimate when it
+// ends. The latest word during the up phase counts.
+func (s *Memory) NoteRaiser(holds bool) {
+	if s.learn.phase == probeUp {
+		s.learn.probeUnseen = !holds
 	}
 }
 
@@ -232,7 +248,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 		}
 	case ConcurrencyRefused:
 		s.learn.named = true
-		s.learn.refused(t.Seq, t.Dispatched)
+		s.learn.refused(t.Seq, t.Dispatched, t.Refusals)
 		s.conc.refused(t, now, s.outNow(t), 0, true)
 	case Overloaded:
 		s.conc.refused(t, now, s.outNow(t), 0, false)
@@ -253,7 +269,7 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		// Nothing admitted lately: an outage or a closed door, not a
 		// limit to measure. The refusal's pause (its hint, or a backoff)
 		// holds the group.
-		l.refused(t.Seq, t.Dispatched)
+		l.refused(t.Seq, t.Dispatched, t.Refusals)
 		if r.Verdict == Overloaded {
 			s.conc.refused(t, now, s.outNow(t), 0, false)
 		}
@@ -265,7 +281,7 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		}
 		return true
 	}
-	if sample := l.refused(t.Seq, t.Dispatched); sample > 0 {
+	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
 		// A refusal of the probe is expected, and what was admitted over
 		// the cycle includes the cruise under the limit, lost to a
 		// concurrency limit: it only raises a measured estimate. Elsewhere

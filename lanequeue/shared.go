@@ -66,6 +66,10 @@ type Ticket struct {
 	// Seq numbers the dispatch among the group's dispatches in this
 	// process, for measuring the rate admitted between refusals.
 	Seq uint64
+	// Refusals is one more than the refusals of the group learned before
+	// it went, all replicas together, when a store kept elsewhere counts
+	// them; 0 when not counted (one process counts its own).
+	Refusals uint64
 	// Probe: it went while the learned pace probed above the admitted
 	// rate.
 	Probe bool

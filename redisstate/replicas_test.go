@@ -301,19 +301,25 @@ func TestOneReplicaProbesFirst(t *testing.T) {
 // learnWindow pushes a requests window (size, rate per second; syn for a
 // pace learned from refusals) from replica, as Learn does for an answer
 // the upstream accepted.
-func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, size, rate float64) {
+func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, size, rate float64) learnReply {
 	t.Helper()
-	learnWindowAfter(t, st, sh, replica, syn, false, size, rate)
+	return learnWindowAfter(t, st, sh, replica, syn, false, size, rate)
 }
 
 // learnWindowAfter is learnWindow for a refusal when refused is set.
-func learnWindowAfter(t *testing.T, st *Store, sh *shared, replica string, syn, refused bool, size, rate float64) {
+func learnWindowAfter(t *testing.T, st *Store, sh *shared, replica string, syn, refused bool, size, rate float64) learnReply {
 	t.Helper()
 	args := []any{0, st.cfg.KeyTTL.Milliseconds(), 0, 8, replica, 1, boolInt(syn), size, rate, 0, 0, 0}
 	args = append(args, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0, boolInt(refused))
-	if err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, args...).Err(); err != nil {
+	res, err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, args...).Int64Slice()
+	if err != nil {
 		t.Fatal(err)
 	}
+	rep, ok := decodeLearn(res, time.Now())
+	if !ok {
+		t.Fatalf("learn reply %v", res)
+	}
+	return rep
 }
 
 // A window's figures are the lowest a replica holds, not the last
@@ -335,8 +341,12 @@ func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
 	paced := st.Shared("paced", groupCfg).(*shared)
 	learnWindow(t, st, paced, "a", true, 10, 10)
 	learnWindow(t, st, paced, "b", true, 10, 10)
-	learnWindow(t, st, paced, "a", true, 12, 12) // a probes up: it takes the lease
-	learnWindow(t, st, paced, "b", true, 14, 14) // b may not probe beside it
+	if rep := learnWindow(t, st, paced, "a", true, 12, 12); !rep.raiser { // a probes up: it takes the lease
+		t.Fatal("a's raise was taken, but the reply says another replica holds the lease")
+	}
+	if rep := learnWindow(t, st, paced, "b", true, 14, 14); rep.raiser { // b may not probe beside it
+		t.Fatal("b's reply says it holds the raise lease that a holds")
+	}
 	if rate := hget(t, st, paced.state, "r_rate"); rate != "12" {
 		t.Fatalf("pace %s, want a's 12: b raised it while a held the raise lease", rate)
 	}
@@ -502,4 +512,70 @@ func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
 			t.Errorf("%s: the fleet paused %v by b's first answer, a refusal; want paused: %v", c.name, time.Until(p).Round(time.Millisecond), c.paused)
 		}
 	}
+}
+
+// TestEveryReplicasRefusalsAreCounted: a ticket carries the refusals every
+// replica learned from before it went, so that a replica measuring the
+// admitted rate between its own refusals does not count the others'
+// refusals as admissions (a rate measured too high by the share refused).
+func TestEveryReplicasRefusalsAreCounted(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	verdicts := []lanequeue.Verdict{lanequeue.Accepted, lanequeue.RateRefused, lanequeue.RateRefused, lanequeue.Failed, lanequeue.ConcurrencyRefused}
+	for _, v := range verdicts {
+		tk := admitWithin(t, sa, 5*time.Second)
+		sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: v}, time.Now())
+		sa.Return(&tk, time.Now())
+	}
+	if tk := admitWithin(t, sb, 5*time.Second); tk.Refusals != 4 {
+		t.Fatalf("b's ticket went after %d refusals (plus one), want 3 + 1", tk.Refusals)
+	}
+}
+
+// TestAReplicasFirstGuessIsTheGroupsSendingRate: a replica that starts
+// sending after the others and is refused at once guesses the pace from
+// what the group sent in the last second, not from its own one request.
+func TestAReplicasFirstGuessIsTheGroupsSendingRate(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 16, MaxConcurrency: 16}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	for i := range 12 {
+		tk, _, ok := sa.Admit(time.Now(), 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		if i == 0 {
+			sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+			sa.Return(&tk, time.Now())
+		}
+	}
+	tk, _, ok := sb.Admit(time.Now(), 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}, time.Now())
+	v := sb.View(time.Now())
+	if v.Learned != "refusals" || v.AdmittedRate < 8 {
+		t.Fatalf("b learned %q at %.1f/s from its first refusal, want from refusals at about the group's 13/s", v.Learned, v.AdmittedRate)
+	}
+}
+
+// admitWithin admits one request of cost 1, waiting the turns the group's
+// limits give (a pace emptied by refusals), for at most d.
+func admitWithin(t *testing.T, sh lanequeue.Shared, d time.Duration) lanequeue.Ticket {
+	t.Helper()
+	tk, at, ok := sh.Admit(time.Now(), 1, false)
+	for end := time.Now().Add(d); !ok && time.Now().Before(end); {
+		time.Sleep(max(time.Until(at), 5*time.Millisecond))
+		tk, at, ok = sh.Admit(time.Now(), 1, false)
+	}
+	if !ok {
+		t.Fatalf("not admitted in %v", d)
+	}
+	return tk
 }

@@ -19,14 +19,14 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 		want admitReply
 		ok   bool
 	}{
-		{"admitted", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750},
+		{"admitted", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19},
 			admitReply{ok: true, out: 3, reqSent: 41, tokSent: 900, room: true, redisNow: 1_000_000, answered: true,
 				limits:   limits{concurrency: 8, reqRate: 20.5, tokSize: 6000, tokRate: 100, reqSize: 5},
-				accepted: redisAt(999_750)}, true},
-		{"refused while paused, pace from refusals", []int64{0, 1_002_000, 8, 8, 0, 0, 0, 1, 1_002_000, 1_000_000, 0, 4000, 0, 0, 2, 1, 0},
+				accepted: redisAt(999_750), refusals: 7, lastSecond: 19}, true},
+		{"refused while paused, pace from refusals", []int64{0, 1_002_000, 8, 8, 0, 0, 0, 1, 1_002_000, 1_000_000, 0, 4000, 0, 0, 2, 1, 0, 0, 0},
 			admitReply{retryAt: redisAt(1_002_000), out: 8, paced: true, paused: redisAt(1_002_000), redisNow: 1_000_000,
 				limits: limits{concurrency: 8, reqRate: 4, reqSize: 2}, paceFromRefusals: true}, true},
-		{"short", []int64{1, 0, 3}, admitReply{}, false},
+		{"short", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7}, admitReply{}, false},
 	}
 	for _, c := range admits {
 		got, ok := decodeAdmit(c.res, now)
@@ -40,11 +40,11 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 		want learnReply
 		ok   bool
 	}{
-		{"levels", []int64{4, 0, 1_000_000, 2, 0, 3500, 9, 1, 2000, 9, 0, 500, 0, 1, 7, 5000, 0, 1000},
-			learnReply{out: 4, redisNow: 1_000_000,
+		{"levels", []int64{4, 0, 1_000_000, 1, 2, 0, 3500, 9, 1, 2000, 9, 0, 500, 0, 1, 7, 5000, 0, 1000},
+			learnReply{out: 4, redisNow: 1_000_000, raiser: true,
 				admitted: []float64{0, 0, 3.5, 0, 0, 0, 0, 0, 0, 0.5}, refused: []float64{0, 0, 0, 0, 0, 0, 0, 0, 0, 2}}, true},
-		{"paused, no levels", []int64{0, 1_000_250, 1_000_000}, learnReply{paused: redisAt(1_000_250), redisNow: 1_000_000}, true},
-		{"short", []int64{0, 0}, learnReply{}, false},
+		{"paused, no levels", []int64{0, 1_000_250, 1_000_000, 0}, learnReply{paused: redisAt(1_000_250), redisNow: 1_000_000}, true},
+		{"short", []int64{0, 0, 0}, learnReply{}, false},
 	}
 	for _, c := range learns {
 		got, ok := decodeLearn(c.res, now)

@@ -63,10 +63,13 @@ end
 // waiter (ms), keyTTL, climit default, max climit, then the replica's
 // leases of the group given back and not yet removed: removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
-// answered, rrate, tsize, trate, rsize, rsyn, acc}: answered is 1 when a
-// replica learned from an answer in the last minute; rates are per 1000
+// answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered is 1 when
+// a replica learned from an answer in the last minute; rates are per 1000
 // seconds; rsyn is 1 when the request pace was learned from refusals; acc
-// is when some replica last had an answer the upstream accepted (0: none).
+// is when some replica last had an answer the upstream accepted (0: none);
+// rn counts the refusals every replica learned from (learnScript);
+// lastsec is the group's dispatches in the last second, all replicas (0
+// unless admitted).
 var admitScript = redis.NewScript(lib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -98,9 +101,11 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
 local acc = num(redis.call('HGET', KEYS[1], 'acc'), 0)
+local rn = num(redis.call('HGET', KEYS[1], 'rn'), 0)
+local lastsec = 0
 local function reply(ok, at, rsent, tsent, room, paced, p)
   return {ok, at, out, climit, rsent, tsent, room, paced, p, now, answered,
-          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn, acc}
+          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn, acc, rn, lastsec}
 end
 if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
 -- Until some replica has learned from an answer, one replica's first
@@ -148,6 +153,17 @@ if rok and tok and r.syn == 1 then paced = 1 end
 if r.known == 1 then r.avail = r.avail - charge(r, 1) end
 if t.known == 1 then t.avail = t.avail - charge(t, cost) end
 r.sent, t.sent = r.sent + 1, t.sent + cost
+-- The group's dispatches in the second up to now, every replica's: what
+-- one process's own count would say it is sending.
+local m = redis.call('HMGET', KEYS[1], 'ms', 'mc', 'mp')
+local sec, mc, mp = math.floor(now / 1000), num(m[2], 0), num(m[3], 0)
+if num(m[1], 0) ~= sec then
+  if num(m[1], 0) == sec - 1 then mp = mc else mp = 0 end
+  mc = 0
+end
+mc = mc + 1
+redis.call('HSET', KEYS[1], 'ms', sec, 'mc', mc, 'mp', mp)
+lastsec = math.floor(mc + mp * (1 - (now % 1000) / 1000))
 save(KEYS[1], 'r_', r)
 save(KEYS[1], 't_', t)
 redis.call('ZADD', KEYS[2], now + ttl, lease)
@@ -168,8 +184,8 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // concurrency limit; ARGV[24] 1 when the answer is a refusal. The levels
 // hash counts every replica's answers by level
 // (a<level>, r<level>), halved past 512 as in one process. Returns {out,
-// paused, now} and then, per level counted, {level, 1 for refusals or 0,
-// count × 1000}.
+// paused, now, 1 when this replica holds the raise lease} and then, per
+// level counted, {level, 1 for refusals or 0, count × 1000}.
 // A window's size is the lowest a replica holds: a replica may lower it
 // at any time, and raise it only once nobody has held the lower figure
 // for a minute (low: when it was last affirmed), or, for a pace learned
@@ -244,6 +260,7 @@ redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local level, kind = tonumber(ARGV[21] or '0'), tonumber(ARGV[22] or '-1')
 if kind == 0 then redis.call('HSET', KEYS[1], 'acc', now) end
+if kind == 1 then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
 if level > 0 and kind >= 0 then
   redis.call('HINCRBYFLOAT', KEYS[5], (kind == 1 and 'r' or 'a') .. level, 1)
   if redis.call('HINCRBY', KEYS[5], 'n', 1) > 512 then
@@ -255,7 +272,7 @@ if level > 0 and kind >= 0 then
   end
 end
 redis.call('PEXPIRE', KEYS[5], keyttl)
-local reply = {redis.call('ZCARD', KEYS[2]), paused, now}
+local reply = {redis.call('ZCARD', KEYS[2]), paused, now, redis.call('GET', KEYS[4]) == ARGV[5] and 1 or 0}
 local counts = redis.call('HGETALL', KEYS[5])
 for i = 1, #counts, 2 do
   local k, l = string.match(counts[i], '^([ar])(%d+)$')

@@ -130,12 +130,12 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	seq, level, probe := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)))
+	seq, level, probe := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)), rep.lastSecond)
 	s.out++
 	s.remoteOut++
 	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(rep.reqSent), Tokens: float64(rep.tokSent),
 		InFlight: rep.out, Limit: rep.limits.concurrency, Room: rep.room, Paced: rep.paced, Lease: lease, Seq: seq,
-		Level: level, Probe: probe}, time.Time{}, true
+		Level: level, Probe: probe, Refusals: rep.refusals + 1}, time.Time{}, true
 }
 
 // admitReply is admitScript's reply, its times on this replica's clock.
@@ -161,11 +161,16 @@ type admitReply struct {
 	// accepted is when some replica last had an answer the upstream
 	// accepted (zero: none).
 	accepted time.Time
+	// refusals counts the refusals every replica learned from so far.
+	refusals uint64
+	// lastSecond is the group's dispatches in the last second, all
+	// replicas, this one included (0 when refused).
+	lastSecond int
 }
 
 // decodeAdmit reads admitScript's reply at now; false for a short one.
 func decodeAdmit(res []int64, now time.Time) (admitReply, bool) {
-	if len(res) < 17 {
+	if len(res) < 19 {
 		return admitReply{}, false
 	}
 	at := func(v int64) time.Time { return local(v, res[9], now) }
@@ -173,7 +178,7 @@ func decodeAdmit(res []int64, now time.Time) (admitReply, bool) {
 		room: res[6] == 1, paced: res[7] == 1, paused: at(res[8]), redisNow: res[9], answered: res[10] == 1,
 		limits: limits{concurrency: int(res[3]), reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
 			tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])},
-		paceFromRefusals: res[15] == 1, accepted: at(res[16])}, true
+		paceFromRefusals: res[15] == 1, accepted: at(res[16]), refusals: uint64(max(res[17], 0)), lastSecond: int(res[18])}, true
 }
 
 // localAdmit admits from the local limits while Redis is away, within
@@ -305,6 +310,13 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	}
 	s.st.sawClock(rep.redisNow)
 	s.out, s.paused = rep.out, rep.paused
+	if syn {
+		// A probe this replica makes without the raise lease, above the
+		// fleet's pace, moves only its own figure: the upstream never saw
+		// it, so it cannot come back clean. One at or under the fleet's
+		// pace was seen.
+		s.local.NoteRaiser(rep.raiser || s.last.reqRate >= v.Requests.PerSecond)
+	}
 	if kind >= 0 {
 		s.local.ShareLevels(rep.admitted, rep.refused, now)
 	}
@@ -315,6 +327,9 @@ type learnReply struct {
 	out      int // permits out, all replicas
 	paused   time.Time
 	redisNow int64 // Redis' clock (ms) when it ran
+	// raiser: this replica holds the raise lease, so its probes above a
+	// pace learned from refusals are the fleet's.
+	raiser bool
 	// admitted and refused count every replica's answers by the number
 	// in flight they went at (index: level).
 	admitted, refused []float64
@@ -322,11 +337,11 @@ type learnReply struct {
 
 // decodeLearn reads learnScript's reply at now; false for a short one.
 func decodeLearn(res []int64, now time.Time) (learnReply, bool) {
-	if len(res) < 3 {
+	if len(res) < 4 {
 		return learnReply{}, false
 	}
-	rep := learnReply{out: int(res[0]), paused: local(res[1], res[2], now), redisNow: res[2]}
-	for i := 3; i+2 < len(res); i += 3 {
+	rep := learnReply{out: int(res[0]), paused: local(res[1], res[2], now), redisNow: res[2], raiser: res[3] == 1}
+	for i := 4; i+2 < len(res); i += 3 {
 		level := int(res[i])
 		if level <= 0 || level > 4096 {
 			continue
