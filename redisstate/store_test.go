@@ -78,9 +78,14 @@ func (s *server) stop() {
 	s.cmd = nil
 }
 
+// newStore is a store on url with lease TTL lease that never goes local
+// for slowness (Slow -1): on a loaded machine (CI runs every package at
+// once, under -race) calls can pass the 50 ms bound and send a test's
+// replica local when what it tests is the shared path. The tests of
+// slowness set Slow themselves.
 func newStore(t *testing.T, url string, lease time.Duration) *Store {
 	t.Helper()
-	st, err := New(Config{URL: url, LeaseTTL: lease})
+	st, err := New(Config{URL: url, LeaseTTL: lease, Slow: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
