@@ -207,28 +207,7 @@ func (g *group) dispatchLocked(now time.Time) {
 			}
 			return // else an answer or a returned permit dispatches again
 		}
-		if g.ceil != nil {
-			g.ceil.take(now, s.cost)
-		}
-		switch {
-		case s.prio == Low:
-			g.highRun = 0
-		case g.waiters[Low].Len() > 0:
-			g.highRun++
-		}
-		g.dequeueLocked(s)
-		s.phase = phaseSent
-		s.capped = g.cap != nil
-		s.ticket = t
-		s.lane.inFlight++
-		if !s.retry {
-			s.lane.stats.admitted++
-		}
-		g.unanswered++
-		if g.probeUntil.IsZero() {
-			g.probeUntil = now.Add(ProbeWindow)
-		}
-		close(s.ready)
+		g.grantLocked(now, s, t)
 	}
 	g.offCap()
 	if g.timer != nil {
@@ -237,6 +216,33 @@ func (g *group) dispatchLocked(now time.Time) {
 		g.timer = nil
 		g.timerGen++
 	}
+}
+
+// grantLocked sends s, the head of the queue, with ticket t. Requires g.mu
+// held.
+func (g *group) grantLocked(now time.Time, s *Slot, t Ticket) {
+	if g.ceil != nil {
+		g.ceil.take(now, s.cost)
+	}
+	switch {
+	case s.prio == Low:
+		g.highRun = 0
+	case g.waiters[Low].Len() > 0:
+		g.highRun++
+	}
+	g.dequeueLocked(s)
+	s.phase = phaseSent
+	s.capped = g.cap != nil
+	s.ticket = t
+	s.lane.inFlight++
+	if !s.retry {
+		s.lane.stats.admitted++
+	}
+	g.unanswered++
+	if g.probeUntil.IsZero() {
+		g.probeUntil = now.Add(ProbeWindow)
+	}
+	close(s.ready)
 }
 
 // refuseLateLocked gives up the wait of every waiter whose deadline falls

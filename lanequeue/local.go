@@ -222,6 +222,13 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 		corrected = s.pace.contradicted(t, r.Limits, now)
 	}
 	s.pace.observe(r.Limits, t, now)
+	s.learnVerdict(t, r, now, corrected)
+}
+
+// learnVerdict learns from r's verdict on t, an answer that told more than
+// its status (headers, or a verdict other than a quiet refusal); corrected:
+// the refusal corrected what the headers said before.
+func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool) {
 	switch r.Verdict {
 	case Accepted:
 		t.Accepted = true
@@ -266,21 +273,67 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	l.lastRefused = now
 	s.learnAt = now
 	if !l.live(now) {
-		// Nothing admitted lately: an outage or a closed door, not a
-		// limit to measure. The refusal's pause (its hint, or a backoff)
-		// holds the group.
-		l.refused(t.Seq, t.Dispatched, t.Refusals)
-		if r.Verdict == Overloaded {
-			s.conc.refused(t, now, s.outNow(t), 0, false)
-		}
-		if hp := hintPace(r.Hint); hp > 0 && !l.measured {
-			// A short hint still says how fast to go once it opens.
-			l.estimate, l.from = hp, "hint"
-			s.pace.setSynthetic(s.pacing(), now)
-			s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
-		}
+		s.refusedWhileDown(t, r, now)
 		return true
 	}
+	s.estimateOnRefusal(t, r, now)
+	if l.phaseUntil.IsZero() {
+		// Cruise before the first probe; soon, while the rate is a guess.
+		l.phaseUntil = now.Add(cruiseLength(l.estimate))
+		if l.guess() {
+			l.phaseUntil = now.Add(guessCruise)
+		}
+	}
+	if !l.reached(level) {
+		// Nothing went through at this number in flight or above: slow
+		// start overshot. Until the counts tell a rate from a
+		// concurrency, go back to what went through, but not under the
+		// configured start (a rate limit's first refusals come at any
+		// level; Little's law needs the room for long answers).
+		s.conc.limit = min(s.conc.limit, max(level-1, s.conc.start, s.floor()))
+	}
+	l.classify()
+	if l.concurrencyBound() {
+		// One step down as for any refusal of the number in flight (a
+		// level refused again waits longer before it is tried), but not
+		// below the level under the refusals.
+		s.conc.refused(t, now, s.outNow(t), max(l.atLevel-1, s.floor()), false)
+		s.toConcurrency()
+		return false
+	}
+	s.pace.setSynthetic(s.pacing(), now)
+	// The upstream's bucket is empty now: so is the pace's.
+	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+	// A wait short enough to be a pace holds the group; a longer one
+	// (Retry-After in whole seconds) holds only the refused request,
+	// while the learned pace holds the rest.
+	return hintPace(r.Hint) > 0
+}
+
+// refusedWhileDown learns from a refusal when nothing was admitted
+// lately: an outage or a closed door, not a limit to measure. The
+// refusal's pause (its hint, or a backoff) holds the group.
+func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
+	l := &s.learn
+	l.refused(t.Seq, t.Dispatched, t.Refusals)
+	if r.Verdict == Overloaded {
+		s.conc.refused(t, now, s.outNow(t), 0, false)
+	}
+	if hp := hintPace(r.Hint); hp > 0 && !l.measured {
+		// A short hint still says how fast to go once it opens.
+		l.estimate, l.from = hp, "hint"
+		s.pace.setSynthetic(s.pacing(), now)
+		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+	}
+}
+
+// estimateOnRefusal moves the admitted rate on a refusal while the
+// upstream admits other requests: measured between refusals, guessed
+// from the sending rate at the first, cut while a guess, capped by a
+// short hint.
+func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
+	l := &s.learn
+	level := t.Level
 	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
 		// A refusal of the probe is expected, and what was admitted over
 		// the cycle includes the cruise under the limit, lost to a
@@ -318,37 +371,6 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		// the refill: one per hint is as fast as the upstream can go.
 		l.estimate, l.from = hp, "hint"
 	}
-	if l.phaseUntil.IsZero() {
-		// Cruise before the first probe; soon, while the rate is a guess.
-		l.phaseUntil = now.Add(cruiseLength(l.estimate))
-		if l.guess() {
-			l.phaseUntil = now.Add(guessCruise)
-		}
-	}
-	if !l.reached(level) {
-		// Nothing went through at this number in flight or above: slow
-		// start overshot. Until the counts tell a rate from a
-		// concurrency, go back to what went through, but not under the
-		// configured start (a rate limit's first refusals come at any
-		// level; Little's law needs the room for long answers).
-		s.conc.limit = min(s.conc.limit, max(level-1, s.conc.start, s.floor()))
-	}
-	l.classify()
-	if l.concurrencyBound() {
-		// One step down as for any refusal of the number in flight (a
-		// level refused again waits longer before it is tried), but not
-		// below the level under the refusals.
-		s.conc.refused(t, now, s.outNow(t), max(l.atLevel-1, s.floor()), false)
-		s.toConcurrency()
-		return false
-	}
-	s.pace.setSynthetic(s.pacing(), now)
-	// The upstream's bucket is empty now: so is the pace's.
-	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
-	// A wait short enough to be a pace holds the group; a longer one
-	// (Retry-After in whole seconds) holds only the refused request,
-	// while the learned pace holds the rest.
-	return hintPace(r.Hint) > 0
 }
 
 // toConcurrency holds the group at the level below the one the upstream

@@ -197,24 +197,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	}
 	req.deadline = p.budget(r, now)
 	req.upgrade = isUpgrade(r)
-	model := ""
-	switch {
-	case req.body.file != nil:
-		model = modelOfSpool(req.body.reader())
-	case req.upgrade:
-		// The Realtime API names the model in the query.
-		model = r.URL.Query().Get("model")
-	default:
-		model = modelOf(req.body.mem)
-	}
-	key := lanequeue.Key{
-		Route:          route,
-		CredentialHash: lanequeue.HashCredential(credential(r.Header, r.URL.RawQuery)),
-		Path:           lanequeue.Bounded(req.target.Path),
-		Model:          lanequeue.Bounded(model),
-	}
-	settings := p.settings[route]
-	prio := settings.Priority
+	key := laneKey(r, req, route)
+	prio := p.settings[route].Priority
 	if v := r.Header.Get(priorityHeader); v != "" {
 		var ok bool
 		if prio, ok = lanequeue.ParsePriority(strings.TrimSpace(v)); !ok {
@@ -252,6 +236,28 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	defer slot.Release()
 	p.metrics.queueWait.WithLabelValues(route).Observe(req.queueWait.Seconds())
 	p.forward(ctx, w, r, req, slot)
+}
+
+// laneKey is the key of r's lane on route: its credential's hash, its
+// path and the model its body (or, for the Realtime API, its query)
+// names.
+func laneKey(r *http.Request, req *request, route string) lanequeue.Key {
+	model := ""
+	switch {
+	case req.body.file != nil:
+		model = modelOfSpool(req.body.reader())
+	case req.upgrade:
+		// The Realtime API names the model in the query.
+		model = r.URL.Query().Get("model")
+	default:
+		model = modelOf(req.body.mem)
+	}
+	return lanequeue.Key{
+		Route:          route,
+		CredentialHash: lanequeue.HashCredential(credential(r.Header, r.URL.RawQuery)),
+		Path:           lanequeue.Bounded(req.target.Path),
+		Model:          lanequeue.Bounded(model),
+	}
 }
 
 // refuse answers a request that never got a slot, or lost it waiting.

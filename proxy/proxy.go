@@ -128,52 +128,84 @@ type Proxy struct {
 
 // New builds a proxy from cfg.
 func New(cfg Config) (*Proxy, error) {
-	if cfg.Upstream == nil {
-		u, _ := url.Parse("https://api.openai.com")
-		cfg.Upstream = u
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	if err := CheckUpstream(cfg.Upstream); err != nil {
-		return nil, fmt.Errorf("proxy: upstream: %w", err)
+	stopped, stop := context.WithCancel(context.Background())
+	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
+		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
+	p.sessions = map[*session]struct{}{}
+	p.lanes = lanequeue.NewTable(p.routeLimits(cfg.Lanes))
+	if n := removeSpools(cfg.SpoolDir); n > 0 {
+		p.log.Info("removed request bodies spooled before a crash", "dir", cfg.SpoolDir, "files", n)
+	}
+	var routes prometheus.Collector
+	if p.global != nil || len(p.gates) > 0 {
+		routes = routesCollector{p}
+	}
+	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) },
+		func() float64 { return float64(p.spooled.Load()) }, func() float64 { return float64(p.Sessions()) }, routes)
+	if err != nil {
+		return nil, err
+	}
+	p.metrics = m
+	r := chi.NewRouter()
+	for _, rt := range cfg.Routes {
+		h := p.routeHandler(rt.Name, rt.URL, "/"+rt.Name)
+		r.Handle("/"+rt.Name, h)
+		r.Handle("/"+rt.Name+"/*", h)
+	}
+	r.NotFound(p.routeHandler("", cfg.Upstream, ""))
+	r.MethodNotAllowed(p.routeHandler("", cfg.Upstream, ""))
+	p.handler = p.guard(r)
+	return p, nil
+}
+
+// Validate reports the first of cfg's upstream URLs or route names the
+// proxy cannot use.
+func (cfg Config) Validate() error {
+	if cfg.Upstream != nil {
+		if err := CheckUpstream(cfg.Upstream); err != nil {
+			return fmt.Errorf("proxy: upstream: %w", err)
+		}
 	}
 	seen := map[string]bool{}
 	for _, r := range cfg.Routes {
 		if !ValidRouteName(r.Name) {
-			return nil, fmt.Errorf("proxy: route name %q: use letters, digits, '.', '_' and '-'", r.Name)
+			return fmt.Errorf("proxy: route name %q: use letters, digits, '.', '_' and '-'", r.Name)
 		}
 		if seen[r.Name] {
-			return nil, fmt.Errorf("proxy: route %q given twice", r.Name)
+			return fmt.Errorf("proxy: route %q given twice", r.Name)
 		}
 		seen[r.Name] = true
 		if err := CheckUpstream(r.URL); err != nil {
-			return nil, fmt.Errorf("proxy: route %q: %w", r.Name, err)
+			return fmt.Errorf("proxy: route %q: %w", r.Name, err)
 		}
+	}
+	return nil
+}
+
+// withDefaults is cfg with every unset field at its default. MaxRetries
+// 0 is the default (10) and a negative count none.
+func (cfg Config) withDefaults() Config {
+	if cfg.Upstream == nil {
+		cfg.Upstream, _ = url.Parse("https://api.openai.com")
 	}
 	switch {
 	case cfg.MaxRetries == 0:
-		cfg.MaxRetries = 10
+		cfg.MaxRetries = DefaultMaxRetries
 	case cfg.MaxRetries < 0:
 		cfg.MaxRetries = 0
 	}
-	if cfg.MaxWait <= 0 {
-		cfg.MaxWait = 10 * time.Minute
-	}
-	if cfg.MaxRetryAfter <= 0 {
-		cfg.MaxRetryAfter = 2 * time.Minute
-	}
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if cfg.MemoryBodyBytes <= 0 {
-		cfg.MemoryBodyBytes = DefaultMemoryBodyBytes
-	}
+	cfg.MaxWait = orDefault(cfg.MaxWait, DefaultMaxWait)
+	cfg.MaxRetryAfter = orDefault(cfg.MaxRetryAfter, DefaultMaxRetryAfter)
+	cfg.MaxBodyBytes = orDefault(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
+	cfg.MemoryBodyBytes = orDefault(cfg.MemoryBodyBytes, DefaultMemoryBodyBytes)
+	cfg.MaxSpoolBytes = orDefault(cfg.MaxSpoolBytes, DefaultMaxSpoolBytes)
+	cfg.MaxBufferedBytes = orDefault(cfg.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = os.TempDir()
-	}
-	if cfg.MaxSpoolBytes <= 0 {
-		cfg.MaxSpoolBytes = DefaultMaxSpoolBytes
-	}
-	if cfg.MaxBufferedBytes <= 0 {
-		cfg.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
 	if cfg.Transport == nil {
 		cfg.Transport = upstream.NewTransport()
@@ -209,11 +241,22 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Gatherer == nil {
 		cfg.Gatherer = prometheus.DefaultGatherer
 	}
+	return cfg
+}
 
-	stopped, stop := context.WithCancel(context.Background())
-	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
-		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
-	p.sessions = map[*session]struct{}{}
+// orDefault is v, or def when v is not positive.
+func orDefault[T int64 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// routeLimits sets each route's settings, its model gate (a local route)
+// and the global cap on p, and returns lanes with each route's limits
+// and the cap.
+func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
+	cfg := p.cfg
 	p.settings = map[string]RouteSettings{"": cfg.Default}
 	for _, rt := range cfg.Routes {
 		p.settings[rt.Name] = rt.Settings
@@ -221,10 +264,10 @@ func New(cfg Config) (*Proxy, error) {
 	p.gates = map[string]*lanequeue.ModelGate{}
 	for name, st := range p.settings {
 		if !st.Limits.IsZero() {
-			if cfg.Lanes.RouteLimits == nil {
-				cfg.Lanes.RouteLimits = map[string]lanequeue.Limits{}
+			if lanes.RouteLimits == nil {
+				lanes.RouteLimits = map[string]lanequeue.Limits{}
 			}
-			cfg.Lanes.RouteLimits[name] = st.Limits
+			lanes.RouteLimits[name] = st.Limits
 		}
 		if st.Local {
 			p.gates[name] = lanequeue.NewModelGate(st.LocalFairness, cfg.Clock)
@@ -232,33 +275,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.GlobalConcurrency > 0 {
 		p.global = lanequeue.NewCap(cfg.GlobalConcurrency)
-		cfg.Lanes.Cap = p.global
+		lanes.Cap = p.global
 	}
-	p.lanes = lanequeue.NewTable(cfg.Lanes)
-	if n := removeSpools(cfg.SpoolDir); n > 0 {
-		p.log.Info("removed request bodies spooled before a crash", "dir", cfg.SpoolDir, "files", n)
-	}
-	var routes prometheus.Collector
-	if p.global != nil || len(p.gates) > 0 {
-		routes = routesCollector{p}
-	}
-	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) },
-		func() float64 { return float64(p.spooled.Load()) }, func() float64 { return float64(p.Sessions()) }, routes)
-	if err != nil {
-		return nil, err
-	}
-	p.metrics = m
-
-	r := chi.NewRouter()
-	for _, rt := range cfg.Routes {
-		h := p.routeHandler(rt.Name, rt.URL, "/"+rt.Name)
-		r.Handle("/"+rt.Name, h)
-		r.Handle("/"+rt.Name+"/*", h)
-	}
-	r.NotFound(p.routeHandler("", cfg.Upstream, ""))
-	r.MethodNotAllowed(p.routeHandler("", cfg.Upstream, ""))
-	p.handler = p.guard(r)
-	return p, nil
+	return lanes
 }
 
 // The defaults of Config's body bounds. The largest body is the Files
@@ -273,6 +292,13 @@ const (
 // DefaultMaxBufferedBytes is Config.MaxBufferedBytes' default: a quarter
 // of a 1 GiB container, room for 10,000 queued requests of 25 KiB.
 const DefaultMaxBufferedBytes = 256 << 20
+
+// The defaults of Config's retry bounds.
+const (
+	DefaultMaxRetries    = 10
+	DefaultMaxWait       = 10 * time.Minute
+	DefaultMaxRetryAfter = 2 * time.Minute
+)
 
 // ValidRouteName reports whether name can be a route prefix: a plain path
 // segment of letters, digits, '.', '_' and '-' (no pattern characters).

@@ -34,29 +34,7 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	}
 	resp := res.Resp
 	defer resp.Body.Close()
-	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = vs
-	}
-	upstream.StripHopHeaders(h)
-	if !p.cfg.PassRateLimitHeaders {
-		headerparse.DeleteWindowHeaders(h)
-		if resp.StatusCode < 300 {
-			h.Del("Retry-After")
-			h.Del("Retry-After-Ms")
-		}
-	}
-	if resp.Uncompressed {
-		h.Del("Content-Length")
-		h.Del("Content-Encoding")
-	}
-	setLLMHeaders(h, req)
-	if upstream.RetryableStatus(resp.StatusCode) {
-		// The proxy already retried, or knows retrying cannot help (hard
-		// quota): stop SDKs from multiplying attempts. Other statuses are
-		// left to the SDK's own rules.
-		h.Set("X-Should-Retry", "false")
-	}
+	p.answerHeaders(w.Header(), req, resp)
 	req.status = resp.StatusCode
 	req.outcome = lanequeue.OutcomeOK
 	if resp.StatusCode >= 400 {
@@ -93,6 +71,34 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		if u, ok := meter.Usage(); ok {
 			slot.Settle(u.Total())
 		}
+	}
+}
+
+// answerHeaders sets h, the client's answer's headers, from resp's: the
+// hop-by-hop ones and (unless passed) the rate-limit windows left out,
+// the proxy's own added.
+func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) {
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	upstream.StripHopHeaders(h)
+	if !p.cfg.PassRateLimitHeaders {
+		headerparse.DeleteWindowHeaders(h)
+		if resp.StatusCode < 300 {
+			h.Del("Retry-After")
+			h.Del("Retry-After-Ms")
+		}
+	}
+	if resp.Uncompressed {
+		h.Del("Content-Length")
+		h.Del("Content-Encoding")
+	}
+	setLLMHeaders(h, req)
+	if upstream.RetryableStatus(resp.StatusCode) {
+		// The proxy already retried, or knows retrying cannot help (hard
+		// quota): stop SDKs from multiplying attempts. Other statuses are
+		// left to the SDK's own rules.
+		h.Set("X-Should-Retry", "false")
 	}
 }
 

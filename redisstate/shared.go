@@ -109,6 +109,12 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 		}
 		return s.localAdmit(now, cost, probe)
 	}
+	return s.admitted(now, cost, lease, rep)
+}
+
+// admitted takes admitScript's reply rep for the request of cost and
+// lease at now: the ticket, or when to ask again.
+func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitReply) (lanequeue.Ticket, time.Time, bool) {
 	s.st.sawClock(rep.redisNow)
 	s.out, s.climit, s.paused = rep.out, rep.limits.concurrency, rep.paused
 	s.answered = rep.answered
@@ -260,43 +266,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	}
 	v := s.local.View(now)
 	syn := v.Learned == "refusals"
-	// Only a ticket Redis gave has marks from Redis' running totals: an
-	// answer to one taken while Redis was away teaches the rate, the
-	// window and the pause, not what is left.
-	remote := t.Lease != ""
-	reqMode, reqValue := 0, 0.0
-	switch {
-	case remote && r.Limits.Requests.HasRemaining:
-		reqMode, reqValue = 1, float64(r.Limits.Requests.Remaining)
-	case syn && r.Verdict == lanequeue.RateRefused:
-		reqMode = 2 // a refusal empties the pace learned from refusals
-	}
-	tokMode, tokValue := 0, 0.0
-	if remote && r.Limits.Tokens.HasRemaining {
-		tokMode, tokValue = 1, float64(r.Limits.Tokens.Remaining)
-	}
-	// The pause this replica took, not the report's: learning from the
-	// behaviour of an upstream without headers may decline a refusal's
-	// wait, when the learned pace or concurrency limit holds the group;
-	// the fleet must not idle for what one replica declined.
-	pause := s.local.PausedUntil()
-	// The pause travels as a length: a replica's clock moves only its own
-	// deadlines.
-	args := []any{0, s.st.cfg.KeyTTL.Milliseconds(), max(pause.Sub(now).Milliseconds(), 0), v.Concurrency, s.st.replica}
-	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
-	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
-	args = append(args, boolInt(v.ConcurrencyLowered))
-	// The answer counts toward the levels every replica judges the bound
-	// from, when Redis gave its permit (its level is the fleet's).
-	kind := -1
-	switch {
-	case !remote || r.Verdict == lanequeue.Failed || r.Verdict == lanequeue.NotSent:
-	case r.Verdict == lanequeue.Accepted:
-		kind = 0
-	default:
-		kind = 1
-	}
-	args = append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(r.Verdict.Refusal()))
+	args, kind := s.learnArgs(t, r, v, now)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
@@ -320,6 +290,50 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if kind >= 0 {
 		s.local.ShareLevels(rep.admitted, rep.refused, now)
 	}
+}
+
+// learnArgs are learnScript's arguments for t's answer r, this replica's
+// state v after learning from it; kind is the answer's kind among the
+// counts by level (0 admitted, 1 refused, -1 neither).
+func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.View, now time.Time) (args []any, kind int) {
+	syn := v.Learned == "refusals"
+	// Only a ticket Redis gave has marks from Redis' running totals: an
+	// answer to one taken while Redis was away teaches the rate, the
+	// window and the pause, not what is left.
+	remote := t.Lease != ""
+	reqMode, reqValue := 0, 0.0
+	switch {
+	case remote && r.Limits.Requests.HasRemaining:
+		reqMode, reqValue = 1, float64(r.Limits.Requests.Remaining)
+	case syn && r.Verdict == lanequeue.RateRefused:
+		reqMode = 2 // a refusal empties the pace learned from refusals
+	}
+	tokMode, tokValue := 0, 0.0
+	if remote && r.Limits.Tokens.HasRemaining {
+		tokMode, tokValue = 1, float64(r.Limits.Tokens.Remaining)
+	}
+	// The pause this replica took, not the report's: learning from the
+	// behaviour of an upstream without headers may decline a refusal's
+	// wait, when the learned pace or concurrency limit holds the group;
+	// the fleet must not idle for what one replica declined.
+	pause := s.local.PausedUntil()
+	// The pause travels as a length: a replica's clock moves only its own
+	// deadlines.
+	args = []any{0, s.st.cfg.KeyTTL.Milliseconds(), max(pause.Sub(now).Milliseconds(), 0), v.Concurrency, s.st.replica}
+	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
+	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
+	args = append(args, boolInt(v.ConcurrencyLowered))
+	// The answer counts toward the levels every replica judges the bound
+	// from, when Redis gave its permit (its level is the fleet's).
+	kind = -1
+	switch {
+	case !remote || r.Verdict == lanequeue.Failed || r.Verdict == lanequeue.NotSent:
+	case r.Verdict == lanequeue.Accepted:
+		kind = 0
+	default:
+		kind = 1
+	}
+	return append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(r.Verdict.Refusal())), kind
 }
 
 // learnReply is learnScript's reply, its times on this replica's clock.

@@ -121,6 +121,45 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadURL, err)
 	}
+	cfg = cfg.withDefaults()
+	// go-redis logs its own retries and dial failures (a dozen a second
+	// while Redis is down) to stderr in a format of its own; they go
+	// through slog at debug instead. The store's one line per change
+	// between shared and local stays the warning. go-redis has one logger
+	// for the process: the latest store's.
+	redis.SetLogger(clientLog{cfg.Logger})
+	opt.DialTimeout = cfg.Timeout
+	opt.ReadTimeout = cfg.Timeout
+	opt.WriteTimeout = cfg.Timeout
+	opt.MaxRetries = -1 // a failed call falls back at once; the pinger retries
+	// Each call's context (Timeout) bounds the whole call, its reads and
+	// writes included, not only the wait for a connection.
+	opt.ContextTimeoutEnabled = true
+	s, err := unstarted(cfg, redis.NewClient(opt))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	err = s.rdb.Ping(ctx).Err()
+	cancel()
+	if err != nil {
+		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
+	} else {
+		s.warnIfCluster()
+		s.heartbeat(time.Now())
+		s.setUp(true)
+	}
+	var both sync.WaitGroup
+	both.Add(2)
+	go func() { defer both.Done(); s.loop() }()
+	go func() { defer both.Done(); s.writer() }()
+	go func() { both.Wait(); close(s.done) }()
+	return s, nil
+}
+
+// withDefaults is cfg with every unset field at its default, and a lease
+// TTL under MinLeaseTTL raised to it.
+func (cfg Config) withDefaults() Config {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "llmproxy:v1:"
 	}
@@ -145,23 +184,16 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	// go-redis logs its own retries and dial failures (a dozen a second
-	// while Redis is down) to stderr in a format of its own; they go
-	// through slog at debug instead. The store's one line per change
-	// between shared and local stays the warning. go-redis has one logger
-	// for the process: the latest store's.
-	redis.SetLogger(clientLog{cfg.Logger})
-	opt.DialTimeout = cfg.Timeout
-	opt.ReadTimeout = cfg.Timeout
-	opt.WriteTimeout = cfg.Timeout
-	opt.MaxRetries = -1 // a failed call falls back at once; the pinger retries
-	// Each call's context (Timeout) bounds the whole call, its reads and
-	// writes included, not only the wait for a connection.
-	opt.ContextTimeoutEnabled = true
+	return cfg
+}
+
+// unstarted is a store on rdb with its metrics registered, not yet
+// started.
+func unstarted(cfg Config, rdb *redis.Client) (*Store, error) {
 	var id [6]byte
 	_, _ = rand.Read(id[:])
 	s := &Store{
-		cfg: cfg, rdb: redis.NewClient(opt), replica: hex.EncodeToString(id[:]), log: cfg.Logger,
+		cfg: cfg, rdb: rdb, replica: hex.EncodeToString(id[:]), log: cfg.Logger,
 		leases: map[string]string{}, returns: map[string]string{}, adds: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
 		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -180,21 +212,6 @@ func New(cfg Config) (*Store, error) {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-	err = s.rdb.Ping(ctx).Err()
-	cancel()
-	if err != nil {
-		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
-	} else {
-		s.warnIfCluster()
-		s.heartbeat(time.Now())
-		s.setUp(true)
-	}
-	var both sync.WaitGroup
-	both.Add(2)
-	go func() { defer both.Done(); s.loop() }()
-	go func() { defer both.Done(); s.writer() }()
-	go func() { both.Wait(); close(s.done) }()
 	return s, nil
 }
 
@@ -732,9 +749,14 @@ func (s *Store) renew() error {
 		s.failed("renew", err)
 		return err
 	}
-	// A lease returned while the renewal was on its way may have been
-	// removed before the renewal added it again: remove it once more, or
-	// it would count a permit nobody holds for a whole TTL.
+	return s.removeReturned(held)
+}
+
+// removeReturned removes from Redis the leases of held given back while
+// their renewal was on its way: the return may have removed them before
+// the renewal added them again, and they would count a permit nobody
+// holds for a whole TTL.
+func (s *Store) removeReturned(held map[string]string) error {
 	s.mu.Lock()
 	var gone []string
 	for l := range held {
@@ -746,11 +768,11 @@ func (s *Store) renew() error {
 	if len(gone) == 0 {
 		return nil
 	}
-	ctx2, cancel2 := s.ctx()
-	defer cancel2()
-	_, err = s.rdb.Pipelined(ctx2, func(p redis.Pipeliner) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, l := range gone {
-			p.ZRem(ctx2, held[l], l)
+			p.ZRem(ctx, held[l], l)
 		}
 		return nil
 	})

@@ -93,10 +93,24 @@ func describeEnvError(err error) error {
 	return err
 }
 
+// validate checks every setting, first problem first, and fills in what
+// is parsed from them (the upstream, the routes, the concurrency start).
 func (c *config) validate() error {
-	bad := func(name, format string, a ...any) error {
-		return fmt.Errorf("%s%s: %s", envPrefix, name, fmt.Sprintf(format, a...))
+	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices} {
+		if err := check(); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// bad is the error for setting LLMPROXY_<name>.
+func bad(name, format string, a ...any) error {
+	return fmt.Errorf("%s%s: %s", envPrefix, name, fmt.Sprintf(format, a...))
+}
+
+// checkListeners checks the listeners' addresses and the admin token.
+func (c *config) checkListeners() error {
 	if _, _, err := net.SplitHostPort(c.Addr); err != nil {
 		return bad("ADDR", "%q is not host:port", c.Addr)
 	}
@@ -111,6 +125,11 @@ func (c *config) validate() error {
 			return bad("ADMIN_TOKEN", "use visible ASCII characters only, no spaces (the value is not shown)")
 		}
 	}
+	return nil
+}
+
+// checkUpstreams parses the default upstream and the routes.
+func (c *config) checkUpstreams() error {
 	u, err := parseUpstream(c.Upstream)
 	if err != nil {
 		return bad("UPSTREAM", "%v", err)
@@ -119,6 +138,11 @@ func (c *config) validate() error {
 	if err := c.parseRoutes(); err != nil {
 		return bad("ROUTES", "%v", err)
 	}
+	return nil
+}
+
+// checkCounts checks the counts and sizes against their minimums.
+func (c *config) checkCounts() error {
 	for _, v := range []struct {
 		name string
 		val  int64
@@ -140,6 +164,11 @@ func (c *config) validate() error {
 			return bad(v.name, "%d is below the minimum %d", v.val, v.min)
 		}
 	}
+	return nil
+}
+
+// checkDurations checks the durations against their minimums.
+func (c *config) checkDurations() error {
 	for _, v := range []struct {
 		name string
 		val  time.Duration
@@ -159,6 +188,12 @@ func (c *config) validate() error {
 			return bad(v.name, "%v is below the minimum %v", v.val, v.min)
 		}
 	}
+	return nil
+}
+
+// checkChoices checks the concurrency range (and moves the start into
+// it), the settings that take one of a few words, and the Redis URL.
+func (c *config) checkChoices() error {
 	if c.LaneMinConcurrency > c.LaneMaxConcurrency {
 		return bad("LANE_MIN_CONCURRENCY", "%d is above LLMPROXY_LANE_MAX_CONCURRENCY=%d", c.LaneMinConcurrency, c.LaneMaxConcurrency)
 	}

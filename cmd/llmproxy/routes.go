@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -111,19 +112,9 @@ func routeVarName(route string) string {
 // parseRouteSettings reads the LLMPROXY_ROUTE_* variables of environ into
 // the routes' settings. The error is one line naming the variable.
 func (c *config) parseRouteSettings(environ map[string]string) error {
-	byName := map[string]string{defaultRouteName: ""} // <NAME> → route
-	for _, r := range c.routes {
-		n := routeVarName(r.Name)
-		if other, ok := byName[n]; ok {
-			shown := other
-			if shown == "" {
-				shown = "the default upstream"
-			} else {
-				shown = "route " + strconv.Quote(shown)
-			}
-			return fmt.Errorf("%sROUTES: route %q and %s are both %s in LLMPROXY_ROUTE_%s_* variables; rename one", envPrefix, r.Name, shown, n, n)
-		}
-		byName[n] = r.Name
+	byName, err := c.routeVarNames()
+	if err != nil {
+		return err
 	}
 	names := make([]string, 0, len(byName))
 	for n := range byName {
@@ -146,41 +137,16 @@ func (c *config) parseRouteSettings(environ map[string]string) error {
 	settings := map[string]proxy.RouteSettings{}
 	fairnessSet := map[string]bool{}
 	for _, k := range vars {
-		rest := strings.TrimPrefix(k, routePrefix)
-		route, setting, found := "", "", false
-		for _, n := range names {
-			if s, ok := strings.CutPrefix(rest, n+"_"); ok {
-				route, setting, found = byName[n], s, true
-				break
-			}
-		}
-		if !found {
-			shown := make([]string, 0, len(names))
-			for _, n := range names {
-				shown = append(shown, n)
-			}
-			sort.Strings(shown)
-			return fmt.Errorf("%s: no route of that name (LLMPROXY_ROUTE_<NAME>_<SETTING>; names: %s)", k, strings.Join(shown, ", "))
-		}
-		var rs *routeSetting
-		for i := range routeSettings {
-			if routeSettings[i].name == setting {
-				rs = &routeSettings[i]
-			}
-		}
-		if rs == nil {
-			known := make([]string, len(routeSettings))
-			for i, s := range routeSettings {
-				known[i] = s.name
-			}
-			return fmt.Errorf("%s: unknown setting %s (one of %s)", k, setting, strings.Join(known, ", "))
+		route, setting, err := routeVar(k, names, byName)
+		if err != nil {
+			return err
 		}
 		st := settings[route]
-		if err := rs.set(&st, strings.TrimSpace(environ[k])); err != nil {
+		if err := setting.set(&st, strings.TrimSpace(environ[k])); err != nil {
 			return fmt.Errorf("%s: %v", k, err)
 		}
 		settings[route] = st
-		if setting == "LOCAL_FAIRNESS" {
+		if setting.name == "LOCAL_FAIRNESS" {
 			fairnessSet[route] = true
 		}
 	}
@@ -194,6 +160,55 @@ func (c *config) parseRouteSettings(environ map[string]string) error {
 		c.routes[i].Settings = settings[c.routes[i].Name]
 	}
 	return nil
+}
+
+// routeVarNames maps each route's <NAME> to the route ("" for the default
+// upstream); two routes with one <NAME> are an error.
+func (c *config) routeVarNames() (map[string]string, error) {
+	byName := map[string]string{defaultRouteName: ""}
+	for _, r := range c.routes {
+		n := routeVarName(r.Name)
+		if other, ok := byName[n]; ok {
+			shown := other
+			if shown == "" {
+				shown = "the default upstream"
+			} else {
+				shown = "route " + strconv.Quote(shown)
+			}
+			return nil, fmt.Errorf("%sROUTES: route %q and %s are both %s in LLMPROXY_ROUTE_%s_* variables; rename one", envPrefix, r.Name, shown, n, n)
+		}
+		byName[n] = r.Name
+	}
+	return byName, nil
+}
+
+// routeVar reads variable k, LLMPROXY_ROUTE_<NAME>_<SETTING>: its route
+// and setting. names are the <NAME>s, longest first; byName maps each to
+// its route.
+func routeVar(k string, names []string, byName map[string]string) (string, *routeSetting, error) {
+	rest := strings.TrimPrefix(k, routePrefix)
+	route, setting, found := "", "", false
+	for _, n := range names {
+		if s, ok := strings.CutPrefix(rest, n+"_"); ok {
+			route, setting, found = byName[n], s, true
+			break
+		}
+	}
+	if !found {
+		shown := slices.Clone(names)
+		sort.Strings(shown)
+		return "", nil, fmt.Errorf("%s: no route of that name (LLMPROXY_ROUTE_<NAME>_<SETTING>; names: %s)", k, strings.Join(shown, ", "))
+	}
+	for i := range routeSettings {
+		if routeSettings[i].name == setting {
+			return route, &routeSettings[i], nil
+		}
+	}
+	known := make([]string, len(routeSettings))
+	for i, s := range routeSettings {
+		known[i] = s.name
+	}
+	return "", nil, fmt.Errorf("%s: unknown setting %s (one of %s)", k, setting, strings.Join(known, ", "))
 }
 
 // describeRoute is a route's settings for the start-up log; "" when it

@@ -298,3 +298,24 @@ func short(s string, n int) string {
 	}
 	return strings.TrimSpace(s)
 }
+
+// healthcheck asks the admin listener's /healthz; it is the container's
+// HEALTHCHECK, since the image has no shell or curl.
+func healthcheck(adminAddr string, stderr io.Writer) int {
+	if adminAddr == "" {
+		fmt.Fprintln(stderr, "llmproxy: healthcheck: LLMPROXY_ADMIN_ADDR is empty")
+		return 1
+	}
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(adminURL(adminAddr) + "/healthz")
+	if err != nil {
+		fmt.Fprintln(stderr, "llmproxy: healthcheck:", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintln(stderr, "llmproxy: healthcheck: status", resp.StatusCode)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llmproxy/llmproxy/internal/buildinfo"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/proxy"
+	"github.com/llmproxy/llmproxy/redisstate"
+)
+
+// listening is told the bound addresses once both listeners are up (tests
+// use port 0).
+type listening func(proxyAddr, adminAddr string)
+
+// stopGrace is how long the handlers get, once the proxy is stopped, to
+// write their 503 shutting_down answers before the connections close.
+const stopGrace = 2 * time.Second
+
+// serve runs the proxy from the environment until ctx ends (then drains:
+// see stop) or a listener fails, and returns the exit code.
+func serve(ctx context.Context, again <-chan os.Signal, environ map[string]string, stderr io.Writer, up listening) int {
+	cfg, err := loadConfig(environ)
+	if err != nil {
+		fmt.Fprintln(stderr, "llmproxy:", err)
+		return 2
+	}
+	log := newLogger(cfg, stderr)
+	cfg.logNotes(log, environ)
+	cfg.logRoutes(log)
+	// Load balancers must stop sending the moment the signal comes, before
+	// anything else happens.
+	var draining atomic.Bool
+	defer context.AfterFunc(ctx, func() { draining.Store(true) })()
+	build := buildinfo.Read()
+	p, health, closeStore, err := newProxy(cfg, build, log, &draining)
+	if err != nil {
+		fmt.Fprintln(stderr, "llmproxy:", err)
+		return 2
+	}
+	defer closeStore()
+	l, err := listen(cfg, p, health, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "llmproxy:", err)
+		return 1
+	}
+	errc := l.start()
+	log.Info("llmproxy listening", "addr", l.addr, "admin", l.adminAddr,
+		"upstream", cfg.upstreamURL.Redacted(), "routes", cfg.Routes,
+		"version", build.Version, "revision", build.Revision, "go", build.GoVersion)
+	if up != nil {
+		up(l.addr, l.adminAddr)
+	}
+	select {
+	case <-ctx.Done():
+		draining.Store(true) // in case the AfterFunc has not run yet: before Shutdown
+		log.Info("stopping: finishing queued and in-flight requests", "timeout", cfg.ShutdownTimeout)
+	case err := <-errc:
+		log.Error("listener failed", "err", err)
+		for _, s := range l.servers {
+			s.Close()
+		}
+		return 1
+	}
+	return l.stop(p, cfg.ShutdownTimeout, again, errc, log)
+}
+
+// newProxy builds the proxy from cfg, on the shared state in Redis when
+// one is configured (closeStore closes it). Its error is the message to
+// print.
+func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atomic.Bool) (p *proxy.Proxy, health proxy.Health, closeStore func(), err error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(build))
+	lanes := lanequeue.TableConfig{
+		Lane: lanequeue.Config{
+			Concurrency:    cfg.LaneConcurrency,
+			MinConcurrency: cfg.LaneMinConcurrency,
+			MaxConcurrency: cfg.LaneMaxConcurrency,
+			MaxQueue:       cfg.MaxQueue,
+		},
+		MaxLanes: cfg.MaxLanes,
+		IdleTTL:  cfg.LaneIdleTTL,
+	}
+	health = proxy.Health{Build: build, Ready: func(context.Context) error {
+		if draining.Load() {
+			return errors.New("draining: finishing queued and in-flight requests")
+		}
+		return nil
+	}}
+	closeStore = func() {}
+	if cfg.RedisURL != "" {
+		store, err := redisstate.New(redisstate.Config{
+			URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: redisSlow(cfg.RedisSlow),
+			Logger: log, Registerer: reg,
+		})
+		if err != nil {
+			return nil, health, closeStore, errors.New("LLMPROXY_REDIS_URL: not usable (the value is not shown: it may hold a password)")
+		}
+		closeStore = func() { store.Close() }
+		lanes.Shared = store.Shared
+		health.Degraded = store.Ready
+		health.Shared = store.Status
+	}
+	p, err = proxy.New(proxyConfig(cfg, lanes, log, reg))
+	if err != nil {
+		closeStore()
+		return nil, health, func() {}, err
+	}
+	return p, health, closeStore, nil
+}
+
+// proxyConfig is proxy.Config from cfg.
+func proxyConfig(cfg config, lanes lanequeue.TableConfig, log *slog.Logger, reg *prometheus.Registry) proxy.Config {
+	retries := cfg.MaxRetries
+	if retries == 0 {
+		retries = -1 // proxy.Config's zero means its default; 0 here means none
+	}
+	return proxy.Config{
+		Upstream:             cfg.upstreamURL,
+		Routes:               cfg.routes,
+		Default:              cfg.defaultRoute,
+		GlobalConcurrency:    cfg.GlobalConcurrency,
+		MaxRetries:           retries,
+		MaxWait:              cfg.MaxWait,
+		MaxRetryAfter:        cfg.MaxRetryAfter,
+		MaxBodyBytes:         cfg.MaxBodyBytes,
+		MaxBufferedBytes:     cfg.MaxBufferedBytes,
+		MemoryBodyBytes:      cfg.MemoryBodyBytes,
+		SpoolDir:             cfg.SpoolDir,
+		MaxSpoolBytes:        cfg.MaxSpoolBytes,
+		PassRateLimitHeaders: strings.EqualFold(cfg.ClientRateLimitHdr, "pass"),
+		Lanes:                lanes,
+		Logger:               log,
+		Registry:             reg,
+		Gatherer:             reg,
+	}
+}
+
+// servers are the proxy listener's server (first) and the admin
+// listener's, when there is one, with their listeners.
+type servers struct {
+	servers         []*http.Server
+	listeners       []net.Listener
+	addr, adminAddr string
+}
+
+// listen binds the proxy listener and the admin listener (when
+// LLMPROXY_ADMIN_ADDR is set). Its error is the message to print.
+func listen(cfg config, p *proxy.Proxy, health proxy.Health, log *slog.Logger) (*servers, error) {
+	proxyLn, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("LLMPROXY_ADDR: %w", err)
+	}
+	// No ReadTimeout or WriteTimeout: answers stream for up to MAX_WAIT.
+	// The body has its own bound (bodyDeadline); idle keep-alive
+	// connections theirs.
+	l := &servers{servers: []*http.Server{{
+		Handler: bodyDeadline(p, cfg.BodyTimeout), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}}, listeners: []net.Listener{proxyLn}, addr: proxyLn.Addr().String()}
+	if cfg.AdminAddr == "" {
+		return l, nil
+	}
+	adminLn, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		proxyLn.Close()
+		return nil, fmt.Errorf("LLMPROXY_ADMIN_ADDR: %w", err)
+	}
+	l.adminAddr = adminLn.Addr().String()
+	l.servers = append(l.servers, &http.Server{
+		Handler:           p.AdminHandler(health, proxy.RequireToken(cfg.AdminToken)),
+		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
+	})
+	l.listeners = append(l.listeners, adminLn)
+	return l, nil
+}
+
+// start serves each listener; the channel gets each server's end.
+func (l *servers) start() chan error {
+	errc := make(chan error, len(l.servers))
+	for i, s := range l.servers {
+		go func() { errc <- s.Serve(l.listeners[i]) }()
+	}
+	return errc
+}
+
+// stop drains the proxy listener first, so the admin endpoints keep
+// answering while the last requests finish, then closes the WebSocket
+// sessions and the admin listener, and returns the exit code.
+func (l *servers) stop(p *proxy.Proxy, timeout time.Duration, again <-chan os.Signal, errc chan error, log *slog.Logger) int {
+	drain(l.servers[0], p, timeout, again, log)
+	// WebSocket sessions are not requests the drain waits for: once it is
+	// over, each gets a close frame (1001, going away) at both ends.
+	// Always: a session may be between its 101 and being counted.
+	if n := p.Sessions(); n > 0 {
+		log.Info("closing WebSocket sessions", "sessions", n)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+	p.CloseSessions(sctx)
+	cancel()
+	for _, s := range l.servers[1:] {
+		sctx, cancel := context.WithTimeout(context.Background(), stopGrace)
+		if err := s.Shutdown(sctx); err != nil {
+			s.Close()
+		}
+		cancel()
+	}
+	code := 0
+	for range l.servers {
+		if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("listener failed", "err", err)
+			code = 1
+		}
+	}
+	log.Info("stopped")
+	return code
+}
+
+var (
+	errDrainTimeout = errors.New("timeout")
+	errDrainSignal  = errors.New("signal")
+)
+
+// drain shuts srv down: no new connections, and the queued and in-flight
+// requests finish, for up to timeout or until another signal comes. Then
+// p.Stop answers what is left with 503 shutting_down, which the handlers
+// get stopGrace to write before the last connections are closed: a client
+// learns to retry elsewhere instead of seeing its connection drop.
+func drain(srv *http.Server, p *proxy.Proxy, timeout time.Duration, again <-chan os.Signal, log *slog.Logger) {
+	tctx, cancelTimeout := context.WithTimeoutCause(context.Background(), timeout, errDrainTimeout)
+	defer cancelTimeout()
+	ctx, cancel := context.WithCancelCause(tctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-again:
+			cancel(errDrainSignal)
+		case <-ctx.Done():
+		}
+	}()
+	if err := srv.Shutdown(ctx); err == nil || ctx.Err() == nil {
+		return // drained (an error without the context's is the listener's close)
+	}
+	log.Info("drain ended early: answering the requests still under way with 503 shutting_down",
+		"by", context.Cause(ctx).Error(), "under_way", p.UnderWay())
+	p.Stop()
+	gctx, cancelGrace := context.WithTimeout(context.Background(), stopGrace)
+	defer cancelGrace()
+	if err := srv.Shutdown(gctx); err != nil {
+		if gctx.Err() != nil {
+			log.Warn("closing the connections still open after the stop", "grace", stopGrace)
+		}
+		srv.Close()
+	}
+}
+
+func newLogger(cfg config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(cfg.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// buildInfoGauge is llmproxy_build_info: always 1, its labels name the
+// build, so a dashboard can show which builds a fleet runs.
+func buildInfoGauge(b buildinfo.Info) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "llmproxy_build_info",
+		Help:        "Always 1; the labels name the running build (llmproxy version).",
+		ConstLabels: prometheus.Labels{"version": b.Version, "revision": b.Revision, "goversion": b.GoVersion},
+	})
+	g.Set(1)
+	return g
+}
+
+// redisSlow is LLMPROXY_REDIS_SLOW as redisstate takes it: 0 there is
+// the default, and never is negative.
+func redisSlow(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
+}
