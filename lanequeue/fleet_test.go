@@ -133,3 +133,41 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 		}
 	}
 }
+
+// TestAReplicaFirstRefusedStartsFromTheFleetsPace: at its first refusal a
+// replica starts from the pace the other replicas learned from refusals
+// when that is lower than what the group was sending, rather than cutting
+// its way down with refusals of its own; a higher one, or none, leaves
+// the sending rate.
+func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		fleetPace float64
+		want      float64
+		from      string
+	}{
+		{"lower than the sending rate", 7, 7, "replicas"},
+		{"none", 0, 31, "sending rate"},
+		{"higher than the sending rate", 50, 31, "sending rate"},
+	} {
+		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
+		now := time.Unix(1_000_000, 0)
+		m.NoteFleetPace(c.fleetPace)
+		first, _, ok := m.Admit(now, 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		m.Learn(&first, Report{Status: 200, Verdict: Accepted}, now) // the upstream is live
+		var last Ticket
+		for range 30 {
+			if last, _, ok = m.Admit(now, 1, false); !ok {
+				t.Fatal("admit")
+			}
+		}
+		m.Learn(&last, Report{Status: 429, Verdict: RateRefused}, now)
+		v := m.View(now)
+		if !near(v.AdmittedRate, c.want) || v.RateFrom != c.from {
+			t.Errorf("%s: first refusal set %.2f/s from %q, want %.2f/s from %q", c.name, v.AdmittedRate, v.RateFrom, c.want, c.from)
+		}
+	}
+}

@@ -31,6 +31,9 @@ type Memory struct {
 	// together, at the last dispatch another store admitted.
 	fleetSent uint64
 	lastSent  time.Time // the latest dispatch
+	// fleetPace is the pace the other replicas learned from refusals, as
+	// the store kept elsewhere holds it (0: none).
+	fleetPace float64
 }
 
 // NewMemory returns the in-process state for a group with cfg's
@@ -83,6 +86,13 @@ func (s *Memory) NoteAccepted(at time.Time) {
 		s.learn.lastAccepted = at
 	}
 }
+
+// NoteFleetPace records the request pace the replicas learned from
+// refusals, as the store kept elsewhere holds it (0: none): a replica
+// refused for the first time starts from it, when lower than what the
+// group was sending, instead of finding it again with refusals of its
+// own.
+func (s *Memory) NoteFleetPace(rate float64) { s.fleetPace = rate }
 
 // NoteHeld records that the store kept elsewhere held a request back at
 // now for the pace learned from refusals: the probe cycle probes only
@@ -353,6 +363,11 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 			// did go through, over the answer time, is what it sustains
 			// (Little's law), if the number in flight is the bound.
 			l.estimate = max(l.estimate, float64(level-1)/secs)
+		}
+		if s.fleetPace > 0 && s.fleetPace < l.estimate {
+			// Other replicas learned a pace from their refusals already:
+			// it is lower than what the group was sending, and known.
+			l.estimate, l.from = s.fleetPace, "replicas"
 		}
 		n, _ := s.pace.recent.recent(now)
 		if hp := hintPace(r.Hint); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {

@@ -103,7 +103,9 @@ type View struct {
 	// "admitted rate" (measured between refusals), "sending rate" (what
 	// the group sent before its first refusals, lowered by later ones,
 	// until two refusals measure it), "hint" (one request per "try again
-	// in"), "probe" (a probe above it met no refusal), or "". AdmittedRate is the rate measured from behaviour, requests a
+	// in"), "probe" (a probe above it met no refusal), "replicas" (the
+	// pace other replicas learned from refusals, at this one's first), or
+	// "". AdmittedRate is the rate measured from behaviour, requests a
 	// second.
 	RateFrom     string
 	AdmittedRate float64

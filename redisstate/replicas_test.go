@@ -579,3 +579,30 @@ func admitWithin(t *testing.T, sh lanequeue.Shared, d time.Duration) lanequeue.T
 	}
 	return tk
 }
+
+// TestAReplicaFirstRefusedStartsFromThePaceOthersLearned: a replica
+// refused for the first time after another learned a pace from its own
+// refusals starts from that pace, not from what the group was sending.
+func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 32, MaxConcurrency: 32}
+	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	var last lanequeue.Ticket
+	for i := range 20 {
+		last = admitWithin(t, sa, 5*time.Second)
+		if i < 19 { // admitted one at a time: a refusal at one in flight is about the rate
+			sa.Learn(&last, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+			sa.Return(&last, time.Now())
+		}
+	}
+	sa.Learn(&last, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}, time.Now())
+	fleet := sa.View(time.Now()).Requests.PerSecond
+	tk := admitWithin(t, sb, 5*time.Second)
+	sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}, time.Now())
+	v := sb.View(time.Now())
+	if v.RateFrom != "replicas" || v.AdmittedRate > fleet*1.01 {
+		t.Fatalf("b's first refusal set %.1f/s from %q; want a's %.1f/s from \"replicas\"", v.AdmittedRate, v.RateFrom, fleet)
+	}
+}

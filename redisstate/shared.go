@@ -123,6 +123,11 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	// an outage (and pause the fleet for it).
 	s.local.NoteAccepted(rep.accepted)
 	s.seeLimits(rep.limits, rep.paceFromRefusals)
+	if rep.paceFromRefusals {
+		s.local.NoteFleetPace(rep.limits.reqRate)
+	} else {
+		s.local.NoteFleetPace(0)
+	}
 	if !rep.ok {
 		at := rep.retryAt
 		if at.IsZero() {
