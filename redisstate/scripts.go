@@ -56,6 +56,72 @@ end
 local function save(key, p, b)
   redis.call('HSET', key, p..'avail', tostring(b.avail), p..'at', b.at, p..'sent', b.sent)
 end
+-- countDispatch counts a dispatch, and returns the group's dispatches in
+-- the second up to now, every replica's: what one process's own count
+-- would say it is sending.
+local function countDispatch(key, now)
+  local m = redis.call('HMGET', key, 'ms', 'mc', 'mp')
+  local sec, mc, mp = math.floor(now / 1000), num(m[2], 0), num(m[3], 0)
+  if num(m[1], 0) ~= sec then
+    if num(m[1], 0) == sec - 1 then mp = mc else mp = 0 end
+    mc = 0
+  end
+  mc = mc + 1
+  redis.call('HSET', key, 'ms', sec, 'mc', mc, 'mp', mp)
+  return math.floor(mc + mp * (1 - (now % 1000) / 1000))
+end
+`
+
+// admitLib holds the admit script's steps over the other keys.
+const admitLib = `
+-- The concurrency limit: the lowest any replica's refusals lowered it to
+-- lately, since a replica that saw concurrency refusals is not overruled
+-- by one that did not; with no such evidence, the highest any replica
+-- grew to, so a fresh replica at its start does not pull the fleet down.
+-- A replica silent for a minute no longer counts. Also 1 when some
+-- replica said so in the last minute (it learned from an answer).
+local function concurrencyLimit(key, now, default, maxc)
+  local lowered, grown, answered = nil, nil, 0
+  local cl = redis.call('HGETALL', key)
+  for i = 1, #cl, 2 do
+    local l, seen, ev = string.match(cl[i+1], '^(%d+):(%d+):?(%d*)$')
+    if l == nil or now - tonumber(seen) > 60000 then
+      redis.call('HDEL', key, cl[i])
+    else
+      answered = 1
+    end
+    if l == nil or now - tonumber(seen) > 60000 then
+    elseif ev == '1' then
+      if lowered == nil or tonumber(l) < lowered then lowered = tonumber(l) end
+    elseif grown == nil or tonumber(l) > grown then
+      grown = tonumber(l)
+    end
+  end
+  return math.min(lowered or grown or default, maxc), answered
+end
+-- No replica starves: permits, requests and tokens go first to replicas
+-- whose oldest waiter arrived earlier (what they wait for is kept for
+-- them). Waiting replicas ask again every few tens of milliseconds; one
+-- that stopped asking (its waiter left) is forgotten after 250 ms.
+-- Returns how many waiters are older and their cost.
+local function olderWaiters(key, replica, since, now, cost, keyttl)
+  redis.call('HSET', key, replica, since .. ':' .. now .. ':' .. cost)
+  local older, oldercost = 0, 0
+  local w = redis.call('HGETALL', key)
+  for i = 1, #w, 2 do
+    if w[i] ~= replica then
+      local s, seen, c = string.match(w[i+1], '^(%d+):(%d+):?(%d*)$')
+      if s == nil or now - tonumber(seen) > 250 then
+        redis.call('HDEL', key, w[i])
+      elseif tonumber(s) < since then
+        older = older + 1
+        oldercost = oldercost + num(tonumber(c), 0)
+      end
+    end
+  end
+  redis.call('PEXPIRE', key, keyttl)
+  return older, oldercost
+end
 `
 
 // admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
@@ -70,32 +136,11 @@ end
 // rn counts the refusals every replica learned from (learnScript);
 // lastsec is the group's dispatches in the last second, all replicas (0
 // unless admitted).
-var admitScript = redis.NewScript(lib + `
+var admitScript = redis.NewScript(lib + admitLib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
--- The concurrency limit: the lowest any replica's refusals lowered it to
--- lately, since a replica that saw concurrency refusals is not overruled
--- by one that did not; with no such evidence, the highest any replica
--- grew to, so a fresh replica at its start does not pull the fleet down.
--- A replica silent for a minute no longer counts.
-local lowered, grown, answered = nil, nil, 0
-local cl = redis.call('HGETALL', KEYS[4])
-for i = 1, #cl, 2 do
-  local l, seen, ev = string.match(cl[i+1], '^(%d+):(%d+):?(%d*)$')
-  if l == nil or now - tonumber(seen) > 60000 then
-    redis.call('HDEL', KEYS[4], cl[i])
-  else
-    answered = 1
-  end
-  if l == nil or now - tonumber(seen) > 60000 then
-  elseif ev == '1' then
-    if lowered == nil or tonumber(l) < lowered then lowered = tonumber(l) end
-  elseif grown == nil or tonumber(l) > grown then
-    grown = tonumber(l)
-  end
-end
-local climit = math.min(lowered or grown or tonumber(ARGV[9]), tonumber(ARGV[10]))
+local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(ARGV[9]), tonumber(ARGV[10]))
 for i = 11, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
@@ -119,25 +164,7 @@ if probe and answered == 0 and r.known ~= 1 and t.known ~= 1 then
     return reply(0, 0, 0, 0, 0, 0, 0)
   end
 end
--- No replica starves: permits, requests and tokens go first to replicas
--- whose oldest waiter arrived earlier (what they wait for is kept for
--- them). Waiting replicas ask again every few tens of milliseconds; one
--- that stopped asking (its waiter left) is forgotten after 250 ms.
-redis.call('HSET', KEYS[3], replica, since .. ':' .. now .. ':' .. cost)
-local older, oldercost = 0, 0
-local w = redis.call('HGETALL', KEYS[3])
-for i = 1, #w, 2 do
-  if w[i] ~= replica then
-    local s, seen, c = string.match(w[i+1], '^(%d+):(%d+):?(%d*)$')
-    if s == nil or now - tonumber(seen) > 250 then
-      redis.call('HDEL', KEYS[3], w[i])
-    elseif tonumber(s) < since then
-      older = older + 1
-      oldercost = oldercost + num(tonumber(c), 0)
-    end
-  end
-end
-redis.call('PEXPIRE', KEYS[3], keyttl)
+local older, oldercost = olderWaiters(KEYS[3], replica, since, now, cost, keyttl)
 if out + older >= climit then return reply(0, 0, 0, 0, 0, 0, 0) end
 local rok, rat = admit(r, now, 1 + older)
 local tok, tat = admit(t, now, cost + oldercost)
@@ -153,17 +180,7 @@ if rok and tok and r.syn == 1 then paced = 1 end
 if r.known == 1 then r.avail = r.avail - charge(r, 1) end
 if t.known == 1 then t.avail = t.avail - charge(t, cost) end
 r.sent, t.sent = r.sent + 1, t.sent + cost
--- The group's dispatches in the second up to now, every replica's: what
--- one process's own count would say it is sending.
-local m = redis.call('HMGET', KEYS[1], 'ms', 'mc', 'mp')
-local sec, mc, mp = math.floor(now / 1000), num(m[2], 0), num(m[3], 0)
-if num(m[1], 0) ~= sec then
-  if num(m[1], 0) == sec - 1 then mp = mc else mp = 0 end
-  mc = 0
-end
-mc = mc + 1
-redis.call('HSET', KEYS[1], 'ms', sec, 'mc', mc, 'mp', mp)
-lastsec = math.floor(mc + mp * (1 - (now % 1000) / 1000))
+lastsec = countDispatch(KEYS[1], now)
 save(KEYS[1], 'r_', r)
 save(KEYS[1], 't_', t)
 redis.call('ZADD', KEYS[2], now + ttl, lease)
@@ -174,36 +191,12 @@ redis.call('PEXPIRE', KEYS[4], keyttl)
 return reply(1, 0, r.sent, t.sent, room, paced, 0)
 `)
 
-// learnScript: KEYS state, leases, climits, raise, levels. ARGV (unused), keyTTL, the
-// pause's length from now (ms; 0: none), climit, replica, then for
-// requests and then tokens: known, syn, size, rate, mode, value, mark;
-// ARGV[20] 1 when the upstream's refusals lowered climit, else 0; ARGV[21]
-// the number in flight the answer's request went at, all replicas
-// together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
-// for neither; ARGV[23] 1 when the replica judged the bound a
-// concurrency limit; ARGV[24] 1 when the answer is a refusal. The levels
-// hash counts every replica's answers by level
-// (a<level>, r<level>), halved past 512 as in one process. Returns {out,
-// paused, now, 1 when this replica holds the raise lease} and then, per
-// level counted, {level, 1 for refusals or 0, count × 1000}.
-// A window's size is the lowest a replica holds: a replica may lower it
-// at any time, and raise it only once nobody has held the lower figure
-// for a minute (low: when it was last affirmed), or, for a pace learned
-// from refusals, while it holds the raise lease: one replica at a time
-// probes above the shared pace. Such a pace's rate follows the same rule,
-// and it is lowered only with a refusal; a refill rate read from headers
-// is the latest a replica wrote.
-// mode 1 sets what is left from an answer's remaining count (value), less
-// what was sent after the answer's dispatch (sent at dispatch: mark);
-// mode 2 caps it at value; mode 0 leaves it.
-var learnScript = redis.NewScript(lib + `
-local now, keyttl, pause = clock(), tonumber(ARGV[2]), tonumber(ARGV[3])
-local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
-if pause > 0 then paused = math.max(paused, now + pause) end
-redis.call('HSET', KEYS[1], 'paused', paused)
-redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now .. ':' .. ARGV[20])
-redis.call('PEXPIRE', KEYS[3], keyttl)
-local function learn(p, i)
+// learnLib holds the learn script's steps: a budget's figures from one
+// replica's answer, and the counts by level.
+const learnLib = `
+-- learn merges the budget of prefix p that ARGV[i..i+6] carry into the
+-- state (see learnScript).
+local function learn(p, i, now)
   local known = tonumber(ARGV[i])
   if known ~= 1 then return end
   local b = budget(KEYS[1], p, now)
@@ -254,23 +247,60 @@ local function learn(p, i)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
   save(KEYS[1], p, b)
 end
-learn('r_', 6)
-learn('t_', 13)
+-- countLevel counts an answer at level in flight (kind 1 a refusal, 0 an
+-- admission; none for -1), halving every count past 512 as one process
+-- does.
+local function countLevel(key, level, kind)
+  if level > 0 and kind >= 0 then
+    redis.call('HINCRBYFLOAT', key, (kind == 1 and 'r' or 'a') .. level, 1)
+    if redis.call('HINCRBY', key, 'n', 1) > 512 then
+      local all = redis.call('HGETALL', key)
+      for i = 1, #all, 2 do
+        if all[i] ~= 'n' then redis.call('HSET', key, all[i], tostring(tonumber(all[i+1]) / 2)) end
+      end
+      redis.call('HSET', key, 'n', 256)
+    end
+  end
+end
+`
+
+// learnScript: KEYS state, leases, climits, raise, levels. ARGV (unused), keyTTL, the
+// pause's length from now (ms; 0: none), climit, replica, then for
+// requests and then tokens: known, syn, size, rate, mode, value, mark;
+// ARGV[20] 1 when the upstream's refusals lowered climit, else 0; ARGV[21]
+// the number in flight the answer's request went at, all replicas
+// together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
+// for neither; ARGV[23] 1 when the replica judged the bound a
+// concurrency limit; ARGV[24] 1 when the answer is a refusal. The levels
+// hash counts every replica's answers by level
+// (a<level>, r<level>), halved past 512 as in one process. Returns {out,
+// paused, now, 1 when this replica holds the raise lease} and then, per
+// level counted, {level, 1 for refusals or 0, count × 1000}.
+// A window's size is the lowest a replica holds: a replica may lower it
+// at any time, and raise it only once nobody has held the lower figure
+// for a minute (low: when it was last affirmed), or, for a pace learned
+// from refusals, while it holds the raise lease: one replica at a time
+// probes above the shared pace. Such a pace's rate follows the same rule,
+// and it is lowered only with a refusal; a refill rate read from headers
+// is the latest a replica wrote.
+// mode 1 sets what is left from an answer's remaining count (value), less
+// what was sent after the answer's dispatch (sent at dispatch: mark);
+// mode 2 caps it at value; mode 0 leaves it.
+var learnScript = redis.NewScript(lib + learnLib + `
+local now, keyttl, pause = clock(), tonumber(ARGV[2]), tonumber(ARGV[3])
+local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
+if pause > 0 then paused = math.max(paused, now + pause) end
+redis.call('HSET', KEYS[1], 'paused', paused)
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now .. ':' .. ARGV[20])
+redis.call('PEXPIRE', KEYS[3], keyttl)
+learn('r_', 6, now)
+learn('t_', 13, now)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local level, kind = tonumber(ARGV[21] or '0'), tonumber(ARGV[22] or '-1')
 if kind == 0 then redis.call('HSET', KEYS[1], 'acc', now) end
 if kind == 1 then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
-if level > 0 and kind >= 0 then
-  redis.call('HINCRBYFLOAT', KEYS[5], (kind == 1 and 'r' or 'a') .. level, 1)
-  if redis.call('HINCRBY', KEYS[5], 'n', 1) > 512 then
-    local all = redis.call('HGETALL', KEYS[5])
-    for i = 1, #all, 2 do
-      if all[i] ~= 'n' then redis.call('HSET', KEYS[5], all[i], tostring(tonumber(all[i+1]) / 2)) end
-    end
-    redis.call('HSET', KEYS[5], 'n', 256)
-  end
-end
+countLevel(KEYS[5], level, kind)
 redis.call('PEXPIRE', KEYS[5], keyttl)
 local reply = {redis.call('ZCARD', KEYS[2]), paused, now, redis.call('GET', KEYS[4]) == ARGV[5] and 1 or 0}
 local counts = redis.call('HGETALL', KEYS[5])
