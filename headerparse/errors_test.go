@@ -201,3 +201,82 @@ func TestErrorKind(t *testing.T) {
 		})
 	}
 }
+
+// TestParseErrorTopLevelFieldsOn400: a 400 is an error status, so a body
+// without an "error" member is read from its top level.
+func TestParseErrorTopLevelFieldsOn400(t *testing.T) {
+	got := ParseError(400, []byte(`{"type":"rate_limit_error","message":"slow down"}`))
+	want := ErrorInfo{Kind: KindRateLimit, Type: "rate_limit_error", Message: "slow down"}
+	if got != want {
+		t.Errorf("ParseError =\n  %+v\nwant\n  %+v", got, want)
+	}
+}
+
+// TestParseErrorTopLevelCode: a body with no "error" member on an error
+// status takes its code from the top level.
+func TestParseErrorTopLevelCode(t *testing.T) {
+	got := ParseError(429, []byte(`{"code":"rate_limit_exceeded","message":"Too many requests"}`))
+	want := ErrorInfo{Kind: KindRateLimit, Code: "rate_limit_exceeded", Message: "Too many requests"}
+	if got != want {
+		t.Errorf("ParseError =\n  %+v\nwant\n  %+v", got, want)
+	}
+}
+
+// TestParseErrorDetailsArrayErrorCode: in an array of details, the first
+// error_code found names the code, and a spend cap there is a hard quota.
+func TestParseErrorDetailsArrayErrorCode(t *testing.T) {
+	body := `{"error":{"type":"rate_limit_error","message":"spend limit","details":[` +
+		`{"@type":"x"},{"error_code":"enforced_spend_limit_reached"},{"error_code":"rate_limit"}]}}`
+	got := ParseError(429, []byte(body))
+	want := ErrorInfo{Kind: KindHardQuota, Type: "rate_limit_error", Code: "enforced_spend_limit_reached", Message: "spend limit"}
+	if got != want {
+		t.Errorf("ParseError =\n  %+v\nwant\n  %+v", got, want)
+	}
+}
+
+// TestParseErrorRetryIn: the wait a body asks for is read at the very start
+// of the message too, and a zero or exactly 31-day wait is believed.
+func TestParseErrorRetryIn(t *testing.T) {
+	tests := []struct {
+		name   string
+		body   string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"phrase at message start", `{"error":{"code":"rate_limit_exceeded","message":"Try again in 2s."}}`, 2 * time.Second, true},
+		{"zero wait in message", `{"error":{"code":"rate_limit_exceeded","message":"Please try again in 0s."}}`, 0, true},
+		{"retry delay of exactly 31 days", `{"error":{"status":"RESOURCE_EXHAUSTED","details":[{"retryDelay":"744h"}]}}`, monthHorizon, true},
+		{"retry delay just beyond 31 days", `{"error":{"status":"RESOURCE_EXHAUSTED","details":[{"retryDelay":"744h0m1s"}]}}`, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ParseError(429, []byte(tt.body))
+			if got.RetryIn != tt.want || got.HasRetryIn != tt.wantOK {
+				t.Errorf("RetryIn = %v, %v; want %v, %v", got.RetryIn, got.HasRetryIn, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
+
+// TestParseErrorMessageCut: a message of exactly maxMessage bytes is kept
+// whole, and a longer one is cut back to a rune boundary below maxMessage.
+func TestParseErrorMessageCut(t *testing.T) {
+	exact := strings.Repeat("x", maxMessage)
+	if got := ParseError(429, []byte(`{"error":{"message":"`+exact+`"}}`)).Message; got != exact {
+		t.Errorf("Message = %d bytes, want the %d-byte message whole", len(got), maxMessage)
+	}
+	// "a" then two-byte runes: byte maxMessage falls inside a rune.
+	odd := "a" + strings.Repeat("é", 400)
+	want := "a" + strings.Repeat("é", (maxMessage-1)/2)
+	if got := ParseError(429, []byte(`{"error":{"message":"`+odd+`"}}`)).Message; got != want {
+		t.Errorf("Message = %d bytes %q..., want %d bytes", len(got), got[len(got)-2:], len(want))
+	}
+}
+
+// TestTruncateWithoutRuneStart: a string with no rune start before n bytes
+// is cut to nothing rather than split or overrun.
+func TestTruncateWithoutRuneStart(t *testing.T) {
+	if got := truncate("\x80\x80\x80\x80", 2); got != "" {
+		t.Errorf("truncate = %q, want empty", got)
+	}
+}

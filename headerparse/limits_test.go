@@ -400,3 +400,76 @@ func BenchmarkParse(b *testing.B) {
 		Parse(h, now)
 	}
 }
+
+// TestParseEdgeValues: counts and resets at their edges (leading dot, 2^63,
+// zero and exactly-a-day resets, fractional epochs) and IETF names and
+// parameters that are quoted oddly.
+func TestParseEdgeValues(t *testing.T) {
+	tests := []struct {
+		name string
+		h    http.Header
+		want Limits
+	}{
+		{"leading-dot fraction truncates to zero", http.Header{
+			"X-Ratelimit-Remaining-Tokens": {".5"},
+		}, Limits{Tokens: win(0, 0, time.Time{})}},
+		{"fractional count of 2^63 saturates", http.Header{
+			"X-Ratelimit-Remaining-Tokens": {"9223372036854775808.0"},
+		}, Limits{Tokens: win(0, math.MaxInt64, time.Time{})}},
+		{"zero duration reset is now", http.Header{
+			"X-Ratelimit-Remaining-Requests": {"0"},
+			"X-Ratelimit-Reset-Requests":     {"0s"},
+		}, Limits{Requests: win(0, 0, now)}},
+		{"duration reset of exactly a day believed", http.Header{
+			"X-Ratelimit-Remaining-Requests": {"0"},
+			"X-Ratelimit-Reset-Requests":     {"24h"},
+		}, Limits{Requests: win(0, 0, at(24*time.Hour))}},
+		{"bare-second reset of exactly a day believed", http.Header{
+			"X-Ratelimit-Remaining": {"0"},
+			"X-Ratelimit-Reset":     {"86400"},
+		}, Limits{Requests: win(0, 0, at(24*time.Hour))}},
+		{"fractional epoch seconds keep the fraction", http.Header{
+			"X-Ratelimit-Remaining": {"0"},
+			"X-Ratelimit-Reset":     {"1774047180.5"},
+		}, Limits{Requests: win(0, 0, at(60500*time.Millisecond))}},
+		{"ietf policy named like a version is a name", http.Header{
+			"Ratelimit":        {`"1.2.3";r=5;t=10`},
+			"Ratelimit-Policy": {`"1.2.3";q=100;w=60`},
+		}, Limits{Requests: win(100, 5, at(10*time.Second))}},
+		{"ietf empty quoted quota unit means requests", http.Header{
+			"Ratelimit-Policy": {`"default";q=100;qu=""`},
+		}, Limits{Requests: Window{Limit: 100}}},
+		{"ietf policy ending in an escaped quote is ignored", http.Header{
+			"Ratelimit-Policy": {`"a\"`},
+		}, Limits{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Parse(tt.h, now); !sameLimits(got, tt.want) {
+				t.Errorf("Parse =\n  %+v\nwant\n  %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestUnquote: an SF string loses its quotes and backslash escapes wherever
+// they sit; a dangling backslash is kept; anything else is left alone.
+func TestUnquote(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{`""`, ``},
+		{`"`, `"`},
+		{`"abc"`, `abc`},
+		{`abc`, `abc`},
+		{`"\"a"`, `"a`},
+		{`"a\"b"`, `a"b`},
+		{`"a\\b"`, `a\b`},
+		{`"a\"`, `a\`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			if got := unquote(tt.in); got != tt.want {
+				t.Errorf("unquote(%s) = %s, want %s", tt.in, got, tt.want)
+			}
+		})
+	}
+}

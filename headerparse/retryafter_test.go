@@ -45,3 +45,27 @@ func TestRetryAfter(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryAfterMonthHorizon: a wait of exactly 31 days, as seconds or as an
+// HTTP-date, is believed; one second more is not.
+func TestRetryAfterMonthHorizon(t *testing.T) {
+	tests := []struct {
+		name   string
+		v      string
+		want   time.Duration
+		wantOK bool
+	}{
+		{"seconds exactly 31 days", "2678400", monthHorizon, true},
+		{"seconds beyond 31 days", "2678401", 0, false},
+		{"http-date exactly 31 days ahead", "Mon, 20 Apr 2026 22:52:00 GMT", monthHorizon, true},
+		{"http-date beyond 31 days", "Mon, 20 Apr 2026 22:52:01 GMT", 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := RetryAfter(http.Header{"Retry-After": {tt.v}}, now)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("RetryAfter = %v, %v; want %v, %v", got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}

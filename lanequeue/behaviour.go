@@ -5,26 +5,8 @@ import (
 	"time"
 )
 
-// An upstream that explains nothing (no rate-limit headers, no Retry-After,
-// a 429 or 503 whose body names neither a wait nor concurrency) still shows
-// its limit by what it does. The learner reads that from status codes and
-// timing alone:
-//
-//   - the rate it admits: between two refusals its bucket was empty at
-//     both ends, so the requests it admitted in between, over the time
-//     between their dispatches, is its refill rate (a delivery rate, as
-//     BBR measures bandwidth from what is delivered, not from loss);
-//   - whether the bound is a rate or a concurrency: refusals that come at
-//     numbers in flight where other requests were admitted are about the
-//     pace; refusals that come only at the top numbers in flight, where
-//     admissions are rare, are about the number in flight;
-//   - a higher limit, found again by a short, bounded probe above the
-//     learned rate followed by as long a spell below it, so that a probe
-//     that fails costs a refusal or two and no storm.
-//
-// Words (a hint, Retry-After, "too many concurrent requests") only make it
-// converge sooner: a short hint seeds the rate before two refusals have
-// measured it, and named concurrency settles the bound at once.
+// learner reads an upstream's limit from status codes and timing alone
+// (see the package doc, Learning from behaviour).
 type learner struct {
 	seq uint64 // dispatches so far; tickets carry theirs
 

@@ -336,3 +336,89 @@ func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
 		t.Fatalf("%d dispatches in the sending rate, want 13: the other replicas' count too", n)
 	}
 }
+
+// TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft: an answer whose
+// request went as the last permit the limit allowed says the limit held
+// requests back, even when the others have come back by the time it
+// arrives; one that went with room to spare does not.
+func TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft(t *testing.T) {
+	c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
+	last := Ticket{InFlight: 3, Limit: 4} // went with 3 others at limit 4
+	c.accepted(&last, t0, 1, 0)
+	c.accepted(&last, t0, 1, 0)
+	if c.limit != 5 {
+		t.Fatalf("limit = %d after two answers that went at the limit, want 5 (slow start)", c.limit)
+	}
+	roomy := Ticket{InFlight: 2, Limit: 5} // went with a permit to spare
+	for range 4 {
+		c.accepted(&roomy, at(time.Second), 1, 0)
+	}
+	if c.limit != 5 {
+		t.Fatalf("limit = %d after answers that went with room, want still 5", c.limit)
+	}
+}
+
+// TestRefusedLevelIsRememberedForAFullRefusedMemory: growth back to a level
+// the upstream refused stays slow up to and including refusedMemory after
+// the latest concurrency refusal, and is forgotten just after it.
+func TestRefusedLevelIsRememberedForAFullRefusedMemory(t *testing.T) {
+	full := Ticket{InFlight: 3, Limit: 4}
+	c := grownConc(4)
+	c.refusedAt = 5 // growing to 5 is a probe: it takes 4 × probeAcks answers
+	for range 4 {
+		c.accepted(&full, t0.Add(refusedMemory), 4, 0)
+	}
+	if c.limit != 4 || c.refusedAt != 5 {
+		t.Fatalf("at exactly refusedMemory: limit %d, refusedAt %d; want 4 and 5 (still a probe)", c.limit, c.refusedAt)
+	}
+	c = grownConc(4)
+	c.refusedAt, c.probeAcks = 5, 4*minProbeAcks
+	for range 4 {
+		c.accepted(&full, t0.Add(refusedMemory+time.Nanosecond), 4, 0)
+	}
+	if c.limit != 5 || c.refusedAt != 0 || c.probeAcks != minProbeAcks {
+		t.Fatalf("just after refusedMemory: limit %d, refusedAt %d, probeAcks %d; want 5, 0, %d",
+			c.limit, c.refusedAt, c.probeAcks, minProbeAcks)
+	}
+}
+
+// TestLittleFloorRaisesTheLimitOnlyWhileBelowIt: below the concurrency the
+// learned rate needs, each binding answer raises the limit at once; at that
+// floor, growth takes a limit's worth of answers again.
+func TestLittleFloorRaisesTheLimitOnlyWhileBelowIt(t *testing.T) {
+	full := Ticket{InFlight: 3, Limit: 4}
+	c := grownConc(3)
+	c.accepted(&full, t0, 4, 4)
+	if c.limit != 4 {
+		t.Fatalf("below the floor: limit %d, want 4 at once", c.limit)
+	}
+	for i := range 3 {
+		c.accepted(&full, t0, 4, 4)
+		if c.limit != 4 {
+			t.Fatalf("at the floor, answer %d: limit %d, want still 4", i+1, c.limit)
+		}
+	}
+	c.accepted(&full, t0, 4, 4)
+	if c.limit != 5 {
+		t.Fatalf("at the floor after a limit's worth of answers: limit %d, want 5", c.limit)
+	}
+}
+
+// TestAnswerTimeIsAMovingMeanWeightingTheNewestByAFifth: the mean answer
+// time starts at the first answer's time and then moves a fifth of the way
+// to each new one.
+func TestAnswerTimeIsAMovingMeanWeightingTheNewestByAFifth(t *testing.T) {
+	l, fc := aimdLane(4, 1, 4)
+	for i, tt := range []struct {
+		took time.Duration
+		want float64
+	}{{time.Second, 1}, {3 * time.Second, 1.4}, {900 * time.Millisecond, 1.3}} {
+		s := acquireN(t, l, 1)[0]
+		accept(s, headerparse.Limits{})
+		fc.Advance(tt.took)
+		s.Release()
+		if got := l.State().AnswerSeconds; !near(got, tt.want) {
+			t.Fatalf("answer %d: mean answer seconds = %v, want %v", i+1, got, tt.want)
+		}
+	}
+}

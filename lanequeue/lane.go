@@ -1,18 +1,3 @@
-// Package lanequeue owns lanes: per-lane strict FIFO queues, the state that
-// lanes drawing on one upstream limit share (learned budgets, the pause,
-// concurrency permits), how that state learns from each answer, and the
-// bounded table that holds the lanes.
-//
-// Lanes that share an upstream limit (see Key.LimitGroup) form a group with
-// one mutex: an answer is learned from, the group paused and the next
-// requests dispatched under that one lock, in that order. Every decision is
-// made at an explicit time taken from an injected clock; blocking happens
-// outside the lock. There is no ticker goroutine: when the head of the queue
-// must wait for time to pass (a pause or pacing), the group arms a single
-// one-shot timer.
-//
-// It does not know HTTP, upstreams or header formats: callers describe each
-// answer in a Report and it decides who goes next.
 package lanequeue
 
 import (

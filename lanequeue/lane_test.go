@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
 	"go.uber.org/goleak"
 )
 
@@ -293,5 +294,129 @@ func TestSlotsNeverLeakUnderChurn(t *testing.T) {
 	}
 	if st := l.State(); st.InFlight != 0 || st.Queued != 0 {
 		t.Fatalf("leftover state: %+v", st)
+	}
+}
+
+// TestNoTimerIsLeftWhenEveryWaiterIsRefused: when a pause turns away every
+// waiter (their deadlines fall before it ends), nobody is left to dispatch
+// and no timer is armed to keep the group alive.
+func TestNoTimerIsLeftWhenEveryWaiterIsRefused(t *testing.T) {
+	l, fc := testLane(1, 10)
+	held := mustGet(t, acquireAsync(context.Background(), l))
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(30*time.Second))
+	defer cancel()
+	late := acquireAsync(ctx, l)
+	waitQueued(t, l, 1)
+	report(held, Report{Status: 429, Verdict: RateRefused, PauseUntil: at(time.Minute)})
+	select {
+	case r := <-late:
+		var we *WaitError
+		if !errors.As(r.err, &we) || !we.Paused || !we.At.Equal(at(time.Minute)) {
+			t.Fatalf("late waiter got %v, want a pause WaitError until +1m", r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("late waiter was not refused at once")
+	}
+	if n := fc.Pending(); n != 0 {
+		t.Fatalf("%d timers pending with nobody waiting, want 0", n)
+	}
+	held.Release()
+}
+
+// TestRefusalsAtArrivalAreCountedAsRejected: a request turned away because
+// the lane's queue is full, or because the pause outlasts its deadline,
+// counts one rejection each, and neither waits.
+func TestRefusalsAtArrivalAreCountedAsRejected(t *testing.T) {
+	l, _ := testLane(1, 1)
+	held := mustGet(t, acquireAsync(context.Background(), l))
+	waiting := acquireAsync(context.Background(), l)
+	waitQueued(t, l, 1)
+	for i := 1; i <= 2; i++ {
+		if err := mustFail(t, acquireAsync(context.Background(), l)); !errors.Is(err, ErrQueueFull) {
+			t.Fatalf("acquire on a full queue: %v, want ErrQueueFull", err)
+		}
+		if got := l.State().Rejected; got != int64(i) {
+			t.Fatalf("after %d full-queue refusals: rejected = %d", i, got)
+		}
+	}
+	held.Release()
+	mustGet(t, waiting).Release() // the queue is empty again
+	pause(l, at(time.Minute))
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(30*time.Second))
+	defer cancel()
+	if err := mustFail(t, acquireAsync(ctx, l)); !errors.Is(err, ErrBudgetExceeded) {
+		t.Fatalf("acquire past its deadline's pause: %v, want ErrBudgetExceeded", err)
+	}
+	if got := l.State().Rejected; got != 3 {
+		t.Fatalf("after a pause refusal: rejected = %d, want 3", got)
+	}
+}
+
+// TestLaneWithoutAnswersShowsNoAnswerCounts: the per-status and per-outcome
+// maps exist only once the lane has answered someone.
+func TestLaneWithoutAnswersShowsNoAnswerCounts(t *testing.T) {
+	l, _ := testLane(4, 10)
+	if st := l.State(); st.Answers != nil || st.Outcomes != nil {
+		t.Fatalf("answers %v, outcomes %v before any answer, want none", st.Answers, st.Outcomes)
+	}
+	l.CountAnswer(200, "ok")
+	if st := l.State(); st.Answers[200] != 1 || st.Outcomes["ok"] != 1 {
+		t.Fatalf("answers %v, outcomes %v, want one 200 ok", st.Answers, st.Outcomes)
+	}
+}
+
+// TestDrainIgnoresAWindowWithoutARate: a window known without a refill
+// rate (no reset reported) bounds nothing in the drain estimate.
+func TestDrainIgnoresAWindowWithoutARate(t *testing.T) {
+	for name, v := range map[string]View{
+		"requests": {Requests: BudgetView{Known: true, Limit: 10}},
+		"tokens":   {Tokens: BudgetView{Known: true, Limit: 1000}},
+	} {
+		if got := drainSeconds(3, 300, v, t0); got != 0 {
+			t.Errorf("%s window without a rate: drain %v, want 0", name, got)
+		}
+	}
+}
+
+// TestDrainCountsTokensTheWindowStillHolds: what the token window still
+// holds goes at once, only the rest at the pace; and a concurrency that is
+// not known bounds nothing.
+func TestDrainCountsTokensTheWindowStillHolds(t *testing.T) {
+	v := View{Tokens: BudgetView{Known: true, PerSecond: 100, Available: 500}}
+	if got := drainSeconds(1, 1000, v, t0); !near(got, 5) {
+		t.Fatalf("1000 tokens with 500 in the window at 100/s: drain %v, want 5", got)
+	}
+	if got := drainSeconds(3, 0, View{AnswerSeconds: 2}, t0); got != 0 {
+		t.Fatalf("no concurrency known: drain %v, want 0", got)
+	}
+}
+
+// TestGrantWonInTheRaceWithCancellationIsHandedBack: a client that goes
+// away as its request is granted gets context.Canceled, its permit and
+// budget go back, and it counts as cancelled (the race is decided by
+// select, so it is run until both sides have been seen).
+func TestGrantWonInTheRaceWithCancellationIsHandedBack(t *testing.T) {
+	cancelled, granted := 0, 0
+	for i := 0; i < 200 && (cancelled == 0 || granted == 0 || i < 32); i++ {
+		l, _ := observedLane(t, 1, 1, headerparse.Limits{Requests: win(10, 5, at(time.Minute))})
+		before := l.State().RequestsAvailable
+		s, err := l.Acquire(newGoneAfterCheckCtx(), 1)
+		st := l.State()
+		if err == nil {
+			granted++
+			if st.InFlight != 1 || st.Cancelled != 0 {
+				t.Fatalf("granted: %+v", st)
+			}
+			s.Release()
+			continue
+		}
+		cancelled++
+		if !errors.Is(err, context.Canceled) || st.InFlight != 0 || st.Cancelled != 1 || st.RequestsAvailable != before {
+			t.Fatalf("cancelled with the grant: err %v, in flight %d, cancelled %d, available %v (was %v)",
+				err, st.InFlight, st.Cancelled, st.RequestsAvailable, before)
+		}
+	}
+	if cancelled == 0 || granted == 0 {
+		t.Fatalf("%d cancelled, %d granted: the race was not seen both ways", cancelled, granted)
 	}
 }

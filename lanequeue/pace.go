@@ -150,7 +150,8 @@ func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
 	}
 }
 
-// maxRate bounds a believable refill: a full window per millisecond.
+// maxRateFactor bounds a believable refill: a full window per millisecond
+// (the size × maxRateFactor a second).
 const maxRateFactor = 1000
 
 // observe folds in what one answer said about this window. sentAtDispatch is

@@ -592,3 +592,246 @@ func TestPacingTimerStoppedWhenNobodyWaits(t *testing.T) {
 		t.Fatalf("%d timers still pending with an empty queue", n)
 	}
 }
+
+// TestAnswerWithoutALimitKeepsTheLearnedLimit: a remaining count without a
+// limit header does not shrink the window to what is left.
+func TestAnswerWithoutALimitKeepsTheLearnedLimit(t *testing.T) {
+	b := learnedBudget(win(100, 99, at(time.Second)))
+	b.observe(headerparse.Window{Remaining: 50, HasRemaining: true, Reset: at(2 * time.Second)}, 0, at(time.Second), at(time.Second))
+	if v := b.view(); v.Limit != 100 || v.Available != 50 {
+		t.Fatalf("after a count without a limit: %+v, want limit 100 with 50 left", v)
+	}
+}
+
+// TestCorrectedWindowGrowsWhenTheUpstreamShowsAsMuchLeftAsItsSize: a window
+// corrected to 20 that then shows 20 left held at least 21.
+func TestCorrectedWindowGrowsWhenTheUpstreamShowsAsMuchLeftAsItsSize(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
+	if !b.correct() || b.size() != 20 {
+		t.Fatalf("correct: size %v, want 20", b.size())
+	}
+	b.observe(win(1200, 20, at(2*time.Second)), 0, at(time.Second), at(time.Second))
+	if b.size() != 21 {
+		t.Fatalf("size %v after 20 shown left of a window corrected to 20, want 21", b.size())
+	}
+}
+
+// TestHeadersAreNotOverstatedWhenTheShownRefillIsWithinATwentiethOfTheirRate:
+// the headers say 10/s (500 missing of 600, reset in 50 s); the upstream's
+// counts show a 4/s refill while others share the key and keep it low. That
+// is not 20 times slower: the window stands as stated.
+func TestHeadersAreNotOverstatedWhenTheShownRefillIsWithinATwentiethOfTheirRate(t *testing.T) {
+	var b budget
+	b.observe(win(600, 100, at(50*time.Second)), 1, t0, t0)
+	for range 2 {
+		b.take(1)
+	}
+	d := at(500 * time.Millisecond)
+	b.observe(win(600, 100, d.Add(50*time.Second)), 3, d, d)
+	if b.size() != 600 || b.capped != 0 || !near(b.rate, 10) {
+		t.Fatalf("size %v, capped %v, rate %v; want 600 uncorrected at 10/s", b.size(), b.capped, b.rate)
+	}
+}
+
+// TestCorrectedWindowPacesAtTheRefillItShowed: in a corrected window whose
+// next answer's arithmetic says far less (others hold remaining low and the
+// reset far), the refill shown at the correction stays the pace.
+func TestCorrectedWindowPacesAtTheRefillItShowed(t *testing.T) {
+	b, d := quantizedBudget(t)
+	b.take(1)
+	next := d.Add(50 * time.Millisecond)
+	b.observe(win(1200, 0, next.Add(10*time.Second)), 10, next, next) // arithmetic: 20 in 10 s
+	if !near(b.rate, 20) {
+		t.Fatalf("rate = %v, want the 20/s shown at the correction, not 2/s", b.rate)
+	}
+}
+
+// TestCorrectedWindowKeepsTheRefillOfItsCorrection: later answers of a
+// corrected window that show a slower refill (others drain the key) do not
+// replace the refill shown at the correction; only a new correction does.
+// Before, the second of two such answers dropped the pace from 20/s to 2/s.
+func TestCorrectedWindowKeepsTheRefillOfItsCorrection(t *testing.T) {
+	b, d := quantizedBudget(t)
+	for i := range 2 {
+		next := d.Add(time.Duration(i+1) * 300 * time.Millisecond)
+		b.observe(win(1200, 0, next.Add(10*time.Second)), 9, next, next) // nothing refilled, reset 10 s away
+		if !near(b.rate, 20) || !near(b.shown, 20) {
+			t.Fatalf("answer %d: rate %v, shown %v; want the 20/s of the correction", i+1, b.rate, b.shown)
+		}
+	}
+}
+
+// TestLiftedCorrectionPacesByTheHeadersAgain: once an answer shows the
+// whole stated window left (less one), the correction no longer holds and
+// the headers' own arithmetic is the pace.
+func TestLiftedCorrectionPacesByTheHeadersAgain(t *testing.T) {
+	b, d := quantizedBudget(t)
+	b.take(1)
+	next := d.Add(50 * time.Millisecond)
+	b.observe(win(1200, 1199, next.Add(time.Minute)), 10, next, next)
+	if b.size() != 1200 || !near(b.rate, 1.0/60) {
+		t.Fatalf("size %v, rate %v; want 1200 at 1/60 per second", b.size(), b.rate)
+	}
+}
+
+// TestRefillIsMeasuredOverExactlyRefillSpan: two answers refillSpan apart
+// are far enough apart to show the refill, and so to correct overstated
+// headers.
+func TestRefillIsMeasuredOverExactlyRefillSpan(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 19, at(50*time.Millisecond)), 1, t0, t0)
+	for range 8 {
+		b.take(1)
+	}
+	d := t0.Add(refillSpan)
+	b.observe(win(1200, 15, d.Add(250*time.Millisecond)), 9, d, d)
+	if b.size() != 20 {
+		t.Fatalf("size %v after answers refillSpan apart, want corrected to 20", b.size())
+	}
+}
+
+// TestShownRefillIsPerSecond: over 2 s the upstream's counts show one
+// request refilled, half a request a second, while the headers claim 22/s
+// and never show more than 100 of 1200 left: overstated, corrected.
+func TestShownRefillIsPerSecond(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 100, at(50*time.Second)), 1, t0, t0)
+	b.take(1)
+	d := at(2 * time.Second)
+	b.observe(win(1200, 100, d.Add(50*time.Second)), 2, d, d)
+	if b.size() != 101 || !near(b.shown, 0.5) {
+		t.Fatalf("size %v, shown %v; want corrected to 101 with 0.5/s shown", b.size(), b.shown)
+	}
+}
+
+// TestWindowThatShowedHalfItsSizeIsNotOverstated: headers whose rate is far
+// above the refill shown are still honest once the window has shown half
+// its stated size left.
+func TestWindowThatShowedHalfItsSizeIsNotOverstated(t *testing.T) {
+	var b budget
+	b.observe(win(600, 300, at(300*time.Millisecond)), 1, t0, t0) // 1000/s
+	b.take(1)
+	d := at(500 * time.Millisecond)
+	b.observe(win(600, 300, d.Add(300*time.Millisecond)), 2, d, d) // 2/s shown
+	if b.size() != 600 || b.capped != 0 {
+		t.Fatalf("size %v, capped %v; want 600 uncorrected", b.size(), b.capped)
+	}
+}
+
+// TestAWindowPerMillisecondIsTheFastestBelievableRate: a reset one
+// millisecond away for a whole window is still believed.
+func TestAWindowPerMillisecondIsTheFastestBelievableRate(t *testing.T) {
+	b := learnedBudget(win(10, 0, at(time.Millisecond)))
+	if !near(b.rate, 10*maxRateFactor) {
+		t.Fatalf("rate = %v/s, want %v/s", b.rate, 10*maxRateFactor)
+	}
+}
+
+// TestRefusalCorrectsEveryBudgetWhenItsHeadersShowNoneExhausted: a refusal
+// with room whose headers still show a request left, or exactly the
+// request's cost in tokens, does not point at one budget: both are
+// corrected.
+func TestRefusalCorrectsEveryBudgetWhenItsHeadersShowNoneExhausted(t *testing.T) {
+	tests := []struct {
+		name             string
+		reqLeft, tokLeft int64
+	}{
+		{"one request left", 1, 5000},
+		{"tokens left equal the cost", 50, 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p pacer
+			p.observe(headerparse.Limits{Requests: win(100, 10, at(time.Second)), Tokens: win(10000, 1000, at(time.Second))},
+				&Ticket{Dispatched: t0}, t0)
+			refusal := headerparse.Limits{Requests: win(100, tt.reqLeft, at(time.Second)), Tokens: win(10000, tt.tokLeft, at(time.Second))}
+			if !p.contradicted(&Ticket{Dispatched: t0, Room: true, Cost: 100}, refusal, at(10*time.Millisecond)) {
+				t.Fatal("a refusal with room corrected nothing")
+			}
+			if p.requests.capped != 11 || p.tokens.capped != 1001 {
+				t.Fatalf("capped: requests %v, tokens %v; want 11 and 1001 (both)", p.requests.capped, p.tokens.capped)
+			}
+		})
+	}
+}
+
+// TestSendingAtExactlyHalfTheLearnedRateIsNotUnderUse: under-use is less
+// than half the headers' rate.
+func TestSendingAtExactlyHalfTheLearnedRateIsNotUnderUse(t *testing.T) {
+	var p pacer
+	p.requests = budget{known: true, rate: 10, limit: 10}
+	for range 5 {
+		p.recent.add(t0)
+	}
+	if p.underUsed(t0) {
+		t.Fatal("5/s against a learned 10/s counts as under-used")
+	}
+	p.recent = meter{}
+	for range 4 {
+		p.recent.add(t0)
+	}
+	if !p.underUsed(t0) {
+		t.Fatal("4/s against a learned 10/s does not count as under-used")
+	}
+}
+
+// TestMeterCountsTheCurrentSecondAndForgetsTenSecondsAgo: events in the
+// current second count; events meterSeconds ago have left the window.
+func TestMeterCountsTheCurrentSecondAndForgetsTenSecondsAgo(t *testing.T) {
+	var m meter
+	for range 5 {
+		m.add(t0)
+	}
+	if r := m.rate(t0); r != 5 {
+		t.Fatalf("rate %v with 5 events this second, want 5", r)
+	}
+	if n, _ := m.recent(t0.Add((meterSeconds - 1) * time.Second)); n != 5 {
+		t.Fatalf("%d events seen %d s later, want 5", n, meterSeconds-1)
+	}
+	if n, _ := m.recent(t0.Add(meterSeconds * time.Second)); n != 0 {
+		t.Fatalf("%d events seen %d s later, want 0", n, meterSeconds)
+	}
+}
+
+// TestLearnedPaceBurstsAQuarterSecondOfItsRate: a pace learned from
+// refusals holds burstSeconds of its rate, at least one request.
+func TestLearnedPaceBurstsAQuarterSecondOfItsRate(t *testing.T) {
+	var p pacer
+	p.setSynthetic(20, t0)
+	if p.requests.limit != 5 {
+		t.Fatalf("bucket %v at 20/s, want 5", p.requests.limit)
+	}
+	p.setSynthetic(2, t0)
+	if p.requests.limit != 1 {
+		t.Fatalf("bucket %v at 2/s, want 1", p.requests.limit)
+	}
+}
+
+// TestHeadersExactlyTwentyTimesTheShownRefillAreNotYetOverstated: the
+// headers overstate a window only when their rate is more than
+// overstatedRate times the refill shown (here 20/s against 1/s).
+func TestHeadersExactlyTwentyTimesTheShownRefillAreNotYetOverstated(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 100, at(55*time.Second)), 1, t0, t0) // 1100 in 55 s: 20/s
+	b.take(1)
+	d := at(time.Second)
+	b.observe(win(1200, 100, d.Add(55*time.Second)), 2, d, d) // 1 refilled in 1 s
+	if b.size() != 1200 || b.capped != 0 || !near(b.rate, 20) {
+		t.Fatalf("size %v, capped %v, rate %v; want 1200 uncorrected at 20/s", b.size(), b.capped, b.rate)
+	}
+}
+
+// TestWindowWhoseShownSizeReachesHalfIsNotOverstated: with 299 of 600
+// shown left, the window has held at least 300, half its stated size:
+// honest, however slow the refill it shows.
+func TestWindowWhoseShownSizeReachesHalfIsNotOverstated(t *testing.T) {
+	var b budget
+	b.observe(win(600, 299, at(301*time.Millisecond)), 1, t0, t0) // about 1000/s
+	b.take(1)
+	d := at(500 * time.Millisecond)
+	b.observe(win(600, 299, d.Add(301*time.Millisecond)), 2, d, d) // 2/s shown
+	if b.size() != 600 || b.capped != 0 {
+		t.Fatalf("size %v, capped %v; want 600 uncorrected", b.size(), b.capped)
+	}
+}

@@ -333,3 +333,29 @@ func TestWhatEachVerdictMeans(t *testing.T) {
 		}
 	}
 }
+
+// TestOnlyCapacityRefusalsCountAsThrottled: rate and concurrency refusals
+// and overloads count as throttled; accepted, failed and unsent attempts
+// do not.
+func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
+	for _, tt := range []struct {
+		v    Verdict
+		want bool
+	}{{Accepted, false}, {RateRefused, true}, {ConcurrencyRefused, true}, {Overloaded, true}, {Failed, false}, {NotSent, false}} {
+		if got := tt.v.Refusal(); got != tt.want {
+			t.Errorf("%v.Refusal() = %v, want %v", tt.v, got, tt.want)
+		}
+	}
+	l, _ := testLane(4, 10)
+	s := mustGet(t, acquireAsync(context.Background(), l))
+	accept(s, headerparse.Limits{})
+	report(s, Report{Status: 500, Verdict: Failed})
+	if n := l.State().Throttled; n != 0 {
+		t.Fatalf("throttled = %d after an accepted and a failed attempt, want 0", n)
+	}
+	report(s, Report{Status: 529, Verdict: Overloaded})
+	if n := l.State().Throttled; n != 1 {
+		t.Fatalf("throttled = %d after an overload, want 1", n)
+	}
+	s.Release()
+}

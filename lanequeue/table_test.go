@@ -361,3 +361,43 @@ func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
 		t.Fatalf("the lane was not swept once its session closed: %v", evicted)
 	}
 }
+
+// TestZeroConfigTakesTheDocumentedDefaults: concurrency 8, bounds 1 and
+// 1024, a queue of 10000.
+func TestZeroConfigTakesTheDocumentedDefaults(t *testing.T) {
+	c := Config{}.withDefaults()
+	if c.Concurrency != DefaultConcurrency || c.MinConcurrency != 1 || c.MaxConcurrency != 1024 || c.MaxQueue != 10000 || c.Clock == nil {
+		t.Fatalf("defaults %+v, want concurrency 8, min 1, max 1024, queue 10000, a clock", c)
+	}
+	if c := (Config{Concurrency: 16}).withDefaults(); c.Concurrency != 16 || c.MaxConcurrency != 1024 {
+		t.Fatalf("concurrency 16 with zero bounds became %+v, want 16 under a max of 1024", c)
+	}
+	// The limit never falls below the default minimum of 1.
+	fc := clock.NewFake(t0)
+	l := New(Key{Path: "/d"}, Config{Concurrency: 1, MaxConcurrency: 4, Clock: fc})
+	pastProbe(l)
+	s := acquireN(t, l, 1)[0]
+	refuseConc(s)
+	wantLimit(t, l, 1)
+	s.Release()
+}
+
+// TestGetSweepsEveryEighthOfTheTTLAndDropsLanesUnusedThatLong: a Get an
+// eighth of IdleTTL after the last sweep sweeps again, and drops an idle
+// lane unused for exactly IdleTTL.
+func TestGetSweepsEveryEighthOfTheTTLAndDropsLanesUnusedThatLong(t *testing.T) {
+	fc := clock.NewFake(t0)
+	const ttl = 80 * time.Second
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: ttl})
+	a := tb.Get(Key{Path: "/a"}) // sweeps at t0
+	fc.Set(at(ttl - ttl/8))
+	tb.Get(Key{Path: "/b"}) // sweeps; /a is not stale yet
+	if _, ok := tb.Lookup(a.ID()); !ok {
+		t.Fatal("/a dropped before its TTL")
+	}
+	fc.Set(at(ttl))
+	tb.Get(Key{Path: "/b"}) // an eighth of the TTL since the last sweep
+	if _, ok := tb.Lookup(a.ID()); ok || tb.Len() != 1 {
+		t.Fatalf("/a unused for the whole TTL is still there (%d lanes)", tb.Len())
+	}
+}

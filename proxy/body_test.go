@@ -351,3 +351,30 @@ func TestModelOfSpoolReadsOnlyTheTopLevelModel(t *testing.T) {
 		}
 	}
 }
+
+// TestBodiesExactlyFillingTheBufferCapAreTaken: LLMPROXY_MAX_BUFFERED_BYTES
+// is the most that may be held, not one byte less, for bodies of known
+// and of unknown length.
+func TestBodiesExactlyFillingTheBufferCapAreTaken(t *testing.T) {
+	body := `{"model":"m","pad":"` + strings.Repeat("x", 1000) + `"}`
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) { c.MaxBufferedBytes = int64(len(body)) })
+	if resp := h.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("known length at the cap: %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", io.MultiReader(strings.NewReader(body)))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("unknown length at the cap: %d", resp.StatusCode)
+	}
+	if over := h.post("/v1/chat/completions", body+" "); over.StatusCode != 429 {
+		t.Fatalf("one byte over the cap: %d, want 429", over.StatusCode)
+	}
+}

@@ -192,3 +192,37 @@ func TestLocalRouteServesOneModelAtATime(t *testing.T) {
 		t.Errorf("/lanes local_routes: %s (%v)", rec.Body.String(), err)
 	}
 }
+
+// TestTargetURLKeepsTheClientsPathUnderTheBase: the client's path is
+// appended to the upstream's base path, cleaned so it cannot climb out,
+// with a trailing slash kept as the client sent it.
+func TestTargetURLKeepsTheClientsPathUnderTheBase(t *testing.T) {
+	base, _ := url.Parse("https://user:pw@api.example.com/base/")
+	for _, tc := range []struct{ rest, query, want string }{
+		{"/v1/chat/completions", "", "https://api.example.com/base/v1/chat/completions"},
+		{"v1/models/", "", "https://api.example.com/base/v1/models/"},
+		{"/", "", "https://api.example.com/base/"},
+		{"", "a=1", "https://api.example.com/base/?a=1"},
+		{"/../../etc/passwd", "", "https://api.example.com/base/etc/passwd"},
+		{"/v1/./x//y/", "k=v", "https://api.example.com/base/v1/x/y/?k=v"},
+	} {
+		if got := targetURL(base, tc.rest, tc.query).String(); got != tc.want {
+			t.Errorf("targetURL(%q, %q) = %s, want %s", tc.rest, tc.query, got, tc.want)
+		}
+	}
+}
+
+// TestRouteNamesAreLettersDigitsAndDotDashUnderscore: the first and last
+// letters and digits of each range are allowed, their neighbours are not.
+func TestRouteNamesAreLettersDigitsAndDotDashUnderscore(t *testing.T) {
+	for _, ok := range []string{"azAZ09", "a", "z", "A", "Z", "0", "9", "my.route_v-2"} {
+		if !ValidRouteName(ok) {
+			t.Errorf("%q refused", ok)
+		}
+	}
+	for _, bad := range []string{"`", "{", "@", "[", "/", ":", "a b", "é", "", ".", ".."} {
+		if ValidRouteName(bad) {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

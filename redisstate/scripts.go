@@ -2,18 +2,25 @@ package redisstate
 
 import "github.com/redis/go-redis/v9"
 
-// The scripts keep a limit group's shared state in three keys:
+// The scripts keep a limit group's shared state in these keys:
 //
-//	state   hash: paused (ms), climit, and per budget (prefix r_ for
-//	        requests, t_ for tokens) known, syn, size, rate (per second),
-//	        avail, at (ms), sent, seen (the largest sent-at-dispatch an
-//	        answer's remaining count covered)
+//	state   hash: paused (ms), first (when a first request went alone),
+//	        acc (the latest accepted answer, ms), rn
+//	        (refusals learned from), ms/mc/mp (dispatches this second and
+//	        the last), and per budget (prefix r_ for requests, t_ for
+//	        tokens) known, syn, size, rate (per second), avail, at (ms),
+//	        sent, seen (the largest sent-at-dispatch an answer's remaining
+//	        count covered), low (when its figures were last affirmed)
 //	leases  sorted set: one member per permit out, scored by its expiry (ms)
 //	waiting hash: replica -> "since:seen:cost", the arrival of the
 //	        replica's oldest waiter, when it last asked (ms), and its
 //	        estimated tokens
 //	climits hash: replica -> "limit:seen:lowered", its concurrency limit,
 //	        when it said so (ms), and 1 when refusals lowered it
+//	raise   string: the replica that may raise a pace learned from
+//	        refusals (one at a time), for 10 s after its last raise
+//	levels  hash: a<level>, r<level>: every replica's answers admitted and
+//	        refused by the number in flight they went at; n their total
 //
 // Times are milliseconds on Redis' clock (TIME): the one clock every
 // replica shares, so a replica whose clock is off moves nothing but its

@@ -305,3 +305,16 @@ func FuzzEstimate(f *testing.F) {
 		}
 	})
 }
+
+// A query string is cut off before the API is recognised, even when the
+// path is nothing but a query.
+func TestAPIOfQueryOnlyPath(t *testing.T) {
+	for _, path := range []string{"?/v1/chat/completions", "?x=/messages"} {
+		if got := apiOf(path); got != apiUnknown {
+			t.Errorf("apiOf(%q) = %d, want apiUnknown", path, got)
+		}
+	}
+	if got := apiOf("/v1/messages?beta=true"); got != apiMessages {
+		t.Errorf("apiOf with a query = %d, want apiMessages", got)
+	}
+}

@@ -92,3 +92,16 @@ func TestUsageTotal(t *testing.T) {
 		t.Errorf("Total = %d, want 7", got)
 	}
 }
+
+// When total_tokens exceeds the output and no input field is given, the
+// difference is the input.
+func TestFromBodyTotalWithOutputOnly(t *testing.T) {
+	for _, body := range []string{
+		`{"usage":{"completion_tokens":5,"total_tokens":40}}`,
+		`{"usage":{"output_tokens":5,"total_tokens":40}}`,
+	} {
+		if got, ok := FromBody([]byte(body)); !ok || got != (Usage{Input: 35, Output: 5}) {
+			t.Errorf("FromBody(%s) = %+v, %v; want {35 5}, true", body, got, ok)
+		}
+	}
+}
