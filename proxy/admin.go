@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -239,10 +240,7 @@ const loginPage = `<!doctype html>
 func refuseAdmin(w http.ResponseWriter) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="llmproxy admin"`)
 	w.Header().Set("Cache-Control", "no-store")
-	errorReply{
-		status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_admin_token",
-		msg: "this admin endpoint needs the admin token (LLMPROXY_ADMIN_TOKEN): send Authorization: Bearer <token>, or open /ui?token=<token> once in a browser",
-	}.write(w)
+	replyFor(fail(failAdminToken, "this admin endpoint needs the admin token (LLMPROXY_ADMIN_TOKEN): send Authorization: Bearer <token>, or open /ui?token=<token> once in a browser"), time.Time{}).write(w)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -45,6 +45,7 @@ const (
 	failShutdown
 	failWaitTooLong
 	failBadPriority
+	failAdminToken
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -56,15 +57,19 @@ type errorReply struct {
 	msg        string
 	retryAfter time.Duration // > 0: send Retry-After
 	noRetry    bool          // send x-should-retry: false
+	// shutdownWins: once the proxy is stopping, a request that failed
+	// so (waiting, or at the upstream) is answered shutting_down instead,
+	// so that its client retries elsewhere; not the client's own faults.
+	shutdownWins bool
 }
 
 // replies maps every kind of proxy-made error to its answer. It is the one
 // place that decides statuses, types, codes and retry headers.
 var replies = map[failKind]errorReply{
-	failInternal:    {status: http.StatusInternalServerError, typ: "server_error", code: "internal_error"},
-	failQueueFull:   {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: time.Second},
-	failBudget:      {status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", noRetry: true},
-	failUnreachable: {status: http.StatusBadGateway, typ: "upstream_error", code: "upstream_unreachable", noRetry: true},
+	failInternal:    {status: http.StatusInternalServerError, typ: "server_error", code: "internal_error", shutdownWins: true},
+	failQueueFull:   {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: time.Second, shutdownWins: true},
+	failBudget:      {status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", noRetry: true, shutdownWins: true},
+	failUnreachable: {status: http.StatusBadGateway, typ: "upstream_error", code: "upstream_unreachable", noRetry: true, shutdownWins: true},
 	failTooLarge:    {status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large", noRetry: true},
 	failBodyRead:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error"},
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
@@ -73,9 +78,11 @@ var replies = map[failKind]errorReply{
 	// The upstream's own limits hold the lane past the request's budget:
 	// the client learns at once when to come back, instead of after its
 	// whole budget; its SDK must not retry sooner on its own.
-	failWaitTooLong: {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "wait_exceeds_budget", noRetry: true},
+	failWaitTooLong: {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "wait_exceeds_budget", noRetry: true, shutdownWins: true},
 	// Another replica, or this one restarted, can take the retry.
 	failShutdown: {status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retryAfter: time.Second},
+	// The admin listener's guarded endpoints without the admin token.
+	failAdminToken: {status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_admin_token"},
 }
 
 // errShutdown is the answer to requests cut short by Stop.
@@ -111,9 +118,13 @@ func replyFor(err error, now time.Time) errorReply {
 	return r
 }
 
-// writeFailure answers err as replyFor maps it and counts it for route.
-func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error) int {
+// writeFailure answers err as replyFor maps it and counts it for route;
+// stopping: the proxy is stopping (see errorReply.shutdownWins).
+func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error, stopping bool) int {
 	r := replyFor(err, p.cfg.Clock.Now())
+	if stopping && r.shutdownWins {
+		r = replyFor(errShutdown, p.cfg.Clock.Now())
+	}
 	r.write(w)
 	p.metrics.proxyErrors.WithLabelValues(route, r.code, strconv.Itoa(r.status)).Inc()
 	return r.status
@@ -121,9 +132,14 @@ func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error) int
 
 // failRequest answers req with the proxy's own error.
 func (p *Proxy) failRequest(w http.ResponseWriter, req *request, err error) {
-	req.status = p.writeFailure(w, req.route, err)
+	req.status = p.writeFailure(w, req.route, err, p.stopping())
 	req.outcome = lanequeue.OutcomeProxyError
 }
+
+// setNoRetry tells the client's SDK not to retry the answer on its own
+// (the OpenAI and Anthropic SDKs read X-Should-Retry first): the proxy
+// retried already, or retrying cannot help.
+func setNoRetry(h http.Header) { h.Set("X-Should-Retry", "false") }
 
 func (e errorReply) write(w http.ResponseWriter) {
 	h := w.Header()
@@ -133,7 +149,7 @@ func (e errorReply) write(w http.ResponseWriter) {
 		h.Set("Retry-After-Ms", strconv.FormatInt(e.retryAfter.Milliseconds(), 10))
 	}
 	if e.noRetry {
-		h.Set("X-Should-Retry", "false")
+		setNoRetry(h)
 	}
 	// Every proxy-made message starts with "llmproxy: " so users can tell
 	// it from the upstream's.

@@ -267,9 +267,6 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err
 		return
 	}
 	setLLMHeaders(w.Header(), req)
-	if p.stopping() {
-		err = errShutdown
-	}
 	p.failRequest(w, req, err)
 }
 
@@ -373,10 +370,7 @@ func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result,
 	}
 	setLLMHeaders(w.Header(), req)
 	err := fail(failBudget, why)
-	switch {
-	case p.stopping():
-		err = errShutdown
-	case res.Err != nil:
+	if res.Err != nil {
 		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
 	}
 	p.failRequest(w, req, err)

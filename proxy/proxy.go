@@ -401,16 +401,16 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 					// tells the client it is incomplete.
 					panic(http.ErrAbortHandler)
 				}
-				p.writeFailure(w, "", fail(failInternal, "internal error"))
+				p.writeFailure(w, "", fail(failInternal, "internal error"), false)
 			}
 		}()
 		w = tw
 		if r.Method == http.MethodConnect {
-			p.writeFailure(w, "", fail(failMethod, "CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it"))
+			p.writeFailure(w, "", fail(failMethod, "CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it"), false)
 			return
 		}
 		if !strings.HasPrefix(r.RequestURI, "/") {
-			p.writeFailure(w, "", fail(failAbsoluteURI, "absolute-form request targets are not supported: llmproxy sends every request to its configured upstream"))
+			p.writeFailure(w, "", fail(failAbsoluteURI, "absolute-form request targets are not supported: llmproxy sends every request to its configured upstream"), false)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -98,7 +98,7 @@ func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) 
 		// The proxy already retried, or knows retrying cannot help (hard
 		// quota): stop SDKs from multiplying attempts. Other statuses are
 		// left to the SDK's own rules.
-		h.Set("X-Should-Retry", "false")
+		setNoRetry(h)
 	}
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,5 +86,31 @@ func TestPacingPastTheBudgetIsAnswered429AtOnce(t *testing.T) {
 	}
 	if took >= 2*time.Second {
 		t.Fatalf("the answer took %v: the budget was sat out", took)
+	}
+}
+
+// TestShutdownWinsOverWhatWaitingOrTheUpstreamFailed: once the proxy is
+// stopping, a request that failed waiting or at the upstream is answered
+// 503 shutting_down (its client retries elsewhere); one that failed by
+// the client's own fault keeps its answer. Before the stop every kind
+// keeps its own.
+func TestShutdownWinsOverWhatWaitingOrTheUpstreamFailed(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for kind, want := range map[failKind]bool{
+		failInternal: true, failQueueFull: true, failBudget: true, failUnreachable: true, failWaitTooLong: true,
+		failTooLarge: false, failBodyRead: false, failMethod: false, failAbsoluteURI: false, failBadPriority: false,
+		failAdminToken: false,
+	} {
+		for _, stopping := range []bool{false, true} {
+			w := httptest.NewRecorder()
+			status := p.writeFailure(w, "", fail(kind, "x"), stopping)
+			shut := status == http.StatusServiceUnavailable && strings.Contains(w.Body.String(), "shutting_down")
+			if shut != (want && stopping) || status != w.Code {
+				t.Errorf("kind %d, stopping %v: answered %d %s; want shutting_down: %v", kind, stopping, status, w.Body.String(), want && stopping)
+			}
+		}
 	}
 }
