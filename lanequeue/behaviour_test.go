@@ -43,6 +43,13 @@ func TestRefusalsElsewhereAreNotCountedAsAdmitted(t *testing.T) {
 	if r := l.refused(41, at(time.Second), 11); !near(r, 20) {
 		t.Fatalf("measured %v/s, want 20 (21 admitted less one)", r)
 	}
+	// No refusal learned between the two dispatches: every one between
+	// was admitted.
+	var none learner
+	none.refused(10, t0, 5)
+	if r := none.refused(40, at(time.Second), 5); !near(r, 29) {
+		t.Fatalf("with no refusal counted between, measured %v/s, want 29 (30 admitted less one)", r)
+	}
 }
 
 // TestRefusalsCloseTogetherMeasureNothing: two refusals within

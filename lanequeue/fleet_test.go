@@ -97,17 +97,21 @@ func TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer(t *testing.T) {
 //
 // A probe made while another replica holds the raise lease (NoteRaiser
 // false, above the fleet's pace) reached no upstream: it does not raise.
+// What counts is the word during the up phase, not after it.
 func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		held   bool
-		raiser bool
+		raiser bool // during the up phase
+		after  bool // in the other phases
 		rise   bool
 		probes bool
 	}{
-		{"held by the pace", true, true, true, true},
-		{"not held", false, true, false, false},
-		{"held, another replica raises", true, false, false, true},
+		{"held by the pace", true, true, true, true, true},
+		{"not held", false, true, true, false, false},
+		{"held, another replica raises", true, false, false, false, true},
+		{"held, raiser in the up phase only", true, true, false, true, true},
+		{"held, raiser after the up phase only", true, false, true, false, true},
 	} {
 		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
@@ -122,7 +126,11 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 			}
 			_, _, probe := l.NoteDispatch(now, 0, uint64(i+1), 0)
 			sawProbe = sawProbe || probe
-			l.NoteRaiser(c.raiser)
+			if l.learn.phase == probeUp {
+				l.NoteRaiser(c.raiser)
+			} else {
+				l.NoteRaiser(c.after)
+			}
 		}
 		got := l.View(now).Requests.PerSecond
 		if rose := got > start*1.2; rose != c.rise {
@@ -149,6 +157,7 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		{"lower than the sending rate", 7, 7, "replicas"},
 		{"none", 0, 31, "sending rate"},
 		{"higher than the sending rate", 50, 31, "sending rate"},
+		{"as high as the sending rate", 31, 31, "sending rate"},
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
