@@ -580,6 +580,22 @@ func TestRouteNamesMustBePlainSegments(t *testing.T) {
 	}
 }
 
+// TestNewRefusesAnUpstreamItCannotUse: a default upstream or a route URL
+// that is not http(s), has no host, carries credentials or a query is
+// refused by New (Config.Validate), naming which.
+func TestNewRefusesAnUpstreamItCannotUse(t *testing.T) {
+	good, _ := url.Parse("http://127.0.0.1:1")
+	for _, raw := range []string{"ftp://example.com", "http://", "http://u:p@example.com", "https://example.com/?key=1"} {
+		bad, _ := url.Parse(raw)
+		if _, err := New(Config{Upstream: bad}); err == nil || !strings.Contains(err.Error(), "upstream") {
+			t.Errorf("upstream %q: New said %v, want an upstream error", raw, err)
+		}
+		if _, err := New(Config{Upstream: good, Routes: []Route{{Name: "r", URL: bad}}}); err == nil || !strings.Contains(err.Error(), `route "r"`) {
+			t.Errorf("route URL %q: New said %v, want an error naming the route", raw, err)
+		}
+	}
+}
+
 func TestRateLimitHeadersHiddenFromClientsUnlessPassed(t *testing.T) {
 	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")

@@ -53,3 +53,24 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 		}
 	}
 }
+
+// TestAProbeIsSeenWithTheLeaseOrUnderTheFleetsPace: a replica's probe
+// reached the upstream when it holds the raise lease, or when the fleet's
+// pace is at least the probe's; not otherwise.
+func TestAProbeIsSeenWithTheLeaseOrUnderTheFleetsPace(t *testing.T) {
+	for _, c := range []struct {
+		raiser     bool
+		fleet, own float64
+		seen       bool
+	}{
+		{true, 10, 12.5, true},
+		{false, 10, 12.5, false},
+		{false, 12.5, 12.5, true},
+		{false, 14, 12.5, true},
+		{true, 14, 12.5, true},
+	} {
+		if got := probeSeen(c.raiser, c.fleet, c.own); got != c.seen {
+			t.Errorf("probeSeen(raiser %v, fleet %v, own %v) = %v, want %v", c.raiser, c.fleet, c.own, got, c.seen)
+		}
+	}
+}

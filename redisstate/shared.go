@@ -270,7 +270,6 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 		return
 	}
 	v := s.local.View(now)
-	syn := v.Learned == "refusals"
 	args, kind := s.learnArgs(t, r, v, now)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
@@ -285,16 +284,21 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	}
 	s.st.sawClock(rep.redisNow)
 	s.out, s.paused = rep.out, rep.paused
-	if syn {
-		// A probe this replica makes without the raise lease, above the
-		// fleet's pace, moves only its own figure: the upstream never saw
-		// it, so it cannot come back clean. One at or under the fleet's
-		// pace was seen.
-		s.local.NoteRaiser(rep.raiser || s.last.reqRate >= v.Requests.PerSecond)
+	if v.Learned == "refusals" {
+		s.local.NoteRaiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
 	}
 	if kind >= 0 {
 		s.local.ShareLevels(rep.admitted, rep.refused, now)
 	}
+}
+
+// probeSeen reports whether the upstream saw this replica's pace, a
+// probe's when it probes: it holds the raise lease (raiser), or the
+// fleet's pace is at least its own. A probe made above the fleet's pace
+// without the lease moves only this replica's figure, and cannot come
+// back clean.
+func probeSeen(raiser bool, fleetPace, ownPace float64) bool {
+	return raiser || fleetPace >= ownPace
 }
 
 // learnArgs are learnScript's arguments for t's answer r, this replica's
