@@ -729,7 +729,7 @@ func TestConcurrencyBoundRefusalStopsAtTheLevelBelow(t *testing.T) {
 // never reached the upstream keeps the group waiting for a real answer.
 func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Path: "/v1/x"}, Config{Concurrency: 8, Clock: fc})
+	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 8, Clock: fc})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s.Report(Report{Verdict: NotSent})
 	l.g.mu.Lock()

@@ -12,7 +12,7 @@ import (
 // aimdLane is a lane past the probe with the given concurrency bounds.
 func aimdLane(conc, minConc, maxConc int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Route: "r", Path: "/v1/x", Model: "m"},
+	l := newLane(Key{Route: "r", Path: "/v1/x", Model: "m"},
 		Config{Concurrency: conc, MinConcurrency: minConc, MaxConcurrency: maxConc, MaxQueue: 100, Clock: fc})
 	pastProbe(l)
 	return l, fc
@@ -221,19 +221,19 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 		{"answer with limits", func(_ *clock.Fake, s *Slot) {
 			accept(s, headerparse.Limits{Requests: win(100, 99, at(time.Minute))})
 		}},
-		{"probe window passes", func(fc *clock.Fake, _ *Slot) { fc.Set(at(ProbeWindow)) }},
+		{"probe window passes", func(fc *clock.Fake, _ *Slot) { fc.Set(at(probeWindow)) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fc := clock.NewFake(t0)
-			l := New(Key{Path: "/v1/x"}, Config{Concurrency: 8, MaxConcurrency: 8, Clock: fc})
+			l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 8, MaxConcurrency: 8, Clock: fc})
 			first := mustGet(t, acquireAsync(context.Background(), l))
 			chans := make([]<-chan result, 7)
 			for i := range chans {
 				chans[i] = acquireAsync(context.Background(), l)
 			}
 			waitQueued(t, l, 7)
-			fc.Set(at(ProbeWindow - time.Nanosecond))
+			fc.Set(at(probeWindow - time.Nanosecond))
 			if st := l.State(); st.InFlight != 1 || st.Queued != 7 {
 				t.Fatalf("during the probe: %+v, want 1 in flight and 7 waiting", st)
 			}
@@ -246,7 +246,7 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 				if l.State().InFlight == 8 {
 					break
 				}
-				fc.Advance(ProbeWindow / 100)
+				fc.Advance(probeWindow / 100)
 			}
 			if st := l.State(); st.InFlight != 8 || st.Queued != 0 {
 				t.Fatalf("after the probe: %+v, want all 8 in flight", st)
@@ -261,7 +261,7 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 
 func TestProbeReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Path: "/v1/x"}, Config{Concurrency: 8, MaxConcurrency: 8, Clock: fc})
+	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 8, MaxConcurrency: 8, Clock: fc})
 	first := mustGet(t, acquireAsync(context.Background(), l))
 	a := acquireAsync(context.Background(), l)
 	waitQueued(t, l, 1)
@@ -273,7 +273,7 @@ func TestProbeReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
 	if st := l.State(); st.InFlight != 1 || st.Queued != 1 {
 		t.Fatalf("state %+v, want still one at a time", st)
 	}
-	fc.Set(at(ProbeWindow)) // the window counts from the first dispatch
+	fc.Set(at(probeWindow)) // the window counts from the first dispatch
 	sb := mustGet(t, b)
 	sa.Release()
 	sb.Release()
@@ -298,7 +298,7 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 
 			failed.Report(Report{Verdict: NotSent}) // never reached the upstream
 			s := mustGet(t, next)
-			if w := s.QueueWait(); w != 0 {
+			if w := s.queueWait(); w != 0 {
 				t.Fatalf("queue wait = %v, want the refund to let it go at once", w)
 			}
 			if now := fc.Now(); !now.Equal(t0) {

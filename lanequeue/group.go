@@ -40,7 +40,7 @@ type group struct {
 	arrivals   uint64    // arrival counter, for the order of retries
 	unanswered int       // dispatches whose answer has not been reported
 	learned    bool      // an answer came back: the probe is over
-	probeUntil time.Time // set by the first dispatch; see ProbeWindow
+	probeUntil time.Time // set by the first dispatch; see probeWindow
 	timer      clock.Timer
 	timerAt    time.Time
 	timerGen   uint64
@@ -240,7 +240,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, t Ticket) {
 	}
 	g.unanswered++
 	if g.probeUntil.IsZero() {
-		g.probeUntil = now.Add(ProbeWindow)
+		g.probeUntil = now.Add(probeWindow)
 	}
 	close(s.ready)
 }

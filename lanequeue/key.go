@@ -28,8 +28,8 @@ func HashCredential(raw string) string {
 // tell lanes apart on a status page, far too few to help guess a key.
 const shortLen = 12
 
-// ShortKeyHash is the displayable prefix of the credential hash.
-func (k Key) ShortKeyHash() string {
+// shortKeyHash is the displayable prefix of the credential hash.
+func (k Key) shortKeyHash() string {
 	if len(k.CredentialHash) < shortLen {
 		return k.CredentialHash
 	}
@@ -62,7 +62,7 @@ func (k Key) LimitGroup() string {
 
 // String is a compact form for logs: no raw credential.
 func (k Key) String() string {
-	return k.Route + "|" + k.ShortKeyHash() + "|" + k.Path + "|" + k.Model
+	return k.Route + "|" + k.shortKeyHash() + "|" + k.Path + "|" + k.Model
 }
 
 // maxField is the longest a path or model may be in a lane key as given;

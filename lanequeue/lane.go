@@ -96,10 +96,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// ProbeWindow is how long a new group sends one request at a time while it
+// probeWindow is how long a new group sends one request at a time while it
 // waits for its first answer to learn what the upstream tells about its
 // limits. A burst before anything is known is what causes the first 429s.
-const ProbeWindow = time.Second
+const probeWindow = time.Second
 
 // Lane is one FIFO queue of one group, with its own counters. Its fields are
 // guarded by its group's mutex.
@@ -128,9 +128,9 @@ func (l *Lane) OpenSession() (closed func()) {
 	return func() { once.Do(func() { l.sessions.Add(-1) }) }
 }
 
-// New returns a lane outside any table, with a group of its own; tests and
-// single-lane users call it.
-func New(key Key, cfg Config) *Lane {
+// newLane returns a lane outside any table, with a group of its own (the
+// tests' single lanes).
+func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
 	g := newGroup(key.LimitGroup(), cfg, NewMemory(cfg), nil)
 	g.refs.Store(1) // the lane's own
@@ -387,5 +387,5 @@ func (s *Slot) Settle(usedTokens int64) {
 	g.dispatchLocked(g.clock.Now())
 }
 
-// QueueWait is how long the request waited for its first dispatch.
-func (s *Slot) QueueWait() time.Duration { return s.granted.Sub(s.arrived) }
+// queueWait is how long the request waited for its first dispatch.
+func (s *Slot) queueWait() time.Duration { return s.granted.Sub(s.arrived) }

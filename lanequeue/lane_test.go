@@ -23,7 +23,7 @@ var t0 = time.Now().UTC().Truncate(time.Second)
 
 func testLane(conc, maxQueue int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Route: "r", CredentialHash: HashCredential("sk-test"), Path: "/v1/x", Model: "m"},
+	l := newLane(Key{Route: "r", CredentialHash: HashCredential("sk-test"), Path: "/v1/x", Model: "m"},
 		Config{Concurrency: conc, MinConcurrency: 1, MaxConcurrency: conc, MaxQueue: maxQueue, Clock: fc})
 	pastProbe(l) // past the probe; TestProbe* cover it
 	return l, fc
@@ -153,7 +153,7 @@ func TestPauseHoldsQueueUntilItEnds(t *testing.T) {
 	mustBlock(t, ch)
 	fc.Advance(time.Second)
 	s := mustGet(t, ch)
-	if w := s.QueueWait(); w != 3*time.Second {
+	if w := s.queueWait(); w != 3*time.Second {
 		t.Fatalf("queue wait = %v, want 3s", w)
 	}
 	s.Release()
@@ -256,7 +256,7 @@ func TestCancelledRetryKeepsSlotUntilRelease(t *testing.T) {
 // TestSlotsNeverLeakUnderChurn hammers a real-clock lane with acquires that
 // are cancelled at random and checks the limit holds and nothing is left.
 func TestSlotsNeverLeakUnderChurn(t *testing.T) {
-	l := New(Key{Path: "/x"}, Config{Concurrency: 3, MaxConcurrency: 3, MaxQueue: 1000})
+	l := newLane(Key{Path: "/x"}, Config{Concurrency: 3, MaxConcurrency: 3, MaxQueue: 1000})
 	pastProbe(l)
 	var inside, peak atomic.Int64
 	var wg sync.WaitGroup

@@ -282,7 +282,7 @@ func (m *model) run(ops []byte) {
 		case 8:
 			step = "sweep"
 			m.fc.Advance(time.Minute)
-			m.tb.Sweep()
+			m.tb.sweep()
 		}
 		m.settle()
 		m.check(fmt.Sprintf("op %d (%s)", i/2, step))
@@ -302,9 +302,9 @@ func (m *model) run(ops []byte) {
 	m.held, m.idle = nil, nil
 	m.check("wind-down")
 	m.fc.Advance(2 * time.Minute)
-	m.tb.Sweep()
+	m.tb.sweep()
 	m.check("final sweep")
-	if n := m.tb.Groups(); n != 0 {
+	if n := m.tb.groupCount(); n != 0 {
 		m.t.Fatalf("%d groups left after every lane went idle and was swept", n)
 	}
 }

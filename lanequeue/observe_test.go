@@ -161,7 +161,7 @@ func TestEvictionIsReportedWithWhy(t *testing.T) {
 		t.Fatalf("full table: %+v", got)
 	}
 	fc.Advance(2 * time.Minute)
-	tb.Sweep()
+	tb.sweep()
 	got = log.take()
 	if len(got) != 2 || got[0].Reason != "idle" || got[1].Reason != "idle" {
 		t.Fatalf("sweep: %+v", got)
@@ -173,7 +173,7 @@ func TestEvictionIsReportedWithWhy(t *testing.T) {
 // than the ring are gone.
 func TestHistoryCountsAnswersAnd429sPerBucket(t *testing.T) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Path: "/h"}, Config{Concurrency: 4, Clock: fc})
+	l := newLane(Key{Path: "/h"}, Config{Concurrency: 4, Clock: fc})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	refuse(s, 0)
 	accept(s, headerparse.Limits{})
@@ -212,7 +212,7 @@ func TestHistoryCountsAnswersAnd429sPerBucket(t *testing.T) {
 // TestOutcomesAreCountedWithTheirStatus: State shows answers by status and
 // by outcome, and AnswerCounts by both.
 func TestOutcomesAreCountedWithTheirStatus(t *testing.T) {
-	l := New(Key{Path: "/o"}, Config{})
+	l := newLane(Key{Path: "/o"}, Config{})
 	l.CountAnswer(200, "ok")
 	l.CountAnswer(200, "upstream_cut")
 	l.CountAnswer(0, "client_gone")
@@ -285,7 +285,7 @@ func TestStateShowsTheGroupsQueueAndDrain(t *testing.T) {
 // deadline keeps waiting; a pause past the deadline says Paused.
 func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Path: "/w"}, Config{Concurrency: 1, Clock: fc})
+	l := newLane(Key{Path: "/w"}, Config{Concurrency: 1, Clock: fc})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	short, cancel := context.WithDeadline(context.Background(), at(10*time.Second))
 	defer cancel()

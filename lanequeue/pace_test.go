@@ -496,7 +496,7 @@ func TestLaneRequestAndTokenWindowsHaveSeparateClocks(t *testing.T) {
 			mustBlock(t, ch)
 			fc.Set(at(tt.goAt))
 			s := mustGet(t, ch)
-			if w := s.QueueWait(); w != tt.goAt {
+			if w := s.queueWait(); w != tt.goAt {
 				t.Fatalf("queue wait = %v, want %v", w, tt.goAt)
 			}
 			s.Release()

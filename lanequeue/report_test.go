@@ -16,7 +16,7 @@ import (
 // into the refusal, up to the whole concurrency limit).
 func TestRefusalIsLearnedBeforeTheQueueMoves(t *testing.T) {
 	fc := clock.NewFake(t0)
-	l := New(Key{Path: "/v1/x"}, Config{Concurrency: 64, Clock: fc})
+	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 64, Clock: fc})
 	first := mustGet(t, acquireAsync(context.Background(), l)) // the probe
 	var chans []<-chan result
 	for i := 0; i < 5; i++ {
@@ -140,12 +140,12 @@ func TestCancelledWaitersOfAnEvictedLaneFreeItsGroup(t *testing.T) {
 	ch := acquireAsync(ctx, l)
 	waitQueued(t, l, 1)
 	tb.Get(Key{CredentialHash: HashCredential("sk-b"), Path: "/x"}) // evicts l
-	if n := tb.Groups(); n != 2 {
+	if n := tb.groupCount(); n != 2 {
 		t.Fatalf("%d groups while l's waiter is queued, want 2", n)
 	}
 	cancel()
 	<-ch
-	if n := tb.Groups(); n != 1 {
+	if n := tb.groupCount(); n != 1 {
 		t.Fatalf("%d groups after the waiter left, want 1", n)
 	}
 	if again := tb.Get(k); again.g == l.g || !again.State().PausedUntil.IsZero() {

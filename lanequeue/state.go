@@ -142,7 +142,7 @@ func (l *Lane) state(withHistory bool) State {
 	now := g.clock.Now()
 	v := g.shared.View(now)
 	s := State{
-		ID: l.id, Route: l.key.Route, KeyHash: l.key.ShortKeyHash(), Path: l.key.Path, Model: l.key.Model,
+		ID: l.id, Route: l.key.Route, KeyHash: l.key.shortKeyHash(), Path: l.key.Path, Model: l.key.Model,
 		Queued: l.queued, InFlight: l.inFlight, Sessions: int(l.sessions.Load()), Concurrency: v.Concurrency,
 		PausedUntil: v.PausedUntil, PauseReason: v.PauseReason,
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,

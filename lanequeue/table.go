@@ -22,8 +22,8 @@ type TableConfig struct {
 	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
 	// nil = NewMemory, state in this process only.
 	Shared func(group string, cfg Config) Shared
-	// OnEvict is called, outside the table's lock, for every lane dropped.
-	OnEvict func(*Lane)
+	// onEvict is called, outside the table's lock, for every lane dropped.
+	onEvict func(*Lane)
 	// OnChange is called, outside every lock, for each state change of a
 	// lane's group (limits learned, a pause, the concurrency limit moving)
 	// and for each lane dropped; see Change. nil: not reported.
@@ -136,23 +136,23 @@ func (t *Table) Get(key Key) *Lane {
 	return l
 }
 
-// Lookup returns the lane with this ID, if the table has it.
-func (t *Table) Lookup(id string) (*Lane, bool) {
+// lookup returns the lane with this ID, if the table has it.
+func (t *Table) lookup(id string) (*Lane, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lanes.Peek(id)
 }
 
-// Len is the number of lanes.
-func (t *Table) Len() int {
+// laneCount is the number of lanes.
+func (t *Table) laneCount() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lanes.Len()
 }
 
-// Groups is the number of limit groups alive: in the table or still
+// groupCount is the number of limit groups alive: in the table or still
 // serving a request.
-func (t *Table) Groups() int {
+func (t *Table) groupCount() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.groups)
@@ -167,9 +167,6 @@ func (t *Table) Lanes() []*Lane {
 
 // States returns a snapshot of every lane, least recently used first.
 func (t *Table) States() []State { return t.states((*Lane).State) }
-
-// StatesWithHistory is States with each lane's History.
-func (t *Table) StatesWithHistory() []State { return t.states((*Lane).StateWithHistory) }
 
 // Busiest returns at most n lanes' states (with their History when
 // history is set), those with the most queued and in flight first, then
@@ -213,9 +210,9 @@ func (t *Table) states(state func(*Lane) State) []State {
 	return out
 }
 
-// Sweep drops lanes unused for IdleTTL or longer now, without waiting for
+// sweep drops lanes unused for IdleTTL or longer now, without waiting for
 // the next Get.
-func (t *Table) Sweep() {
+func (t *Table) sweep() {
 	t.mu.Lock()
 	t.lastSweep = time.Time{}
 	t.sweepLocked(t.cfg.Lane.Clock.Now())
@@ -269,8 +266,8 @@ func (t *Table) takeEvictedLocked() []evicted {
 func (t *Table) notify(evicted []evicted) {
 	now := t.cfg.Lane.Clock.Now()
 	for _, e := range evicted {
-		if t.cfg.OnEvict != nil {
-			t.cfg.OnEvict(e.lane)
+		if t.cfg.onEvict != nil {
+			t.cfg.onEvict(e.lane)
 		}
 		if t.cfg.OnChange != nil {
 			t.cfg.OnChange(Change{Kind: Evicted, Lane: e.lane, At: now, Reason: e.reason})

@@ -24,15 +24,15 @@ func TestTableReturnsSameLaneForSameKey(t *testing.T) {
 	if tb.Get(k) == tb.Get(k2) {
 		t.Fatal("one lane for two models")
 	}
-	if tb.Len() != 2 {
-		t.Fatalf("len = %d", tb.Len())
+	if tb.laneCount() != 2 {
+		t.Fatalf("len = %d", tb.laneCount())
 	}
 }
 
 func TestTableEvictsIdleLanesOnly(t *testing.T) {
 	fc := clock.NewFake(t0)
 	var evicted []string
-	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, OnEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, onEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
 	idle := tb.Get(Key{Path: "/idle"})
 	busy := tb.Get(Key{Path: "/busy"})
 	s, err := busy.Acquire(context.Background(), 1)
@@ -41,41 +41,41 @@ func TestTableEvictsIdleLanesOnly(t *testing.T) {
 	}
 	_ = idle
 	fc.Advance(2 * time.Minute)
-	tb.Sweep()
+	tb.sweep()
 	if len(evicted) != 1 || evicted[0] != "/idle" {
 		t.Fatalf("evicted = %v, want [/idle]", evicted)
 	}
-	if _, ok := tb.Lookup(busy.ID()); !ok {
+	if _, ok := tb.lookup(busy.ID()); !ok {
 		t.Fatal("busy lane was evicted")
 	}
 	s.Release()
 	fc.Advance(2 * time.Minute)
-	tb.Sweep()
-	if tb.Len() != 0 || len(evicted) != 2 {
-		t.Fatalf("len = %d, evicted = %v", tb.Len(), evicted)
+	tb.sweep()
+	if tb.laneCount() != 0 || len(evicted) != 2 {
+		t.Fatalf("len = %d, evicted = %v", tb.laneCount(), evicted)
 	}
 }
 
 func TestTableBoundedByMaxLanes(t *testing.T) {
 	var n int
-	tb := NewTable(TableConfig{MaxLanes: 3, OnEvict: func(*Lane) { n++ }})
+	tb := NewTable(TableConfig{MaxLanes: 3, onEvict: func(*Lane) { n++ }})
 	for i := 0; i < 10; i++ {
 		tb.Get(Key{Path: string(rune('a' + i))})
 	}
-	if tb.Len() != 3 || n != 7 {
-		t.Fatalf("len = %d, evicted = %d", tb.Len(), n)
+	if tb.laneCount() != 3 || n != 7 {
+		t.Fatalf("len = %d, evicted = %d", tb.laneCount(), n)
 	}
 }
 
 func TestKeyNeverHoldsRawCredential(t *testing.T) {
 	k := Key{CredentialHash: HashCredential("sk-secret-123"), Path: "/p"}
-	for _, s := range []string{k.ID(), k.ShortKeyHash(), k.String(), k.CredentialHash} {
+	for _, s := range []string{k.ID(), k.shortKeyHash(), k.String(), k.CredentialHash} {
 		if contains(s, "sk-secret") {
 			t.Fatalf("%q holds the raw key", s)
 		}
 	}
-	if len(k.ShortKeyHash()) != 12 || len(k.ID()) != 12 {
-		t.Fatalf("short forms: %q %q", k.ShortKeyHash(), k.ID())
+	if len(k.shortKeyHash()) != 12 || len(k.ID()) != 12 {
+		t.Fatalf("short forms: %q %q", k.shortKeyHash(), k.ID())
 	}
 }
 
@@ -95,9 +95,9 @@ func TestGetAfterIdleTTLKeepsTheLaneItReturns(t *testing.T) {
 	first := tb.Get(k)
 	fc.Advance(2 * time.Minute)
 	again := tb.Get(k)
-	held, _ := tb.Lookup(again.ID())
-	if again != first || held != again || tb.Len() != 1 {
-		t.Fatalf("Get returned a lane the table no longer holds (same=%v held=%v len=%d)", again == first, held == again, tb.Len())
+	held, _ := tb.lookup(again.ID())
+	if again != first || held != again || tb.laneCount() != 1 {
+		t.Fatalf("Get returned a lane the table no longer holds (same=%v held=%v len=%d)", again == first, held == again, tb.laneCount())
 	}
 }
 
@@ -132,12 +132,12 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	<-second
 	// Evicting every lane of a group drops the group.
 	fc.Advance(time.Hour)
-	tb.Sweep()
+	tb.sweep()
 	tb.mu.Lock()
 	n := len(tb.groups)
 	tb.mu.Unlock()
-	if n != 0 || tb.Len() != 0 {
-		t.Fatalf("after eviction: %d groups, %d lanes", n, tb.Len())
+	if n != 0 || tb.laneCount() != 0 {
+		t.Fatalf("after eviction: %d groups, %d lanes", n, tb.laneCount())
 	}
 }
 
@@ -311,7 +311,7 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 		}
 		s.Release()
 		fc.Advance(2 * time.Minute) // every lane is stale: the sweep visits the slow one
-		tb.Sweep()
+		tb.sweep()
 		done <- ""
 	}()
 	select {
@@ -323,7 +323,7 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 		close(stall.release)
 		t.Fatal("the table waited for a group held up by its shared store")
 	}
-	if _, ok := tb.Lookup(slow.ID()); !ok {
+	if _, ok := tb.lookup(slow.ID()); !ok {
 		t.Fatal("the sweep dropped the busy lane")
 	}
 	close(stall.release)
@@ -339,14 +339,14 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
 	fc := clock.NewFake(t0)
 	var evicted []string
-	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, OnEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, onEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
 	l := tb.Get(Key{Path: "/v1/realtime"})
 	closed := l.OpenSession()
 	if got := l.State().Sessions; got != 1 {
 		t.Fatalf("sessions in the state: %d, want 1", got)
 	}
 	fc.Advance(2 * time.Minute)
-	tb.Sweep()
+	tb.sweep()
 	if len(evicted) != 0 {
 		t.Fatalf("a lane with an open session was swept: %v", evicted)
 	}
@@ -356,7 +356,7 @@ func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
 		t.Fatalf("sessions after closing (twice): %d, want 0", got)
 	}
 	fc.Advance(2 * time.Minute)
-	tb.Sweep()
+	tb.sweep()
 	if len(evicted) != 1 {
 		t.Fatalf("the lane was not swept once its session closed: %v", evicted)
 	}
@@ -374,7 +374,7 @@ func TestZeroConfigTakesTheDocumentedDefaults(t *testing.T) {
 	}
 	// The limit never falls below the default minimum of 1.
 	fc := clock.NewFake(t0)
-	l := New(Key{Path: "/d"}, Config{Concurrency: 1, MaxConcurrency: 4, Clock: fc})
+	l := newLane(Key{Path: "/d"}, Config{Concurrency: 1, MaxConcurrency: 4, Clock: fc})
 	pastProbe(l)
 	s := acquireN(t, l, 1)[0]
 	refuseConc(s)
@@ -392,12 +392,12 @@ func TestGetSweepsEveryEighthOfTheTTLAndDropsLanesUnusedThatLong(t *testing.T) {
 	a := tb.Get(Key{Path: "/a"}) // sweeps at t0
 	fc.Set(at(ttl - ttl/8))
 	tb.Get(Key{Path: "/b"}) // sweeps; /a is not stale yet
-	if _, ok := tb.Lookup(a.ID()); !ok {
+	if _, ok := tb.lookup(a.ID()); !ok {
 		t.Fatal("/a dropped before its TTL")
 	}
 	fc.Set(at(ttl))
 	tb.Get(Key{Path: "/b"}) // an eighth of the TTL since the last sweep
-	if _, ok := tb.Lookup(a.ID()); ok || tb.Len() != 1 {
-		t.Fatalf("/a unused for the whole TTL is still there (%d lanes)", tb.Len())
+	if _, ok := tb.lookup(a.ID()); ok || tb.laneCount() != 1 {
+		t.Fatalf("/a unused for the whole TTL is still there (%d lanes)", tb.laneCount())
 	}
 }

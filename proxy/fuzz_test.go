@@ -59,7 +59,7 @@ func FuzzLaneKey(f *testing.F) {
 				t.Fatalf("%q bounded to %q", f[0], f[1])
 			}
 		}
-		l := lanequeue.New(key, lanequeue.Config{})
+		l := lanequeue.NewTable(lanequeue.TableConfig{}).Get(key)
 		st, _ := json.Marshal(l.State())
 		shown := l.ID() + key.String() + string(st)
 		if len(cred) >= 8 && strings.Contains(shown, cred) && !strings.Contains(path+body, cred) {
