@@ -87,7 +87,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	start := time.Now()
+	start := s.st.now()
 	// The group's permits given back and not yet removed by the writer
 	// go with the admission: this replica's own returns never hold back
 	// its next request.
@@ -273,7 +273,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	args, kind := s.learnArgs(t, r, v, now)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	start := time.Now()
+	start := s.st.now()
 	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	s.st.took(start, err)

@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -60,6 +61,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer gets the store's metrics; nil = none.
 	Registerer prometheus.Registerer
+	// Clock is the replica's clock, the one its lanes run on; nil = the
+	// wall clock. Its timers (renewal, heartbeat, rejoin) are the wall
+	// clock's.
+	Clock clock.Clock
 }
 
 // Store is one replica's connection to the shared state.
@@ -146,7 +151,7 @@ func New(cfg Config) (*Store, error) {
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {
 		s.warnIfCluster()
-		s.heartbeat(time.Now())
+		s.heartbeat(s.now())
 		s.setUp(true)
 	}
 	var both sync.WaitGroup
@@ -184,8 +189,14 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
 	return cfg
 }
+
+// now is the replica's time, from the injected clock.
+func (s *Store) now() time.Time { return s.cfg.Clock.Now() }
 
 // unstarted is a store on rdb with its metrics registered, not yet
 // started.
@@ -283,7 +294,7 @@ func (s *Store) failed(op string, err error) {
 
 // sawClock notes Redis' clock (ms) from a reply just received.
 func (s *Store) sawClock(redisNow int64) {
-	s.clockOffset.Store(redisNow - time.Now().UnixMilli())
+	s.clockOffset.Store(redisNow - s.now().UnixMilli())
 }
 
 // ctx bounds one call.
@@ -323,24 +334,24 @@ func (s *Store) loop() {
 			// A replica local because Redis is slow still beats: the
 			// busy count its share divides by must stay current.
 			if s.up.Load() || s.slow.Load() {
-				s.heartbeat(time.Now())
+				s.heartbeat(s.now())
 			}
 			every = min(2*every, heartbeatEvery)
 			beat.Reset(every)
 		case <-ping.C:
 			if !s.up.Load() {
-				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
+				wait = nextRejoinWait(wait, s.now().Sub(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
-				start := time.Now()
+				start := s.now()
 				err := s.rdb.Ping(ctx).Err()
 				cancel()
 				// A ping slower than the bound leaves the replica local:
 				// Redis is there but would hold up every request.
-				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
+				if err == nil && s.cfg.Slow > 0 && s.now().Sub(start) > s.cfg.Slow {
 					err = errors.New("slow")
 				}
 				if err == nil && s.rejoin() {
-					rejoined = time.Now()
+					rejoined = s.now()
 				}
 			}
 			ping.Reset(wait)
@@ -358,7 +369,7 @@ func (s *Store) rejoin() bool {
 	if s.renew() != nil {
 		return false
 	}
-	s.heartbeat(time.Now())
+	s.heartbeat(s.now())
 	if s.rejoinHook != nil {
 		s.rejoinHook()
 	}
@@ -385,7 +396,7 @@ func (s *Store) flushReturns() bool {
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	start := time.Now()
+	start := s.now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range returns {
 			p.ZRem(ctx, k, l)
@@ -469,10 +480,10 @@ func (s *Store) flushAdds() bool {
 	if len(adds) == 0 {
 		return true
 	}
-	exp := float64(time.Now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
+	exp := float64(s.now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
 	ctx, cancel := s.ctx()
 	defer cancel()
-	start := time.Now()
+	start := s.now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range adds {
 			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
@@ -590,7 +601,7 @@ func (s *Store) write() {
 	}
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
-		start := time.Now()
+		start := s.now()
 		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, 0, g.requests, g.tokens, g.mark).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
@@ -706,7 +717,7 @@ func (s *Store) took(start time.Time, err error) {
 	if err != nil || s.cfg.Slow < 0 {
 		return
 	}
-	if p99 := s.latency.add(time.Since(start)); p99 > s.cfg.Slow {
+	if p99 := s.latency.add(s.now().Sub(start)); p99 > s.cfg.Slow {
 		s.latency.reset()
 		s.failed("slow", fmt.Errorf("p99 of recent calls %v, over %v", p99.Round(time.Millisecond), s.cfg.Slow))
 	}
@@ -728,10 +739,10 @@ func (s *Store) renew() error {
 		s.renewCopied()
 	}
 	// On Redis' clock, as the scripts that count leases read it.
-	exp := float64(time.Now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
+	exp := float64(s.now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
 	ctx, cancel := s.ctx()
 	defer cancel()
-	start := time.Now()
+	start := s.now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		keys := map[string]bool{}
 		for l, k := range held {

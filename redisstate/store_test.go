@@ -2,6 +2,7 @@ package redisstate
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
@@ -309,5 +311,40 @@ func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 	}
 	if _, _, ok := admit(t, sh); ok {
 		t.Fatalf("admitted more than the default concurrency %d", lanequeue.DefaultConcurrency)
+	}
+}
+
+// TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock: a replica
+// whose injected clock is an hour behind renews its leases to Redis' now
+// plus the lease TTL, not to an hour ago: the store reads its time from
+// that one clock, for the offset it learns and the expiry it writes.
+func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) {
+	srv := startServer(t)
+	fc := clock.NewFake(time.Now().Add(-time.Hour))
+	st, err := New(Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Slow: -1, Clock: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 2, MaxConcurrency: 2}).(*shared)
+	tk, _, ok := sh.Admit(fc.Now(), 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	if err := st.renew(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	score, err := st.rdb.ZScore(ctx, sh.leases, tk.Lease).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, err := st.rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := float64(now.UnixMilli() + 5000)
+	if d := score - want; d < -2000 || d > 2000 {
+		t.Fatalf("lease renewed to expire %.0f ms from Redis' now + TTL", d)
 	}
 }

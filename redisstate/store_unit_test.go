@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -172,7 +173,7 @@ func TestAFailureSaysWhetherRedisWasOnlySlow(t *testing.T) {
 // clock less this process' wall clock, whichever is ahead.
 func TestSawClockKeepsRedisClockLessOurs(t *testing.T) {
 	t.Parallel()
-	var st Store
+	st := Store{cfg: Config{Clock: clock.Real{}}}
 	for _, ahead := range []int64{5000, -5000} {
 		st.sawClock(time.Now().UnixMilli() + ahead)
 		if got := st.clockOffset.Load(); got < ahead-100 || got > ahead+100 {
