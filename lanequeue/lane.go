@@ -58,9 +58,20 @@ type Config struct {
 	Limits Limits
 }
 
-// DefaultConcurrency is a new group's concurrency limit when Config leaves
-// it zero.
-const DefaultConcurrency = 8
+// The defaults of Config's zero fields: a new group's concurrency limit
+// and its bounds, and a lane's queue.
+const (
+	DefaultConcurrency    = 8
+	DefaultMinConcurrency = 1
+	DefaultMaxConcurrency = 1024
+	DefaultMaxQueue       = 10000
+)
+
+// The defaults of TableConfig's zero fields.
+const (
+	DefaultMaxLanes = 10000
+	DefaultIdleTTL  = 10 * time.Minute
+)
 
 // WithDefaults is c with its zero fields at their documented defaults and
 // its concurrency bounds in order, as a group uses it.
@@ -71,10 +82,10 @@ func (c Config) withDefaults() Config {
 		c.Concurrency = DefaultConcurrency
 	}
 	if c.MinConcurrency <= 0 {
-		c.MinConcurrency = 1
+		c.MinConcurrency = DefaultMinConcurrency
 	}
 	if c.MaxConcurrency <= 0 {
-		c.MaxConcurrency = 1024
+		c.MaxConcurrency = DefaultMaxConcurrency
 	}
 	if c.MaxConcurrency < c.MinConcurrency {
 		c.MaxConcurrency = c.MinConcurrency
@@ -88,7 +99,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.Concurrency = min(max(c.Concurrency, c.MinConcurrency), c.MaxConcurrency)
 	if c.MaxQueue <= 0 {
-		c.MaxQueue = 10000
+		c.MaxQueue = DefaultMaxQueue
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

@@ -53,10 +53,10 @@ type Table struct {
 func NewTable(cfg TableConfig) *Table {
 	cfg.Lane = cfg.Lane.withDefaults()
 	if cfg.MaxLanes <= 0 {
-		cfg.MaxLanes = 10000
+		cfg.MaxLanes = DefaultMaxLanes
 	}
 	if cfg.IdleTTL <= 0 {
-		cfg.IdleTTL = 10 * time.Minute
+		cfg.IdleTTL = DefaultIdleTTL
 	}
 	if cfg.Shared == nil {
 		cfg.Shared = func(_ string, c Config) Shared { return NewMemory(c) }

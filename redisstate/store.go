@@ -162,6 +162,12 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// The defaults of Config's lease TTL and slowness bound.
+const (
+	DefaultLeaseTTL = 15 * time.Second
+	DefaultSlow     = 50 * time.Millisecond
+)
+
 // withDefaults is cfg with every unset field at its default, and a lease
 // TTL under MinLeaseTTL raised to it.
 func (cfg Config) withDefaults() Config {
@@ -170,7 +176,7 @@ func (cfg Config) withDefaults() Config {
 	}
 	switch {
 	case cfg.LeaseTTL <= 0:
-		cfg.LeaseTTL = 15 * time.Second
+		cfg.LeaseTTL = DefaultLeaseTTL
 	case cfg.LeaseTTL < MinLeaseTTL:
 		cfg.LeaseTTL = MinLeaseTTL
 	}
@@ -184,7 +190,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.Poll = 20 * time.Millisecond
 	}
 	if cfg.Slow == 0 {
-		cfg.Slow = 50 * time.Millisecond
+		cfg.Slow = DefaultSlow
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

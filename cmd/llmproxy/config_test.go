@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/proxy"
+	"github.com/llmproxy/llmproxy/redisstate"
 )
 
 // startErr runs the program with env and returns its one-line start-up
@@ -187,6 +191,41 @@ func TestAdminTokenMustTravelInAHeader(t *testing.T) {
 		out := startErr(t, map[string]string{"LLMPROXY_ADMIN_TOKEN": tok})
 		if !strings.Contains(out, "LLMPROXY_ADMIN_TOKEN") || strings.Contains(out, "SECRET") {
 			t.Errorf("token %q: %q, want an error naming the variable, not the value", tok, out)
+		}
+	}
+}
+
+// TestTheEnvironmentsDefaultsAreThePackagesOwn: each LLMPROXY_* default
+// that a package also applies for a zero setting is that package's own
+// Default constant, so that -h, config.example.env (checked against -h by
+// deploy's tests) and the packages cannot drift apart.
+func TestTheEnvironmentsDefaultsAreThePackagesOwn(t *testing.T) {
+	c, err := loadConfig(map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []struct {
+		name      string
+		got, want any
+	}{
+		{"MAX_RETRIES", c.MaxRetries, proxy.DefaultMaxRetries},
+		{"MAX_WAIT", c.MaxWait, proxy.DefaultMaxWait},
+		{"MAX_RETRY_AFTER", c.MaxRetryAfter, proxy.DefaultMaxRetryAfter},
+		{"MAX_BODY_BYTES", c.MaxBodyBytes, int64(proxy.DefaultMaxBodyBytes)},
+		{"MEMORY_BODY_BYTES", c.MemoryBodyBytes, int64(proxy.DefaultMemoryBodyBytes)},
+		{"MAX_SPOOL_BYTES", c.MaxSpoolBytes, int64(proxy.DefaultMaxSpoolBytes)},
+		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, int64(proxy.DefaultMaxBufferedBytes)},
+		{"MAX_QUEUE", c.MaxQueue, lanequeue.DefaultMaxQueue},
+		{"LANE_CONCURRENCY", c.LaneConcurrency, lanequeue.DefaultConcurrency},
+		{"LANE_MIN_CONCURRENCY", c.LaneMinConcurrency, lanequeue.DefaultMinConcurrency},
+		{"LANE_MAX_CONCURRENCY", c.LaneMaxConcurrency, lanequeue.DefaultMaxConcurrency},
+		{"MAX_LANES", c.MaxLanes, lanequeue.DefaultMaxLanes},
+		{"LANE_IDLE_TTL", c.LaneIdleTTL, lanequeue.DefaultIdleTTL},
+		{"REDIS_LEASE_TTL", c.RedisLeaseTTL, redisstate.DefaultLeaseTTL},
+		{"REDIS_SLOW", c.RedisSlow, redisstate.DefaultSlow},
+	} {
+		if d.got != d.want {
+			t.Errorf("LLMPROXY_%s defaults to %v, its package to %v", d.name, d.got, d.want)
 		}
 	}
 }
