@@ -50,9 +50,9 @@ func NewMemory(cfg Config) *Memory {
 // sent the running count of the group's dispatches, all replicas
 // together, right after it (0: not known); lastSecond the group's
 // dispatches in the second up to now, all replicas, this one included (0:
-// not known). It returns the dispatch's
-// number, the number in flight it went at, and whether it goes in a
-// probe of the pace learned from refusals, for the ticket. The probe
+// not known). It returns the dispatch's number, the number in flight it
+// went at, and whether it goes in a probe of the pace learned from
+// refusals, for the ticket. The probe
 // cycle moves on here, as Admit moves it for the group's own admissions.
 func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond int) (seq uint64, level int, probe bool) {
 	s.stepProbe(now)

@@ -63,8 +63,9 @@ type Ticket struct {
 	// OutNow is the number of permits out, all replicas together, when the
 	// answer came; 0 means the in-process count.
 	OutNow int
-	// Seq numbers the dispatch among the group's dispatches in this
-	// process, for measuring the rate admitted between refusals.
+	// Seq numbers the dispatch among the group's dispatches (all
+	// replicas', when a store kept elsewhere counts them), for measuring
+	// the rate admitted between refusals.
 	Seq uint64
 	// Refusals is one more than the refusals of the group learned before
 	// it went, all replicas together, when a store kept elsewhere counts

@@ -63,23 +63,10 @@ end
 local function save(key, p, b)
   redis.call('HSET', key, p..'avail', tostring(b.avail), p..'at', b.at, p..'sent', b.sent)
 end
--- countDispatch counts a dispatch, and returns the group's dispatches in
--- the second up to now, every replica's: what one process's own count
--- would say it is sending.
-local function countDispatch(key, now)
-  local m = redis.call('HMGET', key, 'ms', 'mc', 'mp')
-  local sec, mc, mp = math.floor(now / 1000), num(m[2], 0), num(m[3], 0)
-  if num(m[1], 0) ~= sec then
-    if num(m[1], 0) == sec - 1 then mp = mc else mp = 0 end
-    mc = 0
-  end
-  mc = mc + 1
-  redis.call('HSET', key, 'ms', sec, 'mc', mc, 'mp', mp)
-  return math.floor(mc + mp * (1 - (now % 1000) / 1000))
-end
 `
 
-// admitLib holds the admit script's steps over the other keys.
+// admitLib holds the admit script's steps: the concurrency limit, the
+// oldest waiter first, the count of the group's dispatches.
 const admitLib = `
 -- The concurrency limit: the lowest any replica's refusals lowered it to
 -- lately, since a replica that saw concurrency refusals is not overruled
@@ -96,12 +83,11 @@ local function concurrencyLimit(key, now, default, maxc)
       redis.call('HDEL', key, cl[i])
     else
       answered = 1
-    end
-    if l == nil or now - tonumber(seen) > 60000 then
-    elseif ev == '1' then
-      if lowered == nil or tonumber(l) < lowered then lowered = tonumber(l) end
-    elseif grown == nil or tonumber(l) > grown then
-      grown = tonumber(l)
+      if ev == '1' then
+        if lowered == nil or tonumber(l) < lowered then lowered = tonumber(l) end
+      elseif grown == nil or tonumber(l) > grown then
+        grown = tonumber(l)
+      end
     end
   end
   return math.min(lowered or grown or default, maxc), answered
@@ -129,6 +115,20 @@ local function olderWaiters(key, replica, since, now, cost, keyttl)
   redis.call('PEXPIRE', key, keyttl)
   return older, oldercost
 end
+-- countDispatch counts a dispatch, and returns the group's dispatches in
+-- the second up to now, every replica's: what one process's own count
+-- would say it is sending.
+local function countDispatch(key, now)
+  local m = redis.call('HMGET', key, 'ms', 'mc', 'mp')
+  local sec, mc, mp = math.floor(now / 1000), num(m[2], 0), num(m[3], 0)
+  if num(m[1], 0) ~= sec then
+    if num(m[1], 0) == sec - 1 then mp = mc else mp = 0 end
+    mc = 0
+  end
+  mc = mc + 1
+  redis.call('HSET', key, 'ms', sec, 'mc', mc, 'mp', mp)
+  return math.floor(mc + mp * (1 - (now % 1000) / 1000))
+end
 `
 
 // admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
@@ -136,24 +136,23 @@ end
 // waiter (ms), keyTTL, climit default, max climit, then the replica's
 // leases of the group given back and not yet removed: removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
-// answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered is 1 when
-// a replica learned from an answer in the last minute; rates are per 1000
-// seconds; rsyn is 1 when the request pace was learned from refusals; acc
-// is when some replica last had an answer the upstream accepted (0: none);
-// rn counts the refusals every replica learned from (learnScript);
-// lastsec is the group's dispatches in the last second, all replicas (0
-// unless admitted).
+// answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered
+// is 1 when a replica learned from an answer in the last minute; rates
+// are per 1000 seconds; rsyn is 1 when the request pace was learned from
+// refusals; acc is when some replica last had an answer the upstream
+// accepted (0: none); rn counts the refusals every replica learned from
+// (learnScript); lastsec is the group's dispatches in the last second,
+// all replicas (0 unless admitted).
 var admitScript = redis.NewScript(lib + admitLib + `
 local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
 local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
-local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
+local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
+local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(ARGV[9]), tonumber(ARGV[10]))
 for i = 11, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
-local acc = num(redis.call('HGET', KEYS[1], 'acc'), 0)
-local rn = num(redis.call('HGET', KEYS[1], 'rn'), 0)
 local lastsec = 0
 local function reply(ok, at, rsent, tsent, room, paced, p)
   return {ok, at, out, climit, rsent, tsent, room, paced, p, now, answered,

@@ -87,7 +87,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	start := s.st.now()
+	start := time.Now()
 	// The group's permits given back and not yet removed by the writer
 	// go with the admission: this replica's own returns never hold back
 	// its next request.
@@ -123,11 +123,11 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	// an outage (and pause the fleet for it).
 	s.local.NoteAccepted(rep.accepted)
 	s.seeLimits(rep.limits, rep.paceFromRefusals)
+	fleetPace := 0.0
 	if rep.paceFromRefusals {
-		s.local.NoteFleetPace(rep.limits.reqRate)
-	} else {
-		s.local.NoteFleetPace(0)
+		fleetPace = rep.limits.reqRate
 	}
+	s.local.NoteFleetPace(fleetPace)
 	if !rep.ok {
 		at := rep.retryAt
 		if at.IsZero() {
@@ -273,7 +273,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	args, kind := s.learnArgs(t, r, v, now)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
-	start := s.st.now()
+	start := time.Now()
 	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, args...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	s.st.took(start, err)

@@ -62,8 +62,9 @@ type Config struct {
 	// Registerer gets the store's metrics; nil = none.
 	Registerer prometheus.Registerer
 	// Clock is the replica's clock, the one its lanes run on; nil = the
-	// wall clock. Its timers (renewal, heartbeat, rejoin) are the wall
-	// clock's.
+	// wall clock. The times the store writes or compares with its lanes'
+	// (lease expiries, heartbeats, Redis' clock offset) are read from it;
+	// its timers, and the latency of its calls, are the wall clock's.
 	Clock clock.Clock
 }
 
@@ -201,7 +202,8 @@ func (cfg Config) withDefaults() Config {
 	return cfg
 }
 
-// now is the replica's time, from the injected clock.
+// now is the replica's time of day, from the injected clock (durations
+// of calls and timers use the wall clock).
 func (s *Store) now() time.Time { return s.cfg.Clock.Now() }
 
 // unstarted is a store on rdb with its metrics registered, not yet
@@ -346,18 +348,18 @@ func (s *Store) loop() {
 			beat.Reset(every)
 		case <-ping.C:
 			if !s.up.Load() {
-				wait = nextRejoinWait(wait, s.now().Sub(rejoined), s.slow.Load())
+				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
-				start := s.now()
+				start := time.Now()
 				err := s.rdb.Ping(ctx).Err()
 				cancel()
 				// A ping slower than the bound leaves the replica local:
 				// Redis is there but would hold up every request.
-				if err == nil && s.cfg.Slow > 0 && s.now().Sub(start) > s.cfg.Slow {
+				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
 					err = errors.New("slow")
 				}
 				if err == nil && s.rejoin() {
-					rejoined = s.now()
+					rejoined = time.Now()
 				}
 			}
 			ping.Reset(wait)
@@ -402,7 +404,7 @@ func (s *Store) flushReturns() bool {
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	start := s.now()
+	start := time.Now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range returns {
 			p.ZRem(ctx, k, l)
@@ -489,7 +491,7 @@ func (s *Store) flushAdds() bool {
 	exp := float64(s.now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
 	ctx, cancel := s.ctx()
 	defer cancel()
-	start := s.now()
+	start := time.Now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range adds {
 			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
@@ -607,7 +609,7 @@ func (s *Store) write() {
 	}
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
-		start := s.now()
+		start := time.Now()
 		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, 0, g.requests, g.tokens, g.mark).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
@@ -723,7 +725,7 @@ func (s *Store) took(start time.Time, err error) {
 	if err != nil || s.cfg.Slow < 0 {
 		return
 	}
-	if p99 := s.latency.add(s.now().Sub(start)); p99 > s.cfg.Slow {
+	if p99 := s.latency.add(time.Since(start)); p99 > s.cfg.Slow {
 		s.latency.reset()
 		s.failed("slow", fmt.Errorf("p99 of recent calls %v, over %v", p99.Round(time.Millisecond), s.cfg.Slow))
 	}
@@ -748,7 +750,7 @@ func (s *Store) renew() error {
 	exp := float64(s.now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
 	ctx, cancel := s.ctx()
 	defer cancel()
-	start := s.now()
+	start := time.Now()
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		keys := map[string]bool{}
 		for l, k := range held {
