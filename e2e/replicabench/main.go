@@ -20,6 +20,8 @@
 //	                in flight, refused with a bare 429 (no limit headers, no
 //	                Retry-After, no hint); 300 at 50
 //	silent-concurrency  concurrency, silent: no Retry-After either
+//	silent-streams  streams, silent: 4 req/s, streams of about 1.8 s, a
+//	                bare 429; 120 at 30
 //	redis-slow      short, while Redis stalls (DEBUG SLEEP 0.2) every 600 ms
 //	redis-killed    short with 360 requests; redis-server is SIGKILLed a
 //	                third of the way through and started again, empty, on
@@ -98,7 +100,7 @@ func main() { os.Exit(realMain()) }
 
 func realMain() int {
 	var o options
-	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, silent, silent-concurrency, redis-slow, redis-killed, replica-killed (default all)")
+	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, silent, silent-concurrency, silent-streams, redis-slow, redis-killed, replica-killed (default all)")
 	flag.IntVar(&o.runs, "runs", 1, "runs of each row; the table shows each run and the median")
 	flag.BoolVar(&o.verbose, "v", false, "print progress, the replicas' Redis and lane-change log lines and the first failures of each run")
 	flag.IntVar(&o.replicas, "replicas", 3, "replicas in the shared rows")

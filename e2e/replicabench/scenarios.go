@@ -78,6 +78,8 @@ var (
 		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
 	silentConcurrencyMock = mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond,
 		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
+	silentStreamsMock = mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond,
+		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
 )
 
 // scenarios lists every row in the order they run.
@@ -90,6 +92,8 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 		{name: "concurrency", base: "concurrency", mock: concurrencyMock, rate: 8 / 0.5, n: 200, c: 50, solo: true, target: asOne},
 		{name: "silent", base: "silent", mock: silentMock, rate: 20, n: 300, c: 50, solo: true, target: asOne},
 		{name: "silent-concurrency", base: "silent-concurrency", mock: silentConcurrencyMock, rate: 8 / 0.5, n: 200, c: 50,
+			solo: true, target: asOne},
+		{name: "silent-streams", base: "silent-streams", mock: silentStreamsMock, rate: 4, n: 120, c: 30, stream: true,
 			solo: true, target: asOne},
 		{name: "redis-slow", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, during: slowRedis, target: asOne},
 		{name: "redis-killed", base: "short", mock: shortMock, rate: 20, n: 360, c: 50, during: killRedis,
