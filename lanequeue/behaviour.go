@@ -46,7 +46,12 @@ type learner struct {
 	// probeUnseen: the probe's pace did not reach the upstream (another
 	// replica held the raise lease), so it cannot come back clean.
 	probeUnseen bool
-	streak      int // clean probes in a row
+	raiser      bool // this replica held the raise lease at its latest answer
+	// fleetRefused counts every replica's refusals (Memory.NoteFleet),
+	// probeMark its count when the up phase began: a probe is clean only
+	// if no replica was refused during it, as the others send at its pace.
+	fleetRefused, probeMark uint64
+	streak                  int // clean probes in a row
 }
 
 type refusalMark struct {
@@ -322,6 +327,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 			return false
 		}
 		l.phase, l.probeFrom, l.probeHit, l.probeUnseen = probeUp, now, false, false
+		l.probeMark = l.fleetRefused
 		l.phaseUntil = now.Add(probeLength(l.estimate))
 	case probeUp:
 		l.phase = probeDown
@@ -333,7 +339,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 			// it or clean probes raise it soon.
 			cruiseFor = guessCruise
 		}
-		if l.probeHit || l.probeUnseen {
+		if l.probeHit || l.probeUnseen || l.fleetRefused > l.probeMark {
 			l.streak = 0
 		} else {
 			// The upstream took the probe without a refusal: it allows

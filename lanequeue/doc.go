@@ -61,6 +61,6 @@
 // (redisstate) admits from state every replica shares and hands Memory the
 // group's evidence: every replica's dispatches (NoteDispatch), whether the
 // upstream admitted any (NoteAccepted), the counts by level (ShareLevels),
-// the pace the others learned (NoteFleetPace), so that what each replica
-// learns is about the group as the upstream sees it.
+// the pace the others learned and their refusals (NoteFleet), so that
+// what each replica learns is about the group as the upstream sees it.
 package lanequeue

@@ -161,7 +161,7 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
-		m.NoteFleetPace(c.fleetPace)
+		m.NoteFleet(c.fleetPace, 0, now)
 		first, _, ok := m.Admit(now, 1, false)
 		if !ok {
 			t.Fatal("admit")
@@ -177,6 +177,80 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		v := m.View(now)
 		if !near(v.AdmittedRate, c.want) || v.RateFrom != c.from {
 			t.Errorf("%s: first refusal set %.2f/s from %q, want %.2f/s from %q", c.name, v.AdmittedRate, v.RateFrom, c.want, c.from)
+		}
+	}
+}
+
+// TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing: the other
+// replicas send at the prober's pace, so a refusal of any of them during
+// the probe (the fleet's count of refusals rose) shows the probe went too
+// far, though none of this replica's own requests was refused.
+func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		elsewhere uint64 // refusals elsewhere during the probe
+		want      float64
+	}{
+		{"none", 0, 10 * probeRaise},
+		{"one", 1, 10},
+	} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+		m.pace.synthetic = true
+		l := &m.learn
+		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, "admitted rate", t0
+		m.NoteFleet(0, 5, t0)
+		l.step(t0, true)
+		if l.phase != probeUp {
+			t.Fatalf("%s: phase %v, want the probe", c.name, l.phase)
+		}
+		up := probeLength(10)
+		m.NoteFleet(0, 5+c.elsewhere, t0.Add(up/2))
+		// A refusal ends the up phase at once; with none it runs its length.
+		if ended := l.phase == probeDown; ended != (c.elsewhere > 0) {
+			t.Errorf("%s refused elsewhere halfway through the probe: it ended then: %v", c.name, ended)
+		}
+		l.step(t0.Add(up), true)
+		l.step(t0.Add(2*up), true)
+		if !near(l.estimate, c.want) {
+			t.Errorf("%s refused elsewhere during the probe: estimate %v after it, want %v", c.name, l.estimate, c.want)
+		}
+	}
+}
+
+// TestAGuessFollowsTheFleetsPaceDown: a replica whose rate is still a
+// guess takes the pace the fleet learned from refusals when that is under
+// any pace the guess would send; a measured rate, a pace the guess's own
+// phases could have sent, and the raise lease's holder (whose pace the
+// fleet's is) keep their own.
+func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		measured bool
+		raiser   bool
+		refused  uint64 // refusals elsewhere since the last word
+		pace     float64
+		want     float64
+		from     string
+	}{
+		{"a guess above the fleet", false, false, 0, 3, 3, "replicas"},
+		{"a measured rate", true, false, 1, 3, 8, "admitted rate"},
+		{"the lease's holder", false, true, 0, 3, 8, "sending rate"},
+		{"the lease's holder, refused elsewhere", false, true, 1, 3, 3, "replicas"},
+		{"a pace the guess drains at", false, false, 0, 8 * drainGain, 8, "sending rate"},
+		{"no fleet pace", false, false, 1, 0, 8, "sending rate"},
+	} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+		m.pace.synthetic = true
+		l := &m.learn
+		l.estimate, l.measured, l.from = 8, c.measured, "sending rate"
+		if c.measured {
+			l.from = "admitted rate"
+		}
+		m.NoteFleet(0, 4, t0) // the refusals before
+		m.NoteRaiser(c.raiser)
+		m.NoteFleet(c.pace, 4+c.refused, t0)
+		if !near(l.estimate, c.want) || l.from != c.from {
+			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
 		}
 	}
 }

@@ -87,12 +87,37 @@ func (s *Memory) NoteAccepted(at time.Time) {
 	}
 }
 
-// NoteFleetPace records the request pace the replicas learned from
-// refusals, as the store kept elsewhere holds it (0: none): a replica
-// refused for the first time starts from it, when lower than what the
-// group was sending, instead of finding it again with refusals of its
-// own.
-func (s *Memory) NoteFleetPace(rate float64) { s.fleetPace = rate }
+// NoteFleet records, at now, what the store kept elsewhere says of the
+// group: the request pace the replicas learned from refusals (0: none),
+// and the refusals every replica learned from so far. The other replicas
+// send at this one's probe when it holds the raise lease, so a refusal
+// anywhere ends the probe, unclean. A replica refused for the first time
+// starts from the fleet's pace when it is lower than what the group was
+// sending, and one whose rate is still a guess follows it down when it is
+// under any pace the guess would send, instead of finding it again with
+// refusals of its own; the lease's holder, whose pace the fleet's is,
+// only when a refusal came with it.
+func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
+	s.fleetPace = pace
+	l := &s.learn
+	refusedSince := refusals > l.fleetRefused
+	l.fleetRefused = max(l.fleetRefused, refusals)
+	if !s.pace.synthetic {
+		return
+	}
+	changed := false
+	if refusedSince && l.phase == probeUp {
+		l.phase, l.phaseUntil = probeDown, now.Add(probeLength(l.estimate))
+		changed = true
+	}
+	if pace > 0 && pace < l.estimate*drainGain && l.guess() && (!l.raiser || refusedSince) {
+		l.estimate, l.from = pace, "replicas"
+		changed = true
+	}
+	if changed {
+		s.pace.setSynthetic(s.pacing(), now)
+	}
+}
 
 // NoteHeld records that the store kept elsewhere held a request back at
 // now for the pace learned from refusals: the probe cycle probes only
@@ -107,8 +132,11 @@ func (s *Memory) NoteHeld(now time.Time) {
 // NoteRaiser records whether this replica holds the lease that lets one
 // replica at a time raise a pace learned from refusals: a probe made
 // without it reached no upstream, and does not raise the estimate when it
-// ends. The latest word during the up phase counts.
+// ends. The latest word during the up phase counts. The pace of the
+// replica that holds it is the fleet's: it follows the fleet's pace down
+// (NoteFleet) only with a refusal, else it would follow its own.
 func (s *Memory) NoteRaiser(holds bool) {
+	s.learn.raiser = holds
 	if s.learn.phase == probeUp {
 		s.learn.probeUnseen = !holds
 	}

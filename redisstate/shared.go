@@ -127,7 +127,7 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	if rep.paceFromRefusals {
 		fleetPace = rep.limits.reqRate
 	}
-	s.local.NoteFleetPace(fleetPace)
+	s.local.NoteFleet(fleetPace, rep.refusals, now)
 	if !rep.ok {
 		at := rep.retryAt
 		if at.IsZero() {
