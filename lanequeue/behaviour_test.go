@@ -246,7 +246,7 @@ func silentLane(t *testing.T) (*Lane, *Slot, func(time.Duration)) {
 // hint, the hint is the pause.
 func TestSilentRefusalOfALiveUpstreamPacesInsteadOfPausing(t *testing.T) {
 	l, s, advance := silentLane(t)
-	defer s.Release()
+	defer s.release()
 	for range 8 {
 		shared(l).learn.answered(1, false) // others admitted at this level
 	}
@@ -290,7 +290,7 @@ func resend(t *testing.T, s *Slot, advance func(time.Duration)) {
 // for liveFor, a refusal is not a limit to measure: its pause holds.
 func TestRefusalOfAnUpstreamThatAdmitsNothingPauses(t *testing.T) {
 	l, s, advance := silentLane(t)
-	defer s.Release()
+	defer s.release()
 	advance(liveFor)
 	until := shared(l).learn.lastAccepted.Add(liveFor + time.Second)
 	report(s, Report{Status: 503, Verdict: Overloaded, PauseUntil: until})
@@ -403,7 +403,7 @@ func TestRefusedPermitsDoNotCountAsInFlight(t *testing.T) {
 // falls to it: the next request's wait is at most one request's refill.
 func TestShortHintCapsTheRate(t *testing.T) {
 	l, s, advance := silentLane(t)
-	defer s.Release()
+	defer s.release()
 	sh := shared(l)
 	sh.learn.estimate, sh.learn.measured, sh.learn.from = 30, true, "admitted rate"
 	advance(time.Second)
@@ -739,7 +739,7 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 		t.Fatal("an unsent attempt ended the probe")
 	}
 	accept(s, headerparse.Limits{})
-	s.Release()
+	s.release()
 }
 
 // TestPendingAboveTheRefusalsCountsAsAdmitted: requests still out at a

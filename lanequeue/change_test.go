@@ -14,7 +14,7 @@ import (
 func TestLimitsThatMoveByLessThanATenthAreNotReported(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 4})
-	l := tb.Get(Key{Path: "/v1/chat/completions", Model: "m"})
+	l := tb.laneFor(Key{Path: "/v1/chat/completions", Model: "m"})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{Requests: win(600, 599, at(100*time.Millisecond))})
 	if got := log.takeKind(LimitsChanged); len(got) != 1 {
@@ -28,7 +28,7 @@ func TestLimitsThatMoveByLessThanATenthAreNotReported(t *testing.T) {
 	if got := l.State().RequestsLimit; got != 630 {
 		t.Fatalf("requests limit = %v, want 630 learned all the same", got)
 	}
-	s.Release()
+	s.release()
 }
 
 // TestConcurrencyRiseIsReportedOnceASecondHasPassed: a rise a whole second
@@ -36,7 +36,7 @@ func TestLimitsThatMoveByLessThanATenthAreNotReported(t *testing.T) {
 func TestConcurrencyRiseIsReportedOnceASecondHasPassed(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 2})
-	l := tb.Get(Key{Path: "/c"})
+	l := tb.laneFor(Key{Path: "/c"})
 	pastProbe(l)
 	a := mustGet(t, acquireAsync(context.Background(), l))
 	b := mustGet(t, acquireAsync(context.Background(), l))
@@ -50,6 +50,6 @@ func TestConcurrencyRiseIsReportedOnceASecondHasPassed(t *testing.T) {
 	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != 2 || got[0].View.Concurrency != 3 {
 		t.Fatalf("a rise exactly a second later reported %+v, want one change from 2 to 3", got)
 	}
-	a.Release()
-	b.Release()
+	a.release()
+	b.release()
 }

@@ -30,7 +30,7 @@ func acquireN(t *testing.T, l *Lane, n int) []*Slot {
 
 func releaseAll(slots []*Slot) {
 	for _, s := range slots {
-		s.Release()
+		s.release()
 	}
 }
 
@@ -90,7 +90,7 @@ func TestEachConcurrencyRefusalLowersTheLimitByOne(t *testing.T) {
 	for i, want := range []int{11, 10, 9, 8} {
 		refuseConc(burst[11-i])
 		wantLimit(t, l, want)
-		burst[11-i].Release()
+		burst[11-i].release()
 	}
 	releaseAll(burst)
 }
@@ -168,7 +168,7 @@ func TestGrowthBackToARefusedLevelIsSlowAndSlowerAfterEachFailure(t *testing.T) 
 		probe := acquireN(t, l, 1)[0]
 		refuseConc(probe) // fails again
 		wantLimit(t, l, 7)
-		probe.Release()
+		probe.release()
 	}
 	if got := shared(l).conc.probeAcks; got != 4*minProbeAcks {
 		t.Fatalf("probeAcks = %d after two failed probes, want %d", got, 4*minProbeAcks)
@@ -199,14 +199,14 @@ func TestAnswerTimeIsMeasuredFromDispatchToRelease(t *testing.T) {
 	s := acquireN(t, l, 1)[0]
 	accept(s, headerparse.Limits{})
 	fc.Advance(1500 * time.Millisecond)
-	s.Release()
+	s.release()
 	if got := l.State().AnswerSeconds; !near(got, 1.5) {
 		t.Fatalf("answer seconds = %v, want 1.5", got)
 	}
 	r := acquireN(t, l, 1)[0]
 	r.Report(Report{Status: 429, Verdict: RateRefused})
 	fc.Advance(10 * time.Second)
-	r.Release() // a refusal's time says nothing about answers
+	r.release() // a refusal's time says nothing about answers
 	if got := l.State().AnswerSeconds; !near(got, 1.5) {
 		t.Fatalf("answer seconds = %v after a refusal, want 1.5", got)
 	}
@@ -251,9 +251,9 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 			if st := l.State(); st.InFlight != 8 || st.Queued != 0 {
 				t.Fatalf("after the probe: %+v, want all 8 in flight", st)
 			}
-			first.Release()
+			first.release()
 			for _, ch := range chans {
-				mustGet(t, ch).Release()
+				mustGet(t, ch).release()
 			}
 		})
 	}
@@ -267,7 +267,7 @@ func TestProbeReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
 	waitQueued(t, l, 1)
 	b := acquireAsync(context.Background(), l)
 	waitQueued(t, l, 2)
-	first.Release() // e.g. a connection error: no answer to learn from
+	first.release() // e.g. a connection error: no answer to learn from
 	sa := mustGet(t, a)
 	mustBlock(t, b)
 	if st := l.State(); st.InFlight != 1 || st.Queued != 1 {
@@ -275,8 +275,8 @@ func TestProbeReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
 	}
 	fc.Set(at(probeWindow)) // the window counts from the first dispatch
 	sb := mustGet(t, b)
-	sa.Release()
-	sb.Release()
+	sa.release()
+	sb.release()
 }
 
 func TestRefundLetsNextWaiterGo(t *testing.T) {
@@ -304,8 +304,8 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 			if now := fc.Now(); !now.Equal(t0) {
 				t.Fatalf("clock moved to %v", now)
 			}
-			failed.Release()
-			s.Release()
+			failed.release()
+			s.release()
 		})
 	}
 }
@@ -416,7 +416,7 @@ func TestAnswerTimeIsAMovingMeanWeightingTheNewestByAFifth(t *testing.T) {
 		s := acquireN(t, l, 1)[0]
 		accept(s, headerparse.Limits{})
 		fc.Advance(tt.took)
-		s.Release()
+		s.release()
 		if got := l.State().AnswerSeconds; !near(got, tt.want) {
 			t.Fatalf("answer %d: mean answer seconds = %v, want %v", i+1, got, tt.want)
 		}

@@ -74,20 +74,20 @@ func TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer(t *testing.T) {
 	cfg := Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}
 	var answered atomic.Bool
 	tb := NewTable(TableConfig{Lane: cfg, Shared: func(_ string, c Config) Shared { return elsewhere{NewMemory(c), &answered} }})
-	l := tb.Get(Key{Path: "/p"})
-	first, err := l.Acquire(context.Background(), 1)
+	l := tb.laneFor(Key{Path: "/p"})
+	first, err := l.acquire(context.Background(), 1, High)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer first.Release()
+	defer first.release()
 	answered.Store(true) // another replica's first answer came meanwhile
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	second, err := l.Acquire(ctx, 1)
+	second, err := l.acquire(ctx, 1, High)
 	if err != nil {
 		t.Fatalf("the second request waited for the first answer though the group was answered elsewhere: %v", err)
 	}
-	second.Release()
+	second.release()
 }
 
 // TestAPaceLearnedElsewhereIsProbedUp: a group whose admissions a store

@@ -17,20 +17,20 @@ import (
 // not after the queue.
 func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{Concurrency: 1}).Get(ckey)
+		l := configuredTable(Limits{Concurrency: 1}).laneFor(ckey)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		defer wg.Wait()
 		defer cancel()
 		serve := func(p Priority, done func()) {
 			defer wg.Done()
-			s, err := l.AcquirePriority(ctx, 1, p)
+			s, err := l.acquire(ctx, 1, p)
 			if err != nil {
 				return
 			}
 			time.Sleep(100 * time.Millisecond)
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 			done()
 		}
 		var lowDone atomic.Int64
@@ -44,14 +44,14 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 		var waited time.Duration
 		finished := make(chan struct{})
 		go func() {
-			s, err := l.AcquirePriority(ctx, 1, High)
+			s, err := l.acquire(ctx, 1, High)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			waited = time.Since(arrived)
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 			close(finished)
 		}()
 		<-finished
@@ -69,7 +69,7 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 // dispatch in LowShare goes to a low-priority request.
 func TestLowPriorityKeepsItsShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{Concurrency: 1}).Get(ckey)
+		l := configuredTable(Limits{Concurrency: 1}).laneFor(ckey)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		defer wg.Wait()
@@ -84,7 +84,7 @@ func TestLowPriorityKeepsItsShare(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := l.AcquirePriority(ctx, 1, p)
+				s, err := l.acquire(ctx, 1, p)
 				if err != nil {
 					return
 				}
@@ -93,7 +93,7 @@ func TestLowPriorityKeepsItsShare(t *testing.T) {
 				mu.Unlock()
 				time.Sleep(10 * time.Millisecond)
 				s.Report(Report{Status: 200, Verdict: Accepted})
-				s.Release()
+				s.release()
 			}()
 			synctest.Wait()
 		}
@@ -135,13 +135,13 @@ func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for k := range 50 {
-			l := tbl.Get(capKey(k))
+			l := tbl.laneFor(capKey(k))
 			pastProbe(l)
 			for range 4 {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					s, err := l.Acquire(context.Background(), 1)
+					s, err := l.acquire(context.Background(), 1, High)
 					if err != nil {
 						t.Error(err)
 						return
@@ -157,7 +157,7 @@ func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 					time.Sleep(10 * time.Millisecond)
 					in.Add(-1)
 					s.Report(Report{Status: 200, Verdict: Accepted})
-					s.Release()
+					s.release()
 				}()
 			}
 			synctest.Wait()
@@ -188,10 +188,10 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := NewCap(2)
 		tbl := capTable(c)
-		paused, busy := tbl.Get(capKey(0)), tbl.Get(capKey(1))
+		paused, busy := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1))
 		pastProbe(paused)
 		pastProbe(busy)
-		s, err := paused.Acquire(context.Background(), 1)
+		s, err := paused.acquire(context.Background(), 1, High)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,14 +208,14 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := busy.Acquire(context.Background(), 1)
+				s, err := busy.acquire(context.Background(), 1, High)
 				if err != nil {
 					t.Error(err)
 					return
 				}
 				time.Sleep(100 * time.Millisecond)
 				s.Report(Report{Status: 200, Verdict: Accepted})
-				s.Release()
+				s.release()
 			}()
 		}
 		wg.Wait()
@@ -230,7 +230,7 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 		if time.Since(begin) < 5*time.Second-time.Second {
 			t.Errorf("the paused request went before its pause ended")
 		}
-		s.Release()
+		s.release()
 	})
 }
 
@@ -240,22 +240,22 @@ func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := NewCap(1)
 		tbl := capTable(c)
-		a, b, d := tbl.Get(capKey(0)), tbl.Get(capKey(1)), tbl.Get(capKey(2))
+		a, b, d := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1)), tbl.laneFor(capKey(2))
 		for _, l := range []*Lane{a, b, d} {
 			pastProbe(l)
 		}
-		sa, _ := a.Acquire(context.Background(), 1)
+		sa, _ := a.acquire(context.Background(), 1, High)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		gaveUp := make(chan error, 1)
 		go func() {
-			_, err := b.Acquire(ctx, 1)
+			_, err := b.acquire(ctx, 1, High)
 			gaveUp <- err
 		}()
 		synctest.Wait()
 		got := make(chan *Slot, 1)
 		go func() {
-			s, err := d.Acquire(context.Background(), 1)
+			s, err := d.acquire(context.Background(), 1, High)
 			if err == nil {
 				got <- s
 			}
@@ -268,10 +268,10 @@ func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 			t.Errorf("err = %v, want ErrBudgetExceeded", err)
 		}
 		sa.Report(Report{Status: 200, Verdict: Accepted})
-		sa.Release()
+		sa.release()
 		sd := <-got
 		sd.Report(Report{Status: 200, Verdict: Accepted})
-		sd.Release()
+		sd.release()
 		synctest.Wait()
 		if st := c.Stats(); st.InUse != 0 || st.Waiting != 0 {
 			t.Errorf("after all: %+v", st)
@@ -425,9 +425,9 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		tbl := capTable(c)
 		var held []*Slot
 		for k := range 3 {
-			l := tbl.Get(capKey(k))
+			l := tbl.laneFor(capKey(k))
 			pastProbe(l)
-			s, err := l.Acquire(context.Background(), 1)
+			s, err := l.acquire(context.Background(), 1, High)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -435,10 +435,10 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		}
 		got := make(chan *Slot, 3)
 		for k := 3; k < 6; k++ {
-			l := tbl.Get(capKey(k))
+			l := tbl.laneFor(capKey(k))
 			pastProbe(l)
 			go func() {
-				if s, err := l.Acquire(context.Background(), 1); err == nil {
+				if s, err := l.acquire(context.Background(), 1, High); err == nil {
 					got <- s
 				}
 			}()
@@ -449,7 +449,7 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		}
 		for _, s := range held {
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		}
 		synctest.Wait()
 		if st := c.Stats(); st.InUse != 3 || st.Waiting != 0 || len(got) != 3 {
@@ -458,7 +458,7 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		for range 3 {
 			s := <-got
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		}
 	})
 }
@@ -499,18 +499,18 @@ func TestCapLineMovesOnWhenTheFirstGroupCannotGo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := NewCap(2)
 		tbl := capTable(c)
-		b, d := tbl.Get(capKey(0)), tbl.Get(capKey(1))
+		b, d := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1))
 		pastProbe(b)
 		pastProbe(d)
-		b1, _ := b.Acquire(context.Background(), 1)
-		b2, _ := b.Acquire(context.Background(), 1)
+		b1, _ := b.acquire(context.Background(), 1, High)
+		b2, _ := b.acquire(context.Background(), 1, High)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go b.Acquire(ctx, 1) // b's third waits in line, first
+		go b.acquire(ctx, 1, High) // b's third waits in line, first
 		synctest.Wait()
 		dGot := make(chan *Slot, 1)
 		go func() {
-			if s, err := d.Acquire(context.Background(), 1); err == nil {
+			if s, err := d.acquire(context.Background(), 1, High); err == nil {
 				dGot <- s
 			}
 		}()
@@ -524,15 +524,15 @@ func TestCapLineMovesOnWhenTheFirstGroupCannotGo(t *testing.T) {
 		select {
 		case s := <-dGot:
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		default:
 			t.Fatalf("the freed place did not go to the next group in line: %+v", c.Stats())
 		}
 		cancel()
 		<-retried // a slot is used by one goroutine at a time
 		b2.Report(Report{Status: 200, Verdict: Accepted})
-		b2.Release()
-		b1.Release()
+		b2.release()
+		b1.release()
 		synctest.Wait()
 	})
 }

@@ -82,7 +82,7 @@ func mustFail(t *testing.T, ch <-chan result) error {
 	select {
 	case r := <-ch:
 		if r.err == nil {
-			r.s.Release()
+			r.s.release()
 			t.Fatal("acquire succeeded, want an error")
 		}
 		return r.err

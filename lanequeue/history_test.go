@@ -13,10 +13,10 @@ import (
 func TestHistoryCountsInTheRingsFirstSlot(t *testing.T) {
 	l, fc := testLane(1, 10)
 	fc.Set(firstSlotZero())
-	l.CountAnswer(200, "ok")
+	l.countAnswer(200, "ok")
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	refuse(s, 0)
-	s.Release()
+	s.release()
 	h := l.StateWithHistory().History
 	last := len(h.Answers) - 1
 	if h.Answers[last] != 1 || h.Upstream429[last] != 1 {
@@ -58,7 +58,7 @@ func TestHistoryCountsOnlyUpstream429s(t *testing.T) {
 	report(s, Report{Status: 503, Verdict: Overloaded})
 	resend(t, s, fc.Advance) // past the pace the 503 taught
 	s.Report(Report{Status: 429, Verdict: RateRefused})
-	s.Release()
+	s.release()
 	h := l.StateWithHistory().History
 	if got := h.Upstream429[len(h.Upstream429)-1]; got != 1 {
 		t.Fatalf("429s in the newest bucket = %d, want 1", got)

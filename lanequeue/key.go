@@ -15,6 +15,13 @@ type Key struct {
 	Model          string
 }
 
+// NewKey is the key of a request on route that carries credential (""
+// when none) to path for model: the credential hashed, path and model
+// bounded (see Bounded).
+func NewKey(route, credential, path, model string) Key {
+	return Key{Route: route, CredentialHash: HashCredential(credential), Path: Bounded(path), Model: Bounded(model)}
+}
+
 // HashCredential returns the hex SHA-256 of a credential; "" stays "".
 func HashCredential(raw string) string {
 	if raw == "" {

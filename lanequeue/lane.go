@@ -131,9 +131,9 @@ type Lane struct {
 	stats    laneStats
 }
 
-// OpenSession counts a session opened on the lane, until the returned
+// openSession counts a session opened on the lane, until the returned
 // func is called (once; later calls do nothing).
-func (l *Lane) OpenSession() (closed func()) {
+func (l *Lane) openSession() (closed func()) {
 	l.sessions.Add(1)
 	var once sync.Once
 	return func() { once.Do(func() { l.sessions.Add(-1) }) }
@@ -161,8 +161,8 @@ func (l *Lane) ID() string { return l.id }
 func (l *Lane) Key() Key { return l.key }
 
 // Slot is a request's place in its lane from admission to the end of its
-// answer. Release it exactly once (extra calls are no-ops); a deferred
-// Release covers every path. A Slot is used by one goroutine.
+// answer. Call Done once it is over (extra calls are no-ops); a deferred
+// Done covers every path. A Slot is used by one goroutine.
 type Slot struct {
 	lane    *Lane
 	seq     uint64 // arrival order, kept across retries
@@ -182,6 +182,9 @@ type Slot struct {
 	lastStatus int           // status of the latest reported answer
 	retry      bool          // waiting again after an answer
 	refused    *WaitError    // set when the group gave up the wait (ready is closed)
+
+	counted bool   // Done was called; the slot's goroutine only
+	leave   func() // leaves the route's model gate; nil: none
 }
 
 // phase is where a slot stands. The transitions:
@@ -190,7 +193,7 @@ type Slot struct {
 //	sent    → answered   Report
 //	sent, answered → queued   WaitRetry (the permit goes back)
 //	queued  → idle       a retry's wait is cancelled
-//	any     → done       Release, or a first wait cancelled
+//	any     → done       Done, or a first wait cancelled
 type phase uint8
 
 const (
@@ -204,20 +207,15 @@ const (
 // holdsPermit reports whether the slot counts against the concurrency limit.
 func (p phase) holdsPermit() bool { return p == phaseSent || p == phaseAnswered }
 
-// Acquire waits in FIFO order for a concurrency permit, for the group's
+// acquire waits in FIFO order for a concurrency permit, for the group's
 // pause to end and for pacing to allow one more request costing cost
-// tokens. It returns ctx's error when the client goes away (the waiter
-// leaves the queue at once), ErrQueueFull when the lane's queue is full, and
-// ErrBudgetExceeded when ctx's deadline passes or lies before the end of the
-// pause.
-func (l *Lane) Acquire(ctx context.Context, cost int64) (*Slot, error) {
-	return l.AcquirePriority(ctx, cost, High)
-}
-
-// AcquirePriority is Acquire for a request of priority p: a high-priority
-// request goes ahead of every queued low-priority one, except that one
-// dispatch in LowShare goes to a low-priority request while both wait.
-func (l *Lane) AcquirePriority(ctx context.Context, cost int64, p Priority) (*Slot, error) {
+// tokens, at priority p: a high-priority request goes ahead of every
+// queued low-priority one, except that one dispatch in LowShare goes to a
+// low-priority request while both wait. It returns ctx's error when the
+// client goes away (the waiter leaves the queue at once), ErrQueueFull
+// when the lane's queue is full, and ErrBudgetExceeded when ctx's deadline
+// passes or lies before the end of the pause.
+func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, budgetErr(err)
 	}
@@ -278,7 +276,7 @@ func (s *Slot) wait(ctx context.Context) error {
 	}
 	end := phaseIdle
 	if !s.retry {
-		end = phaseDone // Acquire returns no slot to release
+		end = phaseDone // acquire returns no slot to release
 	}
 	s.phase = end
 	forget := end == phaseDone && g.unrefLocked()
@@ -357,9 +355,40 @@ func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
 	}
 }
 
-// Release ends the request's time in the lane and lets the next waiter in.
+// Done ends the request's time in its lane: its answer used usedTokens
+// (below 0: not known), the client got status (0: none was sent) and the
+// answer ended as outcome. The permit goes to the next waiter, and the
+// model gate's place to the next model. A Slot whose Acquire failed only
+// counts the answer. Later calls do nothing.
+func (s *Slot) Done(status int, outcome Outcome, usedTokens int64) {
+	if s.counted {
+		return
+	}
+	s.counted = true
+	if usedTokens >= 0 && !s.granted.IsZero() {
+		s.settle(usedTokens)
+	}
+	s.release()
+	if s.leave != nil {
+		s.leave()
+	}
+	s.lane.countAnswer(status, outcome)
+}
+
+// OpenSession gives the permit back for a session that goes on without
+// one (a WebSocket joined after its handshake) and counts it open on the
+// lane until the returned func is called.
+func (s *Slot) OpenSession() (closed func()) {
+	s.release()
+	return s.lane.openSession()
+}
+
+// ID is the slot's lane's short hashed identifier.
+func (s *Slot) ID() string { return s.lane.id }
+
+// release ends the request's time in the lane and lets the next waiter in.
 // Safe to call more than once.
-func (s *Slot) Release() {
+func (s *Slot) release() {
 	l := s.lane
 	g := l.g
 	g.mu.Lock()
@@ -384,10 +413,10 @@ func (s *Slot) Release() {
 	}
 }
 
-// Settle corrects the token budget with what the request really used, read
+// settle corrects the token budget with what the request really used, read
 // from its answer once the answer has ended, unless an answer since its
 // dispatch has already told the upstream's own count.
-func (s *Slot) Settle(usedTokens int64) {
+func (s *Slot) settle(usedTokens int64) {
 	g := s.lane.g
 	g.mu.Lock()
 	defer g.mu.Unlock()

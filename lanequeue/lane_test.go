@@ -38,7 +38,7 @@ type result struct {
 func acquireAsync(ctx context.Context, l *Lane) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		s, err := l.Acquire(ctx, 1)
+		s, err := l.acquire(ctx, 1, High)
 		ch <- result{s, err}
 	}()
 	return ch
@@ -90,13 +90,13 @@ func TestAcquireGrantsInArrivalOrder(t *testing.T) {
 	prev := first
 	for i, ch := range chans {
 		mustBlock(t, ch)
-		prev.Release()
+		prev.release()
 		prev = mustGet(t, ch)
 		if got := l.State().InFlight; got != 1 {
 			t.Fatalf("step %d: in flight = %d, want 1", i, got)
 		}
 	}
-	prev.Release()
+	prev.release()
 	if st := l.State(); st.InFlight != 0 || st.Queued != 0 {
 		t.Fatalf("after all releases: %+v", st)
 	}
@@ -119,8 +119,8 @@ func TestCancelledWaiterLeavesQueueAtOnce(t *testing.T) {
 	if q := l.State().Queued; q != 1 {
 		t.Fatalf("queued after cancel = %d, want 1", q)
 	}
-	held.Release()
-	mustGet(t, next).Release()
+	held.release()
+	mustGet(t, next).release()
 	if st := l.State(); st.InFlight != 0 || st.Cancelled != 1 {
 		t.Fatalf("state: %+v", st)
 	}
@@ -140,7 +140,7 @@ func TestQueueFull(t *testing.T) {
 	cancel()
 	<-a
 	<-b
-	held.Release()
+	held.release()
 }
 
 func TestPauseHoldsQueueUntilItEnds(t *testing.T) {
@@ -156,7 +156,7 @@ func TestPauseHoldsQueueUntilItEnds(t *testing.T) {
 	if w := s.queueWait(); w != 3*time.Second {
 		t.Fatalf("queue wait = %v, want 3s", w)
 	}
-	s.Release()
+	s.release()
 }
 
 func TestPausePastDeadlineFailsFast(t *testing.T) {
@@ -166,7 +166,7 @@ func TestPausePastDeadlineFailsFast(t *testing.T) {
 	// and long before the pause ends.
 	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(time.Minute))
 	defer cancel()
-	_, err := l.Acquire(ctx, 1)
+	_, err := l.acquire(ctx, 1, High)
 	// At once: a WaitError at the pause's end, not the deadline passing.
 	var we *WaitError
 	if !errors.Is(err, ErrBudgetExceeded) || !errors.As(err, &we) || !we.Paused || !we.At.Equal(t0.Add(time.Hour)) ||
@@ -181,10 +181,10 @@ func TestPausePastDeadlineFailsFast(t *testing.T) {
 func TestDeadlineWhileQueuedIsBudgetExceeded(t *testing.T) {
 	l, _ := testLane(1, 100)
 	held := mustGet(t, acquireAsync(context.Background(), l))
-	defer held.Release()
+	defer held.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	_, err := l.Acquire(ctx, 1)
+	_, err := l.acquire(ctx, 1, High)
 	if !errors.Is(err, ErrBudgetExceeded) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want ErrBudgetExceeded wrapping DeadlineExceeded", err)
 	}
@@ -211,7 +211,7 @@ func TestRetryGoesBeforeLaterArrivals(t *testing.T) {
 	if front != a {
 		t.Fatal("the retry is not at the head of the queue")
 	}
-	b.Release() // a slot frees up, but the lane is paused
+	b.release() // a slot frees up, but the lane is paused
 	mustBlock(t, c)
 	if st := l.State(); st.InFlight != 0 || st.Queued != 2 {
 		t.Fatalf("state %+v, want a and c waiting", st)
@@ -224,9 +224,9 @@ func TestRetryGoesBeforeLaterArrivals(t *testing.T) {
 	if st := l.State(); st.InFlight != 2 || st.Retries != 1 {
 		t.Fatalf("state: %+v", st)
 	}
-	a.Release()
-	cs.Release()
-	a.Release() // a second release is a no-op
+	a.release()
+	cs.release()
+	a.release() // a second release is a no-op
 	if st := l.State(); st.InFlight != 0 {
 		t.Fatalf("in flight = %d after releases, want 0", st.InFlight)
 	}
@@ -247,7 +247,7 @@ func TestCancelledRetryKeepsSlotUntilRelease(t *testing.T) {
 	if st := l.State(); st.InFlight != 0 || st.Queued != 0 {
 		t.Fatalf("state: %+v", st)
 	}
-	a.Release()
+	a.release()
 	if st := l.State(); st.InFlight != 0 {
 		t.Fatalf("in flight = %d", st.InFlight)
 	}
@@ -266,11 +266,11 @@ func TestSlotsNeverLeakUnderChurn(t *testing.T) {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(3000))*time.Microsecond)
 			defer cancel()
-			s, err := l.Acquire(ctx, 1)
+			s, err := l.acquire(ctx, 1, High)
 			if err != nil {
 				return
 			}
-			defer s.Release()
+			defer s.release()
 			n := inside.Add(1)
 			for {
 				p := peak.Load()
@@ -320,7 +320,7 @@ func TestNoTimerIsLeftWhenEveryWaiterIsRefused(t *testing.T) {
 	if n := fc.Pending(); n != 0 {
 		t.Fatalf("%d timers pending with nobody waiting, want 0", n)
 	}
-	held.Release()
+	held.release()
 }
 
 // TestRefusalsAtArrivalAreCountedAsRejected: a request turned away because
@@ -339,8 +339,8 @@ func TestRefusalsAtArrivalAreCountedAsRejected(t *testing.T) {
 			t.Fatalf("after %d full-queue refusals: rejected = %d", i, got)
 		}
 	}
-	held.Release()
-	mustGet(t, waiting).Release() // the queue is empty again
+	held.release()
+	mustGet(t, waiting).release() // the queue is empty again
 	pause(l, at(time.Minute))
 	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(30*time.Second))
 	defer cancel()
@@ -359,7 +359,7 @@ func TestLaneWithoutAnswersShowsNoAnswerCounts(t *testing.T) {
 	if st := l.State(); st.Answers != nil || st.Outcomes != nil {
 		t.Fatalf("answers %v, outcomes %v before any answer, want none", st.Answers, st.Outcomes)
 	}
-	l.CountAnswer(200, "ok")
+	l.countAnswer(200, "ok")
 	if st := l.State(); st.Answers[200] != 1 || st.Outcomes["ok"] != 1 {
 		t.Fatalf("answers %v, outcomes %v, want one 200 ok", st.Answers, st.Outcomes)
 	}
@@ -400,14 +400,14 @@ func TestGrantWonInTheRaceWithCancellationIsHandedBack(t *testing.T) {
 	for i := 0; i < 200 && (cancelled == 0 || granted == 0 || i < 32); i++ {
 		l, _ := observedLane(t, 1, 1, headerparse.Limits{Requests: win(10, 5, at(time.Minute))})
 		before := l.State().RequestsAvailable
-		s, err := l.Acquire(newGoneAfterCheckCtx(), 1)
+		s, err := l.acquire(newGoneAfterCheckCtx(), 1, High)
 		st := l.State()
 		if err == nil {
 			granted++
 			if st.InFlight != 1 || st.Cancelled != 0 {
 				t.Fatalf("granted: %+v", st)
 			}
-			s.Release()
+			s.release()
 			continue
 		}
 		cancelled++

@@ -33,7 +33,7 @@ func runStarts(t *testing.T, l *Lane, n int, answer time.Duration, limits func()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := l.Acquire(context.Background(), 10)
+			s, err := l.acquire(context.Background(), 10, High)
 			if err != nil {
 				t.Error(err)
 				return
@@ -52,7 +52,7 @@ func runStarts(t *testing.T, l *Lane, n int, answer time.Duration, limits func()
 			mu.Lock()
 			inFlight--
 			mu.Unlock()
-			s.Release()
+			s.release()
 		}()
 	}
 	wg.Wait()
@@ -72,7 +72,7 @@ func minGap(starts []time.Time) time.Duration {
 // probe for the first answer, no burst), 60 requests take 5.9 s.
 func TestConfiguredRPMPacesEvenlyWithoutHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 600}).Get(ckey)
+		l := configuredTable(Limits{RPM: 600}).laneFor(ckey)
 		begin := time.Now()
 		starts, _ := runStarts(t, l, 60, 300*time.Millisecond, nil)
 		if g := minGap(starts); g < 100*time.Millisecond {
@@ -91,7 +91,7 @@ func TestConfiguredRPMPacesEvenlyWithoutHeaders(t *testing.T) {
 // thousand are left do not take the pace past the ceiling.
 func TestConfiguredRPMHoldsUnderHeadersThatClaimMore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 1200}).Get(ckey)
+		l := configuredTable(Limits{RPM: 1200}).laneFor(ckey)
 		generous := func() headerparse.Limits {
 			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true,
 				Reset: time.Now().Add(6 * time.Millisecond)}}
@@ -111,7 +111,7 @@ func TestConfiguredRPMHoldsUnderHeadersThatClaimMore(t *testing.T) {
 // answer's headers replace the configured 60 RPM: the rest go at once.
 func TestConfiguredStartIsReplacedByHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 60, Start: true}).Get(ckey)
+		l := configuredTable(Limits{RPM: 60, Start: true}).laneFor(ckey)
 		generous := func() headerparse.Limits {
 			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true,
 				Reset: time.Now().Add(6 * time.Millisecond)}}
@@ -133,7 +133,7 @@ func TestConfiguredStartIsReplacedByHeaders(t *testing.T) {
 // under LIMITS=ceiling leave the pace at 60 a minute.
 func TestConfiguredCeilingIsNeverExceededWhenStartIsNot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 60}).Get(ckey)
+		l := configuredTable(Limits{RPM: 60}).laneFor(ckey)
 		generous := func() headerparse.Limits {
 			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true}}
 		}
@@ -153,7 +153,7 @@ func TestConfiguredCeilingIsNeverExceededWhenStartIsNot(t *testing.T) {
 // permit is held.
 func TestMinGapHoldsNoSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{MinGap: time.Second, Concurrency: 1}).Get(ckey)
+		l := configuredTable(Limits{MinGap: time.Second, Concurrency: 1}).laneFor(ckey)
 		var mu sync.Mutex
 		var starts []time.Time
 		var wg sync.WaitGroup
@@ -161,12 +161,12 @@ func TestMinGapHoldsNoSlot(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				s, err := l.Acquire(context.Background(), 1)
+				s, err := l.acquire(context.Background(), 1, High)
 				if err != nil {
 					t.Error(err)
 					return
 				}
-				defer s.Release()
+				defer s.release()
 				mu.Lock()
 				starts = append(starts, time.Now())
 				mu.Unlock()
@@ -207,17 +207,17 @@ func TestMinGapHoldsNoSlot(t *testing.T) {
 // requests of 50 tokens go two a second after the first second's worth.
 func TestConfiguredTPMPacesTokens(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{TPM: 6000}).Get(ckey)
+		l := configuredTable(Limits{TPM: 6000}).laneFor(ckey)
 		var starts []time.Time
 		begin := time.Now()
 		for range 10 {
-			s, err := l.Acquire(context.Background(), 50)
+			s, err := l.acquire(context.Background(), 50, High)
 			if err != nil {
 				t.Fatal(err)
 			}
 			starts = append(starts, time.Now())
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		}
 		// 2 from the full bucket at 0, then one each 0.5 s: the 10th at 4 s.
 		if took := starts[9].Sub(begin); took != 4*time.Second {
@@ -235,7 +235,7 @@ func TestConfiguredConcurrencyIsACeiling(t *testing.T) {
 		wantMost int
 	}{{false, 3}, {true, 4}} {
 		synctest.Test(t, func(t *testing.T) {
-			l := configuredTable(Limits{Concurrency: 3, Start: tc.start}).Get(ckey)
+			l := configuredTable(Limits{Concurrency: 3, Start: tc.start}).laneFor(ckey)
 			if c := l.State().Concurrency; c != 3 {
 				t.Errorf("start %v: starts at %d, want 3", tc.start, c)
 			}
@@ -252,8 +252,8 @@ func TestConfiguredConcurrencyIsACeiling(t *testing.T) {
 // none.
 func TestConfiguredLimitsAreMetrics(t *testing.T) {
 	tbl := NewTable(TableConfig{RouteLimits: map[string]Limits{"": {RPM: 600, Concurrency: 4, MinGap: 50 * time.Millisecond}}})
-	l := tbl.Get(ckey)
-	tbl.Get(Key{Route: "other", Path: "/v1/x", Model: "m"})
+	l := tbl.laneFor(ckey)
+	tbl.laneFor(Key{Route: "other", Path: "/v1/x", Model: "m"})
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(tbl.Collector())
 	fams, err := reg.Gather()
@@ -292,7 +292,7 @@ func TestConfiguredLimitsAreMetrics(t *testing.T) {
 // grows by a quarter each second it holds them; a ceiling would not.
 func TestConfiguredStartGrowsWhileNothingIsLearned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 60, Start: true}).Get(ckey)
+		l := configuredTable(Limits{RPM: 60, Start: true}).laneFor(ckey)
 		starts, _ := runStarts(t, l, 8, 10*time.Millisecond, nil)
 		var gaps []time.Duration
 		for i := 1; i < len(starts); i++ {
@@ -331,14 +331,14 @@ func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 		{Limits{MinGap: time.Millisecond}, true},
 	} {
 		synctest.Test(t, func(t *testing.T) {
-			l := configuredTable(tc.lim).Get(ckey)
-			first, err := l.Acquire(context.Background(), 1)
+			l := configuredTable(tc.lim).laneFor(ckey)
+			first, err := l.acquire(context.Background(), 1, High)
 			if err != nil {
 				t.Fatal(err)
 			}
 			second := make(chan *Slot, 1)
 			go func() {
-				if s, err := l.Acquire(context.Background(), 1); err == nil {
+				if s, err := l.acquire(context.Background(), 1, High); err == nil {
 					second <- s
 				}
 			}()
@@ -347,10 +347,10 @@ func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 				t.Errorf("%+v: the second request went before the first answer: %v, want %v", tc.lim, went, !tc.probe)
 			}
 			first.Report(Report{Status: 200, Verdict: Accepted})
-			first.Release()
+			first.release()
 			s := <-second
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		})
 	}
 }
@@ -361,10 +361,10 @@ func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 // cadence.
 func TestConfiguredRPMGivesNoBurstAfterAnIdleSpell(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 600}).Get(ckey)
-		s, _ := l.Acquire(context.Background(), 1)
+		l := configuredTable(Limits{RPM: 600}).laneFor(ckey)
+		s, _ := l.acquire(context.Background(), 1, High)
 		s.Report(Report{Status: 200, Verdict: Accepted})
-		s.Release()
+		s.release()
 		time.Sleep(500 * time.Millisecond)
 		starts, _ := runStarts(t, l, 5, 10*time.Millisecond, nil)
 		if g := minGap(starts); g < 100*time.Millisecond {
@@ -377,20 +377,20 @@ func TestConfiguredRPMGivesNoBurstAfterAnIdleSpell(t *testing.T) {
 // a 50-token request waits for the 30 missing (0.3 s at 100 a second).
 func TestConfiguredTPMWaitsForWhatIsMissing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{TPM: 6000}).Get(ckey)
+		l := configuredTable(Limits{TPM: 6000}).laneFor(ckey)
 		for range 2 { // the full bucket: 100 tokens
-			s, _ := l.Acquire(context.Background(), 50)
+			s, _ := l.acquire(context.Background(), 50, High)
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		}
 		time.Sleep(200 * time.Millisecond) // 20 back
 		begin := time.Now()
-		s, _ := l.Acquire(context.Background(), 50)
+		s, _ := l.acquire(context.Background(), 50, High)
 		if w := time.Since(begin); w != 300*time.Millisecond {
 			t.Errorf("waited %v, want 300ms for the 30 tokens missing", w)
 		}
 		s.Report(Report{Status: 200, Verdict: Accepted})
-		s.Release()
+		s.release()
 	})
 }
 
@@ -398,12 +398,12 @@ func TestConfiguredTPMWaitsForWhatIsMissing(t *testing.T) {
 // grows like a request start.
 func TestConfiguredTPMStartGrows(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{TPM: 6000, Start: true}).Get(ckey)
+		l := configuredTable(Limits{TPM: 6000, Start: true}).laneFor(ckey)
 		begin := time.Now()
 		for range 20 {
-			s, _ := l.Acquire(context.Background(), 50)
+			s, _ := l.acquire(context.Background(), 50, High)
 			s.Report(Report{Status: 200, Verdict: Accepted})
-			s.Release()
+			s.release()
 		}
 		// At 100 tokens a second, 20 × 50 tokens take 9 s past the first
 		// second's 100; grown by a quarter each second held, far less.

@@ -58,7 +58,7 @@ func newModel(t *testing.T) *model {
 }
 
 func (m *model) get(k Key) *Lane {
-	l := m.tb.Get(k)
+	l := m.tb.laneFor(k)
 	m.lanes[l] = true
 	return l
 }
@@ -69,7 +69,7 @@ func (m *model) acquire(k Key) {
 	req := &modelReq{lane: l, ctx: ctx, cancel: cancel}
 	p := &pending{req: req, done: make(chan error, 1), slot: make(chan *Slot, 1)}
 	go func() {
-		s, err := l.Acquire(ctx, 1)
+		s, err := l.acquire(ctx, 1, High)
 		p.slot <- s
 		p.done <- err
 	}()
@@ -269,7 +269,7 @@ func (m *model) run(ops []byte) {
 				} else {
 					r, m.idle = m.idle[j-len(m.held)], remove(m.idle, j-len(m.held))
 				}
-				r.slot.Release()
+				r.slot.release()
 				r.cancel()
 			}
 		case 6:
@@ -296,7 +296,7 @@ func (m *model) run(ops []byte) {
 		m.settle()
 	}
 	for _, r := range append(m.held, m.idle...) {
-		r.slot.Release()
+		r.slot.release()
 		r.cancel()
 	}
 	m.held, m.idle = nil, nil

@@ -44,7 +44,7 @@ func observedTable(fc *clock.Fake, cfg Config) (*Table, *changeLog) {
 func TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 4})
-	l := tb.Get(Key{Path: "/v1/chat/completions", Model: "m"})
+	l := tb.laneFor(Key{Path: "/v1/chat/completions", Model: "m"})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{Requests: win(600, 599, at(100*time.Millisecond))})
 	got := log.take()
@@ -62,7 +62,7 @@ func TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove(t *testing.T) {
 	if got := log.take(); len(got) != 1 || got[0].Kind != LimitsChanged || got[0].View.Requests.Limit != 1200 {
 		t.Fatalf("a doubled window reported %+v", got)
 	}
-	s.Release()
+	s.release()
 }
 
 // TestPauseIsReportedWhenItStartsNotWhenItGrows: a refusal that pauses the
@@ -71,7 +71,7 @@ func TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove(t *testing.T) {
 func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 4})
-	l := tb.Get(Key{Path: "/p"})
+	l := tb.laneFor(Key{Path: "/p"})
 	pastProbe(l)
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s2 := mustGet(t, acquireAsync(context.Background(), l))
@@ -82,7 +82,7 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	}
 	fc.Advance(time.Second)
 	report(s2, Report{Status: 503, Verdict: Overloaded, PauseUntil: at(4 * time.Second)})
-	s2.Release()
+	s2.release()
 	if again := log.takeKind(Paused); len(again) != 0 {
 		t.Fatalf("an extended pause was reported as new: %+v", again)
 	}
@@ -100,7 +100,7 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	if st := l.State(); st.Pauses["overloaded"] != 1 || !near(st.PausedSeconds["overloaded"], 3) {
 		t.Fatalf("after a second pause: %v %v", st.Pauses, st.PausedSeconds)
 	}
-	s.Release()
+	s.release()
 }
 
 // TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond: slow start
@@ -110,7 +110,7 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 2})
-	l := tb.Get(Key{Path: "/c"})
+	l := tb.laneFor(Key{Path: "/c"})
 	pastProbe(l)
 	a := mustGet(t, acquireAsync(context.Background(), l))
 	b := mustGet(t, acquireAsync(context.Background(), l))
@@ -143,8 +143,8 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != now || got[0].View.Concurrency >= now || got[0].Verdict != ConcurrencyRefused {
 		t.Fatalf("a refusal reported %+v, want a fall from %d at once", got, now)
 	}
-	a.Release()
-	b.Release()
+	a.release()
+	b.release()
 }
 
 // TestEvictionIsReportedWithWhy: a sweep drops an idle lane ("idle"), a
@@ -153,9 +153,9 @@ func TestEvictionIsReportedWithWhy(t *testing.T) {
 	fc := clock.NewFake(t0)
 	log := &changeLog{}
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, MaxLanes: 2, IdleTTL: time.Minute, OnChange: log.add})
-	a := tb.Get(Key{Path: "/a"})
-	tb.Get(Key{Path: "/b"})
-	tb.Get(Key{Path: "/c"}) // /a goes: the table holds two
+	a := tb.laneFor(Key{Path: "/a"})
+	tb.laneFor(Key{Path: "/b"})
+	tb.laneFor(Key{Path: "/c"}) // /a goes: the table holds two
 	got := log.take()
 	if len(got) != 1 || got[0].Kind != Evicted || got[0].Lane != a || got[0].Reason != "table_full" {
 		t.Fatalf("full table: %+v", got)
@@ -177,10 +177,10 @@ func TestHistoryCountsAnswersAnd429sPerBucket(t *testing.T) {
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	refuse(s, 0)
 	accept(s, headerparse.Limits{})
-	l.CountAnswer(200, "ok")
+	l.countAnswer(200, "ok")
 	fc.Advance(historyBucket)
-	l.CountAnswer(200, "ok")
-	l.CountAnswer(502, "proxy_error")
+	l.countAnswer(200, "ok")
+	l.countAnswer(502, "proxy_error")
 	h := l.StateWithHistory().History
 	n := len(h.Answers)
 	if n != historyBuckets || len(h.Upstream429) != n || h.BucketSeconds != 5 {
@@ -206,16 +206,16 @@ func TestHistoryCountsAnswersAnd429sPerBucket(t *testing.T) {
 	if l.State().History != nil {
 		t.Fatal("State carries the history")
 	}
-	s.Release()
+	s.release()
 }
 
 // TestOutcomesAreCountedWithTheirStatus: State shows answers by status and
 // by outcome, and AnswerCounts by both.
 func TestOutcomesAreCountedWithTheirStatus(t *testing.T) {
 	l := newLane(Key{Path: "/o"}, Config{})
-	l.CountAnswer(200, "ok")
-	l.CountAnswer(200, "upstream_cut")
-	l.CountAnswer(0, "client_gone")
+	l.countAnswer(200, "ok")
+	l.countAnswer(200, "upstream_cut")
+	l.countAnswer(0, "client_gone")
 	st := l.State()
 	if st.Answers[200] != 2 || st.Answers[0] != 1 || st.Outcomes["ok"] != 1 || st.Outcomes["upstream_cut"] != 1 ||
 		st.AnswerCounts[AnswerKey{200, "upstream_cut"}] != 1 || len(st.AnswerCounts) != 3 {
@@ -258,8 +258,8 @@ func TestDrainEstimate(t *testing.T) {
 func TestStateShowsTheGroupsQueueAndDrain(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb := NewTable(TableConfig{Lane: Config{Concurrency: 1, Clock: fc}})
-	a := tb.Get(Key{Path: "/v1/chat/completions", Model: "m", CredentialHash: "k"})
-	b := tb.Get(Key{Path: "/v1/responses", Model: "m", CredentialHash: "k"}) // same limit
+	a := tb.laneFor(Key{Path: "/v1/chat/completions", Model: "m", CredentialHash: "k"})
+	b := tb.laneFor(Key{Path: "/v1/responses", Model: "m", CredentialHash: "k"}) // same limit
 	s := mustGet(t, acquireAsync(context.Background(), a))
 	accept(s, headerparse.Limits{Requests: win(60, 0, at(time.Minute))}) // 1 a second, none left
 	ctx, cancel := context.WithCancel(context.Background())
@@ -275,7 +275,7 @@ func TestStateShowsTheGroupsQueueAndDrain(t *testing.T) {
 			t.Fatalf("lane %s: group queued %d, drain %v; want 3, and 3 s at 1 a second", st.Path, st.GroupQueued, st.DrainSeconds)
 		}
 	}
-	s.Release()
+	s.release()
 }
 
 // TestWaitPastTheDeadlineIsRefusedAtOnce: once the group knows it cannot
@@ -296,7 +296,7 @@ func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
 	waitQueued(t, l, 2)
 	// 1 request a minute, none left: the next slot is a minute away.
 	accept(s, headerparse.Limits{Requests: win(1, 0, at(time.Minute))})
-	s.Release()
+	s.release()
 	r := <-queued
 	var we *WaitError
 	if !errors.As(r.err, &we) || !we.At.Equal(at(time.Minute)) || we.Paused || !errors.Is(r.err, ErrBudgetExceeded) {
@@ -308,7 +308,7 @@ func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
 	// A new one with a short deadline is refused in Acquire.
 	short2, cancel2 := context.WithDeadline(context.Background(), at(5*time.Second))
 	defer cancel2()
-	if _, err := l.Acquire(short2, 1); !errors.As(err, &we) || !we.At.Equal(at(time.Minute)) {
+	if _, err := l.acquire(short2, 1, High); !errors.As(err, &we) || !we.At.Equal(at(time.Minute)) {
 		t.Fatalf("a new waiter: %v", err)
 	}
 	stopPatient()
@@ -317,7 +317,7 @@ func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
 	}
 	// A pause past the deadline.
 	pause(l, at(2*time.Minute))
-	if _, err := l.Acquire(short2, 1); !errors.As(err, &we) || !we.Paused || !we.At.Equal(at(2*time.Minute)) {
+	if _, err := l.acquire(short2, 1, High); !errors.As(err, &we) || !we.Paused || !we.At.Equal(at(2*time.Minute)) {
 		t.Fatalf("paused: %v", err)
 	}
 }

@@ -23,7 +23,7 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 func acquireCostAsync(ctx context.Context, l *Lane, cost int64) <-chan result {
 	ch := make(chan result, 1)
 	go func() {
-		s, err := l.Acquire(ctx, cost)
+		s, err := l.acquire(ctx, cost, High)
 		ch <- result{s, err}
 	}()
 	return ch
@@ -405,7 +405,7 @@ func observedLane(t *testing.T, conc int, cost int64, lim headerparse.Limits) (*
 	l, fc := testLane(conc, 1000)
 	s := mustGet(t, acquireCostAsync(context.Background(), l, cost))
 	accept(s, lim)
-	s.Release()
+	s.release()
 	return l, fc
 }
 
@@ -447,7 +447,7 @@ func TestLanePacesQueuedRequestsAtLearnedRate(t *testing.T) {
 		t.Fatalf("granted %d, want all %d", total, n)
 	}
 	for _, ch := range chans {
-		mustGet(t, ch).Release()
+		mustGet(t, ch).release()
 	}
 }
 
@@ -499,7 +499,7 @@ func TestLaneRequestAndTokenWindowsHaveSeparateClocks(t *testing.T) {
 			if w := s.queueWait(); w != tt.goAt {
 				t.Fatalf("queue wait = %v, want %v", w, tt.goAt)
 			}
-			s.Release()
+			s.release()
 		})
 	}
 }
@@ -533,9 +533,9 @@ func TestLaneExhaustedWithoutResetWaitsForAnswer(t *testing.T) {
 	}
 	accept(probe, headerparse.Limits{Requests: win(100, 50, time.Time{})})
 	b := mustGet(t, ch)
-	a.Release()
-	probe.Release()
-	b.Release()
+	a.release()
+	probe.release()
+	b.release()
 }
 
 // TestLaneNotHeldByAnswersAlreadyIn: requests still streaming after their
@@ -550,9 +550,9 @@ func TestLaneNotHeldByAnswersAlreadyIn(t *testing.T) {
 		streaming = append(streaming, s)
 	}
 	// Both answered, both still in flight: the next request may go.
-	mustGet(t, acquireAsync(context.Background(), l)).Release()
+	mustGet(t, acquireAsync(context.Background(), l)).release()
 	for _, s := range streaming {
-		s.Release()
+		s.release()
 	}
 }
 

@@ -21,7 +21,7 @@ func refusedLane(t *testing.T, hint time.Duration) (*Lane, *Slot) {
 
 func TestRefusalHintBecomesAPace(t *testing.T) {
 	l, s := refusedLane(t, 50*time.Millisecond)
-	defer s.Release()
+	defer s.release()
 	if st := l.State(); !near(st.AdmittedRate, 20) || st.RateFrom != "hint" || !near(st.RequestsPerSecond, 20*cruiseShare) {
 		t.Fatalf("learned %v req/s from %q, pace %v, from a 50ms hint; want 20 from the hint, paced at %v",
 			st.AdmittedRate, st.RateFrom, st.RequestsPerSecond, 20*cruiseShare)
@@ -36,7 +36,7 @@ func TestRefusalHintBecomesAPace(t *testing.T) {
 	for i, ch := range chans {
 		mustBlock(t, ch)
 		fc.Advance(52 * time.Millisecond)
-		mustGet(t, ch).Release()
+		mustGet(t, ch).release()
 		if q := l.State().Queued; q != len(chans)-i-1 {
 			t.Fatalf("after %d steps %d queued, want %d", i+1, q, len(chans)-i-1)
 		}
@@ -47,7 +47,7 @@ func TestHeadersReplaceAPaceLearnedFromRefusals(t *testing.T) {
 	l, s := refusedLane(t, 50*time.Millisecond)
 	l.g.clock.(interface{ Advance(time.Duration) }).Advance(60 * time.Millisecond)
 	accept(s, headerparse.Limits{Requests: win(100, 99, at(10*time.Millisecond))})
-	s.Release()
+	s.release()
 	if st := l.State(); st.RequestsLimit != 100 {
 		t.Fatalf("limit %v after real headers, want 100", st.RequestsLimit)
 	}
@@ -57,5 +57,5 @@ func TestHeadersReplaceAPaceLearnedFromRefusals(t *testing.T) {
 	if st := l.State(); st.RequestsLimit != 100 {
 		t.Fatalf("a refusal replaced header-learned limits: %+v", st)
 	}
-	s2.Release()
+	s2.release()
 }

@@ -88,7 +88,7 @@ type Report struct {
 
 // Report tells the lane what the answer to the slot's latest dispatch said.
 // Call it once per attempt, as soon as the answer's status and headers are
-// in (or the attempt failed without one), before WaitRetry or Release.
+// in (or the attempt failed without one), before WaitRetry or Done.
 //
 // It reports whether the group holds the retry: it is paused until
 // r.PauseUntil or later, or it learned that the number in flight is the
@@ -159,10 +159,10 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// CountAnswer counts one request of the lane by the status the client got
+// countAnswer counts one request of the lane by the status the client got
 // (0: none was sent) and its outcome. A lane that has left the table
 // counts too, where nobody sees it.
-func (l *Lane) CountAnswer(status int, outcome Outcome) {
+func (l *Lane) countAnswer(status int, outcome Outcome) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
 	l.stats.countAnswer(status, outcome, l.g.clock.Now())

@@ -29,9 +29,9 @@ func TestRefusalIsLearnedBeforeTheQueueMoves(t *testing.T) {
 	}
 	fc.Set(at(time.Second))
 	for _, ch := range chans {
-		mustGet(t, ch).Release()
+		mustGet(t, ch).release()
 	}
-	first.Release()
+	first.release()
 }
 
 // TestRefusalWithRoomCorrectsAnOverstatedWindow: headers state a
@@ -62,7 +62,7 @@ func TestRefusalWithRoomCorrectsAnOverstatedWindow(t *testing.T) {
 	if st := l.State(); st.RequestsLimit != 20 || st.RequestsPerSecond > 21 {
 		t.Fatalf("a later answer undid the correction: %+v", st)
 	}
-	s.Release()
+	s.release()
 }
 
 // TestMoreRoomShownLiftsACorrection: a correction is evidence, not a
@@ -115,7 +115,7 @@ func TestRateRefusalAtTheLearnedRateSlowsOnlyThePace(t *testing.T) {
 	lim := headerparse.Limits{Requests: win(10, 10, at(time.Second))}
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, lim)
-	s.Release()
+	s.release()
 	slots := acquireN(t, l, 9)
 	fc.Advance(100 * time.Millisecond)
 	refuse(slots[8], 100*time.Millisecond)
@@ -133,13 +133,13 @@ func TestCancelledWaitersOfAnEvictedLaneFreeItsGroup(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb := NewTable(TableConfig{MaxLanes: 1, Lane: Config{Clock: fc}})
 	k := Key{CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "m"}
-	l := tb.Get(k)
+	l := tb.laneFor(k)
 	pastProbe(l)
 	pause(l, at(time.Hour)) // nothing goes: the requests only wait
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := acquireAsync(ctx, l)
 	waitQueued(t, l, 1)
-	tb.Get(Key{CredentialHash: HashCredential("sk-b"), Path: "/x"}) // evicts l
+	tb.laneFor(Key{CredentialHash: HashCredential("sk-b"), Path: "/x"}) // evicts l
 	if n := tb.groupCount(); n != 2 {
 		t.Fatalf("%d groups while l's waiter is queued, want 2", n)
 	}
@@ -148,7 +148,7 @@ func TestCancelledWaitersOfAnEvictedLaneFreeItsGroup(t *testing.T) {
 	if n := tb.groupCount(); n != 1 {
 		t.Fatalf("%d groups after the waiter left, want 1", n)
 	}
-	if again := tb.Get(k); again.g == l.g || !again.State().PausedUntil.IsZero() {
+	if again := tb.laneFor(k); again.g == l.g || !again.State().PausedUntil.IsZero() {
 		t.Fatal("a new lane for the key inherited the dead lane's group")
 	}
 }
@@ -163,8 +163,8 @@ func TestCountersLiveInTheLane(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Report(Report{Status: 200, Verdict: Accepted})
-	s.Release()
-	l.CountAnswer(200, "ok")
+	s.release()
+	l.countAnswer(200, "ok")
 	st := l.State()
 	if st.Attempts[429] != 1 || st.Attempts[200] != 1 || st.Answers[200] != 1 || st.Absorbed429 != 1 || st.Retries != 1 {
 		t.Fatalf("counters: %+v", st)
@@ -272,7 +272,7 @@ func TestHonestHeadersOfASharedKeyAreNotCorrected(t *testing.T) {
 	for range 4 {
 		s := mustGet(t, acquireAsync(context.Background(), l))
 		accept(s, honest(100))
-		s.Release()
+		s.release()
 		fc.Advance(500 * time.Millisecond)
 	}
 	if st := l.State(); st.Corrected || st.RequestsPerSecond < 9 {
@@ -357,5 +357,5 @@ func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 	if n := l.State().Throttled; n != 1 {
 		t.Fatalf("throttled = %d after an overload, want 1", n)
 	}
-	s.Release()
+	s.release()
 }

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -16,7 +17,11 @@ type TableConfig struct {
 	RouteLimits map[string]Limits
 	// Cap, when set, is one concurrency cap over every group of the
 	// table (see Cap).
-	Cap      *Cap
+	Cap *Cap
+	// Gates are the model gates of the routes to a local server, by route
+	// name: Acquire waits for the request's model's turn before the
+	// lane's queue.
+	Gates    map[string]*ModelGate
 	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
 	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
@@ -103,8 +108,8 @@ func (t *Table) forgotten(g *group) {
 	}
 }
 
-// Get returns the lane for key, creating it when needed.
-func (t *Table) Get(key Key) *Lane {
+// laneFor returns the lane for key, creating it when needed.
+func (t *Table) laneFor(key Key) *Lane {
 	id := key.ID()
 	t.mu.Lock()
 	now := t.cfg.Lane.Clock.Now()
@@ -134,6 +139,42 @@ func (t *Table) Get(key Key) *Lane {
 	t.mu.Unlock()
 	t.notify(evicted)
 	return l
+}
+
+// Request is what Acquire needs of a request: the parts of its lane's key
+// and its estimated cost and priority.
+type Request struct {
+	Route      string // "" for the default upstream
+	Credential string // as sent ("" for none): hashed at once, never kept
+	Path       string
+	Model      string
+	Cost       int64 // estimated tokens
+	Priority   Priority
+}
+
+// Acquire queues r in its lane (made when needed), after its route's model
+// gate when it has one, and waits for its turn (see Lane's acquire for the
+// errors). The Slot it returns is never nil: when err is not nil it holds
+// nothing, and its Done counts the refused request on the lane.
+func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
+	key := NewKey(r.Route, r.Credential, r.Path, r.Model)
+	l := t.laneFor(key)
+	var leave func()
+	if gate := t.cfg.Gates[key.Route]; gate != nil {
+		var err error
+		if leave, err = gate.Enter(ctx, key.Model); err != nil {
+			return &Slot{lane: l, phase: phaseDone}, err
+		}
+	}
+	s, err := l.acquire(ctx, r.Cost, r.Priority)
+	if err != nil {
+		if leave != nil {
+			leave()
+		}
+		return &Slot{lane: l, phase: phaseDone}, err
+	}
+	s.leave = leave
+	return s, nil
 }
 
 // lookup returns the lane with this ID, if the table has it.
@@ -211,7 +252,7 @@ func (t *Table) states(state func(*Lane) State) []State {
 }
 
 // sweep drops lanes unused for IdleTTL or longer now, without waiting for
-// the next Get.
+// the next laneFor.
 func (t *Table) sweep() {
 	t.mu.Lock()
 	t.lastSweep = time.Time{}
@@ -222,7 +263,7 @@ func (t *Table) sweep() {
 }
 
 // sweepLocked removes idle lanes whose last use is older than the TTL. It
-// runs at most every TTL/8 so Get stays O(1) on average. Lanes are visited
+// runs at most every TTL/8 so laneFor stays O(1) on average. Lanes are visited
 // oldest first and the walk stops at the first one used recently. Requires
 // t.mu held.
 func (t *Table) sweepLocked(now time.Time) {

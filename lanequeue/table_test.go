@@ -15,13 +15,13 @@ import (
 func TestTableReturnsSameLaneForSameKey(t *testing.T) {
 	tb := NewTable(TableConfig{})
 	k := Key{Route: "", CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "gpt"}
-	first, second := tb.Get(k), tb.Get(k)
+	first, second := tb.laneFor(k), tb.laneFor(k)
 	if first != second {
 		t.Fatal("two lanes for one key")
 	}
 	k2 := k
 	k2.Model = "other"
-	if tb.Get(k) == tb.Get(k2) {
+	if tb.laneFor(k) == tb.laneFor(k2) {
 		t.Fatal("one lane for two models")
 	}
 	if tb.laneCount() != 2 {
@@ -33,9 +33,9 @@ func TestTableEvictsIdleLanesOnly(t *testing.T) {
 	fc := clock.NewFake(t0)
 	var evicted []string
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, onEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
-	idle := tb.Get(Key{Path: "/idle"})
-	busy := tb.Get(Key{Path: "/busy"})
-	s, err := busy.Acquire(context.Background(), 1)
+	idle := tb.laneFor(Key{Path: "/idle"})
+	busy := tb.laneFor(Key{Path: "/busy"})
+	s, err := busy.acquire(context.Background(), 1, High)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestTableEvictsIdleLanesOnly(t *testing.T) {
 	if _, ok := tb.lookup(busy.ID()); !ok {
 		t.Fatal("busy lane was evicted")
 	}
-	s.Release()
+	s.release()
 	fc.Advance(2 * time.Minute)
 	tb.sweep()
 	if tb.laneCount() != 0 || len(evicted) != 2 {
@@ -60,7 +60,7 @@ func TestTableBoundedByMaxLanes(t *testing.T) {
 	var n int
 	tb := NewTable(TableConfig{MaxLanes: 3, onEvict: func(*Lane) { n++ }})
 	for i := 0; i < 10; i++ {
-		tb.Get(Key{Path: string(rune('a' + i))})
+		tb.laneFor(Key{Path: string(rune('a' + i))})
 	}
 	if tb.laneCount() != 3 || n != 7 {
 		t.Fatalf("len = %d, evicted = %d", tb.laneCount(), n)
@@ -92,9 +92,9 @@ func TestGetAfterIdleTTLKeepsTheLaneItReturns(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute})
 	k := Key{Path: "/p"}
-	first := tb.Get(k)
+	first := tb.laneFor(k)
 	fc.Advance(2 * time.Minute)
-	again := tb.Get(k)
+	again := tb.laneFor(k)
 	held, _ := tb.lookup(again.ID())
 	if again != first || held != again || tb.laneCount() != 1 {
 		t.Fatalf("Get returned a lane the table no longer holds (same=%v held=%v len=%d)", again == first, held == again, tb.laneCount())
@@ -105,19 +105,19 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
 	cred := HashCredential("sk-shared")
-	chat := tb.Get(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt"})
-	resp := tb.Get(Key{CredentialHash: cred, Path: "/v1/responses", Model: "gpt"})
-	other := tb.Get(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "other-model"})
+	chat := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt"})
+	resp := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/responses", Model: "gpt"})
+	other := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "other-model"})
 	if chat.g != resp.g || chat.g == other.g {
 		t.Fatal("limit groups: want chat and responses of one model to share, another model not")
 	}
 	// Chat learns that one request is left in a window that resets in 10s.
-	s, err := chat.Acquire(context.Background(), 1)
+	s, err := chat.acquire(context.Background(), 1, High)
 	if err != nil {
 		t.Fatal(err)
 	}
 	accept(s, headerparse.Limits{Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: t0.Add(10 * time.Second)}})
-	s.Release()
+	s.release()
 	pastProbe(other)
 	// The responses lane may send that one, not more.
 	ctx, cancel := context.WithCancel(context.Background())
@@ -126,8 +126,8 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	second := acquireAsync(ctx, resp)
 	mustBlock(t, second)
 	// Another model's lane is not held back.
-	mustGet(t, acquireAsync(ctx, other)).Release()
-	first.Release()
+	mustGet(t, acquireAsync(ctx, other)).release()
+	first.release()
 	cancel()
 	<-second
 	// Evicting every lane of a group drops the group.
@@ -144,8 +144,8 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 func TestLimitGroupWithoutModelIsPerPath(t *testing.T) {
 	tb := NewTable(TableConfig{})
 	cred := HashCredential("sk-azure")
-	a := tb.Get(Key{CredentialHash: cred, Path: "/openai/deployments/a/chat/completions"})
-	b := tb.Get(Key{CredentialHash: cred, Path: "/openai/deployments/b/chat/completions"})
+	a := tb.laneFor(Key{CredentialHash: cred, Path: "/openai/deployments/a/chat/completions"})
+	b := tb.laneFor(Key{CredentialHash: cred, Path: "/openai/deployments/b/chat/completions"})
 	if a.g == b.g {
 		t.Fatal("two model-less paths share one budget")
 	}
@@ -155,20 +155,20 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	tb := NewTable(TableConfig{MaxLanes: 1})
 	cred := HashCredential("sk-busy")
 	chat := Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "m"}
-	busy := tb.Get(chat)
+	busy := tb.laneFor(chat)
 	pastProbe(busy)
-	s, err := busy.Acquire(context.Background(), 1)
+	s, err := busy.acquire(context.Background(), 1, High)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Another key pushes the busy lane out of the one-lane table.
-	tb.Get(Key{CredentialHash: HashCredential("sk-other"), Path: "/x", Model: "m"})
-	again := tb.Get(chat)
+	tb.laneFor(Key{CredentialHash: HashCredential("sk-other"), Path: "/x", Model: "m"})
+	again := tb.laneFor(chat)
 	if again == busy || again.g != busy.g {
 		t.Fatal("a new lane for the busy lane's key must share its budget while the old one still serves")
 	}
-	s.Release()
-	tb.Get(Key{CredentialHash: HashCredential("sk-third"), Path: "/y", Model: "m"}) // evicts `again` (idle)
+	s.release()
+	tb.laneFor(Key{CredentialHash: HashCredential("sk-third"), Path: "/y", Model: "m"}) // evicts `again` (idle)
 	tb.mu.Lock()
 	_, kept := tb.groups[chat.LimitGroup()]
 	tb.mu.Unlock()
@@ -197,17 +197,17 @@ func TestBusiestPagesTheLanes(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
 	for i := range 5 {
-		tb.Get(Key{Path: fmt.Sprint("/", i)})
+		tb.laneFor(Key{Path: fmt.Sprint("/", i)})
 		fc.Advance(time.Second)
 	}
-	busy := tb.Get(Key{Path: "/0"})
+	busy := tb.laneFor(Key{Path: "/0"})
 	fc.Advance(time.Second)
-	tb.Get(Key{Path: "/4"}) // most recently used of the idle ones
-	s, err := busy.Acquire(context.Background(), 1)
+	tb.laneFor(Key{Path: "/4"}) // most recently used of the idle ones
+	s, err := busy.acquire(context.Background(), 1, High)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Release()
+	defer s.release()
 	got, total := tb.Busiest(2, true)
 	if total != 5 || len(got) != 2 || got[0].Path != "/0" || got[1].Path != "/4" || got[0].History == nil {
 		t.Fatalf("Busiest(2): %d of %d: %+v", len(got), total, got)
@@ -236,12 +236,12 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 		variants[name] = k
 	}
 	tb := NewTable(TableConfig{})
-	baseLane := tb.Get(base)
+	baseLane := tb.laneFor(base)
 	for name, k := range variants {
 		if k.ID() == base.ID() {
 			t.Errorf("%s: the same lane ID %s", name, k.ID())
 		}
-		if tb.Get(k) == baseLane {
+		if tb.laneFor(k) == baseLane {
 			t.Errorf("%s: the same lane", name)
 		}
 		if sameGroup := k.LimitGroup() == base.LimitGroup(); sameGroup != (name == "path") {
@@ -286,12 +286,12 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 			return NewMemory(cfg)
 		}})
 	slowKey := Key{CredentialHash: HashCredential("slow"), Path: "/v1/chat/completions"}
-	slow := tb.Get(slowKey)
+	slow := tb.laneFor(slowKey)
 	stuck := make(chan error, 1)
 	go func() {
-		s, err := slow.Acquire(context.Background(), 1)
+		s, err := slow.acquire(context.Background(), 1, High)
 		if err == nil {
-			s.Release()
+			s.release()
 		}
 		stuck <- err
 	}()
@@ -299,17 +299,17 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 
 	done := make(chan string, 1)
 	go func() {
-		if tb.Get(slowKey) != slow {
+		if tb.laneFor(slowKey) != slow {
 			done <- "a second lane for the slow key"
 			return
 		}
-		fast := tb.Get(Key{CredentialHash: HashCredential("fast"), Path: "/v1/chat/completions"})
-		s, err := fast.Acquire(context.Background(), 1)
+		fast := tb.laneFor(Key{CredentialHash: HashCredential("fast"), Path: "/v1/chat/completions"})
+		s, err := fast.acquire(context.Background(), 1, High)
 		if err != nil {
 			done <- err.Error()
 			return
 		}
-		s.Release()
+		s.release()
 		fc.Advance(2 * time.Minute) // every lane is stale: the sweep visits the slow one
 		tb.sweep()
 		done <- ""
@@ -340,8 +340,8 @@ func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
 	fc := clock.NewFake(t0)
 	var evicted []string
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute, onEvict: func(l *Lane) { evicted = append(evicted, l.Key().Path) }})
-	l := tb.Get(Key{Path: "/v1/realtime"})
-	closed := l.OpenSession()
+	l := tb.laneFor(Key{Path: "/v1/realtime"})
+	closed := l.openSession()
 	if got := l.State().Sessions; got != 1 {
 		t.Fatalf("sessions in the state: %d, want 1", got)
 	}
@@ -379,7 +379,7 @@ func TestZeroConfigTakesTheDocumentedDefaults(t *testing.T) {
 	s := acquireN(t, l, 1)[0]
 	refuseConc(s)
 	wantLimit(t, l, 1)
-	s.Release()
+	s.release()
 }
 
 // TestGetSweepsEveryEighthOfTheTTLAndDropsLanesUnusedThatLong: a Get an
@@ -389,14 +389,14 @@ func TestGetSweepsEveryEighthOfTheTTLAndDropsLanesUnusedThatLong(t *testing.T) {
 	fc := clock.NewFake(t0)
 	const ttl = 80 * time.Second
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: ttl})
-	a := tb.Get(Key{Path: "/a"}) // sweeps at t0
+	a := tb.laneFor(Key{Path: "/a"}) // sweeps at t0
 	fc.Set(at(ttl - ttl/8))
-	tb.Get(Key{Path: "/b"}) // sweeps; /a is not stale yet
+	tb.laneFor(Key{Path: "/b"}) // sweeps; /a is not stale yet
 	if _, ok := tb.lookup(a.ID()); !ok {
 		t.Fatal("/a dropped before its TTL")
 	}
 	fc.Set(at(ttl))
-	tb.Get(Key{Path: "/b"}) // an eighth of the TTL since the last sweep
+	tb.laneFor(Key{Path: "/b"}) // an eighth of the TTL since the last sweep
 	if _, ok := tb.lookup(a.ID()); ok || tb.laneCount() != 1 {
 		t.Fatalf("/a unused for the whole TTL is still there (%d lanes)", tb.laneCount())
 	}

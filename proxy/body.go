@@ -1,16 +1,13 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -230,131 +227,4 @@ func removeSpools(dir string) int {
 		}
 	}
 	return n
-}
-
-// modelOfSpool reads the top-level "model" of a spooled JSON body, ""
-// when there is none, without holding the body: every other value is
-// skipped as it is read. The key matches as modelOf's does (escapes
-// decoded, in any case); the first one counts.
-func modelOfSpool(r io.Reader) string {
-	br := bufio.NewReaderSize(r, 16<<10)
-	if c, ok := nextByte(br); !ok || c != '{' {
-		return ""
-	}
-	for {
-		c, ok := nextByte(br)
-		if !ok || c != '"' {
-			return "" // '}' or not JSON
-		}
-		key, ok := readString(br, 64)
-		if !ok {
-			return ""
-		}
-		if c, ok = nextByte(br); !ok || c != ':' {
-			return ""
-		}
-		var name string
-		if key != "" && json.Unmarshal([]byte(key), &name) == nil && strings.EqualFold(name, "model") {
-			if c, ok = nextByte(br); !ok || c != '"' {
-				return ""
-			}
-			raw, ok := readString(br, 1024)
-			var model string
-			if !ok || json.Unmarshal([]byte(raw), &model) != nil {
-				return ""
-			}
-			return model
-		}
-		if !skipValue(br) {
-			return ""
-		}
-		if c, ok = nextByte(br); !ok || c != ',' {
-			return ""
-		}
-	}
-}
-
-// nextByte is the next byte that is not JSON white space.
-func nextByte(br *bufio.Reader) (byte, bool) {
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return 0, false
-		}
-		if !strings.ContainsRune(" \t\r\n", rune(c)) {
-			return c, true
-		}
-	}
-}
-
-// readString reads the rest of a JSON string whose opening quote was
-// read, and returns it quoted as it came when it is at most keep bytes
-// long; a longer one is read to its end and returned as "" (ok stays
-// true: the caller only skips it).
-func readString(br *bufio.Reader, keep int) (string, bool) {
-	s := []byte{'"'}
-	escaped := false
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return "", false
-		}
-		if len(s) <= keep {
-			s = append(s, c)
-		}
-		switch {
-		case escaped:
-			escaped = false
-		case c == '\\':
-			escaped = true
-		case c == '"':
-			if len(s) > keep {
-				return "", true
-			}
-			return string(s), true
-		}
-	}
-}
-
-// skipValue reads one JSON value, of any size, and keeps none of it. It
-// leaves the byte after a number or literal unread.
-func skipValue(br *bufio.Reader) bool {
-	c, ok := nextByte(br)
-	if !ok {
-		return false
-	}
-	switch c {
-	case '"':
-		_, ok := readString(br, 0)
-		return ok
-	case '{', '[':
-		depth := 1
-		for depth > 0 {
-			c, err := br.ReadByte()
-			if err != nil {
-				return false
-			}
-			switch c {
-			case '"':
-				if _, ok := readString(br, 0); !ok {
-					return false
-				}
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-			}
-		}
-		return true
-	}
-	// A number or a literal: up to the next delimiter.
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return false
-		}
-		if strings.IndexByte(",}] \t\r\n", c) >= 0 {
-			return br.UnreadByte() == nil
-		}
-	}
 }

@@ -158,3 +158,22 @@ func (e errorReply) write(w http.ResponseWriter) {
 	w.WriteHeader(e.status)
 	_ = json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}})
 }
+
+// refuse answers a request that never got a slot, or lost it waiting.
+func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
+	if r.Context().Err() != nil {
+		req.outcome = lanequeue.OutcomeClientGone // nobody to answer
+		return
+	}
+	setLLMHeaders(w.Header(), req)
+	p.failRequest(w, req, err)
+}
+
+// setLLMHeaders adds the x-llmproxy-* headers every answer carries.
+func setLLMHeaders(h http.Header, req *request) {
+	if req.laneID != "" {
+		h.Set("X-Llmproxy-Lane", req.laneID)
+	}
+	h.Set("X-Llmproxy-Queue-Ms", strconv.FormatInt(req.queueWait.Milliseconds(), 10))
+	h.Set("X-Llmproxy-Retries", strconv.Itoa(req.retries))
+}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -51,17 +52,21 @@ func FuzzLaneKey(f *testing.F) {
 		if cred != want {
 			t.Fatalf("credential = %q, want %q", cred, want)
 		}
-		key := lanequeue.Key{Route: "r", CredentialHash: lanequeue.HashCredential(cred),
-			Path: lanequeue.Bounded(path), Model: lanequeue.Bounded(modelOf([]byte(body)))}
 		model := modelOf([]byte(body))
+		key := lanequeue.NewKey("r", cred, path, model)
 		for _, f := range [][2]string{{path, key.Path}, {model, key.Model}} {
 			if len(f[1]) > 128 || utf8.ValidString(f[0]) && !utf8.ValidString(f[1]) {
 				t.Fatalf("%q bounded to %q", f[0], f[1])
 			}
 		}
-		l := lanequeue.NewTable(lanequeue.TableConfig{}).Get(key)
-		st, _ := json.Marshal(l.State())
-		shown := l.ID() + key.String() + string(st)
+		tb := lanequeue.NewTable(lanequeue.TableConfig{})
+		slot, err := tb.Acquire(context.Background(), lanequeue.Request{Route: "r", Credential: cred, Path: path, Model: model})
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot.Done(200, lanequeue.OutcomeOK, -1)
+		st, _ := json.Marshal(tb.States())
+		shown := slot.ID() + key.String() + string(st)
 		if len(cred) >= 8 && strings.Contains(shown, cred) && !strings.Contains(path+body, cred) {
 			t.Fatalf("the credential %q shows in %q", cred, shown)
 		}

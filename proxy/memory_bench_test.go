@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -91,8 +92,12 @@ func BenchmarkMemoryPerLane(b *testing.B) {
 		tb := lanequeue.NewTable(lanequeue.TableConfig{MaxLanes: n})
 		before := heapNow()
 		for i := range n {
-			tb.Get(lanequeue.Key{Route: "anthropic", CredentialHash: lanequeue.HashCredential(fmt.Sprint("sk-", i)),
-				Path: lanequeue.Bounded("/v1/" + strings.Repeat("p", 200) + fmt.Sprint(i)), Model: lanequeue.Bounded(strings.Repeat("m", 200) + fmt.Sprint(i))})
+			slot, err := tb.Acquire(context.Background(), lanequeue.Request{Route: "anthropic", Credential: fmt.Sprint("sk-", i),
+				Path: "/v1/" + strings.Repeat("p", 200) + fmt.Sprint(i), Model: strings.Repeat("m", 200) + fmt.Sprint(i)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			slot.Done(200, lanequeue.OutcomeOK, -1)
 		}
 		after := heapNow()
 		b.ReportMetric(float64(after-before)/n, "B/lane")

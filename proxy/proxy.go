@@ -253,8 +253,8 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 }
 
 // routeLimits sets each route's settings, its model gate (a local route)
-// and the global cap on p, and returns lanes with each route's limits
-// and the cap.
+// and the global cap on p, and returns lanes with each route's limits,
+// the gates and the cap.
 func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
 	cfg := p.cfg
 	p.settings = map[string]RouteSettings{"": cfg.Default}
@@ -273,6 +273,7 @@ func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
 			p.gates[name] = lanequeue.NewModelGate(st.LocalFairness, cfg.Clock)
 		}
 	}
+	lanes.Gates = p.gates
 	if cfg.GlobalConcurrency > 0 {
 		p.global = lanequeue.NewCap(cfg.GlobalConcurrency)
 		lanes.Cap = p.global

@@ -197,7 +197,7 @@ func TestBudgetFollowsTheSDKsTimeoutWhenItIsShorter(t *testing.T) {
 		if v != "" {
 			r.Header.Set("X-Stainless-Timeout", v)
 		}
-		if got := p.budget(r, now).Sub(now); got != want {
+		if got := p.deadline(r, now).Sub(now); got != want {
 			t.Errorf("X-Stainless-Timeout %q: budget %v, want %v", v, got, want)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"mime"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -16,18 +15,10 @@ import (
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
-// setLLMHeaders adds the x-llmproxy-* headers every answer carries.
-func setLLMHeaders(h http.Header, req *request) {
-	if req.lane != nil {
-		h.Set("X-Llmproxy-Lane", req.lane.ID())
-	}
-	h.Set("X-Llmproxy-Queue-Ms", strconv.FormatInt(req.queueWait.Milliseconds(), 10))
-	h.Set("X-Llmproxy-Retries", strconv.Itoa(req.retries))
-}
-
 // respond passes the upstream's answer to the client as it arrives.
-// When slot is given, the answer's token usage settles the lane's estimate.
-func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result, slot *lanequeue.Slot) {
+// When metered, the answer's token usage is read, for the lane to settle
+// its estimate with.
+func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result, metered bool) {
 	if res.Resp == nil {
 		p.giveUp(w, req, res, "no answer")
 		return
@@ -43,7 +34,7 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	w.WriteHeader(resp.StatusCode)
 	stream := flushEachWrite(resp)
 	var meter usageMeter
-	if slot != nil && resp.StatusCode < 300 {
+	if metered && resp.StatusCode < 300 {
 		meter = newUsageMeter(stream)
 	}
 	body := io.Reader(resp.Body)
@@ -69,7 +60,7 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	}
 	if meter != nil {
 		if u, ok := meter.Usage(); ok {
-			slot.Settle(u.Total())
+			req.used = u.Total()
 		}
 	}
 }

@@ -24,23 +24,6 @@ import (
 // frame by frame, until either side closes. The frames pass as they are:
 // control frames, close codes and extensions included.
 
-// isUpgrade reports whether r asks to switch to WebSocket.
-func isUpgrade(r *http.Request) bool {
-	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") && hasToken(r.Header.Values("Connection"), "upgrade")
-}
-
-// hasToken reports whether a comma-separated header holds token.
-func hasToken(values []string, token string) bool {
-	for _, v := range values {
-		for _, t := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // Close codes the proxy sends itself (RFC 6455, 7.4.1).
 const (
 	closeGoingAway = 1001 // the proxy is shutting down
@@ -70,7 +53,7 @@ type session struct {
 // join answers the client 101 and relays frames between it and the
 // upstream until either side closes, or the proxy closes the session at
 // shutdown.
-func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result, slot *lanequeue.Slot) {
+func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result) {
 	resp := res.Resp
 	up, ok := resp.Body.(io.ReadWriteCloser)
 	if !ok || !strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
@@ -88,8 +71,7 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result, s
 	// stay on a hijacked connection: a session has none.
 	conn.SetDeadline(time.Time{})
 	// A session holds no permit: the lane's next request may go.
-	slot.Release()
-	closed := req.lane.OpenSession()
+	closed := req.slot.OpenSession()
 	defer closed()
 	req.status, req.outcome = http.StatusSwitchingProtocols, lanequeue.OutcomeOK
 

@@ -92,7 +92,7 @@ func TestSurvivorLinesNeedAReason(t *testing.T) {
 
 func TestTouchedKeepsChangedPackages(t *testing.T) {
 	// A test file changed alone has no line to mutate.
-	got := touched(corePackages, []string{"proxy/forward.go", "README.md", "lanequeue/testdata/x", "e2e/core_test.go", "tokens/usage_test.go", "backoff/backoff.go"})
+	got := touched(corePackages, []string{"proxy/serve.go", "README.md", "lanequeue/testdata/x", "e2e/core_test.go", "tokens/usage_test.go", "backoff/backoff.go"})
 	if strings.Join(got, ",") != "backoff,proxy" {
 		t.Fatalf("touched = %v", got)
 	}

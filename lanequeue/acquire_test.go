@@ -1,0 +1,112 @@
+package lanequeue
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+)
+
+// TestAcquireToDoneIsOneRequest: Table.Acquire puts a request in the lane
+// of its key (the credential hashed, never kept), Done gives the permit
+// back and counts the answer once, however often it is called, and a
+// refused Acquire still hands back a Slot whose Done counts the refusal
+// on the lane.
+func TestAcquireToDoneIsOneRequest(t *testing.T) {
+	tb := NewTable(TableConfig{Lane: Config{Concurrency: 1, MaxConcurrency: 1, MaxQueue: 1}})
+	r := Request{Route: "r", Credential: "sk-secret", Path: "/v1/chat/completions", Model: "gpt", Cost: 10}
+	key := NewKey("r", "sk-secret", "/v1/chat/completions", "gpt")
+	if key.CredentialHash != HashCredential("sk-secret") || key.CredentialHash == "sk-secret" {
+		t.Fatalf("key %+v does not hold the credential's hash", key)
+	}
+	s, err := tb.Acquire(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID() != key.ID() {
+		t.Fatalf("slot's lane %s, want the key's %s", s.ID(), key.ID())
+	}
+	queued := make(chan error, 1)
+	go func() {
+		s2, err := tb.Acquire(context.Background(), r) // waits for s's permit
+		if err == nil {
+			s2.Done(200, OutcomeOK, -1)
+		}
+		queued <- err
+	}()
+	waitFor(t, func() bool { return tb.laneFor(key).State().Queued == 1 })
+	full, err := tb.Acquire(context.Background(), r) // the queue of one is full
+	if !errors.Is(err, ErrQueueFull) || full == nil || full.ID() != key.ID() {
+		t.Fatalf("a full queue gave slot %v, err %v; want a slot of the lane and ErrQueueFull", full, err)
+	}
+	full.Done(429, OutcomeProxyError, -1)
+	s.Done(200, OutcomeOK, 12)
+	s.Done(200, OutcomeOK, 12) // twice is once
+	if err := within(t, queued, "the waiter still waits after Done: the permit did not come back"); err != nil {
+		t.Fatalf("the waiter did not get the permit Done gave back: %v", err)
+	}
+	st := tb.laneFor(key).State()
+	if st.Answers[200] != 2 || st.Answers[429] != 1 || st.InFlight != 0 {
+		t.Fatalf("answers %v, %d in flight; want two 200s, one 429 and none in flight", st.Answers, st.InFlight)
+	}
+}
+
+// TestAcquireWaitsAtTheRoutesModelGate: on a route with a model gate, a
+// request for another model than the loaded one waits until Done of the
+// loaded model's last request lets it in.
+func TestAcquireWaitsAtTheRoutesModelGate(t *testing.T) {
+	fc := clock.NewFake(t0)
+	gate := NewModelGate(time.Hour, fc)
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, Gates: map[string]*ModelGate{"local": gate}})
+	a, err := tb.Acquire(context.Background(), Request{Route: "local", Path: "/v1/chat/completions", Model: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		b, err := tb.Acquire(context.Background(), Request{Route: "local", Path: "/v1/chat/completions", Model: "b"})
+		if err == nil {
+			b.Done(200, OutcomeOK, -1)
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return gate.Stats().Waiting == 1 })
+	select {
+	case err := <-got:
+		t.Fatalf("model b went while a was loaded and busy (err %v)", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	a.Done(200, OutcomeOK, -1)
+	if err := within(t, got, "model b still waits after a's Done: a never left the gate"); err != nil {
+		t.Fatalf("model b after a's Done: %v", err)
+	}
+	if st := gate.Stats(); st.Loaded != "b" || st.InFlight != 0 {
+		t.Fatalf("gate %+v, want b loaded and nothing in flight after both Done", st)
+	}
+}
+
+// waitFor polls cond for up to five seconds.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// within is what ch gives within five seconds; it fails the test with
+// stuck when nothing comes.
+func within(t *testing.T, ch <-chan error, stuck string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(5 * time.Second):
+		t.Fatal(stuck)
+		return nil
+	}
+}

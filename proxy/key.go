@@ -1,0 +1,277 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/tokens"
+)
+
+// credential returns the first credential the request carries, in the
+// places the big providers take one: Authorization (OpenAI's Bearer, and
+// any other scheme whole), x-api-key (Anthropic), api-key (Azure OpenAI),
+// x-goog-api-key and the key query parameter (Gemini's own API). Requests
+// with different keys never share a lane.
+func credential(h http.Header, rawQuery string) string {
+	if v := h.Get("Authorization"); v != "" {
+		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+			return strings.TrimSpace(v[7:])
+		}
+		if id, ok := sigV4Credential(v); ok {
+			return id
+		}
+		return v
+	}
+	for _, k := range []string{"X-Api-Key", "Api-Key", "X-Goog-Api-Key"} {
+		if v := h.Get(k); v != "" {
+			return v
+		}
+	}
+	return queryKey(rawQuery)
+}
+
+// sigV4Credential is what names the signer of an AWS Signature Version 4
+// Authorization (Amazon Bedrock's own API): the access key ID, region and
+// service of its Credential=, never the date or the signature, which
+// change from request to request. ok is false for any other scheme, or a
+// Credential= that does not have its five parts.
+func sigV4Credential(auth string) (string, bool) {
+	const scheme = "AWS4-HMAC-SHA256 "
+	if len(auth) <= len(scheme) || !strings.EqualFold(auth[:len(scheme)], scheme) {
+		return "", false
+	}
+	for _, part := range strings.Split(auth[len(scheme):], ",") {
+		name, value, _ := strings.Cut(strings.TrimSpace(part), "=")
+		if name != "Credential" {
+			continue
+		}
+		// AKID/yyyymmdd/region/service/aws4_request
+		f := strings.Split(value, "/")
+		if len(f) != 5 || f[0] == "" || f[4] != "aws4_request" {
+			return "", false
+		}
+		return "sigv4 " + f[0] + "/" + f[2] + "/" + f[3], true
+	}
+	return "", false
+}
+
+// queryKey is the first key parameter of a raw query, unescaped when it
+// can be; a value that does not unescape is still a distinct key.
+func queryKey(rawQuery string) string {
+	for rawQuery != "" {
+		var part string
+		part, rawQuery, _ = strings.Cut(rawQuery, "&")
+		name, value, _ := strings.Cut(part, "=")
+		if name != "key" || value == "" {
+			continue
+		}
+		if v, err := url.QueryUnescape(value); err == nil {
+			return v
+		}
+		return value
+	}
+	return ""
+}
+
+// modelOf reads the top-level "model" of a JSON body, "" when there is none.
+func modelOf(body []byte) string {
+	b := bytes.TrimLeft(body, " \t\r\n")
+	if len(b) == 0 || b[0] != '{' {
+		return ""
+	}
+	var v struct {
+		Model string `json:"model"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return ""
+	}
+	return v.Model
+}
+
+// laneRequest is what the lane table needs of r (see lanequeue.Request):
+// its lane's key, its estimated cost and its priority, the route's unless
+// the client's x-llmproxy-priority says otherwise. It notes whether r is a
+// WebSocket handshake.
+func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, error) {
+	req.upgrade = isUpgrade(r)
+	prio := p.settings[req.route].Priority
+	if v := r.Header.Get(priorityHeader); v != "" {
+		var ok bool
+		if prio, ok = lanequeue.ParsePriority(strings.TrimSpace(v)); !ok {
+			return lanequeue.Request{}, fail(failBadPriority, "x-llmproxy-priority must be high or low")
+		}
+	}
+	return lanequeue.Request{
+		Route:      req.route,
+		Credential: credential(r.Header, r.URL.RawQuery),
+		Path:       req.target.Path,
+		Model:      requestModel(r, req),
+		// A spooled body is not read for its prompt (that would take it
+		// into memory): it reserves the default output, and its answer's
+		// usage settles the rest.
+		Cost:     tokens.Estimate(req.target.Path, req.body.mem),
+		Priority: prio,
+	}, nil
+}
+
+// requestModel is the model r's body names (or, for the Realtime API,
+// its query).
+func requestModel(r *http.Request, req *request) string {
+	switch {
+	case req.body.file != nil:
+		return modelOfSpool(req.body.reader())
+	case req.upgrade:
+		return r.URL.Query().Get("model")
+	}
+	return modelOf(req.body.mem)
+}
+
+// modelOfSpool reads the top-level "model" of a spooled JSON body, ""
+// when there is none, without holding the body: every other value is
+// skipped as it is read. The key matches as modelOf's does (escapes
+// decoded, in any case); the first one counts.
+func modelOfSpool(r io.Reader) string {
+	br := bufio.NewReaderSize(r, 16<<10)
+	if c, ok := nextByte(br); !ok || c != '{' {
+		return ""
+	}
+	for {
+		c, ok := nextByte(br)
+		if !ok || c != '"' {
+			return "" // '}' or not JSON
+		}
+		key, ok := readString(br, 64)
+		if !ok {
+			return ""
+		}
+		if c, ok = nextByte(br); !ok || c != ':' {
+			return ""
+		}
+		var name string
+		if key != "" && json.Unmarshal([]byte(key), &name) == nil && strings.EqualFold(name, "model") {
+			if c, ok = nextByte(br); !ok || c != '"' {
+				return ""
+			}
+			raw, ok := readString(br, 1024)
+			var model string
+			if !ok || json.Unmarshal([]byte(raw), &model) != nil {
+				return ""
+			}
+			return model
+		}
+		if !skipValue(br) {
+			return ""
+		}
+		if c, ok = nextByte(br); !ok || c != ',' {
+			return ""
+		}
+	}
+}
+
+// nextByte is the next byte that is not JSON white space.
+func nextByte(br *bufio.Reader) (byte, bool) {
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return 0, false
+		}
+		if !strings.ContainsRune(" \t\r\n", rune(c)) {
+			return c, true
+		}
+	}
+}
+
+// readString reads the rest of a JSON string whose opening quote was
+// read, and returns it quoted as it came when it is at most keep bytes
+// long; a longer one is read to its end and returned as "" (ok stays
+// true: the caller only skips it).
+func readString(br *bufio.Reader, keep int) (string, bool) {
+	s := []byte{'"'}
+	escaped := false
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return "", false
+		}
+		if len(s) <= keep {
+			s = append(s, c)
+		}
+		switch {
+		case escaped:
+			escaped = false
+		case c == '\\':
+			escaped = true
+		case c == '"':
+			if len(s) > keep {
+				return "", true
+			}
+			return string(s), true
+		}
+	}
+}
+
+// skipValue reads one JSON value, of any size, and keeps none of it. It
+// leaves the byte after a number or literal unread.
+func skipValue(br *bufio.Reader) bool {
+	c, ok := nextByte(br)
+	if !ok {
+		return false
+	}
+	switch c {
+	case '"':
+		_, ok := readString(br, 0)
+		return ok
+	case '{', '[':
+		depth := 1
+		for depth > 0 {
+			c, err := br.ReadByte()
+			if err != nil {
+				return false
+			}
+			switch c {
+			case '"':
+				if _, ok := readString(br, 0); !ok {
+					return false
+				}
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+		}
+		return true
+	}
+	// A number or a literal: up to the next delimiter.
+	for {
+		c, err := br.ReadByte()
+		if err != nil {
+			return false
+		}
+		if strings.IndexByte(",}] \t\r\n", c) >= 0 {
+			return br.UnreadByte() == nil
+		}
+	}
+}
+
+// isUpgrade reports whether r asks to switch to WebSocket.
+func isUpgrade(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") && hasToken(r.Header.Values("Connection"), "upgrade")
+}
+
+// hasToken reports whether a comma-separated header holds token.
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}

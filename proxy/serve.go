@@ -1,0 +1,169 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// priorityHeader is a request's priority within its lane, high or low;
+// it is not sent upstream.
+const priorityHeader = "X-Llmproxy-Priority"
+
+// request is one client request on its way through the proxy.
+type request struct {
+	route     string
+	target    *url.URL
+	body      body
+	slot      *lanequeue.Slot // its place in its lane, from Acquire on
+	laneID    string
+	arrived   time.Time
+	deadline  time.Time
+	queueWait time.Duration
+	retries   int               // re-sends, all causes: x-llmproxy-retries and the log
+	tries     tally             // what the attempts met, for decide
+	upstream  time.Duration     // sum of attempt latencies
+	status    int               // what the client got; 0 = none was sent
+	outcome   lanequeue.Outcome // how the answer ended
+	used      int64             // tokens its answer's usage counted; -1: not known
+	// cancelAttempt ends the current upstream attempt; the answer's idle
+	// watchdog uses it.
+	cancelAttempt context.CancelFunc
+	cutErr        string   // why the upstream's answer broke off (an upstream_cut)
+	id            string   // x-llmproxy-request-id
+	idHeader      []string // {id}, the header value
+	upstreamID    string   // the upstream's own request id, from its latest answer
+	upgrade       bool     // a WebSocket handshake (see isUpgrade)
+}
+
+// newRequestID is a request's id: 16 hex digits, random, so ids from
+// replicas do not collide.
+func newRequestID() string {
+	var b [16]byte
+	v := rand.Uint64()
+	const hexDigits = "0123456789abcdef"
+	for i := range b {
+		b[i] = hexDigits[v>>(60-4*i)&0xf]
+	}
+	return string(b[:])
+}
+
+func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p.serve(w, r, route, base, strings.TrimPrefix(r.URL.Path, prefix))
+	}
+}
+
+// targetURL joins the configured upstream with the client's path. The host
+// always comes from configuration; the path is cleaned so dot segments
+// cannot climb above the upstream's base path.
+func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
+	clean := path.Clean("/" + rest)
+	if strings.HasSuffix(rest, "/") && clean != "/" {
+		clean += "/"
+	}
+	u := *base
+	u.Path = strings.TrimSuffix(base.Path, "/") + clean
+	u.RawPath = ""
+	u.RawQuery = rawQuery
+	u.Fragment = ""
+	u.User = nil
+	return &u
+}
+
+// deadline is the request's deadline: MaxWait, shortened by the client's
+// own X-Stainless-Timeout (seconds) when it sends one.
+func (p *Proxy) deadline(r *http.Request, now time.Time) time.Time {
+	d := p.cfg.MaxWait
+	if v := r.Header.Get("X-Stainless-Timeout"); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e7 {
+			if c := time.Duration(secs * float64(time.Second)); c < d {
+				d = c
+			}
+		}
+	}
+	return now.Add(d)
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {
+	now := p.cfg.Clock.Now()
+	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
+		deadline: p.deadline(r, now), id: newRequestID(), used: -1}
+	req.idHeader = []string{req.id} // one value for both ways: neither side changes it
+	w.Header()["X-Llmproxy-Request-Id"] = req.idHeader
+	defer func() { p.finish(r, req) }()
+	if p.stopping() {
+		p.failRequest(w, req, errShutdown)
+		return
+	}
+
+	defer p.releaseBody(req)
+	if err := p.readBody(w, r, req); err != nil {
+		p.failRequest(w, req, err)
+		return
+	}
+	lr, err := p.laneRequest(r, req)
+	if err != nil {
+		p.failRequest(w, req, err)
+		return
+	}
+
+	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
+	defer cancel()
+	defer context.AfterFunc(p.stopped, cancel)()
+	req.slot, err = p.lanes.Acquire(ctx, lr)
+	req.laneID = req.slot.ID()
+	req.queueWait = p.cfg.Clock.Now().Sub(now)
+	w.Header().Set("X-Llmproxy-Lane", req.laneID)
+	if err != nil {
+		p.refuse(w, r, req, err)
+		return
+	}
+	p.metrics.queueWait.WithLabelValues(route).Observe(req.queueWait.Seconds())
+	p.forward(ctx, w, r, req)
+}
+
+// finish logs the request's line and counts it. It never logs headers, the
+// query or anything else that may carry a credential. Answers that went
+// as they should are logged at debug; proxy-made 5xx, upstream 5xx and cut
+// answers at warn.
+func (p *Proxy) finish(r *http.Request, req *request) {
+	if req.outcome == "" {
+		req.outcome = lanequeue.OutcomeClientGone // left before anything was decided
+	}
+	if req.slot != nil {
+		req.slot.Done(req.status, req.outcome, req.used)
+	}
+	level := slog.LevelDebug
+	if req.outcome == lanequeue.OutcomeUpstreamCut || req.outcome == lanequeue.OutcomeClientStalled || req.status >= 500 {
+		level = slog.LevelWarn
+	}
+	if !p.log.Enabled(r.Context(), level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("request_id", req.id),
+		slog.String("upstream_request_id", req.upstreamID),
+		slog.String("lane", req.laneID),
+		slog.String("route", req.route),
+		slog.String("method", r.Method),
+		slog.String("path", req.target.Path),
+		slog.Int("status", req.status),
+		slog.String("outcome", string(req.outcome)),
+		slog.Int64("queue_ms", req.queueWait.Milliseconds()),
+		slog.Int("retries", req.retries),
+		slog.Int64("upstream_ms", req.upstream.Milliseconds()),
+	}
+	if req.cutErr != "" {
+		attrs = append(attrs, slog.String("err", req.cutErr))
+	}
+	p.log.LogAttrs(r.Context(), level, "request", attrs...)
+}
