@@ -63,7 +63,7 @@ func oneSlotTaken(t *testing.T) (h *harness, release func(), arrived chan string
 
 // settleUpstream learns a large token window on the first answer, which
 // refills a few tokens a second, then answers without headers with the
-// usage given, plainly or as a stream.
+// usage given (below 0: none), plainly or as a stream.
 func settleUpstream(stream bool, used int) http.Handler {
 	var n atomic.Int32
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -73,6 +73,11 @@ func settleUpstream(stream bool, used int) http.Handler {
 			w.Header().Set("X-Ratelimit-Remaining-Tokens", "500000")
 			w.Header().Set("X-Ratelimit-Reset-Tokens", "100000s")
 			fmt.Fprint(w, `{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+			return
+		}
+		if used < 0 {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[]}`)
 			return
 		}
 		if !stream {

@@ -34,6 +34,18 @@ func TestAnswerUsageSettlesTheTokenEstimate(t *testing.T) {
 	}
 }
 
+// TestAnAnswerWithoutUsageKeepsTheEstimate: an answer that tells no usage
+// leaves its request's estimate charged to the lane's token budget.
+func TestAnAnswerWithoutUsageKeepsTheEstimate(t *testing.T) {
+	h := newHarness(t, settleUpstream(false, -1), nil)
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
+	before := laneState(h.proxy, "m").TokensAvailable
+	readAll(t, h.post("/v1/chat/completions", `{"model":"m","max_tokens":40000}`).Body)
+	if held := before - laneState(h.proxy, "m").TokensAvailable; held < 40000 {
+		t.Fatalf("the request holds %.0f tokens of the budget after an answer without usage, want its estimate of over 40,000", held)
+	}
+}
+
 // TestRateRefusalPausesTheWholeLane: after a 429 with a wait hint, a
 // request that arrives during the wait is held until it ends: the refused
 // request's retry reaches the upstream before it.
