@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
@@ -108,5 +109,40 @@ func within(t *testing.T, ch <-chan error, stuck string) error {
 	case <-time.After(5 * time.Second):
 		t.Fatal(stuck)
 		return nil
+	}
+}
+
+// TestDoneSettlesWithTheUsageKnown: Done swaps the request's estimate for
+// the tokens its answer used, when known (0 included); unknown (-1) keeps
+// the estimate charged. 6,000 tokens a minute refill 100 a second, so the
+// next request of 100 waits for what the first still holds.
+func TestDoneSettlesWithTheUsageKnown(t *testing.T) {
+	for _, c := range []struct {
+		used int64
+		wait time.Duration
+	}{
+		{-1, time.Second},
+		{0, 0},
+		{10, 100 * time.Millisecond},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			tb := configuredTable(Limits{TPM: 6000})
+			r := Request{Credential: "sk-c", Path: "/v1/chat/completions", Model: "m", Cost: 100}
+			first, err := tb.Acquire(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first.Report(Report{Status: 200, Verdict: Accepted})
+			first.Done(200, OutcomeOK, c.used)
+			begin := time.Now()
+			next, err := tb.Acquire(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next.Done(200, OutcomeOK, -1)
+			if waited := time.Since(begin); waited != c.wait {
+				t.Errorf("used %d: the next request waited %v, want %v", c.used, waited, c.wait)
+			}
+		})
 	}
 }
