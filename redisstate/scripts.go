@@ -230,12 +230,11 @@ local function learn(p, i, now)
       if syn == 1 then rate = math.min(rate, b.rate) end
     end
   end
-  if b.known == 1 and b.syn == 1 and syn == 1 and ARGV[24] ~= '1' and redis.call('GET', KEYS[4]) ~= ARGV[5] then
-    -- A pace learned from refusals is lowered by a refusal, or by the
-    -- replica whose probe raised it (its pace falls back after the probe,
-    -- as one process's does): another whose own figure is lower without a
-    -- refusal (learned before a raise, or from its share of the evidence)
-    -- does not pull the fleet down.
+  if b.known == 1 and b.syn == 1 and syn == 1 and ARGV[24] ~= '1' then
+    -- A pace learned from refusals is lowered by a refusal only: a
+    -- replica whose own figure is lower without one (learned before a
+    -- raise, or from its share of the evidence) does not pull the fleet
+    -- down.
     size, rate = math.max(size, b.size), math.max(rate, b.rate)
   end
   if b.known ~= 1 or b.syn ~= syn or size <= b.size and rate <= b.rate then
@@ -288,7 +287,7 @@ end
 // for a minute (low: when it was last affirmed), or, for a pace learned
 // from refusals, while it holds the raise lease: one replica at a time
 // probes above the shared pace. Such a pace's rate follows the same rule,
-// and it is lowered only with a refusal or by the lease's holder; a refill rate read from headers
+// and it is lowered only with a refusal; a refill rate read from headers
 // is the latest a replica wrote.
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
