@@ -233,7 +233,6 @@ var apiVersionSegments = []string{"v1", "v1beta", "v2", "v3"}
 
 func (c *config) parseRoutes() error {
 	c.routes = nil
-	seen := map[string]bool{}
 	for _, item := range strings.Split(c.Routes, ",") {
 		item = strings.TrimSpace(item)
 		if item == "" {
@@ -249,17 +248,14 @@ func (c *config) parseRoutes() error {
 				return fmt.Errorf("route %q would take every /%s/... request from LLMPROXY_UPSTREAM, whose API paths start with it; name the route after its provider", name, name)
 			}
 		}
-		if seen[name] {
-			return fmt.Errorf("route %q given twice", name)
-		}
-		seen[name] = true
 		ru, err := parseUpstream(strings.TrimSpace(raw))
 		if err != nil {
 			return fmt.Errorf("route %q: %v", name, err)
 		}
 		c.routes = append(c.routes, proxy.Route{Name: name, URL: ru})
 	}
-	return nil
+	// The rest (a route given twice) is the proxy's to say.
+	return proxy.Config{Routes: c.routes}.Validate()
 }
 
 // parseUpstream parses an upstream base URL. Its errors show the URL
