@@ -146,3 +146,48 @@ func TestDoneSettlesWithTheUsageKnown(t *testing.T) {
 		})
 	}
 }
+
+// countingShared counts the calls a group makes to its Shared.
+type countingShared struct {
+	*Memory
+	refunds, settles, returns int
+}
+
+func (c *countingShared) Refund(t *Ticket) { c.refunds++; c.Memory.Refund(t) }
+func (c *countingShared) Settle(t *Ticket, used int64) {
+	c.settles++
+	c.Memory.Settle(t, used)
+}
+func (c *countingShared) Return(t *Ticket, now time.Time) { c.returns++; c.Memory.Return(t, now) }
+
+// TestTheGroupTellsItsSharedOfEachEventOnce: the group keeps the ticket's
+// bookkeeping, so a Shared hears of a refund, a settle and a return once
+// each, however often the slot's owner ends it, and of no settle after a
+// refund (an attempt that never reached the upstream).
+func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
+	var c *countingShared
+	tb := NewTable(TableConfig{Shared: func(_ string, cfg Config) Shared {
+		c = &countingShared{Memory: NewMemory(cfg)}
+		return c
+	}})
+	r := Request{Path: "/v1/chat/completions", Model: "m", Cost: 10}
+	s, err := tb.Acquire(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Report(Report{Status: 200, Verdict: Accepted})
+	s.Done(200, OutcomeOK, 5)
+	s.Done(200, OutcomeOK, 5)
+	if c.refunds != 0 || c.settles != 1 || c.returns != 1 {
+		t.Fatalf("an answered request: %d refunds, %d settles, %d returns; want 0, 1, 1", c.refunds, c.settles, c.returns)
+	}
+	s, err = tb.Acquire(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Report(Report{Verdict: NotSent}) // the connection failed: refunded
+	s.Done(0, OutcomeProxyError, 5)
+	if c.refunds != 1 || c.settles != 1 || c.returns != 2 {
+		t.Fatalf("then one never sent: %d refunds, %d settles, %d returns in all; want 1, 1, 2", c.refunds, c.settles, c.returns)
+	}
+}

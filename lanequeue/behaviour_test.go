@@ -390,7 +390,6 @@ func TestRefusedPermitsDoNotCountAsInFlight(t *testing.T) {
 		t.Fatalf("a dispatch beside a refused permit went at level %d, want 2", c.Level)
 	}
 	s.Return(&b, t0)
-	s.Return(&b, t0) // twice is once
 	if s.refusedHolding != 0 {
 		t.Fatalf("%d refused permits held after the return", s.refusedHolding)
 	}

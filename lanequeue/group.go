@@ -140,6 +140,37 @@ func (g *group) dequeueLocked(s *Slot) {
 	g.queuedCost -= s.cost
 }
 
+// The group keeps each ticket's bookkeeping, so that a Shared is told of
+// each event once: a charge given back (refundLocked), the tokens an
+// answer used (settleLocked, never after a refund), a permit given back
+// (returnLocked). Each requires g.mu held.
+
+func (g *group) refundLocked(t *Ticket) {
+	if t.Refunded {
+		return
+	}
+	g.shared.Refund(t)
+	t.Refunded = true
+}
+
+func (g *group) settleLocked(t *Ticket, usedTokens int64) {
+	if t.Refunded {
+		return
+	}
+	g.shared.Settle(t, usedTokens)
+	if g.ceil != nil {
+		g.ceil.settle(t.Cost, usedTokens)
+	}
+}
+
+func (g *group) returnLocked(t *Ticket, now time.Time) {
+	if t.Returned {
+		return
+	}
+	g.shared.Return(t, now)
+	t.Returned = true
+}
+
 // returnPermitLocked gives back the permit of a slot that holds one.
 // Requires g.mu held.
 func (g *group) returnPermitLocked(s *Slot, now time.Time) {
@@ -147,7 +178,7 @@ func (g *group) returnPermitLocked(s *Slot, now time.Time) {
 		g.unanswered-- // no answer will be reported for this dispatch
 	}
 	s.lane.inFlight--
-	g.shared.Return(&s.ticket, now)
+	g.returnLocked(&s.ticket, now)
 	if s.capped {
 		s.capped = false
 		g.cap.giveBack()

@@ -267,7 +267,7 @@ func (s *Slot) wait(ctx context.Context) error {
 		s.refused = nil // the group took it out of the queue already
 		l.stats.rejected++
 	case s.phase == phaseSent:
-		g.shared.Refund(&s.ticket)
+		g.refundLocked(&s.ticket)
 		g.returnPermitLocked(s, now)
 		l.stats.cancelled++
 	default:
@@ -420,10 +420,7 @@ func (s *Slot) settle(usedTokens int64) {
 	g := s.lane.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.shared.Settle(&s.ticket, usedTokens)
-	if g.ceil != nil && !s.ticket.Refunded {
-		g.ceil.settle(s.ticket.Cost, usedTokens)
-	}
+	g.settleLocked(&s.ticket, usedTokens)
 	g.dispatchLocked(g.clock.Now())
 }
 

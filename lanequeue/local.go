@@ -226,7 +226,6 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
 	if r.Verdict == NotSent {
 		s.pauseFor(r)
-		s.Refund(t)
 		return
 	}
 	refusal := r.Verdict.Refusal()
@@ -498,18 +497,10 @@ func (s *Memory) outNow(t *Ticket) int {
 	return s.conc.inFlight
 }
 
-func (s *Memory) Refund(t *Ticket) {
-	if t.Refunded {
-		return
-	}
-	t.Refunded = true
-	s.pace.refund(t.Cost)
-}
+func (s *Memory) Refund(t *Ticket) { s.pace.refund(t.Cost) }
 
 func (s *Memory) Settle(t *Ticket, usedTokens int64) {
-	if !t.Refunded {
-		s.pace.settle(t.Cost, usedTokens, t.Tokens)
-	}
+	s.pace.settle(t.Cost, usedTokens, t.Tokens)
 }
 
 func (s *Memory) Return(t *Ticket, now time.Time) {
@@ -518,10 +509,6 @@ func (s *Memory) Return(t *Ticket, now time.Time) {
 		t.HoldsRefused = false
 		s.refusedHolding--
 	}
-	if t.Returned {
-		return
-	}
-	t.Returned = true
 	s.conc.returned(t, now)
 }
 

@@ -118,6 +118,9 @@ func (s *Slot) Report(r Report) (held bool) {
 	}
 	before := g.shared.PausedUntil()
 	g.shared.Learn(&s.ticket, r, now)
+	if r.Verdict == NotSent {
+		g.refundLocked(&s.ticket) // it never reached the upstream
+	}
 	var changes []Change
 	var v View
 	if g.onChange != nil {

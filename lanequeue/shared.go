@@ -10,7 +10,9 @@ import "time"
 // Calls come from the group with its mutex held, one at a time, with the
 // time as an argument; an implementation must answer promptly (one backed
 // by a remote store answers from what it knows locally when the store is
-// slow) and needs no lock of its own for the group's sake.
+// slow) and needs no lock of its own for the group's sake. The group calls
+// Refund and Return at most once for a ticket, and Settle never for one
+// refunded: an implementation keeps no such guard of its own.
 type Shared interface {
 	// Admit decides whether a request costing cost tokens may go now: the
 	// pause is over, a concurrency permit is free and the budgets allow
@@ -27,7 +29,8 @@ type Shared interface {
 	// no wait named for a rate): PausedUntil tells what it took.
 	Learn(t *Ticket, r Report, now time.Time)
 	// Refund gives back what t's dispatch charged to the budgets, when it
-	// never reached the upstream.
+	// never reached the upstream (the group calls it after Learn of a
+	// NotSent answer).
 	Refund(t *Ticket)
 	// Settle swaps t's estimated token cost for what the answer used.
 	Settle(t *Ticket, usedTokens int64)

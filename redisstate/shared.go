@@ -255,9 +255,6 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 		// At least the number in flight it went at: the count from this
 		// replica's last reply may be old (it has been local meanwhile).
 		t.OutNow = max(s.out, t.Level)
-		if r.Verdict == lanequeue.NotSent {
-			s.Refund(t) // in Redis, where it was charged; the local refund is then skipped
-		}
 	} else if n := s.st.sharers(now); n > 1 {
 		// A permit taken while Redis was away: the upstream saw about
 		// this replica's permits out times the replicas, each using its
@@ -386,10 +383,6 @@ func (s *shared) Refund(t *lanequeue.Ticket) {
 		s.local.Refund(t)
 		return
 	}
-	if t.Refunded {
-		return
-	}
-	t.Refunded = true
 	s.giveBack("refund", 1, float64(t.Cost), 0)
 }
 
@@ -398,7 +391,7 @@ func (s *shared) Settle(t *lanequeue.Ticket, usedTokens int64) {
 		s.local.Settle(t, usedTokens)
 		return
 	}
-	if !t.Refunded && usedTokens != t.Cost {
+	if usedTokens != t.Cost {
 		// t.Tokens is Redis' running total right after t's dispatch: an
 		// answer whose count covered it already holds what t used.
 		s.giveBack("settle", 0, float64(t.Cost-usedTokens), t.Tokens)
@@ -419,7 +412,7 @@ func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 	if t.Lease == "" {
 		// A permit taken while Redis was away; once Redis is back a lease
 		// counts it there (see localAdmit), and goes with it.
-		if !t.Returned && len(s.localLeases) > 0 {
+		if len(s.localLeases) > 0 {
 			l := s.localLeases[len(s.localLeases)-1]
 			s.localLeases = s.localLeases[:len(s.localLeases)-1]
 			s.st.drop(l)
@@ -428,10 +421,6 @@ func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
 		s.local.Return(t, now)
 		return
 	}
-	if t.Returned {
-		return
-	}
-	t.Returned = true
 	s.remoteOut--
 	s.local.NoteReturn(t, now)
 	s.st.drop(t.Lease)
