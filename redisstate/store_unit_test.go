@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -179,5 +180,29 @@ func TestSawClockKeepsRedisClockLessOurs(t *testing.T) {
 		if got := st.clockOffset.Load(); got < ahead-100 || got > ahead+100 {
 			t.Errorf("Redis %d ms ahead: offset %d ms", ahead, got)
 		}
+	}
+}
+
+// TestAPermitTakenWhileRedisIsAwayComesBack: a replica that never reached
+// Redis admits from its local state; the permit it gave comes back to
+// that state when returned (no lease to drop: Redis never counted it).
+func TestAPermitTakenWhileRedisIsAwayComesBack(t *testing.T) {
+	t.Parallel()
+	st, err := New(Config{URL: "redis://127.0.0.1:1/0", Timeout: 50 * time.Millisecond}) // nobody listens
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	sh := st.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
+	tk, _, ok := sh.Admit(time.Now(), 1, true)
+	if !ok || tk.Lease != "" {
+		t.Fatalf("admitted %v with lease %q while Redis is away; want a local permit", ok, tk.Lease)
+	}
+	if _, _, ok := sh.Admit(time.Now(), 1, true); ok {
+		t.Fatal("a second permit beside the one local permit")
+	}
+	sh.Return(&tk, time.Now())
+	if _, _, ok := sh.Admit(time.Now(), 1, true); !ok {
+		t.Fatal("the permit did not come back")
 	}
 }
