@@ -46,7 +46,6 @@ type learner struct {
 	// probeUnseen: the probe's pace did not reach the upstream (another
 	// replica held the raise lease), so it cannot come back clean.
 	probeUnseen bool
-	raiser      bool // this replica held the raise lease at its latest answer
 	// fleetRefused counts every replica's refusals (Memory.NoteFleet),
 	// probeMark its count when the up phase began: a probe is clean only
 	// if no replica was refused during it, as the others send at its pace.

@@ -219,25 +219,20 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 
 // TestAGuessFollowsTheFleetsPaceDown: a replica whose rate is still a
 // guess takes the pace the fleet learned from refusals when that is under
-// any pace the guess would send; a measured rate, a pace the guess's own
-// phases could have sent, and the raise lease's holder (whose pace the
-// fleet's is) keep their own.
+// any pace the guess would send; a measured rate, and a pace the guess's
+// own phases could have sent, keep their own.
 func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		measured bool
-		raiser   bool
-		refused  uint64 // refusals elsewhere since the last word
 		pace     float64
 		want     float64
 		from     string
 	}{
-		{"a guess above the fleet", false, false, 0, 3, 3, "replicas"},
-		{"a measured rate", true, false, 1, 3, 8, "admitted rate"},
-		{"the lease's holder", false, true, 0, 3, 8, "sending rate"},
-		{"the lease's holder, refused elsewhere", false, true, 1, 3, 3, "replicas"},
-		{"a pace the guess drains at", false, false, 0, 8 * drainGain, 8, "sending rate"},
-		{"no fleet pace", false, false, 1, 0, 8, "sending rate"},
+		{"a guess above the fleet", false, 3, 3, "replicas"},
+		{"a measured rate", true, 3, 8, "admitted rate"},
+		{"a pace the guess drains at", false, 8 * drainGain, 8, "sending rate"},
+		{"no fleet pace", false, 0, 8, "sending rate"},
 	} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.synthetic = true
@@ -246,9 +241,7 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		if c.measured {
 			l.from = "admitted rate"
 		}
-		m.NoteFleet(0, 4, t0) // the refusals before
-		m.NoteRaiser(c.raiser)
-		m.NoteFleet(c.pace, 4+c.refused, t0)
+		m.NoteFleet(c.pace, 5, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {
 			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
 		}

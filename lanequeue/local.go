@@ -95,8 +95,8 @@ func (s *Memory) NoteAccepted(at time.Time) {
 // starts from the fleet's pace when it is lower than what the group was
 // sending, and one whose rate is still a guess follows it down when it is
 // under any pace the guess would send, instead of finding it again with
-// refusals of its own; the lease's holder, whose pace the fleet's is,
-// only when a refusal came with it.
+// refusals of its own. (Only a refusal lowers the fleet's pace, so a
+// replica never follows its own.)
 func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 	s.fleetPace = pace
 	l := &s.learn
@@ -110,7 +110,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 		l.phase, l.phaseUntil = probeDown, now.Add(probeLength(l.estimate))
 		changed = true
 	}
-	if pace > 0 && pace < l.estimate*drainGain && l.guess() && (!l.raiser || refusedSince) {
+	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
 		l.estimate, l.from = pace, "replicas"
 		changed = true
 	}
@@ -132,11 +132,8 @@ func (s *Memory) NoteHeld(now time.Time) {
 // NoteRaiser records whether this replica holds the lease that lets one
 // replica at a time raise a pace learned from refusals: a probe made
 // without it reached no upstream, and does not raise the estimate when it
-// ends. The latest word during the up phase counts. The pace of the
-// replica that holds it is the fleet's: it follows the fleet's pace down
-// (NoteFleet) only with a refusal, else it would follow its own.
+// ends. The latest word during the up phase counts.
 func (s *Memory) NoteRaiser(holds bool) {
-	s.learn.raiser = holds
 	if s.learn.phase == probeUp {
 		s.learn.probeUnseen = !holds
 	}
