@@ -335,8 +335,10 @@ func TestASlowPingKeepsTheReplicaLocal(t *testing.T) {
 	}
 	defer st.Close()
 	// Redis asleep for longer than a ping period: the next ping waits for
-	// it, at least 100ms.
-	awake := sleepRedis(t, srv.url(), 650*time.Millisecond)
+	// it, at least 100ms. Long enough that the rejoin's first ping goes
+	// while it sleeps on a loaded machine too (at 650ms it once went
+	// after, answered at once, and the replica rightly rejoined).
+	awake := sleepRedis(t, srv.url(), 1500*time.Millisecond)
 	st.failed("test", errString("gone for a moment"))
 	<-awake
 	for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
