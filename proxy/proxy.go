@@ -64,7 +64,7 @@ type Config struct {
 	// GlobalConcurrency caps the upstream calls in flight over all lanes,
 	// taken just before each call; zero = no cap.
 	GlobalConcurrency int
-	MaxRetries        int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = 10, negative = none
+	MaxRetries        int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = none, as LLMPROXY_MAX_RETRIES=0 (DefaultMaxRetries is cmd's default)
 	MaxWait           time.Duration // a request's whole budget (queue + retries); zero = 10m
 	MaxRetryAfter     time.Duration // longer upstream hints are not waited for; zero = 2m
 	MaxBodyBytes      int64         // larger bodies get 413; zero = 512 MiB
@@ -162,9 +162,12 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// Validate reports the first of cfg's upstream URLs or route names the
-// proxy cannot use.
+// Validate reports the first of cfg's settings the proxy cannot use: a
+// negative retry count, an upstream URL or a route name.
 func (cfg Config) Validate() error {
+	if cfg.MaxRetries < 0 {
+		return fmt.Errorf("proxy: MaxRetries %d is negative", cfg.MaxRetries)
+	}
 	if cfg.Upstream != nil {
 		if err := CheckUpstream(cfg.Upstream); err != nil {
 			return fmt.Errorf("proxy: upstream: %w", err)
@@ -187,16 +190,10 @@ func (cfg Config) Validate() error {
 }
 
 // withDefaults is cfg with every unset field at its default. MaxRetries
-// 0 is the default (10) and a negative count none.
+// has none: zero retries is a setting, as in the environment.
 func (cfg Config) withDefaults() Config {
 	if cfg.Upstream == nil {
 		cfg.Upstream, _ = url.Parse("https://api.openai.com")
-	}
-	switch {
-	case cfg.MaxRetries == 0:
-		cfg.MaxRetries = DefaultMaxRetries
-	case cfg.MaxRetries < 0:
-		cfg.MaxRetries = 0
 	}
 	cfg.MaxWait = orDefault(cfg.MaxWait, DefaultMaxWait)
 	cfg.MaxRetryAfter = orDefault(cfg.MaxRetryAfter, DefaultMaxRetryAfter)

@@ -330,6 +330,24 @@ func TestRetriesExhaustedReturnsUpstreamsLastAnswer(t *testing.T) {
 	}
 }
 
+// Zero retries means none, in Config as in LLMPROXY_MAX_RETRIES: one
+// call, and the upstream's failure goes to the client.
+func TestZeroRetriesMeansNone(t *testing.T) {
+	var calls atomic.Int32
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.WriteHeader(503)
+	}), func(c *Config) { c.MaxRetries = 0 })
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+	readAll(t, resp.Body)
+	if resp.StatusCode != 503 || calls.Load() != 1 {
+		t.Fatalf("status %d after %d calls, want 503 after 1", resp.StatusCode, calls.Load())
+	}
+	if _, err := New(Config{MaxRetries: -1}); err == nil || !strings.Contains(err.Error(), "MaxRetries") {
+		t.Fatalf("New with MaxRetries -1: %v, want an error naming MaxRetries", err)
+	}
+}
+
 func TestUnreachableUpstreamIs502(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := "http://" + ln.Addr().String()

@@ -124,16 +124,12 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 
 // proxyConfig is proxy.Config from cfg.
 func proxyConfig(cfg config, lanes lanequeue.TableConfig, log *slog.Logger, reg *prometheus.Registry) proxy.Config {
-	retries := cfg.MaxRetries
-	if retries == 0 {
-		retries = -1 // proxy.Config's zero means its default; 0 here means none
-	}
 	return proxy.Config{
 		Upstream:             cfg.upstreamURL,
 		Routes:               cfg.routes,
 		Default:              cfg.defaultRoute,
 		GlobalConcurrency:    cfg.GlobalConcurrency,
-		MaxRetries:           retries,
+		MaxRetries:           cfg.MaxRetries,
 		MaxWait:              cfg.MaxWait,
 		MaxRetryAfter:        cfg.MaxRetryAfter,
 		MaxBodyBytes:         cfg.MaxBodyBytes,

@@ -417,10 +417,11 @@ func run(sc cell, mode string, timeout time.Duration) result {
 		tr := upstream.NewTransport()
 		defer tr.CloseIdleConnections()
 		cfg := proxy.Config{
-			Upstream:  u,
-			Routes:    []proxy.Route{{Name: "anthropic", URL: u}},
-			Transport: tr,
-			Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Upstream:   u,
+			Routes:     []proxy.Route{{Name: "anthropic", URL: u}},
+			MaxRetries: proxy.DefaultMaxRetries,
+			Transport:  tr,
+			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		}
 		if sc.configure != nil {
 			sc.configure(&cfg)

@@ -95,7 +95,7 @@ func newBench(t *testing.T, mc mockupstream.Config, mod func(*proxy.Config, *url
 	mock := mockupstream.NewInProcess(mc)
 	u, _ := url.Parse(mock.URL())
 	seen := &counting{next: mock.Transport()}
-	cfg := proxy.Config{Upstream: u, Transport: seen, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg := proxy.Config{Upstream: u, Transport: seen, MaxRetries: proxy.DefaultMaxRetries, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if mod != nil {
 		mod(&cfg, u)
 	}

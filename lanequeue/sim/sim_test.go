@@ -147,7 +147,7 @@ func simulate(t *testing.T, c cell) result {
 		mock := mockupstream.NewInProcess(c.mock)
 		defer mock.Close()
 		u, _ := url.Parse(mock.URL())
-		p, err := proxy.New(proxy.Config{Upstream: u, Transport: mock.Transport(),
+		p, err := proxy.New(proxy.Config{Upstream: u, Transport: mock.Transport(), MaxRetries: proxy.DefaultMaxRetries,
 			Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			t.Fatal(err)
