@@ -94,7 +94,7 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	r.Get("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if h.Ready != nil {
 			if err := h.Ready(r.Context()); err != nil {
-				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": err.Error()})
+				replyFor(fail(failNotReady, "not ready: "+err.Error()), time.Time{}).write(w)
 				return
 			}
 		}

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -296,6 +298,43 @@ func TestHealthzNamesTheBuild(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("/healthz = %v, want %v", got, tc.want)
+		}
+	}
+}
+
+// TestReadyzAnswers: ready and degraded are 200 with their word; not
+// ready is the replies table's 503 not_ready, in the error shape every
+// other proxy-made answer has, with the reason and Retry-After.
+func TestReadyzAnswers(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := func(context.Context) error { return errors.New("draining") }
+	redisDown := func() error { return errors.New("redis unreachable") }
+	for _, tc := range []struct {
+		name   string
+		health Health
+		status int
+		body   string
+	}{
+		{"ready", Health{}, 200, `{"status":"ready"}`},
+		{"degraded", Health{Degraded: redisDown}, 200, `{"status":"degraded","reason":"redis unreachable"}`},
+		{"not ready", Health{Ready: down, Degraded: redisDown}, 503,
+			`{"error":{"message":"llmproxy: not ready: draining","type":"server_error","param":null,"code":"not_ready"}}`},
+	} {
+		rec := httptest.NewRecorder()
+		p.AdminHandler(tc.health).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+		var got, want any
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%s: %v in %s", tc.name, err, rec.Body)
+		}
+		_ = json.Unmarshal([]byte(tc.body), &want)
+		if rec.Code != tc.status || !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, rec.Code, rec.Body, tc.status, tc.body)
+		}
+		if tc.status == 503 && rec.Header().Get("Retry-After") != "1" {
+			t.Errorf("%s: Retry-After %q, want 1", tc.name, rec.Header().Get("Retry-After"))
 		}
 	}
 }

@@ -46,6 +46,7 @@ const (
 	failWaitTooLong
 	failBadPriority
 	failAdminToken
+	failNotReady
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -83,6 +84,9 @@ var replies = map[failKind]errorReply{
 	failShutdown: {status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retryAfter: time.Second},
 	// The admin listener's guarded endpoints without the admin token.
 	failAdminToken: {status: http.StatusUnauthorized, typ: "invalid_request_error", code: "invalid_admin_token"},
+	// /readyz while the proxy cannot serve (draining, or Health.Ready's
+	// reason): a load balancer sends the traffic elsewhere.
+	failNotReady: {status: http.StatusServiceUnavailable, typ: "server_error", code: "not_ready", retryAfter: time.Second},
 }
 
 // errShutdown is the answer to requests cut short by Stop.
