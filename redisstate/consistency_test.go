@@ -1,4 +1,6 @@
-// Regression tests for defects a review of the Redis store found.
+// What the replicas keep consistent through Redis blips, rejoins,
+// flushes, clock skew and fresh replicas; each test names the behaviour,
+// and its comment the defect it was written against.
 
 package redisstate
 
@@ -42,9 +44,11 @@ func reqLimits(now time.Time, limit, remaining int64) headerparse.Limits {
 	return headerparse.Limits{Requests: headerparse.Window{Limit: limit, Remaining: remaining, HasRemaining: true, Reset: now.Add(60 * time.Second)}}
 }
 
-// A ticket admitted locally during a blip, answered after rejoin: its local
-// mark is compared with the global r_sent in learnScript mode 1.
-func TestRegressionLocalTicketAfterRejoinDrainsBudget(t *testing.T) {
+// TestALocalTicketAnsweredAfterTheRejoinDrainsNothing: a ticket admitted
+// locally during a blip and answered after the rejoin does not drain the
+// shared budget. It did when its local mark was compared with the global
+// r_sent in learnScript mode 1.
+func TestALocalTicketAnsweredAfterTheRejoinDrainsNothing(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
@@ -79,9 +83,10 @@ func TestRegressionLocalTicketAfterRejoinDrainsBudget(t *testing.T) {
 	}
 }
 
-// NotSent on a shared ticket: local.Learn marks it Refunded on the local
-// pace, so Redis never gets its charge back.
-func TestRegressionNotSentNeverRefundedInRedis(t *testing.T) {
+// TestANotSentChargeGoesBackToRedis: a NotSent attempt on a shared ticket
+// gives its charge back to Redis. It did not when local.Learn marked it
+// refunded on the local pace.
+func TestANotSentChargeGoesBackToRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
@@ -106,8 +111,10 @@ func TestRegressionNotSentNeverRefundedInRedis(t *testing.T) {
 	}
 }
 
-// One replica's concurrency refusal is undone by another's next answer.
-func TestRegressionClimitLastWriterWins(t *testing.T) {
+// TestAConcurrencyRefusalOutlivesAnotherReplicasAnswer: one replica's
+// concurrency refusal is not undone by another's next answer (it was, last
+// writer winning).
+func TestAConcurrencyRefusalOutlivesAnotherReplicasAnswer(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
@@ -129,8 +136,9 @@ func TestRegressionClimitLastWriterWins(t *testing.T) {
 	}
 }
 
-// A permit returned during a short blip stays counted for the whole lease.
-func TestRegressionReturnDuringBlipBlocksAfterRejoin(t *testing.T) {
+// TestAPermitReturnedDuringABlipIsFreeAfterTheRejoin: a permit returned
+// during a short blip does not stay counted for the whole lease.
+func TestAPermitReturnedDuringABlipIsFreeAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), 15*time.Second), newStore(t, srv.url(), 15*time.Second)
@@ -148,9 +156,9 @@ func TestRegressionReturnDuringBlipBlocksAfterRejoin(t *testing.T) {
 	}
 }
 
-// Redis flushed mid-run: in-flight leases are gone and renewal (ZADD XX)
-// never puts them back.
-func TestRegressionFlushLosesInFlightForever(t *testing.T) {
+// TestLeasesInFlightSurviveAFlush: Redis flushed mid-run: the leases in
+// flight come back with the next renewal (ZADD XX never put them back).
+func TestLeasesInFlightSurviveAFlush(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	const lease = MinLeaseTTL
@@ -166,8 +174,9 @@ func TestRegressionFlushLosesInFlightForever(t *testing.T) {
 	}
 }
 
-// A pause learned while degraded is ignored by Admit after rejoin.
-func TestRegressionLocalPauseIgnoredAfterRejoin(t *testing.T) {
+// TestAPauseLearnedWhileDegradedHoldsAfterTheRejoin: a pause learned while
+// degraded still holds Admit after the rejoin.
+func TestAPauseLearnedWhileDegradedHoldsAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
@@ -183,9 +192,10 @@ func TestRegressionLocalPauseIgnoredAfterRejoin(t *testing.T) {
 	}
 }
 
-// A replica whose only waiter went away keeps its waiting entry: the other
-// replicas leave a free permit unused for up to a second.
-func TestRegressionLeftWaiterHoldsPermit(t *testing.T) {
+// TestAWaiterThatLeftLeavesNoPermitIdle: a replica whose only waiter went
+// away drops its waiting entry, so other replicas do not leave a free
+// permit unused for up to a second.
+func TestAWaiterThatLeftLeavesNoPermitIdle(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
@@ -210,9 +220,11 @@ func TestRegressionLeftWaiterHoldsPermit(t *testing.T) {
 	}
 }
 
-// The local pacer never sees a shared dispatch (take is not called), so its
-// send meter reads 0 and every 429 with room is taken as a concurrency limit.
-func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
+// TestARateRefusalWithRoomKeepsTheConcurrency: a rate 429 while the budget
+// has room does not lower the concurrency, locally or in Redis. It did
+// when the local pacer never saw a shared dispatch, so its send meter read
+// 0 and every 429 with room was taken as a concurrency limit.
+func TestARateRefusalWithRoomKeepsTheConcurrency(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"local", "redis"} {
 		var sh lanequeue.Shared
@@ -236,17 +248,21 @@ func TestRegressionRateRefusalLowersConcurrency(t *testing.T) {
 		c := sh.View(now).Concurrency
 		if r, ok := sh.(*shared); ok {
 			c = r.local.View(now).Concurrency
-			t.Logf("redis climit %s", hget(t, r.st, r.state, "climit"))
+			if climit := hget(t, r.st, r.state, "climit"); climit != "" && climit != "8" {
+				t.Errorf("redis: climit %q after one rate 429 with 50 of 100 left, want it left at 8", climit)
+			}
 		}
-		t.Logf("%s: concurrency after one rate 429 while sending: %d", mode, c)
+		if c != 8 {
+			t.Errorf("%s: concurrency %d after one rate 429 with 50 of 100 left, want 8: a rate refusal is not a concurrency one", mode, c)
+		}
 	}
 }
 
-// A budget that can only learn from an answer (requests: none left, no
-// reset) beside one that refills at a known time (tokens): the shared
-// admission waits for the refill instead of letting a probe through, as the
-// in-process one does.
-func TestRegressionProbeWaitsForABudgetWithATime(t *testing.T) {
+// TestASharedProbeWaitsForABudgetWithARefillTime: a budget that can only
+// learn from an answer (requests: none left, no reset) beside one that
+// refills at a known time (tokens): the shared admission waits for the
+// refill instead of letting a probe through, as the in-process one does.
+func TestASharedProbeWaitsForABudgetWithARefillTime(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
