@@ -266,52 +266,11 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	res := result{sc: sc, replicas: n, run: run, n: sc.n, c: sc.c, victim: -1,
 		ideal: time.Duration(float64(sc.n) / sc.rate * float64(time.Second))}
 	shared := n > 1
-
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()
-
-	var rs *redisServer
-	var extra []string
-	if shared {
-		dir, err := os.MkdirTemp(o.tmp, "redis-")
-		if err != nil {
-			return res, err
-		}
-		if rs, err = startRedis(o.redisBin, dir); err != nil {
-			return res, err
-		}
-		defer rs.kill()
-		extra = append(extra, "LLMPROXY_REDIS_URL="+rs.url())
-		extra = append(extra, o.env...)
-		for _, kv := range o.env {
-			res.notes = append(res.notes, kv)
-		}
-		if sc.leaseTTL > 0 {
-			extra = append(extra, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
-			res.notes = append(res.notes, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
-		}
-	}
-
-	reps := make([]*replica, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range reps {
-		wg.Go(func() {
-			reps[i], errs[i] = startReplica(fmt.Sprintf("replica %d", i), o.bin, mock.URL(), extra)
-			if errs[i] == nil {
-				errs[i] = reps[i].waitReady(shared, 15*time.Second)
-			}
-		})
-	}
-	wg.Wait()
-	defer func() {
-		for _, r := range reps {
-			if r != nil {
-				r.kill()
-			}
-		}
-	}()
-	if err := errors.Join(errs...); err != nil {
+	rs, reps, stop, err := startFleet(o, sc, n, mock.URL(), &res)
+	defer stop()
+	if err != nil {
 		return res, err
 	}
 
@@ -361,7 +320,75 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 		// upstream: the ideal is that of the answers it admitted.
 		res.ideal = time.Duration(float64(after.OK-before.OK) / sc.rate * float64(time.Second))
 	}
+	res.tally(outs, env.start)
+	if runCtx.Err() != nil && ctx.Err() == nil {
+		res.notes = append(res.notes, fmt.Sprintf("the run hit -timeout %v", o.timeout))
+	}
+	if shared {
+		res.noteRedis(reps)
+	}
+	for _, ex := range res.lostExamples {
+		fmt.Fprintf(os.Stderr, "  %s ×%d run %d lost: %s\n", sc.name, n, run, ex)
+	}
+	if o.verbose {
+		printReplicas(reps, shared, env.start)
+	}
+	res.took = time.Since(began)
+	return res, duringErr
+}
 
+// startFleet starts Redis (for more than one replica) and n replicas of
+// the proxy in front of upstream, ready; stop kills what it started, and
+// is to be called whether or not err is nil.
+func startFleet(o options, sc *scenario, n int, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
+	var extra []string
+	var kills []func()
+	stop = func() {
+		for i := len(kills) - 1; i >= 0; i-- {
+			kills[i]()
+		}
+	}
+	if n > 1 {
+		dir, err := os.MkdirTemp(o.tmp, "redis-")
+		if err != nil {
+			return nil, nil, stop, err
+		}
+		if rs, err = startRedis(o.redisBin, dir); err != nil {
+			return nil, nil, stop, err
+		}
+		kills = append(kills, rs.kill)
+		extra = append(extra, "LLMPROXY_REDIS_URL="+rs.url())
+		extra = append(extra, o.env...)
+		res.notes = append(res.notes, o.env...)
+		if sc.leaseTTL > 0 {
+			extra = append(extra, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
+			res.notes = append(res.notes, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
+		}
+	}
+	reps = make([]*replica, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range reps {
+		wg.Go(func() {
+			reps[i], errs[i] = startReplica(fmt.Sprintf("replica %d", i), o.bin, upstream, extra)
+			if errs[i] == nil {
+				errs[i] = reps[i].waitReady(n > 1, 15*time.Second)
+			}
+		})
+	}
+	wg.Wait()
+	for _, r := range reps {
+		if r != nil {
+			kills = append(kills, r.kill)
+		}
+	}
+	return rs, reps, stop, errors.Join(errs...)
+}
+
+// tally counts outs into res (answered, cut with a killed replica, lost)
+// and notes when each replica's last answer came and which lost what.
+func (res *result) tally(outs []outcome, start time.Time) {
+	n := res.replicas
 	lostBy := make([]int, n)
 	for _, out := range outs {
 		switch {
@@ -374,7 +401,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 			where := "never sent"
 			if out.target >= 0 {
 				lostBy[out.target]++
-				where = fmt.Sprintf("replica %d, %.2fs into the load", out.target, out.end.Sub(env.start).Seconds())
+				where = fmt.Sprintf("replica %d, %.2fs into the load", out.target, out.end.Sub(start).Seconds())
 			}
 			if len(res.lostExamples) < 3 {
 				res.lostExamples = append(res.lostExamples, where+": "+describe(out.err))
@@ -387,7 +414,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 		last := make([]float64, n)
 		for _, out := range outs {
 			if out.target >= 0 && out.target < n {
-				last[out.target] = max(last[out.target], out.end.Sub(env.start).Seconds())
+				last[out.target] = max(last[out.target], out.end.Sub(start).Seconds())
 			}
 		}
 		parts := make([]string, n)
@@ -399,46 +426,41 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	if res.lost > 0 && n > 1 && slices.ContainsFunc(lostBy, func(k int) bool { return k > 0 }) {
 		res.notes = append(res.notes, fmt.Sprintf("lost by replica: %v", lostBy))
 	}
-	if runCtx.Err() != nil && ctx.Err() == nil {
-		res.notes = append(res.notes, fmt.Sprintf("the run hit -timeout %v", o.timeout))
-	}
-	if shared {
-		var failures float64
-		for i, r := range reps {
-			if r.exited() {
-				continue
-			}
-			if v, ok := r.metric("llmproxy_redis_failures_total"); ok {
-				failures += v
-			}
-			if lv, err := r.lanes(); err == nil && lv.Redis != "ok" {
-				res.notes = append(res.notes, fmt.Sprintf("replica %d still says redis %q as the load ends", i, lv.Redis))
-			}
+}
+
+// noteRedis notes the live replicas' failed Redis calls and any replica
+// not back on Redis as the load ends.
+func (res *result) noteRedis(reps []*replica) {
+	var failures float64
+	for i, r := range reps {
+		if r.exited() {
+			continue
 		}
-		if failures > 0 {
-			res.notes = append(res.notes, fmt.Sprintf("%.0f Redis calls failed or timed out (each sends its replica to local limits)", failures))
+		if v, ok := r.metric("llmproxy_redis_failures_total"); ok {
+			failures += v
+		}
+		if lv, err := r.lanes(); err == nil && lv.Redis != "ok" {
+			res.notes = append(res.notes, fmt.Sprintf("replica %d still says redis %q as the load ends", i, lv.Redis))
 		}
 	}
-	for _, ex := range res.lostExamples {
-		fmt.Fprintf(os.Stderr, "  %s ×%d run %d lost: %s\n", sc.name, n, run, ex)
+	if failures > 0 {
+		res.notes = append(res.notes, fmt.Sprintf("%.0f Redis calls failed or timed out (each sends its replica to local limits)", failures))
 	}
-	if o.verbose {
-		for i, r := range reps {
-			if shared {
-				for _, ev := range r.logEvents() {
-					fmt.Fprintf(os.Stderr, "  replica %d %+.2fs: %s\n", i, ev.at.Sub(env.start).Seconds(), ev.line)
-				}
-			}
-			if !r.exited() {
-				fmt.Fprintf(os.Stderr, "  replica %d /lanes after the load: %s\n", i, r.lanesSummary())
+}
+
+// printReplicas prints (-v) each replica's logged lane events, with
+// Redis, and its /lanes after the load.
+func printReplicas(reps []*replica, shared bool, start time.Time) {
+	for i, r := range reps {
+		if shared {
+			for _, ev := range r.logEvents() {
+				fmt.Fprintf(os.Stderr, "  replica %d %+.2fs: %s\n", i, ev.at.Sub(start).Seconds(), ev.line)
 			}
 		}
+		if !r.exited() {
+			fmt.Fprintf(os.Stderr, "  replica %d /lanes after the load: %s\n", i, r.lanesSummary())
+		}
 	}
-	res.took = time.Since(began)
-	if duringErr != nil {
-		return res, duringErr
-	}
-	return res, nil
 }
 
 // sampleLanes reads every live replica's /lanes each 250 ms until done
