@@ -365,7 +365,7 @@ func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
 	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
 		t.Fatal("held past the spread")
 	}
-	s.pace.setSynthetic(1000, t0)
+	s.pace.setFromRefusals(1000, t0)
 	s.pace.requests.avail = 10
 	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
 		t.Fatal("the spread held a group that has a learned pace")
@@ -595,7 +595,7 @@ func TestCleanProbesInARowRaiseMore(t *testing.T) {
 func TestProbeStartsOnlyWhenThePaceHeldRequestsWithinASecond(t *testing.T) {
 	s := quietLocal()
 	s.learn.estimate, s.learn.measured, s.learn.from = 1000, true, "admitted rate"
-	s.pace.setSynthetic(s.pacing(), t0)
+	s.pace.setFromRefusals(s.pacing(), t0)
 	s.pace.requests.avail = 100
 	s.held = t0
 	s.learn.phaseUntil = t0
@@ -676,7 +676,7 @@ func TestHintSeedsWhenTooFewWereSent(t *testing.T) {
 func TestAHintEqualToTheRateLeavesItsSource(t *testing.T) {
 	s := quietLocal()
 	s.learn.estimate, s.learn.measured, s.learn.from = 20, true, "admitted rate"
-	s.pace.setSynthetic(s.pacing(), t0)
+	s.pace.setFromRefusals(s.pacing(), t0)
 	tk, _, _ := s.Admit(at(time.Second), 1, true)
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond}, at(time.Second))
 	if s.learn.from != "admitted rate" {
@@ -789,7 +789,7 @@ func TestCeilRate(t *testing.T) {
 // taken at the cruise share of it.
 func TestFloorFromAMeasuredRate(t *testing.T) {
 	s := quietLocal()
-	s.pace.setSynthetic(10, t0)
+	s.pace.setFromRefusals(10, t0)
 	s.learn.estimate, s.learn.measured = 10, true
 	s.conc.answerSecs = 1
 	if f := s.floor(); f != 10 { // ceil(9.7)

@@ -89,7 +89,7 @@ func (g *group) changesLocked(l *Lane, r Report, v View, now time.Time, out []Ch
 	// refusals is its rate.
 	limits := v.Learned != s.learned || v.Corrected != s.corrected ||
 		moved(v.Requests.Limit, s.reqLimit) || moved(v.Tokens.Limit, s.tokLimit) ||
-		v.Learned == "refusals" && moved(v.Requests.PerSecond, s.reqRate)
+		v.FromRefusals() && moved(v.Requests.PerSecond, s.reqRate)
 	if limits {
 		c := base
 		c.Kind = LimitsChanged

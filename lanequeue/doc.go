@@ -3,7 +3,8 @@
 // each answer, and the bounded table that holds the lanes. Callers
 // describe each answer in a Report (a status and a Verdict, the parsed
 // rate-limit headers, a hint); the package decides who goes next. It
-// reads no HTTP and no header formats.
+// reads no HTTP messages and no header formats; a Report's status is only
+// counted (429s absorbed, attempts by status), its Verdict decides.
 //
 // # Groups and time
 //

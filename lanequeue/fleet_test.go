@@ -116,7 +116,7 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
 		l.learn.estimate, l.learn.from, l.learn.measured = 5, "admitted rate", true
-		l.pace.setSynthetic(l.pacing(), now)
+		l.pace.setFromRefusals(l.pacing(), now)
 		start := l.View(now).Requests.PerSecond
 		sawProbe := false
 		for i := range 600 { // a minute, a dispatch each 100 ms, none refused
@@ -195,7 +195,7 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 		{"one", 1, 10},
 	} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-		m.pace.synthetic = true
+		m.pace.fromRefusals = true
 		l := &m.learn
 		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, "admitted rate", t0
 		m.NoteFleet(0, 5, t0)
@@ -235,7 +235,7 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		{"no fleet pace", false, 0, 8, "sending rate"},
 	} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-		m.pace.synthetic = true
+		m.pace.fromRefusals = true
 		l := &m.learn
 		l.estimate, l.measured, l.from = 8, c.measured, "sending rate"
 		if c.measured {

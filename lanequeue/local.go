@@ -76,7 +76,7 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 	}
 	level = out - s.refusedHolding + 1
 	s.learn.sent(level)
-	return seq, level, s.pace.synthetic && s.learn.phase == probeUp
+	return seq, level, s.pace.fromRefusals && s.learn.phase == probeUp
 }
 
 // NoteAccepted records that the upstream accepted a request of the group
@@ -102,7 +102,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 	l := &s.learn
 	refusedSince := refusals > l.fleetRefused
 	l.fleetRefused = max(l.fleetRefused, refusals)
-	if !s.pace.synthetic {
+	if !s.pace.fromRefusals {
 		return
 	}
 	changed := false
@@ -115,7 +115,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 		changed = true
 	}
 	if changed {
-		s.pace.setSynthetic(s.pacing(), now)
+		s.pace.setFromRefusals(s.pacing(), now)
 	}
 }
 
@@ -123,7 +123,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 // now for the pace learned from refusals: the probe cycle probes only
 // while the pace is what holds requests back.
 func (s *Memory) NoteHeld(now time.Time) {
-	if s.pace.synthetic {
+	if s.pace.fromRefusals {
 		s.held = now
 		s.stepProbe(now)
 	}
@@ -141,8 +141,8 @@ func (s *Memory) NoteRaiser(holds bool) {
 
 // stepProbe moves the probe cycle on at now, pacing by the phase it is in.
 func (s *Memory) stepProbe(now time.Time) {
-	if s.pace.synthetic && s.learn.step(now, now.Sub(s.held) < time.Second) {
-		s.pace.setSynthetic(s.pacing(), now)
+	if s.pace.fromRefusals && s.learn.step(now, now.Sub(s.held) < time.Second) {
+		s.pace.setFromRefusals(s.pacing(), now)
 	}
 }
 
@@ -165,12 +165,12 @@ func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
 			l.refusedAt[i] = refused[i]
 		}
 	}
-	if s.pace.synthetic && l.classify() {
+	if s.pace.fromRefusals && l.classify() {
 		s.learnAt = now
 		if l.concurrencyBound() {
 			s.toConcurrency()
 		} else {
-			s.pace.setSynthetic(s.pacing(), now)
+			s.pace.setFromRefusals(s.pacing(), now)
 		}
 	}
 }
@@ -199,7 +199,7 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 	s.stepProbe(now)
 	at, ok, room, paced := s.pace.admit(now, cost, probe)
 	if !ok {
-		if s.pace.synthetic && !at.IsZero() {
+		if s.pace.fromRefusals && !at.IsZero() {
 			s.held = now
 		}
 		return Ticket{}, at, false
@@ -211,7 +211,7 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 	s.pace.take(now, cost)
 	t := Ticket{Dispatched: now, Cost: cost, Requests: m.requests, Tokens: m.tokens,
 		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced,
-		Seq: s.learn.dispatched(), Probe: s.pace.synthetic && s.learn.phase == probeUp,
+		Seq: s.learn.dispatched(), Probe: s.pace.fromRefusals && s.learn.phase == probeUp,
 		Level: s.conc.inFlight - s.refusedHolding + 1}
 	s.conc.inFlight++
 	s.learn.sent(t.Level)
@@ -270,14 +270,14 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 		if s.learn.replySecs == 0 {
 			s.learn.replySecs = now.Sub(t.Dispatched).Seconds()
 		}
-		if s.pace.synthetic && s.learn.classify() {
+		if s.pace.fromRefusals && s.learn.classify() {
 			// Admissions at the levels below the refusals can settle the
 			// bound after the refusals came.
 			s.learnAt = now
 			if s.learn.concurrencyBound() {
 				s.toConcurrency()
 			} else {
-				s.pace.setSynthetic(s.pacing(), now)
+				s.pace.setFromRefusals(s.pacing(), now)
 			}
 		}
 		s.conc.accepted(t, now, s.outNow(t), s.floor())
@@ -335,7 +335,7 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		s.toConcurrency()
 		return false
 	}
-	s.pace.setSynthetic(s.pacing(), now)
+	s.pace.setFromRefusals(s.pacing(), now)
 	// The upstream's bucket is empty now: so is the pace's.
 	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
 	// A wait short enough to be a pace holds the group; a longer one
@@ -356,7 +356,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	if hp := hintPace(r.Hint); hp > 0 && !l.measured {
 		// A short hint still says how fast to go once it opens.
 		l.estimate, l.from = hp, "hint"
-		s.pace.setSynthetic(s.pacing(), now)
+		s.pace.setFromRefusals(s.pacing(), now)
 		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
 	}
 }
@@ -424,7 +424,7 @@ func (s *Memory) toConcurrency() {
 		}
 		c.slowStart = false
 	}
-	s.pace.setSynthetic(s.pacing(), s.learnAt)
+	s.pace.setFromRefusals(s.pacing(), s.learnAt)
 }
 
 // spread holds back a dispatch, before the group knows any limit, until
@@ -437,7 +437,7 @@ func (s *Memory) spread(now time.Time) (time.Time, bool) {
 	if secs <= 0 {
 		secs = s.learn.replySecs
 	}
-	if s.pace.synthetic || s.pace.headers() || !s.conc.slowStart || secs <= 0 || s.lastSent.IsZero() {
+	if s.pace.fromRefusals || s.pace.headers() || !s.conc.slowStart || secs <= 0 || s.lastSent.IsZero() {
 		return time.Time{}, true
 	}
 	gap := time.Duration(secs / (startSpread * float64(s.conc.limit)) * float64(time.Second))
@@ -461,7 +461,7 @@ func (s *Memory) pacing() float64 {
 // floor is the concurrency the learned rate needs for answers of the
 // current length (Little's law); 0 while either is unknown.
 func (s *Memory) floor() int {
-	if s.pace.synthetic {
+	if s.pace.fromRefusals {
 		if !s.learn.measured {
 			return 0 // a guess at the rate says nothing of what it needs
 		}
@@ -518,8 +518,8 @@ func (s *Memory) View(now time.Time) View {
 	}
 	v.Requests, v.Tokens = s.pace.view(now)
 	switch {
-	case s.pace.synthetic:
-		v.Learned = "refusals"
+	case s.pace.fromRefusals:
+		v.Learned = LearnedFromRefusals
 		v.RateFrom = s.learn.from
 		v.AdmittedRate = s.learn.estimate
 		v.Bound = "rate"
@@ -527,7 +527,7 @@ func (s *Memory) View(now time.Time) View {
 			v.Bound = "concurrency"
 		}
 	case s.pace.requests.known || s.pace.tokens.known:
-		v.Learned = "headers"
+		v.Learned = LearnedFromHeaders
 		v.RateFrom = "headers"
 	}
 	switch {
@@ -544,4 +544,4 @@ func (s *Memory) View(now time.Time) View {
 
 // Knows reports whether the group has learned a limit of its own: from
 // headers, or from the upstream's refusals.
-func (s *Memory) Knows() bool { return s.pace.synthetic || s.pace.headers() }
+func (s *Memory) Knows() bool { return s.pace.fromRefusals || s.pace.headers() }

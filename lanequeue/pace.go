@@ -10,7 +10,7 @@ import (
 // budget models one upstream window (requests or tokens) as a token bucket:
 // a capacity, what is left of it at a time, and a refill rate. Everything is
 // learned from the upstream's headers; until then the budget is unknown and
-// never holds anything back. Methods require the lane's mutex held.
+// never holds anything back. Methods require the group's mutex held.
 type budget struct {
 	known   bool
 	limit   float64   // capacity
@@ -284,9 +284,9 @@ type pacer struct {
 	tokens   budget
 	recent   meter // dispatches
 
-	// synthetic: the request pace was learned from the upstream's
+	// fromRefusals: the request pace was learned from the upstream's
 	// behaviour (see learner), not from headers.
-	synthetic bool
+	fromRefusals bool
 }
 
 // mark is where the running totals stood right after a dispatch.
@@ -307,8 +307,8 @@ func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p
 func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, room, paced bool) {
 	ra, rok := p.requests.admit(now, 1)
 	ta, tok := p.tokens.admit(now, float64(cost))
-	room = rok && tok && (p.requests.known && !p.synthetic || p.tokens.known)
-	paced = rok && tok && p.synthetic
+	room = rok && tok && (p.requests.known && !p.fromRefusals || p.tokens.known)
+	paced = rok && tok && p.fromRefusals
 	switch {
 	case rok && tok:
 		return time.Time{}, true, room, paced
@@ -341,9 +341,9 @@ func (p *pacer) refund(cost int64) {
 }
 
 func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time) {
-	if p.synthetic && l.Requests.HasRemaining {
+	if p.fromRefusals && l.Requests.HasRemaining {
 		// Real headers replace what refusals taught.
-		p.synthetic = false
+		p.fromRefusals = false
 		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
 	}
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
@@ -369,7 +369,7 @@ func (p *pacer) contradicted(t *Ticket, l headerparse.Limits, now time.Time) boo
 		reqOut, tokOut = true, true
 	}
 	corrected := false
-	if reqOut && !p.synthetic && p.requests.correct() {
+	if reqOut && !p.fromRefusals && p.requests.correct() {
 		corrected = true
 	}
 	if tokOut && p.tokens.correct() {
@@ -386,7 +386,7 @@ const underUse = 0.5
 // the request rate learned from headers.
 func (p *pacer) underUsed(now time.Time) bool {
 	r := p.requests.effectiveRate()
-	return r > 0 && !p.synthetic && p.recent.rate(now) < underUse*r
+	return r > 0 && !p.fromRefusals && p.recent.rate(now) < underUse*r
 }
 
 // view is what State shows of both budgets.
@@ -460,19 +460,19 @@ const (
 
 // headers reports whether a budget was learned from headers.
 func (p *pacer) headers() bool {
-	return p.requests.known && !p.synthetic || p.tokens.known
+	return p.requests.known && !p.fromRefusals || p.tokens.known
 }
 
-// setSynthetic paces the group at rate requests a second, learned from the
+// setFromRefusals paces the group at rate requests a second, learned from the
 // upstream's behaviour.
-func (p *pacer) setSynthetic(rate float64, now time.Time) {
+func (p *pacer) setFromRefusals(rate float64, now time.Time) {
 	rate = math.Max(rate, minPace)
 	b := &p.requests
 	b.advance(now)
-	if !p.synthetic {
+	if !p.fromRefusals {
 		b.avail, b.at = 0, now
 	}
-	p.synthetic = true
+	p.fromRefusals = true
 	b.known = true
 	b.rate = rate
 	b.limit = math.Max(1, rate*burstSeconds)

@@ -798,11 +798,11 @@ func TestMeterCountsTheCurrentSecondAndForgetsTenSecondsAgo(t *testing.T) {
 // refusals holds burstSeconds of its rate, at least one request.
 func TestLearnedPaceBurstsAQuarterSecondOfItsRate(t *testing.T) {
 	var p pacer
-	p.setSynthetic(20, t0)
+	p.setFromRefusals(20, t0)
 	if p.requests.limit != 5 {
 		t.Fatalf("bucket %v at 20/s, want 5", p.requests.limit)
 	}
-	p.setSynthetic(2, t0)
+	p.setFromRefusals(2, t0)
 	if p.requests.limit != 1 {
 		t.Fatalf("bucket %v at 2/s, want 1", p.requests.limit)
 	}

@@ -97,8 +97,9 @@ type View struct {
 	Requests, Tokens BudgetView
 	// AnswerSeconds is the mean time an accepted answer holds its permit.
 	AnswerSeconds float64
-	// Learned says where the request pace comes from: "headers",
-	// "refusals" (an upstream without headers), or "" (nothing yet).
+	// Learned says where the request pace comes from: LearnedFromHeaders,
+	// LearnedFromRefusals (an upstream without headers), or "" (nothing
+	// yet); FromRefusals asks for the second.
 	Learned string
 	// Bound is what the behaviour of an upstream without headers says it
 	// limits: "rate", "concurrency", or "" (not known, or from headers).
@@ -127,6 +128,16 @@ type View struct {
 	// replicas says "ok", or "degraded" while it serves local limits.
 	Shared string
 }
+
+// Where a View's request pace comes from (View.Learned).
+const (
+	LearnedFromHeaders  = "headers"
+	LearnedFromRefusals = "refusals"
+)
+
+// FromRefusals reports whether the request pace was learned from the
+// upstream's refusals, with no headers to read it from.
+func (v View) FromRefusals() bool { return v.Learned == LearnedFromRefusals }
 
 // BudgetView is one learned budget.
 type BudgetView struct {

@@ -52,7 +52,7 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	late := timedOut
 	mu.Unlock()
 	stop()
-	req.upstream += res.Latency
+	req.upstreamTime += res.Latency
 	return res, cancel, late
 }
 

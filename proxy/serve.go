@@ -20,20 +20,20 @@ const priorityHeader = "X-Llmproxy-Priority"
 
 // request is one client request on its way through the proxy.
 type request struct {
-	route     string
-	target    *url.URL
-	body      body
-	slot      *lanequeue.Slot // its place in its lane, from Acquire on
-	laneID    string
-	arrived   time.Time
-	deadline  time.Time
-	queueWait time.Duration
-	retries   int               // re-sends, all causes: x-llmproxy-retries and the log
-	tries     tally             // what the attempts met, for decide
-	upstream  time.Duration     // sum of attempt latencies
-	status    int               // what the client got; 0 = none was sent
-	outcome   lanequeue.Outcome // how the answer ended
-	used      int64             // tokens its answer's usage counted; -1: not known
+	route        string
+	target       *url.URL
+	body         body
+	slot         *lanequeue.Slot // its place in its lane, from Acquire on
+	laneID       string
+	arrived      time.Time
+	deadline     time.Time
+	queueWait    time.Duration
+	retries      int               // re-sends, all causes: x-llmproxy-retries and the log
+	tries        tally             // what the attempts met, for decide
+	upstreamTime time.Duration     // sum of attempt latencies
+	status       int               // what the client got; 0 = none was sent
+	outcome      lanequeue.Outcome // how the answer ended
+	used         int64             // tokens its answer's usage counted; -1: not known
 	// cancelAttempt ends the current upstream attempt; the answer's idle
 	// watchdog uses it.
 	cancelAttempt context.CancelFunc
@@ -160,7 +160,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		slog.String("outcome", string(req.outcome)),
 		slog.Int64("queue_ms", req.queueWait.Milliseconds()),
 		slog.Int("retries", req.retries),
-		slog.Int64("upstream_ms", req.upstream.Milliseconds()),
+		slog.Int64("upstream_ms", req.upstreamTime.Milliseconds()),
 	}
 	if req.cutErr != "" {
 		attrs = append(attrs, slog.String("err", req.cutErr))

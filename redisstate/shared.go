@@ -281,7 +281,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	}
 	s.st.sawClock(rep.redisNow)
 	s.out, s.paused = rep.out, rep.paused
-	if v.Learned == "refusals" {
+	if v.FromRefusals() {
 		s.local.NoteRaiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
 	}
 	if kind >= 0 {
@@ -302,7 +302,7 @@ func probeSeen(raiser bool, fleetPace, ownPace float64) bool {
 // state v after learning from it; kind is the answer's kind among the
 // counts by level (0 admitted, 1 refused, -1 neither).
 func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.View, now time.Time) (args []any, kind int) {
-	syn := v.Learned == "refusals"
+	syn := v.FromRefusals()
 	// Only a ticket Redis gave has marks from Redis' running totals: an
 	// answer to one taken while Redis was away teaches the rate, the
 	// window and the pause, not what is left.
