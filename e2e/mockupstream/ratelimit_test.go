@@ -3,6 +3,7 @@ package mockupstream
 import (
 	"bufio"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,6 +83,11 @@ func TestRequestBucketAdmitsBurstThenLimits(t *testing.T) {
 	st := s.Stats()
 	if st.Requests != 8 || st.OK != 6 || st.RateLimited != 2 {
 		t.Errorf("stats = %+v", st)
+	}
+	// Each admission and refusal is timed, on the server's clock, in order.
+	if len(st.AdmittedAt) != 6 || len(st.RefusedAt) != 2 || !slices.IsSortedFunc(st.AdmittedAt, time.Time.Compare) ||
+		!st.AdmittedAt[5].Equal(clock.Now()) || st.RefusedAt[1].After(st.AdmittedAt[3]) {
+		t.Errorf("admitted at %v, refused at %v", st.AdmittedAt, st.RefusedAt)
 	}
 	if k := st.ByKey["k"]; k != (KeyStats{Requests: 7, OK: 5, RateLimited: 2, MaxInFlightSeen: 1}) {
 		t.Errorf("ByKey[k] = %+v", k)

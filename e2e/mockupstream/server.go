@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,7 +134,14 @@ type Stats struct {
 	MaxInFlightSeen int64
 	// ByKey holds per-key counts, by raw API key.
 	ByKey map[string]KeyStats
+	// AdmittedAt and RefusedAt hold when the first maxEventTimes
+	// admissions (OK) and refusals (RateLimited) came, in order:
+	// benchmarks show the pace the upstream saw and when its limits bit.
+	AdmittedAt, RefusedAt []time.Time
 }
+
+// maxEventTimes bounds Stats.AdmittedAt and RefusedAt.
+const maxEventTimes = 10000
 
 // KeyStats is the part of Stats about one API key.
 type KeyStats struct {
@@ -248,6 +256,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.totals
+	st.AdmittedAt, st.RefusedAt = slices.Clone(st.AdmittedAt), slices.Clone(st.RefusedAt)
 	st.ByKey = make(map[string]KeyStats, len(s.keys))
 	for k, ks := range s.keys {
 		st.ByKey[k] = ks.stats
@@ -390,6 +399,9 @@ func (s *Server) admit(key string, cost int64) admission {
 		a.levels = s.levelsOf(ks, now)
 		s.totals.RateLimited++
 		ks.stats.RateLimited++
+		if len(s.totals.RefusedAt) < maxEventTimes {
+			s.totals.RefusedAt = append(s.totals.RefusedAt, now)
+		}
 		return a
 	}
 	if s.cfg.MaxInFlight > 0 && ks.inFlight >= int64(s.cfg.MaxInFlight) {
@@ -416,6 +428,9 @@ func (s *Server) admit(key string, cost int64) admission {
 	s.totals.MaxInFlightSeen = max(s.totals.MaxInFlightSeen, s.inFlight)
 	s.totals.OK++
 	ks.stats.OK++
+	if len(s.totals.AdmittedAt) < maxEventTimes {
+		s.totals.AdmittedAt = append(s.totals.AdmittedAt, now)
+	}
 	return admission{verdict: admitted, levels: s.levelsOf(ks, now)}
 }
 

@@ -332,6 +332,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	}
 	if o.verbose {
 		printReplicas(reps, shared, env.start)
+		printUpstream(before, after, env.start)
 	}
 	res.took = time.Since(began)
 	return res, duringErr
@@ -446,6 +447,41 @@ func (res *result) noteRedis(reps []*replica) {
 	if failures > 0 {
 		res.notes = append(res.notes, fmt.Sprintf("%.0f Redis calls failed or timed out (each sends its replica to local limits)", failures))
 	}
+}
+
+// printUpstream prints (-v) what the upstream admitted and refused in each
+// second of the load, and when each refusal came.
+func printUpstream(before, after mockupstream.Stats, start time.Time) {
+	admitted, refused := after.AdmittedAt[len(before.AdmittedAt):], after.RefusedAt[len(before.RefusedAt):]
+	var perSec []string
+	for sec := 0; ; sec++ {
+		from, to := start.Add(time.Duration(sec)*time.Second), start.Add(time.Duration(sec+1)*time.Second)
+		in := func(ts []time.Time) int {
+			return len(slices.DeleteFunc(slices.Clone(ts), func(t time.Time) bool { return t.Before(from) || !t.Before(to) }))
+		}
+		a, r := in(admitted), in(refused)
+		if a+r == 0 && (len(admitted) == 0 || !from.Before(admitted[len(admitted)-1])) {
+			break
+		}
+		perSec = append(perSec, fmt.Sprintf("%d/%d", a, r))
+	}
+	fmt.Fprintf(os.Stderr, "  upstream admitted/refused by second: %s\n", strings.Join(perSec, " "))
+	at := make([]string, len(refused))
+	for i, t := range refused {
+		at[i] = fmt.Sprintf("%.2f", t.Sub(start).Seconds())
+	}
+	fmt.Fprintf(os.Stderr, "  upstream refusals at (s): %s\n", strings.Join(at, " "))
+	var first []string
+	for i, j := 0, 0; (i < len(admitted) || j < len(refused)) && len(first) < 24; {
+		if j >= len(refused) || i < len(admitted) && admitted[i].Before(refused[j]) {
+			first = append(first, fmt.Sprintf("+%.3f", admitted[i].Sub(start).Seconds()))
+			i++
+		} else {
+			first = append(first, fmt.Sprintf("x%.3f", refused[j].Sub(start).Seconds()))
+			j++
+		}
+	}
+	fmt.Fprintf(os.Stderr, "  upstream's first answers (+ admitted, x refused, s): %s\n", strings.Join(first, " "))
 }
 
 // printReplicas prints (-v) each replica's logged lane events, with
