@@ -8,7 +8,7 @@
 //
 // # Groups and time
 //
-// Lanes that share an upstream limit (Key.LimitGroup) form a group with
+// Lanes that share an upstream limit (the key's limit group) form a group with
 // one mutex: an answer is learned from, the group paused and the next
 // requests dispatched under that lock, in that order. Every decision is
 // made at a time taken from an injected clock; blocking happens outside

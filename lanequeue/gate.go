@@ -158,10 +158,10 @@ func NewModelGate(fairness time.Duration, c clock.Clock) *ModelGate {
 	return &ModelGate{fairness: fairness, clock: c, queues: map[string]*list.List{}}
 }
 
-// Enter waits until a request for model may go to the server, or ctx is
+// enter waits until a request for model may go to the server, or ctx is
 // done. leave must be called once the request's answer has ended (more
 // calls do nothing).
-func (m *ModelGate) Enter(ctx context.Context, model string) (leave func(), err error) {
+func (m *ModelGate) enter(ctx context.Context, model string) (leave func(), err error) {
 	m.mu.Lock()
 	now := m.clock.Now()
 	m.arrivals++

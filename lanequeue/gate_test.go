@@ -292,7 +292,7 @@ func gateRun(t *testing.T, g *ModelGate, models []string, arrive, serve time.Dur
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			leave, err := g.Enter(context.Background(), m)
+			leave, err := g.enter(context.Background(), m)
 			if err != nil {
 				t.Error(err)
 				return
@@ -355,7 +355,7 @@ func TestModelGateFairnessBound(t *testing.T) {
 		go func() {
 			for ctx.Err() == nil {
 				go func() {
-					leave, err := g.Enter(ctx, "a")
+					leave, err := g.enter(ctx, "a")
 					if err == nil {
 						time.Sleep(300 * time.Millisecond)
 						leave()
@@ -366,7 +366,7 @@ func TestModelGateFairnessBound(t *testing.T) {
 		}()
 		time.Sleep(time.Second)
 		asked := time.Now()
-		leave, err := g.Enter(ctx, "b")
+		leave, err := g.enter(ctx, "b")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -394,15 +394,15 @@ func TestModelGateFairnessBound(t *testing.T) {
 func TestModelGateWaiterThatGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := NewModelGate(time.Minute, nil)
-		leaveA, _ := g.Enter(context.Background(), "a")
+		leaveA, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if _, err := g.Enter(ctx, "b"); !errors.Is(err, ErrBudgetExceeded) {
+		if _, err := g.enter(ctx, "b"); !errors.Is(err, ErrBudgetExceeded) {
 			t.Errorf("err = %v, want ErrBudgetExceeded", err)
 		}
 		entered := make(chan struct{})
 		go func() {
-			leave, err := g.Enter(context.Background(), "c")
+			leave, err := g.enter(context.Background(), "c")
 			if err == nil {
 				close(entered)
 				leave()
@@ -472,16 +472,16 @@ func TestModelGateDefaultsAndAStaleFairnessTimer(t *testing.T) {
 	}
 	synctest.Test(t, func(t *testing.T) {
 		g := NewModelGate(time.Second, nil)
-		leaveA, _ := g.Enter(context.Background(), "a")
+		leaveA, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		if _, err := g.Enter(ctx, "b"); err == nil {
+		if _, err := g.enter(ctx, "b"); err == nil {
 			t.Fatal("b entered while a was in flight")
 		}
 		time.Sleep(200 * time.Millisecond)
 		leaveA()
 		time.Sleep(time.Second) // the bound passes: nothing waits, nothing is in flight
-		leave, err := g.Enter(context.Background(), "a")
+		leave, err := g.enter(context.Background(), "a")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -53,14 +53,14 @@ func (k Key) ID() string {
 	return hex.EncodeToString(h.Sum(nil))[:shortLen]
 }
 
-// LimitGroup identifies the upstream limit a lane draws on. Providers count
+// limitGroup identifies the upstream limit a lane draws on. Providers count
 // rate limits per credential and model, whatever the endpoint, so lanes
 // that differ only in path share one learned request and token budget.
 //
 // Without a model in the body (multipart uploads, GET polling, upstreams
 // that name the model or deployment in the path) nothing says two paths
 // share a limit, so each path keeps its own budget.
-func (k Key) LimitGroup() string {
+func (k Key) limitGroup() string {
 	if k.Model == "" {
 		return k.Route + "\x00" + k.CredentialHash + "\x00\x00" + k.Path
 	}

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/setting"
 )
 
 // Errors returned by Acquire and Slot.WaitRetry; check with errors.Is.
@@ -74,8 +76,27 @@ const (
 )
 
 // WithDefaults is c with its zero fields at their documented defaults and
-// its concurrency bounds in order, as a group uses it.
+// its start inside its bounds, as a group uses it.
 func (c Config) WithDefaults() Config { return c.withDefaults() }
+
+// Validate reports, as a *setting.Error, a negative count or bounds out
+// of order once the zero ones take their defaults. A start outside the
+// bounds is not an error: the group starts at the nearer bound.
+func (c Config) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Concurrency", c.Concurrency}, {"MinConcurrency", c.MinConcurrency}, {"MaxConcurrency", c.MaxConcurrency}, {"MaxQueue", c.MaxQueue}} {
+		if f.v < 0 {
+			return setting.Bad("lanequeue", f.name, fmt.Sprintf("%d is negative", f.v))
+		}
+	}
+	lo, hi := cmp.Or(c.MinConcurrency, DefaultMinConcurrency), cmp.Or(c.MaxConcurrency, DefaultMaxConcurrency)
+	if lo > hi {
+		return setting.Bad("lanequeue", "MinConcurrency", fmt.Sprintf("%d is above MaxConcurrency=%d", lo, hi))
+	}
+	return nil
+}
 
 func (c Config) withDefaults() Config {
 	if c.Concurrency <= 0 {
@@ -143,7 +164,7 @@ func (l *Lane) openSession() (closed func()) {
 // tests' single lanes).
 func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
-	g := newGroup(key.LimitGroup(), cfg, NewMemory(cfg), nil)
+	g := newGroup(key.limitGroup(), cfg, NewMemory(cfg), nil)
 	g.refs.Store(1) // the lane's own
 	return g.newLane(key)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/internal/setting"
 	"go.uber.org/goleak"
 )
 
@@ -418,5 +419,33 @@ func TestGrantWonInTheRaceWithCancellationIsHandedBack(t *testing.T) {
 	}
 	if cancelled == 0 || granted == 0 {
 		t.Fatalf("%d cancelled, %d granted: the race was not seen both ways", cancelled, granted)
+	}
+}
+
+// TestConfigValidate: negative counts and a floor above the ceiling, once
+// zero bounds take their defaults, are refused naming the field; a start
+// outside the bounds is not (the group starts at the nearer bound).
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg   Config
+		field string // "" = valid
+	}{
+		{Config{}, ""},
+		{Config{Concurrency: 100, MaxConcurrency: 4}, ""},
+		{Config{MinConcurrency: 4, MaxConcurrency: 4}, ""},
+		{Config{MinConcurrency: DefaultMaxConcurrency + 1}, "MinConcurrency"},
+		{Config{MinConcurrency: 10, MaxConcurrency: 5}, "MinConcurrency"},
+		{Config{MaxConcurrency: -1}, "MaxConcurrency"},
+		{Config{MaxQueue: -1}, "MaxQueue"},
+		{Config{Concurrency: -2}, "Concurrency"},
+	} {
+		err := tc.cfg.Validate()
+		var se *setting.Error
+		if tc.field == "" && err != nil || tc.field != "" && (!errors.As(err, &se) || se.Field != tc.field) {
+			t.Errorf("%+v: %v, want an error on %q", tc.cfg, err, tc.field)
+		}
+	}
+	if got := (Config{Concurrency: 100, MaxConcurrency: 4}).WithDefaults().Concurrency; got != 4 {
+		t.Errorf("a start of 100 under a ceiling of 4 became %d, want 4", got)
 	}
 }

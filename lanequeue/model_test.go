@@ -181,7 +181,7 @@ func (m *model) check(step string) {
 		add(r.lane, func(c *counts) { c.live++ })
 	}
 	inTable := map[*group]int{}
-	for _, l := range m.tb.Lanes() {
+	for _, l := range m.tb.allLanes() {
 		inTable[l.g]++
 	}
 	groups := map[*group]bool{}

@@ -16,8 +16,8 @@ const (
 	OutcomeClientStalled Outcome = "client_stalled" // the client accepted nothing for the idle bound and was cut
 )
 
-// Outcomes lists every outcome.
-var Outcomes = []Outcome{OutcomeOK, OutcomeUpstreamError, OutcomeProxyError, OutcomeUpstreamCut, OutcomeClientGone, OutcomeClientStalled}
+// allOutcomes lists every outcome.
+var allOutcomes = []Outcome{OutcomeOK, OutcomeUpstreamError, OutcomeProxyError, OutcomeUpstreamCut, OutcomeClientGone, OutcomeClientStalled}
 
 // Failed reports whether the client did not get the answer it asked for
 // through no doing of its own: every outcome but ok and client_gone.
@@ -25,8 +25,8 @@ func (o Outcome) Failed() bool { return o != OutcomeOK && o != OutcomeClientGone
 
 // outcomeList is the outcomes as the metric's help names them.
 func outcomeList() string {
-	names := make([]string, len(Outcomes))
-	for i, o := range Outcomes {
+	names := make([]string, len(allOutcomes))
+	for i, o := range allOutcomes {
 		names[i] = string(o)
 	}
 	return strings.Join(names, ", ")

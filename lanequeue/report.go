@@ -49,8 +49,12 @@ func (v Verdict) String() string {
 
 // Refusal reports whether the upstream said no for capacity.
 func (v Verdict) Refusal() bool {
-	return v == RateRefused || v == ConcurrencyRefused || v == Overloaded
+	return v.Limited() || v == Overloaded
 }
+
+// Limited reports whether the upstream refused for its limits (rate or
+// concurrency), which waiting always meets; an overload may not pass.
+func (v Verdict) Limited() bool { return v == RateRefused || v == ConcurrencyRefused }
 
 // Pauses reports whether a retry after an answer with this verdict pauses
 // the whole limit group rather than waiting alone: a rate refusal or an

@@ -300,7 +300,7 @@ func TestABudgetWaitingForATimeHoldsAProbeBack(t *testing.T) {
 // went whole or its client left.
 func TestOutcomesNameEveryWayAnAnswerEnds(t *testing.T) {
 	help := descRequests.String()
-	for _, o := range Outcomes {
+	for _, o := range allOutcomes {
 		if !strings.Contains(help, string(o)) {
 			t.Errorf("llmproxy_requests_total's help does not name %q: %s", o, help)
 		}
@@ -308,28 +308,30 @@ func TestOutcomesNameEveryWayAnAnswerEnds(t *testing.T) {
 			t.Errorf("%q.Failed() = %v", o, o.Failed())
 		}
 	}
-	if len(Outcomes) != 6 {
-		t.Errorf("%d outcomes listed, want the 6 ways an answer ends", len(Outcomes))
+	if len(allOutcomes) != 6 {
+		t.Errorf("%d outcomes listed, want the 6 ways an answer ends", len(allOutcomes))
 	}
 }
 
-// TestWhatEachVerdictMeans: which verdicts are refusals, which pause the
-// group on a retry, and the reason such a pause shows.
+// TestWhatEachVerdictMeans: which verdicts are refusals, which of those
+// are of the limits, which pause the group on a retry, and the reason
+// such a pause shows.
 func TestWhatEachVerdictMeans(t *testing.T) {
 	for _, c := range []struct {
-		v               Verdict
-		refusal, pauses bool
-		reason          string
+		v                        Verdict
+		refusal, limited, pauses bool
+		reason                   string
 	}{
-		{Accepted, false, false, "retry"},
-		{RateRefused, true, true, "rate_limited"},
-		{ConcurrencyRefused, true, false, "retry"},
-		{Overloaded, true, true, "overloaded"},
-		{Failed, false, false, "retry"},
-		{NotSent, false, false, "retry"},
+		{Accepted, false, false, false, "retry"},
+		{RateRefused, true, true, true, "rate_limited"},
+		{ConcurrencyRefused, true, true, false, "retry"},
+		{Overloaded, true, false, true, "overloaded"},
+		{Failed, false, false, false, "retry"},
+		{NotSent, false, false, false, "retry"},
 	} {
-		if c.v.Refusal() != c.refusal || c.v.Pauses() != c.pauses || c.v.PauseReason() != c.reason {
-			t.Errorf("%v: refusal %v, pauses %v, reason %q; want %v, %v, %q", c.v, c.v.Refusal(), c.v.Pauses(), c.v.PauseReason(), c.refusal, c.pauses, c.reason)
+		if c.v.Refusal() != c.refusal || c.v.Limited() != c.limited || c.v.Pauses() != c.pauses || c.v.PauseReason() != c.reason {
+			t.Errorf("%v: refusal %v, limited %v, pauses %v, reason %q; want %v, %v, %v, %q", c.v, c.v.Refusal(), c.v.Limited(),
+				c.v.Pauses(), c.v.PauseReason(), c.refusal, c.limited, c.pauses, c.reason)
 		}
 	}
 }

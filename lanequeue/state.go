@@ -78,7 +78,7 @@ type State struct {
 	Rejected    int64     `json:"rejected"`
 	Throttled   int64     `json:"throttled"`
 	Absorbed429 int64     `json:"absorbed_429"`
-	// Answers counts the statuses clients got (0: none was sent), Outcomes
+	// Answers counts the statuses clients got (0: none was sent), allOutcomes
 	// the same answers by outcome, and AnswerCounts by both; Attempts the
 	// upstream's statuses per attempt (0: no answer).
 	Answers      map[int]int64       `json:"answers,omitempty"`

@@ -24,7 +24,7 @@ type TableConfig struct {
 	Gates    map[string]*ModelGate
 	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
 	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
-	// Shared makes the shared state of a new limit group (see Key.LimitGroup);
+	// Shared makes the shared state of a new limit group (see Key.limitGroup);
 	// nil = NewMemory, state in this process only.
 	Shared func(group string, cfg Config) Shared
 	// onEvict is called, outside the table's lock, for every lane dropped.
@@ -51,7 +51,7 @@ type Table struct {
 	evicted   []evicted // filled by the LRU callback under mu, reported after unlock
 	sweeping  bool      // the sweep is removing idle lanes
 	lastSweep time.Time
-	groups    map[string]*group // by Key.LimitGroup
+	groups    map[string]*group // by Key.limitGroup
 }
 
 // NewTable returns an empty table.
@@ -115,7 +115,7 @@ func (t *Table) laneFor(key Key) *Lane {
 	now := t.cfg.Lane.Clock.Now()
 	l, ok := t.lanes.Get(id)
 	if !ok {
-		gk := key.LimitGroup()
+		gk := key.limitGroup()
 		g := t.groups[gk]
 		if g == nil {
 			cfg := t.cfg.Lane
@@ -162,7 +162,7 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	var leave func()
 	if gate := t.cfg.Gates[key.Route]; gate != nil {
 		var err error
-		if leave, err = gate.Enter(ctx, key.Model); err != nil {
+		if leave, err = gate.enter(ctx, key.Model); err != nil {
 			return &Slot{lane: l, phase: phaseDone}, err
 		}
 	}
@@ -200,7 +200,7 @@ func (t *Table) groupCount() int {
 }
 
 // Lanes returns every lane, least recently used first.
-func (t *Table) Lanes() []*Lane {
+func (t *Table) allLanes() []*Lane {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lanes.Values()
@@ -214,7 +214,7 @@ func (t *Table) States() []State { return t.states((*Lane).State) }
 // the most recently used; and how many lanes there are. A status page
 // asks for a page of lanes, never all 10,000 at once.
 func (t *Table) Busiest(n int, history bool) (states []State, total int) {
-	lanes := t.Lanes()
+	lanes := t.allLanes()
 	type load struct {
 		l    *Lane
 		busy int
@@ -243,7 +243,7 @@ func (t *Table) Busiest(n int, history bool) (states []State, total int) {
 }
 
 func (t *Table) states(state func(*Lane) State) []State {
-	lanes := t.Lanes()
+	lanes := t.allLanes()
 	out := make([]State, 0, len(lanes))
 	for _, l := range lanes {
 		out = append(out, state(l))

@@ -170,7 +170,7 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	s.release()
 	tb.laneFor(Key{CredentialHash: HashCredential("sk-third"), Path: "/y", Model: "m"}) // evicts `again` (idle)
 	tb.mu.Lock()
-	_, kept := tb.groups[chat.LimitGroup()]
+	_, kept := tb.groups[chat.limitGroup()]
 	tb.mu.Unlock()
 	if kept {
 		t.Fatal("the group outlived every lane that used it")
@@ -244,7 +244,7 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 		if tb.laneFor(k) == baseLane {
 			t.Errorf("%s: the same lane", name)
 		}
-		if sameGroup := k.LimitGroup() == base.LimitGroup(); sameGroup != (name == "path") {
+		if sameGroup := k.limitGroup() == base.limitGroup(); sameGroup != (name == "path") {
 			t.Errorf("%s: same limit group = %v", name, sameGroup)
 		}
 	}
@@ -252,7 +252,7 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 	// another key.
 	a := Key{Route: "ab", Path: "/c"}
 	b := Key{Route: "a", CredentialHash: "b", Path: "/c"}
-	if a.ID() == b.ID() || a.LimitGroup() == b.LimitGroup() {
+	if a.ID() == b.ID() || a.limitGroup() == b.limitGroup() {
 		t.Error("fields run together in the lane ID or limit group")
 	}
 }

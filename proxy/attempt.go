@@ -94,7 +94,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		req.retries++
 		req.tries = d.next
 		after := d.wait
-		if d.pauseLane && held {
+		if d.pauseGroup && held {
 			after = 0 // the group holds the retry: its pause, or its concurrency limit
 		}
 		if err := slot.WaitRetry(ctx, after); err != nil {

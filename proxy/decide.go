@@ -39,12 +39,12 @@ func (a action) String() string {
 type decision struct {
 	action  action
 	verdict lanequeue.Verdict
-	// wait is how long before the retry. With pauseLane it holds every
+	// wait is how long before the retry. With pauseGroup it holds every
 	// lane of the group (a refusal speaks for the whole limit); without,
 	// only this request.
-	wait      time.Duration
-	pauseLane bool
-	why       string // giveUp: the reason, for the client and the log
+	wait       time.Duration
+	pauseGroup bool
+	why        string // giveUp: the reason, for the client and the log
 	// next is the request's tally with this answer counted: what decide
 	// reads for the next attempt's answer when the action is retry.
 	next tally
@@ -94,10 +94,9 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 		// that just refused would make a retry storm: back off instead.
 		hasHint = false
 	}
-	refused := d.verdict == lanequeue.RateRefused || d.verdict == lanequeue.ConcurrencyRefused
 	step := t.failures
 	switch {
-	case refused:
+	case d.verdict.Limited():
 		step = min(t.refusals, maxRefusalStep)
 	case t.failures >= pol.maxRetries:
 		d.why = "retries exhausted (LLMPROXY_MAX_RETRIES)"
@@ -116,9 +115,9 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 		return d
 	}
 	d.action, d.wait = retry, wait
-	d.pauseLane = d.verdict.Pauses()
+	d.pauseGroup = d.verdict.Pauses()
 	d.next = t
-	if refused {
+	if d.verdict.Limited() {
 		d.next.refusals++
 	} else {
 		d.next.refusals = 0
@@ -163,7 +162,7 @@ func (d decision) report(res upstream.Result, now time.Time) lanequeue.Report {
 	if res.HasHint {
 		r.Hint = res.Hint
 	}
-	if d.action == retry && d.pauseLane {
+	if d.action == retry && d.pauseGroup {
 		r.PauseUntil = now.Add(d.wait)
 	}
 	return r

@@ -31,14 +31,14 @@ func TestDecide(t *testing.T) {
 	rate429 := answered(429, upstream.Retryable, headerparse.KindRateLimit)
 	unreachable := upstream.Result{Err: errors.New("dial tcp: connection refused"), Outcome: upstream.Retryable, Unreachable: true}
 	tests := []struct {
-		name      string
-		res       upstream.Result
-		tries     tally
-		budget    time.Duration
-		action    action
-		verdict   lanequeue.Verdict
-		wait      time.Duration
-		pauseLane bool
+		name       string
+		res        upstream.Result
+		tries      tally
+		budget     time.Duration
+		action     action
+		verdict    lanequeue.Verdict
+		wait       time.Duration
+		pauseGroup bool
 	}{
 		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), tally{}, time.Minute, pass, lanequeue.Accepted, 0, false},
 		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), tally{}, time.Minute, pass, lanequeue.Accepted, 0, false},
@@ -73,9 +73,9 @@ func TestDecide(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := decide(tt.res, tt.tries, pol, now, now.Add(tt.budget), 0)
-			if d.action != tt.action || d.verdict != tt.verdict || d.wait != tt.wait || d.pauseLane != tt.pauseLane {
+			if d.action != tt.action || d.verdict != tt.verdict || d.wait != tt.wait || d.pauseGroup != tt.pauseGroup {
 				t.Fatalf("got %v %v wait %v pause %v (%s); want %v %v wait %v pause %v",
-					d.action, d.verdict, d.wait, d.pauseLane, d.why, tt.action, tt.verdict, tt.wait, tt.pauseLane)
+					d.action, d.verdict, d.wait, d.pauseGroup, d.why, tt.action, tt.verdict, tt.wait, tt.pauseGroup)
 			}
 			if (d.action == giveUp) != (d.why != "") {
 				t.Fatalf("why = %q for %v", d.why, d.action)
@@ -84,7 +84,7 @@ func TestDecide(t *testing.T) {
 			if rep.Verdict != tt.verdict {
 				t.Fatalf("report verdict %v", rep.Verdict)
 			}
-			if wantPause := tt.action == retry && tt.pauseLane; wantPause != !rep.PauseUntil.IsZero() ||
+			if wantPause := tt.action == retry && tt.pauseGroup; wantPause != !rep.PauseUntil.IsZero() ||
 				wantPause && !rep.PauseUntil.Equal(now.Add(tt.wait)) {
 				t.Fatalf("report pause until %v, want pause %v for %v", rep.PauseUntil, wantPause, tt.wait)
 			}

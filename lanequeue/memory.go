@@ -44,7 +44,7 @@ func NewMemory(cfg Config) *Memory {
 }
 
 // NoteDispatch records a dispatch another store admitted, one that every
-// replica of the proxy shares, so that what Local learns from behaviour
+// replica of the proxy shares, so that what Memory learns from behaviour
 // is about the group as the upstream sees it, all replicas together: out
 // is the number of permits out, all replicas together, before this one;
 // sent the running count of the group's dispatches, all replicas
