@@ -27,6 +27,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -162,28 +163,32 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// Validate reports the first of cfg's settings the proxy cannot use: a
-// negative retry count, an upstream URL or a route name.
+// Validate reports the first of cfg's settings the proxy cannot use, as
+// a *setting.Error: a negative retry count, the lanes' settings (their
+// Validate), an upstream URL, a route name.
 func (cfg Config) Validate() error {
 	if cfg.MaxRetries < 0 {
-		return fmt.Errorf("proxy: MaxRetries %d is negative", cfg.MaxRetries)
+		return setting.Bad("proxy", "MaxRetries", fmt.Sprintf("%d is below the minimum 0", cfg.MaxRetries))
+	}
+	if err := cfg.Lanes.Lane.Validate(); err != nil {
+		return err
 	}
 	if cfg.Upstream != nil {
 		if err := CheckUpstream(cfg.Upstream); err != nil {
-			return fmt.Errorf("proxy: upstream: %w", err)
+			return setting.Bad("proxy", "Upstream", err.Error())
 		}
 	}
 	seen := map[string]bool{}
 	for _, r := range cfg.Routes {
 		if !ValidRouteName(r.Name) {
-			return fmt.Errorf("proxy: route name %q: use letters, digits, '.', '_' and '-'", r.Name)
+			return setting.Bad("proxy", "Routes", fmt.Sprintf("route name %q: use letters, digits, '.', '_' and '-'", r.Name))
 		}
 		if seen[r.Name] {
-			return fmt.Errorf("proxy: route %q given twice", r.Name)
+			return setting.Bad("proxy", "Routes", fmt.Sprintf("route %q given twice", r.Name))
 		}
 		seen[r.Name] = true
 		if err := CheckUpstream(r.URL); err != nil {
-			return fmt.Errorf("proxy: route %q: %w", r.Name, err)
+			return setting.Bad("proxy", "Routes", fmt.Sprintf("route %q: %v", r.Name, err))
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/llmproxy/llmproxy/backoff"
+	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -605,11 +607,13 @@ func TestNewRefusesAnUpstreamItCannotUse(t *testing.T) {
 	good, _ := url.Parse("http://127.0.0.1:1")
 	for _, raw := range []string{"ftp://example.com", "http://", "http://u:p@example.com", "https://example.com/?key=1"} {
 		bad, _ := url.Parse(raw)
-		if _, err := New(Config{Upstream: bad}); err == nil || !strings.Contains(err.Error(), "upstream") {
-			t.Errorf("upstream %q: New said %v, want an upstream error", raw, err)
+		var se *setting.Error
+		if _, err := New(Config{Upstream: bad}); !errors.As(err, &se) || se.Field != "Upstream" {
+			t.Errorf("upstream %q: New said %v, want an error on Upstream", raw, err)
 		}
-		if _, err := New(Config{Upstream: good, Routes: []Route{{Name: "r", URL: bad}}}); err == nil || !strings.Contains(err.Error(), `route "r"`) {
-			t.Errorf("route URL %q: New said %v, want an error naming the route", raw, err)
+		_, err := New(Config{Upstream: good, Routes: []Route{{Name: "r", URL: bad}}})
+		if !errors.As(err, &se) || se.Field != "Routes" || !strings.Contains(se.Problem, `route "r"`) {
+			t.Errorf("route URL %q: New said %v, want an error on Routes naming the route", raw, err)
 		}
 	}
 }

@@ -17,7 +17,7 @@ var debugCommand = []string{"--enable-debug-command", "local"}
 // its own; the returned channel closes when the server is awake again.
 func sleepRedis(t *testing.T, url string, d time.Duration) <-chan struct{} {
 	t.Helper()
-	st, err := New(Config{URL: url, Timeout: d + 5*time.Second, Slow: -1})
+	st, err := New(Config{URL: url, Timeout: d + 5*time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func sleepRedis(t *testing.T, url string, d time.Duration) <-chan struct{} {
 // answers (issue 18, item 3).
 func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 	srv := startServer(t, debugCommand...)
-	a, err := New(Config{URL: srv.url(), Timeout: 5 * time.Second, Slow: -1}) // a slow Redis, not a gone one
+	a, err := New(Config{URL: srv.url(), Timeout: 5 * time.Second}) // a slow Redis, not a gone one
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 // Redis; it shares again once a ping answers within the bound (item 3).
 func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 	srv := startServer(t, debugCommand...)
-	a, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second}) // below the cutoff: only slow
+	a, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second, Slow: DefaultSlow}) // below the cutoff: only slow
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -276,12 +276,12 @@ func waitCount(t *testing.T, st *Store, n int, within time.Duration) {
 	}
 }
 
-// TestANeverSlowStoreRejoinsWhenRedisAnswers: with Slow negative (never
+// TestANeverSlowStoreRejoinsWhenRedisAnswers: with Slow zero (never
 // too slow) a degraded replica rejoins at the first ping that answers.
 func TestANeverSlowStoreRejoinsWhenRedisAnswers(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	st, err := New(Config{URL: srv.url(), Slow: -1})
+	st, err := New(Config{URL: srv.url()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestAPermitTakenWhileAwayIsCountedAfterTheRejoin(t *testing.T) {
 func TestASlowPingKeepsTheReplicaLocal(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, debugCommand...)
-	st, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second}) // Slow 50ms
+	st, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second, Slow: DefaultSlow})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -41,7 +42,7 @@ type Config struct {
 	Prefix string
 	// LeaseTTL is how long a permit stays counted without its replica
 	// renewing it: how long a replica that died holds its permits. Zero =
-	// 15s; at least MinLeaseTTL.
+	// 15s, else at least MinLeaseTTL.
 	LeaseTTL time.Duration
 	// KeyTTL is how long a group's keys live unused; zero = 10m.
 	KeyTTL time.Duration
@@ -54,7 +55,8 @@ type Config struct {
 	// Slow is the 99th percentile of recent calls past which Redis counts
 	// as too slow to share through: the replica uses its share of the
 	// limits locally until a ping answers within it again, rather than
-	// making its requests wait on Redis. Zero = 50ms; negative = never.
+	// making its requests wait on Redis. Zero = never, as
+	// LLMPROXY_REDIS_SLOW=0 (DefaultSlow is cmd's default).
 	Slow time.Duration
 	// Logger gets one line per change between shared and local; nil =
 	// discard.
@@ -116,17 +118,17 @@ type Store struct {
 // would let live permits lapse. A shorter Config.LeaseTTL is raised to it.
 const MinLeaseTTL = time.Second
 
-// ErrBadURL is returned by New for a URL that cannot be used.
-var ErrBadURL = errors.New("redisstate: bad URL")
-
-// New connects to cfg.URL. A URL that cannot be parsed is an error; a
-// server that does not answer is not: the store starts degraded and
-// rejoins when it answers.
+// New connects to cfg.URL. No URL, or a Config Validate refuses, is an
+// error; a server that does not answer is not: the store starts degraded
+// and rejoins when it answers.
 func New(cfg Config) (*Store, error) {
-	opt, err := redis.ParseURL(cfg.URL)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadURL, err)
+	if cfg.URL == "" {
+		return nil, setting.Bad("redisstate", "URL", "missing")
 	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	opt, _ := redis.ParseURL(cfg.URL) // Validate parsed it
 	cfg = cfg.withDefaults()
 	// go-redis logs its own retries and dial failures (a dozen a second
 	// while Redis is down) to stderr in a format of its own; they go
@@ -163,23 +165,39 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// The defaults of Config's lease TTL and slowness bound.
+// The default lease TTL, and the slowness bound cmd sets by default.
 const (
 	DefaultLeaseTTL = 15 * time.Second
 	DefaultSlow     = 50 * time.Millisecond
 )
 
-// withDefaults is cfg with every unset field at its default, and a lease
-// TTL under MinLeaseTTL raised to it.
+// Validate reports, as a *setting.Error, a URL given that is not a
+// redis:// or rediss:// one (its value never quoted: it may hold a
+// password), a lease TTL under MinLeaseTTL or a negative slowness bound.
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.URL != "" && !validURL(cfg.URL):
+		return setting.Bad("redisstate", "URL", "not a usable redis:// or rediss:// URL (the value is not shown: it may hold a password)")
+	case cfg.LeaseTTL < 0 || cfg.LeaseTTL > 0 && cfg.LeaseTTL < MinLeaseTTL:
+		return setting.Bad("redisstate", "LeaseTTL", fmt.Sprintf("%v is below the minimum %v", cfg.LeaseTTL, MinLeaseTTL))
+	case cfg.Slow < 0:
+		return setting.Bad("redisstate", "Slow", fmt.Sprintf("%v is negative (0 is never)", cfg.Slow))
+	}
+	return nil
+}
+
+func validURL(u string) bool {
+	_, err := redis.ParseURL(u)
+	return err == nil
+}
+
+// withDefaults is cfg with every unset field at its default.
 func (cfg Config) withDefaults() Config {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "llmproxy:v1:"
 	}
-	switch {
-	case cfg.LeaseTTL <= 0:
+	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
-	case cfg.LeaseTTL < MinLeaseTTL:
-		cfg.LeaseTTL = MinLeaseTTL
 	}
 	if cfg.KeyTTL <= 0 {
 		cfg.KeyTTL = 10 * time.Minute
@@ -189,9 +207,6 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.Poll <= 0 {
 		cfg.Poll = 20 * time.Millisecond
-	}
-	if cfg.Slow == 0 {
-		cfg.Slow = DefaultSlow
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -722,7 +737,7 @@ func (l *latencies) add(d time.Duration) time.Duration {
 // took records a call that began at start; a replica whose recent calls
 // are too slow goes local (see Config.Slow).
 func (s *Store) took(start time.Time, err error) {
-	if err != nil || s.cfg.Slow < 0 {
+	if err != nil || s.cfg.Slow <= 0 {
 		return
 	}
 	if p99 := s.latency.add(time.Since(start)); p99 > s.cfg.Slow {

@@ -81,13 +81,13 @@ func (s *server) stop() {
 }
 
 // newStore is a store on url with lease TTL lease that never goes local
-// for slowness (Slow -1): on a loaded machine (CI runs every package at
+// for slowness (Slow zero): on a loaded machine (CI runs every package at
 // once, under -race) calls can pass the 50 ms bound and send a test's
 // replica local when what it tests is the shared path. The tests of
 // slowness set Slow themselves.
 func newStore(t *testing.T, url string, lease time.Duration) *Store {
 	t.Helper()
-	st, err := New(Config{URL: url, LeaseTTL: lease, Slow: -1})
+	st, err := New(Config{URL: url, LeaseTTL: lease})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,15 +294,11 @@ func TestUnreachableAtStartIsDegradedNotAnError(t *testing.T) {
 
 // TestAZeroConfigTakesTheDefaults: Shared with a zero lanequeue.Config
 // admits as a group with the default limits does (it admitted nothing,
-// ever: the scripts read a concurrency of 0), and a lease shorter than
-// MinLeaseTTL is raised to it.
+// ever: the scripts read a concurrency of 0).
 func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	st := newStore(t, srv.url(), 100*time.Millisecond)
-	if st.cfg.LeaseTTL != MinLeaseTTL {
-		t.Errorf("lease TTL %v, want it raised to %v", st.cfg.LeaseTTL, MinLeaseTTL)
-	}
+	st := newStore(t, srv.url(), MinLeaseTTL)
 	sh := st.Shared("g", lanequeue.Config{})
 	for i := range lanequeue.DefaultConcurrency {
 		if _, _, ok := admit(t, sh); !ok {
@@ -321,7 +317,7 @@ func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) {
 	srv := startServer(t)
 	fc := clock.NewFake(time.Now().Add(-time.Hour))
-	st, err := New(Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Slow: -1, Clock: fc})
+	st, err := New(Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Clock: fc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,15 @@
 package redisstate
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -88,8 +91,8 @@ func TestGiveBacksWaitingAreBounded(t *testing.T) {
 }
 
 // TestNewFillsTheDocumentedDefaults: zero Config fields take the
-// documented defaults, set ones are kept, and a lease under MinLeaseTTL
-// is raised to it. Redis need not answer.
+// documented defaults (Slow zero stays never), set ones are kept. Redis
+// need not answer.
 func TestNewFillsTheDocumentedDefaults(t *testing.T) {
 	t.Parallel()
 	url := "redis://127.0.0.1:1/0" // nobody listens: the store starts degraded
@@ -99,13 +102,13 @@ func TestNewFillsTheDocumentedDefaults(t *testing.T) {
 	}
 	defer zero.Close()
 	want := Config{Prefix: "llmproxy:v1:", LeaseTTL: 15 * time.Second, KeyTTL: 10 * time.Minute,
-		Timeout: 50 * time.Millisecond, Poll: 20 * time.Millisecond, Slow: 50 * time.Millisecond}
+		Timeout: 50 * time.Millisecond, Poll: 20 * time.Millisecond, Slow: 0}
 	if c := zero.cfg; c.Prefix != want.Prefix || c.LeaseTTL != want.LeaseTTL || c.KeyTTL != want.KeyTTL ||
 		c.Timeout != want.Timeout || c.Poll != want.Poll || c.Slow != want.Slow {
 		t.Errorf("zero config became %+v, want %+v", c, want)
 	}
 	set := Config{URL: url, Prefix: "x:", LeaseTTL: 3 * time.Second, KeyTTL: time.Minute, Timeout: 40 * time.Millisecond,
-		Poll: 5 * time.Millisecond, Slow: -1}
+		Poll: 5 * time.Millisecond, Slow: 30 * time.Millisecond}
 	st, err := New(set)
 	if err != nil {
 		t.Fatal(err)
@@ -115,15 +118,43 @@ func TestNewFillsTheDocumentedDefaults(t *testing.T) {
 		c.Timeout != set.Timeout || c.Poll != set.Poll || c.Slow != set.Slow {
 		t.Errorf("config %+v became %+v", set, c)
 	}
-	for _, lease := range []time.Duration{time.Millisecond, MinLeaseTTL} {
-		short, err := New(Config{URL: url, LeaseTTL: lease, Timeout: 50 * time.Millisecond})
-		if err != nil {
-			t.Fatal(err)
+}
+
+// TestValidateNamesTheFieldItRefuses: each setting New cannot use is a
+// *setting.Error naming its field, the URL's value never shown; what it
+// can use passes.
+func TestValidateNamesTheFieldItRefuses(t *testing.T) {
+	const secret = "hunter2"
+	for _, tc := range []struct {
+		cfg   Config
+		field string // "" = valid
+	}{
+		{Config{URL: "redis://127.0.0.1:1/0"}, ""}, // nobody listens: New starts degraded
+		{Config{URL: "rediss://u:" + secret + "@127.0.0.1:1/1", LeaseTTL: MinLeaseTTL, Slow: time.Millisecond}, ""},
+		{Config{}, ""}, // New wants a URL; the settings beside it are valid
+		{Config{URL: "http://u:" + secret + "@127.0.0.1/"}, "URL"},
+		{Config{URL: "redis://127.0.0.1:1", LeaseTTL: MinLeaseTTL - time.Millisecond}, "LeaseTTL"},
+		{Config{URL: "redis://127.0.0.1:1", LeaseTTL: -time.Second}, "LeaseTTL"},
+		{Config{URL: "redis://127.0.0.1:1", Slow: -1}, "Slow"},
+	} {
+		err := tc.cfg.Validate()
+		var se *setting.Error
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%+v: %v, want valid", tc.cfg, err)
+		case tc.field != "" && (!errors.As(err, &se) || se.Field != tc.field || se.Pkg != "redisstate"):
+			t.Errorf("%+v: %v, want a setting error on %s", tc.cfg, err, tc.field)
+		case err != nil && strings.Contains(err.Error(), secret):
+			t.Errorf("the error shows the URL's password: %v", err)
 		}
-		if short.cfg.LeaseTTL != MinLeaseTTL {
-			t.Errorf("lease TTL %v became %v, want %v", lease, short.cfg.LeaseTTL, MinLeaseTTL)
+		tc.cfg.Timeout = 50 * time.Millisecond
+		st, nerr := New(tc.cfg)
+		if nerr == nil {
+			st.Close()
 		}
-		short.Close()
+		if (tc.field != "" || tc.cfg.URL == "") && nerr == nil {
+			t.Errorf("New(%+v) accepted what it cannot use", tc.cfg)
+		}
 	}
 }
 

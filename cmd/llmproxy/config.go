@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/redis/go-redis/v9"
-
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"regexp"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +17,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/llmproxy/llmproxy/internal/buildinfo"
+	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -96,7 +96,7 @@ func describeEnvError(err error) error {
 // validate checks every setting, first problem first, and fills in what
 // is parsed from them (the upstream, the routes, the concurrency start).
 func (c *config) validate() error {
-	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices} {
+	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices, c.checkOwned} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -148,7 +148,6 @@ func (c *config) checkCounts() error {
 		val  int64
 		min  int64
 	}{
-		{"MAX_RETRIES", int64(c.MaxRetries), 0},
 		{"MAX_QUEUE", int64(c.MaxQueue), 1},
 		{"MAX_BODY_BYTES", c.MaxBodyBytes, 1},
 		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, 1},
@@ -179,7 +178,7 @@ func (c *config) checkDurations() error {
 		{"MAX_WAIT", c.MaxWait, time.Second}, {"MAX_RETRY_AFTER", c.MaxRetryAfter, time.Second},
 		{"BODY_TIMEOUT", c.BodyTimeout, time.Second},
 		{"IDLE_TIMEOUT", c.IdleTimeout, 0}, {"LANE_IDLE_TTL", c.LaneIdleTTL, 0},
-		{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0}, {"REDIS_LEASE_TTL", c.RedisLeaseTTL, time.Second},
+		{"SHUTDOWN_TIMEOUT", c.ShutdownTimeout, 0}, {"REDIS_LEASE_TTL", c.RedisLeaseTTL, 0},
 	} {
 		switch {
 		case v.val <= 0:
@@ -191,17 +190,8 @@ func (c *config) checkDurations() error {
 	return nil
 }
 
-// checkChoices checks the concurrency range (and moves the start into
-// it), the settings that take one of a few words, and the Redis URL.
+// checkChoices checks the settings that take one of a few words.
 func (c *config) checkChoices() error {
-	if c.LaneMinConcurrency > c.LaneMaxConcurrency {
-		return bad("LANE_MIN_CONCURRENCY", "%d is above LLMPROXY_LANE_MAX_CONCURRENCY=%d", c.LaneMinConcurrency, c.LaneMaxConcurrency)
-	}
-	// A ceiling below the default start (MAX=4) means "at most 4", not a
-	// second variable to change: the start moves into the range.
-	if v := min(max(c.LaneConcurrency, c.LaneMinConcurrency), c.LaneMaxConcurrency); v != c.LaneConcurrency {
-		c.laneConcurrencyGiven, c.LaneConcurrency = c.LaneConcurrency, v
-	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "error":
 	default:
@@ -217,14 +207,54 @@ func (c *config) checkChoices() error {
 	default:
 		return bad("LOG_FORMAT", "%q is not text or json", c.LogFormat)
 	}
-	if c.RedisURL != "" {
-		// The URL may hold a password: the message names the problem only.
-		if _, err := redis.ParseURL(c.RedisURL); err != nil {
-			return bad("REDIS_URL", "not a usable redis:// or rediss:// URL (the value is not shown: it may hold a password)")
-		}
+	return nil
+}
+
+// ownedBy maps the package Config fields set from the environment to
+// their variables, so that a package's Validate error names the variable.
+var ownedBy = map[string]string{
+	"proxy.MaxRetries": "MAX_RETRIES", "proxy.Upstream": "UPSTREAM", "proxy.Routes": "ROUTES",
+	"lanequeue.Concurrency": "LANE_CONCURRENCY", "lanequeue.MinConcurrency": "LANE_MIN_CONCURRENCY",
+	"lanequeue.MaxConcurrency": "LANE_MAX_CONCURRENCY", "lanequeue.MaxQueue": "MAX_QUEUE",
+	"redisstate.URL": "REDIS_URL", "redisstate.LeaseTTL": "REDIS_LEASE_TTL", "redisstate.Slow": "REDIS_SLOW",
+}
+
+// checkOwned asks each package that owns settings whether it can use
+// them (their checks are the package's, not repeated here), and moves the
+// lanes' start concurrency into its range as the lanes will.
+func (c *config) checkOwned() error {
+	if err := proxyConfig(*c, laneConfig(*c), nil, nil).Validate(); err != nil {
+		return named(err)
+	}
+	if err := storeConfig(*c).Validate(); err != nil {
+		return named(err)
+	}
+	// A ceiling below the default start (MAX=4) means "at most 4", not a
+	// second variable to change: the start moves into the range.
+	if v := laneConfig(*c).Lane.WithDefaults().Concurrency; v != c.LaneConcurrency {
+		c.laneConcurrencyGiven, c.LaneConcurrency = c.LaneConcurrency, v
 	}
 	return nil
 }
+
+// named is a package's *setting.Error with its field, and the fields its
+// problem names, as LLMPROXY_* variables.
+func named(err error) error {
+	var se *setting.Error
+	if !errors.As(err, &se) || ownedBy[se.Pkg+"."+se.Field] == "" {
+		return err
+	}
+	problem := fieldName.ReplaceAllStringFunc(se.Problem, func(f string) string {
+		if v := ownedBy[se.Pkg+"."+f]; v != "" {
+			return envPrefix + v
+		}
+		return f
+	})
+	return bad(ownedBy[se.Pkg+"."+se.Field], "%s", problem)
+}
+
+// fieldName matches what may be a Go field name in a problem's words.
+var fieldName = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
 
 // apiVersionSegments start the paths of the APIs the default upstream
 // serves (/v1/chat/completions, /v1/messages, /v1beta/models/...): a route
@@ -254,8 +284,8 @@ func (c *config) parseRoutes() error {
 		}
 		c.routes = append(c.routes, proxy.Route{Name: name, URL: ru})
 	}
-	// The rest (a route given twice) is the proxy's to say.
-	return proxy.Config{Routes: c.routes}.Validate()
+	// The rest (a route given twice) is the proxy's to say: checkOwned.
+	return nil
 }
 
 // parseUpstream parses an upstream base URL. Its errors show the URL

@@ -173,7 +173,8 @@ func TestLaneConcurrencyIsClampedIntoItsRange(t *testing.T) {
 		}
 	}
 	out := startErr(t, map[string]string{"LLMPROXY_LANE_MIN_CONCURRENCY": "10", "LLMPROXY_LANE_MAX_CONCURRENCY": "5"})
-	if !strings.Contains(out, "LLMPROXY_LANE_MIN_CONCURRENCY") {
+	// lanequeue's words, with its fields named as the variables.
+	if !strings.Contains(out, "LLMPROXY_LANE_MIN_CONCURRENCY: 10 is above LLMPROXY_LANE_MAX_CONCURRENCY=5") {
 		t.Errorf("min above max: %q", out)
 	}
 	pr := startProgram(t, map[string]string{"LLMPROXY_UPSTREAM": okUpstream(t), "LLMPROXY_LANE_MAX_CONCURRENCY": "4"})

@@ -47,6 +47,8 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_LANE_CONCURRENCY", "0"},
 		{"LLMPROXY_MAX_BODY_BYTES", "0"},
 		{"LLMPROXY_REDIS_LEASE_TTL", "500ms"},
+		{"LLMPROXY_REDIS_SLOW", "-1ms"},
+		{"LLMPROXY_REDIS_URL", "http://u:pw@127.0.0.1"},
 		{"LLMPROXY_ROUTE_NOPE_RPM", "600"},
 		{"LLMPROXY_ROUTE_DEFAULT_MIN_GAP", "soon"},
 		{"LLMPROXY_GLOBAL_CONCURRENCY", "-3"},

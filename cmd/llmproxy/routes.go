@@ -74,7 +74,7 @@ var routeSettings = []routeSetting{
 		st.Local = b
 		return nil
 	}},
-	{"LOCAL_FAIRNESS", "30s", "with LOCAL: how long the loaded model's requests may go ahead of a waiting request for another model; at least 1s", func(st *proxy.RouteSettings, v string) error {
+	{"LOCAL_FAIRNESS", lanequeue.DefaultFairness.String(), "with LOCAL: how long the loaded model's requests may go ahead of a waiting request for another model; at least 1s", func(st *proxy.RouteSettings, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < time.Second {
 			return fmt.Errorf("%q is not a duration of at least 1s", v)

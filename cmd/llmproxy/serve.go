@@ -84,16 +84,7 @@ func serve(ctx context.Context, again <-chan os.Signal, environ map[string]strin
 func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atomic.Bool) (p *proxy.Proxy, health proxy.Health, closeStore func(), err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(build))
-	lanes := lanequeue.TableConfig{
-		Lane: lanequeue.Config{
-			Concurrency:    cfg.LaneConcurrency,
-			MinConcurrency: cfg.LaneMinConcurrency,
-			MaxConcurrency: cfg.LaneMaxConcurrency,
-			MaxQueue:       cfg.MaxQueue,
-		},
-		MaxLanes: cfg.MaxLanes,
-		IdleTTL:  cfg.LaneIdleTTL,
-	}
+	lanes := laneConfig(cfg)
 	health = proxy.Health{Build: build, Ready: func(context.Context) error {
 		if draining.Load() {
 			return errors.New("draining: finishing queued and in-flight requests")
@@ -102,10 +93,9 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 	}}
 	closeStore = func() {}
 	if cfg.RedisURL != "" {
-		store, err := redisstate.New(redisstate.Config{
-			URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: redisSlow(cfg.RedisSlow),
-			Logger: log, Registerer: reg,
-		})
+		sc := storeConfig(cfg)
+		sc.Logger, sc.Registerer = log, reg
+		store, err := redisstate.New(sc)
 		if err != nil {
 			return nil, health, closeStore, errors.New("LLMPROXY_REDIS_URL: not usable (the value is not shown: it may hold a password)")
 		}
@@ -120,6 +110,26 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		return nil, health, func() {}, err
 	}
 	return p, health, closeStore, nil
+}
+
+// laneConfig is the lanes' settings from cfg.
+func laneConfig(cfg config) lanequeue.TableConfig {
+	return lanequeue.TableConfig{
+		Lane: lanequeue.Config{
+			Concurrency:    cfg.LaneConcurrency,
+			MinConcurrency: cfg.LaneMinConcurrency,
+			MaxConcurrency: cfg.LaneMaxConcurrency,
+			MaxQueue:       cfg.MaxQueue,
+		},
+		MaxLanes: cfg.MaxLanes,
+		IdleTTL:  cfg.LaneIdleTTL,
+	}
+}
+
+// storeConfig is the Redis store's settings from cfg (no logger or
+// registry yet).
+func storeConfig(cfg config) redisstate.Config {
+	return redisstate.Config{URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: cfg.RedisSlow}
 }
 
 // proxyConfig is proxy.Config from cfg.
@@ -283,13 +293,4 @@ func buildInfoGauge(b buildinfo.Info) prometheus.Collector {
 	})
 	g.Set(1)
 	return g
-}
-
-// redisSlow is LLMPROXY_REDIS_SLOW as redisstate takes it: 0 there is
-// the default, and never is negative.
-func redisSlow(d time.Duration) time.Duration {
-	if d <= 0 {
-		return -1
-	}
-	return d
 }
