@@ -338,3 +338,29 @@ func TestReadyzAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminUnknownPathsAnswerFromTheTable: a path the admin listener does
+// not serve, or a method it does not answer, gets the replies table's
+// JSON error like every other proxy-made answer, not chi's plain text.
+func TestAdminUnknownPathsAnswerFromTheTable(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		code         string
+	}{
+		{"GET", "/nope", 404, "not_found"},
+		{"POST", "/healthz", 405, "method_not_allowed"},
+	} {
+		rec := httptest.NewRecorder()
+		p.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest(tc.method, tc.path, nil))
+		var body apiError
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != tc.status || body.Error.Code != tc.code ||
+			!strings.HasPrefix(body.Error.Message, "llmproxy: ") || rec.Header().Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d %q (%v), want %d with code %s", tc.method, tc.path, rec.Code, rec.Body, err, tc.status, tc.code)
+		}
+	}
+}

@@ -47,6 +47,7 @@ const (
 	failBadPriority
 	failAdminToken
 	failNotReady
+	failNotFound
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -87,6 +88,8 @@ var replies = map[failKind]errorReply{
 	// /readyz while the proxy cannot serve (draining, or Health.Ready's
 	// reason): a load balancer sends the traffic elsewhere.
 	failNotReady: {status: http.StatusServiceUnavailable, typ: "server_error", code: "not_ready", retryAfter: time.Second},
+	// The admin listener's paths it does not serve.
+	failNotFound: {status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found"},
 }
 
 // errShutdown is the answer to requests cut short by Stop.
