@@ -243,12 +243,12 @@ local function learn(p, i, now)
   b.known, b.syn, b.size, b.rate = 1, syn, size, rate
   local mode, value, mark = tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), tonumber(ARGV[i+6])
   if redis.call('HEXISTS', KEYS[1], p..'avail') == 0 then b.avail = b.size end
-  if mode == 1 then
+  if mode == 1 then -- leftCounted
     b.avail = value - math.max(0, b.sent - mark)
     -- The upstream's count now holds what every request sent up to mark
     -- really used: settling one of them must not credit it back again.
     redis.call('HSET', KEYS[1], p..'seen', tostring(math.max(num(redis.call('HGET', KEYS[1], p..'seen'), 0), mark)))
-  elseif mode == 2 then b.avail = math.min(b.avail, value) end
+  elseif mode == 2 then b.avail = math.min(b.avail, value) end -- leftCapped
   b.avail = math.min(b.avail, b.size)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
   save(KEYS[1], p, b)

@@ -236,11 +236,21 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 }
 
 // budgetArgs are a budget's fields for learnScript.
-func budgetArgs(b lanequeue.BudgetView, syn bool, mode int, value, mark float64) []any {
+// How learnScript sets what is left of a budget from an answer (the
+// mode among its budget arguments).
+type leftMode int
+
+const (
+	leftUnchanged leftMode = 0 // the answer says nothing of what is left
+	leftCounted   leftMode = 1 // the upstream's remaining count (value), less what was sent after mark
+	leftCapped    leftMode = 2 // at most value
+)
+
+func budgetArgs(b lanequeue.BudgetView, syn bool, mode leftMode, value, mark float64) []any {
 	if !b.Known {
 		return []any{0, 0, 0, 0, 0, 0, 0}
 	}
-	return []any{1, boolInt(syn), b.Limit, b.PerSecond, mode, value, mark}
+	return []any{1, boolInt(syn), b.Limit, b.PerSecond, int(mode), value, mark}
 }
 
 func boolInt(b bool) int {
@@ -307,16 +317,16 @@ func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.
 	// answer to one taken while Redis was away teaches the rate, the
 	// window and the pause, not what is left.
 	remote := t.Lease != ""
-	reqMode, reqValue := 0, 0.0
+	reqMode, reqValue := leftUnchanged, 0.0
 	switch {
 	case remote && r.Limits.Requests.HasRemaining:
-		reqMode, reqValue = 1, float64(r.Limits.Requests.Remaining)
+		reqMode, reqValue = leftCounted, float64(r.Limits.Requests.Remaining)
 	case syn && r.Verdict == lanequeue.RateRefused:
-		reqMode = 2 // a refusal empties the pace learned from refusals
+		reqMode = leftCapped // at 0: a refusal empties the pace learned from refusals
 	}
-	tokMode, tokValue := 0, 0.0
+	tokMode, tokValue := leftUnchanged, 0.0
 	if remote && r.Limits.Tokens.HasRemaining {
-		tokMode, tokValue = 1, float64(r.Limits.Tokens.Remaining)
+		tokMode, tokValue = leftCounted, float64(r.Limits.Tokens.Remaining)
 	}
 	// The pause this replica took, not the report's: learning from the
 	// behaviour of an upstream without headers may decline a refusal's
