@@ -417,10 +417,8 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 		var from []lanequeue.Shared
 		for i := range n {
 			sh := []lanequeue.Shared{sa, sb}[i%2]
-			tk, _, ok := sh.Admit(time.Now(), 1, false)
-			if !ok {
-				t.Fatalf("round %d: admit %d", round, i)
-			}
+			// Until a refusal the slow start may spread them a few ms.
+			tk := admitWithin(t, sh, 5*time.Second)
 			held, from = append(held, tk), append(from, sh)
 		}
 		// The refusals come back first, then the admissions: a learns of
@@ -493,18 +491,12 @@ func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
 		sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 		if c.othersAdmit {
 			for range 3 {
-				tk, _, ok := sa.Admit(time.Now(), 1, false)
-				if !ok {
-					t.Fatal("admit")
-				}
+				tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
 				sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
 				sa.Return(&tk, time.Now())
 			}
 		}
-		tk, _, ok := sb.Admit(time.Now(), 1, false)
-		if !ok {
-			t.Fatalf("%s: admit", c.name)
-		}
+		tk := admitWithin(t, sb, 5*time.Second)
 		sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: time.Now().Add(time.Second)}, time.Now())
 		sb.Return(&tk, time.Now())
 		sa.Admit(time.Now(), 1, false) // reads the shared pause
@@ -606,5 +598,47 @@ func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
 	v := sb.View(time.Now())
 	if v.AdmittedRate > fleet*1.01 || v.RateFrom != "replicas" && v.RateFrom != "sending rate" {
 		t.Fatalf("b's first refusal set %.1f/s from %q; want at most a's %.1f/s, from \"replicas\"", v.AdmittedRate, v.RateFrom, fleet)
+	}
+}
+
+// TestTheSlowStartIsSpreadFleetWide: before any limit is known and before
+// any refusal, the group's dispatches go 1/(2 × limit) of the first
+// answer's time apart whichever replica sends them, as one process
+// spreads its own: a replica that has no answer of its own yet does not
+// send its share of the burst at once. A group whose limits are
+// configured has no slow start.
+func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	sa, sb, sc := a.Shared("g", cfg), b.Shared("g", cfg), c.Shared("g", cfg)
+	first := admitWithin(t, sa, 5*time.Second)
+	first.Dispatched = time.Now().Add(-4 * time.Second) // its headers came 4 s after it went
+	sa.Learn(&first, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	const gap = 4 * time.Second / (2 * 8)
+	admitWithin(t, sb, 5*time.Second)
+	sent := time.Now()
+	_, at, ok := sc.Admit(time.Now(), 1, false)
+	if ok || at.IsZero() || at.Sub(sent) > gap+50*time.Millisecond {
+		t.Fatalf("c admitted %v right after b, or told to wait %v; want a wait of at most %v", ok, at.Sub(sent), gap)
+	}
+	admitWithin(t, sc, 5*time.Second)
+	// From b's admission in Redis, which came before sent; a loaded
+	// machine may have taken most of a gap to hand it back.
+	if took := time.Since(sent); took < gap/2 {
+		t.Errorf("c went %v after b, want about %v", took, gap)
+	}
+
+	// Configured limits: no slow start, the admissions go back to back.
+	conf := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8, Limits: lanequeue.Limits{Concurrency: 8, Start: true}}
+	ca, cb := a.Shared("h", conf), b.Shared("h", conf)
+	tk := admitWithin(t, ca, 5*time.Second)
+	tk.Dispatched = time.Now().Add(-4 * time.Second)
+	ca.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	for i := range 3 {
+		if _, _, ok := cb.Admit(time.Now(), 1, false); !ok {
+			t.Fatalf("configured group: admission %d held back", i+1)
+		}
 	}
 }

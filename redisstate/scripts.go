@@ -5,7 +5,9 @@ import "github.com/redis/go-redis/v9"
 // The scripts keep a limit group's shared state in these keys:
 //
 //	state   hash: paused (ms), first (when a first request went alone),
-//	        acc (the latest accepted answer, ms), rn
+//	        acc (the latest accepted answer, ms), reply (the first
+//	        accepted answer's time to its headers, ms), last (the latest
+//	        dispatch, ms), rn
 //	        (refusals learned from), ms/mc/mp (dispatches this second and
 //	        the last), and per budget (prefix r_ for requests, t_ for
 //	        tokens) known, syn, size, rate (per second), avail, at (ms),
@@ -115,9 +117,24 @@ local function olderWaiters(key, replica, since, now, cost, keyttl)
   redis.call('PEXPIRE', key, keyttl)
   return older, oldercost
 end
--- countDispatch counts a dispatch, and returns the group's dispatches in
--- the second up to now, every replica's: what one process's own count
--- would say it is sending.
+-- spread: before any budget is known and before any replica was refused,
+-- the group's dispatches go at least 1/(2 × climit) of an answer time
+-- apart, fleet-wide, as one process's slow start spreads its own
+-- (startSpread): the first refusal comes back before the rest of a burst
+-- has gone. basis is the replica's answer time (ms; 0: the first accepted
+-- answer's time to its headers, kept as reply; -1: the replica's limits
+-- are configured, no slow start). Returns when the next may go (0: now).
+local function spread(key, now, basis, climit, known, rn)
+  if basis < 0 or known or rn > 0 then return 0 end
+  local f = redis.call('HMGET', key, 'reply', 'last')
+  if basis == 0 then basis = num(f[1], 0) end
+  local gap = basis / (2 * climit) -- under 1 ms: none on this clock
+  if gap >= 1 and now < num(f[2], 0) + gap then return math.ceil(num(f[2], 0) + gap) end
+  return 0
+end
+-- countDispatch counts a dispatch at now (last), and returns the group's
+-- dispatches in the second up to now, every replica's: what one process's
+-- own count would say it is sending.
 local function countDispatch(key, now)
   local m = redis.call('HMGET', key, 'ms', 'mc', 'mp')
   local sec, mc, mp = math.floor(now / 1000), num(m[2], 0), num(m[3], 0)
@@ -126,15 +143,16 @@ local function countDispatch(key, now)
     mc = 0
   end
   mc = mc + 1
-  redis.call('HSET', key, 'ms', sec, 'mc', mc, 'mp', mp)
+  redis.call('HSET', key, 'ms', sec, 'mc', mc, 'mp', mp, 'last', now)
   return math.floor(mc + mp * (1 - (now % 1000) / 1000))
 end
 `
 
 // admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
 // probe (0/1), lease, leaseTTL, replica, the age of the replica's oldest
-// waiter (ms), keyTTL, climit default, max climit, then the replica's
-// leases of the group given back and not yet removed: removed first.
+// waiter (ms), keyTTL, climit default, max climit, the slow start's
+// basis (see spread), then the replica's leases of the group given back
+// and not yet removed: removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
 // answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered
 // is 1 when a replica learned from an answer in the last minute; rates
@@ -149,7 +167,7 @@ local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], 
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
 local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(ARGV[9]), tonumber(ARGV[10]))
-for i = 11, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+for i = 12, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
@@ -170,6 +188,8 @@ if probe and answered == 0 and r.known ~= 1 and t.known ~= 1 then
     return reply(0, 0, 0, 0, 0, 0, 0)
   end
 end
+local next = spread(KEYS[1], now, tonumber(ARGV[11]), climit, r.known == 1 or t.known == 1, rn)
+if next > 0 then return reply(0, next, 0, 0, 0, 0, 0) end
 local older, oldercost = olderWaiters(KEYS[3], replica, since, now, cost, keyttl)
 if out + older >= climit then return reply(0, 0, 0, 0, 0, 0, 0) end
 local rok, rat = admit(r, now, 1 + older)
@@ -277,7 +297,9 @@ end
 // the number in flight the answer's request went at, all replicas
 // together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
 // for neither; ARGV[23] 1 when the replica judged the bound a
-// concurrency limit; ARGV[24] 1 when the answer is a refusal. The levels
+// concurrency limit; ARGV[24] 1 when the answer is a refusal; ARGV[25]
+// an accepted answer's time from its dispatch to its headers (ms; the
+// first is kept as reply, see spread). The levels
 // hash counts every replica's answers by level
 // (a<level>, r<level>), halved past 512 as in one process. Returns {out,
 // paused, now, 1 when this replica holds the raise lease} and then, per
@@ -305,6 +327,7 @@ redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local level, kind = tonumber(ARGV[21] or '0'), tonumber(ARGV[22] or '-1')
 if kind == 0 then redis.call('HSET', KEYS[1], 'acc', now) end
+if kind == 0 and num(tonumber(ARGV[25]), 0) > 0 then redis.call('HSETNX', KEYS[1], 'reply', ARGV[25]) end
 if kind == 1 then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
 countLevel(KEYS[5], level, kind)
 redis.call('PEXPIRE', KEYS[5], keyttl)

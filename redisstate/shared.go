@@ -93,7 +93,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	// its next request.
 	returned := s.st.takeReturns(s.leases)
 	args := []any{0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
-		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency}
+		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency, s.spreadBasis(now)}
 	for _, l := range returned {
 		args = append(args, l)
 	}
@@ -110,6 +110,16 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 		return s.localAdmit(now, cost, probe)
 	}
 	return s.admitted(now, cost, lease, rep)
+}
+
+// spreadBasis is the admit script's slow-start basis (see its spread):
+// -1 when the group's limits are configured (it has no slow start), else
+// this replica's answer time (ms), 0 while it has none.
+func (s *shared) spreadBasis(now time.Time) int64 {
+	if l := s.cfg.Limits; l.Concurrency > 0 || l.RPM > 0 || l.TPM > 0 {
+		return -1
+	}
+	return int64(s.local.View(now).AnswerSeconds * 1000)
 }
 
 // admitted takes admitScript's reply rep for the request of cost and
@@ -349,7 +359,11 @@ func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.
 	default:
 		kind = 1
 	}
-	return append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(r.Verdict.Refusal())), kind
+	reply := int64(0) // an accepted answer's time to its headers, for the slow start's spread
+	if kind == 0 {
+		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
+	}
+	return append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(r.Verdict.Refusal()), reply), kind
 }
 
 // learnReply is learnScript's reply, its times on this replica's clock.
