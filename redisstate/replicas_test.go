@@ -629,6 +629,16 @@ func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
 	if took := time.Since(sent); took < gap/2 {
 		t.Errorf("c went %v after b, want about %v", took, gap)
 	}
+	// A replica with an answer time of its own spreads by it: a's first
+	// answer held its permit 8 s, twice the first answer's time to its
+	// headers.
+	sa.Return(&first, first.Dispatched.Add(8*time.Second))
+	time.Sleep(2 * gap) // past c's
+	admitWithin(t, sa, 5*time.Second)
+	sent = time.Now()
+	if _, at, ok := sa.Admit(time.Now(), 1, false); ok || at.Sub(sent) < 3*gap/2 {
+		t.Fatalf("a admitted %v, told to wait %v; want about %v, its own answer time's", ok, at.Sub(sent), 2*gap)
+	}
 
 	// Configured limits: no slow start, the admissions go back to back.
 	conf := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8, Limits: lanequeue.Limits{Concurrency: 8, Start: true}}

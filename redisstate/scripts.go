@@ -121,13 +121,14 @@ end
 -- the group's dispatches go at least 1/(2 × climit) of an answer time
 -- apart, fleet-wide, as one process's slow start spreads its own
 -- (startSpread): the first refusal comes back before the rest of a burst
--- has gone. basis is the replica's answer time (ms; 0: the first accepted
--- answer's time to its headers, kept as reply; -1: the replica's limits
--- are configured, no slow start). Returns when the next may go (0: now).
+-- has gone. basis is the replica's answer time (ms; -1: none yet, the
+-- first accepted answer's time to its headers, kept as reply, serves; 0:
+-- the replica's limits are configured, no slow start). Returns when the
+-- next may go (0: now).
 local function spread(key, now, basis, climit, known, rn)
-  if basis < 0 or known or rn > 0 then return 0 end
+  if basis == 0 or known or rn > 0 then return 0 end
   local f = redis.call('HMGET', key, 'reply', 'last')
-  if basis == 0 then basis = num(f[1], 0) end
+  if basis < 0 then basis = num(f[1], 0) end
   local gap = basis / (2 * climit) -- under 1 ms: none on this clock
   if gap >= 1 and now < num(f[2], 0) + gap then return math.ceil(num(f[2], 0) + gap) end
   return 0

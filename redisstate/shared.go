@@ -113,13 +113,16 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 }
 
 // spreadBasis is the admit script's slow-start basis (see its spread):
-// -1 when the group's limits are configured (it has no slow start), else
-// this replica's answer time (ms), 0 while it has none.
+// 0 when the group's limits are configured (it has no slow start), else
+// this replica's answer time (ms), -1 while it has none.
 func (s *shared) spreadBasis(now time.Time) int64 {
 	if l := s.cfg.Limits; l.Concurrency > 0 || l.RPM > 0 || l.TPM > 0 {
-		return -1
+		return 0
 	}
-	return int64(s.local.View(now).AnswerSeconds * 1000)
+	if ms := int64(s.local.View(now).AnswerSeconds * 1000); ms > 0 {
+		return ms
+	}
+	return -1
 }
 
 // admitted takes admitScript's reply rep for the request of cost and
