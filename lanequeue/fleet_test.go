@@ -145,19 +145,23 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 // TestAReplicaFirstRefusedStartsFromTheFleetsPace: at its first refusal a
 // replica starts from the pace the other replicas learned from refusals
 // when that is lower than what the group was sending, rather than cutting
-// its way down with refusals of its own; a higher one, or none, leaves
-// the sending rate.
+// its way down with refusals of its own, and below it (by unmeasuredCut)
+// when the refused request was sent at that pace, as one process slows
+// when refused again at a pace not yet measured; a higher one, or none,
+// leaves the sending rate.
 func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 	for _, c := range []struct {
 		name      string
 		fleetPace float64
+		paced     bool // the refused request went at the fleet's pace
 		want      float64
 		from      string
 	}{
-		{"lower than the sending rate", 7, 7, "replicas"},
-		{"none", 0, 31, "sending rate"},
-		{"higher than the sending rate", 50, 31, "sending rate"},
-		{"as high as the sending rate", 31, 31, "sending rate"},
+		{"lower than the sending rate", 7, false, 7, "replicas"},
+		{"lower, and refused at it", 7, true, 7 * unmeasuredCut, "replicas"},
+		{"none", 0, false, 31, "sending rate"},
+		{"higher than the sending rate", 50, true, 31, "sending rate"},
+		{"as high as the sending rate", 31, false, 31, "sending rate"},
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
@@ -173,6 +177,7 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 				t.Fatal("admit")
 			}
 		}
+		last.Paced = c.paced
 		m.Learn(&last, Report{Status: 429, Verdict: RateRefused}, now)
 		v := m.View(now)
 		if !near(v.AdmittedRate, c.want) || v.RateFrom != c.from {

@@ -392,6 +392,13 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 			// Other replicas learned a pace from their refusals already:
 			// it is lower than what the group was sending, and known.
 			l.estimate, l.from = s.fleetPace, "replicas"
+			if t.Paced {
+				// And it was refused at that pace: as one process refused
+				// again at a pace not yet measured, slower. (Each replica's
+				// first refusal is a first guess of its own; without the
+				// cut the fleet needs a refusal per replica to slow down.)
+				l.estimate *= unmeasuredCut
+			}
 		}
 		n, _ := s.pace.recent.recent(now)
 		if hp := hintPace(r.Hint); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
