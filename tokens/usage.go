@@ -9,8 +9,10 @@
 package tokens
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 )
 
 // maxCount bounds every count read from a request or response, so sums and
@@ -38,14 +40,141 @@ func (u Usage) Total() int64 { return u.Input + u.Output }
 //
 // When total_tokens exceeds input plus output, the difference is counted as
 // output, so tokens a provider bills but does not break down are not lost.
+//
+// Only the usage value is decoded: the rest of the body is skipped by a
+// scan that checks its structure (strings, nesting, separators) but not
+// the spelling of numbers and literals, so an answer of many kilobytes
+// costs one pass and no allocation but the usage's.
 func FromBody(body []byte) (u Usage, ok bool) {
-	var r struct {
-		Usage *usageFields `json:"usage"`
-	}
-	if json.Unmarshal(body, &r) != nil || r.Usage == nil {
+	raw, found := topLevel(body, "usage")
+	if !found {
 		return Usage{}, false
 	}
-	return r.Usage.usage()
+	var f *usageFields
+	if json.Unmarshal(raw, &f) != nil || f == nil {
+		return Usage{}, false
+	}
+	return f.usage()
+}
+
+// topLevel is the value of the last top-level key of the JSON object in
+// body that matches key as encoding/json matches a field name (escapes
+// decoded, case folded); found is false when there is none or body is
+// not a JSON object.
+func topLevel(body []byte, key string) (val []byte, found bool) {
+	i := spaceEnd(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil, false
+	}
+	i = spaceEnd(body, i+1)
+	if i < len(body) && body[i] == '}' {
+		return nil, false
+	}
+	for i < len(body) {
+		end := skipString(body, i)
+		if end < 0 {
+			return nil, false
+		}
+		name := body[i:end]
+		i = spaceEnd(body, end)
+		if i >= len(body) || body[i] != ':' {
+			return nil, false
+		}
+		start := spaceEnd(body, i+1)
+		stop := skipValue(body, start)
+		if stop < 0 {
+			return nil, false
+		}
+		if keyIs(name, key) {
+			val, found = body[start:stop], true
+		}
+		i = spaceEnd(body, stop)
+		switch {
+		case i < len(body) && body[i] == ',':
+			i = spaceEnd(body, i+1)
+		case i < len(body) && body[i] == '}':
+			if spaceEnd(body, i+1) != len(body) {
+				return nil, false
+			}
+			return val, found
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// keyIs reports whether the quoted JSON string name matches key.
+func keyIs(name []byte, key string) bool {
+	inner := name[1 : len(name)-1]
+	if !bytes.ContainsRune(inner, '\\') {
+		return strings.EqualFold(string(inner), key)
+	}
+	var s string
+	return json.Unmarshal(name, &s) == nil && strings.EqualFold(s, key)
+}
+
+func spaceEnd(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString is the index after the string starting at b[i], -1 when
+// there is none.
+func skipString(b []byte, i int) int {
+	if i >= len(b) || b[i] != '"' {
+		return -1
+	}
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return -1
+}
+
+// skipValue is the index after the value starting at b[i], -1 when it
+// does not end: strings and nesting are followed, and a number or a
+// literal runs to the next separator.
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return -1
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for ; i < len(b); i++ {
+			switch b[i] {
+			case '"':
+				if i = skipString(b, i); i < 0 {
+					return -1
+				}
+				i--
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+		return -1
+	}
+	start := i
+	for i < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[i])) {
+		i++
+	}
+	if i == start {
+		return -1
+	}
+	return i
 }
 
 // usageFields is a usage object as any of the providers spell it. A field

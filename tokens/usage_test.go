@@ -1,6 +1,11 @@
 package tokens
 
-import "testing"
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+)
 
 func TestFromBody(t *testing.T) {
 	tests := []struct {
@@ -104,4 +109,84 @@ func TestFromBodyTotalWithOutputOnly(t *testing.T) {
 			t.Errorf("FromBody(%s) = %+v, %v; want {35 5}, true", body, got, ok)
 		}
 	}
+}
+
+// TestFromBodyFindsTheTopLevelUsage: the scan takes the top-level key as
+// encoding/json would (case folded, escapes decoded, the last one), skips
+// strings and nesting that look like it, and refuses what is not a whole
+// JSON object.
+func TestFromBodyFindsTheTopLevelUsage(t *testing.T) {
+	u := Usage{Input: 3, Output: 4}
+	for _, tt := range []struct {
+		name, body string
+		want       Usage
+		ok         bool
+	}{
+		{"case folded", `{"Usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"escaped key", `{"\u0075sage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"the last one", `{"usage":{"prompt_tokens":9},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"spaces", " \n{ \"usage\" :\t{\"prompt_tokens\":3,\"completion_tokens\":4} }\r\n", u, true},
+		{"look-alikes skipped", `{"a":"\"usage\":{\"prompt_tokens\":1}","b":{"usage":{"prompt_tokens":1}},"c":[{"usage":1},"}"],"usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"only nested", `{"b":{"usage":{"prompt_tokens":1}}}`, Usage{}, false},
+		{"truncated", `{"usage":{"prompt_tokens":3,"completion_tokens":4}`, Usage{}, false},
+		{"truncated after", `{"usage":{"prompt_tokens":3},"id":"x`, Usage{}, false},
+		{"trailing garbage", `{"usage":{"prompt_tokens":3}} x`, Usage{}, false},
+		{"no colon", `{"usage" {"prompt_tokens":3}}`, Usage{}, false},
+		{"no comma", `{"id":1 "usage":{"prompt_tokens":3}}`, Usage{}, false},
+		{"unquoted key", `{usage:{"prompt_tokens":3}}`, Usage{}, false},
+		{"empty object", `{}`, Usage{}, false},
+		{"empty value", `{"usage":}`, Usage{}, false},
+	} {
+		got, ok := FromBody([]byte(tt.body))
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("%s: FromBody = %+v, %v; want %+v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+// FuzzFromBodyAgreesWithDecoding: on any valid JSON with at most one
+// top-level usage key, the scan reads what decoding the whole body reads.
+func FuzzFromBodyAgreesWithDecoding(f *testing.F) {
+	for _, s := range []string{`{"usage":{"prompt_tokens":19,"completion_tokens":10}}`, `{"id":"x","usage":null}`,
+		`{"a":[1,{"b":"}"}],"USAGE":{"total_tokens":40}}`, `[1]`, `"usage"`, `{"usage":{"input_tokens":1e300}}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !json.Valid(body) || usageKeys(body) > 1 {
+			return // duplicate keys decode into one struct; the scan takes the last
+		}
+		var r struct {
+			Usage *usageFields `json:"usage"`
+		}
+		want, wantOK := Usage{}, false
+		if json.Unmarshal(body, &r) == nil && r.Usage != nil {
+			want, wantOK = r.Usage.usage()
+		}
+		if got, ok := FromBody(body); got != want || ok != wantOK {
+			t.Errorf("FromBody(%q) = %+v, %v; decoding the whole body gives %+v, %v", body, got, ok, want, wantOK)
+		}
+	})
+}
+
+// usageKeys counts body's top-level keys that decoding takes for "usage".
+func usageKeys(body []byte) int {
+	d := json.NewDecoder(bytes.NewReader(body))
+	if t, err := d.Token(); err != nil || t != json.Delim('{') {
+		return 0
+	}
+	n := 0
+	for d.More() {
+		t, err := d.Token()
+		if err != nil {
+			return 0
+		}
+		if k, _ := t.(string); strings.EqualFold(k, "usage") {
+			n++
+		}
+		var skip json.RawMessage
+		if d.Decode(&skip) != nil {
+			return 0
+		}
+	}
+	return n
 }
