@@ -63,46 +63,42 @@ func FromBody(body []byte) (u Usage, ok bool) {
 // not a JSON object.
 func topLevel(body []byte, key string) (val []byte, found bool) {
 	i := spaceEnd(body, 0)
-	if i >= len(body) || body[i] != '{' {
+	if !at(body, i, '{') {
 		return nil, false
 	}
-	i = spaceEnd(body, i+1)
-	if i < len(body) && body[i] == '}' {
+	if i = spaceEnd(body, i+1); at(body, i, '}') {
 		return nil, false
 	}
-	for i < len(body) {
-		end := skipString(body, i)
-		if end < 0 {
+	for {
+		end, ok := skipString(body, i)
+		if !ok {
 			return nil, false
 		}
 		name := body[i:end]
-		i = spaceEnd(body, end)
-		if i >= len(body) || body[i] != ':' {
+		if i = spaceEnd(body, end); !at(body, i, ':') {
 			return nil, false
 		}
 		start := spaceEnd(body, i+1)
-		stop := skipValue(body, start)
-		if stop < 0 {
+		stop, ok := skipValue(body, start)
+		if !ok {
 			return nil, false
 		}
 		if keyIs(name, key) {
 			val, found = body[start:stop], true
 		}
-		i = spaceEnd(body, stop)
-		switch {
-		case i < len(body) && body[i] == ',':
+		switch i = spaceEnd(body, stop); {
+		case at(body, i, ','):
 			i = spaceEnd(body, i+1)
-		case i < len(body) && body[i] == '}':
-			if spaceEnd(body, i+1) != len(body) {
-				return nil, false
-			}
+		case at(body, i, '}') && spaceEnd(body, i+1) == len(body):
 			return val, found
 		default:
 			return nil, false
 		}
 	}
-	return nil, false
 }
+
+// at reports whether b holds c at i.
+func at(b []byte, i int, c byte) bool { return i < len(b) && b[i] == c }
 
 // keyIs reports whether the quoted JSON string name matches key.
 func keyIs(name []byte, key string) bool {
@@ -114,67 +110,64 @@ func keyIs(name []byte, key string) bool {
 	return json.Unmarshal(name, &s) == nil && strings.EqualFold(s, key)
 }
 
+// spaceEnd is the index of the first byte at or after i that is not JSON
+// white space.
 func spaceEnd(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+	for i < len(b) && strings.IndexByte(" \t\n\r", b[i]) >= 0 {
 		i++
 	}
 	return i
 }
 
-// skipString is the index after the string starting at b[i], -1 when
-// there is none.
-func skipString(b []byte, i int) int {
-	if i >= len(b) || b[i] != '"' {
-		return -1
+// skipString is the index after the string starting at b[i]; ok is false
+// when there is none.
+func skipString(b []byte, i int) (end int, ok bool) {
+	if !at(b, i, '"') {
+		return 0, false
 	}
 	for i++; i < len(b); i++ {
 		switch b[i] {
 		case '\\':
 			i++
 		case '"':
-			return i + 1
+			return i + 1, true
 		}
 	}
-	return -1
+	return 0, false
 }
 
-// skipValue is the index after the value starting at b[i], -1 when it
-// does not end: strings and nesting are followed, and a number or a
+// skipValue is the index after the value starting at b[i]; ok is false
+// when it does not end. Strings and nesting are followed; a number or a
 // literal runs to the next separator.
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return -1
-	}
-	switch b[i] {
-	case '"':
+func skipValue(b []byte, i int) (end int, ok bool) {
+	switch {
+	case at(b, i, '"'):
 		return skipString(b, i)
-	case '{', '[':
+	case at(b, i, '{') || at(b, i, '['):
 		depth := 0
-		for ; i < len(b); i++ {
+		for i < len(b) {
 			switch b[i] {
 			case '"':
-				if i = skipString(b, i); i < 0 {
-					return -1
+				if i, ok = skipString(b, i); !ok {
+					return 0, false
 				}
-				i--
+				continue
 			case '{', '[':
 				depth++
 			case '}', ']':
 				if depth--; depth == 0 {
-					return i + 1
+					return i + 1, true
 				}
 			}
+			i++
 		}
-		return -1
+		return 0, false
 	}
 	start := i
-	for i < len(b) && !strings.ContainsRune(",}] \t\n\r", rune(b[i])) {
+	for i < len(b) && strings.IndexByte(",}] \t\n\r", b[i]) < 0 {
 		i++
 	}
-	if i == start {
-		return -1
-	}
-	return i
+	return i, i > start
 }
 
 // usageFields is a usage object as any of the providers spell it. A field

@@ -136,6 +136,20 @@ func TestFromBodyFindsTheTopLevelUsage(t *testing.T) {
 		{"unquoted key", `{usage:{"prompt_tokens":3}}`, Usage{}, false},
 		{"empty object", `{}`, Usage{}, false},
 		{"empty value", `{"usage":}`, Usage{}, false},
+		{"literals before", `{"n":-1.5e3,"t":true,"f":false,"z":null,"usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"only a brace", `{`, Usage{}, false},
+		{"only a brace and space", "{ \n", Usage{}, false},
+		{"ends after a key", `{"usage"`, Usage{}, false},
+		{"ends after a colon", `{"usage":`, Usage{}, false},
+		{"ends after a comma", `{"a":1,`, Usage{}, false},
+		{"ends in a literal", `{"a":1`, Usage{}, false},
+		{"ends in a string", `{"a":"x`, Usage{}, false},
+		{"ends in a key", `{"a`, Usage{}, false},
+		{"ends inside the usage", `{"usage":{"prompt_tokens":3`, Usage{}, false},
+		{"ends in a nested string", `{"usage":{"a":"}`, Usage{}, false},
+		{"escaped quote in a string", `{"a":"\"}","usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"array value", `{"a":[1,[2,{"b":"]"}]],"usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
+		{"string key not first", `{"a":{},"usage":{"prompt_tokens":3,"completion_tokens":4}}`, u, true},
 	} {
 		got, ok := FromBody([]byte(tt.body))
 		if got != tt.want || ok != tt.ok {
