@@ -204,3 +204,30 @@ func usageKeys(body []byte) int {
 	}
 	return n
 }
+
+// BenchmarkFromBody reads the usage of a chat answer of about 4 KB: by the
+// scan, and by decoding the whole body as FromBody did before.
+func BenchmarkFromBody(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"` +
+		strings.Repeat("All work and no play makes Jack a dull boy. \\n", 90) +
+		`"},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":900,"total_tokens":919}}`)
+	b.Run("scan", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok := FromBody(body); !ok {
+				b.Fatal("no usage")
+			}
+		}
+	})
+	b.Run("decode whole body", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			var r struct {
+				Usage *usageFields `json:"usage"`
+			}
+			if json.Unmarshal(body, &r) != nil || r.Usage == nil {
+				b.Fatal("no usage")
+			}
+		}
+	})
+}
