@@ -118,19 +118,20 @@ local function olderWaiters(key, replica, since, now, cost, keyttl)
   return older, oldercost
 end
 -- spread: before any budget is known and before any replica was refused,
--- the group's dispatches go at least 1/(2 × climit) of an answer time
--- apart, fleet-wide, as one process's slow start spreads its own
--- (startSpread): the first refusal comes back before the rest of a burst
--- has gone. basis is the replica's answer time (ms; -1: none yet, the
--- first accepted answer's time to its headers, kept as reply, serves; 0:
--- the replica's limits are configured, no slow start). Returns when the
+-- the group's dispatches go at least 1/(2 × climit) of the first accepted
+-- answer's time to its headers (reply) apart, fleet-wide, as one
+-- process's slow start spreads its own (startSpread): the first refusal
+-- comes back before the rest of a burst has gone. One time for every
+-- replica, so none waits on a gap longer than another's. on is 0 when
+-- the replica's limits are configured (no slow start). A last dispatch
+-- ahead of now (Redis' clock went back) counts as now. Returns when the
 -- next may go (0: now).
-local function spread(key, now, basis, climit, known, rn)
-  if basis == 0 or known or rn > 0 then return 0 end
+local function spread(key, now, on, climit, known, rn)
+  if on == 0 or known or rn > 0 then return 0 end
   local f = redis.call('HMGET', key, 'reply', 'last')
-  if basis < 0 then basis = num(f[1], 0) end
-  local gap = basis / (2 * climit) -- under 1 ms: none on this clock
-  if gap >= 1 and now < num(f[2], 0) + gap then return math.ceil(num(f[2], 0) + gap) end
+  local gap = num(f[1], 0) / (2 * climit) -- under 1 ms: none on this clock
+  local at = math.min(num(f[2], 0), now) + gap
+  if gap >= 1 and now < at then return math.ceil(at) end
   return 0
 end
 -- countDispatch counts a dispatch at now (last), and returns the group's
@@ -151,8 +152,8 @@ end
 
 // admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
 // probe (0/1), lease, leaseTTL, replica, the age of the replica's oldest
-// waiter (ms), keyTTL, climit default, max climit, the slow start's
-// basis (see spread), then the replica's leases of the group given back
+// waiter (ms), keyTTL, climit default, max climit, 1 when the group has a
+// slow start (see spread) else 0, then the replica's leases of the group given back
 // and not yet removed: removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
 // answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered

@@ -93,7 +93,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	// its next request.
 	returned := s.st.takeReturns(s.leases)
 	args := []any{0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
-		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency, s.spreadBasis(now)}
+		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency, s.slowStart()}
 	for _, l := range returned {
 		args = append(args, l)
 	}
@@ -112,17 +112,13 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	return s.admitted(now, cost, lease, rep)
 }
 
-// spreadBasis is the admit script's slow-start basis (see its spread):
-// 0 when the group's limits are configured (it has no slow start), else
-// this replica's answer time (ms), -1 while it has none.
-func (s *shared) spreadBasis(now time.Time) int64 {
+// slowStart is the admit script's slow-start flag (see its spread): 0
+// when the group's limits are configured, which has none.
+func (s *shared) slowStart() int {
 	if l := s.cfg.Limits; l.Concurrency > 0 || l.RPM > 0 || l.TPM > 0 {
 		return 0
 	}
-	if ms := int64(s.local.View(now).AnswerSeconds * 1000); ms > 0 {
-		return ms
-	}
-	return -1
+	return 1
 }
 
 // admitted takes admitScript's reply rep for the request of cost and

@@ -115,7 +115,7 @@ type Store struct {
 
 // MinLeaseTTL is the shortest lease: a replica renews its leases every
 // third of the TTL with a call that may take Timeout, so a shorter one
-// would let live permits lapse. A shorter Config.LeaseTTL is raised to it.
+// would let live permits lapse. Validate refuses a shorter Config.LeaseTTL.
 const MinLeaseTTL = time.Second
 
 // New connects to cfg.URL. No URL, or a Config Validate refuses, is an
