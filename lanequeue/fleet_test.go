@@ -154,18 +154,24 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		name      string
 		fleetPace float64
 		paced     bool // the refused request went at the fleet's pace
+		seenAfter bool // ... but this replica saw that pace only after it went
 		want      float64
 		from      string
 	}{
-		{"lower than the sending rate", 7, false, 7, "replicas"},
-		{"lower, and refused at it", 7, true, 7 * unmeasuredCut, "replicas"},
-		{"none", 0, false, 31, "sending rate"},
-		{"higher than the sending rate", 50, true, 31, "sending rate"},
-		{"as high as the sending rate", 31, false, 31, "sending rate"},
+		{"lower than the sending rate", 7, false, false, 7, "replicas"},
+		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, "replicas"},
+		{"lower, refused, sent before it was seen", 7, true, true, 7, "replicas"},
+		{"none", 0, false, false, 31, "sending rate"},
+		{"higher than the sending rate", 50, true, false, 31, "sending rate"},
+		{"as high as the sending rate", 31, false, false, 31, "sending rate"},
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
-		m.NoteFleet(c.fleetPace, 0, now)
+		seen := now.Add(-time.Millisecond)
+		if c.seenAfter {
+			seen = now.Add(time.Millisecond)
+		}
+		m.NoteFleet(c.fleetPace, 0, seen)
 		first, _, ok := m.Admit(now, 1, false)
 		if !ok {
 			t.Fatal("admit")

@@ -34,6 +34,8 @@ type Memory struct {
 	// fleetPace is the pace the other replicas learned from refusals, as
 	// the store kept elsewhere holds it (0: none).
 	fleetPace float64
+	// fleetPaceAt is when fleetPace last changed.
+	fleetPaceAt time.Time
 }
 
 // NewMemory returns the in-process state for a group with cfg's
@@ -98,7 +100,9 @@ func (s *Memory) NoteAccepted(at time.Time) {
 // refusals of its own. (Only a refusal lowers the fleet's pace, so a
 // replica never follows its own.)
 func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
-	s.fleetPace = pace
+	if pace != s.fleetPace {
+		s.fleetPace, s.fleetPaceAt = pace, now
+	}
 	l := &s.learn
 	refusedSince := refusals > l.fleetRefused
 	l.fleetRefused = max(l.fleetRefused, refusals)
@@ -392,11 +396,13 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 			// Other replicas learned a pace from their refusals already:
 			// it is lower than what the group was sending, and known.
 			l.estimate, l.from = s.fleetPace, "replicas"
-			if t.Paced {
-				// And it was refused at that pace: as one process refused
-				// again at a pace not yet measured, slower. (Each replica's
-				// first refusal is a first guess of its own; without the
-				// cut the fleet needs a refusal per replica to slow down.)
+			if t.Paced && t.Dispatched.After(s.fleetPaceAt) && !l.concurrencyBound() {
+				// And it was refused at that pace (sent after this replica
+				// saw it, so not at an older, faster one): as one process
+				// refused again at a pace not yet measured, slower. (Each
+				// replica's first refusal is a first guess of its own;
+				// without the cut the fleet needs a refusal per replica to
+				// slow down.)
 				l.estimate *= unmeasuredCut
 			}
 		}
