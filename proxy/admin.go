@@ -92,7 +92,8 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 		replyFor(fail(failNotFound, "the admin listener serves /healthz, /readyz, /metrics, /lanes and /ui; not "+r.URL.Path), time.Time{}).write(w)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		replyFor(fail(failMethod, r.Method+" "+r.URL.Path+": the admin endpoints answer GET"), time.Time{}).write(w)
+		w.Header().Set("Allow", "GET")
+		replyFor(fail(failMethod, r.Method+" "+r.URL.Path+": this admin endpoint answers GET"), time.Time{}).write(w)
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, healthz{Status: "ok", Info: h.Build})

@@ -362,5 +362,8 @@ func TestAdminUnknownPathsAnswerFromTheTable(t *testing.T) {
 			!strings.HasPrefix(body.Error.Message, "llmproxy: ") || rec.Header().Get("Content-Type") != "application/json" {
 			t.Errorf("%s %s: %d %q (%v), want %d with code %s", tc.method, tc.path, rec.Code, rec.Body, err, tc.status, tc.code)
 		}
+		if tc.status == 405 && rec.Header().Get("Allow") == "" {
+			t.Errorf("%s %s: 405 without Allow", tc.method, tc.path)
+		}
 	}
 }

@@ -238,23 +238,24 @@ func (c *config) checkOwned() error {
 }
 
 // named is a package's *setting.Error with its field, and the fields its
-// problem names, as LLMPROXY_* variables.
+// problem names with their values (Field=value), as LLMPROXY_* variables;
+// other words, quoted names among them, stay as they are.
 func named(err error) error {
 	var se *setting.Error
 	if !errors.As(err, &se) || ownedBy[se.Pkg+"."+se.Field] == "" {
 		return err
 	}
 	problem := fieldName.ReplaceAllStringFunc(se.Problem, func(f string) string {
-		if v := ownedBy[se.Pkg+"."+f]; v != "" {
-			return envPrefix + v
+		if v := ownedBy[se.Pkg+"."+strings.TrimSuffix(f, "=")]; v != "" {
+			return envPrefix + v + "="
 		}
 		return f
 	})
 	return bad(ownedBy[se.Pkg+"."+se.Field], "%s", problem)
 }
 
-// fieldName matches what may be a Go field name in a problem's words.
-var fieldName = regexp.MustCompile(`\b[A-Z][A-Za-z]+\b`)
+// fieldName matches what may be a Go field name given with its value.
+var fieldName = regexp.MustCompile(`\b[A-Z][A-Za-z]+=`)
 
 // apiVersionSegments start the paths of the APIs the default upstream
 // serves (/v1/chat/completions, /v1/messages, /v1beta/models/...): a route

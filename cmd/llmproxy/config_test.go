@@ -230,3 +230,25 @@ func TestTheEnvironmentsDefaultsAreThePackagesOwn(t *testing.T) {
 		}
 	}
 }
+
+// TestAPackagesErrorNamesTheVariables: a package's words keep their own
+// terms and quoted names; only the field that is wrong, and a field
+// given with its value, become LLMPROXY_* names.
+func TestAPackagesErrorNamesTheVariables(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"LLMPROXY_REDIS_URL": "http://u:secret@127.0.0.1"},
+			"LLMPROXY_REDIS_URL: not a usable redis:// or rediss:// URL (the value is not shown: it may hold a password)"},
+		{map[string]string{"LLMPROXY_ROUTES": "Routes=https://a.example,Routes=https://b.example"},
+			`LLMPROXY_ROUTES: route "Routes" given twice`},
+		{map[string]string{"LLMPROXY_LANE_MIN_CONCURRENCY": "10", "LLMPROXY_LANE_MAX_CONCURRENCY": "5"},
+			"LLMPROXY_LANE_MIN_CONCURRENCY: 10 is above LLMPROXY_LANE_MAX_CONCURRENCY=5"},
+	} {
+		_, err := loadConfig(tc.env)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
+		}
+	}
+}
