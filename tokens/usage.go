@@ -137,31 +137,15 @@ func skipString(b []byte, i int) (end int, ok bool) {
 }
 
 // skipValue is the index after the value starting at b[i]; ok is false
-// when it does not end. Strings and nesting are followed; a number or a
-// literal runs to the next separator.
+// when it does not end. Strings and nesting are followed (objectLen, the
+// stream scanner's); a number or a literal runs to the next separator.
 func skipValue(b []byte, i int) (end int, ok bool) {
 	switch {
 	case at(b, i, '"'):
 		return skipString(b, i)
 	case at(b, i, '{') || at(b, i, '['):
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				if i, ok = skipString(b, i); !ok {
-					return 0, false
-				}
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1, true
-				}
-			}
-			i++
-		}
-		return 0, false
+		n := objectLen(b[i:]) // counts arrays' brackets too
+		return i + n, n > 0
 	}
 	start := i
 	for i < len(b) && strings.IndexByte(",}] \t\n\r", b[i]) < 0 {
