@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,7 +59,16 @@ const dashboardCSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 
 type AdminOption func(*adminOptions)
 
 type adminOptions struct {
-	token *adminToken // nil: every endpoint is open
+	token   *adminToken // nil: every endpoint is open
+	profile bool        // serve /debug/pprof/
+}
+
+// WithProfiling serves Go's runtime profiles (net/http/pprof) under
+// /debug/pprof/, behind the admin token when there is one: CPU, heap,
+// allocations, goroutines, and the mutex and block profiles when their
+// rates are set (the caller's choice; they cost time when on).
+func WithProfiling() AdminOption {
+	return func(o *adminOptions) { o.profile = true }
 }
 
 // RequireToken makes /metrics, /lanes, /ui and / answer 401 unless the
@@ -118,6 +128,13 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 			r.Use(o.token.guard)
 		}
 		p.laneViews(r, h)
+		if o.profile {
+			r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+			r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+			r.HandleFunc("/debug/pprof/*", pprof.Index)
+		}
 	})
 	return r
 }

@@ -367,3 +367,27 @@ func TestAdminUnknownPathsAnswerFromTheTable(t *testing.T) {
 		}
 	}
 }
+
+// TestProfilesAreServedOnlyWhenAskedAndBehindTheToken: /debug/pprof/ is
+// a 404 by default; WithProfiling serves the profiles, and behind a token
+// only to a request that carries it.
+func TestProfilesAreServedOnlyWhenAskedAndBehindTheToken(t *testing.T) {
+	paths := []string{"/debug/pprof/", "/debug/pprof/heap?debug=1", "/debug/pprof/mutex?debug=1", "/debug/pprof/cmdline"}
+	off := tokenAdmin(t)
+	for _, path := range paths {
+		if resp := adminGet(t, nil, off.URL+path, ""); resp.StatusCode != http.StatusNotFound {
+			t.Errorf("%s without WithProfiling: %d, want 404", path, resp.StatusCode)
+		}
+	}
+	on := tokenAdmin(t, RequireToken(testAdminToken), WithProfiling())
+	for _, path := range paths {
+		if resp := adminGet(t, nil, on.URL+path, ""); resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s without the token: %d, want 401", path, resp.StatusCode)
+		}
+		resp := adminGet(t, nil, on.URL+path, "Bearer "+testAdminToken)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || len(b) == 0 {
+			t.Errorf("%s with the token: %d, %d bytes", path, resp.StatusCode, len(b))
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -186,8 +187,16 @@ func listen(cfg config, p *proxy.Proxy, health proxy.Health, log *slog.Logger) (
 		return nil, fmt.Errorf("LLMPROXY_ADMIN_ADDR: %w", err)
 	}
 	l.adminAddr = adminLn.Addr().String()
+	opts := []proxy.AdminOption{proxy.RequireToken(cfg.AdminToken)}
+	if cfg.Pprof {
+		// Sampled: one mutex contention in 100, and blocking about once per
+		// 10 µs blocked.
+		runtime.SetMutexProfileFraction(100)
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		opts = append(opts, proxy.WithProfiling())
+	}
 	l.servers = append(l.servers, &http.Server{
-		Handler:           p.AdminHandler(health, proxy.RequireToken(cfg.AdminToken)),
+		Handler:           p.AdminHandler(health, opts...),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
 	})
 	l.listeners = append(l.listeners, adminLn)

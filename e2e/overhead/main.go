@@ -77,6 +77,7 @@ func realMain() int {
 	rounds := flag.Int("rounds", 3, "rounds; each runs every load against every target, in a rotating order")
 	duration := flag.Duration("duration", 5*time.Second, "how long each load runs against each target")
 	bin := flag.String("bin", "", "an llmproxy binary to use instead of building ./cmd/llmproxy")
+	profile := flag.String("profile", "", "a directory: instead of measuring, profile llmproxy under wrk at 32 connections for -duration and write its CPU, allocation, heap, mutex and block profiles there")
 	flag.Parse()
 	for _, tool := range []string{"wrk", "hey", "nginx"} {
 		if _, err := lookTool(tool); err != nil {
@@ -101,12 +102,24 @@ func realMain() int {
 	}
 	mock := mockupstream.New(mockupstream.Config{StreamChunks: 20, ChunkDelay: 2 * time.Millisecond})
 	defer mock.Close()
-	proxy, err := startProxy(*bin, mock.URL())
+	proxy, err := startProxy(*bin, mock.URL(), *profile != "")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "overhead:", err)
 		return 1
 	}
 	defer proxy.stop()
+	script := filepath.Join(tmp, "post.lua")
+	if err := os.WriteFile(script, []byte(wrkScript()), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "overhead:", err)
+		return 1
+	}
+	if *profile != "" {
+		if err := profileUnderLoad(proxy, script, *duration, *profile); err != nil {
+			fmt.Fprintln(os.Stderr, "overhead:", err)
+			return 1
+		}
+		return 0
+	}
 	ngx, err := startNginx(tmp, mock.URL())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "overhead:", err)
@@ -114,11 +127,6 @@ func realMain() int {
 	}
 	defer ngx.stop()
 	targets := []target{{"direct", mock.URL(), 0}, {"llmproxy", proxy.base, proxy.pid()}, {"nginx", ngx.base, ngx.pid()}}
-	script := filepath.Join(tmp, "post.lua")
-	if err := os.WriteFile(script, []byte(wrkScript()), 0o600); err != nil {
-		fmt.Fprintln(os.Stderr, "overhead:", err)
-		return 1
-	}
 	loads := []load{
 		{"chat, wrk 32 connections", wrkLoad(script, 32)},
 		{"chat, wrk 256 connections", wrkLoad(script, 256)},
@@ -430,8 +438,9 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // process is a started process under test and where it listens.
 type process struct {
-	cmd  *exec.Cmd
-	base string
+	cmd   *exec.Cmd
+	base  string
+	admin string // host:port of llmproxy's admin listener; "" when off
 }
 
 func (p *process) pid() int { return p.cmd.Process.Pid }
@@ -449,16 +458,25 @@ func (p *process) stop() {
 }
 
 // startProxy starts llmproxy in front of upstream with its defaults, on
-// a free loopback port, and waits until it answers.
-func startProxy(bin, upstream string) (*process, error) {
+// a free loopback port, and waits until it answers. With profiling its
+// admin listener serves /debug/pprof/ on another free port.
+func startProxy(bin, upstream string, profiling bool) (*process, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
+	admin := ""
+	if profiling {
+		ap, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		admin = "127.0.0.1:" + strconv.Itoa(ap)
+	}
 	cmd := exec.Command(bin)
-	cmd.Env = append(cleanEnv(), "LLMPROXY_ADDR=127.0.0.1:"+strconv.Itoa(port), "LLMPROXY_ADMIN_ADDR=",
-		"LLMPROXY_UPSTREAM="+upstream, "LLMPROXY_ROUTES=")
-	p := &process{cmd: cmd, base: "http://127.0.0.1:" + strconv.Itoa(port)}
+	cmd.Env = append(cleanEnv(), "LLMPROXY_ADDR=127.0.0.1:"+strconv.Itoa(port), "LLMPROXY_ADMIN_ADDR="+admin,
+		"LLMPROXY_UPSTREAM="+upstream, "LLMPROXY_ROUTES=", "LLMPROXY_PPROF="+strconv.FormatBool(profiling))
+	p := &process{cmd: cmd, base: "http://127.0.0.1:" + strconv.Itoa(port), admin: admin}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
