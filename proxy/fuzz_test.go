@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/tokens"
 )
 
 // FuzzLaneKey drives the lane key's making from what a client controls:
@@ -52,7 +53,7 @@ func FuzzLaneKey(f *testing.F) {
 		if cred != want {
 			t.Fatalf("credential = %q, want %q", cred, want)
 		}
-		model := modelOf([]byte(body))
+		model := tokens.ReadRequest(path, []byte(body)).Model
 		key := lanequeue.NewKey("r", cred, path, model)
 		for _, f := range [][2]string{{path, key.Path}, {model, key.Model}} {
 			if len(f[1]) > 128 || utf8.ValidString(f[0]) && !utf8.ValidString(f[1]) {
@@ -79,7 +80,7 @@ func FuzzLaneKey(f *testing.F) {
 // FuzzModelOfSpool: the scanner that reads a spooled body's model never
 // panics, and on any valid JSON object with one top-level key naming the
 // model (in any case or escaping, as encoding/json matches it) it reads
-// what modelOf reads from the same bytes in memory.
+// what tokens.ReadRequest reads from the same bytes in memory.
 func FuzzModelOfSpool(f *testing.F) {
 	f.Add(`{"model":"gpt-4o"}`)
 	f.Add(`{"messages":[{"content":"a\"}"}],"n":1,"Model":"x"}`)
@@ -116,8 +117,8 @@ func FuzzModelOfSpool(f *testing.F) {
 		if matches != 1 {
 			return
 		}
-		if want := modelOf([]byte(body)); got != want && len(body) < 1000 { // a longer model is not read (see readString)
-			t.Fatalf("modelOfSpool(%q) = %q, modelOf = %q", body, got, want)
+		if want := tokens.ReadRequest("", []byte(body)).Model; got != want && len(body) < 1000 { // a longer model is not read (see readString)
+			t.Fatalf("modelOfSpool(%q) = %q, tokens.ReadRequest = %q", body, got, want)
 		}
 	})
 }

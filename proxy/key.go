@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -79,21 +78,6 @@ func queryKey(rawQuery string) string {
 	return ""
 }
 
-// modelOf reads the top-level "model" of a JSON body, "" when there is none.
-func modelOf(body []byte) string {
-	b := bytes.TrimLeft(body, " \t\r\n")
-	if len(b) == 0 || b[0] != '{' {
-		return ""
-	}
-	var v struct {
-		Model string `json:"model"`
-	}
-	if json.Unmarshal(b, &v) != nil {
-		return ""
-	}
-	return v.Model
-}
-
 // laneRequest is what the lane table needs of r (see lanequeue.Request):
 // its lane's key, its estimated cost and its priority, the route's unless
 // the client's x-llmproxy-priority says otherwise. It notes whether r is a
@@ -107,35 +91,31 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 			return lanequeue.Request{}, fail(failBadPriority, "x-llmproxy-priority must be high or low")
 		}
 	}
+	// One read of the body for its model and its cost. A spooled body is
+	// not read for its prompt (that would take it into memory): it
+	// reserves the default output, and its answer's usage settles the
+	// rest.
+	read := tokens.ReadRequest(req.target.Path, req.body.mem)
+	switch {
+	case req.body.file != nil:
+		read.Model = modelOfSpool(req.body.reader())
+	case req.upgrade: // the Realtime API names it in the query
+		read.Model = r.URL.Query().Get("model")
+	}
 	return lanequeue.Request{
 		Route:      req.route,
 		Credential: credential(r.Header, r.URL.RawQuery),
 		Path:       req.target.Path,
-		Model:      requestModel(r, req),
-		// A spooled body is not read for its prompt (that would take it
-		// into memory): it reserves the default output, and its answer's
-		// usage settles the rest.
-		Cost:     tokens.Estimate(req.target.Path, req.body.mem),
-		Priority: prio,
+		Model:      read.Model,
+		Cost:       read.Cost,
+		Priority:   prio,
 	}, nil
-}
-
-// requestModel is the model r's body names (or, for the Realtime API,
-// its query).
-func requestModel(r *http.Request, req *request) string {
-	switch {
-	case req.body.file != nil:
-		return modelOfSpool(req.body.reader())
-	case req.upgrade:
-		return r.URL.Query().Get("model")
-	}
-	return modelOf(req.body.mem)
 }
 
 // modelOfSpool reads the top-level "model" of a spooled JSON body, ""
 // when there is none, without holding the body: every other value is
-// skipped as it is read. The key matches as modelOf's does (escapes
-// decoded, in any case); the first one counts.
+// skipped as it is read. The key matches as tokens.ReadRequest's does
+// (escapes decoded, in any case); the first one counts.
 func modelOfSpool(r io.Reader) string {
 	br := bufio.NewReaderSize(r, 16<<10)
 	if c, ok := nextByte(br); !ok || c != '{' {

@@ -1,7 +1,6 @@
 package tokens
 
 import (
-	"encoding/json"
 	"strings"
 )
 
@@ -83,124 +82,21 @@ func apiOf(path string) api {
 // max_output_tokens, else DefaultMaxOutput, times n (or best_of) when
 // greater than 1. Embeddings have no output.
 //
-// A body that is not a JSON object, or a path of no known API, is estimated
+// A body that is not a valid JSON object, or a path of no known API, is estimated
 // as len(body)/4 rounded up plus DefaultMaxOutput. The result is always at
 // least 1.
 func Estimate(path string, body []byte) int64 {
-	kind := apiOf(path)
-	var req map[string]any
-	if kind == apiUnknown || json.Unmarshal(body, &req) != nil || req == nil {
-		return ceilQuarter(int64(len(body))) + DefaultMaxOutput
-	}
-
-	var c counter
-	switch kind {
-	case apiChat:
-		c.messages(req["messages"])
-	case apiCompletions:
-		c.tokenInput(req["prompt"])
-	case apiResponses:
-		c.message(req["instructions"])
-		c.messages(req["input"])
-		c.everything(req["text"]) // may hold a JSON schema for the output
-	case apiEmbeddings:
-		c.tokenInput(req["input"])
-	case apiMessages:
-		c.message(req["system"])
-		c.messages(req["messages"])
-	}
-	if kind != apiEmbeddings {
-		c.everything(req["tools"])
-		c.everything(req["functions"])
-		c.everything(req["response_format"])
-	}
-	prompt := ceilQuarter(c.bytes) + c.messageCount*MessageOverhead + c.media*MediaTokens + c.exact
-
-	var output int64
-	if kind != apiEmbeddings {
-		output = DefaultMaxOutput
-		for _, k := range [...]string{"max_completion_tokens", "max_tokens", "max_output_tokens"} {
-			if v, ok := positive(req[k]); ok {
-				output = v
-				break
-			}
-		}
-		choices := int64(1)
-		for _, k := range [...]string{"n", "best_of"} {
-			if v, ok := positive(req[k]); ok && v > choices {
-				choices = min(v, maxChoices)
-			}
-		}
-		output *= choices
-	}
-	return max(1, prompt+output)
+	return ReadRequest(path, body).Cost
 }
 
 func ceilQuarter(n int64) int64 { return (n + 3) / 4 }
 
-// positive returns v as a count when it is a JSON number of at least 1.
-func positive(v any) (int64, bool) {
-	f, ok := v.(float64)
-	if !ok || !(f >= 1) {
-		return 0, false
-	}
-	return clampCount(f), true
-}
-
-// counter tallies the parts of a decoded request that cost tokens.
+// counter tallies the parts of a request that cost tokens.
 type counter struct {
 	bytes        int64 // text, in UTF-8 bytes
 	messageCount int64
 	media        int64 // non-text content parts
 	exact        int64 // tokens given as token IDs
-}
-
-// messages counts each element of an array as a message, or v as a single
-// message when it is not an array (a Responses input string).
-func (c *counter) messages(v any) {
-	if list, ok := v.([]any); ok {
-		for _, m := range list {
-			c.message(m)
-		}
-		return
-	}
-	c.message(v)
-}
-
-func (c *counter) message(v any) {
-	if v == nil {
-		return
-	}
-	c.messageCount++
-	c.text(v)
-}
-
-// text counts the text in a message, content part or item. In objects it
-// follows only the keys that carry text the model reads, leaving out ids,
-// roles, signatures, encrypted reasoning and base64 data.
-func (c *counter) text(v any) {
-	switch v := v.(type) {
-	case string:
-		c.bytes += int64(len(v))
-	case []any:
-		for _, e := range v {
-			c.text(e)
-		}
-	case map[string]any:
-		if t, _ := v["type"].(string); isMedia(t) {
-			c.media++
-			return
-		}
-		for k, e := range v {
-			switch k {
-			case "content", "text", "refusal", "thinking", "summary", "output",
-				"tool_calls", "function", "function_call":
-				c.text(e)
-			case "arguments", "input": // tool arguments, as a string or an object
-				c.everything(e)
-			}
-		}
-	}
 }
 
 func isMedia(partType string) bool {
@@ -211,42 +107,4 @@ func isMedia(partType string) bool {
 		return true
 	}
 	return false
-}
-
-// everything counts every string in v, object keys included, for values
-// such as tool definitions and JSON schemas that reach the model whole.
-func (c *counter) everything(v any) {
-	switch v := v.(type) {
-	case string:
-		c.bytes += int64(len(v))
-	case []any:
-		for _, e := range v {
-			c.everything(e)
-		}
-	case map[string]any:
-		for k, e := range v {
-			c.bytes += int64(len(k))
-			c.everything(e)
-		}
-	}
-}
-
-// tokenInput counts an embeddings input or completions prompt: a string, an
-// array of strings, an array of token IDs or an array of such arrays.
-func (c *counter) tokenInput(v any) {
-	switch v := v.(type) {
-	case string:
-		c.bytes += int64(len(v))
-	case []any:
-		for _, e := range v {
-			switch e := e.(type) {
-			case string:
-				c.bytes += int64(len(e))
-			case float64:
-				c.exact++
-			case []any:
-				c.exact += int64(len(e))
-			}
-		}
-	}
 }

@@ -1,6 +1,9 @@
 package tokens
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -288,22 +291,100 @@ func TestAPIOf(t *testing.T) {
 	}
 }
 
-func FuzzEstimate(f *testing.F) {
+// FuzzReadRequestAgreesWithDecoding: on any body and path, the estimate
+// is at least 1, and agrees with decoding the whole body into a map
+// (estimateByDecoding) wherever that decoding succeeds and no object
+// repeats a key (the walk reads a repeated key's text each time); the
+// model agrees with decoding into a struct, on every body.
+func FuzzReadRequestAgreesWithDecoding(f *testing.F) {
 	for _, s := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}],"n":2,"max_tokens":9}`},
 		{"/v1/responses", `{"instructions":"x","input":[{"role":"user","content":"hi"}],"max_output_tokens":3}`},
 		{"/v1/embeddings", `{"input":[[1,2],[3]]}`},
 		{"/anthropic/v1/messages", `{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"hi"}]}`},
 		{"/v1/completions", `{"prompt":["a",1],"best_of":3}`},
+		{"/v1/chat/completions", `{"Model":"a\u00e9\ud83d\ude00","messages":[{"content":"\ud800x\n\"","tool_calls":[{"function":{"arguments":{"k\u0041":[1,"\u00ff"]}}}]}]}`},
+		{"/v1/chat/completions", "{\"model\":\"\xff\",\"messages\":[{\"content\":\"\xe2\x82\"}],\"max_tokens\":1e2}"},
 		{"/x", "\x00\xff"},
 	} {
 		f.Add(s.path, []byte(s.body))
 	}
 	f.Fuzz(func(t *testing.T, path string, body []byte) {
-		if got := Estimate(path, body); got < 1 {
-			t.Fatalf("Estimate(%q, %q) = %d, want >= 1", path, body, got)
+		got := ReadRequest(path, body)
+		if got.Cost < 1 {
+			t.Fatalf("ReadRequest(%q, %q).Cost = %d, want >= 1", path, body, got.Cost)
+		}
+		if want := modelByDecoding(body); got.Model != want {
+			t.Errorf("ReadRequest(%q).Model = %q; decoding into a struct gives %q", body, got.Model, want)
+		}
+		var m map[string]any
+		decodes := json.Unmarshal(body, &m) == nil
+		if json.Valid(body) && (!decodes || repeatsAKey(body)) {
+			return // a number out of float64's range, or a repeated key
+		}
+		if want := estimateByDecoding(path, body); got.Cost != want {
+			t.Errorf("ReadRequest(%q, %q).Cost = %d; decoding gives %d", path, body, got.Cost, want)
 		}
 	})
+}
+
+// modelByDecoding is the body's model as decoding it into a struct reads
+// it, "" when that fails.
+func modelByDecoding(body []byte) string {
+	if b := bytes.TrimLeft(body, " \t\r\n"); len(b) == 0 || b[0] != '{' {
+		return ""
+	}
+	var v struct {
+		Model string `json:"model"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return v.Model
+}
+
+// repeatsAKey reports whether an object in the valid JSON body has a key
+// twice.
+func repeatsAKey(body []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	type frame struct {
+		keys   map[string]bool
+		object bool
+		key    bool // the next token in an object is a key
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 && stack[len(stack)-1].object {
+				stack[len(stack)-1].key = true
+			}
+			continue
+		}
+		if top != nil && top.object && top.key {
+			k := tok.(string)
+			if top.keys[k] {
+				return true
+			}
+			top.keys[k], top.key = true, false
+			continue
+		}
+		if d, ok := tok.(json.Delim); ok {
+			stack = append(stack, &frame{keys: map[string]bool{}, object: d == '{', key: d == '{'})
+			continue
+		}
+		if top != nil && top.object {
+			top.key = true
+		}
+	}
 }
 
 // A query string is cut off before the API is recognised, even when the
@@ -316,5 +397,68 @@ func TestAPIOfQueryOnlyPath(t *testing.T) {
 	}
 	if got := apiOf("/v1/messages?beta=true"); got != apiMessages {
 		t.Errorf("apiOf with a query = %d, want apiMessages", got)
+	}
+}
+
+// BenchmarkReadRequest: reading a chat request of about 4 KB for its
+// model and cost, by the walk and by decoding it twice as the proxy did
+// before (into a map for the estimate, into a struct for the model).
+func BenchmarkReadRequest(b *testing.B) {
+	var msgs []string
+	for i := range 12 {
+		msgs = append(msgs, `{"role":"user","content":"`+strings.Repeat("Tell me about the weather in Paris. ", 8)+`"}`, `{"role":"assistant","content":[{"type":"text","text":"`+strings.Repeat(`It is mild\n`, 4)+fmt.Sprint(i)+`"}]}`)
+	}
+	body := []byte(`{"model":"gpt-4o-mini","temperature":0.2,"max_tokens":300,"messages":[` + strings.Join(msgs, ",") + `]}`)
+	const path = "/v1/chat/completions"
+	if !json.Valid(body) {
+		b.Fatal("not JSON")
+	}
+	if got, want := ReadRequest(path, body).Cost, estimateByDecoding(path, body); got != want {
+		b.Fatalf("walk %d, decoding %d", got, want)
+	}
+	b.Run("walk", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			ReadRequest(path, body)
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			estimateByDecoding(path, body)
+			modelByDecoding(body)
+		}
+	})
+}
+
+// TestReadRequestRefusesWhatIsNotJSON: a body that is not valid JSON has
+// no model and the estimate of a body of no known API, however close to
+// JSON it comes; one that is valid, at the edges of the grammar, is read.
+func TestReadRequestRefusesWhatIsNotJSON(t *testing.T) {
+	const path = "/v1/chat/completions"
+	deep := strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth)
+	for _, body := range []string{
+		`{"model":"m","messages":[]} x`, `{"model":"m","messages":[]`, `{"model":"m",}`, `{"model":"m" "n":1}`,
+		`{"model":"m","n":01}`, `{"model":"m","n":1.}`, `{"model":"m","n":-}`, `{"model":"m","n":1e}`, `{"model":"m","n":.5}`,
+		`{"model":"m","x":tru}`, `{"model":"m","x":nul}`, `{"model":"m","x":True}`,
+		`{"model":"m","x":"\q"}`, `{"model":"m","x":"\u12"}`, "{\"model\":\"m\",\"x\":\"a\nb\"}", `{"model":"m","x":"open}`,
+		`{"model":"m",1:2}`, `{"model":"m","x"}`, `{"model":"m","x":[1,]}`, `{"model":"m","x":[1 2]}`,
+		`{"model":"m","x":` + "[" + deep + "]" + `}`,
+	} {
+		got := ReadRequest(path, []byte(body))
+		want := ceilQuarter(int64(len(body))) + DefaultMaxOutput
+		if got.Model != "" || got.Cost != want || json.Valid([]byte(body)) {
+			t.Errorf("ReadRequest(%.60q) = %+v, want no model and cost %d (json.Valid: %v)", body, got, want, json.Valid([]byte(body)))
+		}
+	}
+	for _, body := range []string{
+		` {"model":"m","x":[-0.5e+3,0,1E9,true,false,null,{},[],"\u00e9\/\b\f\n\r\t\"\\"]} `,
+		`{"model":"m","x":` + deep[1:len(deep)-1] + `}`,
+	} {
+		if got := ReadRequest(path, []byte(body)); got.Model != "m" || !json.Valid([]byte(body)) {
+			t.Errorf("ReadRequest(%.60q) = %+v, want model m", body, got)
+		}
 	}
 }
