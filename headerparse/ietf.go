@@ -23,9 +23,9 @@ import (
 // resets are believed up to monthHorizon ahead. The draft's rule that
 // Retry-After takes precedence is applied by [Limits.ResumeAt].
 func parseIETF(h http.Header, now time.Time, b *budgets) {
-	policies := parseSFList(strings.Join(h.Values("Ratelimit-Policy"), ","))
+	policies := parseSFList(strings.Join(h["Ratelimit-Policy"], ","))
 	parseIETFSplit(h, policies, now, b)
-	rateLimit := h.Values("Ratelimit")
+	rateLimit := h["Ratelimit"]
 	if len(rateLimit) == 0 {
 		parseIETFPolicies(policies, nil, now, b)
 		return
@@ -41,12 +41,12 @@ func parseIETF(h http.Header, now time.Time, b *budgets) {
 func parseIETFSplit(h http.Header, policies []sfMember, now time.Time, b *budgets) {
 	var limit string
 	// Draft -03 lists the policies inside the limit: "10, 10;w=1, 50;w=60".
-	if members := parseSFList(h.Get("Ratelimit-Limit")); len(members) > 0 {
+	if members := parseSFList(get(h, "Ratelimit-Limit")); len(members) > 0 {
 		limit = members[0].item
 	} else if len(policies) > 0 && isDecimal(policies[0].item) {
 		limit = policies[0].item // old-style policy: 100;w=10
 	}
-	b.addRequests(window(limit, h.Get("Ratelimit-Remaining"), h.Get("Ratelimit-Reset"), now, monthHorizon))
+	b.addRequests(window(limit, get(h, "Ratelimit-Remaining"), get(h, "Ratelimit-Reset"), now, monthHorizon))
 }
 
 // parseIETFDictionary reads draft -07's RateLimit: limit=10, remaining=0,

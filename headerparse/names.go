@@ -9,21 +9,17 @@ import (
 // rate-limit windows (limit, remaining, reset, policy) in any dialect this
 // package reads. Retry-After and retry-after-ms are not window headers.
 func IsWindowHeader(name string) bool {
-	n := strings.ToLower(name)
-	switch {
-	case strings.HasPrefix(n, "x-ratelimit-"),
-		strings.HasPrefix(n, "anthropic-ratelimit-"),
-		strings.HasPrefix(n, "anthropic-priority-"),
-		strings.HasPrefix(n, "anthropic-fast-"),
-		strings.HasPrefix(n, "x-tokenlimit-"),
-		strings.HasPrefix(n, "ratelimit-"),
-		strings.HasPrefix(n, "x-ratelimitbysize-"),
-		strings.HasPrefix(n, "ratelimitbysize-"),
-		n == "ratelimit":
-		return true
+	for _, p := range windowPrefixes {
+		if len(name) >= len(p) && strings.EqualFold(name[:len(p)], p) {
+			return true
+		}
 	}
-	return false
+	return strings.EqualFold(name, "ratelimit")
 }
+
+// windowPrefixes start the names of window headers, matched in any case.
+var windowPrefixes = [...]string{"x-ratelimit-", "anthropic-ratelimit-", "anthropic-priority-", "anthropic-fast-",
+	"x-tokenlimit-", "ratelimit-", "x-ratelimitbysize-", "ratelimitbysize-"}
 
 // DeleteWindowHeaders removes every rate-limit window header from h.
 func DeleteWindowHeaders(h http.Header) {

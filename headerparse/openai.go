@@ -10,7 +10,7 @@ import (
 type windowNames struct{ limit, remaining, reset string }
 
 func (n windowNames) read(h http.Header, now time.Time, horizon time.Duration) Window {
-	return window(h.Get(n.limit), h.Get(n.remaining), h.Get(n.reset), now, horizon)
+	return window(get(h, n.limit), get(h, n.remaining), get(h, n.reset), now, horizon)
 }
 
 func openAINames(kind string) windowNames {
@@ -35,4 +35,13 @@ func parseOpenAI(h http.Header, now time.Time, b *budgets) {
 	b.addRequests(openAIRequests.read(h, now, dayHorizon))
 	b.addTokens(openAITokens.read(h, now, dayHorizon))
 	b.addTokens(openAIProjectTokens.read(h, now, dayHorizon))
+}
+
+// get is h.Get for a name already in canonical form: the map is read
+// directly, without canonicalising the name on every answer.
+func get(h http.Header, canonical string) string {
+	if v := h[canonical]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }

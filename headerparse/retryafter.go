@@ -17,11 +17,11 @@ import (
 // TypeScript SDK does, since retrying at once is the costliest mistake.
 func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	h = canonical(h)
-	ms, hasMS := parseDelay(h.Get("Retry-After-Ms"), time.Millisecond)
+	ms, hasMS := parseDelay(get(h, "Retry-After-Ms"), time.Millisecond)
 	if hasMS && ms > 0 {
 		return ms, true
 	}
-	if d, ok := retryAfterSeconds(h.Get("Retry-After"), now); ok {
+	if d, ok := retryAfterSeconds(get(h, "Retry-After"), now); ok {
 		return d, true
 	}
 	return ms, hasMS

@@ -29,6 +29,9 @@ func (m sfMember) param(key string) string {
 // into members, skipping empty ones. A parameter without a value gets "?1",
 // SF's boolean true.
 func parseSFList(v string) []sfMember {
+	if v == "" {
+		return nil // most answers have no such field: no work, no allocation
+	}
 	var out []sfMember
 	for _, raw := range splitOutsideQuotes(v, ',') {
 		if len(out) == maxSFMembers {

@@ -17,11 +17,11 @@ const tokenLimitPeriod = time.Second
 // magnitude, and also accepts epoch seconds, which other APIs send there.
 func parseXRateLimit(h http.Header, now time.Time, b *budgets) {
 	b.addRequests(window(
-		h.Get("X-Ratelimit-Limit"),
-		h.Get("X-Ratelimit-Remaining"),
-		h.Get("X-Ratelimit-Reset"),
+		get(h, "X-Ratelimit-Limit"),
+		get(h, "X-Ratelimit-Remaining"),
+		get(h, "X-Ratelimit-Reset"),
 		now, dayHorizon))
-	tokens := window(h.Get("X-Tokenlimit-Limit"), h.Get("X-Tokenlimit-Remaining"), "", now, dayHorizon)
+	tokens := window(get(h, "X-Tokenlimit-Limit"), get(h, "X-Tokenlimit-Remaining"), "", now, dayHorizon)
 	if tokens.Known() {
 		tokens.Reset = now.Add(tokenLimitPeriod)
 	}

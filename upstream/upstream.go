@@ -174,6 +174,9 @@ func (r Result) Discard() {
 
 // hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1, plus the
 // de-facto ones, never forwarded in either direction.
+// hopHeaders are in canonical form, as a transport's and a server's header
+// maps hold their names: they are deleted without canonicalising them on
+// every request.
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
@@ -182,15 +185,15 @@ var hopHeaders = []string{
 // StripHopHeaders removes hop-by-hop headers, including any that Connection
 // names, from h in place.
 func StripHopHeaders(h http.Header) {
-	for _, v := range h.Values("Connection") {
+	for _, v := range h["Connection"] {
 		for _, name := range strings.Split(v, ",") {
 			if name = strings.TrimSpace(name); name != "" {
-				h.Del(name)
+				h.Del(name) // a name from the client: canonicalised
 			}
 		}
 	}
 	for _, name := range hopHeaders {
-		h.Del(name)
+		delete(h, name)
 	}
 }
 
@@ -201,17 +204,17 @@ func StripHopHeaders(h http.Header) {
 func OutboundHeader(in http.Header) http.Header {
 	h := in.Clone()
 	StripHopHeaders(h)
-	h.Del("Accept-Encoding")
-	h.Del("Expect") // the proxy already has the whole body
-	h.Del("Content-Length")
-	h.Del("Host")
+	delete(h, "Accept-Encoding")
+	delete(h, "Expect") // the proxy already has the whole body
+	delete(h, "Content-Length")
+	delete(h, "Host")
 	// What a client says about where it or earlier proxies are is neither
 	// checked nor needed upstream: an API provider sees the proxy. Passing
 	// it on would let a client forge a source address in the provider's
 	// logs and leak internal addresses.
 	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
 		"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server", "X-Real-Ip", "X-Client-Ip", "True-Client-Ip"} {
-		h.Del(k)
+		delete(h, k)
 	}
 	return h
 }
