@@ -28,7 +28,9 @@ func HashCredential(raw string) string {
 		return ""
 	}
 	sum := sha256.Sum256([]byte(raw))
-	return hex.EncodeToString(sum[:])
+	var digits [2 * sha256.Size]byte
+	hex.Encode(digits[:], sum[:])
+	return string(digits[:])
 }
 
 // shortLen is how many hex digits of a hash are shown: 48 bits, enough to

@@ -47,9 +47,9 @@ type Table struct {
 	cfg TableConfig
 
 	mu        sync.Mutex
-	lanes     *simplelru.LRU[string, *Lane]
-	evicted   []evicted // filled by the LRU callback under mu, reported after unlock
-	sweeping  bool      // the sweep is removing idle lanes
+	lanes     *simplelru.LRU[Key, *Lane] // by key: no hashing on the way in
+	evicted   []evicted                  // filled by the LRU callback under mu, reported after unlock
+	sweeping  bool                       // the sweep is removing idle lanes
 	lastSweep time.Time
 	groups    map[string]*group // by Key.limitGroup
 }
@@ -67,7 +67,7 @@ func NewTable(cfg TableConfig) *Table {
 		cfg.Shared = func(_ string, c Config) Shared { return NewMemory(c) }
 	}
 	t := &Table{cfg: cfg, groups: map[string]*group{}}
-	lanes, err := simplelru.NewLRU[string, *Lane](cfg.MaxLanes, t.evictLocked)
+	lanes, err := simplelru.NewLRU[Key, *Lane](cfg.MaxLanes, t.evictLocked)
 	if err != nil {
 		panic(err) // only for a non-positive size, excluded above
 	}
@@ -78,7 +78,7 @@ func NewTable(cfg TableConfig) *Table {
 // evictLocked is the one place a lane leaves the table: its group loses the
 // lane's reference, and is dropped with its last one. The LRU calls it for
 // eviction and removal alike. Requires t.mu held.
-func (t *Table) evictLocked(_ string, l *Lane) {
+func (t *Table) evictLocked(_ Key, l *Lane) {
 	reason := "table_full"
 	if t.sweeping {
 		reason = "idle"
@@ -110,10 +110,9 @@ func (t *Table) forgotten(g *group) {
 
 // laneFor returns the lane for key, creating it when needed.
 func (t *Table) laneFor(key Key) *Lane {
-	id := key.ID()
 	t.mu.Lock()
 	now := t.cfg.Lane.Clock.Now()
-	l, ok := t.lanes.Get(id)
+	l, ok := t.lanes.Get(key)
 	if !ok {
 		gk := key.limitGroup()
 		g := t.groups[gk]
@@ -130,7 +129,7 @@ func (t *Table) laneFor(key Key) *Lane {
 		}
 		g.refs.Add(1)
 		l = g.newLane(key)
-		t.lanes.Add(id, l)
+		t.lanes.Add(key, l)
 	} else {
 		l.touch(now) // so the sweep below cannot drop the lane it returns
 	}
@@ -179,9 +178,12 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 
 // lookup returns the lane with this ID, if the table has it.
 func (t *Table) lookup(id string) (*Lane, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.lanes.Peek(id)
+	for _, l := range t.allLanes() {
+		if l.id == id {
+			return l, true
+		}
+	}
+	return nil, false
 }
 
 // laneCount is the number of lanes.
@@ -271,8 +273,8 @@ func (t *Table) sweepLocked(now time.Time) {
 		return
 	}
 	t.lastSweep = now
-	for _, id := range t.lanes.Keys() {
-		l, _ := t.lanes.Peek(id)
+	for _, key := range t.lanes.Keys() {
+		l, _ := t.lanes.Peek(key)
 		if now.Sub(l.used()) < t.cfg.IdleTTL {
 			return
 		}
@@ -286,7 +288,7 @@ func (t *Table) sweepLocked(now time.Time) {
 		l.g.mu.Unlock()
 		if idle {
 			t.sweeping = true
-			t.lanes.Remove(id)
+			t.lanes.Remove(key)
 			t.sweeping = false
 		}
 	}
