@@ -1,6 +1,9 @@
 package tokens
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"strconv"
+)
 
 // estimateByDecoding is Estimate as it was before ReadRequest: the body
 // decoded into a map[string]any and walked. It is the oracle of
@@ -151,4 +154,17 @@ func (c *decodedCounter) tokenInput(v any) {
 			}
 		}
 	}
+}
+
+// UnmarshalJSON lets the fuzz targets' oracles decode usage with
+// encoding/json: a count never fails to decode, so one odd field cannot
+// hide the others; a value that does not parse as a number leaves it as
+// it was.
+func (c *count) UnmarshalJSON(b []byte) error {
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil {
+		return nil // null, a string, an object: not a count
+	}
+	c.n, c.ok = clampCount(f), true
+	return nil
 }

@@ -2,7 +2,6 @@ package tokens
 
 import (
 	"bytes"
-	"encoding/json"
 )
 
 const (
@@ -127,8 +126,7 @@ func scanLine(f *usageFields, line []byte) {
 		if end < 0 {
 			return
 		}
-		var g usageFields
-		if json.Unmarshal(line[:end], &g) == nil {
+		if g, ok := decodeUsage(line[:end]); ok {
 			f.merge(&g)
 		}
 		line = line[end:]

@@ -50,11 +50,60 @@ func FromBody(body []byte) (u Usage, ok bool) {
 	if !found {
 		return Usage{}, false
 	}
-	var f *usageFields
-	if json.Unmarshal(raw, &f) != nil || f == nil {
+	f, ok := decodeUsage(raw)
+	if !ok {
 		return Usage{}, false
 	}
 	return f.usage()
+}
+
+// decodeUsage reads a usage object as encoding/json decodes it into
+// usageFields: keys matched in any case, escapes decoded, the last one
+// counting; a value that is not a number leaves its field as it was. ok
+// is false when raw is not a valid JSON object. It walks raw with the
+// request reader's checks, and allocates nothing.
+func decodeUsage(raw []byte) (f usageFields, ok bool) {
+	r := reader{b: raw}
+	i := spaceEnd(raw, 0)
+	if r.byteAt(i) != '{' {
+		return usageFields{}, false
+	}
+	end := r.members(i, func(quoted []byte, _ int64, v int) int {
+		end := r.skip(v)
+		if c := f.field(quoted); c != nil && !r.bad {
+			// Only a number parses: a string keeps its quotes, and
+			// what else ParseFloat reads (Inf, NaN) is not JSON.
+			if n, err := strconv.ParseFloat(string(raw[v:end]), 64); err == nil {
+				c.n, c.ok = clampCount(n), true
+			}
+		}
+		return end
+	})
+	if r.bad || spaceEnd(raw, end) != len(raw) {
+		return usageFields{}, false
+	}
+	return f, true
+}
+
+// field is f's field for the quoted key, nil for none.
+func (f *usageFields) field(quoted []byte) *count {
+	for _, c := range [...]struct {
+		name string
+		dst  *count
+	}{
+		{"prompt_tokens", &f.Prompt},
+		{"completion_tokens", &f.Completion},
+		{"total_tokens", &f.Total},
+		{"input_tokens", &f.Input},
+		{"output_tokens", &f.Output},
+		{"cache_creation_input_tokens", &f.CacheCreation},
+		{"cache_read_input_tokens", &f.CacheRead},
+	} {
+		if keyIs(quoted, c.name) {
+			return c.dst
+		}
+	}
+	return nil
 }
 
 // topLevel is the value of the last top-level key of the JSON object in
@@ -214,20 +263,10 @@ func (f *usageFields) usage() (Usage, bool) {
 	return u, true
 }
 
-// count is a token count from a usage object. It never fails to decode, so
-// one odd field cannot hide the others.
+// count is a token count from a usage object.
 type count struct {
 	n  int64
 	ok bool
-}
-
-func (c *count) UnmarshalJSON(b []byte) error {
-	f, err := strconv.ParseFloat(string(b), 64)
-	if err != nil {
-		return nil // null, a string, an object: not a count
-	}
-	c.n, c.ok = clampCount(f), true
-	return nil
 }
 
 // clampCount converts f to an int64 in [0, maxCount].
