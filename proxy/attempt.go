@@ -14,28 +14,22 @@ import (
 )
 
 // attempt makes one upstream attempt bounded by the budget until the answer's
-// headers arrive; after that only the client's own cancellation ends it.
-func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (upstream.Result, context.CancelFunc, bool) {
-	actx, cancelAttempt := context.WithCancel(r.Context())
-	unwatch := context.AfterFunc(p.stopped, cancelAttempt) // Stop cuts the attempt, answer included
-	cancel := func() {
-		unwatch()
-		cancelAttempt()
-	}
-	var mu sync.Mutex
-	headers, timedOut := false, false
-	stop := context.AfterFunc(budget, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !headers {
-			timedOut = true
-			cancel()
-		}
-	})
-	out, _ := http.NewRequestWithContext(actx, r.Method, req.target.String(), http.NoBody)
-	out.Header = upstream.OutboundHeader(r.Header)
+// headers arrive; after that only the client's own cancellation and Stop end
+// it. The budget is serve's context: it ends at the request's deadline, when
+// the client goes and at Stop.
+func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (upstream.Result, *attemptWatch, bool) {
+	actx, cancel := context.WithCancel(r.Context())
+	a := &attemptWatch{p: p, cancel: cancel}
+	a.unwatch = context.AfterFunc(budget, a.budgetDone)
+	// Built as http.NewRequestWithContext builds it, without parsing the
+	// URL the proxy already has, or a header map it replaces.
+	out := (&http.Request{
+		Method: r.Method, URL: req.target, Host: req.target.Host,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: upstream.OutboundHeader(r.Header), Body: http.NoBody,
+	}).WithContext(actx)
 	out.Header.Del(priorityHeader)
-	out.Header["X-Llmproxy-Request-Id"] = req.idHeader // to match the upstream's logs with ours
+	out.Header["X-Llmproxy-Request-Id"] = req.idHeader() // to match the upstream's logs with ours
 	if req.upgrade {
 		// Hop-by-hop, so dropped above; the handshake needs them.
 		out.Header.Set("Connection", "Upgrade")
@@ -43,17 +37,54 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	}
 	if req.body.size > 0 {
 		b := &req.body
-		out.Body, out.ContentLength = io.NopCloser(b.reader()), b.size
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(b.reader()), nil }
+		out.Body, out.ContentLength = b.reader(), b.size
+		out.GetBody = func() (io.ReadCloser, error) { return b.reader(), nil }
 	}
 	res := upstream.Do(p.cfg.Transport, out, p.cfg.Clock.Now())
-	mu.Lock()
-	headers = true
-	late := timedOut
-	mu.Unlock()
-	stop()
+	a.mu.Lock()
+	a.headers = true
+	late := a.timedOut
+	a.mu.Unlock()
 	req.upstreamTime += res.Latency
-	return res, cancel, late
+	return res, a, late
+}
+
+// attemptWatch ends an attempt: when the budget ends before the answer's
+// headers arrive (timedOut), and at Stop, before or after them.
+type attemptWatch struct {
+	p        *Proxy
+	cancel   context.CancelFunc // cancels the attempt's context
+	mu       sync.Mutex
+	headers  bool        // the answer's headers arrived
+	timedOut bool        // the budget ended first
+	unwatch  func() bool // stops the AfterFunc in force
+}
+
+// budgetDone runs when the budget ends. Before the headers it cuts the
+// attempt. After them it cuts it at Stop; the request's deadline alone
+// does not end an answer under way, which is then watched for Stop only.
+func (a *attemptWatch) budgetDone() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case !a.headers:
+		a.timedOut = true
+		a.cancel()
+	case a.p.stopping():
+		a.cancel()
+	default:
+		a.unwatch = context.AfterFunc(a.p.stopped, a.cancel)
+	}
+}
+
+// end stops watching and cancels the attempt's context; the answer's
+// body is done with.
+func (a *attemptWatch) end() {
+	a.mu.Lock()
+	unwatch := a.unwatch
+	a.mu.Unlock()
+	unwatch()
+	a.cancel()
 }
 
 // forward runs the attempts and answers the client. The slot is held
@@ -61,9 +92,9 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) {
 	slot := req.slot
 	for {
-		res, cancel, timedOut := p.attempt(ctx, r, req)
-		defer cancel()
-		req.cancelAttempt = cancel
+		res, watch, timedOut := p.attempt(ctx, r, req)
+		defer watch.end()
+		req.cancelAttempt = watch.cancel
 		if res.Resp != nil {
 			p.metrics.upstreamLat.WithLabelValues(req.route).Observe(res.Latency.Seconds())
 			req.upstreamID = upstreamRequestID(res.Resp.Header)

@@ -30,12 +30,19 @@ type body struct {
 }
 
 // reader reads the whole body from its start; each attempt takes its own.
-func (b *body) reader() io.Reader {
+func (b *body) reader() io.ReadCloser {
 	if b.file != nil {
-		return io.NewSectionReader(b.file, 0, b.size)
+		return io.NopCloser(io.NewSectionReader(b.file, 0, b.size))
 	}
-	return bytes.NewReader(b.mem)
+	r := &memReader{}
+	r.Reset(b.mem)
+	return r
 }
+
+// memReader reads a body held in memory; closing it does nothing.
+type memReader struct{ bytes.Reader }
+
+func (*memReader) Close() error { return nil }
 
 // spoolPrefix starts every spool file's name.
 const spoolPrefix = "llmproxy-spool-"
@@ -49,28 +56,31 @@ var spoolBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return
 // MaxSpoolBytes. What it holds is given back when the request ends (see
 // releaseBody).
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) error {
-	tooLarge := fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
+	tooLarge := func() error {
+		return fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
+	}
 	if r.ContentLength > p.cfg.MaxBodyBytes {
-		return tooLarge
+		return tooLarge()
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil
 	}
-	src := io.Reader(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 	var err error
 	switch n := r.ContentLength; {
 	case n > p.cfg.MemoryBodyBytes:
-		err = p.spool(req, src, nil, n)
+		err = p.spool(req, r.Body, nil, n)
 	case n > 0:
 		// Known length: hold it before reading, and read it into one
-		// buffer of that size.
+		// buffer of that size. The server holds the body to its length,
+		// which is within MaxBodyBytes.
 		if !p.hold(req, n) {
 			return errBuffersFull
 		}
 		req.body.mem = make([]byte, n)
 		req.body.size = n
-		_, err = io.ReadFull(src, req.body.mem)
+		_, err = io.ReadFull(r.Body, req.body.mem)
 	default:
+		src := io.Reader(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
 		// Unknown length: in memory up to MemoryBodyBytes, spooled past it.
 		var mem []byte
 		mem, err = io.ReadAll(io.LimitReader(&heldReader{r: src, p: p, req: req}, p.cfg.MemoryBodyBytes+1))
@@ -86,7 +96,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 		var f *failure
 		switch {
 		case errors.As(err, &mbe):
-			return tooLarge
+			return tooLarge()
 		case errors.As(err, &f):
 			return err
 		}

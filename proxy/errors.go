@@ -179,8 +179,8 @@ func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err
 // setLLMHeaders adds the x-llmproxy-* headers every answer carries.
 func setLLMHeaders(h http.Header, req *request) {
 	if req.laneID != "" {
-		h.Set("X-Llmproxy-Lane", req.laneID)
+		h["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
 	}
-	h.Set("X-Llmproxy-Queue-Ms", strconv.FormatInt(req.queueWait.Milliseconds(), 10))
-	h.Set("X-Llmproxy-Retries", strconv.Itoa(req.retries))
+	h["X-Llmproxy-Queue-Ms"] = req.headerValue(queueValue, strconv.FormatInt(req.queueWait.Milliseconds(), 10))
+	h["X-Llmproxy-Retries"] = req.headerValue(retriesValue, strconv.Itoa(req.retries))
 }

@@ -3,9 +3,9 @@ package proxy
 import (
 	"errors"
 	"io"
-	"mime"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,6 +62,9 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		if u, ok := meter.Usage(); ok {
 			req.used = u.Total()
 		}
+		if m, ok := meter.(*bodyMeter); ok {
+			m.release()
+		}
 	}
 }
 
@@ -76,13 +79,13 @@ func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) 
 	if !p.cfg.PassRateLimitHeaders {
 		headerparse.DeleteWindowHeaders(h)
 		if resp.StatusCode < 300 {
-			h.Del("Retry-After")
-			h.Del("Retry-After-Ms")
+			delete(h, "Retry-After")
+			delete(h, "Retry-After-Ms")
 		}
 	}
 	if resp.Uncompressed {
-		h.Del("Content-Length")
-		h.Del("Content-Encoding")
+		delete(h, "Content-Length")
+		delete(h, "Content-Encoding")
 	}
 	setLLMHeaders(h, req)
 	if upstream.RetryableStatus(resp.StatusCode) {
@@ -100,8 +103,8 @@ func flushEachWrite(resp *http.Response) bool {
 	if resp.ContentLength == -1 {
 		return true
 	}
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	return mt == "text/event-stream"
+	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";") // a media type's parameters follow ';'
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // idleReader cancels the attempt when the upstream sends nothing for idle:
@@ -194,7 +197,25 @@ func newUsageMeter(stream bool) usageMeter {
 	if stream {
 		return &tokens.StreamScanner{}
 	}
-	return &bodyMeter{}
+	return bodyMeters.Get().(*bodyMeter)
+}
+
+// bodyMeters recycle the body meters and their buffers: most answers are
+// small, and a buffer of their size would otherwise be allocated and
+// grown for each.
+var bodyMeters = sync.Pool{New: func() any { return &bodyMeter{} }}
+
+// maxPooledMeter bounds the buffer a meter keeps when it goes back to the
+// pool: a rare large answer's buffer is left to the collector.
+const maxPooledMeter = 64 << 10
+
+// release gives m back to the pool, emptied.
+func (m *bodyMeter) release() {
+	if cap(m.buf) > maxPooledMeter {
+		m.buf = nil
+	}
+	m.buf, m.overflow = m.buf[:0], false
+	bodyMeters.Put(m)
 }
 
 // maxMeteredBody bounds what is kept of a non-streamed answer to read its

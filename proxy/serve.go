@@ -37,11 +37,33 @@ type request struct {
 	// cancelAttempt ends the current upstream attempt; the answer's idle
 	// watchdog uses it.
 	cancelAttempt context.CancelFunc
-	cutErr        string   // why the upstream's answer broke off (an upstream_cut)
-	id            string   // x-llmproxy-request-id
-	idHeader      []string // {id}, the header value
-	upstreamID    string   // the upstream's own request id, from its latest answer
-	upgrade       bool     // a WebSocket handshake (see isUpgrade)
+	cutErr        string // why the upstream's answer broke off (an upstream_cut)
+	id            string // x-llmproxy-request-id
+	upstreamID    string // the upstream's own request id, from its latest answer
+	upgrade       bool   // a WebSocket handshake (see isUpgrade)
+	// headerValues back the x-llmproxy-* header values (see
+	// headerValue), so that they cost no allocation of their own.
+	headerValues [headerCount]string
+}
+
+// The x-llmproxy-* headers' places in request.headerValues.
+const (
+	idValue = iota
+	laneValue
+	queueValue
+	retriesValue
+	headerCount
+)
+
+// idHeader is the request id as a header's values.
+func (req *request) idHeader() []string { return req.headerValues[idValue : idValue+1 : idValue+1] }
+
+// headerValue sets the header value at place i to v and returns it as a
+// header's values. Neither side changes a header value slice, so one may
+// be set on both the client's answer and the upstream request.
+func (req *request) headerValue(i int, v string) []string {
+	req.headerValues[i] = v
+	return req.headerValues[i : i+1 : i+1]
 }
 
 // newRequestID is a request's id: 16 hex digits, random, so ids from
@@ -66,7 +88,10 @@ func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.Ha
 // always comes from configuration; the path is cleaned so dot segments
 // cannot climb above the upstream's base path.
 func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
-	clean := path.Clean("/" + rest)
+	if !strings.HasPrefix(rest, "/") {
+		rest = "/" + rest
+	}
+	clean := path.Clean(rest) // the path itself when it is clean: no allocation
 	if strings.HasSuffix(rest, "/") && clean != "/" {
 		clean += "/"
 	}
@@ -97,8 +122,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	now := p.cfg.Clock.Now()
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
 		deadline: p.deadline(r, now), id: newRequestID(), used: -1}
-	req.idHeader = []string{req.id} // one value for both ways: neither side changes it
-	w.Header()["X-Llmproxy-Request-Id"] = req.idHeader
+	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
 	defer func() { p.finish(r, req) }()
 	if p.stopping() {
 		p.failRequest(w, req, errShutdown)
@@ -122,7 +146,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.slot, err = p.lanes.Acquire(ctx, lr)
 	req.laneID = req.slot.ID()
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
-	w.Header().Set("X-Llmproxy-Lane", req.laneID)
+	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
 	if err != nil {
 		p.refuse(w, r, req, err)
 		return

@@ -79,7 +79,7 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result) {
 	upstream.StripHopHeaders(h)
 	h.Set("Connection", "Upgrade")
 	h.Set("Upgrade", "websocket")
-	h["X-Llmproxy-Request-Id"] = req.idHeader
+	h["X-Llmproxy-Request-Id"] = req.idHeader()
 	setLLMHeaders(h, req)
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\n")
 	h.Write(brw)
