@@ -31,7 +31,7 @@ type config struct {
 	AdminAddr          string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui; empty = off"`
 	AdminToken         string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open"`
 	Upstream           string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
-	Routes             string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest"`
+	Routes             string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
 	MaxRetries         int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
 	MaxWait            time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout can shorten it); at least 1s"`
 	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
@@ -74,6 +74,13 @@ func loadConfig(environ map[string]string) (config, error) {
 	opts := env.Options{Prefix: envPrefix, Environment: environ}
 	if err := env.ParseWithOptions(&c, opts); err != nil {
 		return c, describeEnvError(err)
+	}
+	// The env package gives a variable set empty its default; for these
+	// two, empty is a setting of its own (no admin listener, no routes).
+	for name, field := range map[string]*string{"ADMIN_ADDR": &c.AdminAddr, "ROUTES": &c.Routes} {
+		if v, set := environ[envPrefix+name]; set && v == "" {
+			*field = ""
+		}
 	}
 	if err := c.validate(); err != nil {
 		return c, err

@@ -28,6 +28,19 @@ func TestDefaultsNeedNoConfiguration(t *testing.T) {
 	}
 }
 
+// TestEmptyTurnsTheAdminListenerAndTheRoutesOff: an empty
+// LLMPROXY_ADMIN_ADDR or LLMPROXY_ROUTES is a setting, not their
+// default.
+func TestEmptyTurnsTheAdminListenerAndTheRoutesOff(t *testing.T) {
+	c, err := loadConfig(map[string]string{"LLMPROXY_ADMIN_ADDR": "", "LLMPROXY_ROUTES": ""})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AdminAddr != "" || len(c.routes) != 0 {
+		t.Fatalf("admin %q, routes %+v; want none of either", c.AdminAddr, c.routes)
+	}
+}
+
 func TestBadValueNamesTheVariable(t *testing.T) {
 	for _, tc := range []struct{ env, val string }{
 		{"LLMPROXY_MAX_WAIT", "soon"},
