@@ -29,20 +29,17 @@ type body struct {
 	spooled int64
 }
 
-// reader reads the whole body from its start; each attempt takes its own.
+// reader reads the whole body from its start; each attempt takes its own,
+// as a transport may still be sending an attempt's body when its answer
+// arrives. A body in memory is an io.NopCloser around a *bytes.Reader,
+// which net/http knows for an in-memory body: it sends the body with the
+// headers in one write, not after them in a second.
 func (b *body) reader() io.ReadCloser {
 	if b.file != nil {
 		return io.NopCloser(io.NewSectionReader(b.file, 0, b.size))
 	}
-	r := &memReader{}
-	r.Reset(b.mem)
-	return r
+	return io.NopCloser(bytes.NewReader(b.mem))
 }
-
-// memReader reads a body held in memory; closing it does nothing.
-type memReader struct{ bytes.Reader }
-
-func (*memReader) Close() error { return nil }
 
 // spoolPrefix starts every spool file's name.
 const spoolPrefix = "llmproxy-spool-"

@@ -109,21 +109,31 @@ func flushEachWrite(resp *http.Response) bool {
 
 // idleReader cancels the attempt when the upstream sends nothing for idle:
 // an answer that stalls must not hold its slot forever when the client has
-// no timeout of its own.
+// no timeout of its own. The timer is pushed back at most once per
+// rearmEvery(idle), not on every read, so a stream of many small events
+// costs one clock reading per read; it may fire that much early.
 type idleReader struct {
-	r     io.Reader
-	idle  time.Duration
-	timer *time.Timer
+	r      io.Reader
+	idle   time.Duration
+	timer  *time.Timer
+	rearms time.Time // when the timer was last pushed back
 }
 
+// rearmEvery is how often an idle bound's timer or deadline is pushed back
+// while the answer moves: once a second, more often for a short bound.
+func rearmEvery(idle time.Duration) time.Duration { return min(time.Second, idle/4) }
+
 func newIdleReader(r io.Reader, idle time.Duration, cancel func()) *idleReader {
-	return &idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, cancel)}
+	return &idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, cancel), rearms: time.Now()}
 }
 
 func (i *idleReader) Read(p []byte) (int, error) {
 	n, err := i.r.Read(p)
 	if n > 0 {
-		i.timer.Reset(i.idle)
+		if now := time.Now(); now.Sub(i.rearms) >= rearmEvery(i.idle) {
+			i.timer.Reset(i.idle)
+			i.rearms = now
+		}
 	}
 	return n, err
 }
@@ -146,7 +156,8 @@ var (
 // for as long as it keeps the connection open.
 func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, idle time.Duration) error {
 	rc := http.NewResponseController(w)
-	deadlines := rc.SetWriteDeadline(time.Now().Add(idle)) == nil
+	set := time.Now() // when the write deadline was last pushed back
+	deadlines := rc.SetWriteDeadline(set.Add(idle)) == nil
 	if deadlines {
 		// The connection may serve more requests: no deadline left behind.
 		defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
@@ -166,8 +177,9 @@ func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, i
 			if tap != nil {
 				_, _ = tap.Write(buf[:n])
 			}
-			if deadlines {
-				_ = rc.SetWriteDeadline(time.Now().Add(idle))
+			if now := time.Now(); deadlines && now.Sub(set) >= rearmEvery(idle) {
+				_ = rc.SetWriteDeadline(now.Add(idle))
+				set = now
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return writeErr(werr)

@@ -1,9 +1,11 @@
 // Command overhead measures what the proxy costs when nothing is limited,
 // against nginx doing the same job: small JSON chats and SSE streams sent
 // straight to the project's mock upstream (no limits, answers at once),
-// through llmproxy, and through nginx (proxy_pass with a keep-alive pool,
+// through llmproxy, through go-floor (the standard library's
+// httputil.ReverseProxy with llmproxy's transport: what any proxy on
+// net/http costs) and through nginx (proxy_pass with a keep-alive pool,
 // one worker), interleaved in every round so that the machine's drift
-// falls on all three alike.
+// falls on all alike.
 //
 //	go run ./e2e/overhead                 # 3 rounds of 5 s per load
 //	go run ./e2e/overhead -rounds 1 -duration 2s
@@ -71,7 +73,12 @@ type load struct {
 	run  func(ctx context.Context, t target, d time.Duration) (sample, error)
 }
 
-func main() { os.Exit(realMain()) }
+func main() {
+	if serveFloor() {
+		return
+	}
+	os.Exit(realMain())
+}
 
 func realMain() int {
 	rounds := flag.Int("rounds", 3, "rounds; each runs every load against every target, in a rotating order")
@@ -126,7 +133,15 @@ func realMain() int {
 		return 1
 	}
 	defer ngx.stop()
-	targets := []target{{"direct", mock.URL(), 0}, {"llmproxy", proxy.base, proxy.pid()}, {"nginx", ngx.base, ngx.pid()}}
+	floor, err := startFloor(mock.URL())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "overhead:", err)
+		return 1
+	}
+	defer floor.stop()
+	// nginx last: the ratios are to it.
+	targets := []target{{"direct", mock.URL(), 0}, {"llmproxy", proxy.base, proxy.pid()},
+		{"go-floor", floor.base, floor.pid()}, {"nginx", ngx.base, ngx.pid()}}
 	loads := []load{
 		{"chat, wrk 32 connections", wrkLoad(script, 32)},
 		{"chat, wrk 256 connections", wrkLoad(script, 256)},
@@ -137,7 +152,7 @@ func realMain() int {
 		*rounds, *duration, mock.URL(), proxy.base, ngx.base)
 	results := measure(loads, targets, *rounds, *duration)
 	printTable(loads, targets, results)
-	fmt.Printf("\npeak RSS: llmproxy %s, nginx %s\n", peakRSS(proxy.pid()), peakRSS(ngx.pid()))
+	fmt.Printf("\npeak RSS: llmproxy %s, go-floor %s, nginx %s\n", peakRSS(proxy.pid()), peakRSS(floor.pid()), peakRSS(ngx.pid()))
 	return 0
 }
 
