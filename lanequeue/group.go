@@ -117,7 +117,7 @@ func (g *group) newLane(key Key) *Lane {
 // Requires g.mu held.
 func (g *group) enqueueLocked(s *Slot) {
 	s.phase = phaseQueued
-	s.ready = make(chan struct{})
+	s.ready, s.signalled = nil, false
 	s.lane.queued++
 	g.queuedCost += s.cost
 	q := &g.waiters[s.prio]
@@ -273,7 +273,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, t Ticket) {
 	if g.probeUntil.IsZero() {
 		g.probeUntil = now.Add(probeWindow)
 	}
-	close(s.ready)
+	s.signalLocked()
 }
 
 // refuseLateLocked gives up the wait of every waiter whose deadline falls
@@ -289,7 +289,7 @@ func (g *group) refuseLateLocked(at time.Time) {
 			if !s.deadline.IsZero() && s.deadline.Before(at) {
 				g.dequeueLocked(s)
 				s.refused = &WaitError{At: at, Paused: paused}
-				close(s.ready)
+				s.signalLocked()
 			}
 			e = next
 		}

@@ -196,13 +196,17 @@ type Slot struct {
 	deadline time.Time
 
 	// Guarded by the group's mutex.
-	phase      phase
-	elem       *list.Element // its place in the group's queue while queued
-	ready      chan struct{} // closed when a wait is granted
-	ticket     Ticket        // the latest dispatch
-	lastStatus int           // status of the latest reported answer
-	retry      bool          // waiting again after an answer
-	refused    *WaitError    // set when the group gave up the wait (ready is closed)
+	phase phase
+	elem  *list.Element // its place in the group's queue while queued
+	// ready is closed when a wait is granted or refused; made only when
+	// the wait has to block (see waitLocked), so a request that goes at
+	// once makes no channel. signalled: it was granted or refused.
+	ready      chan struct{}
+	signalled  bool
+	ticket     Ticket     // the latest dispatch
+	lastStatus int        // status of the latest reported answer
+	retry      bool       // waiting again after an answer
+	refused    *WaitError // set when the group gave up the wait (ready is closed)
 
 	counted bool   // Done was called; the slot's goroutine only
 	leave   func() // leaves the route's model gate; nil: none
@@ -260,6 +264,7 @@ func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, erro
 	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl}
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
+	s.waitLocked()
 	g.mu.Unlock()
 	if err := s.wait(ctx); err != nil {
 		return nil, err
@@ -268,15 +273,40 @@ func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, erro
 	return s, nil
 }
 
+// signalLocked tells s's wait that it was granted or refused. Requires
+// g.mu held.
+func (s *Slot) signalLocked() {
+	s.signalled = true
+	if s.ready != nil {
+		close(s.ready)
+	}
+}
+
+// waitLocked readies s to wait: it makes the channel wait blocks on,
+// unless s was granted or refused already. Requires g.mu held, taken
+// since s was queued.
+func (s *Slot) waitLocked() {
+	if !s.signalled {
+		s.ready = make(chan struct{})
+	}
+}
+
 // wait blocks until s is granted or ctx is done. On cancellation the waiter
-// leaves the queue; a grant won in the race is handed back.
+// leaves the queue; a grant won in the race, or made to a client already
+// gone, is handed back. waitLocked ran under the lock that queued s.
 func (s *Slot) wait(ctx context.Context) error {
-	select {
-	case <-s.ready:
-		if s.refused == nil {
+	if s.ready == nil { // granted or refused as it was queued
+		if s.refused == nil && ctx.Err() == nil {
 			return nil
 		}
-	case <-ctx.Done():
+	} else {
+		select {
+		case <-s.ready:
+			if s.refused == nil {
+				return nil
+			}
+		case <-ctx.Done():
+		}
 	}
 	l := s.lane
 	g := l.g
@@ -356,6 +386,7 @@ func (s *Slot) WaitRetry(ctx context.Context, after time.Duration) error {
 	s.retry = true
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
+	s.waitLocked()
 	g.mu.Unlock()
 	return s.wait(ctx)
 }
