@@ -58,6 +58,7 @@ type attemptWatch struct {
 	headers  bool        // the answer's headers arrived
 	timedOut bool        // the budget ended first
 	unwatch  func() bool // stops the AfterFunc in force
+	idle     idleReader  // the answer's body, watched for stalls (see respond)
 }
 
 // budgetDone runs when the budget ends. Before the headers it cuts the
@@ -94,7 +95,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	for {
 		res, watch, timedOut := p.attempt(ctx, r, req)
 		defer watch.end()
-		req.cancelAttempt = watch.cancel
+		req.attempt = watch
 		if res.Resp != nil {
 			p.metrics.upstreamLat.WithLabelValues(req.route).Observe(res.Latency.Seconds())
 			req.upstreamID = upstreamRequestID(res.Resp.Header)

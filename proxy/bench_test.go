@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -140,4 +141,42 @@ func BenchmarkServeHTTPLeastProxy(b *testing.B) {
 			}
 		}
 	})
+}
+
+// maxAllocsPerRequest is the most allocations BenchmarkServeHTTP may
+// make per request, its harness's included (see
+// TestServeHTTPAllocatesWithinItsBudget).
+const maxAllocsPerRequest = 48
+
+// TestServeHTTPAllocatesWithinItsBudget holds the hot path to its
+// allocation budget: a chat through the whole handler, as
+// BenchmarkServeHTTP sends it, makes at most maxAllocsPerRequest. CI runs
+// it without the race detector, which allocates on its own.
+func TestServeHTTPAllocatesWithinItsBudget(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates on its own; CI runs this test without it")
+	}
+	u, _ := url.Parse("http://upstream.test")
+	p, err := New(Config{Upstream: u, Transport: cannedTransport{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newBenchClient()
+	c.send(p) // the lane, the pools
+	var mallocs uint64
+	const runs = 500
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		if status := c.send(p); status != 200 {
+			t.Fatalf("status %d", status)
+		}
+	}
+	runtime.ReadMemStats(&after)
+	mallocs = after.Mallocs - before.Mallocs
+	perRequest := float64(mallocs / runs) // whole ones, as testing.AllocsPerRun counts
+	t.Logf("%.2f allocations per request (budget %d)", perRequest, maxAllocsPerRequest)
+	if perRequest > maxAllocsPerRequest {
+		t.Errorf("%.2f allocations per request, over the budget of %d: see go test -bench BenchmarkServeHTTP -memprofile", perRequest, maxAllocsPerRequest)
+	}
 }

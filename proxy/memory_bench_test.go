@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,7 +31,9 @@ func heapNow() uint64 {
 // queue costs the proxy process, its connection's goroutine and buffers
 // included: 2,000 requests with a 1 KiB body sent over their own loopback
 // connections to a real server, one at the upstream, the rest queued.
-// Run with -benchtime=1x; reports bytes per queued request.
+// Run with -benchtime=1x; reports bytes per queued request. Compare
+// BenchmarkMemoryPerQueuedRequestFloor, what net/http itself holds for a
+// request whose handler waits.
 func BenchmarkMemoryPerQueuedRequest(b *testing.B) {
 	const n = 2000
 	release := make(chan struct{})
@@ -48,7 +51,39 @@ func BenchmarkMemoryPerQueuedRequest(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	front := httptest.NewServer(p)
+	measureWaiting(b, p, n, func() bool {
+		st := p.States()
+		return len(st) == 1 && st[0].Queued == n-1
+	})
+}
+
+// BenchmarkMemoryPerQueuedRequestFloor is the floor under
+// BenchmarkMemoryPerQueuedRequest: the same requests to a handler that
+// reads the body and waits, as net/http holds them with nothing of the
+// proxy's.
+func BenchmarkMemoryPerQueuedRequestFloor(b *testing.B) {
+	const n = 2000
+	release := make(chan struct{})
+	var waiting atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		waiting.Add(1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		waiting.Add(-1)
+		runtime.KeepAlive(body)
+	})
+	defer close(release)
+	measureWaiting(b, h, n, func() bool { return waiting.Load() == n })
+}
+
+// measureWaiting sends n requests with a 1 KiB body to h over their own
+// loopback connections, waits until all wait (waited), and reports the
+// heap and stacks they hold, per request.
+func measureWaiting(b *testing.B, h http.Handler, n int, waited func() bool) {
+	front := httptest.NewServer(h)
 	defer front.Close()
 	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("x", 1000) + `"}]}`
 	raw := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
@@ -66,18 +101,14 @@ func BenchmarkMemoryPerQueuedRequest(b *testing.B) {
 			conns = append(conns, c)
 		}
 		deadline := time.Now().Add(30 * time.Second)
-		for {
-			st := p.States()
-			if len(st) == 1 && st[0].Queued == n-1 {
-				break
-			}
+		for !waited() {
 			if time.Now().After(deadline) {
-				b.Fatalf("not all queued: %+v", st)
+				b.Fatal("not all waiting")
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		after := heapNow()
-		b.ReportMetric(float64(after-before)/n, "B/queued-request")
+		b.ReportMetric(float64(after-before)/float64(n), "B/queued-request")
 		for _, c := range conns {
 			c.Close()
 		}

@@ -38,9 +38,10 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		meter = newUsageMeter(stream)
 	}
 	body := io.Reader(resp.Body)
-	if req.cancelAttempt != nil {
-		body = newIdleReader(resp.Body, p.cfg.MaxWait, req.cancelAttempt)
-		defer body.(*idleReader).stop()
+	if a := req.attempt; a != nil {
+		a.idle = newIdleReader(resp.Body, p.cfg.MaxWait, a.cancel)
+		body = &a.idle
+		defer a.idle.stop()
 	}
 	if err := copyBody(w, body, stream, meter, p.cfg.MaxWait); err != nil {
 		// A failure after the status went out can only be signalled by
@@ -123,8 +124,8 @@ type idleReader struct {
 // while the answer moves: once a second, more often for a short bound.
 func rearmEvery(idle time.Duration) time.Duration { return min(time.Second, idle/4) }
 
-func newIdleReader(r io.Reader, idle time.Duration, cancel func()) *idleReader {
-	return &idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, cancel), rearms: time.Now()}
+func newIdleReader(r io.Reader, idle time.Duration, cancel func()) idleReader {
+	return idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, cancel), rearms: time.Now()}
 }
 
 func (i *idleReader) Read(p []byte) (int, error) {

@@ -34,13 +34,13 @@ type request struct {
 	status       int               // what the client got; 0 = none was sent
 	outcome      lanequeue.Outcome // how the answer ended
 	used         int64             // tokens its answer's usage counted; -1: not known
-	// cancelAttempt ends the current upstream attempt; the answer's idle
-	// watchdog uses it.
-	cancelAttempt context.CancelFunc
-	cutErr        string // why the upstream's answer broke off (an upstream_cut)
-	id            string // x-llmproxy-request-id
-	upstreamID    string // the upstream's own request id, from its latest answer
-	upgrade       bool   // a WebSocket handshake (see isUpgrade)
+	// attempt is the current upstream attempt's watch; the answer's idle
+	// watchdog cancels it.
+	attempt    *attemptWatch
+	cutErr     string // why the upstream's answer broke off (an upstream_cut)
+	id         string // x-llmproxy-request-id
+	upstreamID string // the upstream's own request id, from its latest answer
+	upgrade    bool   // a WebSocket handshake (see isUpgrade)
 	// headerValues back the x-llmproxy-* header values (see
 	// headerValue), so that they cost no allocation of their own.
 	headerValues [headerCount]string
