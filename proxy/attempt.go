@@ -97,7 +97,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		defer watch.end()
 		req.attempt = watch
 		if res.Resp != nil {
-			p.metrics.upstreamLat.WithLabelValues(req.route).Observe(res.Latency.Seconds())
+			p.metrics.route(req.route).upstreamLat.Observe(res.Latency.Seconds())
 			req.upstreamID = upstreamRequestID(res.Resp.Header)
 		}
 		now := p.cfg.Clock.Now()

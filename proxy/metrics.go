@@ -13,9 +13,25 @@ type metrics struct {
 	queueWait   *prometheus.HistogramVec // route
 	upstreamLat *prometheus.HistogramVec // route
 	proxyErrors *prometheus.CounterVec   // route, code, status
+	// byRoute holds each route's series of the two histograms, resolved
+	// once: a request observes them without hashing its labels.
+	byRoute map[string]routeSeries
 }
 
-func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered, spooled, sessions func() float64, routes prometheus.Collector) (*metrics, error) {
+// routeSeries are one route's series of the per-request histograms.
+type routeSeries struct {
+	queueWait, upstreamLat prometheus.Observer
+}
+
+// route is the series of the route named name.
+func (m *metrics) route(name string) routeSeries {
+	if s, ok := m.byRoute[name]; ok {
+		return s
+	}
+	return routeSeries{m.queueWait.WithLabelValues(name), m.upstreamLat.WithLabelValues(name)}
+}
+
+func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, routeNames []string, buffered, spooled, sessions func() float64, routes prometheus.Collector) (*metrics, error) {
 	m := &metrics{
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmproxy_queue_wait_seconds", Help: "Time from arrival to the first upstream attempt, by route.",
@@ -28,6 +44,10 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, buffered, spo
 		proxyErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmproxy_proxy_errors_total", Help: "Errors the proxy answered itself, by route, error code and HTTP status.",
 		}, []string{"route", "code", "status"}),
+	}
+	m.byRoute = map[string]routeSeries{}
+	for _, name := range routeNames {
+		m.byRoute[name] = routeSeries{m.queueWait.WithLabelValues(name), m.upstreamLat.WithLabelValues(name)}
 	}
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "llmproxy_buffered_request_bytes", Help: "Request body bytes the proxy holds in memory now (bounded by LLMPROXY_MAX_BUFFERED_BYTES).",

@@ -13,10 +13,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,7 +147,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.global != nil || len(p.gates) > 0 {
 		routes = routesCollector{p}
 	}
-	m, err := newMetrics(cfg.Registry, p.lanes, func() float64 { return float64(p.buffered.Load()) },
+	m, err := newMetrics(cfg.Registry, p.lanes, slices.Collect(maps.Keys(p.settings)), func() float64 { return float64(p.buffered.Load()) },
 		func() float64 { return float64(p.spooled.Load()) }, func() float64 { return float64(p.Sessions()) }, routes)
 	if err != nil {
 		return nil, err

@@ -151,7 +151,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		p.refuse(w, r, req, err)
 		return
 	}
-	p.metrics.queueWait.WithLabelValues(route).Observe(req.queueWait.Seconds())
+	p.metrics.route(route).queueWait.Observe(req.queueWait.Seconds())
 	p.forward(ctx, w, r, req)
 }
 
