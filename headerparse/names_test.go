@@ -1,30 +1,22 @@
 package headerparse
 
-import (
-	"net/http"
-	"testing"
-)
+import "testing"
 
-func TestDeleteWindowHeaders(t *testing.T) {
-	h := http.Header{}
+func TestIsWindowHeader(t *testing.T) {
 	for _, name := range []string{
 		"X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Tokens", "x-ratelimit-limit-project-tokens",
-		"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Priority-Input-Tokens-Limit",
-		"X-Tokenlimit-Remaining", "Ratelimit", "Ratelimit-Policy", "Ratelimit-Remaining", "X-Ratelimit-Limit",
+		"Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Priority-Input-Tokens-Limit", "anthropic-fast-output-tokens-limit",
+		"X-Tokenlimit-Remaining", "Ratelimit", "RATELIMIT", "Ratelimit-Policy", "Ratelimit-Remaining", "X-Ratelimit-Limit",
+		"X-Ratelimitbysize-Limit", "Ratelimitbysize-Remaining",
 	} {
-		h.Set(name, "1")
+		if !IsWindowHeader(name) {
+			t.Errorf("%s: not a window header", name)
+		}
 	}
-	keep := []string{"Retry-After", "Retry-After-Ms", "Content-Type", "X-Request-Id", "Openai-Processing-Ms"}
-	for _, name := range keep {
-		h.Set(name, "1")
-	}
-	DeleteWindowHeaders(h)
-	if len(h) != len(keep) {
-		t.Fatalf("left %v", h)
-	}
-	for _, name := range keep {
-		if h.Get(name) == "" {
-			t.Errorf("%s removed", name)
+	for _, name := range []string{"Retry-After", "Retry-After-Ms", "Content-Type", "X-Request-Id", "Openai-Processing-Ms",
+		"", "X", "Ratelimits", "Anthropic-Version", "X-Ratelimit", "Request-Id"} {
+		if IsWindowHeader(name) {
+			t.Errorf("%q: a window header", name)
 		}
 	}
 }

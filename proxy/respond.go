@@ -73,12 +73,12 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 // hop-by-hop ones and (unless passed) the rate-limit windows left out,
 // the proxy's own added.
 func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) {
-	for k, vs := range resp.Header {
-		h[k] = vs
-	}
-	upstream.StripHopHeaders(h)
+	var skip func(string) bool
 	if !p.cfg.PassRateLimitHeaders {
-		headerparse.DeleteWindowHeaders(h)
+		skip = headerparse.IsWindowHeader
+	}
+	upstream.CopyEndToEnd(h, resp.Header, skip)
+	if !p.cfg.PassRateLimitHeaders {
 		if resp.StatusCode < 300 {
 			delete(h, "Retry-After")
 			delete(h, "Retry-After-Ms")

@@ -173,48 +173,83 @@ func (r Result) Discard() {
 }
 
 // hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1, plus the
-// de-facto ones, never forwarded in either direction.
-// hopHeaders are in canonical form, as a transport's and a server's header
-// maps hold their names: they are deleted without canonicalising them on
-// every request.
-var hopHeaders = []string{
-	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+// de-facto ones, never forwarded in either direction; by canonical name,
+// as a transport's and a server's header maps hold their names, so they
+// are looked up without canonicalising them on every request.
+var hopHeaders = names("Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade")
+
+// notSentUp are the end-to-end headers a client's request does not take
+// upstream: Accept-Encoding, so the transport negotiates gzip itself and
+// hands the proxy plain bytes (it must read error bodies and usage);
+// Expect, as the proxy has the whole body; the framing the transport
+// sets; and what a client says about where it or earlier proxies are,
+// which is neither checked nor needed upstream (an API provider sees the
+// proxy): passing it on would let a client forge a source address in the
+// provider's logs and leak internal addresses.
+var notSentUp = names("Accept-Encoding", "Expect", "Content-Length", "Host",
+	"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Port",
+	"X-Forwarded-Prefix", "X-Forwarded-Server", "X-Real-Ip", "X-Client-Ip", "True-Client-Ip")
+
+func names(canonical ...string) map[string]bool {
+	m := make(map[string]bool, len(canonical))
+	for _, n := range canonical {
+		m[n] = true
+	}
+	return m
 }
 
 // StripHopHeaders removes hop-by-hop headers, including any that Connection
 // names, from h in place.
 func StripHopHeaders(h http.Header) {
-	for _, v := range h["Connection"] {
-		for _, name := range strings.Split(v, ",") {
-			if name = strings.TrimSpace(name); name != "" {
-				h.Del(name) // a name from the client: canonicalised
-			}
-		}
-	}
-	for _, name := range hopHeaders {
+	dropConnectionNamed(h, h)
+	for name := range hopHeaders {
 		delete(h, name)
 	}
 }
 
-// OutboundHeader is the header set sent upstream for a client's header:
-// hop-by-hop headers dropped, Accept-Encoding dropped so the transport
-// negotiates gzip itself and hands the proxy plain bytes (it must read
-// error bodies and usage), and nothing added that reveals the client.
-func OutboundHeader(in http.Header) http.Header {
-	h := in.Clone()
-	StripHopHeaders(h)
-	delete(h, "Accept-Encoding")
-	delete(h, "Expect") // the proxy already has the whole body
-	delete(h, "Content-Length")
-	delete(h, "Host")
-	// What a client says about where it or earlier proxies are is neither
-	// checked nor needed upstream: an API provider sees the proxy. Passing
-	// it on would let a client forge a source address in the provider's
-	// logs and leak internal addresses.
-	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto",
-		"X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server", "X-Real-Ip", "X-Client-Ip", "True-Client-Ip"} {
-		delete(h, k)
+// dropConnectionNamed deletes from h the headers that from's Connection
+// names.
+func dropConnectionNamed(h, from http.Header) {
+	for _, v := range from["Connection"] {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name) // a name from the peer: canonicalised
+			}
+		}
 	}
+}
+
+// CopyEndToEnd copies into dst the end-to-end headers of src, an answer's:
+// all but the hop-by-hop ones (those src's Connection names included) and
+// those skip reports. The value slices are src's, not copies.
+func CopyEndToEnd(dst, src http.Header, skip func(name string) bool) {
+	for k, vs := range src {
+		if !hopHeaders[k] && (skip == nil || !skip(k)) {
+			dst[k] = vs
+		}
+	}
+	dropConnectionNamed(dst, src)
+}
+
+// OutboundHeader is the header set sent upstream for a client's header:
+// its end-to-end headers but notSentUp, their values copied into one
+// slice (as Header.Clone does), and nothing added that reveals the
+// client.
+func OutboundHeader(in http.Header) http.Header {
+	n := 0
+	for _, vs := range in {
+		n += len(vs)
+	}
+	values := make([]string, n)
+	h := make(http.Header, len(in))
+	for k, vs := range in {
+		if hopHeaders[k] || notSentUp[k] {
+			continue
+		}
+		n := copy(values, vs)
+		h[k], values = values[:n:n], values[n:]
+	}
+	dropConnectionNamed(h, in)
 	return h
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,36 @@ func TestOutboundHeaderDropsHopByHopAndEncoding(t *testing.T) {
 	}
 	if in.Get("X-Private") != "1" {
 		t.Fatal("input header modified")
+	}
+	out["Authorization"][0] = "changed"
+	if in.Get("Authorization") != "Bearer k" {
+		t.Fatal("the values are the client's, not copies")
+	}
+}
+
+// TestCopyEndToEndLeavesOutHopAndSkipped: an answer's headers reach the
+// client but the hop-by-hop ones, those its Connection names and those
+// the caller skips; what the client's header already held stays.
+func TestCopyEndToEndLeavesOutHopAndSkipped(t *testing.T) {
+	src := http.Header{}
+	src.Set("Connection", "close, X-Hop")
+	src.Set("X-Hop", "1")
+	src.Set("Transfer-Encoding", "chunked")
+	src.Set("Keep-Alive", "timeout=5")
+	src.Set("X-Skipped", "1")
+	src.Set("Content-Type", "application/json")
+	src.Add("X-Twice", "a")
+	src.Add("X-Twice", "b")
+	dst := http.Header{"X-Own": {"mine"}}
+	CopyEndToEnd(dst, src, func(name string) bool { return name == "X-Skipped" })
+	want := http.Header{"X-Own": {"mine"}, "Content-Type": {"application/json"}, "X-Twice": {"a", "b"}}
+	if !reflect.DeepEqual(dst, want) {
+		t.Fatalf("copied %v, want %v", dst, want)
+	}
+	dst = http.Header{}
+	CopyEndToEnd(dst, src, nil)
+	if dst.Get("X-Skipped") != "1" || dst.Get("X-Hop") != "" {
+		t.Fatalf("with no skip: %v", dst)
 	}
 }
 
