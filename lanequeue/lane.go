@@ -417,14 +417,26 @@ func (s *Slot) Done(status int, outcome Outcome, usedTokens int64) {
 		return
 	}
 	s.counted = true
-	if usedTokens >= 0 && !s.granted.IsZero() {
-		s.settle(usedTokens)
+	l := s.lane
+	g := l.g
+	g.mu.Lock() // one hold for all of it: the settling, the release, the count
+	now := g.clock.Now()
+	settled := usedTokens >= 0 && !s.granted.IsZero()
+	if settled {
+		g.settleLocked(&s.ticket, usedTokens)
+		if s.phase == phaseDone { // released before: the release does not dispatch
+			g.dispatchLocked(now)
+		}
 	}
-	s.release()
+	forget := s.releaseLocked(now)
+	l.stats.countAnswer(status, outcome, now)
+	g.mu.Unlock()
+	if forget {
+		g.forget()
+	}
 	if s.leave != nil {
 		s.leave()
 	}
-	s.lane.countAnswer(status, outcome)
 }
 
 // OpenSession gives the permit back for a session that goes on without
@@ -441,14 +453,23 @@ func (s *Slot) ID() string { return s.lane.id }
 // release ends the request's time in the lane and lets the next waiter in.
 // Safe to call more than once.
 func (s *Slot) release() {
+	g := s.lane.g
+	g.mu.Lock()
+	forget := s.releaseLocked(g.clock.Now())
+	g.mu.Unlock()
+	if forget {
+		g.forget()
+	}
+}
+
+// releaseLocked is release under g.mu; forget reports that the group lost
+// its last reference, for g.forget once the lock is given back.
+func (s *Slot) releaseLocked(now time.Time) (forget bool) {
 	l := s.lane
 	g := l.g
-	g.mu.Lock()
 	if s.phase == phaseDone {
-		g.mu.Unlock()
-		return
+		return false
 	}
-	now := g.clock.Now()
 	switch {
 	case s.phase.holdsPermit():
 		g.returnPermitLocked(s, now)
@@ -457,23 +478,9 @@ func (s *Slot) release() {
 	}
 	s.phase = phaseDone
 	l.touch(now)
-	forget := g.unrefLocked()
+	forget = g.unrefLocked()
 	g.dispatchLocked(now)
-	g.mu.Unlock()
-	if forget {
-		g.forget()
-	}
-}
-
-// settle corrects the token budget with what the request really used, read
-// from its answer once the answer has ended, unless an answer since its
-// dispatch has already told the upstream's own count.
-func (s *Slot) settle(usedTokens int64) {
-	g := s.lane.g
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.settleLocked(&s.ticket, usedTokens)
-	g.dispatchLocked(g.clock.Now())
+	return forget
 }
 
 // queueWait is how long the request waited for its first dispatch.

@@ -307,6 +307,9 @@ func (t *Table) takeEvictedLocked() []evicted {
 }
 
 func (t *Table) notify(evicted []evicted) {
+	if len(evicted) == 0 {
+		return
+	}
 	now := t.cfg.Lane.Clock.Now()
 	for _, e := range evicted {
 		if t.cfg.onEvict != nil {

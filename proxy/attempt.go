@@ -58,7 +58,6 @@ type attemptWatch struct {
 	headers  bool        // the answer's headers arrived
 	timedOut bool        // the budget ended first
 	unwatch  func() bool // stops the AfterFunc in force
-	idle     idleReader  // the answer's body, watched for stalls (see respond)
 }
 
 // budgetDone runs when the budget ends. Before the headers it cuts the

@@ -37,13 +37,15 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	if metered && resp.StatusCode < 300 {
 		meter = newUsageMeter(stream)
 	}
-	body := io.Reader(resp.Body)
+	// An answer that stalls must not hold its slot forever when the
+	// client has no timeout of its own: the upstream sending nothing for
+	// MaxWait cuts the attempt.
+	var upstreamIdle *time.Timer
 	if a := req.attempt; a != nil {
-		a.idle = newIdleReader(resp.Body, p.cfg.MaxWait, a.cancel)
-		body = &a.idle
-		defer a.idle.stop()
+		upstreamIdle = time.AfterFunc(p.cfg.MaxWait, a.cancel)
+		defer upstreamIdle.Stop()
 	}
-	if err := copyBody(w, body, stream, meter, p.cfg.MaxWait); err != nil {
+	if err := copyBody(w, resp.Body, stream, meter, p.cfg.MaxWait, upstreamIdle); err != nil {
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run, and
 		// the attempt's cancellation ends the upstream call.
@@ -108,38 +110,11 @@ func flushEachWrite(resp *http.Response) bool {
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
-// idleReader cancels the attempt when the upstream sends nothing for idle:
-// an answer that stalls must not hold its slot forever when the client has
-// no timeout of its own. The timer is pushed back at most once per
-// rearmEvery(idle), not on every read, so a stream of many small events
-// costs one clock reading per read; it may fire that much early.
-type idleReader struct {
-	r      io.Reader
-	idle   time.Duration
-	timer  *time.Timer
-	rearms time.Time // when the timer was last pushed back
-}
-
 // rearmEvery is how often an idle bound's timer or deadline is pushed back
-// while the answer moves: once a second, more often for a short bound.
+// while the answer moves: once a second, more often for a short bound. A
+// bound may so end up to that much early; a stream of many small events
+// costs one clock reading per event, not a timer's work.
 func rearmEvery(idle time.Duration) time.Duration { return min(time.Second, idle/4) }
-
-func newIdleReader(r io.Reader, idle time.Duration, cancel func()) idleReader {
-	return idleReader{r: r, idle: idle, timer: time.AfterFunc(idle, cancel), rearms: time.Now()}
-}
-
-func (i *idleReader) Read(p []byte) (int, error) {
-	n, err := i.r.Read(p)
-	if n > 0 {
-		if now := time.Now(); now.Sub(i.rearms) >= rearmEvery(i.idle) {
-			i.timer.Reset(i.idle)
-			i.rearms = now
-		}
-	}
-	return n, err
-}
-
-func (i *idleReader) stop() { i.timer.Stop() }
 
 // copyBufs recycles the 32 KiB copy buffers: one per answer would be most
 // of the proxy's allocation per request.
@@ -154,10 +129,12 @@ var (
 // and shows every chunk to tap when it is not nil. A client that accepts
 // nothing for idle is cut (errClientStalled): without a write deadline a
 // client that stops reading would hold its slot, and the upstream call,
-// for as long as it keeps the connection open.
-func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, idle time.Duration) error {
+// for as long as it keeps the connection open. srcIdle, when not nil,
+// is the source's idle timer: it is pushed back with the deadline, to
+// idle.
+func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, idle time.Duration, srcIdle *time.Timer) error {
 	rc := http.NewResponseController(w)
-	set := time.Now() // when the write deadline was last pushed back
+	set := time.Now() // when the deadline and srcIdle were last pushed back
 	deadlines := rc.SetWriteDeadline(set.Add(idle)) == nil
 	if deadlines {
 		// The connection may serve more requests: no deadline left behind.
@@ -178,8 +155,13 @@ func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, i
 			if tap != nil {
 				_, _ = tap.Write(buf[:n])
 			}
-			if now := time.Now(); deadlines && now.Sub(set) >= rearmEvery(idle) {
-				_ = rc.SetWriteDeadline(now.Add(idle))
+			if now := time.Now(); now.Sub(set) >= rearmEvery(idle) {
+				if deadlines {
+					_ = rc.SetWriteDeadline(now.Add(idle))
+				}
+				if srcIdle != nil {
+					srcIdle.Reset(idle)
+				}
 				set = now
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
