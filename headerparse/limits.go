@@ -2,6 +2,7 @@ package headerparse
 
 import (
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -109,12 +110,19 @@ func window(limit, remaining, reset string, now time.Time, horizon time.Duration
 func Parse(h http.Header, now time.Time) Limits {
 	h = canonical(h)
 	var b budgets
-	parseOpenAI(h, now, &b)
-	parseAnthropic(h, now, &b)
-	parseXRateLimit(h, now, &b)
-	parseIETF(h, now, &b)
+	d := dialectsOf(h)
+	if d&xRateLimit != 0 {
+		parseOpenAI(h, now, &b)
+		parseXRateLimit(h, now, &b)
+	}
+	if d&anthropic != 0 {
+		parseAnthropic(h, now, &b)
+	}
+	if d&ietf != 0 {
+		parseIETF(h, now, &b)
+	}
 	l := Limits{Requests: b.requests, Tokens: b.tokens}
-	l.RetryAfter, l.HasRetryAfter = RetryAfter(h, now)
+	l.RetryAfter, l.HasRetryAfter = retryAfter(h, now)
 	return l
 }
 
@@ -135,12 +143,38 @@ func (l Limits) ResumeAt(now time.Time) (t time.Time, ok bool) {
 	return t, ok
 }
 
+// dialect is a family of window headers, by the start of their names.
+type dialect uint8
+
+const (
+	xRateLimit dialect = 1 << iota // X-Ratelimit-* (OpenAI's and the unsuffixed) and X-Tokenlimit-*
+	anthropic                      // Anthropic-Ratelimit-*
+	ietf                           // Ratelimit and Ratelimit-*
+)
+
+// dialectsOf is the dialects whose headers h holds, found in one pass over
+// its names, so an answer is read only for the dialects it speaks.
+func dialectsOf(h http.Header) dialect {
+	var d dialect
+	for k := range h {
+		switch {
+		case strings.HasPrefix(k, "X-Ratelimit-"), strings.HasPrefix(k, "X-Tokenlimit-"):
+			d |= xRateLimit
+		case strings.HasPrefix(k, "Anthropic-Ratelimit-"):
+			d |= anthropic
+		case strings.HasPrefix(k, "Ratelimit"):
+			d |= ietf
+		}
+	}
+	return d
+}
+
 // canonical returns h itself when its keys are canonical, as they are in
 // anything net/http produced, or else a canonicalised copy, so that a
 // hand-built http.Header{"retry-after": ...} is still read.
 func canonical(h http.Header) http.Header {
 	for k := range h {
-		if k != http.CanonicalHeaderKey(k) {
+		if !isCanonical(k) {
 			c := make(http.Header, len(h))
 			for k, vs := range h {
 				ck := http.CanonicalHeaderKey(k)
@@ -150,4 +184,20 @@ func canonical(h http.Header) http.Header {
 		}
 	}
 	return h
+}
+
+// isCanonical reports whether the name is in canonical form: each letter
+// at the start or after a hyphen in upper case, the others in lower case.
+// It checks the cases only, not that the name is a valid token, which
+// http.CanonicalHeaderKey also does on every call.
+func isCanonical(name string) bool {
+	upper := true
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if upper && 'a' <= c && c <= 'z' || !upper && 'A' <= c && c <= 'Z' {
+			return false
+		}
+		upper = c == '-'
+	}
+	return true
 }

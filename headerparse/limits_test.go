@@ -2,6 +2,8 @@ package headerparse
 
 import (
 	"math"
+	"math/rand/v2"
+	"reflect"
 	"net/http"
 	"testing"
 	"time"
@@ -471,5 +473,36 @@ func TestUnquote(t *testing.T) {
 				t.Errorf("unquote(%s) = %s, want %s", tt.in, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestParseSkipsOnlyDialectsThatAreAbsent: reading only the dialects an
+// answer's names show gives what reading every dialect gives, on answers
+// mixing the names of all of them.
+func TestParseSkipsOnlyDialectsThatAreAbsent(t *testing.T) {
+	names := []string{"X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests",
+		"X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens", "X-Ratelimit-Limit",
+		"X-Ratelimit-Remaining", "X-Ratelimit-Reset", "X-Tokenlimit-Limit", "X-Tokenlimit-Remaining",
+		"Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset",
+		"Anthropic-Ratelimit-Tokens-Remaining", "Ratelimit", "Ratelimit-Policy", "Ratelimit-Limit", "Ratelimit-Remaining",
+		"Ratelimit-Reset", "Retry-After", "Content-Type"}
+	values := []string{"10", "0", "3", "1s", "6m0s", "2026-11-26T10:00:30Z", `"default";r=5;t=30`, `"default";q=100;w=60`,
+		"limit=10, remaining=0, reset=10", "1774047180000", "x"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 3000 {
+		h := http.Header{}
+		for range 1 + rng.IntN(6) {
+			h.Set(names[rng.IntN(len(names))], values[rng.IntN(len(values))])
+		}
+		var b budgets
+		parseOpenAI(h, now, &b)
+		parseAnthropic(h, now, &b)
+		parseXRateLimit(h, now, &b)
+		parseIETF(h, now, &b)
+		want := Limits{Requests: b.requests, Tokens: b.tokens}
+		want.RetryAfter, want.HasRetryAfter = retryAfter(h, now)
+		if got := Parse(h, now); !reflect.DeepEqual(got, want) {
+			t.Fatalf("case %d, %v: Parse %+v, every dialect %+v", i, h, got, want)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package headerparse
 
-import "testing"
+import (
+	"net/http"
+	"testing"
+)
 
 func TestIsWindowHeader(t *testing.T) {
 	for _, name := range []string{
@@ -17,6 +20,17 @@ func TestIsWindowHeader(t *testing.T) {
 		"", "X", "Ratelimits", "Anthropic-Version", "X-Ratelimit", "Request-Id"} {
 		if IsWindowHeader(name) {
 			t.Errorf("%q: a window header", name)
+		}
+	}
+}
+
+// TestIsCanonicalAgreesWithNetHTTP: for names that are valid tokens,
+// isCanonical is whether http.CanonicalHeaderKey leaves the name as it is.
+func TestIsCanonicalAgreesWithNetHTTP(t *testing.T) {
+	for _, name := range []string{"Content-Type", "content-type", "X-Ratelimit-Limit", "X-RateLimit-Limit", "Www-Authenticate",
+		"WWW-Authenticate", "A", "a", "-a", "-A", "x--y", "X--Y", "Te", "TE", "Retry-After-Ms", "Retry-After-MS", "1a", "A1b-2c", "A1B"} {
+		if got, want := isCanonical(name), name == http.CanonicalHeaderKey(name); got != want {
+			t.Errorf("isCanonical(%q) = %v, net/http says %v", name, got, want)
 		}
 	}
 }

@@ -16,7 +16,11 @@ import (
 // retry-after-ms of 0 defers to a usable Retry-After, as the Anthropic
 // TypeScript SDK does, since retrying at once is the costliest mistake.
 func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	h = canonical(h)
+	return retryAfter(canonical(h), now)
+}
+
+// retryAfter is RetryAfter of a header with canonical keys.
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	ms, hasMS := parseDelay(get(h, "Retry-After-Ms"), time.Millisecond)
 	if hasMS && ms > 0 {
 		return ms, true
