@@ -147,6 +147,38 @@ func TestDoneSettlesWithTheUsageKnown(t *testing.T) {
 	}
 }
 
+// TestDoneSettlingAReleasedSlotLetsTheNextGo: a slot released before its
+// Done (its permit given back for a session) still settles at Done, and
+// the tokens the settling frees go to the request waiting for them at
+// once, not when the refill would have let it.
+func TestDoneSettlingAReleasedSlotLetsTheNextGo(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		tb := configuredTable(Limits{TPM: 6000})
+		r := Request{Credential: "sk-c", Path: "/v1/chat/completions", Model: "m", Cost: 100}
+		first, err := tb.Acquire(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first.Report(Report{Status: 200, Verdict: Accepted})
+		closed := first.OpenSession()
+		defer closed()
+		granted := make(chan time.Time, 1)
+		go func() {
+			next, err := tb.Acquire(context.Background(), r)
+			if err == nil {
+				granted <- time.Now()
+				next.Done(200, OutcomeOK, -1)
+			}
+		}()
+		synctest.Wait() // the next request waits for the tokens the first holds
+		begin := time.Now()
+		first.Done(200, OutcomeOK, 0)
+		if waited := (<-granted).Sub(begin); waited != 0 {
+			t.Errorf("the next request went %v after the first settled, want at once", waited)
+		}
+	})
+}
+
 // countingShared counts the calls a group makes to its Shared.
 type countingShared struct {
 	*Memory

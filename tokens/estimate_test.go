@@ -445,7 +445,7 @@ func TestReadRequestRefusesWhatIsNotJSON(t *testing.T) {
 		`{"model":"m","x":tru}`, `{"model":"m","x":nul}`, `{"model":"m","x":True}`,
 		`{"model":"m","x":"\q"}`, `{"model":"m","x":"\u12"}`, "{\"model\":\"m\",\"x\":\"a\nb\"}", `{"model":"m","x":"open}`,
 		`{"model":"m",1:2}`, `{"model":"m","x"}`, `{"model":"m","x":[1,]}`, `{"model":"m","x":[1 2]}`,
-		`{"model":"m","x":` + "[" + deep + "]" + `}`,
+		`{"model":"m","x":` + "[" + deep + "]" + `}`, `{"model":"m","x":"\u12g4"}`, `{"model":"m","x":"\uD83D\uDE0G"}`,
 	} {
 		got := ReadRequest(path, []byte(body))
 		want := ceilQuarter(int64(len(body))) + DefaultMaxOutput
@@ -454,11 +454,52 @@ func TestReadRequestRefusesWhatIsNotJSON(t *testing.T) {
 		}
 	}
 	for _, body := range []string{
-		` {"model":"m","x":[-0.5e+3,0,1E9,true,false,null,{},[],"\u00e9\/\b\f\n\r\t\"\\"]} `,
+		` {"model":"m","x":[-0.5e+3,0,1E9,true,false,null,{},[],"\u00e9\/\b\f\n\r\t\"\\\u0000"]} `,
 		`{"model":"m","x":` + deep[1:len(deep)-1] + `}`,
+		// Depth is of nesting, not of how many there were.
+		`{"model":"m","x":[` + strings.Repeat("[],", maxDepth) + `[]],"y":[` + strings.Repeat("{},", maxDepth) + `{}]}`,
 	} {
 		if got := ReadRequest(path, []byte(body)); got.Model != "m" || !json.Valid([]byte(body)) {
 			t.Errorf("ReadRequest(%.60q) = %+v, want model m", body, got)
+		}
+	}
+}
+
+// TestStringsCountTheirDecodedLength: a string counts the UTF-8 bytes
+// encoding/json decodes it to: escapes resolved, a surrogate pair joined
+// into one character, a lone surrogate and a byte that is not UTF-8
+// replaced by U+FFFD.
+func TestStringsCountTheirDecodedLength(t *testing.T) {
+	for _, raw := range []string{`"abc"`, `""`, `"\u00e9"`, `"\u00E9"`, `"\u0000"`, `"\uffff"`, `"\uABCD"`, `"\uabcd"`,
+		`"\u0f0F"`, `"\ud83d\ude00"`, `"\uD83D\uDE00"`, `"\ud800x"`, `"\ud800\u0041"`, `"\udc00"`, `"\ud83d\ud83d\ude00"`,
+		`"\ud83d"`, `"\n\t\\\/\"\b\f\r"`, "\"\xff\"", "\"\xe2\x82\"", "\"\xe2\x82\xac\"", "\"\x80\"", "\"é€😀\""} {
+		var s string
+		if err := json.Unmarshal([]byte(raw), &s); err != nil {
+			t.Fatalf("%q: %v", raw, err)
+		}
+		r := reader{b: []byte(raw)}
+		end, n := r.str(0)
+		if r.bad || end != len(raw) || n != int64(len(s)) {
+			t.Errorf("%q: length %d (end %d, bad %v), decoded %d", raw, n, end, r.bad, len(s))
+		}
+	}
+}
+
+// TestKeysAndModelsAreReadDecoded: a key spelt with escapes is the key it
+// decodes to, and the model is its decoded string.
+func TestKeysAndModelsAreReadDecoded(t *testing.T) {
+	const path = "/v1/chat/completions"
+	plain := ReadRequest(path, []byte(`{"messages":[{"content":"abcdefgh"}],"max_tokens":7}`))
+	escaped := ReadRequest(path, []byte(`{"\u006dessages":[{"\u0063ontent":"abcdefgh"}],"max_tok\u0065ns":7}`))
+	if escaped.Cost != plain.Cost {
+		t.Errorf("escaped keys cost %d, plain %d", escaped.Cost, plain.Cost)
+	}
+	for body, want := range map[string]string{
+		`{"model":"gpt-4o"}`: "gpt-4o", `{"model":"a\u00e9"}`: "aé", `{"model":"\u0061"}`: "a", "{\"model\":\"é\"}": "é",
+		"{\"model\":\"\x80\"}": "\ufffd", `{"MODEL":"x","model":null}`: "x", `{"model":"x","Model":1}`: "",
+	} {
+		if got := ReadRequest(path, []byte(body)).Model; got != want {
+			t.Errorf("%s: model %q, want %q", body, got, want)
 		}
 	}
 }
