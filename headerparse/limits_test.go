@@ -3,8 +3,8 @@ package headerparse
 import (
 	"math"
 	"math/rand/v2"
-	"reflect"
 	"net/http"
+	"reflect"
 	"testing"
 	"time"
 )
