@@ -105,9 +105,10 @@ func (g *group) head() *Slot {
 	return hi.Value.(*Slot)
 }
 
-// newLane makes a lane of g. The caller accounts for the lane's reference.
-func (g *group) newLane(key Key) *Lane {
-	l := &Lane{key: key, id: key.ID(), g: g}
+// newLane makes a lane of g with its ID. The caller accounts for the
+// lane's reference.
+func (g *group) newLane(key Key, id string) *Lane {
+	l := &Lane{key: key, id: id, g: g}
 	l.touch(g.clock.Now())
 	return l
 }

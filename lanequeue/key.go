@@ -45,14 +45,19 @@ func (k Key) shortKeyHash() string {
 	return k.CredentialHash[:shortLen]
 }
 
-// ID is the lane's short hashed identifier, stable for a given key.
-func (k Key) ID() string {
+// ID is the key's short hashed identifier, stable for a given key: what
+// its lane is named by, unless another lane of the table had it first
+// (see Table.newIDLocked).
+func (k Key) ID() string { return k.digest()[:shortLen] }
+
+// digest is the hex SHA-256 of the key's parts.
+func (k Key) digest() string {
 	h := sha256.New()
 	for _, s := range []string{k.Route, k.CredentialHash, k.Path, k.Model} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
-	return hex.EncodeToString(h.Sum(nil))[:shortLen]
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // limitGroup identifies the upstream limit a lane draws on. Providers count

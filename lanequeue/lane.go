@@ -166,7 +166,7 @@ func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
 	g := newGroup(key.limitGroup(), cfg, NewMemory(cfg), nil)
 	g.refs.Store(1) // the lane's own
-	return g.newLane(key)
+	return g.newLane(key, key.ID())
 }
 
 // touch records a use of the lane at now.
@@ -206,7 +206,7 @@ type Slot struct {
 	ticket     Ticket     // the latest dispatch
 	lastStatus int        // status of the latest reported answer
 	retry      bool       // waiting again after an answer
-	refused    *WaitError // set when the group gave up the wait (ready is closed)
+	refused    *WaitError // set when the group gave up the wait (and signalled it)
 
 	counted bool   // Done was called; the slot's goroutine only
 	leave   func() // leaves the route's model gate; nil: none

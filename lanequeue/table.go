@@ -29,6 +29,9 @@ type TableConfig struct {
 	Shared func(group string, cfg Config) Shared
 	// onEvict is called, outside the table's lock, for every lane dropped.
 	onEvict func(*Lane)
+	// idDigits is how many hex digits a lane's ID starts with; zero:
+	// shortLen. Tests shorten it to make IDs collide.
+	idDigits int
 	// OnChange is called, outside every lock, for each state change of a
 	// lane's group (limits learned, a pause, the concurrency limit moving)
 	// and for each lane dropped; see Change. nil: not reported.
@@ -48,6 +51,7 @@ type Table struct {
 
 	mu        sync.Mutex
 	lanes     *simplelru.LRU[Key, *Lane] // by key: no hashing on the way in
+	ids       map[string]*Lane           // the table's lanes by ID, which no two share
 	evicted   []evicted                  // filled by the LRU callback under mu, reported after unlock
 	sweeping  bool                       // the sweep is removing idle lanes
 	lastSweep time.Time
@@ -66,7 +70,10 @@ func NewTable(cfg TableConfig) *Table {
 	if cfg.Shared == nil {
 		cfg.Shared = func(_ string, c Config) Shared { return NewMemory(c) }
 	}
-	t := &Table{cfg: cfg, groups: map[string]*group{}}
+	if cfg.idDigits <= 0 {
+		cfg.idDigits = shortLen
+	}
+	t := &Table{cfg: cfg, groups: map[string]*group{}, ids: map[string]*Lane{}}
 	lanes, err := simplelru.NewLRU[Key, *Lane](cfg.MaxLanes, t.evictLocked)
 	if err != nil {
 		panic(err) // only for a non-positive size, excluded above
@@ -84,6 +91,9 @@ func (t *Table) evictLocked(_ Key, l *Lane) {
 		reason = "idle"
 	}
 	t.evicted = append(t.evicted, evicted{l, reason})
+	if t.ids[l.id] == l {
+		delete(t.ids, l.id)
+	}
 	g := l.g
 	if g.refs.Add(-1) == 0 {
 		t.dropGroupLocked(g)
@@ -128,7 +138,8 @@ func (t *Table) laneFor(key Key) *Lane {
 			t.groups[gk] = g
 		}
 		g.refs.Add(1)
-		l = g.newLane(key)
+		l = g.newLane(key, t.newIDLocked(key))
+		t.ids[l.id] = l
 		t.lanes.Add(key, l)
 	} else {
 		l.touch(now) // so the sweep below cannot drop the lane it returns
@@ -176,14 +187,27 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	return s, nil
 }
 
-// lookup returns the lane with this ID, if the table has it.
-func (t *Table) lookup(id string) (*Lane, bool) {
-	for _, l := range t.allLanes() {
-		if l.id == id {
-			return l, true
+// newIDLocked is the ID of a new lane of key: the first idDigits hex
+// digits of the key's digest, or more of them when a lane of the table
+// already has that ID. IDs name lanes in headers, logs and metric labels,
+// where two lanes must not share one; 48 bits make a chance collision
+// negligible, not one a client could search for. Requires t.mu held.
+func (t *Table) newIDLocked(key Key) string {
+	digest := key.digest()
+	for n := t.cfg.idDigits; n < len(digest); n += 4 {
+		if _, taken := t.ids[digest[:n]]; !taken {
+			return digest[:n]
 		}
 	}
-	return nil, false
+	return digest
+}
+
+// lookup returns the lane with this ID, if the table has it.
+func (t *Table) lookup(id string) (*Lane, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l, ok := t.ids[id]
+	return l, ok
 }
 
 // laneCount is the number of lanes.

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -399,5 +400,41 @@ func TestGetSweepsEveryEighthOfTheTTLAndDropsLanesUnusedThatLong(t *testing.T) {
 	tb.laneFor(Key{Path: "/b"}) // an eighth of the TTL since the last sweep
 	if _, ok := tb.lookup(a.ID()); ok || tb.laneCount() != 1 {
 		t.Fatalf("/a unused for the whole TTL is still there (%d lanes)", tb.laneCount())
+	}
+}
+
+// TestNoTwoLanesShareAnID: when a new lane's short ID is taken by another
+// lane of the table, it takes more digits of its key's digest; a lane that
+// leaves the table gives its ID back. IDs are 1 hex digit here, so 40
+// keys collide.
+func TestNoTwoLanesShareAnID(t *testing.T) {
+	tb := NewTable(TableConfig{idDigits: 1, MaxLanes: 30})
+	longer := 0
+	for i := range 40 {
+		key := Request{Credential: "sk-" + strconv.Itoa(i), Path: "/v1/chat/completions", Model: "m"}
+		s, err := tb.Acquire(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Done(200, OutcomeOK, -1)
+		if l, ok := tb.lookup(s.ID()); !ok || l != s.lane {
+			t.Fatalf("lane %d: its ID %s does not find it", i, s.ID())
+		}
+		if len(s.ID()) > 1 {
+			longer++
+		}
+		ids := map[string]bool{}
+		for _, st := range tb.States() {
+			if ids[st.ID] {
+				t.Fatalf("after lane %d, two lanes of the table are %s", i, st.ID)
+			}
+			ids[st.ID] = true
+		}
+	}
+	if longer == 0 {
+		t.Fatal("40 keys on 16 one-digit IDs, and no ID grew")
+	}
+	if n := len(tb.States()); n != 30 || len(tb.ids) != n {
+		t.Fatalf("%d lanes, %d IDs taken; want 30 of each (a lane that left gives its ID back)", n, len(tb.ids))
 	}
 }

@@ -58,6 +58,7 @@ type attemptWatch struct {
 	headers  bool        // the answer's headers arrived
 	timedOut bool        // the budget ended first
 	unwatch  func() bool // stops the AfterFunc in force
+	ended    bool        // end ran: budgetDone, if it runs late, registers nothing
 }
 
 // budgetDone runs when the budget ends. Before the headers it cuts the
@@ -67,6 +68,7 @@ func (a *attemptWatch) budgetDone() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch {
+	case a.ended:
 	case !a.headers:
 		a.timedOut = true
 		a.cancel()
@@ -78,9 +80,12 @@ func (a *attemptWatch) budgetDone() {
 }
 
 // end stops watching and cancels the attempt's context; the answer's
-// body is done with.
+// body is done with. A budgetDone already started and waiting for the
+// lock finds ended, so no watch on Stop outlives the attempt. Safe to
+// call more than once.
 func (a *attemptWatch) end() {
 	a.mu.Lock()
+	a.ended = true
 	unwatch := a.unwatch
 	a.mu.Unlock()
 	unwatch()
@@ -122,6 +127,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return
 		}
 		res.Discard()
+		watch.end() // now, not when the request ends: nothing waits on a discarded attempt
 		req.retries++
 		req.tries = d.next
 		after := d.wait

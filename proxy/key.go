@@ -115,7 +115,9 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 // modelOfSpool reads the top-level "model" of a spooled JSON body, ""
 // when there is none, without holding the body: every other value is
 // skipped as it is read. The key matches as tokens.ReadRequest's does
-// (escapes decoded, in any case); the first one counts.
+// (escapes decoded, in any case), but here the first one counts, where
+// ReadRequest takes the last: reading on would mean reading the rest of
+// the body.
 func modelOfSpool(r io.Reader) string {
 	br := bufio.NewReaderSize(r, 16<<10)
 	if c, ok := nextByte(br); !ok || c != '{' {

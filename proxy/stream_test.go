@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -65,23 +66,27 @@ func TestEveryKindOfStreamIsPassedOnAsItArrives(t *testing.T) {
 }
 
 // TestSlowButSteadyAnswerIsNotCut: the idle bound is between bytes, not on
-// the whole answer: a stream that sends something every 50 ms runs well
+// the whole answer: a stream that sends something every 50 or 100 ms runs well
 // past LLMPROXY_MAX_WAIT and arrives whole.
 func TestSlowButSteadyAnswerIsNotCut(t *testing.T) {
-	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		readAllQuiet(r)
-		w.Header().Set("Content-Type", "text/event-stream")
-		for i := range 12 {
-			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
-			w.(http.Flusher).Flush()
-			time.Sleep(50 * time.Millisecond)
+	// 50 ms gaps are shorter than the bound's rearming period (62.5 ms),
+	// 100 ms gaps longer; both well within the 250 ms bound.
+	for _, gap := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
+		h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			readAllQuiet(r)
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := range 8 {
+				fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
+				w.(http.Flusher).Flush()
+				time.Sleep(gap)
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		}), func(c *Config) { c.MaxWait = 250 * time.Millisecond })
+		resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+		body, err := readAllErr(resp)
+		if err != io.EOF || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+			t.Fatalf("a steady stream, events %v apart, with a 250 ms idle bound: err %v, got %d bytes", gap, err, len(body))
 		}
-		fmt.Fprint(w, "data: [DONE]\n\n")
-	}), func(c *Config) { c.MaxWait = 250 * time.Millisecond })
-	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
-	body, err := readAllErr(resp)
-	if err != io.EOF || !strings.HasSuffix(body, "data: [DONE]\n\n") {
-		t.Fatalf("a steady 600 ms stream with a 250 ms idle bound: err %v, got %d bytes", err, len(body))
 	}
 }
 
@@ -109,5 +114,42 @@ func TestUsageMeterHoldsAtMostFourMiB(t *testing.T) {
 	}
 	if _, ok := over.Usage(); ok || over.buf != nil {
 		t.Fatalf("an answer over 4 MiB was metered (kept %d bytes)", len(over.buf))
+	}
+}
+
+// TestStopCutsAStreamThatOutlivedItsBudget: an answer still streaming when
+// the request's budget has run out goes on (the deadline alone does not
+// end it), and Stop then cuts it at once.
+func TestStopCutsAStreamThatOutlivedItsBudget(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; r.Context().Err() == nil && i < 200; i++ {
+			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+	}), func(c *Config) { c.MaxWait = 250 * time.Millisecond })
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true}`)
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	for start := time.Now(); time.Since(start) < 600*time.Millisecond; {
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatalf("the stream ended %v in, past its 250 ms budget but before Stop: %v", time.Since(start), err)
+		}
+	}
+	h.proxy.Stop()
+	cut := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, br)
+		cut <- err
+	}()
+	select {
+	case err := <-cut:
+		if err == nil {
+			t.Fatal("the stream ended cleanly at Stop, want it cut")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not cut a stream that outlived its budget")
 	}
 }

@@ -9,7 +9,9 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -79,4 +81,26 @@ func TestARequestGoesUpInOneWrite(t *testing.T) {
 	if counter.writes != 2 {
 		t.Errorf("two attempts took %d writes, want one each", counter.writes)
 	}
+}
+
+// TestALateBudgetEndLeavesNoWatchOnStop: when the budget's end reaches an
+// attempt's watch only after the attempt ended (the watch runs in a
+// goroutine of its own), it registers nothing on Stop: each such
+// registration would live as long as the process.
+func TestALateBudgetEndLeavesNoWatchOnStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p, err := New(Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cancels atomic.Int32
+		a := &attemptWatch{p: p, cancel: func() { cancels.Add(1) }, unwatch: func() bool { return false }, headers: true}
+		a.end()
+		a.budgetDone() // late, after end
+		p.Stop()
+		synctest.Wait()
+		if n := cancels.Load(); n != 1 {
+			t.Fatalf("the attempt was cancelled %d times; a second at Stop means a watch outlived it", n)
+		}
+	})
 }

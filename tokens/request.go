@@ -29,7 +29,9 @@ type Request struct {
 //
 // A key given twice in one object is read twice for its text (the
 // upstream reads all of the text it is sent); for a number or the model,
-// the last one counts.
+// the last one counts. A number beyond float64's range, which JSON allows
+// and encoding/json refuses to decode into a float64, is skipped like
+// any other: the body is still read.
 func ReadRequest(path string, body []byte) Request {
 	fallback := Request{Cost: ceilQuarter(int64(len(body))) + DefaultMaxOutput}
 	r := reader{b: body, kind: apiOf(path)}

@@ -86,7 +86,11 @@ func realMain() int {
 	bin := flag.String("bin", "", "an llmproxy binary to use instead of building ./cmd/llmproxy")
 	profile := flag.String("profile", "", "a directory: instead of measuring, profile llmproxy under wrk at 32 connections for -duration and write its CPU, allocation, heap, mutex and block profiles there")
 	flag.Parse()
-	for _, tool := range []string{"wrk", "hey", "nginx"} {
+	tools := []string{"wrk", "hey", "nginx"}
+	if *profile != "" {
+		tools = tools[:1] // only wrk loads it
+	}
+	for _, tool := range tools {
 		if _, err := lookTool(tool); err != nil {
 			fmt.Fprintf(os.Stderr, "overhead: %s not found (apt-get install -y wrk hey nginx)\n", tool)
 			return 2
