@@ -456,8 +456,11 @@ func TestReadRequestRefusesWhatIsNotJSON(t *testing.T) {
 	for _, body := range []string{
 		` {"model":"m","x":[-0.5e+3,0,1E9,true,false,null,{},[],"\u00e9\/\b\f\n\r\t\"\\\u0000"]} `,
 		`{"model":"m","x":` + deep[1:len(deep)-1] + `}`,
-		// Depth is of nesting, not of how many there were.
+		// Depth is of nesting, not of how many there were, empty or not.
 		`{"model":"m","x":[` + strings.Repeat("[],", maxDepth) + `[]],"y":[` + strings.Repeat("{},", maxDepth) + `{}]}`,
+		`{"model":"m","x":[` + strings.Repeat("[1],", maxDepth) + `[1]],"y":[` + strings.Repeat(`{"a":1},`, maxDepth) + `{"a":1}]}`,
+		// The deepest an object may be, as the deepest an array may be above.
+		`{"model":"m","x":` + strings.Repeat("[", maxDepth-2) + "{}" + strings.Repeat("]", maxDepth-2) + `}`,
 	} {
 		if got := ReadRequest(path, []byte(body)); got.Model != "m" || !json.Valid([]byte(body)) {
 			t.Errorf("ReadRequest(%.60q) = %+v, want model m", body, got)
@@ -493,6 +496,10 @@ func TestKeysAndModelsAreReadDecoded(t *testing.T) {
 	escaped := ReadRequest(path, []byte(`{"\u006dessages":[{"\u0063ontent":"abcdefgh"}],"max_tok\u0065ns":7}`))
 	if escaped.Cost != plain.Cost {
 		t.Errorf("escaped keys cost %d, plain %d", escaped.Cost, plain.Cost)
+	}
+	// A count spelt with a leading zero and an exponent is still a count.
+	if got, want := ReadRequest(path, []byte(`{"messages":[{"content":"abcdefgh"}],"max_tokens":0.7e1}`)).Cost, plain.Cost; got != want {
+		t.Errorf("max_tokens 0.7e1: cost %d, want %d as for 7", got, want)
 	}
 	for body, want := range map[string]string{
 		`{"model":"gpt-4o"}`: "gpt-4o", `{"model":"a\u00e9"}`: "aé", `{"model":"\u0061"}`: "a", "{\"model\":\"é\"}": "é",
