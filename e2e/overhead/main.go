@@ -59,13 +59,14 @@ type target struct {
 
 // sample is one load's figures against one target in one round.
 type sample struct {
-	rps      float64
-	p50, p99 time.Duration
-	last50   time.Duration // SSE: time to the last byte
-	cpuPer1k float64       // CPU seconds per 1,000 requests; -1 unknown
-	requests int
-	failed   int
-	p99Last  time.Duration
+	rps       float64
+	p50, p99  time.Duration
+	last50    time.Duration // SSE: time to the last byte
+	cpuPer1k  float64       // CPU seconds per 1,000 requests; -1 unknown
+	userShare float64       // the share of that CPU spent in user space
+	requests  int
+	failed    int
+	p99Last   time.Duration
 }
 
 type load struct {
@@ -178,8 +179,8 @@ func measure(loads []load, targets []target, rounds int, d time.Duration) [][][]
 					fmt.Fprintf(os.Stderr, "  round %d, %s, %s: %v\n", round+1, l.name, targets[ti].name, err)
 					continue
 				}
-				fmt.Fprintf(os.Stderr, "  round %d, %-26s %-8s %8.0f req/s  p50 %-9v p99 %-9v cpu/1k %.3fs  failed %d\n",
-					round+1, l.name, targets[ti].name, s.rps, s.p50, s.p99, s.cpuPer1k, s.failed)
+				fmt.Fprintf(os.Stderr, "  round %d, %-26s %-8s %8.0f req/s  p50 %-9v p99 %-9v cpu/1k %.3fs (%.0f %% user)  failed %d\n",
+					round+1, l.name, targets[ti].name, s.rps, s.p50, s.p99, s.cpuPer1k, 100*s.userShare, s.failed)
 				results[li][ti] = append(results[li][ti], s)
 			}
 		}
@@ -190,12 +191,16 @@ func measure(loads []load, targets []target, rounds int, d time.Duration) [][][]
 // withCPU runs f and adds the CPU seconds t's process spent per 1,000 of
 // the requests f made.
 func withCPU(t target, f func() (sample, error)) (sample, error) {
-	before := cpuSeconds(t.pid)
+	u0, s0 := cpuSplit(t.pid)
 	s, err := f()
-	after := cpuSeconds(t.pid)
+	u1, s1 := cpuSplit(t.pid)
 	s.cpuPer1k = -1
-	if t.pid > 0 && before >= 0 && after >= 0 && s.requests > 0 {
-		s.cpuPer1k = (after - before) / float64(s.requests) * 1000
+	if t.pid > 0 && u0 >= 0 && u1 >= 0 && s.requests > 0 {
+		spent := u1 - u0 + s1 - s0
+		s.cpuPer1k = spent / float64(s.requests) * 1000
+		if spent > 0 {
+			s.userShare = (u1 - u0) / spent
+		}
 	}
 	return s, err
 }
@@ -396,24 +401,34 @@ func percentile(ds []time.Duration, p int) time.Duration {
 	return s[max(i, 0)]
 }
 
-// cpuSeconds is the user and system CPU time of process pid, from
+// cpuSeconds is the user plus system CPU time of process pid, from
 // /proc/pid/stat; -1 when not known.
 func cpuSeconds(pid int) float64 {
-	if pid <= 0 {
+	user, sys := cpuSplit(pid)
+	if user < 0 {
 		return -1
+	}
+	return user + sys
+}
+
+// cpuSplit is process pid's user and system CPU seconds, from
+// /proc/pid/stat; -1, -1 when not known.
+func cpuSplit(pid int) (user, sys float64) {
+	if pid <= 0 {
+		return -1, -1
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return -1
+		return -1, -1
 	}
 	// Fields after the command (in parentheses, which may hold spaces).
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
 	if len(f) < 13 {
-		return -1
+		return -1, -1
 	}
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ is 100 on Linux
+	return utime / 100, stime / 100 // USER_HZ is 100 on Linux
 }
 
 // peakRSS is process pid's VmHWM.
