@@ -35,11 +35,7 @@ type Request struct {
 func ReadRequest(path string, body []byte) Request {
 	fallback := Request{Cost: ceilQuarter(int64(len(body))) + DefaultMaxOutput}
 	r := reader{b: body, kind: apiOf(path)}
-	i := spaceEnd(body, 0)
-	if r.byteAt(i) != '{' {
-		return fallback
-	}
-	if end := r.members(i, r.topLevel); r.bad || spaceEnd(body, end) != len(body) {
+	if !r.object(r.topLevel) {
 		return fallback
 	}
 	out := fallback
@@ -187,6 +183,18 @@ func (r *reader) positive(v int) (int64, bool) {
 		return 0, false
 	}
 	return clampCount(f), true
+}
+
+// object walks the whole of r.b as one JSON object, calling f with each
+// member as members does, and reports whether r.b is that and nothing
+// else.
+func (r *reader) object(f func(quoted []byte, keyLen int64, v int) int) bool {
+	i := spaceEnd(r.b, 0)
+	if r.byteAt(i) != '{' {
+		return false
+	}
+	end := r.members(i, f)
+	return !r.bad && spaceEnd(r.b, end) == len(r.b)
 }
 
 // skip checks the value at i and returns its end.

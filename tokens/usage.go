@@ -41,13 +41,20 @@ func (u Usage) Total() int64 { return u.Input + u.Output }
 // When total_tokens exceeds input plus output, the difference is counted as
 // output, so tokens a provider bills but does not break down are not lost.
 //
-// Only the usage value is decoded: the rest of the body is skipped by a
-// scan that checks its structure (strings, nesting, separators) but not
-// the spelling of numbers and literals, so an answer of many kilobytes
-// costs one pass and no allocation but the usage's.
+// The body is walked, not decoded, with the checks ReadRequest makes (a
+// body that is not valid JSON has no usage), and only the usage value is
+// read: an answer of many kilobytes costs one pass and no allocation.
 func FromBody(body []byte) (u Usage, ok bool) {
-	raw, found := topLevel(body, "usage")
-	if !found {
+	r := reader{b: body}
+	var raw []byte
+	valid := r.object(func(quoted []byte, _ int64, v int) int {
+		end := r.skip(v)
+		if keyIs(quoted, "usage") {
+			raw = body[v:end] // the last one counts, as in a decoder
+		}
+		return end
+	})
+	if !valid || raw == nil {
 		return Usage{}, false
 	}
 	f, ok := decodeUsage(raw)
@@ -64,11 +71,7 @@ func FromBody(body []byte) (u Usage, ok bool) {
 // request reader's checks, and allocates nothing.
 func decodeUsage(raw []byte) (f usageFields, ok bool) {
 	r := reader{b: raw}
-	i := spaceEnd(raw, 0)
-	if r.byteAt(i) != '{' {
-		return usageFields{}, false
-	}
-	end := r.members(i, func(quoted []byte, _ int64, v int) int {
+	valid := r.object(func(quoted []byte, _ int64, v int) int {
 		end := r.skip(v)
 		if c := f.field(quoted); c != nil && !r.bad {
 			// Only a number parses: a string keeps its quotes, and
@@ -79,7 +82,7 @@ func decodeUsage(raw []byte) (f usageFields, ok bool) {
 		}
 		return end
 	})
-	if r.bad || spaceEnd(raw, end) != len(raw) {
+	if !valid {
 		return usageFields{}, false
 	}
 	return f, true
@@ -106,49 +109,6 @@ func (f *usageFields) field(quoted []byte) *count {
 	return nil
 }
 
-// topLevel is the value of the last top-level key of the JSON object in
-// body that matches key as encoding/json matches a field name (escapes
-// decoded, case folded); found is false when there is none or body is
-// not a JSON object.
-func topLevel(body []byte, key string) (val []byte, found bool) {
-	i := spaceEnd(body, 0)
-	if !at(body, i, '{') {
-		return nil, false
-	}
-	if i = spaceEnd(body, i+1); at(body, i, '}') {
-		return nil, false
-	}
-	for {
-		end, ok := skipString(body, i)
-		if !ok {
-			return nil, false
-		}
-		name := body[i:end]
-		if i = spaceEnd(body, end); !at(body, i, ':') {
-			return nil, false
-		}
-		start := spaceEnd(body, i+1)
-		stop, ok := skipValue(body, start)
-		if !ok {
-			return nil, false
-		}
-		if keyIs(name, key) {
-			val, found = body[start:stop], true
-		}
-		switch i = spaceEnd(body, stop); {
-		case at(body, i, ','):
-			i = spaceEnd(body, i+1)
-		case at(body, i, '}') && spaceEnd(body, i+1) == len(body):
-			return val, found
-		default:
-			return nil, false
-		}
-	}
-}
-
-// at reports whether b holds c at i.
-func at(b []byte, i int, c byte) bool { return i < len(b) && b[i] == c }
-
 // keyIs reports whether the quoted JSON string name matches key.
 func keyIs(name []byte, key string) bool {
 	inner := name[1 : len(name)-1]
@@ -166,41 +126,6 @@ func spaceEnd(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-// skipString is the index after the string starting at b[i]; ok is false
-// when there is none.
-func skipString(b []byte, i int) (end int, ok bool) {
-	if !at(b, i, '"') {
-		return 0, false
-	}
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1, true
-		}
-	}
-	return 0, false
-}
-
-// skipValue is the index after the value starting at b[i]; ok is false
-// when it does not end. Strings and nesting are followed (objectLen, the
-// stream scanner's); a number or a literal runs to the next separator.
-func skipValue(b []byte, i int) (end int, ok bool) {
-	switch {
-	case at(b, i, '"'):
-		return skipString(b, i)
-	case at(b, i, '{') || at(b, i, '['):
-		n := objectLen(b[i:]) // counts arrays' brackets too
-		return i + n, n > 0
-	}
-	start := i
-	for i < len(b) && strings.IndexByte(",}] \t\n\r", b[i]) < 0 {
-		i++
-	}
-	return i, i > start
 }
 
 // usageFields is a usage object as any of the providers spell it. A field
