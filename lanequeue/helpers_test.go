@@ -144,3 +144,11 @@ func quietLocal() *Memory {
 	s.learn.lastAccepted = t0
 	return s
 }
+
+// countAnswer counts one request of the lane by the status the client got
+// (0: none was sent) and its outcome, as Slot.Done counts it.
+func (l *Lane) countAnswer(status int, outcome Outcome) {
+	l.g.mu.Lock()
+	defer l.g.mu.Unlock()
+	l.stats.countAnswer(status, outcome, l.g.clock.Now())
+}

@@ -165,12 +165,3 @@ func later(a, b time.Time) time.Time {
 	}
 	return b
 }
-
-// countAnswer counts one request of the lane by the status the client got
-// (0: none was sent) and its outcome. A lane that has left the table
-// counts too, where nobody sees it.
-func (l *Lane) countAnswer(status int, outcome Outcome) {
-	l.g.mu.Lock()
-	defer l.g.mu.Unlock()
-	l.stats.countAnswer(status, outcome, l.g.clock.Now())
-}

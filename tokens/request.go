@@ -78,8 +78,10 @@ func (r *reader) topLevel(quoted []byte, _ int64, v int) int {
 	name := unquotedKey(quoted)
 	for i, k := range limitKeys {
 		if string(name) == k {
-			r.limits[i].n, r.limits[i].ok = r.positive(v)
-			return r.skip(v) // checks a value that is not a number
+			end := r.skip(v)
+			f, ok := number(r.b[v:end])
+			r.limits[i].n, r.limits[i].ok = clampCount(f), ok && f >= 1
+			return end
 		}
 	}
 	c := &r.c
@@ -169,20 +171,12 @@ func (r *reader) cost() int64 {
 	return max(1, prompt+output)
 }
 
-// positive is the number at v as a count, when it is one of at least 1.
-func (r *reader) positive(v int) (int64, bool) {
-	if c := r.byteAt(v); c != '-' && (c < '0' || c > '9') {
-		return 0, false
-	}
-	end := r.number(v)
-	if r.bad {
-		return 0, false
-	}
-	f, err := strconv.ParseFloat(string(r.b[v:end]), 64)
-	if err != nil || !(f >= 1) {
-		return 0, false
-	}
-	return clampCount(f), true
+// number is a value skip checked, as a float64 when it is a number within
+// float64's range: a string keeps its quotes, and what else ParseFloat
+// reads (Inf, NaN) is not JSON, so nothing else parses.
+func number(raw []byte) (float64, bool) {
+	f, err := strconv.ParseFloat(string(raw), 64)
+	return f, err == nil
 }
 
 // object walks the whole of r.b as one JSON object, calling f with each

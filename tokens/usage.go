@@ -11,7 +11,6 @@ package tokens
 import (
 	"bytes"
 	"encoding/json"
-	"strconv"
 	"strings"
 )
 
@@ -74,9 +73,7 @@ func decodeUsage(raw []byte) (f usageFields, ok bool) {
 	valid := r.object(func(quoted []byte, _ int64, v int) int {
 		end := r.skip(v)
 		if c := f.field(quoted); c != nil && !r.bad {
-			// Only a number parses: a string keeps its quotes, and
-			// what else ParseFloat reads (Inf, NaN) is not JSON.
-			if n, err := strconv.ParseFloat(string(raw[v:end]), 64); err == nil {
+			if n, ok := number(raw[v:end]); ok {
 				c.n, c.ok = clampCount(n), true
 			}
 		}
