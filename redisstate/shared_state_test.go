@@ -2,6 +2,8 @@ package redisstate
 
 import (
 	"context"
+	"crypto/sha1"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -348,32 +350,44 @@ func TestASlowPingKeepsTheReplicaLocal(t *testing.T) {
 	}
 }
 
-// scriptRuns is how many scripts the server ran (or refused) so far,
-// from its own command statistics.
-func scriptRuns(t *testing.T, url string) int {
+// countScriptRuns starts counting, on the server at url, the runs of the
+// script whose SHA-1 is sha (sent by hash or whole, run or failed), and
+// returns the count so far. It reads the slow log with every command
+// logged, so the replica's heartbeats and other scripts are not counted.
+func countScriptRuns(t *testing.T, url, sha string) (runs func() int) {
 	t.Helper()
 	opt, err := redis.ParseURL(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := redis.NewClient(opt)
-	defer c.Close()
-	info, err := c.Info(context.Background(), "commandstats").Result()
-	if err != nil {
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	if err := c.ConfigSet(ctx, "slowlog-log-slower-than", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, line := range strings.Split(info, "\n") {
-		if name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls="); ok && (name == "cmdstat_eval" || name == "cmdstat_evalsha") {
-			calls, _, _ := strings.Cut(rest, ",")
-			v, err := strconv.Atoi(calls)
-			if err != nil {
-				t.Fatalf("%q: %v", line, err)
-			}
-			n += v
-		}
+	if err := c.ConfigSet(ctx, "slowlog-max-len", "10000").Err(); err != nil {
+		t.Fatal(err)
 	}
-	return n
+	if err := c.SlowLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		logs, err := c.SlowLogGet(ctx, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, l := range logs {
+			switch {
+			case len(l.Args) < 2:
+			case strings.EqualFold(l.Args[0], "evalsha") && l.Args[1] == sha,
+				strings.EqualFold(l.Args[0], "eval") && fmt.Sprintf("%x", sha1.Sum([]byte(l.Args[1]))) == sha:
+				n++
+			}
+		}
+		return n
+	}
 }
 
 // TestAFailedCallIsNotRetried: a call Redis fails (here a write to a
@@ -388,12 +402,12 @@ func TestAFailedCallIsNotRetried(t *testing.T) {
 	if err := admitScript.Load(context.Background(), st.rdb).Err(); err != nil { // EVALSHA finds it
 		t.Fatal(err)
 	}
-	before := scriptRuns(t, srv.url())
+	runs := countScriptRuns(t, srv.url(), admitScript.Hash())
 	tk, _, ok := admit(t, sh)
 	if !ok || tk.Lease != "" || st.Status() != "degraded" {
 		t.Fatalf("admit on a read-only Redis: ok %v lease %q status %s; want a local permit", ok, tk.Lease, st.Status())
 	}
-	if n := scriptRuns(t, srv.url()) - before; n != 1 {
+	if n := runs(); n != 1 {
 		t.Fatalf("the admission's script was sent %d times, want once", n)
 	}
 }
