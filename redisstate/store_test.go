@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,10 +21,12 @@ import (
 
 // server is a redis-server of the test's own on a free loopback port.
 type server struct {
-	t    testing.TB
-	port int
-	cmd  *exec.Cmd
-	args []string // more redis-server options
+	t       testing.TB
+	port    int
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed when cmd has exited
+	started bool          // it answered once on port: a restart keeps the port
+	args    []string      // more redis-server options
 }
 
 func startServer(t testing.TB, args ...string) *server {
@@ -49,26 +53,67 @@ func (s *server) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.p
 
 func (s *server) start() {
 	s.t.Helper()
+	for try := 0; ; try++ {
+		err := s.startOnce()
+		if err == nil {
+			return
+		}
+		// Another test's server took the port between the free-port
+		// probe and this bind: a first start moves to another port; a
+		// restart must have its own.
+		if s.started || try == 4 {
+			s.t.Fatal(err)
+		}
+		ln, lerr := net.Listen("tcp", "127.0.0.1:0")
+		if lerr != nil {
+			s.t.Fatal(lerr)
+		}
+		s.port = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+}
+
+// startOnce starts redis-server on s.port and waits until it answers,
+// making sure the server answering is this one: a test must never talk
+// to another test's server that holds the port.
+func (s *server) startOnce() error {
 	s.cmd = exec.Command("redis-server", append([]string{"--port", fmt.Sprint(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no"}, s.args...)...)
 	s.cmd.Dir = s.t.TempDir() // a cluster node writes nodes.conf here
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	cmd := s.cmd
+	go func() { _ = cmd.Wait(); close(exited) }()
+	s.exited = exited
+	mine := fmt.Sprintf("process_id:%d\r\n", cmd.Process.Pid)
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			s.cmd = nil
+			return fmt.Errorf("redis-server on port %d exited at start (port taken?)", s.port)
+		default:
+		}
 		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", s.port), 100*time.Millisecond); err == nil {
-			fmt.Fprint(c, "PING\r\n")
+			fmt.Fprint(c, "INFO server\r\n")
 			c.SetReadDeadline(time.Now().Add(time.Second))
-			line, _ := bufio.NewReader(c).ReadString('\n')
+			br := bufio.NewReader(c)
+			head, _ := br.ReadString('\n') // $<length>
+			n, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+			info := make([]byte, max(n, 0))
+			_, _ = io.ReadFull(br, info)
 			c.Close()
-			if strings.HasPrefix(line, "+PONG") {
-				return
+			if strings.Contains(string(info), mine) {
+				s.started = true
+				return nil
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.t.Fatal("redis-server did not answer")
+	return nil
 }
 
 func (s *server) stop() {
@@ -76,7 +121,7 @@ func (s *server) stop() {
 		return
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
 }
 
