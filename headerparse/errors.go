@@ -351,20 +351,28 @@ func speaksOfConcurrency(codes []string, message string) bool {
 
 // retryIn reads the wait a body asks for: Gemini's retryDelay ("7s"), else a
 // Go duration following "try again in " or "retry in " in the message
-// ("Please try again in 1.574s.", "in 20ms", "in 6m0s"). Waits that are
-// negative or beyond monthHorizon are ignored.
+// ("Please try again in 1.574s.", "in 20ms", "in 6m0s"), else Azure
+// OpenAI's "retry after N seconds" (or "second"). Waits that are negative
+// or beyond monthHorizon are ignored.
 func retryIn(f errorFields) (time.Duration, bool) {
 	if d, ok := boundedDuration(f.retryDelay); ok {
 		return d, true
 	}
 	message := strings.ToLower(f.message)
-	for _, phrase := range [...]string{"try again in ", "retry in "} {
+	for _, phrase := range [...]string{"try again in ", "retry in ", "retry after "} {
 		i := strings.Index(message, phrase)
 		if i < 0 {
 			continue
 		}
-		word, _, _ := strings.Cut(message[i+len(phrase):], " ")
-		if d, ok := boundedDuration(strings.TrimRight(word, ".,;:)")); ok {
+		word, rest, _ := strings.Cut(message[i+len(phrase):], " ")
+		word = strings.TrimRight(word, ".,;:)")
+		if phrase == "retry after " {
+			// A count of seconds: "retry after 7 seconds."
+			if unit, _, _ := strings.Cut(rest, " "); isDecimal(word) && strings.HasPrefix(unit, "second") {
+				word += "s"
+			}
+		}
+		if d, ok := boundedDuration(word); ok {
 			return d, true
 		}
 	}

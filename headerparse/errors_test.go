@@ -245,6 +245,10 @@ func TestParseErrorRetryIn(t *testing.T) {
 	}{
 		{"phrase at message start", `{"error":{"code":"rate_limit_exceeded","message":"Try again in 2s."}}`, 2 * time.Second, true},
 		{"zero wait in message", `{"error":{"code":"rate_limit_exceeded","message":"Please try again in 0s."}}`, 0, true},
+		{"Azure's seconds", `{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded call rate limit of your current OpenAI S0 pricing tier. Please retry after 7 seconds. Please go here: https://aka.ms/oai/quotaincrease if you would like to further increase the default rate limit."}}`, 7 * time.Second, true},
+		{"one second", `{"error":{"code":"429","message":"Please retry after 1 second."}}`, time.Second, true},
+		{"retry after a duration", `{"error":{"code":"429","message":"Please retry after 1.5s."}}`, 1500 * time.Millisecond, true},
+		{"retry after no number", `{"error":{"code":"429","message":"Please retry after a while."}}`, 0, false},
 		{"retry delay of exactly 31 days", `{"error":{"status":"RESOURCE_EXHAUSTED","details":[{"retryDelay":"744h"}]}}`, monthHorizon, true},
 		{"retry delay just beyond 31 days", `{"error":{"status":"RESOURCE_EXHAUSTED","details":[{"retryDelay":"744h0m1s"}]}}`, 0, false},
 	}

@@ -9,7 +9,8 @@
 //     streaming and stream_options.include_usage), the Responses API
 //     (POST /v1/responses) and embeddings (POST /v1/embeddings);
 //   - Anthropic Messages (POST /v1/messages, including its named SSE events);
-//   - per-key token buckets for requests and tokens, with OpenAI's
+//   - per-key (or per key and model) limits for requests and tokens, kept
+//     as token buckets or fixed windows (see Shapes), with OpenAI's
 //     x-ratelimit-* headers (Go duration resets) or Anthropic's
 //     anthropic-ratelimit-* headers (RFC 3339 resets), Retry-After and
 //     retry-after-ms on 429, and each provider's 429 and error bodies,
@@ -50,6 +51,22 @@
 // they do without it. A client that takes the limit header for the burst it
 // may send is refused.
 //
+// # Shapes
+//
+// How the count is kept is a switch of its own, apart from what refusals
+// say (PROVIDERS.md §11). By default each key has token buckets, one for
+// requests and one for tokens. Config.Window makes them fixed windows
+// (N per window, the count starting again at each boundary), counted from
+// each window's first request or, with WindowAligned, aligned to the
+// clock; every wait and reset a window states points at its boundary.
+// CountRefused counts refused requests against the limits too (Azure,
+// Kong's sliding window): a bucket may go below empty, so a client that
+// keeps knocking stays out. PerModel gives each (key, model) limits of
+// its own; without it a key's limits are one across all its models.
+// ResetRoundDown and ClockAhead state Anthropic's reset times rounded
+// down, or on a clock ahead of or behind the caller's. LatencyJitter
+// varies answer times.
+//
 // # What refusals say
 //
 // By default the mock explains itself as fully as the providers do: limit
@@ -60,12 +77,17 @@
 //
 //   - NoLimitHeaders: no x-ratelimit-* / anthropic-ratelimit-* headers;
 //   - NoRetryAfter: no Retry-After or retry-after-ms;
+//   - RetryAfterSeconds: Retry-After in whole seconds, no retry-after-ms;
 //   - NoHint: no wait named in refusal bodies;
 //   - ConcurrencyUnnamed: the concurrency refusal reads like a request-rate
 //     refusal, with no word about concurrency;
 //   - NoHeaders: NoLimitHeaders and NoRetryAfter together.
 //
-// HeaderForm forces one provider's header names on every path. RefusalStatus
+// HeaderForm forces one provider's header names on every path, or the IETF
+// draft's RateLimit-* fields. HintForm names the wait in a refusal's body
+// as OpenAI does ("Please try again in 1.5s."), as Azure OpenAI does
+// ("Please retry after 2 seconds."), or as Gemini does (a
+// google.rpc.RetryInfo detail with a retryDelay). RefusalStatus
 // 503 replaces the buckets' and the concurrency cap's refusals with what an
 // nginx limit_req or limit_conn in front of the upstream sends by default: a
 // 503 with nginx's HTML error page and nothing else that explains it.

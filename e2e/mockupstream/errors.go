@@ -17,6 +17,7 @@ type dialect int
 const (
 	openAI dialect = iota
 	anthropic
+	ietf // header form only: no path speaks it
 )
 
 // apiError is an error response before it is rendered in a dialect.
@@ -26,12 +27,25 @@ type apiError struct {
 	code    string // OpenAI error.code; "" renders as null
 	message string
 	detail  string // Anthropic error.details.error_code; "" = no details
+	// gemini renders the body in Gemini's form: {"error":{"code",
+	// "message","status","details"}}, typ as status, with a RetryInfo
+	// detail of retryDelay when it is not empty.
+	gemini     bool
+	retryDelay string
 }
 
 // writeError sends e as OpenAI's {"error":{...}} or Anthropic's
-// {"type":"error","error":{...},"request_id":...}.
+// {"type":"error","error":{...},"request_id":...}, or Gemini's.
 func writeError(w http.ResponseWriter, d dialect, requestID string, e apiError) {
 	var body any
+	if e.gemini {
+		inner := obj{"code": e.status, "message": e.message, "status": e.typ}
+		if e.retryDelay != "" {
+			inner["details"] = []any{obj{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": e.retryDelay}}
+		}
+		writeJSON(w, e.status, obj{"error": inner})
+		return
+	}
 	if d == anthropic {
 		inner := map[string]any{"type": e.typ, "message": e.message}
 		if e.detail != "" {
@@ -119,7 +133,20 @@ func (s *Server) rejection(d dialect, a admission, cost int64) apiError {
 	// hint is the sentence that names the wait, or nothing under NoHint.
 	hint := ""
 	if !s.cfg.NoHint {
-		hint = fmt.Sprintf(" Please try again in %s.", ceilMillis(a.wait))
+		switch s.cfg.HintForm {
+		case "azure":
+			hint = fmt.Sprintf(" Please retry after %d seconds.", ceilSeconds(a.wait))
+		case "":
+			hint = fmt.Sprintf(" Please try again in %s.", ceilMillis(a.wait))
+		}
+	}
+	if s.cfg.HintForm == "gemini" && (a.verdict == rateLimited || a.verdict == overConcurrency) {
+		g := apiError{status: http.StatusTooManyRequests, typ: "RESOURCE_EXHAUSTED", gemini: true,
+			message: "Resource has been exhausted (e.g. check quota)."}
+		if !s.cfg.NoHint {
+			g.retryDelay = fmt.Sprintf("%ds", ceilSeconds(a.wait))
+		}
+		return g
 	}
 	switch a.verdict {
 	case injectedFailure:
@@ -175,10 +202,21 @@ func writeNginx503(w http.ResponseWriter) {
 }
 
 // setLimitHeaders reports lv as OpenAI's x-ratelimit-* headers (reset as a
-// Go duration until full) or Anthropic's anthropic-ratelimit-* headers (reset
-// as the RFC 3339 time, in whole seconds rounded up, the bucket is full).
+// Go duration until full), Anthropic's anthropic-ratelimit-* headers (reset
+// as the RFC 3339 time, in whole seconds rounded up unless ResetRoundDown,
+// the limit is full, on the upstream's clock, ClockAhead of the caller's)
+// or the IETF draft's RateLimit-* fields for the request limit.
 // Unlimited dimensions are left out.
-func setLimitHeaders(h http.Header, d dialect, lv levels) {
+func (s *Server) setLimitHeaders(h http.Header, d dialect, lv levels) {
+	if d == ietf {
+		if l := lv.requests; l != nil {
+			h.Set("RateLimit-Limit", strconv.FormatInt(l.limit, 10))
+			h.Set("RateLimit-Remaining", strconv.FormatInt(l.remaining, 10))
+			h.Set("RateLimit-Reset", strconv.FormatInt(ceilSeconds(l.untilFull), 10))
+			h.Set("RateLimit-Policy", fmt.Sprintf("%d;w=%d", l.limit, max(1, ceilSeconds(l.span))))
+		}
+		return
+	}
 	for _, dim := range []struct {
 		name string
 		l    *level
@@ -192,9 +230,11 @@ func setLimitHeaders(h http.Header, d dialect, lv levels) {
 			prefix := "anthropic-ratelimit-" + dim.name + "-"
 			h.Set(prefix+"limit", limit)
 			h.Set(prefix+"remaining", remaining)
-			// Whole seconds, rounded up, as Anthropic sends them.
-			reset := lv.at.Add(dim.l.untilFull).Add(time.Second - 1).Truncate(time.Second)
-			h.Set(prefix+"reset", reset.UTC().Format(time.RFC3339))
+			reset := lv.at.Add(s.cfg.ClockAhead).Add(dim.l.untilFull)
+			if !s.cfg.ResetRoundDown {
+				reset = reset.Add(time.Second - 1) // whole seconds, rounded up, as Anthropic sends them
+			}
+			h.Set(prefix+"reset", reset.Truncate(time.Second).UTC().Format(time.RFC3339))
 			continue
 		}
 		h.Set("x-ratelimit-limit-"+dim.name, limit)
@@ -204,12 +244,18 @@ func setLimitHeaders(h http.Header, d dialect, lv levels) {
 }
 
 // setRetryAfter advertises wait as Retry-After (whole seconds, rounded up,
-// at least 1) and retry-after-ms (milliseconds, rounded up).
-func setRetryAfter(h http.Header, wait time.Duration) {
+// at least 1) and, unless seconds, retry-after-ms (milliseconds, rounded
+// up).
+func setRetryAfter(h http.Header, wait time.Duration, seconds bool) {
 	secs := max(1, int64(math.Ceil(wait.Seconds())))
 	h.Set("Retry-After", strconv.FormatInt(secs, 10))
-	h.Set("retry-after-ms", strconv.FormatInt(int64(ceilMillis(wait)/time.Millisecond), 10))
+	if !seconds {
+		h.Set("retry-after-ms", strconv.FormatInt(int64(ceilMillis(wait)/time.Millisecond), 10))
+	}
 }
+
+// ceilSeconds is d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 { return int64(math.Ceil(d.Seconds())) }
 
 // ceilMillis rounds d up to a whole millisecond.
 func ceilMillis(d time.Duration) time.Duration {

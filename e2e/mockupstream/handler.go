@@ -179,7 +179,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	a := s.admit(key, q.cost)
+	a := s.admit(key, q.model, q.cost)
 	if s.cfg.RefusalStatus == http.StatusServiceUnavailable &&
 		(a.verdict == rateLimited || a.verdict == overConcurrency) {
 		// The limiter in front of the upstream answers; the upstream never
@@ -190,10 +190,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.cfg.NoHeaders && !s.cfg.NoLimitHeaders {
-		setLimitHeaders(w.Header(), s.headerForm(d), a.levels)
+		s.setLimitHeaders(w.Header(), s.headerForm(d), a.levels)
 	}
 	if !s.cfg.NoHeaders && !s.cfg.NoRetryAfter && a.wait > 0 {
-		setRetryAfter(w.Header(), a.wait)
+		setRetryAfter(w.Header(), a.wait, s.cfg.RetryAfterSeconds)
 	}
 	if a.verdict != admitted {
 		writeError(w, d, requestID, s.rejection(d, a, q.cost))
@@ -202,7 +202,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	// Deferred calls run before net/http sends the buffered end of the
 	// response, so a client that has read the whole answer finds the slot
 	// already free.
-	defer s.release(key)
+	defer s.release(key, q.model)
 	if s.models != nil {
 		leave, ok := s.models.enter(r.Context(), q.model)
 		if !ok {
@@ -210,7 +210,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer leave()
 	}
-	if !s.sleep(r.Context(), s.cfg.Latency) {
+	if !s.sleep(r.Context(), s.latency()) {
 		return
 	}
 	ep.answer(s, r.Context(), w, q)
@@ -223,6 +223,8 @@ func (s *Server) headerForm(d dialect) dialect {
 		return openAI
 	case "anthropic":
 		return anthropic
+	case "ietf":
+		return ietf
 	}
 	return d
 }

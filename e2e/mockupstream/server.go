@@ -3,6 +3,7 @@ package mockupstream
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -48,6 +49,9 @@ type Config struct {
 	// (the buckets', the concurrency cap's and injected ones). Limit
 	// headers and bodies are unchanged.
 	NoRetryAfter bool
+	// RetryAfterSeconds sends Retry-After alone, in whole seconds rounded
+	// up, as most servers do: no retry-after-ms.
+	RetryAfterSeconds bool
 	// NoHint leaves the wait out of every 429 body that names one ("Please
 	// try again in …"): the buckets', the concurrency cap's and injected
 	// ones. Headers are unchanged.
@@ -60,7 +64,10 @@ type Config struct {
 	// HeaderForm picks the names and formats of the rate-limit headers:
 	// "" = by path (OpenAI's x-ratelimit-* everywhere but /v1/messages,
 	// which gets Anthropic's anthropic-ratelimit-*); "openai" or
-	// "anthropic" forces that form on every path. Bodies keep the path's
+	// "anthropic" forces that form on every path; "ietf" sends the IETF
+	// draft's RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset
+	// (seconds to full, rounded up) and RateLimit-Policy (limit;w=span)
+	// for the request limit, as Kong does. Bodies keep the path's
 	// dialect. Other values panic in New.
 	HeaderForm string
 	// RefusalStatus is how the buckets and the concurrency cap refuse:
@@ -111,6 +118,52 @@ type Config struct {
 	// at once (OLLAMA_NUM_PARALLEL); 0 = any number. Requests over it
 	// wait in the line. Only with ModelLoad.
 	LocalParallel int
+
+	// The shape of the limits (see the package doc, Shapes). Each is a
+	// switch of its own, independent of the others and of what refusals
+	// say.
+
+	// Window, when positive, makes RPM and TPM fixed windows of this
+	// length instead of token buckets: RPM×Window/60 requests and
+	// TPM×Window/60 tokens a window (RequestBurst and TokenBurst, when
+	// set, instead), the count starting again at each boundary. Resets and
+	// waits point at the boundary.
+	Window time.Duration
+	// WindowAligned starts windows at the multiples of Window on the
+	// clock (Kong's rate limiting); otherwise a window starts with the
+	// first request after the last one ended (a Redis INCR + EXPIRE
+	// limiter).
+	WindowAligned bool
+	// CountRefused counts refused requests against the limits too, as
+	// Azure OpenAI and Kong's sliding window do: a refusal takes its
+	// request (and its tokens) from the bucket, which may go below
+	// empty, or from the window. A client that keeps knocking stays
+	// refused.
+	CountRefused bool
+	// PerModel gives each (key, model) limits of its own, as OpenAI and
+	// Anthropic count them; otherwise a key's limits are one, shared by
+	// every model it calls (a gateway's virtual key, a model family with
+	// a shared limit). MaxInFlight follows the same choice.
+	PerModel bool
+	// ResetRoundDown states Anthropic's RFC 3339 resets rounded down to
+	// the whole second instead of up: a reset up to a second in the past.
+	ResetRoundDown bool
+	// ClockAhead is how far the upstream's clock is ahead of the caller's
+	// (negative: behind): every absolute time it states (Anthropic's
+	// resets) is off by it. What it enforces is not.
+	ClockAhead time.Duration
+	// LatencyJitter adds a random wait in [0, LatencyJitter) to each
+	// answer's Latency, drawn from Seed: answer times that vary.
+	LatencyJitter time.Duration
+	// Seed seeds LatencyJitter's draws; 0 = 1.
+	Seed uint64
+	// HintForm is how a refusal's body names its wait (unless NoHint):
+	// "" = OpenAI's "Please try again in 1.5s."; "azure" = Azure
+	// OpenAI's "Please retry after N seconds." (whole seconds, rounded
+	// up); "gemini" = Gemini's error body, status RESOURCE_EXHAUSTED,
+	// with a google.rpc.RetryInfo detail whose retryDelay is whole
+	// seconds, rounded up ("7s"). Other values panic in New.
+	HintForm string
 }
 
 // Stats is a snapshot of what the server has seen.
@@ -168,19 +221,27 @@ type Server struct {
 	models *models // nil unless Config.ModelLoad > 0
 
 	mu         sync.Mutex
-	keys       map[string]*keyState
-	totals     Stats // ByKey unused; built by Stats
+	keys       map[string]*keyState   // by API key
+	limits     map[string]*limitState // by limitKey
+	totals     Stats                  // ByKey unused; built by Stats
 	inFlight   int64
 	retryAfter time.Duration
+	jitter     *rand.Rand
 }
 
 // keyState is everything tracked per API key; Server.mu guards it.
 type keyState struct {
-	requests *bucket // nil = unlimited
-	tokens   *bucket // nil = unlimited
 	inFlight int64
 	injected []int // statuses still to send, in order
 	stats    KeyStats
+}
+
+// limitState is one limit's count: a key's, or a key and model's
+// (Config.PerModel). Server.mu guards it.
+type limitState struct {
+	requests limiter // nil = unlimited
+	tokens   limiter // nil = unlimited
+	inFlight int64
 }
 
 // New starts a Server on a free port of 127.0.0.1. Close it when done.
@@ -193,7 +254,7 @@ func New(cfg Config) *Server {
 // newServer is a Server that does not listen yet.
 func newServer(cfg Config) *Server {
 	switch cfg.HeaderForm {
-	case "", "openai", "anthropic":
+	case "", "openai", "anthropic", "ietf":
 	default:
 		panic(fmt.Sprintf("mockupstream: unknown HeaderForm %q", cfg.HeaderForm))
 	}
@@ -201,6 +262,11 @@ func newServer(cfg Config) *Server {
 	case 0, http.StatusTooManyRequests, http.StatusServiceUnavailable:
 	default:
 		panic(fmt.Sprintf("mockupstream: unsupported RefusalStatus %d", cfg.RefusalStatus))
+	}
+	switch cfg.HintForm {
+	case "", "azure", "gemini":
+	default:
+		panic(fmt.Sprintf("mockupstream: unknown HintForm %q", cfg.HintForm))
 	}
 	if cfg.CompletionTokens <= 0 {
 		cfg.CompletionTokens = 8
@@ -214,6 +280,8 @@ func newServer(cfg Config) *Server {
 		done:      make(chan struct{}),
 		hardQuota: make(map[string]bool),
 		keys:      make(map[string]*keyState),
+		limits:    make(map[string]*limitState),
+		jitter:    rand.New(rand.NewPCG(max(cfg.Seed, 1), 0)),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -284,7 +352,7 @@ func (s *Server) ModelStats() ModelStats {
 func (s *Server) InjectFailures(key string, statuses ...int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ks := s.keyState(key, s.now())
+	ks := s.keyState(key)
 	ks.injected = append(ks.injected, statuses...)
 }
 
@@ -297,18 +365,36 @@ func (s *Server) SetRetryAfter(d time.Duration) {
 	s.retryAfter = d
 }
 
-// keyState returns key's state, creating it with full buckets.
-// Requires s.mu held.
-func (s *Server) keyState(key string, now time.Time) *keyState {
+// keyState returns key's state, creating it. Requires s.mu held.
+func (s *Server) keyState(key string) *keyState {
 	ks, ok := s.keys[key]
 	if !ok {
-		ks = &keyState{
-			requests: newBucket(int64(s.cfg.RPM), int64(s.cfg.RequestBurst), now),
-			tokens:   newBucket(s.cfg.TPM, s.cfg.TokenBurst, now),
-		}
+		ks = &keyState{}
 		s.keys[key] = ks
 	}
 	return ks
+}
+
+// limitKey names the limit a request of key for model draws on.
+func (s *Server) limitKey(key, model string) string {
+	if s.cfg.PerModel {
+		return key + "\x00" + model
+	}
+	return key
+}
+
+// limitState returns the state of the limit lk, creating it full.
+// Requires s.mu held.
+func (s *Server) limitState(lk string, now time.Time) *limitState {
+	ls, ok := s.limits[lk]
+	if !ok {
+		ls = &limitState{
+			requests: newLimiter(s.cfg, int64(s.cfg.RPM), int64(s.cfg.RequestBurst), now),
+			tokens:   newLimiter(s.cfg, s.cfg.TPM, s.cfg.TokenBurst, now),
+		}
+		s.limits[lk] = ls
+	}
+	return ls
 }
 
 // verdict is what admission decided for a request.
@@ -344,38 +430,39 @@ type levels struct {
 type level struct {
 	limit, remaining int64
 	untilFull        time.Duration
+	span             time.Duration // the window the limit counts over
 }
 
-// levelsOf is what the headers report about ks's buckets at now.
-func (s *Server) levelsOf(ks *keyState, now time.Time) levels {
+// levelsOf is what the headers report about ls's limits at now.
+func (s *Server) levelsOf(ls *limitState, now time.Time) levels {
 	return levels{
 		at:       now,
-		requests: s.levelOf(ks.requests, int64(s.cfg.RPM)),
-		tokens:   s.levelOf(ks.tokens, s.cfg.TPM),
+		requests: s.levelOf(ls.requests, int64(s.cfg.RPM), now),
+		tokens:   s.levelOf(ls.tokens, s.cfg.TPM, now),
 	}
 }
 
-// levelOf reports b. Its limit is b's capacity, or under QuantizedHeaders
-// the per-minute figure b refills at, which the bucket never holds at once.
-func (s *Server) levelOf(b *bucket, perMinute int64) *level {
-	if b == nil {
+// levelOf reports l. Its limit is l's size, or under QuantizedHeaders the
+// per-minute figure, which the limit never holds at once.
+func (s *Server) levelOf(l limiter, perMinute int64, now time.Time) *level {
+	if l == nil {
 		return nil
 	}
-	limit := int64(b.capacity)
+	limit, span := int64(l.size()), l.span()
 	if s.cfg.QuantizedHeaders {
-		limit = perMinute
+		limit, span = perMinute, time.Minute
 	}
-	return &level{limit: limit, remaining: b.remaining(), untilFull: b.untilFull()}
+	return &level{limit: limit, remaining: l.remaining(), untilFull: l.untilFull(now), span: span}
 }
 
-// admit decides, atomically for key, whether a request costing cost tokens
-// runs now, and counts it. An admitted request holds an in-flight slot until
-// release.
-func (s *Server) admit(key string, cost int64) admission {
+// admit decides, atomically for key and model, whether a request costing
+// cost tokens runs now, and counts it. An admitted request holds an
+// in-flight slot until release.
+func (s *Server) admit(key, model string, cost int64) admission {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	ks := s.keyState(key, now)
+	ks := s.keyState(key)
 	s.totals.Requests++
 	ks.stats.Requests++
 
@@ -393,10 +480,22 @@ func (s *Server) admit(key string, cost int64) admission {
 		return admission{verdict: overHardQuota}
 	}
 
-	ks.requests.advance(now)
-	ks.tokens.advance(now)
+	ls := s.limitState(s.limitKey(key, model), now)
+	for _, l := range []limiter{ls.requests, ls.tokens} {
+		if l != nil {
+			l.advance(now)
+		}
+	}
+	// count counts a refused request against the limits, when they count
+	// refusals.
+	count := func() {
+		if s.cfg.CountRefused {
+			take(ls.requests, 1, now)
+			take(ls.tokens, float64(cost), now)
+		}
+	}
 	reject := func(a admission) admission {
-		a.levels = s.levelsOf(ks, now)
+		a.levels = s.levelsOf(ls, now)
 		s.totals.RateLimited++
 		ks.stats.RateLimited++
 		if len(s.totals.RefusedAt) < maxEventTimes {
@@ -404,24 +503,31 @@ func (s *Server) admit(key string, cost int64) admission {
 		}
 		return a
 	}
-	if s.cfg.MaxInFlight > 0 && ks.inFlight >= int64(s.cfg.MaxInFlight) {
+	if s.cfg.MaxInFlight > 0 && ls.inFlight >= int64(s.cfg.MaxInFlight) {
+		count()
 		return reject(admission{verdict: overConcurrency, wait: s.advertised(time.Second)})
 	}
-	if ks.tokens != nil && float64(cost) > ks.tokens.capacity {
-		return reject(admission{verdict: tooLarge, dimension: "tokens", limit: int64(ks.tokens.capacity)})
+	if ls.tokens != nil && float64(cost) > ls.tokens.size() {
+		return reject(admission{verdict: tooLarge, dimension: "tokens", limit: int64(ls.tokens.size())})
 	}
-	reqWait, tokWait := ks.requests.waitFor(1), ks.tokens.waitFor(float64(cost))
+	reqWait, tokWait := waitFor(ls.requests, 1, now), waitFor(ls.tokens, float64(cost), now)
+	if reqWait > 0 || tokWait > 0 {
+		// A refusal that counts is in the wait it advertises.
+		count()
+		reqWait, tokWait = waitFor(ls.requests, 1, now), waitFor(ls.tokens, float64(cost), now)
+	}
 	switch {
 	case reqWait > 0 && reqWait >= tokWait:
 		return reject(admission{verdict: rateLimited, dimension: "requests", wait: s.advertised(reqWait),
-			limit: int64(ks.requests.capacity), remaining: ks.requests.remaining()})
+			limit: int64(ls.requests.size()), remaining: ls.requests.remaining()})
 	case tokWait > 0:
 		return reject(admission{verdict: rateLimited, dimension: "tokens", wait: s.advertised(tokWait),
-			limit: int64(ks.tokens.capacity), remaining: ks.tokens.remaining()})
+			limit: int64(ls.tokens.size()), remaining: ls.tokens.remaining()})
 	}
 
-	ks.requests.take(1)
-	ks.tokens.take(float64(cost))
+	take(ls.requests, 1, now)
+	take(ls.tokens, float64(cost), now)
+	ls.inFlight++
 	ks.inFlight++
 	s.inFlight++
 	ks.stats.MaxInFlightSeen = max(ks.stats.MaxInFlightSeen, ks.inFlight)
@@ -431,7 +537,33 @@ func (s *Server) admit(key string, cost int64) admission {
 	if len(s.totals.AdmittedAt) < maxEventTimes {
 		s.totals.AdmittedAt = append(s.totals.AdmittedAt, now)
 	}
-	return admission{verdict: admitted, levels: s.levelsOf(ks, now)}
+	return admission{verdict: admitted, levels: s.levelsOf(ls, now)}
+}
+
+// waitFor is l's wait for n units, 0 for an unlimited l.
+func waitFor(l limiter, n float64, now time.Time) time.Duration {
+	if l == nil {
+		return 0
+	}
+	return l.waitFor(n, now)
+}
+
+// take takes n units from l, if it limits anything.
+func take(l limiter, n float64, now time.Time) {
+	if l != nil {
+		l.take(n, now)
+	}
+}
+
+// latency is an admitted answer's wait before it starts: Latency and a
+// draw of LatencyJitter.
+func (s *Server) latency() time.Duration {
+	if s.cfg.LatencyJitter <= 0 {
+		return s.cfg.Latency
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Latency + time.Duration(s.jitter.Int64N(int64(s.cfg.LatencyJitter)))
 }
 
 // advertised is the wait a 429 advertises: the SetRetryAfter override if
@@ -444,10 +576,11 @@ func (s *Server) advertised(computed time.Duration) time.Duration {
 }
 
 // release gives back the in-flight slot of an admitted request.
-func (s *Server) release(key string) {
+func (s *Server) release(key, model string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.keys[key].inFlight--
+	s.limits[s.limitKey(key, model)].inFlight--
 	s.inFlight--
 }
 
