@@ -13,6 +13,11 @@ type Window struct {
 	Remaining    int64     // >= 0; meaningful only when HasRemaining
 	HasRemaining bool      // the upstream reported Remaining
 	Reset        time.Time // when the budget is fully replenished; zero when not reported
+	// ResetGrain is Reset's precision as sent: a second for whole seconds
+	// (a count of seconds, an RFC 3339 time or an HTTP-date without a
+	// fraction), zero for finer values. A reset in whole seconds, and a
+	// clock time read on another clock, may be off by that much or more.
+	ResetGrain time.Duration
 }
 
 // Known reports whether the upstream reported this budget at all.
@@ -87,7 +92,10 @@ func window(limit, remaining, reset string, now time.Time, horizon time.Duration
 		return Window{}
 	}
 	if reset != "" {
-		w.Reset, _ = parseReset(reset, now, horizon)
+		var ok bool
+		if w.Reset, ok = parseReset(reset, now, horizon); ok {
+			w.ResetGrain = resetGrain(reset)
+		}
 	}
 	return w
 }

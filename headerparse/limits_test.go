@@ -387,6 +387,36 @@ func TestWindow(t *testing.T) {
 	}
 }
 
+// TestResetGrain: a reset sent in whole seconds says so, since it may be
+// off by up to a second (more when it is a time on another clock); finer
+// values have no grain.
+func TestResetGrain(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		h     http.Header
+		grain time.Duration
+	}{
+		{"go duration", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"1s"}}, 0},
+		{"go duration in ms", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"20ms"}}, 0},
+		{"seconds (Azure)", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"10"}}, time.Second},
+		{"fractional seconds", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"1.5"}}, 0},
+		{"epoch ms (OpenRouter)", http.Header{"X-Ratelimit-Remaining": {"5"}, "X-Ratelimit-Reset": {"1774047180000"}}, 0},
+		{"RFC 3339 (Anthropic)", http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"5"},
+			"Anthropic-Ratelimit-Requests-Reset": {"2026-03-20T22:52:01Z"}}, time.Second},
+		{"RFC 3339 with a fraction", http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"5"},
+			"Anthropic-Ratelimit-Requests-Reset": {"2026-03-20T22:52:01.250Z"}}, 0},
+		{"IETF delay seconds", http.Header{"Ratelimit-Limit": {"10"}, "Ratelimit-Remaining": {"5"}, "Ratelimit-Reset": {"8"}}, time.Second},
+		{"no reset", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}}, 0},
+		{"unreadable reset", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"soon"}}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Parse(tt.h, now).Requests.ResetGrain; got != tt.grain {
+				t.Errorf("ResetGrain = %v, want %v", got, tt.grain)
+			}
+		})
+	}
+}
+
 func BenchmarkParse(b *testing.B) {
 	h := http.Header{
 		"X-Ratelimit-Limit-Requests":     {"60"},

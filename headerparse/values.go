@@ -141,6 +141,27 @@ func parseResetValue(v string, now time.Time, horizon time.Duration) (time.Time,
 	return time.Time{}, false
 }
 
+// resetGrain is the precision of a reset value parseReset read: a second
+// for whole seconds (a count with no fraction, small enough to be seconds
+// rather than epoch milliseconds; an RFC 3339 time or an HTTP-date with
+// none), zero otherwise.
+func resetGrain(v string) time.Duration {
+	v = firstMember(strings.TrimSpace(v))
+	switch {
+	case isDecimal(v):
+		if strings.IndexByte(v, '.') < 0 && len(v) < 13 { // not epoch ms
+			return time.Second
+		}
+	case strings.Contains(v, "T"): // RFC 3339
+		if strings.IndexByte(v, '.') < 0 {
+			return time.Second
+		}
+	case strings.Contains(v, "GMT"): // an HTTP-date
+		return time.Second
+	}
+	return 0
+}
+
 // absoluteReset believes an absolute reset time only near now: no more than
 // horizon ahead and no more than pastSlack behind. A past reset means the
 // budget is already replenished, so it reads as now.

@@ -34,6 +34,7 @@ type learner struct {
 	measured bool    // estimate was measured between refusals once
 
 	lastAccepted time.Time // the latest accepted answer
+	admits       meter     // admitted dispatches, by when they went
 	replySecs    float64   // the first accepted answer's time to its headers
 	lastRefused  time.Time // the latest refusal learned from
 	cut          time.Time // when the estimate last changed on a refusal
@@ -133,6 +134,10 @@ const (
 	// or more (Retry-After is in whole seconds) says when to try again,
 	// not how fast.
 	maxHintPace = time.Second
+	// maxHintAdmits: a hint is a pace while the upstream admitted at most
+	// this many requests a hint lately (a bucket's hint is one request's
+	// refill).
+	maxHintAdmits = 3
 )
 
 // dispatched numbers a dispatch.

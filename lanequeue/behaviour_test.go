@@ -732,7 +732,7 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s.Report(Report{Verdict: NotSent})
 	l.g.mu.Lock()
-	learned := l.g.learned
+	learned := l.limit().learned
 	l.g.mu.Unlock()
 	if learned {
 		t.Fatal("an unsent attempt ended the probe")

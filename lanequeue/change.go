@@ -79,15 +79,16 @@ func moved(a, b float64) bool {
 	return math.Abs(a-b) > 0.1*math.Max(math.Abs(a), math.Abs(b))
 }
 
-// changesLocked compares the group's view after an answer with what it
-// last reported, and returns the changes to report. Requires g.mu held.
-func (g *group) changesLocked(l *Lane, r Report, v View, now time.Time, out []Change) []Change {
-	s := &g.seen
+// changesLocked compares the view of lim, l's limit, after an answer with
+// what it last reported, and returns the changes to report; shared says
+// the answer showed lim shared with other models. Requires g.mu held.
+func (g *group) changesLocked(l *Lane, lim *limit, r Report, v View, now time.Time, out []Change, shared bool) []Change {
+	s := &lim.seen
 	base := Change{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
 	// A window's rate from headers moves with every answer's remaining
 	// count; only its size says the limit changed. A pace learned from
 	// refusals is its rate.
-	limits := v.Learned != s.learned || v.Corrected != s.corrected ||
+	limits := shared || v.Learned != s.learned || v.Corrected != s.corrected ||
 		moved(v.Requests.Limit, s.reqLimit) || moved(v.Tokens.Limit, s.tokLimit) ||
 		v.FromRefusals() && moved(v.Requests.PerSecond, s.reqRate)
 	if limits {

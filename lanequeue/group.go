@@ -1,7 +1,6 @@
 package lanequeue
 
 import (
-	"container/list"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,15 +8,18 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 )
 
-// group is the lanes that draw on one upstream limit. It holds the one mutex
-// that guards them, a single queue of their waiters in arrival order (so
-// each lane's own queue is FIFO too), and the Shared state it dispatches
-// against.
+// group is the lanes of one route and credential: the one mutex that
+// guards them, their queues, taken in turns, and the limits they draw on.
+// Each lane has a FIFO queue of its own; the lanes with waiters take turns,
+// one dispatch each, within the priority classes. A lane draws on one
+// limit: its model's, or one its model shares with others (see limit).
+// Limits that hold their head back let the other lanes go.
 type group struct {
-	key    string
-	cfg    Config
-	clock  clock.Clock
-	shared Shared
+	key   string
+	cfg   Config
+	clock clock.Clock
+	// newShared makes the Shared of a limit of the group, by its key.
+	newShared func(key string, cfg Config) Shared
 	// forgotten is called, outside mu, once nothing refers to the group any
 	// more; the table drops it then. nil outside a table.
 	forgotten func(*group)
@@ -25,41 +27,57 @@ type group struct {
 	onChange func(Change)
 
 	mu sync.Mutex
-	// waiters are the queue, one list per priority, each in arrival
-	// order (a retry keeps its place in its own).
-	waiters    [2]list.List // *Slot, by Priority
-	queuedCost int64        // the waiters' estimated tokens
+	// turns holds the lanes with waiters in turn order; next is the one
+	// whose turn comes next (nil: the first).
+	turns turns
+	next  *Lane
+	// queuedBy counts the waiters by priority, every lane's.
+	queuedBy [2]int
 	// highRun counts high-priority dispatches in a row while low ones
 	// waited; at LowShare-1 the next dispatch is a low one.
 	highRun int
-	// ceil holds the route's configured limits; nil when none are.
-	ceil *ceiling
 	// cap is the global cap every dispatch takes a place of; nil: none.
-	cap        *Cap
-	seen       seen      // what was last reported through onChange
-	arrivals   uint64    // arrival counter, for the order of retries
-	unanswered int       // dispatches whose answer has not been reported
-	learned    bool      // an answer came back: the probe is over
-	probeUntil time.Time // set by the first dispatch; see probeWindow
-	timer      clock.Timer
-	timerAt    time.Time
-	timerGen   uint64
+	cap      *Cap
+	arrivals uint64 // arrival counter, for the order of retries
+	// pass numbers dispatch passes: a limit that held its lanes back in
+	// the current one is marked with it.
+	pass uint64
+	// sent counts the group's dispatches, every limit's (see sharing).
+	sent     uint64
+	timer    clock.Timer
+	timerAt  time.Time
+	timerGen uint64
 	// refs counts what keeps the group alive: each of its lanes while the
 	// table holds it, and each slot from Acquire until it is done. It is
 	// atomic so that the table never takes mu: a group may hold mu through
 	// a slow call to a shared store, and that must not hold up the table.
 	refs atomic.Int64
+
+	// limits are the group's limits by key (one limit may have several
+	// keys, once found shared); limMu guards the map alone, so that the
+	// table finds a new lane's limit without mu.
+	limMu  sync.Mutex
+	limits map[string]*limit
 }
 
-func newGroup(key string, cfg Config, shared Shared, forgotten func(*group)) *group {
-	g := &group{key: key, cfg: cfg, clock: cfg.Clock, shared: shared, forgotten: forgotten}
-	if !cfg.Limits.IsZero() {
-		g.ceil = newCeiling(cfg.Limits)
-		// A configured limit is known: no need to wait for the first
-		// answer to learn one.
-		g.learned = cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
+func newGroup(key string, cfg Config, newShared func(string, Config) Shared, forgotten func(*group)) *group {
+	return &group{key: key, cfg: cfg, clock: cfg.Clock, newShared: newShared, forgotten: forgotten,
+		limits: map[string]*limit{}}
+}
+
+// limitOf returns the limit a lane of key draws on, making it when needed.
+func (g *group) limitOf(key Key) *limit {
+	lk := key.limitKey(g.cfg.Limits.PerCredential)
+	g.limMu.Lock()
+	defer g.limMu.Unlock()
+	l := g.limits[lk]
+	if l == nil {
+		l = newLimit(lk, g.cfg, g.newShared(lk, g.cfg))
+		l.seq = len(g.limits)
+		g.limits[lk] = l
 	}
-	return g
+	l.addModel(key.Model)
+	return l
 }
 
 // answeredElsewhere reports whether sh is shared with other replicas of
@@ -79,49 +97,73 @@ func (g *group) kick() {
 }
 
 // offCap takes the group out of the global cap's line: what holds its
-// head back now, if anything, is not the cap. Requires g.mu held.
+// waiters back now, if anything, is not the cap. Requires g.mu held.
 func (g *group) offCap() {
 	if g.cap != nil {
 		g.cap.leave(g)
 	}
 }
 
-// queued is the number of waiters.
-func (g *group) queued() int { return g.waiters[High].Len() + g.waiters[Low].Len() }
+// queued is the number of waiters, every lane's.
+func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
 
-// head is the waiter to dispatch next: the first high-priority one,
-// unless low-priority ones have waited through LowShare-1 high dispatches
-// in a row.
-func (g *group) head() *Slot {
-	hi, lo := g.waiters[High].Front(), g.waiters[Low].Front()
-	switch {
-	case lo == nil && hi == nil:
-		return nil
-	case lo == nil:
-		return hi.Value.(*Slot)
-	case hi == nil || g.highRun >= LowShare-1:
-		return lo.Value.(*Slot)
+// headLocked is the waiter to dispatch next: the first in turn order,
+// from the lane whose turn it is, of the lanes whose limit was not held in
+// this pass; a high-priority one, unless low-priority ones have waited
+// through LowShare-1 high dispatches in a row. Requires g.mu held.
+func (g *group) headLocked() *Slot {
+	var hi, lo *Slot
+	start := g.next
+	if start == nil {
+		start = g.turns.first
 	}
-	return hi.Value.(*Slot)
+	for l, n := start, g.turns.n; n > 0; n-- {
+		if l.limit().pass != g.pass {
+			if f := l.waiters[High].Front(); hi == nil && f != nil {
+				hi = f.Value.(*Slot)
+			}
+			if f := l.waiters[Low].Front(); lo == nil && f != nil {
+				lo = f.Value.(*Slot)
+			}
+			if hi != nil && lo != nil {
+				break
+			}
+		}
+		if l = l.turnNext; l == nil {
+			l = g.turns.first
+		}
+	}
+	switch {
+	case lo == nil:
+		return hi
+	case hi == nil || g.highRun >= LowShare-1:
+		return lo
+	}
+	return hi
 }
 
-// newLane makes a lane of g with its ID. The caller accounts for the
-// lane's reference.
-func (g *group) newLane(key Key, id string) *Lane {
-	l := &Lane{key: key, id: id, g: g}
+// newLane makes a lane of g with its ID, drawing on lim. The caller
+// accounts for the lane's reference.
+func (g *group) newLane(key Key, id string, lim *limit) *Lane {
+	l := &Lane{key: key, id: id, g: g, lim: lim}
 	l.touch(g.clock.Now())
 	return l
 }
 
-// enqueueLocked puts s in the queue: after every waiter that arrived before
-// it and before every one that arrived after it (a retry keeps its place).
-// Requires g.mu held.
+// enqueueLocked puts s in its lane's queue: after every waiter that arrived
+// before it and before every one that arrived after it (a retry keeps its
+// place). Requires g.mu held.
 func (g *group) enqueueLocked(s *Slot) {
 	s.phase = phaseQueued
 	s.ready, s.signalled = nil, false
-	s.lane.queued++
-	g.queuedCost += s.cost
-	q := &g.waiters[s.prio]
+	l := s.lane
+	if l.queued == 0 {
+		g.turns.push(l)
+	}
+	l.queued++
+	l.queuedCost += s.cost
+	g.queuedBy[s.prio]++
+	q := &l.waiters[s.prio]
 	if s.retry {
 		for at := q.Front(); at != nil; at = at.Next() {
 			if at.Value.(*Slot).seq > s.seq {
@@ -133,42 +175,55 @@ func (g *group) enqueueLocked(s *Slot) {
 	s.elem = q.PushBack(s)
 }
 
-// dequeueLocked takes a waiting s out of the queue. Requires g.mu held.
+// dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
+// held.
 func (g *group) dequeueLocked(s *Slot) {
-	g.waiters[s.prio].Remove(s.elem)
+	l := s.lane
+	l.waiters[s.prio].Remove(s.elem)
 	s.elem = nil
-	s.lane.queued--
-	g.queuedCost -= s.cost
+	l.queued--
+	l.queuedCost -= s.cost
+	g.queuedBy[s.prio]--
+	if l.queued == 0 {
+		if g.next == l {
+			g.next = l.turnNext
+		}
+		g.turns.remove(l)
+	}
 }
 
 // The group keeps each ticket's bookkeeping, so that a Shared is told of
 // each event once: a charge given back (refundLocked), the tokens an
 // answer used (settleLocked, never after a refund), a permit given back
-// (returnLocked). Each requires g.mu held.
+// (returnLocked). Each goes to the limit that gave the ticket, and
+// requires g.mu held.
 
-func (g *group) refundLocked(t *Ticket) {
+func (g *group) refundLocked(s *Slot) {
+	t := &s.ticket
 	if t.Refunded {
 		return
 	}
-	g.shared.Refund(t)
+	s.lim.shared.Refund(t)
 	t.Refunded = true
 }
 
-func (g *group) settleLocked(t *Ticket, usedTokens int64) {
+func (g *group) settleLocked(s *Slot, usedTokens int64) {
+	t := &s.ticket
 	if t.Refunded {
 		return
 	}
-	g.shared.Settle(t, usedTokens)
-	if g.ceil != nil {
-		g.ceil.settle(t.Cost, usedTokens)
+	s.lim.shared.Settle(t, usedTokens)
+	if s.lim.ceil != nil {
+		s.lim.ceil.settle(t.Cost, usedTokens)
 	}
 }
 
-func (g *group) returnLocked(t *Ticket, now time.Time) {
+func (g *group) returnLocked(s *Slot, now time.Time) {
+	t := &s.ticket
 	if t.Returned {
 		return
 	}
-	g.shared.Return(t, now)
+	s.lim.shared.Return(t, now)
 	t.Returned = true
 }
 
@@ -176,10 +231,10 @@ func (g *group) returnLocked(t *Ticket, now time.Time) {
 // Requires g.mu held.
 func (g *group) returnPermitLocked(s *Slot, now time.Time) {
 	if s.phase == phaseSent {
-		g.unanswered-- // no answer will be reported for this dispatch
+		s.lim.unanswered-- // no answer will be reported for this dispatch
 	}
 	s.lane.inFlight--
-	g.returnLocked(&s.ticket, now)
+	g.returnLocked(s, now)
 	if s.capped {
 		s.capped = false
 		g.cap.giveBack()
@@ -196,53 +251,51 @@ func (g *group) unrefLocked() bool {
 // unlocking g.mu.
 func (g *group) forget() { g.forgotten(g) }
 
-// dispatchLocked grants the head of the queue for as long as it can go, and
-// arms the timer when the head must wait for time. Requires g.mu held.
+// dispatchLocked grants waiters for as long as any can go, the lanes taking
+// turns, and arms the timer at the earliest time a limit that held its
+// lanes back may let them go. Requires g.mu held.
 func (g *group) dispatchLocked(now time.Time) {
-	for s := g.head(); s != nil; s = g.head() {
-		if !g.learned && g.unanswered > 0 && answeredElsewhere(g.shared) {
-			g.learned = true // another replica's answer taught the group
+	g.pass++
+	var wake time.Time
+	hold := func(lim *limit, at time.Time) {
+		lim.pass = g.pass
+		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
+			wake = at
 		}
-		if !g.learned && g.unanswered > 0 {
-			if now.Before(g.probeUntil) {
-				g.offCap()
-				g.armLocked(now, g.probeUntil)
-				return
-			}
-			g.learned = true // the first answer is slow; stop waiting for it
+	}
+	for s := g.headLocked(); s != nil; s = g.headLocked() {
+		lim := s.lane.limit()
+		if at, ok := lim.firstAnswerLocked(now); !ok {
+			hold(lim, at)
+			continue
 		}
-		// With no answer outstanding, a budget that can only learn more
-		// from an answer lets this request go to find out.
-		if g.ceil != nil {
-			if at, ok := g.ceil.admit(now, s.cost, g.shared); !ok {
-				g.offCap()
-				g.refuseLateLocked(at)
-				if g.queued() > 0 {
-					g.armLocked(now, at)
-				}
-				return
+		if lim.ceil != nil {
+			if at, ok := lim.ceil.admit(now, s.cost, lim.shared); !ok {
+				g.refuseLateLocked(lim, at)
+				hold(lim, at)
+				continue
 			}
 		}
 		if g.cap != nil && !g.cap.take(g) {
 			return // in the cap's line: a freed place dispatches again
 		}
-		t, at, ok := g.shared.Admit(now, s.cost, g.unanswered == 0)
+		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
 		if !ok {
 			if g.cap != nil {
 				g.cap.giveBack()
 			}
 			if !at.IsZero() {
-				g.refuseLateLocked(at)
-				if g.queued() > 0 {
-					g.armLocked(now, at)
-				}
+				g.refuseLateLocked(lim, at)
 			}
-			return // else an answer or a returned permit dispatches again
+			hold(lim, at) // a zero at: an answer or a returned permit dispatches again
+			continue
 		}
-		g.grantLocked(now, s, t)
+		g.grantLocked(now, s, lim, t)
 	}
 	g.offCap()
-	if g.timer != nil {
+	if g.queued() > 0 && !wake.IsZero() {
+		g.armLocked(now, wake)
+	} else if g.timer != nil && g.queued() == 0 {
 		// Nobody waits: a pending timer would only keep the group alive.
 		g.timer.Stop()
 		g.timer = nil
@@ -250,51 +303,111 @@ func (g *group) dispatchLocked(now time.Time) {
 	}
 }
 
-// grantLocked sends s, the head of the queue, with ticket t. Requires g.mu
-// held.
-func (g *group) grantLocked(now time.Time, s *Slot, t Ticket) {
-	if g.ceil != nil {
-		g.ceil.take(now, s.cost)
+// grantLocked sends s, the head of its lane's queue, with ticket t of lim.
+// Requires g.mu held.
+func (g *group) grantLocked(now time.Time, s *Slot, lim *limit, t Ticket) {
+	if lim.ceil != nil {
+		lim.ceil.take(now, s.cost)
 	}
 	switch {
 	case s.prio == Low:
 		g.highRun = 0
-	case g.waiters[Low].Len() > 0:
+	case g.queuedBy[Low] > 0:
 		g.highRun++
 	}
+	l := s.lane
+	g.next = l.turnNext // the next lane's turn
 	g.dequeueLocked(s)
 	s.phase = phaseSent
 	s.capped = g.cap != nil
-	s.ticket = t
-	s.lane.inFlight++
-	if !s.retry {
-		s.lane.stats.admitted++
+	s.ticket, s.lim = t, lim
+	g.sent++
+	lim.sent++
+	if lim.firstSeq == 0 {
+		lim.firstSeq = g.sent
 	}
-	g.unanswered++
-	if g.probeUntil.IsZero() {
-		g.probeUntil = now.Add(probeWindow)
+	s.groupSent, s.limSent = g.sent, lim.sent
+	l.inFlight++
+	if !s.retry {
+		l.stats.admitted++
+	}
+	lim.unanswered++
+	if lim.probeUntil.IsZero() {
+		lim.probeUntil = now.Add(probeWindow)
 	}
 	s.signalLocked()
 }
 
-// refuseLateLocked gives up the wait of every waiter whose deadline falls
-// before at, the earliest the head of the queue may go: nobody behind it
-// goes sooner, so they would only sit out their budget for an error.
-// Each is taken out of the queue and told why. Requires g.mu held.
-func (g *group) refuseLateLocked(at time.Time) {
-	paused := !g.shared.PausedUntil().Before(at)
-	for p := range g.waiters {
-		for e := g.waiters[p].Front(); e != nil; {
-			next := e.Next()
-			s := e.Value.(*Slot)
-			if !s.deadline.IsZero() && s.deadline.Before(at) {
-				g.dequeueLocked(s)
-				s.refused = &WaitError{At: at, Paused: paused}
-				s.signalLocked()
+// refuseLateLocked gives up the wait of every waiter on lim whose deadline
+// falls before at, the earliest lim lets the next of them go: nobody
+// behind it goes sooner, so they would only sit out their budget for an
+// error. Each is taken out of the queue and told why. Requires g.mu held.
+func (g *group) refuseLateLocked(lim *limit, at time.Time) {
+	paused := !lim.shared.PausedUntil().Before(at)
+	for l, next := g.turns.first, (*Lane)(nil); l != nil; l = next {
+		next = l.turnNext // before l may leave the turns
+		if l.limit() != lim {
+			continue
+		}
+		for p := range l.waiters {
+			for e := l.waiters[p].Front(); e != nil; {
+				next := e.Next()
+				s := e.Value.(*Slot)
+				if !s.deadline.IsZero() && s.deadline.Before(at) {
+					g.dequeueLocked(s)
+					s.refused = &WaitError{At: at, Paused: paused}
+					s.signalLocked()
+				}
+				e = next
 			}
-			e = next
 		}
 	}
+}
+
+// queuedOn is the number of waiters on lim and their estimated tokens.
+// Requires g.mu held.
+func (g *group) queuedOn(lim *limit) (n int, cost int64) {
+	for l := g.turns.first; l != nil; l = l.turnNext {
+		if l.limit() == lim {
+			n += l.queued
+			cost += l.queuedCost
+		}
+	}
+	return n, cost
+}
+
+// turns is the lanes with waiters, in the order they take turns: a list
+// threaded through the lanes themselves, so that a lane joining it makes
+// nothing.
+type turns struct {
+	first, last *Lane
+	n           int
+}
+
+func (t *turns) push(l *Lane) {
+	l.turnPrev, l.turnNext = t.last, nil
+	if t.last != nil {
+		t.last.turnNext = l
+	} else {
+		t.first = l
+	}
+	t.last = l
+	t.n++
+}
+
+func (t *turns) remove(l *Lane) {
+	if l.turnPrev != nil {
+		l.turnPrev.turnNext = l.turnNext
+	} else {
+		t.first = l.turnNext
+	}
+	if l.turnNext != nil {
+		l.turnNext.turnPrev = l.turnPrev
+	} else {
+		t.last = l.turnPrev
+	}
+	l.turnPrev, l.turnNext = nil, nil
+	t.n--
 }
 
 // armLocked makes sure dispatch runs again at `at`. Requires g.mu held.

@@ -44,7 +44,7 @@ func report(s *Slot, r Report) {
 func pause(l *Lane, until time.Time) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	sh := l.g.shared.(*Memory)
+	sh := l.limit().shared.(*Memory)
 	if until.After(sh.pausedUntil) {
 		sh.pausedUntil = until
 	}
@@ -54,11 +54,18 @@ func pause(l *Lane, until time.Time) {
 func pastProbe(l *Lane) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	l.g.learned = true
+	l.limit().learned = true
+}
+
+// limitOf is the limit l draws on now.
+func limitOf(l *Lane) *limit {
+	l.g.mu.Lock()
+	defer l.g.mu.Unlock()
+	return l.limit()
 }
 
 // shared is the lane's in-process shared state, for white-box checks.
-func shared(l *Lane) *Memory { return l.g.shared.(*Memory) }
+func shared(l *Lane) *Memory { return l.limit().shared.(*Memory) }
 
 // grownConc is a concurrency past slow start (a refusal was seen far above
 // limit), bounded by 1 and 64.

@@ -60,15 +60,24 @@ func (k Key) digest() string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// limitGroup identifies the upstream limit a lane draws on. Providers count
-// rate limits per credential and model, whatever the endpoint, so lanes
-// that differ only in path share one learned request and token budget.
+// groupKey identifies the group a lane belongs to: its route and
+// credential, whose lanes take turns and may share limits.
+func (k Key) groupKey() string { return k.Route + "\x00" + k.CredentialHash }
+
+// limitKey identifies the upstream limit a lane draws on to begin with.
+// Providers count rate limits per credential and model, whatever the
+// endpoint, so lanes that differ only in path share one learned request
+// and token budget; perCredential (a route whose models share one limit)
+// makes it the credential's, whatever the model.
 //
 // Without a model in the body (multipart uploads, GET polling, upstreams
 // that name the model or deployment in the path) nothing says two paths
 // share a limit, so each path keeps its own budget.
-func (k Key) limitGroup() string {
-	if k.Model == "" {
+func (k Key) limitKey(perCredential bool) string {
+	switch {
+	case perCredential:
+		return k.groupKey()
+	case k.Model == "":
 		return k.Route + "\x00" + k.CredentialHash + "\x00\x00" + k.Path
 	}
 	return k.Route + "\x00" + k.CredentialHash + "\x00" + k.Model

@@ -139,9 +139,17 @@ type Lane struct {
 	key Key
 	id  string
 	g   *group
+	// lim is the limit the lane draws on (see limit: follow mergedInto).
+	lim *limit
 
-	queued   int // waiters of this lane in the group's queue
-	inFlight int // this lane's slots holding a permit
+	// waiters are the lane's queue, one list per priority, each in
+	// arrival order (a retry keeps its place in its own); turnPrev and
+	// turnNext thread it through the group's turns while it has any.
+	waiters            [2]list.List // *Slot, by Priority
+	turnPrev, turnNext *Lane
+	queued             int   // waiters
+	queuedCost         int64 // their estimated tokens
+	inFlight           int   // this lane's slots holding a permit
 	// lastUsed is when a request last came (UnixNano of the group's
 	// clock); atomic so that the table reads it without the group's lock.
 	lastUsed atomic.Int64
@@ -164,9 +172,9 @@ func (l *Lane) openSession() (closed func()) {
 // tests' single lanes).
 func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
-	g := newGroup(key.limitGroup(), cfg, NewMemory(cfg), nil)
+	g := newGroup(key.groupKey(), cfg, func(_ string, c Config) Shared { return NewMemory(c) }, nil)
 	g.refs.Store(1) // the lane's own
-	return g.newLane(key, key.ID())
+	return g.newLane(key, key.ID(), g.limitOf(key))
 }
 
 // touch records a use of the lane at now.
@@ -185,13 +193,19 @@ func (l *Lane) Key() Key { return l.key }
 // answer. Call Done once it is over (extra calls are no-ops); a deferred
 // Done covers every path. A Slot is used by one goroutine.
 type Slot struct {
-	lane    *Lane
-	seq     uint64 // arrival order, kept across retries
-	prio    Priority
-	capped  bool  // holds a place of the global cap; guarded by the group's mutex
-	cost    int64 // estimated tokens
-	arrived time.Time
-	granted time.Time // first grant
+	lane *Lane
+	// lim is the limit whose ticket the slot holds: its lane's when it was
+	// granted (guarded by the group's mutex).
+	lim *limit
+	// limSent and groupSent are lim's and the group's dispatch counts
+	// right after its latest dispatch (see sharing).
+	limSent, groupSent uint64
+	seq                uint64 // arrival order, kept across retries
+	prio               Priority
+	capped             bool  // holds a place of the global cap; guarded by the group's mutex
+	cost               int64 // estimated tokens
+	arrived            time.Time
+	granted            time.Time // first grant
 	// deadline is the current wait's context deadline (zero: none).
 	deadline time.Time
 
@@ -254,7 +268,7 @@ func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, erro
 		return nil, fmt.Errorf("lane %s: %w", l.id, ErrQueueFull)
 	}
 	dl, _ := ctx.Deadline()
-	if until := g.shared.PausedUntil(); !dl.IsZero() && until.After(dl) {
+	if until := l.limit().shared.PausedUntil(); !dl.IsZero() && until.After(dl) {
 		l.stats.rejected++
 		g.mu.Unlock()
 		return nil, fmt.Errorf("lane %s: %w", l.id, &WaitError{At: until, Paused: true})
@@ -318,7 +332,7 @@ func (s *Slot) wait(ctx context.Context) error {
 		s.refused = nil // the group took it out of the queue already
 		l.stats.rejected++
 	case s.phase == phaseSent:
-		g.refundLocked(&s.ticket)
+		g.refundLocked(s)
 		g.returnPermitLocked(s, now)
 		l.stats.cancelled++
 	default:
@@ -378,7 +392,7 @@ func (s *Slot) WaitRetry(ctx context.Context, after time.Duration) error {
 		l.stats.absorbed429++
 	}
 	dl, _ := ctx.Deadline()
-	if until := g.shared.PausedUntil(); !dl.IsZero() && until.After(dl) {
+	if until := l.limit().shared.PausedUntil(); !dl.IsZero() && until.After(dl) {
 		g.mu.Unlock()
 		return fmt.Errorf("lane %s: %w", l.id, &WaitError{At: until, Paused: true})
 	}
@@ -423,7 +437,7 @@ func (s *Slot) Done(status int, outcome Outcome, usedTokens int64) {
 	now := g.clock.Now()
 	settled := usedTokens >= 0 && !s.granted.IsZero()
 	if settled {
-		g.settleLocked(&s.ticket, usedTokens)
+		g.settleLocked(s, usedTokens)
 		if s.phase == phaseDone { // released before: the release does not dispatch
 			g.dispatchLocked(now)
 		}

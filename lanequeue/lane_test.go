@@ -207,7 +207,7 @@ func TestRetryGoesBeforeLaterArrivals(t *testing.T) {
 	go func() { retried <- a.WaitRetry(context.Background(), 0) }()
 	waitQueued(t, l, 2)
 	l.g.mu.Lock()
-	front := l.g.waiters[High].Front().Value.(*Slot)
+	front := l.waiters[High].Front().Value.(*Slot)
 	l.g.mu.Unlock()
 	if front != a {
 		t.Fatal("the retry is not at the head of the queue")

@@ -15,10 +15,15 @@ type Limits struct {
 	Concurrency int           // requests in flight
 	MinGap      time.Duration // between two request starts; always enforced
 	Start       bool          // learning may replace RPM, TPM and Concurrency
+	// PerCredential: every model of a credential draws on one limit (a
+	// company gateway's or a LiteLLM virtual key's), not one limit per
+	// model.
+	PerCredential bool
 }
 
-// IsZero reports whether l configures nothing.
-func (l Limits) IsZero() bool { return l == Limits{} || l == Limits{Start: true} }
+// IsZero reports whether l configures no figure (RPM, TPM, Concurrency or
+// MinGap).
+func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency == 0 && l.MinGap == 0 }
 
 // Priority is a request's class within its lane: High goes ahead of queued
 // Low requests, which keep a guaranteed share of the dispatches.

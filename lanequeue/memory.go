@@ -36,6 +36,9 @@ type Memory struct {
 	fleetPace float64
 	// fleetPaceAt is when fleetPace last changed.
 	fleetPaceAt time.Time
+	// win reads fixed windows from closures: spans the upstream refuses
+	// everything in (see windows).
+	win windows
 }
 
 // NewMemory returns the in-process state for a group with cfg's
@@ -197,11 +200,20 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
 	}
-	if at, ok := s.spread(now); !ok {
+	at, knock, ok := s.win.gate(now)
+	if !ok {
 		return Ticket{}, at, false
 	}
-	s.stepProbe(now)
-	at, ok, room, paced := s.pace.admit(now, cost, probe)
+	// A knock, and a window's allowance, go whatever pace was learned
+	// from refusals.
+	windowed := knock || s.win.pacing()
+	if !windowed {
+		if at, ok := s.spread(now); !ok {
+			return Ticket{}, at, false
+		}
+		s.stepProbe(now)
+	}
+	at, ok, room, paced := s.pace.admit(now, cost, probe, !windowed)
 	if !ok {
 		if s.pace.fromRefusals && !at.IsZero() {
 			s.held = now
@@ -220,6 +232,11 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 	s.conc.inFlight++
 	s.learn.sent(t.Level)
 	s.lastSent = now
+	if knock {
+		s.win.knocked(t.Seq, now)
+	} else {
+		s.win.dispatched(now)
+	}
 	return t, time.Time{}, true
 }
 
@@ -233,6 +250,23 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	if r.Verdict != Failed {
 		s.learn.answered(t.Level, refusal)
 	}
+	quiet := !s.pace.headers() && !r.Limits.Requests.HasRemaining && !r.Limits.Tokens.HasRemaining
+	switch {
+	case r.Verdict == Accepted:
+		s.win.accepted(t, now)
+	case r.Verdict == RateRefused || quiet && r.Verdict == Overloaded:
+		if s.win.refused(t, r.Hint, r.Hint > 0, s.learn.admits.rate(now), now) {
+			// A closure: the upstream refuses whatever the group sends
+			// until its window's boundary. The windows hold the group;
+			// the refusal says nothing of a pace or a concurrency.
+			if refusal && !t.Returned && !t.HoldsRefused {
+				t.HoldsRefused = true
+				s.refusedHolding++
+			}
+			s.pace.observe(r.Limits, t, now)
+			return
+		}
+	}
 	if refusal && !t.Returned && !t.HoldsRefused {
 		t.HoldsRefused = true
 		s.refusedHolding++
@@ -243,7 +277,6 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 			s.learn.probeHit = true
 		}
 	}
-	quiet := !s.pace.headers() && !r.Limits.Requests.HasRemaining && !r.Limits.Tokens.HasRemaining
 	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {
 		// Nothing but the upstream's behaviour tells the limit.
 		if s.behaved(t, r, now) {
@@ -271,6 +304,7 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 	case Accepted:
 		t.Accepted = true
 		s.learn.lastAccepted = now
+		s.learn.admits.add(t.Dispatched)
 		if s.learn.replySecs == 0 {
 			s.learn.replySecs = now.Sub(t.Dispatched).Seconds()
 		}
@@ -357,7 +391,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	if r.Verdict == Overloaded {
 		s.conc.refused(t, now, s.outNow(t), 0, false)
 	}
-	if hp := hintPace(r.Hint); hp > 0 && !l.measured {
+	if hp := s.hintPace(r.Hint, now); hp > 0 && !l.measured {
 		// A short hint still says how fast to go once it opens.
 		l.estimate, l.from = hp, "hint"
 		s.pace.setFromRefusals(s.pacing(), now)
@@ -407,7 +441,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 			}
 		}
 		n, _ := s.pace.recent.recent(now)
-		if hp := hintPace(r.Hint); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
+		if hp := s.hintPace(r.Hint, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
 			l.estimate, l.from = hp, "hint" // a sending rate of a few requests says little
 		}
 		l.cut = now
@@ -418,11 +452,23 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		l.estimate *= unmeasuredCut
 		l.cut = now
 	}
-	if hp := hintPace(r.Hint); hp > 0 && hp < l.estimate {
+	if hp := s.hintPace(r.Hint, now); hp > 0 && hp < l.estimate {
 		// The wait for the next request is at most one request's worth of
 		// the refill: one per hint is as fast as the upstream can go.
 		l.estimate, l.from = hp, "hint"
 	}
+}
+
+// hintPace is the pace a refusal's hint suggests (see hintPace), when it
+// suggests one: a bucket's hint is about one request's refill, while a
+// hint far longer than the upstream's recent admissions give one request
+// is the time to a window's boundary (see boundary).
+func (s *Memory) hintPace(hint time.Duration, now time.Time) float64 {
+	hp := hintPace(hint)
+	if hp == 0 || boundary(hint, s.learn.admits.rate(now)) {
+		return 0
+	}
+	return hp
 }
 
 // toConcurrency holds the group at the level below the one the upstream
@@ -551,6 +597,7 @@ func (s *Memory) View(now time.Time) View {
 		v.ConcurrencyFrom = "refusals at " + strconv.Itoa(s.learn.atLevel) + " in flight"
 	}
 	v.Corrected = s.pace.requests.capped > 0 || s.pace.tokens.capped > 0
+	v.Window = s.win.view()
 	v.ConcurrencyLowered = s.conc.refusedAt > 0 || s.learn.named || s.learn.atLevel > 0
 	return v
 }

@@ -210,14 +210,26 @@ func (m *model) check(step string) {
 			want = &counts{}
 		}
 		g.mu.Lock()
-		refs, unanswered, permits, limit := int(g.refs.Load()), g.unanswered, g.shared.(*Memory).conc.inFlight, g.shared.(*Memory).conc.limit
+		refs, unanswered, permits := int(g.refs.Load()), 0, 0
+		g.limMu.Lock()
+		limits := map[*limit]bool{}
+		for _, lim := range g.limits {
+			limits[lim] = true
+		}
+		g.limMu.Unlock()
+		for lim := range limits {
+			mem := lim.shared.(*Memory)
+			unanswered += lim.unanswered
+			permits += mem.conc.inFlight
+			if mem.conc.inFlight > max(mem.conc.limit, want.inFlight) || mem.conc.limit < 1 || mem.conc.limit > 4 {
+				g.mu.Unlock()
+				m.t.Fatalf("%s: %d permits out, limit %d", step, mem.conc.inFlight, mem.conc.limit)
+			}
+		}
 		g.mu.Unlock()
 		wantRefs := inTable[g] + want.live
 		if refs != wantRefs || unanswered != want.unanswered || permits != want.inFlight {
 			m.t.Fatalf("%s: group refs %d unanswered %d permits %d; model %d, %d, %d", step, refs, unanswered, permits, wantRefs, want.unanswered, want.inFlight)
-		}
-		if permits > max(limit, want.inFlight) || limit < 1 || limit > 4 {
-			m.t.Fatalf("%s: %d permits out, limit %d", step, permits, limit)
 		}
 		if alive[g] != (wantRefs > 0) {
 			m.t.Fatalf("%s: group in the table: %v, but %d lanes and %d requests use it", step, alive[g], inTable[g], want.live)

@@ -27,6 +27,10 @@ type budget struct {
 	maxRemaining float64 // the most the upstream ever said was left
 	lastLeft     float64 // the latest answer's remaining
 	lastSecs     float64 // and its reset, in seconds from the dispatch
+	// early: resets were seen already past when their request went, by up
+	// to this (and their grain); every reset is read at least this far
+	// after its dispatch.
+	early time.Duration
 	// shown is the refill the upstream's own counts showed when the
 	// window was corrected: a corrected window paces no slower than that.
 	shown float64
@@ -189,12 +193,24 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	b.avail = math.Min(b.size(), remaining-math.Max(0, b.sent-sentAtDispatch))
 	b.at = now
 	// The reset is counted from the dispatch; seen from now it may be later
-	// by the answer's latency, so only trust it from then.
-	b.resetAt = time.Time{}
-	if !w.Reset.IsZero() {
-		b.resetAt = w.Reset.Add(max(0, now.Sub(dispatched)))
+	// by the answer's latency, so only trust it from then. A reset is a
+	// time on the upstream's clock, to its grain: one already past when
+	// the request went, while the window is not full, is early (rounded
+	// down, or a clock behind the proxy's). From the first such reset on,
+	// every reset is read as late as that one was early and its grain
+	// allow: soon, not now.
+	reset := w.Reset
+	if !reset.IsZero() && !reset.After(dispatched) && remaining < b.size() {
+		b.early = max(b.early, dispatched.Sub(reset)+max(w.ResetGrain, time.Millisecond))
 	}
-	b.lastLeft, b.lastSecs = remaining, w.Reset.Sub(dispatched).Seconds()
+	if !reset.IsZero() && b.early > 0 && reset.Before(dispatched.Add(b.early)) {
+		reset = dispatched.Add(b.early)
+	}
+	b.resetAt = time.Time{}
+	if !reset.IsZero() {
+		b.resetAt = reset.Add(max(0, now.Sub(dispatched)))
+	}
+	b.lastLeft, b.lastSecs = remaining, reset.Sub(dispatched).Seconds()
 	b.learnRate()
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
@@ -303,9 +319,14 @@ func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p
 // admit combines both budgets: the later of their times, and "wait for an
 // answer" (zero time) when either can only learn more from one; with probe
 // set, that case lets the request go to find out. room reports whether a
-// budget learned from headers had room for the request.
-func (p *pacer) admit(now time.Time, cost int64, probe bool) (at time.Time, ok, room, paced bool) {
-	ra, rok := p.requests.admit(now, 1)
+// budget learned from headers had room for the request. learned says
+// whether a request pace learned from refusals holds (a window's
+// allowance goes without it).
+func (p *pacer) admit(now time.Time, cost int64, probe, learned bool) (at time.Time, ok, room, paced bool) {
+	ra, rok := time.Time{}, true
+	if learned || !p.fromRefusals {
+		ra, rok = p.requests.admit(now, 1)
+	}
 	ta, tok := p.tokens.admit(now, float64(cost))
 	room = rok && tok && (p.requests.known && !p.fromRefusals || p.tokens.known)
 	paced = rok && tok && p.fromRefusals

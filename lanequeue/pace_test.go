@@ -169,6 +169,40 @@ func TestBudgetObserveSubtractsLaterDispatches(t *testing.T) {
 	}
 }
 
+// TestEarlyResetIsSoonNotNow: a reset already past when its request went,
+// while the window is not full, is early (rounded down, or on a clock
+// behind the proxy's): it is read as soon, not as a full window, and
+// every later reset at least as far after its dispatch as this one was
+// early, plus its grain.
+func TestEarlyResetIsSoonNotNow(t *testing.T) {
+	var b budget
+	w := win(10, 0, at(-time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, t0, t0)
+	if _, ok := b.admit(at(time.Millisecond), 1); ok {
+		t.Fatal("an early reset refilled the window at once")
+	}
+	// Read as 2 s after the dispatch (a second early, a second's grain):
+	// 10 requests over 2 s.
+	if !near(b.rate, 5) {
+		t.Fatalf("rate %v, want 5/s", b.rate)
+	}
+	// A later reset stated a second after its dispatch is read 2 s after
+	// it too: 5 missing over 2 s, not over 1.
+	w = win(10, 5, at(2*time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, at(time.Second), at(time.Second))
+	if !near(b.rate, 2.5) {
+		t.Fatalf("rate %v after an honest-looking reset, want 2.5/s", b.rate)
+	}
+	// A reset on time, with no early one before it, is believed.
+	var honest budget
+	honest.observe(win(10, 0, at(time.Second)), 0, t0, t0)
+	if !near(honest.rate, 10) {
+		t.Fatalf("rate %v of an honest reset, want 10/s", honest.rate)
+	}
+}
+
 func TestBudgetRateNotLearned(t *testing.T) {
 	tests := []struct {
 		name string
@@ -181,7 +215,6 @@ func TestBudgetRateNotLearned(t *testing.T) {
 		{"remaining equals limit: wait for the reset", win(10, 10, at(5*time.Second)), false, at(5 * time.Second)},
 		{"nothing consumed yet, short reset", win(3, 3, at(time.Second)), false, at(time.Second)},
 		{"no reset: wait for an answer", win(10, 0, time.Time{}), false, time.Time{}},
-		{"reset already passed: the window is full again", win(10, 0, at(-time.Second)), true, time.Time{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -373,7 +406,7 @@ func TestPacerWaitsForTheLaterWindow(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p pacer
 			p.observe(tt.lim, &Ticket{Dispatched: t0}, t0)
-			got, ok, _, _ := p.admit(t0, tt.cost, false)
+			got, ok, _, _ := p.admit(t0, tt.cost, false, true)
 			if d := got.Sub(tt.wantAt); ok != tt.wantOK || d < -time.Microsecond || d > time.Microsecond {
 				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
 			}

@@ -105,34 +105,37 @@ func (s *Slot) Report(r Report) (held bool) {
 	g := l.g
 	g.mu.Lock()
 	if s.phase != phaseSent {
-		held = !g.shared.PausedUntil().Before(r.PauseUntil)
+		held = !l.limit().shared.PausedUntil().Before(r.PauseUntil)
 		g.mu.Unlock()
 		return held // reported already, or released
 	}
 	now := g.clock.Now()
+	lim := s.lim
 	s.phase = phaseAnswered
 	s.lastStatus = r.Status
-	g.unanswered--
+	lim.unanswered--
 	if r.Verdict != NotSent {
-		g.learned = true
+		lim.learned = true
 	}
 	l.stats.countAttempt(r.Status, now)
 	if r.Verdict.Refusal() {
 		l.stats.throttled++
 	}
-	before := g.shared.PausedUntil()
-	g.shared.Learn(&s.ticket, r, now)
+	before := lim.shared.PausedUntil()
+	lim.shared.Learn(&s.ticket, r, now)
 	if r.Verdict == NotSent {
-		g.refundLocked(&s.ticket) // it never reached the upstream
+		g.refundLocked(s) // it never reached the upstream
 	}
+	shared := g.shareLocked(lim, s, r.Limits.Requests)
+	lim = l.limit() // the limit the lane draws on from now on
 	var changes []Change
 	var v View
 	if g.onChange != nil {
-		v = g.shared.View(now)
+		v = lim.shared.View(now)
 	}
 	// The group may decline an answer's pause (see Shared.Learn): count
 	// the one it took.
-	if from, until := later(before, now), g.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
+	if from, until := later(before, now), lim.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
 		// This answer started a pause, or made one longer.
 		reason := r.Verdict.PauseReason()
 		started := !before.After(now)
@@ -143,13 +146,16 @@ func (s *Slot) Report(r Report) (held bool) {
 		}
 	}
 	if g.onChange != nil {
-		changes = g.changesLocked(l, r, v, now, changes)
+		changes = g.changesLocked(l, lim, r, v, now, changes, shared)
 	}
-	held = !g.shared.PausedUntil().Before(r.PauseUntil)
-	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() && g.shared.View(now).Bound == "concurrency" {
-		// The group learned that the number in flight is the bound: its
-		// concurrency limit holds the retry until a permit frees.
-		held = true
+	held = !lim.shared.PausedUntil().Before(r.PauseUntil)
+	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() {
+		// The group learned that the number in flight is the bound (its
+		// concurrency limit holds the retry until a permit frees), or
+		// that its window is closed (the window holds it until the
+		// boundary).
+		v := lim.shared.View(now)
+		held = v.Bound == "concurrency" || v.Window != nil && v.Window.Closed
 	}
 	g.dispatchLocked(now)
 	g.mu.Unlock()

@@ -124,6 +124,9 @@ type View struct {
 	ConcurrencyLowered bool
 	// Corrected is set once a refusal has overruled the headers' figures.
 	Corrected bool
+	// Window is what the group learned of fixed windows: nil while it
+	// has seen no closure (a span the upstream refused everything in).
+	Window *WindowView
 	// Shared is "" for state in this process only; a store shared by
 	// replicas says "ok", or "degraded" while it serves local limits.
 	Shared string

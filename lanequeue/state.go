@@ -140,7 +140,9 @@ func (l *Lane) state(withHistory bool) State {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.clock.Now()
-	v := g.shared.View(now)
+	lim := l.limit()
+	v := lim.shared.View(now)
+	queued, queuedCost := g.queuedOn(lim)
 	s := State{
 		ID: l.id, Route: l.key.Route, KeyHash: l.key.shortKeyHash(), Path: l.key.Path, Model: l.key.Model,
 		Queued: l.queued, InFlight: l.inFlight, Sessions: int(l.sessions.Load()), Concurrency: v.Concurrency,
@@ -149,16 +151,16 @@ func (l *Lane) state(withHistory bool) State {
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,
 		AnswerCounts: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
 		Pauses: maps.Clone(l.stats.pauses), PausedSeconds: maps.Clone(l.stats.pausedSecs),
-		GroupQueued:  g.queued(),
-		DrainSeconds: drainSeconds(g.queued(), g.queuedCost, v, now),
+		GroupQueued:  queued,
+		DrainSeconds: drainSeconds(queued, queuedCost, v, now),
 		Learned:      v.Learned, Corrected: v.Corrected,
 		Bound: v.Bound, RateFrom: v.RateFrom, AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.used(),
 	}
-	if g.ceil != nil {
-		s.Configured = g.ceil.view()
+	if lim.ceil != nil {
+		s.Configured = lim.ceil.view()
 	}
-	s.QueuedLow = g.waiters[Low].Len()
+	s.QueuedLow = l.waiters[Low].Len()
 	if v.Requests.Known {
 		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = v.Requests.Limit, v.Requests.Available, v.Requests.PerSecond
 	}

@@ -24,9 +24,9 @@ type TableConfig struct {
 	Gates    map[string]*ModelGate
 	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
 	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
-	// Shared makes the shared state of a new limit group (see Key.limitGroup);
-	// nil = NewMemory, state in this process only.
-	Shared func(group string, cfg Config) Shared
+	// Shared makes the shared state of a new limit (see Key.limitKey), by
+	// its key; nil = NewMemory, state in this process only.
+	Shared func(key string, cfg Config) Shared
 	// onEvict is called, outside the table's lock, for every lane dropped.
 	onEvict func(*Lane)
 	// idDigits is how many hex digits a lane's ID starts with; zero:
@@ -55,7 +55,7 @@ type Table struct {
 	evicted   []evicted                  // filled by the LRU callback under mu, reported after unlock
 	sweeping  bool                       // the sweep is removing idle lanes
 	lastSweep time.Time
-	groups    map[string]*group // by Key.limitGroup
+	groups    map[string]*group // by Key.groupKey
 }
 
 // NewTable returns an empty table.
@@ -124,7 +124,7 @@ func (t *Table) laneFor(key Key) *Lane {
 	now := t.cfg.Lane.Clock.Now()
 	l, ok := t.lanes.Get(key)
 	if !ok {
-		gk := key.limitGroup()
+		gk := key.groupKey()
 		g := t.groups[gk]
 		if g == nil {
 			cfg := t.cfg.Lane
@@ -132,13 +132,13 @@ func (t *Table) laneFor(key Key) *Lane {
 				cfg.Limits = lim
 				cfg = cfg.withDefaults()
 			}
-			g = newGroup(gk, cfg, t.cfg.Shared(gk, cfg), t.forgotten)
+			g = newGroup(gk, cfg, t.cfg.Shared, t.forgotten)
 			g.cap = t.cfg.Cap
 			g.onChange = t.cfg.OnChange
 			t.groups[gk] = g
 		}
 		g.refs.Add(1)
-		l = g.newLane(key, t.newIDLocked(key))
+		l = g.newLane(key, t.newIDLocked(key), g.limitOf(key))
 		t.ids[l.id] = l
 		t.lanes.Add(key, l)
 	} else {

@@ -109,8 +109,8 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	chat := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt"})
 	resp := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/responses", Model: "gpt"})
 	other := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "other-model"})
-	if chat.g != resp.g || chat.g == other.g {
-		t.Fatal("limit groups: want chat and responses of one model to share, another model not")
+	if limitOf(chat) != limitOf(resp) || limitOf(chat) == limitOf(other) || chat.g != other.g {
+		t.Fatal("limits: want chat and responses of one model to share, another model not, all in one group")
 	}
 	// Chat learns that one request is left in a window that resets in 10s.
 	s, err := chat.acquire(context.Background(), 1, High)
@@ -147,7 +147,7 @@ func TestLimitGroupWithoutModelIsPerPath(t *testing.T) {
 	cred := HashCredential("sk-azure")
 	a := tb.laneFor(Key{CredentialHash: cred, Path: "/openai/deployments/a/chat/completions"})
 	b := tb.laneFor(Key{CredentialHash: cred, Path: "/openai/deployments/b/chat/completions"})
-	if a.g == b.g {
+	if limitOf(a) == limitOf(b) {
 		t.Fatal("two model-less paths share one budget")
 	}
 }
@@ -165,13 +165,13 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	// Another key pushes the busy lane out of the one-lane table.
 	tb.laneFor(Key{CredentialHash: HashCredential("sk-other"), Path: "/x", Model: "m"})
 	again := tb.laneFor(chat)
-	if again == busy || again.g != busy.g {
+	if again == busy || limitOf(again) != limitOf(busy) {
 		t.Fatal("a new lane for the busy lane's key must share its budget while the old one still serves")
 	}
 	s.release()
 	tb.laneFor(Key{CredentialHash: HashCredential("sk-third"), Path: "/y", Model: "m"}) // evicts `again` (idle)
 	tb.mu.Lock()
-	_, kept := tb.groups[chat.limitGroup()]
+	_, kept := tb.groups[chat.groupKey()]
 	tb.mu.Unlock()
 	if kept {
 		t.Fatal("the group outlived every lane that used it")
@@ -245,16 +245,19 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 		if tb.laneFor(k) == baseLane {
 			t.Errorf("%s: the same lane", name)
 		}
-		if sameGroup := k.limitGroup() == base.limitGroup(); sameGroup != (name == "path") {
-			t.Errorf("%s: same limit group = %v", name, sameGroup)
+		if same := k.limitKey(false) == base.limitKey(false); same != (name == "path") {
+			t.Errorf("%s: same limit = %v", name, same)
+		}
+		if same := k.groupKey() == base.groupKey(); same != (name == "path" || name == "model") {
+			t.Errorf("%s: same group = %v", name, same)
 		}
 	}
 	// The fields are kept apart: moving text from one to the next is
 	// another key.
 	a := Key{Route: "ab", Path: "/c"}
 	b := Key{Route: "a", CredentialHash: "b", Path: "/c"}
-	if a.ID() == b.ID() || a.limitGroup() == b.limitGroup() {
-		t.Error("fields run together in the lane ID or limit group")
+	if a.ID() == b.ID() || a.limitKey(false) == b.limitKey(false) || a.groupKey() == b.groupKey() {
+		t.Error("fields run together in the lane ID, limit or group")
 	}
 }
 

@@ -267,7 +267,7 @@ func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
 	}
 	p.gates = map[string]*lanequeue.ModelGate{}
 	for name, st := range p.settings {
-		if !st.Limits.IsZero() {
+		if st.Limits != (lanequeue.Limits{}) {
 			if lanes.RouteLimits == nil {
 				lanes.RouteLimits = map[string]lanequeue.Limits{}
 			}

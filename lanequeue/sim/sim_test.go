@@ -41,6 +41,11 @@ type cell struct {
 	stream bool
 	// path and anthropic: /v1/messages in Anthropic's form.
 	anthropic bool
+	// models are the models requests name in turn; nil: one.
+	models []string
+	// ideal is the time the limit allows for the n requests; zero: n ÷
+	// rate.
+	ideal time.Duration
 	// targets: makespan ÷ ideal and the upstream's refusals as a share of
 	// its requests.
 	ratio, refusals float64
@@ -62,9 +67,26 @@ func speak(cfg mockupstream.Config, sp speech, concurrencyOnly bool) mockupstrea
 		if sp == silent503 {
 			cfg.RefusalStatus = http.StatusServiceUnavailable
 		}
+	case retryAfter: // Retry-After alone, in whole seconds
+		cfg.NoLimitHeaders, cfg.NoHint, cfg.ConcurrencyUnnamed, cfg.RetryAfterSeconds = true, true, true, true
+	case gemini: // RetryInfo in the body alone
+		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.HintForm, cfg.ConcurrencyUnnamed = true, true, "gemini", true
+	case azure: // "retry after N seconds" and Retry-After, no limit headers
+		cfg.NoLimitHeaders, cfg.HintForm, cfg.ConcurrencyUnnamed = true, "azure", true
+	case ietf: // RateLimit-* and Retry-After in whole seconds, no words
+		cfg.HeaderForm, cfg.NoHint, cfg.ConcurrencyUnnamed, cfg.RetryAfterSeconds = "ietf", true, true, true
 	}
 	return cfg
 }
+
+// The speeches of the shapes of limits (issue 31): what window upstreams
+// say.
+const (
+	retryAfter speech = "retry-after" // Retry-After alone
+	gemini     speech = "gemini"      // Gemini's RetryInfo retryDelay in the body alone
+	azure      speech = "azure"       // Azure's "retry after N seconds", Retry-After
+	ietf       speech = "ietf"        // the IETF draft's RateLimit-* fields, Retry-After
+)
 
 // target is the issue's bar for a shape spoken one way.
 func target(shape string, sp speech) (ratio, refusals float64) {
@@ -82,6 +104,16 @@ func target(shape string, sp speech) (ratio, refusals float64) {
 		{"concurrency", headers}: {1.1, 5}, {"concurrency", hint}: {1.1, 5}, {"concurrency", silent}: {1.15, 10},
 		{"quantized", headers}: {1.05, 1}, {"quantized", hint}: {1.05, 5}, {"quantized", silent}: {1.15, 10},
 		{"quantized-anthropic", headers}: {1.05, 1}, {"streams-anthropic", headers}: {1.1, 3},
+		// Issue 31's shapes.
+		{"window", retryAfter}: {1.1, 5}, {"window", gemini}: {1.1, 5}, {"window", silent}: {1.3, 10},
+		{"window", ietf}: {1.05, 1}, {"window-aligned", retryAfter}: {1.1, 5},
+		{"window-1s", azure}: {1.1, 5}, {"window-60s", retryAfter}: {1.1, 5},
+		{"shared-models", headers}: {1.05, 2}, {"shared-models", silent}: {1.15, 10},
+		{"own-models", headers}:             {1.05, 1},
+		{"anthropic-rounded-down", headers}: {1.05, 1}, {"anthropic-clock-ahead", headers}: {1.05, 1},
+		{"anthropic-clock-behind", headers}: {1.05, 1},
+		{"counted", silent}:                 {1.15, 5}, {"tpm-quantized", headers}: {1.05, 1},
+		{"streams-jitter", silent}: {1.15, 5},
 	}[k{shape, sp}]
 	return t[0], t[1]
 }
@@ -92,6 +124,13 @@ const maxTokens = 100
 func costPerRequest() int64 { return int64((len(prompt(0))+3)/4+3) + maxTokens }
 
 func prompt(i int) string { return fmt.Sprintf("question %06d", i) }
+
+// windowIdeal is the time fixed windows of allowance allow for n
+// requests answered in latency: each window's allowance sent at its
+// start, the last window's answers after it began.
+func windowIdeal(n, allowance int, length, latency time.Duration) time.Duration {
+	return time.Duration((n+allowance-1)/allowance-1)*length + latency
+}
 
 // cells is the matrix of e2e/loadbench, with its figures.
 func cells() []cell {
@@ -118,7 +157,80 @@ func cells() []cell {
 	add("tpm", tpm, rps, 400, 50, false, false, all...)
 	add("quantized-anthropic", quantized, rps, 400, 50, false, true, headers)
 	add("streams-anthropic", streams, 4, 120, 30, true, true, headers)
+	return append(cs, shapeCells()...)
+}
+
+// shapeCells are issue 31's shapes: fixed windows, one limit shared by
+// several models, resets on another clock, refusals that count, quantized
+// token headers and streams whose answer times vary.
+func shapeCells() []cell {
+	const rps = 20
+	latency := 200 * time.Millisecond
+	var cs []cell
+	add := func(shape string, cfg mockupstream.Config, c cell, sps ...speech) {
+		for _, sp := range sps {
+			x := c
+			x.name, x.mock = shape+"/"+string(sp), speak(cfg, sp, false)
+			x.ratio, x.refusals = target(shape, sp)
+			cs = append(cs, x)
+		}
+	}
+	// 10 s windows of 200 (1,200 RPM), counted from each window's first
+	// request: 600 chats are three windows.
+	window := mockupstream.Config{RPM: rps * 60, Window: 10 * time.Second, Latency: latency}
+	windowLoad := cell{n: 600, c: 50, rate: rps, ideal: windowIdeal(600, 200, 10*time.Second, latency)}
+	add("window", window, windowLoad, retryAfter, gemini, silent, ietf)
+	aligned := window
+	aligned.WindowAligned = true
+	add("window-aligned", aligned, windowLoad, retryAfter)
+	// Azure's 1 s windows (1,200 RPM = 20 a second), aligned to the
+	// clock, refusals counted.
+	azureCfg := mockupstream.Config{RPM: rps * 60, Window: time.Second, WindowAligned: true, CountRefused: true, Latency: latency}
+	add("window-1s", azureCfg, cell{n: 400, c: 50, rate: rps, ideal: windowIdeal(400, 20, time.Second, latency)}, azure)
+	// 60 s windows of 300, over two windows.
+	minute := mockupstream.Config{RPM: 300, Window: time.Minute, Latency: latency}
+	add("window-60s", minute, cell{n: 600, c: 50, rate: 5, ideal: windowIdeal(600, 300, time.Minute, latency)}, retryAfter)
+
+	// One limit for the key across four models, requests in turn.
+	four := []string{"gpt-a", "gpt-b", "gpt-c", "gpt-d"}
+	add("shared-models", short(latency), cell{n: 400, c: 50, rate: rps, models: four}, headers, silent)
+	// Each model its own 20 req/s: four run side by side.
+	own := short(latency)
+	own.PerModel = true
+	add("own-models", own, cell{n: 400, c: 50, rate: 4 * rps, models: four}, headers)
+
+	// Anthropic's headers, 1,200 RPM stated, 20 a second enforced, resets
+	// rounded down, or on a clock a second ahead or behind.
+	quantized := mockupstream.Config{RPM: rps * 60, Latency: latency, QuantizedHeaders: true}
+	anthropicLoad := cell{n: 400, c: 50, rate: rps, anthropic: true}
+	down := quantized
+	down.ResetRoundDown = true
+	add("anthropic-rounded-down", down, anthropicLoad, headers)
+	ahead := quantized
+	ahead.ClockAhead = time.Second
+	add("anthropic-clock-ahead", ahead, anthropicLoad, headers)
+	behind := quantized
+	behind.ClockAhead, behind.ResetRoundDown = -time.Second, true
+	add("anthropic-clock-behind", behind, anthropicLoad, headers)
+
+	// A bucket that counts refused requests too (Azure, Kong's sliding
+	// window).
+	counted := short(latency)
+	counted.CountRefused = true
+	add("counted", counted, cell{n: 400, c: 50, rate: rps}, silent)
+	// Token headers stating per minute what is enforced per second.
+	tpmQ := mockupstream.Config{TPM: rps * 60 * costPerRequest(), RPM: rps * 600, Latency: latency, QuantizedHeaders: true}
+	add("tpm-quantized", tpmQ, cell{n: 400, c: 50, rate: rps}, headers)
+	// Silent streams whose answers take 0–50 ms more or less.
+	jitter := mockupstream.Config{RPM: 240, Latency: latency, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond,
+		LatencyJitter: 50 * time.Millisecond}
+	add("streams-jitter", jitter, cell{n: 120, c: 30, rate: 4, stream: true}, silent)
 	return cs
+}
+
+// short is the short shape's upstream: 20 a second, one second's burst.
+func short(latency time.Duration) mockupstream.Config {
+	return mockupstream.Config{RPM: 20 * 60, Latency: latency}
 }
 
 type result struct {
@@ -195,7 +307,10 @@ func simulate(t *testing.T, c cell) result {
 		}
 		wg.Wait()
 		res.makespan = time.Since(start)
-		res.ideal = time.Duration(float64(c.n) / c.rate * float64(time.Second))
+		res.ideal = c.ideal
+		if res.ideal == 0 {
+			res.ideal = time.Duration(float64(c.n) / c.rate * float64(time.Second))
+		}
 		st := mock.Stats()
 		res.upstream, res.refused = st.Requests, st.RateLimited
 		if ls := p.States(); len(ls) > 0 {
@@ -208,6 +323,10 @@ func simulate(t *testing.T, c cell) result {
 // send makes request i of c through p and checks its answer came whole.
 func send(p *proxy.Proxy, c cell, i int) error {
 	var body, path string
+	model := "gpt-sim"
+	if len(c.models) > 0 {
+		model = c.models[i%len(c.models)]
+	}
 	stream := ""
 	if c.stream {
 		stream = `,"stream":true`
@@ -220,7 +339,7 @@ func send(p *proxy.Proxy, c cell, i int) error {
 		if c.stream {
 			stream += `,"stream_options":{"include_usage":true}`
 		}
-		body = fmt.Sprintf(`{"model":"gpt-sim","max_tokens":%d,"messages":[{"role":"user","content":%q}]%s}`, maxTokens, prompt(i), stream)
+		body = fmt.Sprintf(`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":%q}]%s}`, model, maxTokens, prompt(i), stream)
 	}
 	req := httptest.NewRequestWithContext(context.Background(), http.MethodPost, path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer sk-sim")

@@ -1,0 +1,86 @@
+package lanequeue
+
+import "time"
+
+// limit is one upstream limit the lanes of a group draw on: its model's
+// (providers count limits per credential and model, whatever the
+// endpoint), the credential's when the route says its models share one
+// (Limits.PerCredential), or several models' once the group found them
+// drawing on one (see sharing). It holds the Shared state, the route's
+// configured ceilings and the first-answer probe. Its fields are guarded by
+// its group's mutex.
+type limit struct {
+	key    string
+	seq    int // the order limits of the group were made in
+	shared Shared
+	// ceil holds the route's configured limits; nil when none are.
+	ceil       *ceiling
+	learned    bool      // an answer came back: the probe is over
+	probeUntil time.Time // set by the first dispatch; see probeWindow
+	unanswered int       // dispatches whose answer has not been reported
+	seen       seen      // what was last reported through onChange
+	pass       uint64    // the group's dispatch pass it last held its lanes in
+	sent       uint64    // dispatches, for sharing
+	firstSeq   uint64    // the group's dispatch count at its first dispatch
+	share      sharing   // evidence that it shares the upstream's limit with others
+	// mergedInto is the limit this one was found to share, which its lanes
+	// draw on from then on; nil while it stands alone.
+	mergedInto *limit
+	// models are the models whose lanes draw on it, in the order they
+	// came (more than one once models were found to share it).
+	models []string
+	// sharedBy says why several models draw on it: "configured" or
+	// "headers move together"; "" when one does.
+	sharedBy string
+}
+
+func newLimit(key string, cfg Config, sh Shared) *limit {
+	l := &limit{key: key, shared: sh}
+	if !cfg.Limits.IsZero() {
+		l.ceil = newCeiling(cfg.Limits)
+		// A configured limit is known: no need to wait for the first
+		// answer to learn one.
+		l.learned = cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
+	}
+	if cfg.Limits.PerCredential {
+		l.sharedBy = "configured"
+	}
+	return l
+}
+
+// firstAnswerLocked holds a new limit's lanes to one request in flight
+// until its first answer, for at most probeWindow: a burst before
+// anything is known is what causes the first 429s. It reports whether a
+// dispatch may go, or else until when it may not. Requires the group's
+// mutex held.
+func (l *limit) firstAnswerLocked(now time.Time) (time.Time, bool) {
+	if !l.learned && l.unanswered > 0 && answeredElsewhere(l.shared) {
+		l.learned = true // another replica's answer taught the limit
+	}
+	if !l.learned && l.unanswered > 0 {
+		if now.Before(l.probeUntil) {
+			return l.probeUntil, false
+		}
+		l.learned = true // the first answer is slow; stop waiting for it
+	}
+	return time.Time{}, true
+}
+
+// addModel notes that lanes for model draw on the limit.
+func (l *limit) addModel(model string) {
+	for _, m := range l.models {
+		if m == model {
+			return
+		}
+	}
+	l.models = append(l.models, model)
+}
+
+// limit is the limit the lane draws on now: the one it was made with, or
+// the one that took it over. Requires the group's mutex held.
+func (ln *Lane) limit() *limit {
+	for ln.lim.mergedInto != nil {
+		ln.lim = ln.lim.mergedInto
+	}
+	return ln.lim
+}

@@ -1,0 +1,145 @@
+package lanequeue
+
+import (
+	"slices"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// sharing is what a limit's answers show of other limits of its group
+// drawing on the same upstream limit: a credential's models share one at
+// a company gateway, behind a LiteLLM virtual key, or in a model family
+// with a shared limit. The upstream's remaining count then falls by more
+// than the limit itself sent between two answers, by about what the
+// group's other lanes sent; a limit of its own falls by what it sent, less
+// what refilled. Guarded by the group's mutex.
+type sharing struct {
+	// last is the latest answer read: when its request went, what it
+	// said was left, the limit's and the group's dispatch counts right
+	// after it went, and the limit's requests then in flight (the
+	// upstream may count any of them after it).
+	last struct {
+		dispatched         time.Time
+		remaining          int64
+		limSent, groupSent uint64
+		inFlight           int
+	}
+	// excess sums what the remaining count fell by beyond the limit's own
+	// dispatches, over the readings where it did; others what the
+	// group's other limits sent over them.
+	excess, others float64
+	readings       int
+	// stated is the request limit the headers state: limits found
+	// sharing state the same.
+	stated int64
+}
+
+// Sharing is told by readings whose excess adds to minShareExcess
+// requests, no more than maxShareExcess times what the group's other lanes
+// sent (with another client on the same key, the excess is the other
+// client's). A limit of its own shows none: its count falls by what it
+// sent, less what refilled. (The excess shows while the window has room
+// to fall: once it is empty for everyone, every limit's count stays near
+// zero, shared or not.)
+const (
+	minShareExcess = 1
+	maxShareExcess = 1.5
+)
+
+// observe reads one answer's request window w to the dispatch of s. The
+// upstream's count falls by what reached it, less what refilled: by no
+// more than the limit's own dispatches since the last answer read (and
+// those then in flight), unless others drew on it. The first answer is
+// read against the window full before anything went, with nothing else of
+// the limit's in flight; it reports whether that one showed an excess,
+// which the group's dispatches before it must have made (they may reach
+// the upstream in another order than they went: which of them did is not
+// told).
+func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
+	if !w.HasRemaining {
+		return false
+	}
+	d := s.ticket.Dispatched
+	last := &sh.last
+	isFirst := last.dispatched.IsZero()
+	if isFirst && w.Limit > 0 {
+		last.remaining = w.Limit // nothing sent, nothing in flight
+	}
+	if !isFirst && !d.After(last.dispatched) {
+		return false // an answer to an earlier request, come late
+	}
+	if !isFirst || w.Limit > 0 {
+		own := float64(s.limSent - last.limSent)
+		others := float64(s.groupSent-last.groupSent) - own
+		// Requests sent before the last one may reach the upstream after
+		// it: its count may lack them.
+		late := float64(last.inFlight)
+		if excess := float64(last.remaining-w.Remaining) - own - late; excess >= 1 && others > 0 {
+			sh.excess += excess
+			sh.others += others
+			sh.readings++
+			first = isFirst
+		}
+	}
+	last.dispatched, last.remaining, last.limSent, last.groupSent = d, w.Remaining, s.limSent, s.groupSent
+	last.inFlight = s.ticket.InFlight
+	if w.Limit > 0 {
+		sh.stated = w.Limit
+	}
+	return first
+}
+
+// shows reports whether the answers show the limit shared with others of
+// the group.
+func (sh *sharing) shows() bool {
+	return sh.readings > 0 && sh.excess >= minShareExcess &&
+		sh.excess <= maxShareExcess*sh.others+2
+}
+
+// shareLocked learns from lim's answer to s whether lim draws on one
+// upstream limit with others of the group, and if so makes them one, the
+// limit made first taking the others' lanes: every limit whose answers
+// show it and that states the same window; and when lim's first answer
+// showed all that the group sent before it, every limit that sent before
+// it. It reports whether any joined. Requires g.mu held.
+func (g *group) shareLocked(lim *limit, s *Slot, w headerparse.Window) bool {
+	if lim.mergedInto != nil || lim.sharedBy == "configured" {
+		return false
+	}
+	first := lim.share.observe(w, s)
+	if !lim.share.shows() {
+		return false
+	}
+	g.limMu.Lock()
+	defer g.limMu.Unlock()
+	with := []*limit{lim}
+	for _, o := range g.limits {
+		if o.mergedInto != nil || slices.Contains(with, o) {
+			continue
+		}
+		sameWindow := o.share.stated == lim.share.stated || o.share.stated == 0
+		sentBefore := o.firstSeq > 0 && o.firstSeq < s.groupSent
+		if sameWindow && (o.share.shows() || first && sentBefore) {
+			with = append(with, o)
+		}
+	}
+	if len(with) < 2 {
+		return false
+	}
+	slices.SortFunc(with, func(a, b *limit) int { return a.seq - b.seq })
+	into := with[0]
+	for _, o := range with[1:] {
+		o.mergedInto = into
+		for _, m := range o.models {
+			into.addModel(m)
+		}
+		into.sharedBy = "headers move together"
+	}
+	for k, o := range g.limits {
+		if o.mergedInto != nil {
+			g.limits[k] = into
+		}
+	}
+	return true
+}

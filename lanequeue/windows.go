@@ -1,0 +1,459 @@
+package lanequeue
+
+import (
+	"time"
+)
+
+// windows reads from refusals and admissions whether a group's upstream
+// counts in fixed windows, N requests per window with the count starting
+// again at each boundary (Azure OpenAI, Kong, Gemini's per-minute quotas,
+// a company gateway's Redis INCR + EXPIRE), and holds the group by them:
+// once a window's allowance is spent the upstream refuses everything until
+// the boundary, so the group waits for it as a whole, and sends the next
+// window's allowance from its start instead of pacing it out evenly.
+//
+// A closure is a span in which the upstream refuses whatever the group
+// sends. It is read two ways:
+//
+//   - Stated: a refusal names a wait longer than a pace (hint > longHint).
+//     The wait points at an instant; a window's refusals all point at its
+//     boundary, while a bucket's (or a gateway's constant Retry-After) move
+//     with the clock. One test request a gap later tells them apart: refused
+//     at the same instant, the closure is real and the boundary lies within
+//     every refusal's hint, to the hint's grain (whole seconds or
+//     milliseconds); admitted, or refused at another instant, the hints
+//     are not boundaries and the group is paced as before. Within the
+//     interval the boundary may lie in, single knocks halve it.
+//   - Silent: refusals with no hint and no admission between them for
+//     minClosure. The group then sends one knock at a time, further apart
+//     the longer the closure lasts, until one is admitted.
+//
+// A closure that ends with the window open again (a knock admitted, or the
+// stated boundary reached) shows the shape: the allowance is what the last
+// window admitted and the length what lay between its opening and the
+// boundary. From then on a window's allowance goes from its start (one
+// more, now and then, to find an allowance that grew), the group closes as
+// soon as it is spent, and the next knock goes at the boundary the length
+// predicts. Its methods require the group's mutex held.
+type windows struct {
+	// The closure under way, if closed.
+	closed bool
+	// confirmed: the closure is known, not only suspected from one hint.
+	confirmed bool
+	// stated: the upstream named the boundary in its hints; it lies in
+	// (lo, hi], to the hints' grain.
+	stated bool
+	lo, hi time.Time
+	grain  time.Duration
+	since  time.Time // the closure's first refused dispatch
+	// knockAt is when the next knock may go, knock the Seq of the one in
+	// flight (0: none) and lastKnock the dispatch of the latest refused
+	// one: a silent closure's boundary is after it.
+	knockAt   time.Time
+	knock     uint64
+	knockSent time.Time
+	lastKnock time.Time
+
+	// A run of refusals outside a closure, with no admission since its
+	// first dispatch: run refusals from runFrom.
+	runFrom   time.Time
+	run       int
+	lastAdmit time.Time // the latest admitted dispatch
+
+	// The windows: the running one began at start (a reopen), its first
+	// dispatch went at opened (a window counted from its first request
+	// starts there), it has sent used and admitted admitted. The previous
+	// one's figures go on counting answers that come late.
+	start, opened         time.Time
+	used, admitted        int
+	prevStart, prevOpened time.Time
+	prevAdmitted          int
+	// known: a closure ended with the window open again. allowance is
+	// what the last whole window admitted; the length lies in
+	// (lengthLo, lengthHi] (lengthHi 0: not known). full counts the
+	// windows that ended in a closure, for the allowance's probe.
+	known              bool
+	allowance          int
+	lengthLo, lengthHi time.Duration
+	full               int
+	// moving: until then a long hint is not read as a boundary; a test
+	// showed the hints moving with the clock.
+	moving time.Time
+}
+
+const (
+	// longHint: a hint longer than this (and than one grain, for whole
+	// seconds: Retry-After: 1 is any wait up to a second) points at a
+	// boundary, not a pace.
+	longHint = time.Second
+	// testGap is how long after a suspected closure's first refusal its
+	// test goes, by the grain of its hints: far enough apart that hints
+	// moving with the clock cannot agree at one instant.
+	testGapFine  = 250 * time.Millisecond
+	testGapWhole = 1250 * time.Millisecond
+	// minClosure is the shortest span of refusals, minRun of them, with no
+	// admission between them, that is read as a silent closure: a bucket
+	// at any pace worth pacing admits sooner.
+	minClosure = time.Second
+	minRun     = 3
+	// Silent knocks go knockShare of the closure's length so far apart,
+	// within [minKnock, maxKnock]: late by at most that share of it.
+	knockShare = 0.1
+	minKnock   = 250 * time.Millisecond
+	maxKnock   = 5 * time.Second
+	// Knocks step through the interval a boundary is known to lie in,
+	// knockSteps of them at most, at least minSplit apart.
+	knockSteps = 4
+	minSplit   = 20 * time.Millisecond
+	// probeWindows: one window in probeWindows sends one more than the
+	// allowance, to find an allowance that grew.
+	probeWindows = 4
+	// hintTrust is how long hints shown to move with the clock are not
+	// read as boundaries.
+	hintTrust = time.Minute
+)
+
+// gate decides whether the group may dispatch at now: ok with knock set
+// when the dispatch is a closure's single knock (the caller reports it to
+// knocked), or not ok until at (zero: until the knock's answer).
+func (w *windows) gate(now time.Time) (at time.Time, knock, ok bool) {
+	if !w.closed {
+		w.roll(now)
+		if w.known && w.allowance > 0 && w.used >= w.allowance+w.extra() {
+			// The window's allowance is spent: close until the boundary
+			// its length predicts, without waiting to be refused.
+			w.close(now, false)
+			w.predict(now)
+			w.next(now)
+			return w.knockAt, false, false
+		}
+		return time.Time{}, false, true
+	}
+	if w.stated && w.confirmed && !now.Before(w.hi) {
+		if w.knock != 0 {
+			// The knock in flight went in the window that opens: it is
+			// its first request.
+			w.reopen(w.knockSent, 1)
+		} else {
+			w.reopen(w.hi, 0)
+		}
+		return time.Time{}, false, true
+	}
+	if w.knock != 0 {
+		if w.stated {
+			return w.hi, false, false
+		}
+		return time.Time{}, false, false
+	}
+	if now.Before(w.knockAt) {
+		return w.knockAt, false, false
+	}
+	return time.Time{}, true, true
+}
+
+// roll starts a new window, counted from its first request, once the
+// running one has outlasted the known length with nothing closing it: a
+// load lighter than the allowance never spends one.
+func (w *windows) roll(now time.Time) {
+	if w.known && w.lengthHi > 0 && !w.opened.IsZero() && !now.Before(w.opened.Add(w.lengthHi)) {
+		w.prevStart, w.prevOpened, w.prevAdmitted = w.start, w.opened, w.admitted
+		w.start, w.opened, w.used, w.admitted = now, time.Time{}, 0, 0
+	}
+}
+
+// extra is the one more request a probing window sends.
+func (w *windows) extra() int {
+	if w.full%probeWindows == probeWindows-1 {
+		return 1
+	}
+	return 0
+}
+
+// knocked records the knock gate allowed, numbered seq, sent at now.
+func (w *windows) knocked(seq uint64, now time.Time) { w.knock, w.knockSent = seq, now }
+
+// dispatched counts a dispatch at now of the running window (not a
+// knock).
+func (w *windows) dispatched(now time.Time) {
+	if !w.closed {
+		w.used++
+		if w.opened.IsZero() {
+			w.opened = now
+		}
+	}
+}
+
+// pacing reports whether the shape holds the group's pace: a known
+// window's allowance goes from its start, not at a pace learned from
+// refusals.
+func (w *windows) pacing() bool { return w.known }
+
+// accepted learns from an admitted answer to t.
+func (w *windows) accepted(t *Ticket, now time.Time) {
+	d := t.Dispatched
+	if d.After(w.lastAdmit) {
+		w.lastAdmit = d
+	}
+	if !w.runFrom.IsZero() && !d.Before(w.runFrom) {
+		w.runFrom, w.run = time.Time{}, 0
+	}
+	if w.closed && t.Seq == w.knock && w.knock != 0 {
+		w.knock = 0
+		if w.stated && !w.confirmed && d.Before(w.hi) {
+			// The test went through before the hint's instant: the hint
+			// named no boundary.
+			w.moving = now.Add(hintTrust)
+			w.closed = false
+			return
+		}
+		w.reopen(d, 1)
+	}
+	switch {
+	case !d.Before(w.start):
+		w.admitted++
+	case !d.Before(w.prevStart):
+		w.prevAdmitted++
+		w.allowance = max(w.allowance, w.prevAdmitted)
+	}
+}
+
+// refused learns from a rate refusal of t at now, whose hint (when
+// hasHint) is the upstream's wait, while the upstream admitted admits
+// requests a second lately. It reports whether the refusal is the
+// windows' to answer: a closure began or goes on, so the group waits as
+// a whole and nothing else learns a pace from it.
+func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits float64, now time.Time) bool {
+	d := t.Dispatched
+	long := hasHint && boundary(hint, admits) && !now.Before(w.moving)
+	if w.closed {
+		knocked := t.Seq == w.knock && w.knock != 0
+		if knocked {
+			w.knock = 0
+			w.lastKnock = d
+			if w.stated && !w.confirmed {
+				if !long || !w.agrees(now.Add(hint), grainOf(hint)) {
+					// The test was refused at another instant: the
+					// hints move with the clock.
+					w.moving = now.Add(hintTrust)
+					w.closed = false
+					return false
+				}
+				w.confirmed = true
+			}
+			if !w.stated && !w.hi.IsZero() && !d.Before(w.hi) {
+				w.lo, w.hi = time.Time{}, time.Time{} // refused past the predicted boundary
+			}
+		}
+		if long {
+			if !w.stated {
+				// A knock of a silent closure named the boundary.
+				w.stated, w.lo, w.hi = true, time.Time{}, time.Time{}
+			}
+			w.state(now.Add(hint), grainOf(hint))
+		}
+		if !w.hi.IsZero() && d.After(w.lo) && d.Before(w.hi) {
+			w.lo = d // refused there: the boundary is later
+		}
+		if knocked || w.stated && w.confirmed {
+			w.next(now)
+		}
+		return true
+	}
+	if d.Before(w.start) {
+		return true // sent in a window that ended: nothing new
+	}
+	if w.lastAdmit.IsZero() {
+		return false // nothing was ever admitted: an outage or a closed door, not a window
+	}
+	switch {
+	case long:
+		w.close(d, true)
+		w.state(now.Add(hint), grainOf(hint))
+		w.confirmed = w.known
+		if !w.confirmed {
+			w.knockAt = d.Add(testGap(w.grain, hint))
+			if w.hi.Before(w.knockAt) {
+				w.knockAt = w.hi
+			}
+			return true
+		}
+		w.next(now)
+		return true
+	case hasHint:
+		return false // a pace
+	case w.known:
+		w.close(d, false)
+		w.predict(now)
+		w.next(now)
+		return true
+	}
+	if w.runFrom.IsZero() || w.runFrom.Before(w.lastAdmit) {
+		w.runFrom, w.run = d, 0
+	}
+	if d.Before(w.runFrom) {
+		w.runFrom = d
+	}
+	w.run++
+	if w.run < minRun || d.Sub(w.runFrom) < minClosure {
+		return false
+	}
+	w.close(w.runFrom, false)
+	w.next(now)
+	return true
+}
+
+// boundary reports whether a hint names a window's boundary rather than a
+// pace, while the upstream admits admits requests a second: it is longer
+// than a pace (and than its grain: Retry-After: 1 is any wait up to a
+// second), or, precise to the millisecond, far longer than one request's
+// refill at what the upstream admits (a bucket's hint is about that).
+func boundary(hint time.Duration, admits float64) bool {
+	grain := grainOf(hint)
+	if hint > longHint && hint > grain {
+		return true
+	}
+	return grain < time.Second && hint >= minSplit && admits*hint.Seconds() > maxHintAdmits
+}
+
+// grainOf is the precision of a hint: whole seconds when it is one.
+func grainOf(hint time.Duration) time.Duration {
+	if hint%time.Second == 0 {
+		return time.Second
+	}
+	return time.Millisecond
+}
+
+// testGap is how long after a suspected closure's first refusal, whose
+// hint was hint, its test goes.
+func testGap(grain, hint time.Duration) time.Duration {
+	if grain >= time.Second {
+		return testGapWhole
+	}
+	return min(testGapFine, hint/2)
+}
+
+// close begins a closure whose first refused dispatch went at since;
+// stated says whether a hint names its boundary.
+func (w *windows) close(since time.Time, stated bool) {
+	w.closed, w.stated, w.confirmed = true, stated, true
+	w.since, w.knock, w.lastKnock = since, 0, time.Time{}
+	w.lo, w.hi, w.grain = time.Time{}, time.Time{}, 0
+	w.runFrom, w.run = time.Time{}, 0
+	// The running window ended: its figures go on counting late answers.
+	w.prevStart, w.prevOpened, w.prevAdmitted = w.start, w.opened, w.admitted
+	w.allowance = max(w.admitted, 1)
+	w.full++
+	// Until it opens again, whatever was sent up to the closure's start
+	// (at that instant too) belongs to the window that ended.
+	w.start, w.opened, w.used, w.admitted = since.Add(1), time.Time{}, 0, 0
+}
+
+// state narrows the stated boundary with a hint naming r, to grain.
+func (w *windows) state(r time.Time, grain time.Duration) {
+	lo := r.Add(-grain)
+	if w.hi.IsZero() || r.Before(w.hi) {
+		w.hi = r
+	}
+	if lo.After(w.lo) {
+		w.lo = lo
+	}
+	if w.grain == 0 || grain < w.grain {
+		w.grain = grain
+	}
+	if !w.lo.Before(w.hi) {
+		w.lo = w.hi.Add(-time.Millisecond) // hints that disagree: the latest word
+	}
+}
+
+// agrees reports whether a hint naming r, to grain, points at the boundary
+// the closure's hints named.
+func (w *windows) agrees(r time.Time, grain time.Duration) bool {
+	return r.After(w.lo.Add(-grain)) && !r.After(w.hi.Add(grain))
+}
+
+// predict sets where a silent closure's boundary should lie: its window's
+// length after the window's first request, when the length is known.
+func (w *windows) predict(now time.Time) {
+	if w.lengthHi <= 0 || w.prevOpened.IsZero() {
+		return
+	}
+	w.lo, w.hi = w.prevOpened.Add(w.lengthLo), w.prevOpened.Add(w.lengthHi)
+	if !w.hi.After(now) {
+		w.lo, w.hi = time.Time{}, time.Time{} // it should be open already
+	}
+}
+
+// next sets when the closure's next knock goes. Where the boundary is
+// known to lie in an interval (stated by hints, or predicted by the
+// window's length), knocks step through it from its start, knockSteps of
+// them at most (at a stated hi the window is open); elsewhere a knock goes
+// a share of the closure's length so far after the last.
+func (w *windows) next(now time.Time) {
+	if !w.hi.IsZero() {
+		step := max(minSplit, w.hi.Sub(w.lo)/knockSteps)
+		at := w.lo.Add(step)
+		if at.After(w.hi) {
+			at = w.hi
+		}
+		w.knockAt = later(at, now)
+		return
+	}
+	gap := time.Duration(knockShare * float64(now.Sub(w.since)))
+	w.knockAt = now.Add(min(max(gap, minKnock), maxKnock))
+}
+
+// reopen ends the closure: the window is open again from at, with used
+// sent in it already (the knock that found it open), and the closure's span
+// teaches the window's length.
+func (w *windows) reopen(at time.Time, used int) {
+	if !w.prevOpened.IsZero() {
+		// The boundary lies after the last refused knock (or the known
+		// lo) and at or before at.
+		lo := w.lastKnock
+		if w.lo.After(lo) {
+			lo = w.lo
+		}
+		hi, low := at.Sub(w.prevOpened), max(lo.Sub(w.prevOpened), 0)
+		if w.lengthHi <= 0 || hi <= w.lengthLo || low >= w.lengthHi {
+			w.lengthLo, w.lengthHi = low, hi // the first reading, or one at odds
+		} else {
+			w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
+		}
+	}
+	w.closed, w.known = false, true
+	w.knock = 0
+	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
+	if used > 0 {
+		w.opened = at // the knock that found it open
+	}
+}
+
+// WindowView is what a group learned of fixed windows (View.Window).
+type WindowView struct {
+	// Allowance and Length are the window's size and span; zero while
+	// not known.
+	Allowance int
+	Length    time.Duration
+	// Stated: the upstream named the boundaries in its hints; otherwise
+	// they were found by knocking.
+	Stated bool
+	// ClosedUntil is the stated boundary of a closure under way; Closed
+	// says one is (its end is not known when it is silent).
+	Closed      bool
+	ClosedUntil time.Time
+}
+
+// view is what the windows show; nil while nothing was learned.
+func (w *windows) view() *WindowView {
+	if !w.known && !w.closed {
+		return nil
+	}
+	v := &WindowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.stated, Closed: w.closed}
+	if w.closed && w.stated && w.confirmed {
+		v.ClosedUntil = w.hi
+	}
+	if !w.known {
+		v.Allowance, v.Length = 0, 0
+	}
+	return v
+}
