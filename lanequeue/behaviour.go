@@ -32,6 +32,13 @@ type learner struct {
 	estimate float64 // the admitted rate, requests a second; 0 = unknown
 	from     string  // where estimate comes from (see View.RateFrom)
 	measured bool    // estimate was measured between refusals once
+	// sample is how many admissions the latest measurement counted: an
+	// estimate counted over few is off by a larger share (see cruise).
+	sample float64
+	// short is the admitted rate between the latest refusals when they
+	// lie too close to measure it (0: none): a guess far above it is cut
+	// to it at once rather than by unmeasuredCut a round.
+	short float64
 
 	lastAccepted time.Time // the latest accepted answer
 	admits       meter     // admitted dispatches, by when they went
@@ -75,8 +82,10 @@ const (
 	// most; refusalSpan how far back.
 	refusalMemory = 16
 	refusalSpan   = time.Minute
-	// minSampleSpan: refusals closer together than this measure nothing.
+	// minSampleSpan: refusals closer together than this measure nothing;
+	// minShortSpan: closer than this, they do not even show a guess off.
 	minSampleSpan = 500 * time.Millisecond
+	minShortSpan  = 200 * time.Millisecond
 	// levelMemory is how many answers the bound is judged from; minBelow
 	// is how many admissions at the level under a refusal show it was the
 	// highest the upstream holds.
@@ -274,9 +283,16 @@ func (l *learner) refused(seq uint64, at time.Time, before uint64) float64 {
 		refusedBetween = float64(last.before - f.before)
 	}
 	admitted := float64(last.seq-f.seq) - refusedBetween
+	l.short = 0
 	if span < minSampleSpan || admitted < minSampleAdmits {
+		if span >= minShortSpan && admitted >= 1 {
+			// Too short to measure, long enough to show a guess far off:
+			// what got through since, counted generously.
+			l.short = (admitted + 1) / span.Seconds()
+		}
 		return 0
 	}
+	l.sample = admitted
 	// The bucket may have held up to one part-token more at the first
 	// refusal than at the last: count one fewer, to err slow.
 	return (admitted - 1) / span.Seconds()
@@ -305,9 +321,16 @@ func probeLength(r float64) time.Duration {
 	return max(probeSpan, time.Duration(probeRequests/((probeGain-1)*r)*float64(time.Second)))
 }
 
-// cruiseLength is how long the group cruises between probes at rate r.
-func cruiseLength(r float64) time.Duration {
-	return max(probeEvery, time.Duration(cycleRequests/r*float64(time.Second)))
+// cruise is how long the group cruises between probes: cycleRequests at
+// the estimate, or, while the estimate was measured over few admissions
+// (off by up to one in that many), twice that many, so that a low one
+// is found out soon; at least probeEvery.
+func (l *learner) cruise() time.Duration {
+	n := float64(cycleRequests)
+	if l.measured && l.sample > 0 {
+		n = min(n, 2*l.sample)
+	}
+	return max(probeEvery, time.Duration(n/l.estimate*float64(time.Second)))
 }
 
 // step moves the probe cycle on at now and reports whether the phase
@@ -337,7 +360,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 		l.phase = probeDown
 		l.phaseUntil = now.Add(probeLength(l.estimate))
 	case probeDown:
-		cruiseFor := cruiseLength(l.estimate)
+		cruiseFor := l.cruise()
 		if l.guess() {
 			// A guessed rate is probed often, so that refusals measure
 			// it or clean probes raise it soon.

@@ -191,7 +191,7 @@ func TestProbeCycle(t *testing.T) {
 	if !l.step(t0.Add(2*up), false) || l.phase != cruise || !near(l.estimate, 20*probeRaise) || l.from != "probe" {
 		t.Fatalf("after a clean probe: phase %v estimate %v from %q, want cruise at %v from probe", l.phase, l.estimate, l.from, 20*probeRaise)
 	}
-	next := t0.Add(2 * up).Add(cruiseLength(l.estimate) / 2) // a clean probe brings the next one sooner
+	next := t0.Add(2 * up).Add(l.cruise() / 2) // a clean probe brings the next one sooner
 	if l.step(next.Add(-time.Millisecond), true) {
 		t.Fatal("probed again before the cruise ended")
 	}
@@ -213,11 +213,23 @@ func TestProbesAreBoundedInRequests(t *testing.T) {
 	if d := probeLength(100); d != probeSpan {
 		t.Fatalf("up phase at 100/s lasts %v, want %v", d, probeSpan)
 	}
-	if d := cruiseLength(4); d != 15*time.Second {
+	l := learner{estimate: 4}
+	if d := l.cruise(); d != 15*time.Second {
 		t.Fatalf("cruise at 4/s lasts %v, want 15s", d)
 	}
-	if d := cruiseLength(100); d != probeEvery {
+	l.estimate = 100
+	if d := l.cruise(); d != probeEvery {
 		t.Fatalf("cruise at 100/s lasts %v, want %v", d, probeEvery)
+	}
+	// Measured over 10 admissions, the estimate may be off by a tenth:
+	// the cruise is 20 requests long, not 60.
+	l = learner{estimate: 4, measured: true, sample: 10}
+	if d := l.cruise(); d != 5*time.Second {
+		t.Fatalf("cruise at 4/s, measured over 10, lasts %v, want 5s", d)
+	}
+	l.sample = 100
+	if d := l.cruise(); d != 15*time.Second {
+		t.Fatalf("cruise at 4/s, measured over 100, lasts %v, want 15s", d)
 	}
 }
 

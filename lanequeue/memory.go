@@ -351,7 +351,7 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	s.estimateOnRefusal(t, r, now)
 	if l.phaseUntil.IsZero() {
 		// Cruise before the first probe; soon, while the rate is a guess.
-		l.phaseUntil = now.Add(cruiseLength(l.estimate))
+		l.phaseUntil = now.Add(l.cruise())
 		if l.guess() {
 			l.phaseUntil = now.Add(guessCruise)
 		}
@@ -405,6 +405,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 // short hint.
 func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 	l := &s.learn
+
 	level := t.Level
 	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
 		// A refusal of the probe is expected, and what was admitted over
@@ -450,6 +451,13 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		// the upstream admits: slower, once for the requests sent since
 		// the last change.
 		l.estimate *= unmeasuredCut
+		l.cut = now
+	}
+	if !l.measured && !t.Probe && l.short > 0 && l.short < l.estimate {
+		// Refusals too close together to measure the rate still show what
+		// got through between them: a guess far above it is cut to it at
+		// once rather than by unmeasuredCut a round.
+		l.estimate = l.short
 		l.cut = now
 	}
 	if hp := s.hintPace(r.Hint, now); hp > 0 && hp < l.estimate {

@@ -109,7 +109,7 @@ func target(shape string, sp speech) (ratio, refusals float64) {
 		{"window", ietf}: {1.05, 1}, {"window-aligned", retryAfter}: {1.1, 5},
 		{"window-1s", azure}: {1.1, 5}, {"window-60s", retryAfter}: {1.1, 5},
 		{"shared-models", headers}: {1.05, 2}, {"shared-models", silent}: {1.15, 10},
-		{"own-models", headers}:             {1.05, 1},
+		{"own-models", headers}: {1.05, 1}, {"own-models", silent}: {1.15, 10},
 		{"anthropic-rounded-down", headers}: {1.05, 1}, {"anthropic-clock-ahead", headers}: {1.05, 1},
 		{"anthropic-clock-behind", headers}: {1.05, 1},
 		{"counted", silent}:                 {1.15, 5}, {"tpm-quantized", headers}: {1.05, 1},
@@ -197,7 +197,7 @@ func shapeCells() []cell {
 	// Each model its own 20 req/s: four run side by side.
 	own := short(latency)
 	own.PerModel = true
-	add("own-models", own, cell{n: 400, c: 50, rate: 4 * rps, models: four}, headers)
+	add("own-models", own, cell{n: 400, c: 50, rate: 4 * rps, models: four}, headers, silent)
 
 	// Anthropic's headers, 1,200 RPM stated, 20 a second enforced, resets
 	// rounded down, or on a clock a second ahead or behind.
