@@ -18,6 +18,10 @@ type Window struct {
 	// fraction), zero for finer values. A reset in whole seconds, and a
 	// clock time read on another clock, may be off by that much or more.
 	ResetGrain time.Duration
+	// ResetEarly is how far before now a reset sent as a clock time lay
+	// (Reset then reads as now): rounded down, or read on a clock ahead of
+	// the upstream's. Zero when it was not past.
+	ResetEarly time.Duration
 }
 
 // Known reports whether the upstream reported this budget at all.
@@ -92,9 +96,13 @@ func window(limit, remaining, reset string, now time.Time, horizon time.Duration
 		return Window{}
 	}
 	if reset != "" {
-		var ok bool
-		if w.Reset, ok = parseReset(reset, now, horizon); ok {
-			w.ResetGrain = resetGrain(reset)
+		if t, ok := parseReset(reset, now, horizon); ok {
+			w.Reset, w.ResetGrain = t, resetGrain(reset)
+			if t.Before(now) {
+				// Already past: the budget is full again, by the
+				// upstream's word.
+				w.Reset, w.ResetEarly = now, now.Sub(t)
+			}
 		}
 	}
 	return w
@@ -113,8 +121,9 @@ func window(limit, remaining, reset string, now time.Time, horizon time.Duration
 // Resets are believed only within bounds: at most 24h ahead for the provider
 // dialects, whose windows are at most a day, and 31 days for the IETF fields,
 // whose policies may be monthly; an absolute reset up to 24h in the past
-// reads as now, one further back is dropped, as are negative values. A
-// dropped reset leaves the rest of its Window intact.
+// reads as now (ResetEarly says by how much), one further back is dropped,
+// as are negative values. A dropped reset leaves the rest of its Window
+// intact.
 func Parse(h http.Header, now time.Time) Limits {
 	h = canonical(h)
 	var b budgets

@@ -387,6 +387,28 @@ func TestWindow(t *testing.T) {
 	}
 }
 
+// TestResetEarly: a reset sent as a clock time already past reads as now,
+// and says how far past it was; one ahead, or sent as a delay, is not early.
+func TestResetEarly(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		reset string
+		early time.Duration
+	}{
+		{"rfc 3339, 61 s past", "2026-03-20T22:50:59Z", 61 * time.Second},
+		{"rfc 3339, ahead", "2026-03-20T22:52:01Z", 0},
+		{"epoch seconds, 3 s past", "1774047117", 3 * time.Second},
+		{"delay", "2", 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := Parse(http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"3"}, "Anthropic-Ratelimit-Requests-Reset": {tt.reset}}, now).Requests
+			if w.ResetEarly != tt.early || w.Reset.Before(now) {
+				t.Errorf("Reset %v ResetEarly %v, want %v and not before now", w.Reset, w.ResetEarly, tt.early)
+			}
+		})
+	}
+}
+
 // TestResetGrain: a reset sent in whole seconds says so, since it may be
 // off by up to a second (more when it is a time on another clock); finer
 // values have no grain.

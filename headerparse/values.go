@@ -163,14 +163,11 @@ func resetGrain(v string) time.Duration {
 }
 
 // absoluteReset believes an absolute reset time only near now: no more than
-// horizon ahead and no more than pastSlack behind. A past reset means the
-// budget is already replenished, so it reads as now.
+// horizon ahead and no more than pastSlack behind. A past one is returned
+// as it is; window reads it as now and says how early it was.
 func absoluteReset(t, now time.Time, horizon time.Duration) (time.Time, bool) {
 	if t.IsZero() || t.After(now.Add(horizon)) || t.Before(now.Add(-pastSlack)) {
 		return time.Time{}, false
-	}
-	if t.Before(now) {
-		return now, true
 	}
 	return t.In(now.Location()), true
 }

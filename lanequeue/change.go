@@ -57,12 +57,17 @@ type Change struct {
 	PauseFor    time.Duration
 	// Reason says why a lane was evicted: "idle" or "table_full".
 	Reason string
+	// SharesLimitWith and SharedBecause say which other models draw on
+	// the lane's limit and why (LimitsChanged; see State).
+	SharesLimitWith []string
+	SharedBecause   string
 }
 
 // seen is what the group last reported of itself, to tell changes from
 // noise.
 type seen struct {
 	learned            string
+	shape              string
 	corrected          bool
 	reqLimit, tokLimit float64
 	reqRate            float64
@@ -85,17 +90,19 @@ func moved(a, b float64) bool {
 func (g *group) changesLocked(l *Lane, lim *limit, r Report, v View, now time.Time, out []Change, shared bool) []Change {
 	s := &lim.seen
 	base := Change{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
+	base.SharesLimitWith, base.SharedBecause = lim.sharedWith(l.key.Model)
 	// A window's rate from headers moves with every answer's remaining
 	// count; only its size says the limit changed. A pace learned from
 	// refusals is its rate.
-	limits := shared || v.Learned != s.learned || v.Corrected != s.corrected ||
+	shape := v.Window.String()
+	limits := shared || shape != s.shape || v.Learned != s.learned || v.Corrected != s.corrected ||
 		moved(v.Requests.Limit, s.reqLimit) || moved(v.Tokens.Limit, s.tokLimit) ||
 		v.FromRefusals() && moved(v.Requests.PerSecond, s.reqRate)
 	if limits {
 		c := base
 		c.Kind = LimitsChanged
 		out = append(out, c)
-		s.learned, s.corrected = v.Learned, v.Corrected
+		s.learned, s.corrected, s.shape = v.Learned, v.Corrected, shape
 		s.reqLimit, s.tokLimit = v.Requests.Limit, v.Tokens.Limit
 		s.reqRate = v.Requests.PerSecond
 	}

@@ -76,6 +76,20 @@ func (l *limit) addModel(model string) {
 	l.models = append(l.models, model)
 }
 
+// sharedWith is the other models drawing on the limit than model, and
+// why they do; none while it is model's own.
+func (l *limit) sharedWith(model string) (others []string, because string) {
+	for _, m := range l.models {
+		if m != model {
+			others = append(others, m)
+		}
+	}
+	if len(others) == 0 {
+		return nil, ""
+	}
+	return others, l.sharedBy
+}
+
 // limit is the limit the lane draws on now: the one it was made with, or
 // the one that took it over. Requires the group's mutex held.
 func (ln *Lane) limit() *limit {

@@ -37,8 +37,10 @@ type Memory struct {
 	// fleetPaceAt is when fleetPace last changed.
 	fleetPaceAt time.Time
 	// win reads fixed windows from closures: spans the upstream refuses
-	// everything in (see windows).
-	win windows
+	// everything in (see windows). knockNext: the next dispatch noted is
+	// the knock WindowGate allowed.
+	win       windows
+	knockNext bool
 }
 
 // NewMemory returns the in-process state for a group with cfg's
@@ -81,7 +83,26 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 	}
 	level = out - s.refusedHolding + 1
 	s.learn.sent(level)
+	if s.knockNext {
+		s.knockNext = false
+		s.win.knocked(seq, now)
+	} else {
+		s.win.dispatched(now)
+	}
 	return seq, level, s.pace.fromRefusals && s.learn.phase == probeUp
+}
+
+// WindowGate tells a Shared kept elsewhere whether the group's fixed window
+// lets a request go at now, before it admits one from the shared state:
+// not while a closure holds it (until at; zero: until an answer), but one
+// knock at a time, which the next NoteDispatch records. (A window is not
+// closed for its allowance, which this replica's count cannot tell, but by
+// its first refusal.) Windowed reports that the window's allowance paces
+// the group: a pace learned from refusals does not.
+func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, windowed bool) {
+	at, knock, ok := s.win.gate(now, false)
+	s.knockNext = ok && knock
+	return at, ok, s.win.pacing()
 }
 
 // NoteAccepted records that the upstream accepted a request of the group
@@ -200,7 +221,7 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
 	}
-	at, knock, ok := s.win.gate(now)
+	at, knock, ok := s.win.gate(now, true)
 	if !ok {
 		return Ticket{}, at, false
 	}
@@ -576,12 +597,17 @@ func (s *Memory) Return(t *Ticket, now time.Time) {
 	s.conc.returned(t, now)
 }
 
-func (s *Memory) PausedUntil() time.Time { return s.pausedUntil }
+// PausedUntil is the end of the pause, or of a window's closure whose
+// boundary the upstream stated.
+func (s *Memory) PausedUntil() time.Time { return later(s.pausedUntil, s.win.until()) }
 
 func (s *Memory) View(now time.Time) View {
 	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs}
 	if now.Before(s.pausedUntil) {
 		v.PausedUntil, v.PauseReason = s.pausedUntil, s.pauseReason
+	}
+	if until := s.win.until(); now.Before(until) && until.After(v.PausedUntil) {
+		v.PausedUntil, v.PauseReason = until, "window"
 	}
 	v.Requests, v.Tokens = s.pace.view(now)
 	switch {

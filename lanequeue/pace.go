@@ -200,8 +200,10 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	// every reset is read as late as that one was early and its grain
 	// allow: soon, not now.
 	reset := w.Reset
-	if !reset.IsZero() && !reset.After(dispatched) && remaining < b.size() {
-		b.early = max(b.early, dispatched.Sub(reset)+max(w.ResetGrain, time.Millisecond))
+	if !reset.IsZero() && remaining < b.size() {
+		if w.ResetEarly > 0 || !reset.After(dispatched) {
+			b.early = max(b.early, w.ResetEarly+dispatched.Sub(reset)+max(w.ResetGrain, time.Millisecond))
+		}
 	}
 	if !reset.IsZero() && b.early > 0 && reset.Before(dispatched.Add(b.early)) {
 		reset = dispatched.Add(b.early)

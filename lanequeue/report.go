@@ -149,13 +149,10 @@ func (s *Slot) Report(r Report) (held bool) {
 		changes = g.changesLocked(l, lim, r, v, now, changes, shared)
 	}
 	held = !lim.shared.PausedUntil().Before(r.PauseUntil)
-	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() {
-		// The group learned that the number in flight is the bound (its
-		// concurrency limit holds the retry until a permit frees), or
-		// that its window is closed (the window holds it until the
-		// boundary).
-		v := lim.shared.View(now)
-		held = v.Bound == "concurrency" || v.Window != nil && v.Window.Closed
+	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == "concurrency" {
+		// The group learned that the number in flight is the bound: its
+		// concurrency limit holds the retry until a permit frees.
+		held = true
 	}
 	g.dispatchLocked(now)
 	g.mu.Unlock()

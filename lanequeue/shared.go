@@ -89,7 +89,7 @@ type Ticket struct {
 // View is what Shared shows of itself.
 type View struct {
 	PausedUntil time.Time
-	PauseReason string // "rate_limited", "overloaded", "retry", "shared" (a pause another replica set, see redisstate) or ""
+	PauseReason string // "rate_limited", "overloaded", "retry", "window" (a fixed window's closure), "shared" (a pause another replica set, see redisstate) or ""
 	Concurrency int    // current concurrency limit
 	InFlight    int    // permits out
 	// Requests and Tokens are the learned budgets; Known is false while

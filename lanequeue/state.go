@@ -124,6 +124,16 @@ type State struct {
 	// Configured is the route's configured limits for the group, shown
 	// beside what was learned; nil when none are.
 	Configured *ConfiguredView `json:"configured,omitempty"`
+	// Shape says, when the upstream counts in another shape than a token
+	// bucket, what the group learned of it and from what ("window of 200
+	// per 10s, learned from refusals whose waits end at one boundary").
+	Shape string `json:"shape,omitempty"`
+	// SharesLimitWith names the other models whose lanes draw on the
+	// lane's limit, and SharedBecause why: "configured"
+	// (LLMPROXY_ROUTE_<NAME>_SHARED_LIMIT=credential) or "headers move
+	// together".
+	SharesLimitWith []string `json:"shares_limit_with,omitempty"`
+	SharedBecause   string   `json:"shared_because,omitempty"`
 	// QueuedLow is how many of the group's waiters are low priority.
 	QueuedLow int       `json:"group_queued_low,omitempty"`
 	LastUsed  time.Time `json:"last_used"`
@@ -160,6 +170,8 @@ func (l *Lane) state(withHistory bool) State {
 	if lim.ceil != nil {
 		s.Configured = lim.ceil.view()
 	}
+	s.Shape = v.Window.String()
+	s.SharesLimitWith, s.SharedBecause = lim.sharedWith(l.key.Model)
 	s.QueuedLow = l.waiters[Low].Len()
 	if v.Requests.Known {
 		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = v.Requests.Limit, v.Requests.Available, v.Requests.PerSecond

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"strconv"
 	"time"
 )
 
@@ -69,7 +70,8 @@ type windows struct {
 	prevStart, prevOpened time.Time
 	prevAdmitted          int
 	// known: a closure ended with the window open again. allowance is
-	// what the last whole window admitted; the length lies in
+	// what the last whole window admitted (set at each reopen); the
+	// length lies in
 	// (lengthLo, lengthHi] (lengthHi 0: not known). full counts the
 	// windows that ended in a closure, for the allowance's probe.
 	known              bool
@@ -115,11 +117,14 @@ const (
 
 // gate decides whether the group may dispatch at now: ok with knock set
 // when the dispatch is a closure's single knock (the caller reports it to
-// knocked), or not ok until at (zero: until the knock's answer).
-func (w *windows) gate(now time.Time) (at time.Time, knock, ok bool) {
+// knocked), or not ok until at (zero: until the knock's answer). With
+// spend, a window whose allowance is spent closes at once; without (one
+// replica of several counts only its own dispatches), its first refusal
+// closes it.
+func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool) {
 	if !w.closed {
 		w.roll(now)
-		if w.known && w.allowance > 0 && w.used >= w.allowance+w.extra() {
+		if spend && w.known && w.allowance > 0 && w.used >= w.allowance+w.extra() {
 			// The window's allowance is spent: close until the boundary
 			// its length predicts, without waiting to be refused.
 			w.close(now, false)
@@ -169,6 +174,21 @@ func (w *windows) extra() int {
 	return 0
 }
 
+// until is how long a closure holds the group, as a pause would: to its
+// stated boundary once confirmed, else to its next knock or test (zero:
+// no closure). With replicas, that is how the others learn of it, and
+// what keeps a replica from sending into it (a replica's own knocks do
+// not reach the shared state).
+func (w *windows) until() time.Time {
+	switch {
+	case !w.closed:
+		return time.Time{}
+	case w.stated && w.confirmed:
+		return w.hi
+	}
+	return w.knockAt
+}
+
 // knocked records the knock gate allowed, numbered seq, sent at now.
 func (w *windows) knocked(seq uint64, now time.Time) { w.knock, w.knockSent = seq, now }
 
@@ -197,23 +217,23 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 	if !w.runFrom.IsZero() && !d.Before(w.runFrom) {
 		w.runFrom, w.run = time.Time{}, 0
 	}
+	if w.closed && w.stated && !w.confirmed && !d.Before(w.knockAt) && d.Before(w.hi) {
+		// The test (or, with replicas, another request sent as late) went
+		// through before the hint's instant: the hint named no boundary.
+		w.knock = 0
+		w.moving = now.Add(hintTrust)
+		w.closed = false
+		return
+	}
 	if w.closed && t.Seq == w.knock && w.knock != 0 {
 		w.knock = 0
-		if w.stated && !w.confirmed && d.Before(w.hi) {
-			// The test went through before the hint's instant: the hint
-			// named no boundary.
-			w.moving = now.Add(hintTrust)
-			w.closed = false
-			return
-		}
 		w.reopen(d, 1)
 	}
 	switch {
 	case !d.Before(w.start):
 		w.admitted++
 	case !d.Before(w.prevStart):
-		w.prevAdmitted++
-		w.allowance = max(w.allowance, w.prevAdmitted)
+		w.prevAdmitted++ // an answer to the window that ended, come late
 	}
 }
 
@@ -230,23 +250,27 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		if knocked {
 			w.knock = 0
 			w.lastKnock = d
-			if w.stated && !w.confirmed {
-				if !long || !w.agrees(now.Add(hint), grainOf(hint)) {
-					// The test was refused at another instant: the
-					// hints move with the clock.
-					w.moving = now.Add(hintTrust)
-					w.closed = false
-					return false
-				}
-				w.confirmed = true
-			}
 			if !w.stated && !w.hi.IsZero() && !d.Before(w.hi) {
 				w.lo, w.hi = time.Time{}, time.Time{} // refused past the predicted boundary
 			}
 		}
-		if long {
+		if w.stated && !w.confirmed && !d.Before(w.knockAt) {
+			// The test, or with replicas another request sent as late.
+			if !long || !w.agrees(now.Add(hint), grainOf(hint)) {
+				// Refused at another instant: the hints move with the
+				// clock.
+				w.knock = 0
+				w.moving = now.Add(hintTrust)
+				w.closed = false
+				return false
+			}
+			w.confirmed = true
+		}
+		if hasHint && (long || w.confirmed) {
+			// In a closure, any wait a refusal names points at its
+			// boundary, however short: one a knock met a moment early
+			// says how early.
 			if !w.stated {
-				// A knock of a silent closure named the boundary.
 				w.stated, w.lo, w.hi = true, time.Time{}, time.Time{}
 			}
 			w.state(now.Add(hint), grainOf(hint))
@@ -339,9 +363,9 @@ func (w *windows) close(since time.Time, stated bool) {
 	w.since, w.knock, w.lastKnock = since, 0, time.Time{}
 	w.lo, w.hi, w.grain = time.Time{}, time.Time{}, 0
 	w.runFrom, w.run = time.Time{}, 0
-	// The running window ended: its figures go on counting late answers.
+	// The running window ended: its figures go on counting late answers
+	// until it opens again (see reopen).
 	w.prevStart, w.prevOpened, w.prevAdmitted = w.start, w.opened, w.admitted
-	w.allowance = max(w.admitted, 1)
 	w.full++
 	// Until it opens again, whatever was sent up to the closure's start
 	// (at that instant too) belongs to the window that ended.
@@ -422,6 +446,9 @@ func (w *windows) reopen(at time.Time, used int) {
 	}
 	w.closed, w.known = false, true
 	w.knock = 0
+	// What the window that ended admitted, its late answers counted, is
+	// the allowance.
+	w.allowance = max(w.prevAdmitted, 1)
 	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
 	if used > 0 {
 		w.opened = at // the knock that found it open
@@ -456,4 +483,27 @@ func (w *windows) view() *WindowView {
 		v.Allowance, v.Length = 0, 0
 	}
 	return v
+}
+
+// String says what the group learned of its windows and from what: "window
+// of 200 per 10s, learned from refusals whose waits end at one boundary".
+func (v *WindowView) String() string {
+	if v == nil {
+		return ""
+	}
+	why := "learned from refusals whose waits end at one boundary"
+	if !v.Stated {
+		why = "learned from admissions resuming after silent refusals"
+	}
+	if v.Allowance == 0 {
+		if v.Stated {
+			return "window suspected: refusals whose waits end at one boundary"
+		}
+		return "window suspected: silent refusals for a second and more"
+	}
+	length := v.Length.Round(time.Second)
+	if v.Length < 10*time.Second {
+		length = v.Length.Round(100 * time.Millisecond)
+	}
+	return "window of " + strconv.Itoa(v.Allowance) + " per " + length.String() + ", " + why
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -35,6 +36,13 @@ func logChange(log *slog.Logger, c lanequeue.Change) {
 			attrs = append(attrs, slog.Float64("admitted_rate", round2(v.AdmittedRate)))
 		}
 		attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom))
+		if shape := v.Window.String(); shape != "" {
+			attrs = append(attrs, slog.String("shape", shape))
+		}
+		if len(c.SharesLimitWith) > 0 {
+			attrs = append(attrs, slog.String("shares_limit_with", strings.Join(c.SharesLimitWith, ", ")),
+				slog.String("shared_because", c.SharedBecause))
+		}
 		if v.Requests.Known {
 			attrs = append(attrs, slog.Float64("requests_limit", round2(v.Requests.Limit)), slog.Float64("requests_per_second", round2(v.Requests.PerSecond)))
 		}

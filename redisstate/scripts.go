@@ -153,8 +153,10 @@ end
 // admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
 // probe (0/1), lease, leaseTTL, replica, the age of the replica's oldest
 // waiter (ms), keyTTL, climit default, max climit, 1 when the group has a
-// slow start (see spread) else 0, then the replica's leases of the group given back
-// and not yet removed: removed first.
+// slow start (see spread) else 0, 1 when a fixed window's allowance paces
+// the group (the request budget then neither holds nor is charged) else 0,
+// then the replica's leases of the group given back and not yet removed:
+// removed first.
 // Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
 // answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered
 // is 1 when a replica learned from an answer in the last minute; rates
@@ -169,7 +171,8 @@ local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], 
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
 local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(ARGV[9]), tonumber(ARGV[10]))
-for i = 12, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+local windowed = ARGV[12] == '1'
+for i = 13, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
@@ -194,7 +197,8 @@ local next = spread(KEYS[1], now, tonumber(ARGV[11]), climit, r.known == 1 or t.
 if next > 0 then return reply(0, next, 0, 0, 0, 0, 0) end
 local older, oldercost = olderWaiters(KEYS[3], replica, since, now, cost, keyttl)
 if out + older >= climit then return reply(0, 0, 0, 0, 0, 0, 0) end
-local rok, rat = admit(r, now, 1 + older)
+local rok, rat = true, 0
+if not windowed then rok, rat = admit(r, now, 1 + older) end
 local tok, tat = admit(t, now, cost + oldercost)
 if not (rok and tok) then
   -- A budget that waits for a time goes first; only when none does can a
@@ -205,7 +209,7 @@ end
 local room, paced = 0, 0
 if rok and tok and (r.known == 1 and r.syn == 0 or t.known == 1) then room = 1 end
 if rok and tok and r.syn == 1 then paced = 1 end
-if r.known == 1 then r.avail = r.avail - charge(r, 1) end
+if r.known == 1 and not windowed then r.avail = r.avail - charge(r, 1) end
 if t.known == 1 then t.avail = t.avail - charge(t, cost) end
 r.sent, t.sent = r.sent + 1, t.sent + cost
 lastsec = countDispatch(KEYS[1], now)

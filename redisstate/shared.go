@@ -72,7 +72,14 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.share = nil
 	if p := s.local.PausedUntil(); now.Before(p) {
-		return lanequeue.Ticket{}, p, false // learned while Redis was away
+		return lanequeue.Ticket{}, p, false // learned while Redis was away, or a window's closure
+	}
+	// A fixed window's closure holds this replica's requests but for one
+	// knock at a time, as it holds one process's; its allowance, not a
+	// pace learned from refusals, paces the group.
+	at, ok, windowed := s.local.WindowGate(now)
+	if !ok {
+		return lanequeue.Ticket{}, at, false
 	}
 	// A run of refused Admits is one waiter asking again: its arrival
 	// orders it against other replicas' waiters.
@@ -93,7 +100,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	// its next request.
 	returned := s.st.takeReturns(s.leases)
 	args := []any{0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
-		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency, s.slowStart()}
+		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency, s.slowStart(), boolInt(windowed)}
 	for _, l := range returned {
 		args = append(args, l)
 	}
@@ -330,8 +337,10 @@ func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.
 	switch {
 	case remote && r.Limits.Requests.HasRemaining:
 		reqMode, reqValue = leftCounted, float64(r.Limits.Requests.Remaining)
-	case syn && r.Verdict == lanequeue.RateRefused:
-		reqMode = leftCapped // at 0: a refusal empties the pace learned from refusals
+	case syn && r.Verdict == lanequeue.RateRefused && v.Window == nil:
+		// At 0: a refusal empties the pace learned from refusals (a
+		// window's closure refuses whatever the pace).
+		reqMode = leftCapped
 	}
 	tokMode, tokValue := leftUnchanged, 0.0
 	if remote && r.Limits.Tokens.HasRemaining {

@@ -66,6 +66,17 @@ var routeSettings = []routeSetting{
 		}
 		return nil
 	}},
+	{"SHARED_LIMIT", "model", "model: each model of a credential has limits of its own, unless the upstream's answers show models drawing on one (their counts move together); credential: every model of a credential draws on one limit from the start (a gateway key, a LiteLLM virtual key), and their lanes take turns", func(st *proxy.RouteSettings, v string) error {
+		switch strings.ToLower(v) {
+		case "model":
+			st.Limits.PerCredential = false
+		case "credential":
+			st.Limits.PerCredential = true
+		default:
+			return fmt.Errorf("%q is not model or credential", v)
+		}
+		return nil
+	}},
 	{"LOCAL", "false", "true: a local model server holding one model at a time; requests for the loaded model go first, another model waits until that queue drains or LOCAL_FAIRNESS passes", func(st *proxy.RouteSettings, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
@@ -234,6 +245,9 @@ func describeRoute(st proxy.RouteSettings) string {
 			mode = "start"
 		}
 		parts = append(parts, "as "+mode)
+	}
+	if l.PerCredential {
+		parts = append(parts, "one limit per credential")
 	}
 	if st.Local {
 		f := st.LocalFairness

@@ -30,6 +30,7 @@ func TestRouteSettingsAreRead(t *testing.T) {
 		"LLMPROXY_ROUTE_MY_OLLAMA_CONCURRENCY":    "4",
 		"LLMPROXY_ROUTE_MY_RPM":                   "60",
 		"LLMPROXY_ROUTE_GW_V2_LIMITS":             "Ceiling",
+		"LLMPROXY_ROUTE_GW_V2_SHARED_LIMIT":       "credential",
 		"LLMPROXY_GLOBAL_CONCURRENCY":             "64",
 	})
 	if err != nil {
@@ -39,7 +40,7 @@ func TestRouteSettingsAreRead(t *testing.T) {
 		"anthropic": {Limits: lanequeue.Limits{Concurrency: 16, Start: true}},
 		"my-ollama": {Local: true, LocalFairness: 10 * time.Second, Limits: lanequeue.Limits{Concurrency: 4}},
 		"my":        {Limits: lanequeue.Limits{RPM: 60}},
-		"gw.v2":     {},
+		"gw.v2":     {Limits: lanequeue.Limits{PerCredential: true}},
 	}
 	for _, r := range c.routes {
 		if r.Settings != want[r.Name] {
@@ -56,6 +57,11 @@ func TestRouteSettingsAreRead(t *testing.T) {
 	}
 	if d := describeRoute(c.defaultRoute); d != "600 rpm, 150000.5 tpm, min gap 50ms, as ceiling, priority low" {
 		t.Errorf("described as %q", d)
+	}
+	for _, r := range c.routes {
+		if d := describeRoute(r.Settings); r.Name == "gw.v2" && d != "one limit per credential" {
+			t.Errorf("gw.v2 described as %q", d)
+		}
 	}
 }
 
@@ -84,13 +90,14 @@ func TestRouteSettingErrors(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"LLMPROXY_ROUTE_FOO_RPM": "5"}, "LLMPROXY_ROUTE_FOO_RPM: no route of that name (LLMPROXY_ROUTE_<NAME>_<SETTING>; names: ANTHROPIC, DEFAULT)"},
-		{map[string]string{"LLMPROXY_ROUTE_ANTHROPIC_RPMS": "5"}, "LLMPROXY_ROUTE_ANTHROPIC_RPMS: unknown setting RPMS (one of RPM, TPM, CONCURRENCY, MIN_GAP, LIMITS, LOCAL, LOCAL_FAIRNESS, PRIORITY)"},
+		{map[string]string{"LLMPROXY_ROUTE_ANTHROPIC_RPMS": "5"}, "LLMPROXY_ROUTE_ANTHROPIC_RPMS: unknown setting RPMS (one of RPM, TPM, CONCURRENCY, MIN_GAP, LIMITS, SHARED_LIMIT, LOCAL, LOCAL_FAIRNESS, PRIORITY)"},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "fast"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "fast" is not a positive number`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "0" is not a positive number`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "-5"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "-5" is not a positive number`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "NaN"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "NaN" is not a positive number`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_CONCURRENCY": "0"}, `LLMPROXY_ROUTE_DEFAULT_CONCURRENCY: "0" is not a whole number of at least 1`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_MIN_GAP": "100"}, `LLMPROXY_ROUTE_DEFAULT_MIN_GAP: "100" is not a positive duration such as 200ms`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_SHARED_LIMIT": "key"}, `LLMPROXY_ROUTE_DEFAULT_SHARED_LIMIT: "key" is not model or credential`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_LIMITS": "hard"}, `LLMPROXY_ROUTE_DEFAULT_LIMITS: "hard" is not ceiling or start`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_LOCAL": "yes"}, `LLMPROXY_ROUTE_DEFAULT_LOCAL: "yes" is not true or false`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_PRIORITY": "urgent"}, `LLMPROXY_ROUTE_DEFAULT_PRIORITY: "urgent" is not high or low`},

@@ -249,7 +249,28 @@ func believes(s lanequeue.State) string {
 	if s.Corrected {
 		parts = append(parts, "corrected by refusals")
 	}
+	if s.Shape != "" {
+		parts = append(parts, s.Shape)
+	}
+	if len(s.SharesLimitWith) > 0 {
+		parts = append(parts, sharesWith(s.SharesLimitWith, s.SharedBecause))
+	}
 	return strings.Join(parts, ", ")
+}
+
+// sharesWith says which other models draw on a lane's limit and why:
+// "shares a limit with gpt-4o, gpt-4.1 (headers move together)", or with
+// more than three "with 5 other models".
+func sharesWith(models []string, because string) string {
+	with := strings.Join(models, ", ")
+	if len(models) > 3 {
+		with = strconv.Itoa(len(models)) + " other models"
+	}
+	s := "shares a limit with " + with
+	if because != "" {
+		s += " (" + because + ")"
+	}
+	return s
 }
 
 // perSecond writes a rate with three significant digits at most, as

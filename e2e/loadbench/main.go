@@ -136,6 +136,27 @@ var targets = map[string]target{
 	// A local route interleaving three models: within 1.2× of three loads
 	// and the answers.
 	"local/interleaved": {1.2, 0},
+	// The shapes of issue 31: fixed windows, one limit shared by four
+	// models, resets rounded down or on another clock, refusals that
+	// count, token headers stating per minute what is enforced per
+	// second, silent streams whose answer times vary.
+	"window/retry-after":             {1.1, 5},
+	"window/gemini":                  {1.1, 5},
+	"window/silent":                  {1.3, 10},
+	"window/ietf":                    {1.05, 1},
+	"window-aligned/retry-after":     {1.1, 5},
+	"window-1s/azure":                {1.1, 5},
+	"window-60s/retry-after":         {1.1, 5},
+	"shared-models/headers":          {1.05, 2},
+	"shared-models/silent":           {1.15, 10},
+	"own-models/headers":             {1.05, 1},
+	"own-models/silent":              {1.15, 10},
+	"anthropic-rounded-down/headers": {1.05, 1},
+	"anthropic-clock-ahead/headers":  {1.05, 1},
+	"anthropic-clock-behind/headers": {1.05, 1},
+	"counted/silent":                 {1.15, 5},
+	"tpm-quantized/headers":          {1.05, 1},
+	"streams-jitter/silent":          {1.15, 5},
 }
 
 func (t target) String() string {
@@ -210,7 +231,7 @@ func shapes(latency time.Duration, rps float64) []shape {
 	// is refused.
 	quantized := mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}
 
-	return []shape{
+	return append([]shape{
 		{name: "short", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps, n: 400, c: 50, speeches: with503},
 		{name: "streams", mock: streams, rate: 4, n: 120, c: 30, stream: true, speeches: all},
 		{name: "streams-anthropic", mock: streams, rate: 4, n: 120, c: 30, stream: true, anthropic: true, speeches: only},
@@ -237,6 +258,56 @@ func shapes(latency time.Duration, rps float64) []shape {
 			},
 			model: func(i int) string { return []string{"llama", "qwen", "mistral"}[i%3] },
 			ideal: func(n int) time.Duration { return 3*2*time.Second + time.Duration(n)*latency/4 }},
+	}, shapeCells(latency, rps)...)
+}
+
+// windowIdeal is the time fixed windows of allowance allow for n requests
+// answered in latency: each window's allowance sent at its start, the
+// last window's answers after it began.
+func windowIdeal(allowance int, length, latency time.Duration) func(n int) time.Duration {
+	return func(n int) time.Duration {
+		return time.Duration((n+allowance-1)/allowance-1)*length + latency
+	}
+}
+
+// shapeCells are issue 31's shapes, in the rps and latency of short.
+func shapeCells(latency time.Duration, rps float64) []shape {
+	rpm := int(rps * 60)
+	window := mockupstream.Config{RPM: rpm, Window: 10 * time.Second, Latency: latency}
+	perWindow := rpm / 6
+	aligned := window
+	aligned.WindowAligned = true
+	own := mockupstream.Config{RPM: rpm, Latency: latency, PerModel: true}
+	quantized := mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}
+	down, ahead, behind := quantized, quantized, quantized
+	down.ResetRoundDown = true
+	ahead.ClockAhead = time.Second
+	behind.ClockAhead, behind.ResetRoundDown = -time.Second, true
+	four := func(i int) string { return []string{"gpt-a", "gpt-b", "gpt-c", "gpt-d"}[i%4] }
+	return []shape{
+		{name: "window", mock: window, rate: rps, n: 600, c: 50, ideal: windowIdeal(perWindow, 10*time.Second, latency),
+			speeches: []string{"retry-after", "gemini", "silent", "ietf"}},
+		{name: "window-aligned", mock: aligned, rate: rps, n: 600, c: 50, ideal: windowIdeal(perWindow, 10*time.Second, latency),
+			speeches: []string{"retry-after"}},
+		// Azure's 1 s windows, aligned to the clock, refusals counted.
+		{name: "window-1s", mock: mockupstream.Config{RPM: rpm, Window: time.Second, WindowAligned: true, CountRefused: true, Latency: latency},
+			rate: rps, n: 400, c: 50, ideal: windowIdeal(rpm/60, time.Second, latency), speeches: []string{"azure"}},
+		// 60 s windows of 300, over two windows.
+		{name: "window-60s", mock: mockupstream.Config{RPM: 300, Window: time.Minute, Latency: latency}, rate: 5, n: 600, c: 50,
+			ideal: windowIdeal(300, time.Minute, latency), speeches: []string{"retry-after"}},
+		{name: "shared-models", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps, n: 400, c: 50, model: four,
+			speeches: []string{"headers", "silent"}},
+		{name: "own-models", mock: own, rate: 4 * rps, n: 400, c: 50, model: four, speeches: []string{"headers", "silent"}},
+		{name: "anthropic-rounded-down", mock: down, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
+		{name: "anthropic-clock-ahead", mock: ahead, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
+		{name: "anthropic-clock-behind", mock: behind, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
+		{name: "counted", mock: mockupstream.Config{RPM: rpm, Latency: latency, CountRefused: true}, rate: rps, n: 400, c: 50,
+			speeches: []string{"silent"}},
+		{name: "tpm-quantized", mock: mockupstream.Config{TPM: int64(rps * 60 * float64(costPerRequest())), RPM: rpm * 10, Latency: latency,
+			QuantizedHeaders: true}, rate: rps, n: 400, c: 50, speeches: []string{"headers"}},
+		{name: "streams-jitter", mock: mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10,
+			ChunkDelay: 200 * time.Millisecond, LatencyJitter: 50 * time.Millisecond}, rate: 4, n: 120, c: 30, stream: true,
+			speeches: []string{"silent"}},
 	}
 }
 
@@ -255,6 +326,14 @@ func speak(cfg *mockupstream.Config, speech string, concurrency bool) {
 		if speech == "silent-503" {
 			cfg.RefusalStatus = http.StatusServiceUnavailable
 		}
+	case "retry-after": // Retry-After alone, in whole seconds
+		cfg.NoLimitHeaders, cfg.NoHint, cfg.ConcurrencyUnnamed, cfg.RetryAfterSeconds = true, true, true, true
+	case "gemini": // Gemini's RetryInfo retryDelay in the body alone
+		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.HintForm, cfg.ConcurrencyUnnamed = true, true, "gemini", true
+	case "azure": // Azure's "retry after N seconds" in the body, Retry-After and retry-after-ms
+		cfg.NoLimitHeaders, cfg.HintForm, cfg.ConcurrencyUnnamed = true, "azure", true
+	case "ietf": // the IETF draft's RateLimit-* fields, Retry-After in whole seconds
+		cfg.HeaderForm, cfg.NoHint, cfg.ConcurrencyUnnamed, cfg.RetryAfterSeconds = "ietf", true, true, true
 	default:
 		panic("loadbench: unknown speech " + speech)
 	}

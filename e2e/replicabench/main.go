@@ -22,6 +22,13 @@
 //	silent-concurrency  concurrency, silent: no Retry-After either
 //	silent-streams  streams, silent: 4 req/s, streams of about 1.8 s, a
 //	                bare 429; 120 at 30
+//	window          10 s windows of 200 counted from each window's first
+//	                request, refused with Retry-After in whole seconds
+//	                alone; 600 at 50 (ideal: three windows' allowance at
+//	                their starts, 20.2 s)
+//	anthropic       Anthropic's headers stating 1,200 RPM while 20 a second
+//	                is enforced, resets in whole seconds rounded down; 400
+//	                at 50
 //	redis-slow      short, while Redis stalls (DEBUG SLEEP 0.2) every 600 ms
 //	redis-killed    short with 360 requests; redis-server is SIGKILLed a
 //	                third of the way through and started again, empty, on
@@ -31,7 +38,7 @@
 //	                cut requests are counted apart, and the time until Redis
 //	                stops counting its permits (its leases expire) is shown
 //
-// short, streams, concurrency and the silent rows run through one proxy (no Redis) and
+// short, streams, concurrency, the silent rows, window and anthropic run through one proxy (no Redis) and
 // through three replicas; the others through three replicas only, compared
 // with the one-proxy row of their load (short or streams) when that ran.
 //
@@ -100,7 +107,7 @@ func main() { os.Exit(realMain()) }
 
 func realMain() int {
 	var o options
-	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, silent, silent-concurrency, silent-streams, redis-slow, redis-killed, replica-killed (default all)")
+	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, silent, silent-concurrency, silent-streams, window, anthropic, redis-slow, redis-killed, replica-killed (default all)")
 	flag.IntVar(&o.runs, "runs", 1, "runs of each row; the table shows each run and the median")
 	flag.BoolVar(&o.verbose, "v", false, "print progress, the replicas' Redis and lane-change log lines and the first failures of each run")
 	flag.IntVar(&o.replicas, "replicas", 3, "replicas in the shared rows")
@@ -265,6 +272,9 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	began := time.Now()
 	res := result{sc: sc, replicas: n, run: run, n: sc.n, c: sc.c, victim: -1,
 		ideal: time.Duration(float64(sc.n) / sc.rate * float64(time.Second))}
+	if sc.ideal > 0 {
+		res.ideal = sc.ideal
+	}
 	shared := n > 1
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()

@@ -23,8 +23,11 @@ type scenario struct {
 	base string
 	mock mockupstream.Config
 	// rate is what the upstream allows, in requests per second: the ideal
-	// makespan is n ÷ rate.
-	rate   float64
+	// makespan is n ÷ rate, unless ideal is set.
+	rate float64
+	// ideal, when set, is the time the upstream's limits allow for the n
+	// requests (fixed windows: each window's allowance at its start).
+	ideal  time.Duration
 	n, c   int
 	stream bool
 	// solo: also run through one proxy without Redis.
@@ -80,6 +83,16 @@ var (
 		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
 	silentStreamsMock = mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond,
 		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
+	// The shapes of issue 31. window: 10 s windows of 200 (1,200 RPM),
+	// counted from each window's first request, refusals saying only
+	// Retry-After in whole seconds, 200 ms answers (loadbench's
+	// window/retry-after). anthropic: Anthropic's headers stating 1,200
+	// RPM while 20 a second is enforced, resets in whole seconds rounded
+	// down (loadbench's anthropic-rounded-down/headers, on the chat path).
+	windowMock = mockupstream.Config{RPM: 1200, Window: 10 * time.Second, Latency: 200 * time.Millisecond,
+		NoLimitHeaders: true, NoHint: true, ConcurrencyUnnamed: true, RetryAfterSeconds: true}
+	anthropicMock = mockupstream.Config{RPM: 1200, Latency: 200 * time.Millisecond, QuantizedHeaders: true,
+		HeaderForm: "anthropic", ResetRoundDown: true}
 )
 
 // scenarios lists every row in the order they run.
@@ -95,6 +108,9 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 			solo: true, target: asOne},
 		{name: "silent-streams", base: "silent-streams", mock: silentStreamsMock, rate: 4, n: 120, c: 30, stream: true,
 			solo: true, target: asOne},
+		{name: "window", base: "window", mock: windowMock, rate: 20, n: 600, c: 50, solo: true, target: asOne,
+			ideal: 2*10*time.Second + 200*time.Millisecond},
+		{name: "anthropic", base: "anthropic", mock: anthropicMock, rate: 20, n: 400, c: 50, solo: true, target: asOne},
 		{name: "redis-slow", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, during: slowRedis, target: asOne},
 		{name: "redis-killed", base: "short", mock: shortMock, rate: 20, n: 360, c: 50, during: killRedis,
 			target: target{kind: refusedTarget, pct: 10}},

@@ -256,6 +256,9 @@ func (r result) refusedPct() float64 {
 func simulate(t *testing.T, c cell) result {
 	var res result
 	synctest.Test(t, func(t *testing.T) {
+		// A real clock is rarely on a whole second when a run starts: the
+		// bubble's is, at midnight.
+		time.Sleep(startOffset)
 		mock := mockupstream.NewInProcess(c.mock)
 		defer mock.Close()
 		u, _ := url.Parse(mock.URL())
@@ -363,6 +366,10 @@ func send(p *proxy.Proxy, c cell, i int) error {
 }
 
 var trace = flag.Bool("trace", false, "log each lane's state every 250ms of simulated time")
+
+// startOffset is how far past a whole second of the bubble's clock each
+// run starts.
+const startOffset = 370 * time.Millisecond
 
 // runs is how many times each cell runs: goroutines that wake at one
 // simulated instant run in any order, so runs differ a little, and the

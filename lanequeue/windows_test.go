@@ -1,0 +1,289 @@
+package lanequeue
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// winRig drives a windows value with explicit times: each dispatch gets a
+// ticket numbered in order, as Memory numbers them.
+type winRig struct {
+	t   *testing.T
+	w   windows
+	seq uint64
+}
+
+// send dispatches at now through the gate, and returns the ticket, or nil
+// when the gate held the request.
+func (r *winRig) send(now time.Time) *Ticket {
+	at, knock, ok := r.w.gate(now, true)
+	if !ok {
+		_ = at
+		return nil
+	}
+	r.seq++
+	t := &Ticket{Seq: r.seq, Dispatched: now}
+	if knock {
+		r.w.knocked(t.Seq, now)
+	} else {
+		r.w.dispatched(now)
+	}
+	return t
+}
+
+// burst admits n requests sent from at, 1 ms apart, their answers at once.
+func (r *winRig) burst(at time.Time, n int) time.Time {
+	for i := range n {
+		now := at.Add(time.Duration(i) * time.Millisecond)
+		t := r.send(now)
+		if t == nil {
+			r.t.Fatalf("request %d of a burst held at %v", i, now)
+		}
+		r.w.accepted(t, now)
+	}
+	return at.Add(time.Duration(n) * time.Millisecond)
+}
+
+func (r *winRig) refuse(t *Ticket, hint time.Duration, now time.Time) bool {
+	return r.w.refused(t, hint, hint > 0, 0, now)
+}
+
+// TestStatedWindow: a refusal naming a wait of seconds after a burst
+// suspects a window closing to that instant; a test 1.25 s later refused
+// at the same instant confirms it, and the group holds until it as a
+// pause would; knocks step through what whole seconds leave open; the
+// first admitted reopens the window, whose allowance and length are then
+// known, and the next window's allowance goes from its start.
+func TestStatedWindow(t *testing.T) {
+	r := &winRig{t: t}
+	boundary := t0.Add(10 * time.Second) // a 10 s window opened at t0
+	end := r.burst(t0, 200)
+	over := r.send(end)
+	// Retry-After in whole seconds, rounded up: 10 s - 0.2 s -> 10.
+	if !r.refuse(over, 10*time.Second, end) {
+		t.Fatal("a 10 s wait after a burst was not taken as a window's closure")
+	}
+	if r.w.until().IsZero() || !r.w.until().Equal(end.Add(1250*time.Millisecond)) {
+		t.Fatalf("a suspected closure holds until %v, want its test at %v", r.w.until(), end.Add(1250*time.Millisecond))
+	}
+	if r.send(end.Add(time.Second)) != nil {
+		t.Fatal("a request went before the test")
+	}
+	test := r.send(end.Add(1250 * time.Millisecond))
+	if test == nil {
+		t.Fatal("no test at 1.25 s")
+	}
+	if r.send(end.Add(1300*time.Millisecond)) != nil {
+		t.Fatal("a second request went while the test was out")
+	}
+	now := end.Add(1250 * time.Millisecond)
+	if !r.refuse(test, 9*time.Second, now) { // 10 - 1.45 -> 9 s: the same instant, to the second
+		t.Fatal("the test's refusal was not the window's")
+	}
+	if !r.w.confirmed || r.w.hi.After(end.Add(10*time.Second)) || !r.w.until().Equal(r.w.hi) {
+		t.Fatalf("after the test: confirmed %v, boundary in (%v, %v], held until %v", r.w.confirmed, r.w.lo, r.w.hi, r.w.until())
+	}
+	// Knocks step through (lo, hi]; refused ones move lo.
+	var knocks int
+	for {
+		at, _, _ := r.w.gate(now, true)
+		now = at
+		k := r.send(now)
+		if k == nil {
+			if r.w.closed {
+				t.Fatalf("held at %v with no knock", now)
+			}
+			break
+		}
+		knocks++
+		if now.Before(boundary) {
+			r.refuse(k, boundary.Sub(now).Round(time.Second)+time.Second, now)
+			continue
+		}
+		r.w.accepted(k, now)
+		break
+	}
+	if r.w.closed || knocks > knockSteps+1 {
+		t.Fatalf("closed %v after %d knocks", r.w.closed, knocks)
+	}
+	if late := r.w.start.Sub(boundary); late < 0 || late > 250*time.Millisecond {
+		t.Fatalf("reopened %v after the boundary, want within 250ms", late)
+	}
+	if !r.w.known || r.w.allowance != 200 || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second {
+		t.Fatalf("known %v allowance %d length (%v, %v]", r.w.known, r.w.allowance, r.w.lengthLo, r.w.lengthHi)
+	}
+	// The next window: its allowance goes at once, then the group closes
+	// without a refusal and knocks at the boundary the length predicts.
+	start := r.w.start
+	end = r.burst(start, 199) // the knock that reopened it was the first
+	if r.send(end) != nil {
+		t.Fatal("a request past the allowance went")
+	}
+	if !r.w.closed || r.w.stated || r.w.hi.IsZero() {
+		t.Fatalf("after the allowance: closed %v stated %v predicted (%v, %v]", r.w.closed, r.w.stated, r.w.lo, r.w.hi)
+	}
+	v := r.w.view()
+	if s := v.String(); !strings.HasPrefix(s, "window of 200 per 10") {
+		t.Fatalf("view %q", s)
+	}
+}
+
+// TestHintsThatMoveWithTheClock: a gateway's constant Retry-After (or a
+// bucket's) points at another instant for every refusal: the test tells,
+// and the refusals go back to the pace learned from them; so does a test
+// that is admitted.
+func TestHintsThatMoveWithTheClock(t *testing.T) {
+	for _, testAdmitted := range []bool{false, true} {
+		r := &winRig{t: t}
+		end := r.burst(t0, 20)
+		r.refuse(r.send(end), 30*time.Second, end)
+		test := r.send(end.Add(1250 * time.Millisecond))
+		now := end.Add(1250 * time.Millisecond)
+		if testAdmitted {
+			r.w.accepted(test, now)
+		} else if r.refuse(test, 30*time.Second, now) {
+			t.Fatal("a refusal 1.25 s later pointing 1.25 s later was taken as the same closure")
+		}
+		if r.w.closed || !r.w.until().IsZero() {
+			t.Fatalf("admitted %v: still closed", testAdmitted)
+		}
+		// A minute on, long hints are not read as boundaries.
+		if r.refuse(r.send(now.Add(time.Second)), 30*time.Second, now.Add(time.Second)) {
+			t.Fatalf("admitted %v: a long hint was read as a boundary right after hints moved", testAdmitted)
+		}
+	}
+}
+
+// TestShortHintsAreBoundariesOnlyWhenFarFromARefill: a millisecond hint is
+// a window's boundary only when far longer than one request's refill at
+// what the upstream admits; Retry-After: 1 is never one.
+func TestShortHintsAreBoundariesOnlyWhenFarFromARefill(t *testing.T) {
+	for _, c := range []struct {
+		hint   time.Duration
+		admits float64
+		want   bool
+	}{
+		{50 * time.Millisecond, 20, false}, // a 20/s bucket's next token
+		{400 * time.Millisecond, 20, true}, // 8 requests' worth: a 1 s window's end
+		{400 * time.Millisecond, 2, false}, // under one request's worth... a slow bucket
+		{time.Second, 100, false},          // Retry-After: 1, any wait up to a second
+		{2 * time.Second, 0, true},         // Retry-After: 2
+		{1500 * time.Millisecond, 0, true}, // precise and over a second
+	} {
+		if got := boundary(c.hint, c.admits); got != c.want {
+			t.Errorf("boundary(%v, %v/s) = %v, want %v", c.hint, c.admits, got, c.want)
+		}
+	}
+}
+
+// TestSilentWindow: refusals with no hint and no admission for a second
+// close the group; knocks go a share of the closure's length apart; the
+// first admitted reopens it, and the shape is known; the next window's
+// first refusal closes it at once, with a knock at the predicted boundary.
+func TestSilentWindow(t *testing.T) {
+	r := &winRig{t: t}
+	boundary := t0.Add(10 * time.Second)
+	end := r.burst(t0, 200)
+	// Refusals at a pace for a second: not yet a closure, then one.
+	now := end
+	for i := 0; ; i++ {
+		took := r.refuse(r.send(now), 0, now)
+		if now.Sub(end) < minClosure && took {
+			t.Fatalf("closed after %v of refusals", now.Sub(end))
+		}
+		if took {
+			break
+		}
+		now = now.Add(200 * time.Millisecond)
+	}
+	knocks := 0
+	for r.w.closed {
+		at, _, _ := r.w.gate(now, true)
+		if at.IsZero() {
+			t.Fatal("a silent closure with no knock time")
+		}
+		now = at
+		k := r.send(now)
+		if k == nil {
+			t.Fatalf("no knock at %v", now)
+		}
+		knocks++
+		if now.Before(boundary) {
+			r.refuse(k, 0, now)
+		} else {
+			r.w.accepted(k, now)
+		}
+	}
+	late := r.w.start.Sub(boundary)
+	if knocks > 30 || late < 0 || late > time.Second {
+		t.Fatalf("%d knocks, reopened %v after the boundary", knocks, late)
+	}
+	// The next window: the first refusal closes it, predicting the
+	// boundary a length after the window's first request.
+	start := r.w.start
+	end = r.burst(start.Add(time.Millisecond), 199)
+	over := r.send(end)
+	if over == nil {
+		// The allowance was spent: closed without a refusal.
+		if !r.w.closed {
+			t.Fatal("neither sent nor closed")
+		}
+	} else if !r.refuse(over, 0, end) || !r.w.closed {
+		t.Fatal("a known window's refusal did not close it at once")
+	}
+	if r.w.hi.IsZero() || r.w.hi.Sub(start) < 9*time.Second || r.w.hi.Sub(start) > 11*time.Second {
+		t.Fatalf("predicted boundary (%v, %v], want about 10 s after %v", r.w.lo, r.w.hi, start)
+	}
+}
+
+// TestOutageIsNotAWindow: an upstream that never admitted anything is down
+// or closed, not counting in windows: its refusals are not the windows'.
+func TestOutageIsNotAWindow(t *testing.T) {
+	r := &winRig{t: t}
+	for i := range 10 {
+		now := t0.Add(time.Duration(i) * 300 * time.Millisecond)
+		if r.refuse(r.send(now), 0, now) || r.refuse(r.send(now), 9*time.Second, now) {
+			t.Fatal("a refusal with nothing ever admitted was taken as a window's")
+		}
+	}
+}
+
+// TestProbingWindowSendsOneMore: one window in probeWindows sends one more
+// than the allowance, to find an allowance that grew.
+func TestProbingWindowSendsOneMore(t *testing.T) {
+	w := windows{known: true, allowance: 10, lengthHi: time.Second}
+	for full := range probeWindows {
+		w.full = full
+		want := 10
+		if full == probeWindows-1 {
+			want = 11
+		}
+		w.used, w.closed = 0, false
+		sent := 0
+		for {
+			if _, _, ok := w.gate(t0, true); !ok {
+				break
+			}
+			w.dispatched(t0)
+			sent++
+		}
+		if sent != want {
+			t.Errorf("window %d: sent %d, want %d", full, sent, want)
+		}
+	}
+}
+
+// TestAWindowNotSpentRollsOver: a load lighter than the allowance spends
+// no window; once a window's length has passed the count starts again,
+// so the group is never closed for what earlier windows sent.
+func TestAWindowNotSpentRollsOver(t *testing.T) {
+	w := windows{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	for i := range 30 {
+		now := t0.Add(time.Duration(i) * 2 * time.Second) // 5 a window
+		if _, _, ok := w.gate(now, true); !ok {
+			t.Fatalf("request %d held at %v: %d used", i, now, w.used)
+		}
+		w.dispatched(now)
+	}
+}
