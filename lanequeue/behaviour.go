@@ -86,6 +86,9 @@ const (
 	// minShortSpan: closer than this, they do not even show a guess off.
 	minSampleSpan = 500 * time.Millisecond
 	minShortSpan  = 200 * time.Millisecond
+	// shortCut: a guess is cut to a short sample only when more than
+	// this many times above it.
+	shortCut = 2
 	// levelMemory is how many answers the bound is judged from; minBelow
 	// is how many admissions at the level under a refusal show it was the
 	// highest the upstream holds.

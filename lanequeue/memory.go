@@ -474,10 +474,14 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		l.estimate *= unmeasuredCut
 		l.cut = now
 	}
-	if !l.measured && !t.Probe && l.short > 0 && l.short < l.estimate {
+	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate {
 		// Refusals too close together to measure the rate still show what
-		// got through between them: a guess far above it is cut to it at
-		// once rather than by unmeasuredCut a round.
+		// got through between them: a guess far above it (the whole of a
+		// limit other models share, a sending rate several times the
+		// limit) is cut to it at once rather than by unmeasuredCut a
+		// round. (One a little above it is left to the measurement: what
+		// gets through right after a refusal may be less than the refill,
+		// where refusals count against the limit.)
 		l.estimate = l.short
 		l.cut = now
 	}

@@ -200,7 +200,30 @@ type cell struct {
 
 const maxTokens = 100
 
-var showFailures int
+var (
+	showFailures int
+	traceLanes   bool
+)
+
+// traceStates prints each lane's state every 250 ms until stop.
+func traceStates(p *proxy.Proxy, mock *mockupstream.Server, stop <-chan struct{}) {
+	start := time.Now()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		st := mock.Stats()
+		for _, v := range p.States() {
+			fmt.Fprintf(os.Stderr, "%6.2fs %s queued %3d in flight %2d/%2d pace %6.1f/s admitted %6.1f/s from %-15q bound %-11q paused %-12s %s refused %d/%d\n",
+				time.Since(start).Seconds(), v.Model, v.GroupQueued, v.InFlight, v.Concurrency, v.RequestsPerSecond, v.AdmittedRate,
+				v.RateFrom, v.Bound, v.PauseReason, v.Shape, st.RateLimited, st.Requests)
+		}
+	}
+}
 
 // prompt is the same size for every request, so each costs the same tokens.
 func prompt(i int) string { return fmt.Sprintf("question %06d", i) }
@@ -442,6 +465,7 @@ func main() {
 	markdown := flag.Bool("markdown", false, "also print the proxy rows as a Markdown table")
 	timeout := flag.Duration("timeout", 3*time.Minute, "bound on each run")
 	flag.IntVar(&showFailures, "show-failures", 0, "print the first this many client failures of each run")
+	flag.BoolVar(&traceLanes, "trace", false, "print every lane's state every 250 ms to stderr (proxy runs)")
 	flag.Parse()
 	if *runs < 1 {
 		fmt.Fprintln(os.Stderr, "loadbench: -runs must be at least 1")
@@ -512,6 +536,11 @@ func run(sc cell, mode string, timeout time.Duration) result {
 		front := httptest.NewServer(p)
 		defer front.Close()
 		openaiBase, anthropicBase = front.URL+"/v1", front.URL+"/anthropic"
+		if traceLanes {
+			stop := make(chan struct{})
+			defer close(stop)
+			go traceStates(p, mock, stop)
+		}
 	}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c * 2}}
 	defer hc.CloseIdleConnections()
