@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -474,4 +475,101 @@ func mustURL(t *testing.T, s string) *url.URL {
 		t.Fatal(err)
 	}
 	return u
+}
+
+// TestDashboardShowsShapesAndSharedLimits drives the dashboard in real
+// headless Chromium while one route's upstream counts in fixed windows and
+// another's two models draw on one limit of their key: the page says
+// each lane's shape and what its limit is shared with, as /lanes does.
+func TestDashboardShowsShapesAndSharedLimits(t *testing.T) {
+	ctx, stop := browser(t, 1280, 800, 90*time.Second)
+	defer stop()
+	// 2 s windows of 20, counted from each window's first request,
+	// refused with Retry-After in whole seconds alone.
+	windowed := mockupstream.New(mockupstream.Config{RPM: 600, Window: 2 * time.Second, Latency: 50 * time.Millisecond,
+		NoLimitHeaders: true, NoHint: true, RetryAfterSeconds: true})
+	defer windowed.Close()
+	// The default upstream: one 20/s bucket per key, whatever the model,
+	// with OpenAI's headers.
+	s := newStack(t, mockupstream.Config{RPM: 1200, Latency: 50 * time.Millisecond}, func(c *proxy.Config) {
+		c.Routes = append(c.Routes, proxy.Route{Name: "gateway", URL: mustURL(t, windowed.URL())})
+	})
+	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{}))
+	defer admin.Close()
+
+	trafficCtx, stopTraffic := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	shared := s.openai("sk-dashboard-shared")
+	gateway := s.openai("sk-dashboard-window", option.WithBaseURL(s.front.URL+"/gateway/v1"))
+	for i := range 20 {
+		wg.Go(func() {
+			for trafficCtx.Err() == nil {
+				if i%2 == 0 {
+					_, _ = gateway.Chat.Completions.New(trafficCtx, chatParams("gpt-window", "hello"))
+				} else {
+					_, _ = shared.Chat.Completions.New(trafficCtx, chatParams([]string{"gpt-a", "gpt-b"}[i/2%2], "hello"))
+				}
+			}
+		})
+	}
+	defer func() {
+		stopTraffic()
+		wg.Wait()
+	}()
+	byModel := func() map[string]lanequeue.State {
+		m := map[string]lanequeue.State{}
+		for _, st := range getLanes(t, admin.URL).Lanes {
+			m[st.Model] = st
+		}
+		return m
+	}
+	waitFor(t, func() bool {
+		m := byModel()
+		return strings.HasPrefix(m["gpt-window"].Shape, "window of 20 per 2") && len(m["gpt-a"].SharesLimitWith) > 0
+	})
+	lanes := byModel()
+	if st := lanes["gpt-a"]; !slices.Equal(st.SharesLimitWith, []string{"gpt-b"}) || st.SharedBecause != "headers move together" {
+		t.Fatalf("/lanes: gpt-a shares with %v (%q)", st.SharesLimitWith, st.SharedBecause)
+	}
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(admin.URL+"/ui"),
+		chromedp.WaitVisible(chromedp.CSS(`tr.lane[data-lane]`)),
+	); err != nil {
+		t.Fatal(err)
+	}
+	type shown struct {
+		Shape  string `json:"shape"`
+		Shared string `json:"shared"`
+	}
+	read := func(id string) shown {
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[shown](`(() => {
+		  const tr = document.querySelector('tr.lane[data-lane="`+id+`"]');
+		  const f = name => { const e = tr && tr.querySelector('[data-field="' + name + '"]'); return e ? e.textContent.trim() : ""; };
+		  return { shape: f("shape"), shared: f("shared") };
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var win, a shown
+	for time.Now().Before(deadline) {
+		win, a = read(lanes["gpt-window"].ID), read(lanes["gpt-a"].ID)
+		if win.Shape != "" && a.Shared != "" {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !regexp.MustCompile(`^window of 20 per 2(\.[0-9])?s, learned from refusals whose waits end at one boundary$`).MatchString(win.Shape) {
+		t.Errorf("the windowed lane shows %q", win.Shape)
+	}
+	if a.Shared != "shares a limit with gpt-b (headers move together)" {
+		t.Errorf("gpt-a's lane shows %q", a.Shared)
+	}
+	shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeArtifact(t, filepath.Join(artifactDir(t), "dashboard-shapes-1280x800.png"), shot)
 }

@@ -127,6 +127,13 @@ func (g *group) shareLocked(lim *limit, s *Slot, w headerparse.Window) bool {
 	if len(with) < 2 {
 		return false
 	}
+	g.mergeLocked(with, "headers move together")
+	return true
+}
+
+// mergeLocked makes the limits in with one, for why: the one made first
+// takes the others' lanes and models. Requires g.mu and g.limMu held.
+func (g *group) mergeLocked(with []*limit, why string) {
 	slices.SortFunc(with, func(a, b *limit) int { return a.seq - b.seq })
 	into := with[0]
 	for _, o := range with[1:] {
@@ -134,12 +141,11 @@ func (g *group) shareLocked(lim *limit, s *Slot, w headerparse.Window) bool {
 		for _, m := range o.models {
 			into.addModel(m)
 		}
-		into.sharedBy = "headers move together"
 	}
+	into.sharedBy = why
 	for k, o := range g.limits {
 		if o.mergedInto != nil {
 			g.limits[k] = into
 		}
 	}
-	return true
 }

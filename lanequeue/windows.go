@@ -78,6 +78,9 @@ type windows struct {
 	allowance          int
 	lengthLo, lengthHi time.Duration
 	full               int
+	// hinted: the shape was learned from a closure the upstream's hints
+	// stated (else from knocks).
+	hinted bool
 	// moving: until then a long hint is not read as a boundary; a test
 	// showed the hints moving with the clock.
 	moving time.Time
@@ -217,9 +220,10 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 	if !w.runFrom.IsZero() && !d.Before(w.runFrom) {
 		w.runFrom, w.run = time.Time{}, 0
 	}
-	if w.closed && w.stated && !w.confirmed && !d.Before(w.knockAt) && d.Before(w.hi) {
+	if w.closed && w.stated && !w.confirmed && !d.Before(w.knockAt) && d.Before(w.lo) {
 		// The test (or, with replicas, another request sent as late) went
-		// through before the hint's instant: the hint named no boundary.
+		// through before the earliest the hint's instant can be: the hint
+		// named no boundary.
 		w.knock = 0
 		w.moving = now.Add(hintTrust)
 		w.closed = false
@@ -255,8 +259,10 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 			}
 		}
 		if w.stated && !w.confirmed && !d.Before(w.knockAt) {
-			// The test, or with replicas another request sent as late.
-			if !long || !w.agrees(now.Add(hint), grainOf(hint)) {
+			// The test, or with replicas another request sent as late:
+			// any wait it names (Retry-After: 1 near the boundary) must
+			// point at the same instant.
+			if !hasHint || !w.agrees(now.Add(hint), grainOf(hint)) {
 				// Refused at another instant: the hints move with the
 				// clock.
 				w.knock = 0
@@ -444,6 +450,9 @@ func (w *windows) reopen(at time.Time, used int) {
 			w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
 		}
 	}
+	if !w.known {
+		w.hinted = w.stated // how the shape was learned, for the view
+	}
 	w.closed, w.known = false, true
 	w.knock = 0
 	// What the window that ended admitted, its late answers counted, is
@@ -461,8 +470,9 @@ type WindowView struct {
 	// not known.
 	Allowance int
 	Length    time.Duration
-	// Stated: the upstream named the boundaries in its hints; otherwise
-	// they were found by knocking.
+	// Stated: the upstream named the boundary in its hints, when the
+	// shape was learned (or, before, of the closure under way); otherwise
+	// it was found by knocking.
 	Stated bool
 	// ClosedUntil is the stated boundary of a closure under way; Closed
 	// says one is (its end is not known when it is silent).
@@ -475,7 +485,10 @@ func (w *windows) view() *WindowView {
 	if !w.known && !w.closed {
 		return nil
 	}
-	v := &WindowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.stated, Closed: w.closed}
+	v := &WindowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.hinted, Closed: w.closed}
+	if !w.known {
+		v.Stated = w.stated
+	}
 	if w.closed && w.stated && w.confirmed {
 		v.ClosedUntil = w.hi
 	}
