@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -410,5 +411,67 @@ func TestLanesAnswersAPageOfTheBusiest(t *testing.T) {
 		if err := json.Unmarshal([]byte(get("/lanes?limit="+q)), &page); err != nil || len(page.Lanes) != 5 {
 			t.Fatalf("limit=%s, the default page: %d lanes, %v", q, len(page.Lanes), err)
 		}
+	}
+}
+
+// TestShapesAndSharedLimitsAreLogged: the "lane limits changed" line says
+// a window's closure when a refusal names a wait of seconds after
+// admissions, and which models a lane shares its limit with when their
+// headers' counts move together.
+func TestShapesAndSharedLimitsAreLogged(t *testing.T) {
+	var mu sync.Mutex
+	left, calls := 20, 0
+	logs := &syncBuffer{}
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := readAllQuiet(r)
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(body, `"gpt-window"`) {
+			calls++
+			if calls == 2 {
+				w.Header().Set("Retry-After", "2")
+				w.WriteHeader(429)
+				fmt.Fprint(w, `{"error":{"type":"requests","code":"rate_limit_exceeded","message":"slow down"}}`)
+				return
+			}
+			fmt.Fprint(w, `{}`)
+			return
+		}
+		// One window of 20 for the key, whatever the model.
+		left--
+		w.Header().Set("X-Ratelimit-Limit-Requests", "20")
+		w.Header().Set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
+		w.Header().Set("X-Ratelimit-Reset-Requests", "1s")
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	})
+	for _, model := range []string{"gpt-a", "gpt-b", "gpt-window", "gpt-window"} {
+		resp := h.post("/v1/chat/completions", `{"model":"`+model+`"}`)
+		readAll(t, resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", model, resp.StatusCode)
+		}
+	}
+	var shared, window []string
+	for l := range strings.SplitSeq(logs.String(), "\n") {
+		if !strings.Contains(l, `msg="lane limits changed"`) {
+			continue
+		}
+		if strings.Contains(l, "model=gpt-b") && strings.Contains(l, "shares_limit_with") {
+			shared = append(shared, l)
+		}
+		if strings.Contains(l, "model=gpt-window") && strings.Contains(l, "shape=") {
+			window = append(window, l)
+		}
+	}
+	if len(shared) == 0 || !strings.Contains(shared[0], `shares_limit_with=gpt-a shared_because="headers move together"`) {
+		t.Errorf("no line says gpt-b shares a limit with gpt-a:\n%s", logs.String())
+	}
+	// The closure, suspected at the refusal, then the window learned when
+	// it opened again: one request a window of about 2 s.
+	if len(window) != 2 || !strings.Contains(window[0], `shape="window suspected: refusals whose waits end at one boundary" status=429`) ||
+		!regexp.MustCompile(`shape="window of 1 per [12](\.[0-9])?s, learned from refusals whose waits end at one boundary" status=200`).MatchString(window[1]) {
+		t.Errorf("the lines do not say gpt-window's upstream closed a window, then what it learned:\n%s", logs.String())
 	}
 }

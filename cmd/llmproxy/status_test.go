@@ -174,6 +174,13 @@ func TestStatusSaysWhatTheLaneBelievesAndWhy(t *testing.T) {
 		{"words", lanequeue.State{Concurrency: 4, ConcurrencyFrom: "words", Bound: "concurrency"},
 			"concurrency 4 named by the upstream, bound: concurrency"},
 		{"an older proxy", lanequeue.State{Learned: "refusals", RequestsPerSecond: 3}, "rate 3/s learned from refusals"},
+		{"a window", lanequeue.State{Concurrency: 8, Shape: "window of 200 per 10s, learned from refusals whose waits end at one boundary"},
+			"window of 200 per 10s, learned from refusals whose waits end at one boundary"},
+		{"a shared limit", lanequeue.State{Learned: "headers", RateFrom: "headers", RequestsPerSecond: 20,
+			SharesLimitWith: []string{"gpt-4o", "gpt-4.1"}, SharedBecause: "headers move together"},
+			"rate 20/s from headers, shares a limit with gpt-4o, gpt-4.1 (headers move together)"},
+		{"a limit shared by many", lanequeue.State{SharesLimitWith: []string{"a", "b", "c", "d"}, SharedBecause: "configured"},
+			"shares a limit with 4 other models (configured)"},
 	} {
 		if got := believes(c.s); got != c.want {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
