@@ -422,6 +422,7 @@ func TestResetGrain(t *testing.T) {
 		{"go duration in ms", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"20ms"}}, 0},
 		{"seconds (Azure)", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"10"}}, time.Second},
 		{"fractional seconds", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {"1.5"}}, 0},
+		{"a fraction alone", http.Header{"X-Ratelimit-Remaining-Requests": {"5"}, "X-Ratelimit-Reset-Requests": {".5"}}, 0},
 		{"epoch ms (OpenRouter)", http.Header{"X-Ratelimit-Remaining": {"5"}, "X-Ratelimit-Reset": {"1774047180000"}}, 0},
 		{"RFC 3339 (Anthropic)", http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"5"},
 			"Anthropic-Ratelimit-Requests-Reset": {"2026-03-20T22:52:01Z"}}, time.Second},

@@ -411,3 +411,57 @@ func TestAFailedCallIsNotRetried(t *testing.T) {
 		t.Fatalf("the admission's script was sent %d times, want once", n)
 	}
 }
+
+// TestAWindowsClosureHoldsTheFleet: a refusal whose Retry-After points at a
+// window's boundary, after admissions, closes the group: the closure is a
+// pause in Redis too, so another replica holds its requests until the
+// test, and a second refusal that agrees holds both until the boundary.
+// (What a known window does to the fleet's pace, e2e/replicabench's window
+// row shows.)
+func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a := newStore(t, srv.url(), time.Minute).Shared("w", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	b := newStore(t, srv.url(), time.Minute).Shared("w", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	now := time.Now()
+	for range 3 {
+		tk, _, ok := a.Admit(now, 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		a.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, now)
+		a.Return(&tk, now)
+	}
+	tk, _, ok := a.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	a.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, Hint: 9 * time.Second,
+		PauseUntil: now.Add(9 * time.Second)}, now)
+	a.Return(&tk, now)
+	// Suspected: held until the test, 1.25 s on, on both replicas.
+	if _, at, ok := a.Admit(now, 1, false); ok || at.Before(now.Add(time.Second)) {
+		t.Fatalf("the replica that was refused admits (%v) or holds only until %v", ok, at)
+	}
+	if _, at, ok := b.Admit(now.Add(10*time.Millisecond), 1, false); ok || at.Before(now.Add(time.Second)) {
+		t.Fatalf("the other replica admits (%v) or holds only until %v", ok, at)
+	}
+	// The test, refused at the same instant: held until the boundary.
+	// (Redis keeps the pause on its own clock: wait for it.)
+	time.Sleep(time.Until(now.Add(1300 * time.Millisecond)))
+	test := time.Now()
+	tk, _, ok = a.Admit(test, 1, false)
+	if !ok {
+		t.Fatal("no test after 1.25 s")
+	}
+	a.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, Hint: 8 * time.Second,
+		PauseUntil: test.Add(8 * time.Second)}, test)
+	a.Return(&tk, test)
+	b.Admit(test, 1, false) // b's next reply brings the shared pause
+	if v := b.View(test); v.PausedUntil.Before(now.Add(8*time.Second)) || v.PauseReason != "shared" {
+		t.Fatalf("the other replica's view: paused until %v (%q), want the boundary about 9 s on", v.PausedUntil, v.PauseReason)
+	}
+	if _, _, ok := b.Admit(test.Add(time.Second), 1, false); ok {
+		t.Fatal("the other replica admitted a request before the boundary")
+	}
+}
