@@ -8,9 +8,15 @@
 //
 // # Groups and time
 //
-// Lanes that share an upstream limit (the key's limit group) form a group with
-// one mutex: an answer is learned from, the group paused and the next
-// requests dispatched under that lock, in that order. Every decision is
+// The lanes of one route and credential form a group with one mutex: an
+// answer is learned from, the group paused and the next requests
+// dispatched under that lock, in that order. The lanes with waiters take
+// turns; each draws on a limit, its model's, or one its model shares with
+// others of the group: stated (Limits.PerCredential), shown by remaining
+// counts that fall by what other models sent (sharing.go), or, where the
+// upstream states no counts, by refusals that fall on the lanes together
+// (together.go, on trial). A limit has a shape: a token bucket, or fixed
+// windows learned from refusals that end at one boundary (windows.go). Every decision is
 // made at a time taken from an injected clock; blocking happens outside
 // the lock. There is no ticker: when the head of the queue must wait for
 // time (a pause, the pace), the group arms one one-shot timer.

@@ -58,6 +58,9 @@ type group struct {
 	// table finds a new lane's limit without mu.
 	limMu  sync.Mutex
 	limits map[string]*limit
+	// apart: a trial showed the group's limits are their own (see
+	// togetherLocked); no more are made.
+	apart bool
 }
 
 func newGroup(key string, cfg Config, newShared func(string, Config) Shared, forgotten func(*group)) *group {
@@ -323,6 +326,9 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *limit, t Ticket) {
 	s.ticket, s.lim = t, lim
 	g.sent++
 	lim.sent++
+	if lim.trial != nil {
+		lim.sentOnTrialLocked(l.lim)
+	}
 	if lim.firstSeq == 0 {
 		lim.firstSeq = g.sent
 	}

@@ -274,6 +274,7 @@ func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, erro
 		return nil, fmt.Errorf("lane %s: %w", l.id, &WaitError{At: until, Paused: true})
 	}
 	g.arrivals++
+	l.lim.arrived++
 	g.refs.Add(1)
 	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl}
 	g.enqueueLocked(s)

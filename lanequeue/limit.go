@@ -29,9 +29,20 @@ type limit struct {
 	// models are the models whose lanes draw on it, in the order they
 	// came (more than one once models were found to share it).
 	models []string
-	// sharedBy says why several models draw on it: "configured" or
-	// "headers move together"; "" when one does.
+	// sharedBy says why several models draw on it: "configured",
+	// "headers move together" or refusedTogether; "" when one does.
 	sharedBy string
+	// admitted: an answer was accepted; spoke: one stated a remaining
+	// count; refusedAt: the latest refusal of its lanes. What a trial
+	// starts from (see togetherLocked).
+	admitted, spoke bool
+	refusedAt       time.Time
+	// trial is set while limits are joined on it on trial (see
+	// togetherLocked); standing is its part in the trial it is joined on.
+	trial    *trial
+	standing standing
+	// arrived counts the requests that came for its lanes.
+	arrived uint64
 }
 
 func newLimit(key string, cfg Config, sh Shared) *limit {
@@ -93,8 +104,5 @@ func (l *limit) sharedWith(model string) (others []string, because string) {
 // limit is the limit the lane draws on now: the one it was made with, or
 // the one that took it over. Requires the group's mutex held.
 func (ln *Lane) limit() *limit {
-	for ln.lim.mergedInto != nil {
-		ln.lim = ln.lim.mergedInto
-	}
-	return ln.lim
+	return ln.lim.root()
 }

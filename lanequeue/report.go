@@ -127,6 +127,9 @@ func (s *Slot) Report(r Report) (held bool) {
 		g.refundLocked(s) // it never reached the upstream
 	}
 	shared := g.shareLocked(lim, s, r.Limits.Requests)
+	if g.togetherLocked(l.lim, s.lim, r, now) {
+		shared = true
+	}
 	lim = l.limit() // the limit the lane draws on from now on
 	var changes []Change
 	var v View

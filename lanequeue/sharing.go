@@ -143,9 +143,4 @@ func (g *group) mergeLocked(with []*limit, why string) {
 		}
 	}
 	into.sharedBy = why
-	for k, o := range g.limits {
-		if o.mergedInto != nil {
-			g.limits[k] = into
-		}
-	}
 }

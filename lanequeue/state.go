@@ -130,8 +130,8 @@ type State struct {
 	Shape string `json:"shape,omitempty"`
 	// SharesLimitWith names the other models whose lanes draw on the
 	// lane's limit, and SharedBecause why: "configured"
-	// (LLMPROXY_ROUTE_<NAME>_SHARED_LIMIT=credential) or "headers move
-	// together".
+	// (LLMPROXY_ROUTE_<NAME>_SHARED_LIMIT=credential), "headers move
+	// together" or "refused together" (joined on trial).
 	SharesLimitWith []string `json:"shares_limit_with,omitempty"`
 	SharedBecause   string   `json:"shared_because,omitempty"`
 	// QueuedLow is how many of the group's waiters are low priority.

@@ -108,7 +108,7 @@ const (
 	maxKnock   = 5 * time.Second
 	// Knocks step through the interval a boundary is known to lie in,
 	// knockSteps of them at most, at least minSplit apart.
-	knockSteps = 4
+	knockSteps = 2
 	minSplit   = 20 * time.Millisecond
 	// probeWindows: one window in probeWindows sends one more than the
 	// allowance, to find an allowance that grew.

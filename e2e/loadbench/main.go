@@ -151,6 +151,8 @@ var targets = map[string]target{
 	"shared-models/silent":           {1.15, 10},
 	"own-models/headers":             {1.05, 1},
 	"own-models/silent":              {1.15, 10},
+	"own-models-uneven/silent":       {1.15, 10},
+	"own-models-sizes/silent":        {1.15, 15}, // not the issue's: what a trial costs limits of their own
 	"anthropic-rounded-down/headers": {1.05, 1},
 	"anthropic-clock-ahead/headers":  {1.05, 1},
 	"anthropic-clock-behind/headers": {1.05, 1},
@@ -301,6 +303,8 @@ func shapeCells(latency time.Duration, rps float64) []shape {
 	aligned := window
 	aligned.WindowAligned = true
 	own := mockupstream.Config{RPM: rpm, Latency: latency, PerModel: true}
+	sizes := own
+	sizes.ModelRPM = map[string]int{"gpt-b": 300}
 	quantized := mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}
 	down, ahead, behind := quantized, quantized, quantized
 	down.ResetRoundDown = true
@@ -321,6 +325,12 @@ func shapeCells(latency time.Duration, rps float64) []shape {
 		{name: "shared-models", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps, n: 400, c: 50, model: four,
 			speeches: []string{"headers", "silent"}},
 		{name: "own-models", mock: own, rate: 4 * rps, n: 400, c: 50, model: four, speeches: []string{"headers", "silent"}},
+		// Two models with limits of their own, 20 and 5 a second, asked
+		// in that proportion (both bound) or alike (the smaller bound).
+		{name: "own-models-uneven", mock: sizes, rate: rps + 5, n: 400, c: 50, speeches: []string{"silent"},
+			model: func(i int) string { return []string{"gpt-a", "gpt-a", "gpt-a", "gpt-a", "gpt-b"}[i%5] }},
+		{name: "own-models-sizes", mock: sizes, rate: 10, n: 400, c: 50, speeches: []string{"silent"},
+			model: func(i int) string { return []string{"gpt-a", "gpt-b"}[i%2] }},
 		{name: "anthropic-rounded-down", mock: down, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
 		{name: "anthropic-clock-ahead", mock: ahead, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
 		{name: "anthropic-clock-behind", mock: behind, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},

@@ -62,7 +62,8 @@
 // CountRefused counts refused requests against the limits too (Azure,
 // Kong's sliding window): a bucket may go below empty, so a client that
 // keeps knocking stays out. PerModel gives each (key, model) limits of
-// its own; without it a key's limits are one across all its models.
+// its own (ModelRPM sizes some models' apart); without it a key's limits
+// are one across all its models.
 // ResetRoundDown and ClockAhead state Anthropic's reset times rounded
 // down, or on a clock ahead of or behind the caller's. LatencyJitter
 // varies answer times.

@@ -145,6 +145,9 @@ type Config struct {
 	// every model it calls (a gateway's virtual key, a model family with
 	// a shared limit). MaxInFlight follows the same choice.
 	PerModel bool
+	// ModelRPM, with PerModel, gives the models it names limits of other
+	// sizes than RPM: limits of their own that fill at different rates.
+	ModelRPM map[string]int
 	// ResetRoundDown states Anthropic's RFC 3339 resets rounded down to
 	// the whole second instead of up: a reset up to a second in the past.
 	ResetRoundDown bool
@@ -383,13 +386,17 @@ func (s *Server) limitKey(key, model string) string {
 	return key
 }
 
-// limitState returns the state of the limit lk, creating it full.
-// Requires s.mu held.
-func (s *Server) limitState(lk string, now time.Time) *limitState {
+// limitState returns the state of the limit lk, for model, creating it
+// full. Requires s.mu held.
+func (s *Server) limitState(lk, model string, now time.Time) *limitState {
 	ls, ok := s.limits[lk]
 	if !ok {
+		rpm := s.cfg.RPM
+		if r, ok := s.cfg.ModelRPM[model]; ok && s.cfg.PerModel {
+			rpm = r
+		}
 		ls = &limitState{
-			requests: newLimiter(s.cfg, int64(s.cfg.RPM), int64(s.cfg.RequestBurst), now),
+			requests: newLimiter(s.cfg, int64(rpm), int64(s.cfg.RequestBurst), now),
 			tokens:   newLimiter(s.cfg, s.cfg.TPM, s.cfg.TokenBurst, now),
 		}
 		s.limits[lk] = ls
@@ -480,7 +487,7 @@ func (s *Server) admit(key, model string, cost int64) admission {
 		return admission{verdict: overHardQuota}
 	}
 
-	ls := s.limitState(s.limitKey(key, model), now)
+	ls := s.limitState(s.limitKey(key, model), model, now)
 	for _, l := range []limiter{ls.requests, ls.tokens} {
 		if l != nil {
 			l.advance(now)

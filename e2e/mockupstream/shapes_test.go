@@ -131,6 +131,33 @@ func TestPerModelLimits(t *testing.T) {
 	}
 }
 
+// TestModelRPMSizesAModelsOwnLimit: with PerModel, a model ModelRPM names
+// gets a limit of that size (60 a minute: a burst of one), the others
+// RPM's (180: a burst of three); without PerModel it changes nothing.
+func TestModelRPMSizesAModelsOwnLimit(t *testing.T) {
+	for _, perModel := range []bool{false, true} {
+		s := start(t, Config{RPM: 180, PerModel: perModel, ModelRPM: map[string]int{"small": 60}, Now: newFakeClock().Now})
+		var small, big int
+		for range 3 {
+			if resp, _ := chatFor(t, s, "k", "small"); resp.StatusCode == http.StatusOK {
+				small++
+			}
+		}
+		for range 3 {
+			if resp, _ := chatFor(t, s, "k", "big"); resp.StatusCode == http.StatusOK {
+				big++
+			}
+		}
+		want := [2]int{3, 0} // one bucket of 3 for the key
+		if perModel {
+			want = [2]int{1, 3}
+		}
+		if [2]int{small, big} != want {
+			t.Errorf("PerModel %v: admitted %d of model small, %d of big; want %v", perModel, small, big, want)
+		}
+	}
+}
+
 func TestAnthropicResetsRoundedDownOrOnAnotherClock(t *testing.T) {
 	for _, c := range []struct {
 		name string

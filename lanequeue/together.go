@@ -1,0 +1,269 @@
+package lanequeue
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// An upstream that states no remaining count shows a limit that several
+// models of a group share only in its refusals: once it is spent it
+// refuses whichever lane sends next, so the lanes are refused together;
+// and each model's learner, pacing its share, is refused by what the
+// others send, so their paces drift apart and the slowest holds up the
+// run. Limits of their own refuse a lane when its own limit is spent,
+// whatever the others send.
+//
+// So limits of a group that say nothing of their counts, refused within
+// togetherSpan of each other after each was admitted, and asked about as
+// often, are joined on trial: one limit, learned afresh, its lanes taking
+// turns. Asked evenly, one pace in turns serves limits of their own of one
+// size as well as a shared one. A lane whose own limit is smaller is
+// refused more than its turns explain: each refusal is as likely to fall
+// on a lane as the lane's share of the latest dispatches, and when so many
+// fall on one lane that chance allows it less than splitChance, that limit
+// leaves the trial, to learn its own afresh; the group starts no trial
+// after that.
+const (
+	togetherSpan = time.Second
+	// evenArrivals: limits are asked about as often when the least asked
+	// had at least this share of the most asked one's requests.
+	evenArrivals = 2.0 / 3
+	// splitRefusals is the fewest refusals a split is judged on;
+	// trialMemory the most: the counts halve there, so the latest tell.
+	splitRefusals = 8
+	trialMemory   = 32
+	splitChance   = 0.001
+	// shareWeight is the weight of one dispatch in a lane's share of the
+	// latest dispatches.
+	shareWeight = 1.0 / 16
+)
+
+// refusedTogether is why limits draw on a limit on trial (see sharedWith).
+const refusedTogether = "refused together"
+
+// trial is what a limit on trial keeps: the limits joined on it, and how
+// many of its refusals counted lately.
+type trial struct {
+	members  []*limit
+	refusals float64
+}
+
+// standing is a member's part in a trial: its share of the latest
+// dispatches, the refusals that share made likely, and its refusals.
+type standing struct {
+	share, expected, refused float64
+}
+
+// root is the limit l's lanes draw on: l, or the one that took it over.
+func (l *limit) root() *limit {
+	for l.mergedInto != nil {
+		l = l.mergedInto
+	}
+	return l
+}
+
+// silent reports whether l's answers said nothing of counts, while some
+// were admitted and its latest was refused.
+func (l *limit) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
+
+// togetherLocked learns from the answer r to a dispatch by issuer for a
+// lane made with own (the limit of its model) whether limits of the group
+// are refused together, joining them on trial if so; and, in a trial,
+// whether own is refused apart, splitting it off if so. It reports whether
+// the limits lanes draw on changed. Requires g.mu held.
+func (g *group) togetherLocked(own, issuer *limit, r Report, now time.Time) bool {
+	if r.Limits.Requests.HasRemaining || r.Limits.Tokens.HasRemaining {
+		own.spoke = true // its headers tell (see sharing)
+	}
+	if r.Verdict == Accepted {
+		own.admitted = true
+	}
+	if !r.Verdict.Limited() {
+		return false
+	}
+	own.refusedAt = now
+	root := own.root()
+	if root.trial != nil {
+		// Only what the trial's pace sent tells of it, and only while
+		// another member's lanes wait too: then the turns are what
+		// decides who is refused, not one member's asking alone.
+		return issuer == root && g.contrastLocked(own, root) && g.judgeLocked(own, root)
+	}
+	if g.apart || !g.cfg.Limits.IsZero() || !own.silent() || root.sharedBy != "" {
+		return false
+	}
+	g.limMu.Lock()
+	defer g.limMu.Unlock()
+	with := []*limit{root}
+	for _, o := range g.limits {
+		r := o.root()
+		if o.silent() && now.Sub(o.refusedAt) <= togetherSpan && (r.sharedBy == "" || r.trial != nil) &&
+			!slices.Contains(with, r) {
+			with = append(with, r)
+		}
+	}
+	if len(with) < 2 || !g.evenLocked(with) {
+		return false
+	}
+	g.joinLocked(with)
+	return true
+}
+
+// evenLocked reports whether the limits whose lanes draw on those in with
+// were asked about as often. Requires g.limMu held.
+func (g *group) evenLocked(with []*limit) bool {
+	var lo, hi uint64
+	first := true
+	for _, l := range g.limits {
+		if !slices.Contains(with, l.root()) {
+			continue
+		}
+		if first {
+			lo, hi, first = l.arrived, l.arrived, false
+		}
+		lo, hi = min(lo, l.arrived), max(hi, l.arrived)
+	}
+	return float64(lo) >= evenArrivals*float64(hi)
+}
+
+// joinLocked puts the lanes of the limits in with on one limit on trial:
+// the first trial among them, or a new limit, which learns the one they
+// share afresh while theirs keep what they learned. Requires g.mu and
+// g.limMu held.
+func (g *group) joinLocked(with []*limit) {
+	var t *limit
+	for _, r := range with {
+		if r.trial != nil {
+			t = r
+			break
+		}
+	}
+	if t == nil {
+		key := with[0].key + "\x00" + refusedTogether
+		t = newLimit(key, g.cfg, g.newShared(key, g.cfg))
+		t.learned, t.sharedBy, t.trial = true, refusedTogether, &trial{}
+	}
+	for _, r := range with {
+		if r == t {
+			continue
+		}
+		members := []*limit{r}
+		if r.trial != nil {
+			members = r.trial.members // a trial of its own: its members join
+		}
+		for _, m := range members {
+			m.mergedInto = t
+			m.standing = standing{}
+			t.trial.members = append(t.trial.members, m)
+			for _, model := range m.models {
+				t.addModel(model)
+			}
+		}
+	}
+}
+
+// contrastLocked reports whether lanes of t's trial other than own's have
+// waiters. Requires g.mu held.
+func (g *group) contrastLocked(own, t *limit) bool {
+	for l := g.turns.first; l != nil; l = l.turnNext {
+		if l.lim != own && l.lim.root() == t {
+			return true
+		}
+	}
+	return false
+}
+
+// sentOnTrialLocked counts a dispatch by t, on trial, for a lane made
+// with own. Requires g.mu held.
+func (t *limit) sentOnTrialLocked(own *limit) {
+	for _, m := range t.trial.members {
+		m.standing.share *= 1 - shareWeight
+		if m == own {
+			m.standing.share += shareWeight
+		}
+	}
+}
+
+// judgeLocked counts a refusal of own's lanes in t's trial, and splits
+// own off when its refusals are too many for its share of the dispatches
+// to explain. Requires g.mu held.
+func (g *group) judgeLocked(own, t *limit) bool {
+	tr := t.trial
+	var total float64
+	for _, m := range tr.members {
+		total += m.standing.share
+	}
+	if total <= 0 {
+		return false
+	}
+	for _, m := range tr.members {
+		m.standing.expected += m.standing.share / total
+	}
+	own.standing.refused++
+	tr.refusals++
+	if tr.refusals >= trialMemory {
+		for _, m := range tr.members {
+			m.standing.expected /= 2
+			m.standing.refused /= 2
+		}
+		tr.refusals /= 2
+	}
+	st := own.standing
+	if tr.refusals < splitRefusals ||
+		tail(int(math.Round(tr.refusals)), int(math.Round(st.refused)), st.expected/tr.refusals) > splitChance {
+		return false
+	}
+	g.splitLocked(own, t)
+	return true
+}
+
+// splitLocked takes own out of t's trial: its lanes draw on a limit of
+// their own again, learned afresh (what it learned before the trial is as
+// old as the trial). The others go on drawing on t, on trial while two or
+// more remain; the group starts no other. Requires g.mu held.
+func (g *group) splitLocked(own, t *limit) {
+	own.mergedInto = nil
+	if own.unanswered == 0 { // no answer is owed to the state it had
+		own.shared = g.newShared(own.key+"\x00apart", g.cfg)
+	}
+	tr := t.trial
+	tr.members = slices.DeleteFunc(tr.members, func(m *limit) bool { return m == own })
+	t.models = t.models[:0]
+	for _, m := range tr.members {
+		m.standing = standing{}
+		for _, model := range m.models {
+			t.addModel(model)
+		}
+	}
+	tr.refusals = 0
+	if len(tr.members) < 2 {
+		t.sharedBy, t.trial = "", nil
+	}
+	g.apart = true
+}
+
+// tail is the chance of k or more successes in n independent trials of
+// chance p each.
+func tail(n, k int, p float64) float64 {
+	switch {
+	case k <= 0 || p >= 1:
+		return 1
+	case k > n || p <= 0:
+		return 0
+	}
+	var sum float64
+	lp, lq := math.Log(p), math.Log1p(-p)
+	for i := k; i <= n; i++ {
+		sum += math.Exp(lchoose(n, i) + float64(i)*lp + float64(n-i)*lq)
+	}
+	return sum
+}
+
+// lchoose is the natural logarithm of n choose k.
+func lchoose(n, k int) float64 {
+	a, _ := math.Lgamma(float64(n + 1))
+	b, _ := math.Lgamma(float64(k + 1))
+	c, _ := math.Lgamma(float64(n - k + 1))
+	return a - b - c
+}

@@ -1,0 +1,245 @@
+package lanequeue
+
+import (
+	"context"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// silentLanes makes a table whose lanes for the models share a credential
+// and route, with cfg.
+func silentLanes(t *testing.T, cfg Config, models ...string) []*Lane {
+	t.Helper()
+	cfg.Clock = clock.NewFake(t0)
+	tb := NewTable(TableConfig{Lane: cfg})
+	cred := HashCredential("sk-silent")
+	var lanes []*Lane
+	for _, m := range models {
+		lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
+	}
+	return lanes
+}
+
+// answerEach has each lane admit a request (the first lane 1+extra, one
+// after another), then sends one on each lane and refuses them all at one
+// instant, saying lim every time.
+func answerEach(t *testing.T, lanes []*Lane, extra int, lim headerparse.Limits) {
+	t.Helper()
+	fc := lanes[0].g.clock.(*clock.Fake)
+	get := func(l *Lane) *Slot {
+		ch := acquireAsync(context.Background(), l)
+		for {
+			select {
+			case r := <-ch:
+				if r.err != nil {
+					t.Fatalf("acquire: %v", r.err)
+				}
+				return r.s
+			case <-time.After(time.Millisecond):
+				fc.Advance(10 * time.Millisecond) // a pace or a configured gap
+			}
+		}
+	}
+	for i, l := range lanes {
+		n := 1
+		if i == 0 {
+			n += extra
+		}
+		for range n {
+			s := get(l)
+			report(s, Report{Status: 200, Verdict: Accepted, Limits: lim})
+			s.release()
+		}
+	}
+	var slots []*Slot
+	for _, l := range lanes {
+		slots = append(slots, get(l))
+	}
+	for _, s := range slots {
+		report(s, Report{Status: 429, Verdict: RateRefused, Limits: lim})
+		s.release()
+	}
+}
+
+// TestSilentModelsRefusedTogetherTakeTurnsOnOneLimit: two models of one
+// key, each admitted, then refused within a second with nothing said of
+// counts, asked as often: their lanes draw on one limit from then on, on
+// trial, and say why.
+func TestSilentModelsRefusedTogetherTakeTurnsOnOneLimit(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerEach(t, lanes, 0, headerparse.Limits{})
+	a, b := limitOf(lanes[0]), limitOf(lanes[1])
+	if a != b {
+		t.Fatal("the lanes draw on limits of their own")
+	}
+	if a == lanes[0].lim || a == lanes[1].lim || a.trial == nil {
+		t.Fatal("the joined limit is not a new one on trial")
+	}
+	st := lanes[0].State()
+	if !slices.Equal(st.SharesLimitWith, []string{"gpt-b"}) || st.SharedBecause != refusedTogether {
+		t.Fatalf("state says it shares with %v (%q)", st.SharesLimitWith, st.SharedBecause)
+	}
+}
+
+// TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined: refused together is
+// not enough when the answers state remaining counts (they tell sharing
+// better, see sharing), when one model was asked twice as often as the
+// other (a pace in turns would hold the busier one to the other's share),
+// or when the route configures its limits.
+func TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined(t *testing.T) {
+	cases := []struct {
+		name  string
+		cfg   Config
+		extra int
+		lim   headerparse.Limits
+	}{
+		{"headers", Config{}, 0, headerparse.Limits{Requests: win(20, 5, t0.Add(time.Second))}},
+		{"uneven", Config{}, 2, headerparse.Limits{}},
+		{"configured", Config{Limits: Limits{RPM: 6000}}, 0, headerparse.Limits{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lanes := silentLanes(t, c.cfg, "gpt-a", "gpt-b")
+			answerEach(t, lanes, c.extra, c.lim)
+			if limitOf(lanes[0]) == limitOf(lanes[1]) {
+				t.Fatal("joined")
+			}
+		})
+	}
+	// Even is within a third.
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b", "gpt-c", "gpt-d")
+	answerEach(t, lanes, 1, headerparse.Limits{}) // 3 asked of gpt-a, 2 of the others
+	if limitOf(lanes[0]) != limitOf(lanes[3]) {
+		t.Fatal("limits asked 3 and 2 times not joined")
+	}
+}
+
+// refuseOnTrial counts n dispatches on trial for each lane in turn, own's
+// first, and then a refusal of a dispatch of t's for a lane of own, with
+// the lane waiting waiting (nil: none); it reports whether the limits
+// changed.
+func refuseOnTrial(lanes []*Lane, t, own *limit, n int, waiting *Lane) bool {
+	g := lanes[0].g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for range n {
+		t.sentOnTrialLocked(own)
+		for _, l := range lanes {
+			if l.lim != own {
+				t.sentOnTrialLocked(l.lim)
+			}
+		}
+	}
+	if waiting != nil {
+		g.turns.push(waiting)
+		defer g.turns.remove(waiting)
+	}
+	return g.togetherLocked(own, t, Report{Status: 429, Verdict: RateRefused}, g.clock.Now())
+}
+
+// TestALimitRefusedMoreThanItsTurnsLeavesTheTrial: on trial, refusals fall
+// on the lanes as their dispatches do when the limit is shared; one that
+// takes every refusal while it sent half the dispatches, and the other
+// lane waits too, has a limit of its own. It leaves the trial at the
+// refusal that makes that less likely than splitChance (the tenth: 1 in
+// 1,024), to learn it afresh, and the group starts no trial again.
+func TestALimitRefusedMoreThanItsTurnsLeavesTheTrial(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerEach(t, lanes, 0, headerparse.Limits{})
+	trialLim := limitOf(lanes[0])
+	b := lanes[1].lim
+	before := b.shared
+	for i := 1; i <= 10; i++ {
+		split := refuseOnTrial(lanes, trialLim, b, 2, lanes[0])
+		if split != (i == 10) {
+			t.Fatalf("refusal %d: split %v", i, split)
+		}
+	}
+	if limitOf(lanes[1]) != b || b.shared == before {
+		t.Fatal("gpt-b does not draw on a limit of its own, learned afresh")
+	}
+	if limitOf(lanes[0]) != trialLim || trialLim.trial != nil {
+		t.Fatal("gpt-a does not keep the trial's limit, alone")
+	}
+	if st := lanes[0].State(); len(st.SharesLimitWith) != 0 || st.SharedBecause != "" {
+		t.Fatalf("gpt-a still says it shares with %v (%q)", st.SharesLimitWith, st.SharedBecause)
+	}
+	// No trial again.
+	answerEach(t, lanes, 0, headerparse.Limits{})
+	if limitOf(lanes[0]) == limitOf(lanes[1]) {
+		t.Fatal("joined again")
+	}
+}
+
+// TestRefusalsInTurnOrAloneKeepTheTrial: refusals that fall on the lanes
+// in turn, as a shared limit's do, never end the trial; nor do refusals of
+// one lane while no other lane of the trial waits (no turns to compare
+// with); nor refusals of requests sent before the trial. (Each of the last
+// two, 40 in a row on one lane, ends it at the tenth when counted.)
+func TestRefusalsInTurnOrAloneKeepTheTrial(t *testing.T) {
+	cases := []struct {
+		name   string
+		refuse func(lanes []*Lane, trialLim *limit, i int) bool
+	}{
+		{"in turn", func(lanes []*Lane, trialLim *limit, i int) bool {
+			return refuseOnTrial(lanes, trialLim, lanes[i%2].lim, 2, lanes[(i+1)%2])
+		}},
+		{"alone", func(lanes []*Lane, trialLim *limit, i int) bool {
+			return refuseOnTrial(lanes, trialLim, lanes[1].lim, 2, nil)
+		}},
+		{"sent before", func(lanes []*Lane, trialLim *limit, i int) bool {
+			g := lanes[0].g
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			for range 2 {
+				trialLim.sentOnTrialLocked(lanes[1].lim)
+				trialLim.sentOnTrialLocked(lanes[0].lim)
+			}
+			g.turns.push(lanes[0])
+			defer g.turns.remove(lanes[0])
+			own := lanes[1].lim
+			return g.togetherLocked(own, own, Report{Status: 429, Verdict: RateRefused}, g.clock.Now())
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+			answerEach(t, lanes, 0, headerparse.Limits{})
+			trialLim := limitOf(lanes[0])
+			for i := range 40 {
+				if c.refuse(lanes, trialLim, i) {
+					t.Fatalf("refusal %d split the trial", i+1)
+				}
+			}
+			if limitOf(lanes[1]) != trialLim || limitOf(lanes[0]) != trialLim {
+				t.Fatal("the trial ended")
+			}
+		})
+	}
+}
+
+// TestTail checks the binomial tail against sums worked by hand.
+func TestTail(t *testing.T) {
+	for _, c := range []struct {
+		n, k int
+		p    float64
+		want float64
+	}{
+		{10, 10, 0.5, 1.0 / 1024},
+		{4, 2, 0.5, 11.0 / 16},
+		{3, 1, 0.25, 1 - 27.0/64},
+		{5, 0, 0.3, 1},
+		{5, 6, 0.3, 0},
+		{5, 1, 0, 0},
+		{5, 5, 1, 1},
+	} {
+		if got := tail(c.n, c.k, c.p); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("tail(%d, %d, %g) = %g, want %g", c.n, c.k, c.p, got, c.want)
+		}
+	}
+}
