@@ -29,7 +29,6 @@ type sharing struct {
 	// dispatches, over the readings where it did; others what the
 	// group's other limits sent over them.
 	excess, others float64
-	readings       int
 	// stated is the request limit the headers state: limits found
 	// sharing state the same.
 	stated int64
@@ -78,7 +77,6 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 		if excess := float64(last.remaining-w.Remaining) - own - late; excess >= 1 && others > 0 {
 			sh.excess += excess
 			sh.others += others
-			sh.readings++
 			first = isFirst
 		}
 	}
@@ -93,7 +91,7 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 // shows reports whether the answers show the limit shared with others of
 // the group.
 func (sh *sharing) shows() bool {
-	return sh.readings > 0 && sh.excess >= minShareExcess &&
+	return sh.excess >= minShareExcess &&
 		sh.excess <= maxShareExcess*sh.others+2
 }
 

@@ -30,21 +30,14 @@ func silentLanes(t *testing.T, cfg Config, models ...string) []*Lane {
 // instant, saying lim every time.
 func answerEach(t *testing.T, lanes []*Lane, extra int, lim headerparse.Limits) {
 	t.Helper()
+	answerApart(t, lanes, extra, lim, 0)
+}
+
+// answerApart is answerEach with the refusals gap apart, in lane order.
+func answerApart(t *testing.T, lanes []*Lane, extra int, lim headerparse.Limits, gap time.Duration) {
+	t.Helper()
 	fc := lanes[0].g.clock.(*clock.Fake)
-	get := func(l *Lane) *Slot {
-		ch := acquireAsync(context.Background(), l)
-		for {
-			select {
-			case r := <-ch:
-				if r.err != nil {
-					t.Fatalf("acquire: %v", r.err)
-				}
-				return r.s
-			case <-time.After(time.Millisecond):
-				fc.Advance(10 * time.Millisecond) // a pace or a configured gap
-			}
-		}
-	}
+	get := func(l *Lane) *Slot { return sendOn(t, l) }
 	for i, l := range lanes {
 		n := 1
 		if i == 0 {
@@ -60,7 +53,10 @@ func answerEach(t *testing.T, lanes []*Lane, extra int, lim headerparse.Limits) 
 	for _, l := range lanes {
 		slots = append(slots, get(l))
 	}
-	for _, s := range slots {
+	for i, s := range slots {
+		if i > 0 {
+			fc.Advance(gap)
+		}
 		report(s, Report{Status: 429, Verdict: RateRefused, Limits: lim})
 		s.release()
 	}
@@ -116,6 +112,40 @@ func TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined(t *testing.T) {
 	answerEach(t, lanes, 1, headerparse.Limits{}) // 3 asked of gpt-a, 2 of the others
 	if limitOf(lanes[0]) != limitOf(lanes[3]) {
 		t.Fatal("limits asked 3 and 2 times not joined")
+	}
+}
+
+// TestRefusalsMoreThanASecondApartOrOfModelsNeverAdmittedJoinNothing:
+// limits are refused together when their refusals lie at most
+// togetherSpan apart; further apart, each limit may simply be spent on
+// its own. And an upstream that never admitted a model's request is down
+// or closed to it, not sharing a spent limit.
+func TestRefusalsMoreThanASecondApartOrOfModelsNeverAdmittedJoinNothing(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerApart(t, lanes, 0, headerparse.Limits{}, togetherSpan)
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("refusals exactly togetherSpan apart were not joined")
+	}
+	lanes = silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerApart(t, lanes, 0, headerparse.Limits{}, togetherSpan+time.Millisecond)
+	if limitOf(lanes[0]) == limitOf(lanes[1]) {
+		t.Fatal("refusals more than togetherSpan apart were joined")
+	}
+
+	lanes = silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	for range 2 {
+		var slots []*Slot
+		for _, l := range lanes {
+			slots = append(slots, mustGet(t, acquireAsync(context.Background(), l)))
+		}
+		for _, s := range slots {
+			report(s, Report{Status: 429, Verdict: RateRefused})
+			s.release()
+		}
+		lanes[0].g.clock.(*clock.Fake).Advance(time.Minute) // past any pause
+	}
+	if limitOf(lanes[0]) == limitOf(lanes[1]) {
+		t.Fatal("models never admitted were joined")
 	}
 }
 
@@ -220,6 +250,49 @@ func TestRefusalsInTurnOrAloneKeepTheTrial(t *testing.T) {
 				t.Fatal("the trial ended")
 			}
 		})
+	}
+}
+
+// TestOfThreeLimitsOnTrialTheOneRefusedApartLeavesAndTwoStay: with three
+// lanes on trial, eight refusals in a row on one of them (a third of the
+// dispatches: a chance of about 1 in 6,500) end its part at the eighth,
+// the fewest a split is judged on; the other two go on sharing the
+// trial's limit, still on trial.
+func TestOfThreeLimitsOnTrialTheOneRefusedApartLeavesAndTwoStay(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b", "gpt-c")
+	answerEach(t, lanes, 0, headerparse.Limits{})
+	trialLim := limitOf(lanes[0])
+	for i := 1; i <= splitRefusals; i++ {
+		if split := refuseOnTrial(lanes, trialLim, lanes[2].lim, 2, lanes[0]); split != (i == splitRefusals) {
+			t.Fatalf("refusal %d: split %v", i, split)
+		}
+	}
+	if limitOf(lanes[2]) != lanes[2].lim {
+		t.Fatal("gpt-c still draws on the trial's limit")
+	}
+	if limitOf(lanes[0]) != trialLim || limitOf(lanes[1]) != trialLim || trialLim.trial == nil {
+		t.Fatal("gpt-a and gpt-b no longer share the trial's limit on trial")
+	}
+	if st := lanes[1].State(); !slices.Equal(st.SharesLimitWith, []string{"gpt-a"}) || st.SharedBecause != refusedTogether {
+		t.Fatalf("gpt-b says it shares with %v (%q)", st.SharesLimitWith, st.SharedBecause)
+	}
+}
+
+// TestATrialJudgesItsLatestRefusals: the counts a trial is judged on halve
+// when its refusals reach trialMemory, so that what the lanes did lately
+// decides, not what they did at its start.
+func TestATrialJudgesItsLatestRefusals(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerEach(t, lanes, 0, headerparse.Limits{})
+	trialLim := limitOf(lanes[0])
+	for i := 1; i <= trialMemory; i++ {
+		refuseOnTrial(lanes, trialLim, lanes[i%2].lim, 2, lanes[(i+1)%2])
+		if got := trialLim.trial.refusals; got >= trialMemory {
+			t.Fatalf("after %d refusals the trial counts %v, want under %d", i, got, trialMemory)
+		}
+	}
+	if got := trialLim.trial.refusals; got != trialMemory/2 {
+		t.Fatalf("after trialMemory refusals the trial counts %v, want %d", got, trialMemory/2)
 	}
 }
 

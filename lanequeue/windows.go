@@ -45,7 +45,6 @@ type windows struct {
 	// (lo, hi], to the hints' grain.
 	stated bool
 	lo, hi time.Time
-	grain  time.Duration
 	since  time.Time // the closure's first refused dispatch
 	// knockAt is when the next knock may go, knock the Seq of the one in
 	// flight (0: none) and lastKnock the dispatch of the latest refused
@@ -127,7 +126,7 @@ const (
 func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool) {
 	if !w.closed {
 		w.roll(now)
-		if spend && w.known && w.allowance > 0 && w.used >= w.allowance+w.extra() {
+		if spend && w.known && w.used >= w.allowance+w.extra() { // known: an allowance of 1 or more
 			// The window's allowance is spent: close until the boundary
 			// its length predicts, without waiting to be refused.
 			w.close(now, false)
@@ -301,7 +300,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		w.state(now.Add(hint), grainOf(hint))
 		w.confirmed = w.known
 		if !w.confirmed {
-			w.knockAt = d.Add(testGap(w.grain, hint))
+			w.knockAt = d.Add(testGap(grainOf(hint), hint))
 			if w.hi.Before(w.knockAt) {
 				w.knockAt = w.hi
 			}
@@ -367,7 +366,7 @@ func testGap(grain, hint time.Duration) time.Duration {
 func (w *windows) close(since time.Time, stated bool) {
 	w.closed, w.stated, w.confirmed = true, stated, true
 	w.since, w.knock, w.lastKnock = since, 0, time.Time{}
-	w.lo, w.hi, w.grain = time.Time{}, time.Time{}, 0
+	w.lo, w.hi = time.Time{}, time.Time{}
 	w.runFrom, w.run = time.Time{}, 0
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen).
@@ -386,9 +385,6 @@ func (w *windows) state(r time.Time, grain time.Duration) {
 	}
 	if lo.After(w.lo) {
 		w.lo = lo
-	}
-	if w.grain == 0 || grain < w.grain {
-		w.grain = grain
 	}
 	if !w.lo.Before(w.hi) {
 		w.lo = w.hi.Add(-time.Millisecond) // hints that disagree: the latest word

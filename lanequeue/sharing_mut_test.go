@@ -1,0 +1,314 @@
+package lanequeue
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// sentAs is a slot whose latest dispatch went at d as its limit's
+// limSent-th and its group's groupSent-th, with inFlight other permits
+// of the limit out then: what sharing reads an answer against.
+func sentAs(d time.Time, limSent, groupSent uint64, inFlight int) *Slot {
+	return &Slot{ticket: Ticket{Dispatched: d, InFlight: inFlight}, limSent: limSent, groupSent: groupSent}
+}
+
+// window20 is a requests window of 20 with remaining left.
+func window20(remaining int64) headerparse.Window { return win(20, remaining, t0.Add(time.Second)) }
+
+// TestAFirstAnswerOneRequestPastItsOwnDispatchShowsSharing: the first
+// answer is read against the full window; one request more gone than the
+// limit sent, while another lane of the group sent one, is the least
+// excess that tells sharing (minShareExcess), and within what the others
+// sent: the limit shows sharing, and the first answer says it showed it.
+func TestAFirstAnswerOneRequestPastItsOwnDispatchShowsSharing(t *testing.T) {
+	var sh sharing
+	// The group's second dispatch, the limit's first: 20 - 1 own - 1 more.
+	if first := sh.observe(window20(20-1-minShareExcess), sentAs(at(0), 1, 2, 0)); !first {
+		t.Fatal("the first answer does not report the excess it showed")
+	}
+	if !sh.shows() {
+		t.Fatalf("an excess of %v request with another lane sending shows no sharing", float64(minShareExcess))
+	}
+}
+
+// TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing: the excess may be
+// up to maxShareExcess times what the group's other lanes sent, plus two,
+// and still be theirs; one request past that bound is another client's.
+func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
+	const others = 2
+	bound := int64(maxShareExcess*others + 2)
+	for _, c := range []struct {
+		excess int64
+		shows  bool
+	}{{bound, true}, {bound + 1, false}} {
+		var sh sharing
+		// The limit's first dispatch after the others' two.
+		sh.observe(window20(20-1-c.excess), sentAs(at(0), 1, 1+others, 0))
+		if sh.shows() != c.shows {
+			t.Errorf("an excess of %d over %d sent by others: shows %v, want %v", c.excess, others, sh.shows(), c.shows)
+		}
+	}
+}
+
+// TestAnExcessWhileNoOtherLaneSentShowsNoSharing: when the count falls by
+// more than the limit sent while none of the group's other lanes sent
+// anything, the excess is another client's on the key, not the group's:
+// between two answers with only the limit's own dispatch between them, a
+// fall of two more shows nothing.
+func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
+	var sh sharing
+	sh.observe(window20(19), sentAs(at(0), 1, 1, 0))
+	// The limit's second dispatch and the group's second: nobody else sent.
+	if first := sh.observe(window20(19-1-2), sentAs(at(time.Second), 2, 2, 0)); first {
+		t.Fatal("a later answer reported as the first")
+	}
+	if sh.shows() {
+		t.Fatal("an excess with no other lane sending shows sharing")
+	}
+}
+
+// TestALimitsOwnDispatchesCountFromTheLastAnswerRead: what the limit sent
+// is counted since the answer last read, not from its first dispatch:
+// after a first answer of its own, one more dispatch of its own beside two
+// of the others', and a count three lower than its own fall explains,
+// shows sharing.
+func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
+	var sh sharing
+	sh.observe(window20(19), sentAs(at(0), 1, 1, 0))
+	// Its second dispatch, the group's fourth: two of the others' between.
+	sh.observe(window20(19-1-3), sentAs(at(time.Second), 2, 4, 0))
+	if !sh.shows() {
+		t.Fatal("a fall of three past one own dispatch, with two of the others', shows no sharing")
+	}
+}
+
+// TestACountThatFallsByItsOwnDispatchesShowsNoSharing: a limit of its own
+// falls by what it sent, whatever the group's other lanes sent meanwhile:
+// it shows no excess, so no sharing.
+func TestACountThatFallsByItsOwnDispatchesShowsNoSharing(t *testing.T) {
+	var sh sharing
+	// Another lane sent first; the limit's count fell by its one alone.
+	sh.observe(window20(19), sentAs(at(0), 1, 2, 0))
+	// Two more of its own and two of the others': fell by its two.
+	sh.observe(window20(17), sentAs(at(time.Second), 3, 6, 0))
+	if sh.shows() {
+		t.Fatal("a count that fell by the limit's own dispatches shows sharing")
+	}
+}
+
+// TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt: the
+// limit's requests that were in flight when the last answer's request
+// went may be counted after that answer: a later fall by them and its own
+// new dispatch is no excess, though others sent meanwhile.
+func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T) {
+	const late = 2
+	var sh sharing
+	// Its third dispatch, with its first two still out, answered first:
+	// the upstream counted only the third.
+	sh.observe(window20(20-3), sentAs(at(0), 3, 3, late))
+	// One more of its own and two of the others': the two that were out
+	// reached the upstream since, with it.
+	sh.observe(window20(20-3-late-1), sentAs(at(time.Second), 4, 6, 0))
+	if sh.shows() {
+		t.Fatal("requests in flight at the last answer, counted after it, show sharing")
+	}
+}
+
+// sendOn has lane l send a request a moment after the last (the fake
+// clock moving past any pace that holds it) and returns its slot.
+func sendOn(t *testing.T, l *Lane) *Slot {
+	t.Helper()
+	fc := l.g.clock.(*clock.Fake)
+	fc.Advance(10 * time.Millisecond) // answers read in order of dispatch
+	ch := acquireAsync(context.Background(), l)
+	for range 500 {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatalf("acquire: %v", r.err)
+			}
+			return r.s
+		case <-time.After(time.Millisecond):
+			fc.Advance(10 * time.Millisecond)
+		}
+	}
+	t.Fatal("acquire did not return")
+	return nil
+}
+
+// answerWith accepts s with the requests window w and releases it.
+func answerWith(s *Slot, w headerparse.Window) {
+	accept(s, headerparse.Limits{Requests: w})
+	s.release()
+}
+
+// TestAFirstAnswerJoinsAModelThatSentBeforeItAndStatedNoWindowYet: gpt-b
+// sends, then gpt-a, whose first answer shows one request gone past its
+// own: gpt-b's. gpt-b has stated no window yet (its answer is still out),
+// which counts as the same window, so the two draw on one limit.
+func TestAFirstAnswerJoinsAModelThatSentBeforeItAndStatedNoWindowYet(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	b := sendOn(t, lanes[1])
+	a := sendOn(t, lanes[0])
+	answerWith(a, window20(18))
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("gpt-b, which sent before gpt-a's first answer showed it, was not joined")
+	}
+	answerWith(b, window20(17))
+}
+
+// TestAFirstAnswerDoesNotJoinAModelThatHasSentNothing: a first answer
+// showing the group's earlier dispatches joins the models that sent
+// before it; one whose lane has sent nothing took no part in what it
+// showed and keeps its own limit.
+func TestAFirstAnswerDoesNotJoinAModelThatHasSentNothing(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b", "gpt-c")
+	b := sendOn(t, lanes[1])
+	a := sendOn(t, lanes[0])
+	answerWith(a, window20(18))
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("gpt-b, which sent before gpt-a's first answer showed it, was not joined")
+	}
+	if limitOf(lanes[2]) == limitOf(lanes[0]) {
+		t.Fatal("gpt-c, which has sent nothing, was joined")
+	}
+	answerWith(b, window20(17))
+}
+
+// TestModelsThatStatedDifferentWindowsAreNotJoined: two models each show
+// an excess that the other's dispatches explain, but their answers state
+// windows of 20 and of 50: they are limits of their own. A later answer
+// of gpt-a's that states a remaining count and no limit leaves its stated
+// window as it was.
+func TestModelsThatStatedDifferentWindowsAreNotJoined(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	// First answers, each falling by its own dispatch alone.
+	answerWith(sendOn(t, lanes[0]), win(20, 19, t0.Add(time.Second)))
+	answerWith(sendOn(t, lanes[1]), win(50, 49, t0.Add(time.Second)))
+	// One more each; each count falls by one past its own.
+	a, b := sendOn(t, lanes[0]), sendOn(t, lanes[1])
+	answerWith(a, headerparse.Window{Remaining: 19 - 1 - 1, HasRemaining: true})
+	answerWith(b, win(50, 49-1-1, t0.Add(time.Second)))
+	if !showsSharing(lanes[0]) || !showsSharing(lanes[1]) {
+		t.Fatal("the answers do not show the excess the test is built on")
+	}
+	if limitOf(lanes[0]) == limitOf(lanes[1]) {
+		t.Fatal("models stating windows of 20 and of 50 were joined")
+	}
+}
+
+// showsSharing reports whether the answers of the limit l draws on show
+// it shared.
+func showsSharing(l *Lane) bool {
+	l.g.mu.Lock()
+	defer l.g.mu.Unlock()
+	return l.limit().share.shows()
+}
+
+// TestALowPriorityWaiterHeldByAPauseGoesWhenItEnds: a pause holds a lone
+// low-priority waiter; the group arms its timer for the pause's end,
+// counting every priority's waiters, and the waiter goes then.
+func TestALowPriorityWaiterHeldByAPauseGoesWhenItEnds(t *testing.T) {
+	l, fc := testLane(4, 100)
+	pause(l, t0.Add(time.Second))
+	ch := make(chan result, 1)
+	go func() {
+		s, err := l.acquire(context.Background(), 1, Low)
+		ch <- result{s, err}
+	}()
+	waitQueued(t, l, 1)
+	mustBlock(t, ch)
+	fc.Advance(time.Second)
+	mustGet(t, ch).release()
+}
+
+// queueOn puts a waiter of priority p on each lane's queue, in order
+// (their lanes join the turns in that order), as Acquire does before it
+// dispatches; it returns them. Requires the lanes' group mutex held.
+func queueOn(p Priority, lanes ...*Lane) []*Slot {
+	var slots []*Slot
+	for _, l := range lanes {
+		g := l.g
+		g.arrivals++
+		s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: 1}
+		g.enqueueLocked(s)
+		slots = append(slots, s)
+	}
+	return slots
+}
+
+// TestTheHeadHonoursPriorityAcrossLanes: the head is a high-priority
+// waiter when there is one in any lane, though the lane whose turn it is
+// has only low-priority waiters; and once low-priority waiters have waited
+// through LowShare-1 high dispatches in a row, it is a low-priority one,
+// though the lane whose turn it is has only high-priority waiters.
+func TestTheHeadHonoursPriorityAcrossLanes(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		first, second Priority
+		highRun       int
+	}{
+		{"high in a later lane", Low, High, 0},
+		{"low's share in a later lane", High, Low, LowShare - 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+			g := lanes[0].g
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.pass++ // a dispatch pass, as dispatchLocked starts one
+			queueOn(c.first, lanes[0])
+			want := queueOn(c.second, lanes[1])[0]
+			if g.next != nil && g.next != lanes[0] || g.turns.first != lanes[0] {
+				t.Fatal("gpt-a's turn does not come first")
+			}
+			g.highRun = c.highRun
+			if h := g.headLocked(); h != want {
+				t.Fatal("the head is not gpt-b's waiter")
+			}
+		})
+	}
+}
+
+// TestALaneWhoseTurnWasNextPassesItOnWhenItEmpties: when the last waiter
+// of the lane whose turn comes next leaves (its client went away), the
+// turn passes to the lane after it, not back to the first.
+func TestALaneWhoseTurnWasNextPassesItOnWhenItEmpties(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b", "gpt-c")
+	g := lanes[0].g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.pass++ // a dispatch pass, as dispatchLocked starts one
+	waiters := queueOn(High, lanes...)
+	g.next = lanes[1] // gpt-b's turn
+	g.dequeueLocked(waiters[1])
+	if h := g.headLocked(); h != waiters[2] {
+		t.Fatalf("the head is not gpt-c's waiter (gpt-a's: %v)", h == waiters[0])
+	}
+}
+
+// TestAReplicasAnswerIsAskedForWhenTheProbeWouldHold: the probe asks
+// whether another replica has answered when it would hold a request, one
+// of its own being out; a word from elsewhere that no longer holds by
+// then (the store went away, or the answer is no longer recent) does not
+// end the probe, though it held before the first request went.
+func TestAReplicasAnswerIsAskedForWhenTheProbeWouldHold(t *testing.T) {
+	fc := clock.NewFake(t0)
+	cfg := Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}
+	var answered atomic.Bool
+	answered.Store(true)
+	tb := NewTable(TableConfig{Lane: cfg, Shared: func(_ string, c Config) Shared { return elsewhere{NewMemory(c), &answered} }})
+	l := tb.laneFor(Key{Path: "/p"})
+	first := mustGet(t, acquireAsync(context.Background(), l))
+	defer first.release()
+	answered.Store(false)
+	ch := acquireAsync(context.Background(), l)
+	mustBlock(t, ch)
+	fc.Advance(probeWindow)
+	mustGet(t, ch).release()
+}

@@ -1,0 +1,368 @@
+package lanequeue
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestAWindowOfUnknownLengthIsNotRolledOver: with the window's length not
+// known, nothing says when the running window ended, so its allowance
+// once spent holds the group however long ago it was sent, instead of a
+// new window being counted at once.
+func TestAWindowOfUnknownLengthIsNotRolledOver(t *testing.T) {
+	w := windows{known: true, allowance: 2}
+	for i := range 2 {
+		now := t0.Add(time.Duration(i) * time.Second)
+		if _, _, ok := w.gate(now, true); !ok {
+			t.Fatalf("request %d of the allowance held", i)
+		}
+		w.dispatched(now)
+	}
+	if _, _, ok := w.gate(t0.Add(time.Hour), true); ok || !w.closed {
+		t.Fatalf("a spent window of unknown length let a request go an hour on: ok %v, closed %v, used %d", ok, w.closed, w.used)
+	}
+}
+
+// silentRig is a rig whose upstream admitted a burst, so that refusals
+// with no hint may be read as a silent closure; it returns the rig and
+// the end of the burst.
+func silentRig(t *testing.T) (*winRig, time.Time) {
+	r := &winRig{t: t}
+	return r, r.burst(t0, 5)
+}
+
+// TestTheMinRunthSilentRefusalCloses: refusals with no hint and no
+// admission between them close the group once there are minRun of them
+// over minClosure; the one that makes minRun is enough, not the one
+// after.
+func TestTheMinRunthSilentRefusalCloses(t *testing.T) {
+	r, end := silentRig(t)
+	for i := range minRun {
+		now := end.Add(time.Duration(i) * minClosure)
+		took := r.refuse(r.send(now), 0, now)
+		if last := i == minRun-1; took != last || r.w.closed != last {
+			t.Fatalf("silent refusal %d of %d over %v: taken %v, closed %v", i+1, minRun, now.Sub(end), took, r.w.closed)
+		}
+	}
+}
+
+// TestSilentRefusalsSpanningExactlyMinClosureClose: a run of silent
+// refusals closes the group as soon as it spans minClosure, at that span
+// exactly, not only past it.
+func TestSilentRefusalsSpanningExactlyMinClosureClose(t *testing.T) {
+	r, end := silentRig(t)
+	for i := range minRun {
+		now := end.Add(time.Duration(i) * time.Millisecond)
+		if r.refuse(r.send(now), 0, now) || r.w.closed {
+			t.Fatalf("refusal %d, %v into the run, closed the group", i+1, now.Sub(end))
+		}
+	}
+	now := end.Add(minClosure)
+	if !r.refuse(r.send(now), 0, now) || !r.w.closed {
+		t.Fatalf("a run of %d silent refusals spanning %v did not close the group", minRun+1, minClosure)
+	}
+}
+
+// TestAMillisecondHintOfMinSplitCanBeABoundary: a hint precise to the
+// millisecond is a window's boundary from minSplit on, when far longer
+// than a refill at what the upstream admits; below minSplit it never is.
+func TestAMillisecondHintOfMinSplitCanBeABoundary(t *testing.T) {
+	admits := 100 * maxHintAdmits / minSplit.Seconds() // 100 requests' worth a hint
+	if !boundary(minSplit, admits) {
+		t.Errorf("boundary(%v, %v/s) = false, want true", minSplit, admits)
+	}
+	if below := minSplit - time.Millisecond; boundary(below, admits) {
+		t.Errorf("boundary(%v, %v/s) = true, want false", below, admits)
+	}
+}
+
+// TestAHintWorthExactlyMaxHintAdmitsIsAPace: a millisecond hint is a pace
+// while the upstream admitted at most maxHintAdmits requests a hint
+// lately; one request more a hint makes it a boundary.
+func TestAHintWorthExactlyMaxHintAdmitsIsAPace(t *testing.T) {
+	hint := 500 * time.Millisecond
+	at := maxHintAdmits / hint.Seconds() // exactly maxHintAdmits a hint
+	if boundary(hint, at) {
+		t.Errorf("boundary(%v, %v/s) = true: %d requests a hint is a pace", hint, at, maxHintAdmits)
+	}
+	over := (maxHintAdmits + 1) / hint.Seconds()
+	if !boundary(hint, over) {
+		t.Errorf("boundary(%v, %v/s) = false: %d requests a hint is a boundary", hint, over, maxHintAdmits+1)
+	}
+}
+
+// TestEveryClosureCountsTowardTheAllowanceProbe: each window that ends in
+// a closure counts toward the probe, so that of probeWindows windows in a
+// row exactly one sends one more than the allowance, to find an allowance
+// that grew.
+func TestEveryClosureCountsTowardTheAllowanceProbe(t *testing.T) {
+	r := &winRig{t: t, w: windows{known: true, allowance: 10, lengthLo: 900 * time.Millisecond, lengthHi: time.Second}}
+	now := t0
+	probes := 0
+	for i := range probeWindows {
+		allowance, sent := r.w.allowance, r.w.used // the knock that reopened it went in it
+		for {
+			tk := r.send(now)
+			if tk == nil {
+				break
+			}
+			sent++
+			r.w.accepted(tk, now)
+			now = now.Add(time.Millisecond)
+		}
+		switch sent {
+		case allowance + 1:
+			probes++
+		case allowance:
+		default:
+			t.Fatalf("window %d sent %d with an allowance of %d", i, sent, allowance)
+		}
+		if !r.w.closed {
+			t.Fatalf("window %d not closed once spent", i)
+		}
+		at, _, _ := r.w.gate(now, true)
+		now = at
+		k := r.send(now)
+		if k == nil {
+			t.Fatalf("window %d: no knock at %v", i, now)
+		}
+		r.w.accepted(k, now)
+	}
+	if probes != 1 {
+		t.Fatalf("%d of %d windows sent one more than the allowance, want 1", probes, probeWindows)
+	}
+}
+
+// statedClosure is a rig with a confirmed stated closure: a burst, a
+// refusal whose whole-second wait names end+10 s, and a test 1.25 s later
+// refused with a wait naming the same instant (9 s, rounded up). It
+// returns the rig, the instant the hints named and the test's answer
+// time.
+func statedClosure(t *testing.T) (*winRig, time.Time, time.Time) {
+	r := &winRig{t: t}
+	end := r.burst(t0, 20)
+	named := end.Add(10 * time.Second)
+	if !r.refuse(r.send(end), 10*time.Second, end) {
+		t.Fatal("a 10 s wait after a burst was not taken as a window's closure")
+	}
+	now := end.Add(testGapWhole)
+	test := r.send(now)
+	if test == nil {
+		t.Fatal("no test")
+	}
+	if !r.refuse(test, named.Sub(now).Round(time.Second), now) || !r.w.confirmed {
+		t.Fatal("a test refused at the same instant did not confirm the closure")
+	}
+	return r, named, now
+}
+
+// TestWholeSecondHintsKnockWithinTheSecondBeforeTheNamedInstant: a wait in
+// whole seconds leaves the boundary anywhere in the second before the
+// instant it names, so the first knock goes within that second, before
+// the instant, rather than waiting for the latest it could be.
+func TestWholeSecondHintsKnockWithinTheSecondBeforeTheNamedInstant(t *testing.T) {
+	r, named, now := statedClosure(t)
+	if !r.w.hi.Equal(named) {
+		t.Fatalf("stated boundary at %v, want the named %v", r.w.hi, named)
+	}
+	at, knock, ok := r.w.gate(now, true)
+	if ok || knock {
+		t.Fatal("the group went before its first knock")
+	}
+	if !at.Before(named) || !at.After(named.Add(-time.Second)) {
+		t.Fatalf("first knock at %v, want within the second before %v", at, named)
+	}
+}
+
+// TestKnocksStepThroughTheIntervalBeforeItsEnd: where the boundary is known
+// to lie in (lo, hi], the next knock goes inside it, a step of at most
+// 1/knockSteps of it from lo, not at hi where the window is sure to be
+// open.
+func TestKnocksStepThroughTheIntervalBeforeItsEnd(t *testing.T) {
+	lo, hi := t0, t0.Add(time.Second)
+	w := windows{closed: true, stated: true, confirmed: true, lo: lo, hi: hi}
+	w.next(t0)
+	if !w.knockAt.After(lo) || w.knockAt.After(lo.Add(hi.Sub(lo)/knockSteps)) {
+		t.Fatalf("knock at %v, want in (%v, %v]", w.knockAt, lo, lo.Add(hi.Sub(lo)/knockSteps))
+	}
+}
+
+// TestATestNamingAnInstantInsideTheIntervalAgrees: a test refused with a
+// wait naming an instant inside the interval the first hints left open
+// points at the same boundary: the closure is confirmed, not taken for
+// hints that move with the clock.
+func TestATestNamingAnInstantInsideTheIntervalAgrees(t *testing.T) {
+	r := &winRig{t: t}
+	end := r.burst(t0, 20)
+	r.refuse(r.send(end), 10*time.Second, end) // the boundary is in (end+9 s, end+10 s]
+	now := end.Add(testGapWhole)
+	test := r.send(now)
+	if test == nil {
+		t.Fatal("no test")
+	}
+	hint := 8 * time.Second // names end+9.25 s: inside the interval
+	if named := now.Add(hint); !named.After(r.w.lo) || named.After(r.w.hi) {
+		t.Fatalf("rig: %v is not in (%v, %v]", named, r.w.lo, r.w.hi)
+	}
+	if !r.refuse(test, hint, now) || !r.w.closed || !r.w.confirmed {
+		t.Fatalf("a test naming an instant inside the boundary's interval did not confirm the closure: closed %v, confirmed %v", r.w.closed, r.w.confirmed)
+	}
+}
+
+// reading is a known window of length (lengthLo, lengthHi] reopened by a
+// knock that found a new reading (low, hi]: the last refused knock went
+// low after the window's first request, the admitted one hi after it.
+func reading(lengthLo, lengthHi, low, hi time.Duration) windows {
+	w := windows{closed: true, known: true, allowance: 5, lengthLo: lengthLo, lengthHi: lengthHi,
+		prevOpened: t0, prevAdmitted: 5, lastKnock: t0.Add(low)}
+	w.reopen(t0.Add(hi), 1)
+	return w
+}
+
+// TestOverlappingLengthReadingsNarrowTheLength: a reading of the window's
+// length that overlaps the known one narrows it to where both agree,
+// rather than replacing it.
+func TestOverlappingLengthReadingsNarrowTheLength(t *testing.T) {
+	w := reading(9*time.Second, 11*time.Second, 9500*time.Millisecond, 12*time.Second)
+	if w.lengthLo != 9500*time.Millisecond || w.lengthHi != 11*time.Second {
+		t.Fatalf("length (%v, %v], want (9.5s, 11s]", w.lengthLo, w.lengthHi)
+	}
+}
+
+// TestAReadingEndingWhereTheKnownLengthBeginsReplacesIt: (8 s, 9 s] and
+// (9 s, 10 s] share no length: the readings are at odds and the latest
+// replaces the known one, rather than narrowing it to nothing.
+func TestAReadingEndingWhereTheKnownLengthBeginsReplacesIt(t *testing.T) {
+	w := reading(9*time.Second, 10*time.Second, 8*time.Second, 9*time.Second)
+	if w.lengthLo != 8*time.Second || w.lengthHi != 9*time.Second {
+		t.Fatalf("length (%v, %v], want the latest reading (8s, 9s]", w.lengthLo, w.lengthHi)
+	}
+}
+
+// TestAReadingStartingWhereTheKnownLengthEndsReplacesIt: (10 s, 11 s] and
+// (9 s, 10 s] share no length: the readings are at odds and the latest
+// replaces the known one, rather than narrowing it to nothing.
+func TestAReadingStartingWhereTheKnownLengthEndsReplacesIt(t *testing.T) {
+	w := reading(9*time.Second, 10*time.Second, 10*time.Second, 11*time.Second)
+	if w.lengthLo != 10*time.Second || w.lengthHi != 11*time.Second {
+		t.Fatalf("length (%v, %v], want the latest reading (10s, 11s]", w.lengthLo, w.lengthHi)
+	}
+}
+
+// TestAWindowReopenedByAKnockCountsFromTheKnock: the knock that found the
+// window open is its first request, so the window's length runs from the
+// knock: once it has passed, a new window's allowance goes, however late
+// the rest of the allowance was sent.
+func TestAWindowReopenedByAKnockCountsFromTheKnock(t *testing.T) {
+	knockAt := t0.Add(10 * time.Second)
+	r := &winRig{t: t, w: windows{closed: true, known: true, allowance: 2, prevAdmitted: 2,
+		lengthLo: 9 * time.Second, lengthHi: 10 * time.Second, prevOpened: t0, lastKnock: t0.Add(9500 * time.Millisecond),
+		since: t0.Add(9 * time.Second), knockAt: knockAt}}
+	k := r.send(knockAt)
+	if k == nil {
+		t.Fatal("no knock")
+	}
+	r.w.accepted(k, knockAt)
+	if r.w.closed || r.w.allowance != 2 {
+		t.Fatalf("the admitted knock did not reopen the window: closed %v, allowance %d", r.w.closed, r.w.allowance)
+	}
+	late := knockAt.Add(3 * time.Second)
+	if r.send(late) == nil { // the allowance's second request, spending it
+		t.Fatal("the allowance's second request held")
+	}
+	next := knockAt.Add(r.w.lengthHi)
+	if _, knock, ok := r.w.gate(next, true); !ok || knock {
+		t.Fatalf("held at %v, a window's length after the knock that opened it", next)
+	}
+}
+
+// TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest: a window
+// reopened at its stated boundary with nothing sent yet starts at its
+// first request, as a window counted from its first request does: its
+// allowance spent holds the group until a length after that request, not
+// after the boundary.
+func TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest(t *testing.T) {
+	b := t0.Add(10 * time.Second)
+	r := &winRig{t: t, w: windows{closed: true, stated: true, confirmed: true, known: true, allowance: 2, prevAdmitted: 2,
+		lengthLo: 9 * time.Second, lengthHi: 10 * time.Second, prevOpened: t0, lo: b.Add(-time.Second), hi: b, since: t0.Add(9 * time.Second)}}
+	if _, _, ok := r.w.gate(b, true); !ok || r.w.closed {
+		t.Fatal("the stated boundary did not reopen the window")
+	}
+	first := b.Add(3 * time.Second)
+	for range r.w.allowance {
+		if r.send(first) == nil {
+			t.Fatal("a request of the allowance held")
+		}
+	}
+	length := r.w.lengthHi
+	rolled := r.w // the same window, asked a length after its first request
+	if _, knock, ok := rolled.gate(first.Add(length), true); !ok || knock {
+		t.Fatalf("held at %v, a window's length after its first request", first.Add(length))
+	}
+	if _, _, ok := r.w.gate(b.Add(length), true); ok {
+		t.Fatalf("a request went %v after the boundary, with the window opened at %v spent", length, first)
+	}
+}
+
+// TestAShortWindowsLengthShowsTenthsOfASecond: a window shorter than ten
+// seconds shows its length to a tenth of a second, whole seconds being
+// too coarse for it.
+func TestAShortWindowsLengthShowsTenthsOfASecond(t *testing.T) {
+	v := &WindowView{Allowance: 5, Length: 2340 * time.Millisecond, Stated: true}
+	if s := v.String(); !strings.Contains(s, "5 per 2.3s,") {
+		t.Fatalf("view %q, want the length as 2.3s", s)
+	}
+}
+
+// TestALongWindowsLengthShowsWholeSeconds: a window of ten seconds and
+// more shows its length in whole seconds.
+func TestALongWindowsLengthShowsWholeSeconds(t *testing.T) {
+	v := &WindowView{Allowance: 500, Length: 61400 * time.Millisecond, Stated: false}
+	if s := v.String(); !strings.Contains(s, "500 per 1m1s,") {
+		t.Fatalf("view %q, want the length as 1m1s", s)
+	}
+}
+
+// TestHintsThatDisagreeLeaveTheLatestInstant: a hint whose instant lies
+// after the interval the earlier ones left (its second begins at or after
+// their latest instant) cannot narrow it; the interval becomes the last
+// millisecond before that instant, still one the boundary can lie in.
+func TestHintsThatDisagreeLeaveTheLatestInstant(t *testing.T) {
+	var w windows
+	at := t0.Add(10 * time.Second)
+	w.state(at, time.Second)
+	w.state(at.Add(2*time.Second), time.Second) // its second begins after at
+	if !w.hi.Equal(at) || !w.lo.Equal(at.Add(-time.Millisecond)) {
+		t.Fatalf("interval (%v, %v], want the millisecond before %v", w.lo.Sub(t0), w.hi.Sub(t0), at.Sub(t0))
+	}
+}
+
+// TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary: when
+// the clock reaches the boundary hints stated, the window that opens
+// counts from the knock still in flight, its first request, or with none
+// in flight from the boundary itself, empty.
+func TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary(t *testing.T) {
+	for _, inFlight := range []bool{false, true} {
+		r := &winRig{t: t}
+		end := r.burst(t0, 20)
+		boundary := t0.Add(10 * time.Second)
+		r.w.close(end, true)
+		r.w.state(boundary, time.Millisecond)
+		knockAt := boundary.Add(-5 * time.Millisecond)
+		if inFlight {
+			r.w.knocked(99, knockAt)
+		}
+		if _, _, ok := r.w.gate(boundary, false); !ok || r.w.closed {
+			t.Fatalf("in flight %v: the group is held at the stated boundary", inFlight)
+		}
+		wantStart, wantUsed := boundary, 0
+		if inFlight {
+			wantStart, wantUsed = knockAt, 1
+		}
+		if !r.w.start.Equal(wantStart) || r.w.used != wantUsed {
+			t.Fatalf("in flight %v: the window opened at %v with %d sent, want %v with %d",
+				inFlight, r.w.start.Sub(t0), r.w.used, wantStart.Sub(t0), wantUsed)
+		}
+	}
+}
