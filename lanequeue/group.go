@@ -416,8 +416,17 @@ func (t *turns) remove(l *Lane) {
 	t.n--
 }
 
-// armLocked makes sure dispatch runs again at `at`. Requires g.mu held.
+// minWake is the soonest the dispatch runs again after one that let
+// nobody go: at the same instant nothing would have changed (an answer or
+// a returned permit dispatches at once on its own).
+const minWake = time.Millisecond
+
+// armLocked makes sure dispatch runs again at `at`, minWake from now at
+// the soonest. Requires g.mu held.
 func (g *group) armLocked(now, at time.Time) {
+	if soonest := now.Add(minWake); at.Before(soonest) {
+		at = soonest
+	}
 	if g.timer != nil {
 		if g.timerAt.Equal(at) {
 			return

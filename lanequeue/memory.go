@@ -212,6 +212,7 @@ func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
 		s.refusedHolding--
 	}
 	s.conc.answered(t, now)
+	s.win.ended(t.Seq)
 }
 
 func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
@@ -599,6 +600,7 @@ func (s *Memory) Return(t *Ticket, now time.Time) {
 		s.refusedHolding--
 	}
 	s.conc.returned(t, now)
+	s.win.ended(t.Seq)
 }
 
 // PausedUntil is the end of the pause, or of a window's closure whose

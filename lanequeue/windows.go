@@ -126,15 +126,14 @@ const (
 func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool) {
 	if !w.closed {
 		w.roll(now)
-		if spend && w.known && w.used >= w.allowance+w.extra() { // known: an allowance of 1 or more
-			// The window's allowance is spent: close until the boundary
-			// its length predicts, without waiting to be refused.
-			w.close(now, false)
-			w.predict(now)
-			w.next(now)
-			return w.knockAt, false, false
+		if !spend || !w.known || w.used < w.allowance+w.extra() { // known: an allowance of 1 or more
+			return time.Time{}, false, true
 		}
-		return time.Time{}, false, true
+		// The window's allowance is spent: close until the boundary its
+		// length predicts, without waiting to be refused.
+		w.close(now, false)
+		w.predict(now)
+		w.next(now)
 	}
 	if w.stated && w.confirmed && !now.Before(w.hi) {
 		if w.knock != 0 {
@@ -147,9 +146,10 @@ func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool)
 		return time.Time{}, false, true
 	}
 	if w.knock != 0 {
-		if w.stated {
+		if w.stated && now.Before(w.hi) {
 			return w.hi, false, false
 		}
+		// Past a boundary not yet confirmed, the knock's answer decides.
 		return time.Time{}, false, false
 	}
 	if now.Before(w.knockAt) {
@@ -193,6 +193,16 @@ func (w *windows) until() time.Time {
 
 // knocked records the knock gate allowed, numbered seq, sent at now.
 func (w *windows) knocked(seq uint64, now time.Time) { w.knock, w.knockSent = seq, now }
+
+// ended learns that the dispatch numbered seq gave its permit back: a
+// knock whose answer said nothing of the window (a failure, a client gone,
+// nothing sent) lets the next knock go, instead of holding the group for
+// an answer that will not come.
+func (w *windows) ended(seq uint64) {
+	if w.knock == seq {
+		w.knock = 0
+	}
+}
 
 // dispatched counts a dispatch at now of the running window (not a
 // knock).

@@ -287,3 +287,76 @@ func TestAWindowNotSpentRollsOver(t *testing.T) {
 		w.dispatched(now)
 	}
 }
+
+// TestAKnockPastAnUnconfirmedBoundaryWaitsForItsAnswer: while a test knock
+// is out and the boundary the hints named has passed unconfirmed, the gate
+// holds the group until the knock's answer (a zero time), never "until"
+// the instant already gone, which would have the dispatcher ask again at
+// once, without end.
+func TestAKnockPastAnUnconfirmedBoundaryWaitsForItsAnswer(t *testing.T) {
+	r := &winRig{t: t}
+	end := r.burst(t0, 20)
+	over := r.send(end)
+	// A wait named to the millisecond, far longer than a pace at what was
+	// admitted: a suspected closure, its test 250 ms on.
+	if !r.w.refused(over, 400*time.Millisecond, true, 100, end) {
+		t.Fatal("a long wait after a burst was not taken as a suspected closure")
+	}
+	test := r.send(r.w.knockAt)
+	if test == nil || r.w.knock != test.Seq {
+		t.Fatal("no test knock at its time")
+	}
+	past := r.w.hi.Add(50 * time.Millisecond)
+	at, _, ok := r.w.gate(past, true)
+	if ok || !at.IsZero() {
+		t.Fatalf("with the knock out past the named boundary the gate says ok=%v until %v; want held until the knock's answer", ok, at)
+	}
+	if at, _, _ := r.w.gate(r.w.hi.Add(-time.Millisecond), true); !at.Equal(r.w.hi) {
+		t.Fatalf("before the named boundary the gate holds until %v; want %v", at, r.w.hi)
+	}
+}
+
+// TestAKnockThatEndsUnansweredLetsTheNextGo: a knock whose permit comes
+// back with no word on the window (a failure, the client gone) does not
+// hold the closure for ever: the next knock goes.
+func TestAKnockThatEndsUnansweredLetsTheNextGo(t *testing.T) {
+	s := NewMemory(Config{})
+	now := t0
+	// A window learned: 5 admitted, then silent refusals until knocks
+	// find it open again.
+	admit := func() *Ticket {
+		tk, _, ok := s.Admit(now, 1, false)
+		if !ok {
+			return nil
+		}
+		return &tk
+	}
+	for range 5 {
+		tk := admit()
+		s.Learn(tk, Report{Status: 200, Verdict: Accepted}, now)
+		s.Return(tk, now)
+		now = now.Add(10 * time.Millisecond)
+	}
+	for !s.win.closed {
+		tk := admit()
+		if tk == nil {
+			t.Fatal("held before a closure was read")
+		}
+		s.Learn(tk, Report{Status: 429, Verdict: RateRefused}, now)
+		s.Return(tk, now)
+		now = now.Add(400 * time.Millisecond)
+	}
+	now = later(now, s.win.knockAt)
+	knock := admit()
+	if knock == nil || s.win.knock != knock.Seq {
+		t.Fatal("no knock at its time")
+	}
+	if admit() != nil {
+		t.Fatal("a second request went while the knock was out")
+	}
+	s.Learn(knock, Report{Verdict: NotSent}, now) // the connection failed
+	s.Return(knock, now)
+	if admit() == nil {
+		t.Fatal("the knock ended unanswered and no next knock may go")
+	}
+}

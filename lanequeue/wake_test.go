@@ -1,0 +1,68 @@
+package lanequeue
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+)
+
+// nowShared refuses its first admissions "until now", an instant already
+// come, and counts them.
+type nowShared struct {
+	*Memory
+	asked atomic.Int32
+}
+
+func (s *nowShared) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
+	if s.asked.Add(1) <= 50 {
+		return Ticket{}, now, false
+	}
+	return s.Memory.Admit(now, cost, probe)
+}
+
+// TestADispatchThatLetsNobodyGoRunsAgainAMillisecondLater: a limit that
+// holds its waiters until an instant already come is asked again minWake
+// later, not at the same instant over and over (the dispatcher would spin
+// and, on a simulated clock, time would never move).
+func TestADispatchThatLetsNobodyGoRunsAgainAMillisecondLater(t *testing.T) {
+	fc := clock.NewFake(t0)
+	var made atomic.Pointer[nowShared]
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, Shared: func(_ string, cfg Config) Shared {
+		sh := &nowShared{Memory: NewMemory(cfg)}
+		made.Store(sh)
+		return sh
+	}})
+	got := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() {
+		s, err := tb.Acquire(ctx, Request{Path: "/v1/chat/completions", Model: "m"})
+		if err == nil {
+			s.Done(200, OutcomeOK, -1)
+		}
+		got <- err
+	}()
+	waitFor(t, func() bool { return made.Load() != nil && made.Load().asked.Load() == 1 })
+	sh := made.Load()
+	fc.Advance(0) // whatever is due now fires
+	if n := sh.asked.Load(); n != 1 {
+		t.Fatalf("the limit was asked %d times at the instant it named; want once", n)
+	}
+	fc.Advance(minWake - time.Microsecond)
+	if n := sh.asked.Load(); n != 1 {
+		t.Fatalf("asked again %d times before minWake", n-1)
+	}
+	fc.Advance(time.Microsecond)
+	if n := sh.asked.Load(); n != 2 {
+		t.Fatalf("asked %d times once minWake passed; want 2", n)
+	}
+	for range 50 {
+		fc.Advance(minWake)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
