@@ -302,6 +302,10 @@ func TestAKnockPastAnUnconfirmedBoundaryWaitsForItsAnswer(t *testing.T) {
 	if !r.w.refused(over, 400*time.Millisecond, true, 100, end) {
 		t.Fatal("a long wait after a burst was not taken as a suspected closure")
 	}
+	// The test goes half the hint on, under the 250 ms of longer ones.
+	if want := end.Add(200 * time.Millisecond); !r.w.knockAt.Equal(want) {
+		t.Fatalf("the test of a 400 ms hint goes at %v; want %v", r.w.knockAt.Sub(end), want.Sub(end))
+	}
 	test := r.send(r.w.knockAt)
 	if test == nil || r.w.knock != test.Seq {
 		t.Fatal("no test knock at its time")
@@ -343,8 +347,16 @@ func TestAKnockThatEndsUnansweredLetsTheNextGo(t *testing.T) {
 			t.Fatal("held before a closure was read")
 		}
 		s.Learn(tk, Report{Status: 429, Verdict: RateRefused}, now)
+		if s.win.closed && s.refusedHolding != 1 {
+			t.Fatalf("the refusal that closed the window, its permit still held, counts %d refused holding; want 1", s.refusedHolding)
+		}
 		s.Return(tk, now)
 		now = now.Add(400 * time.Millisecond)
+	}
+	// The refused requests that closed it hold their permits until they
+	// give them back: they are not counted at the level of what goes next.
+	if s.refusedHolding != 0 {
+		t.Fatalf("%d refused requests hold permits after all were returned", s.refusedHolding)
 	}
 	now = later(now, s.win.knockAt)
 	knock := admit()
@@ -353,6 +365,9 @@ func TestAKnockThatEndsUnansweredLetsTheNextGo(t *testing.T) {
 	}
 	if admit() != nil {
 		t.Fatal("a second request went while the knock was out")
+	}
+	if s.refusedHolding != 0 {
+		t.Fatal("a knock holds a refused permit before its answer")
 	}
 	s.Learn(knock, Report{Verdict: NotSent}, now) // the connection failed
 	s.Return(knock, now)
