@@ -16,16 +16,19 @@ import (
 
 // Monitoring: the Grafana dashboard and the Prometheus alert rules. Neither
 // runs in CI, so these tests read every PromQL expression in them and hold
-// it to the README's Metrics table, the contract of what llmproxy exports:
+// it to the Metrics table of docs/operations.md, the contract of what
+// llmproxy exports:
 // metric names, their type (counters only under rate/irate/increase) and
 // their labels.
 
 const (
 	dashboardFile = "grafana/llmproxy-dashboard.json"
 	alertsFile    = "prometheus/llmproxy-alerts.yaml"
+	// metricsDoc holds the Metrics table, under "## Metrics".
+	metricsDoc = "../docs/operations.md"
 )
 
-// metricDoc is one row of the README's Metrics table.
+// metricDoc is one row of the Metrics table.
 type metricDoc struct {
 	kind   string // counter, gauge or histogram
 	labels map[string]bool
@@ -33,16 +36,16 @@ type metricDoc struct {
 
 var labelName = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 
-// documentedMetrics parses the README's "### Metrics" table.
+// documentedMetrics parses the "## Metrics" table of docs/operations.md.
 func documentedMetrics(t *testing.T) map[string]metricDoc {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile(metricsDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n### Metrics\n")
+	_, section, ok := strings.Cut(string(doc), "\n## Metrics\n")
 	if !ok {
-		t.Fatal("README.md: no ### Metrics section")
+		t.Fatal("docs/operations.md: no ## Metrics section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	section, _, _ = strings.Cut(section, "\n### ")
@@ -53,15 +56,15 @@ func documentedMetrics(t *testing.T) map[string]metricDoc {
 		}
 		cells := strings.Split(line, "|") // "", name, type, labels, meaning, ""
 		if len(cells) < 5 {
-			t.Fatalf("README.md Metrics table: cannot read row %q", line)
+			t.Fatalf("docs/operations.md Metrics table: cannot read row %q", line)
 		}
 		name := strings.Trim(strings.TrimSpace(cells[1]), "`")
 		kind := strings.TrimSpace(cells[2])
 		if kind != "counter" && kind != "gauge" && kind != "histogram" {
-			t.Fatalf("README.md Metrics table: %s has type %q, want counter, gauge or histogram", name, kind)
+			t.Fatalf("docs/operations.md Metrics table: %s has type %q, want counter, gauge or histogram", name, kind)
 		}
 		if _, dup := docs[name]; dup {
-			t.Fatalf("README.md Metrics table: %s listed twice", name)
+			t.Fatalf("docs/operations.md Metrics table: %s listed twice", name)
 		}
 		doc := metricDoc{kind: kind, labels: map[string]bool{}}
 		for _, l := range strings.Split(cells[3], ",") {
@@ -69,14 +72,14 @@ func documentedMetrics(t *testing.T) map[string]metricDoc {
 				continue
 			}
 			if !labelName.MatchString(l) {
-				t.Fatalf("README.md Metrics table: %s has label %q", name, l)
+				t.Fatalf("docs/operations.md Metrics table: %s has label %q", name, l)
 			}
 			doc.labels[l] = true
 		}
 		docs[name] = doc
 	}
 	if len(docs) < 15 {
-		t.Fatalf("found only %d metrics in the README's Metrics table; has it changed shape?", len(docs))
+		t.Fatalf("found only %d metrics in the Metrics table of docs/operations.md; has it changed shape?", len(docs))
 	}
 	return docs
 }
@@ -104,7 +107,7 @@ func resolveSeries(docs map[string]metricDoc, name string) (series, error) {
 			return series{metric: base, suffix: suffix, doc: doc}, nil
 		}
 	}
-	return series{}, fmt.Errorf("%s is not a metric of the README's Metrics table", name)
+	return series{}, fmt.Errorf("%s is not a metric of the Metrics table of docs/operations.md", name)
 }
 
 // hasLabel tells whether the series carries a label: a documented one, or
@@ -251,17 +254,17 @@ func (in exprInfo) outputHas(l string) bool {
 }
 
 // targetLabels are the labels Prometheus adds to every scraped series. The
-// README does not list them, so expressions may not select or group by
+// Metrics table does not list them, so expressions may not select or group by
 // them; legends and annotations may show them.
 var targetLabels = map[string]bool{"instance": true, "job": true}
 
-// checkExpr checks a PromQL expression against the README's Metrics table.
+// checkExpr checks a PromQL expression against the Metrics table.
 // vars are the dashboard's template variables; nil where none may be used
 // (alert rules). It is no PromQL parser, but it checks what typos break:
 //   - brackets, braces and parentheses balance (outside strings);
 //   - every llmproxy_* name is a documented metric (a histogram only by its
 //     _bucket, _sum or _count series);
-//   - every label in a selector {label=...} is one the README lists for
+//   - every label in a selector {label=...} is one the Metrics table lists for
 //     that metric (or le on _bucket series);
 //   - every label in by/without/on/ignoring/group_left/group_right (...) is
 //     a label of an llmproxy series in that clause's scope: the aggregated
@@ -369,7 +372,7 @@ func checkExpr(docs map[string]metricDoc, expr string, vars map[string]bool) (ex
 					continue
 				}
 				if !s.hasLabel(toks[k].text) {
-					bad("%s{%s=...}: the README lists no label %q for %s (labels: %v)", name, toks[k].text, toks[k].text, s.metric, slices.Sorted(maps.Keys(s.doc.labels)))
+					bad("%s{%s=...}: docs/operations.md lists no label %q for %s (labels: %v)", name, toks[k].text, toks[k].text, s.metric, slices.Sorted(maps.Keys(s.doc.labels)))
 				}
 				if k+2 >= len(toks) || toks[k+2].kind != 's' {
 					bad("%s{%s...}: the value is not a quoted string", name, toks[k].text)

@@ -173,7 +173,7 @@ func getLanes(t *testing.T, admin string) lanesJSON {
 // Screenshots at 1280×800 and 390×844 are left in LLMPROXY_ARTIFACTS (or
 // e2e/artifacts) as the test's artefacts. LLMPROXY_E2E_DASHBOARD_WARMUP (a
 // duration, at most 5m) lets the traffic run that long first, for a
-// screenshot with minutes of chart; the README's was taken so.
+// screenshot with minutes of chart; docs/dashboard.png was taken so.
 func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	warmup, _ := time.ParseDuration(os.Getenv("LLMPROXY_E2E_DASHBOARD_WARMUP"))
 	warmup = min(max(warmup, 0), 5*time.Minute)

@@ -315,8 +315,8 @@ func TestPromptfooEvalAllPass(t *testing.T) {
 	}
 
 	// The same eval with nothing in between, on a fresh upstream with the
-	// same limit. Logged for the README, not asserted: the outcome depends
-	// on promptfoo's own retry and backoff.
+	// same limit. Logged for docs/benchmarks.md, not asserted: the outcome
+	// depends on promptfoo's own retry and backoff.
 	direct := mockupstream.New(mockupstream.Config{RPM: 1200})
 	t.Cleanup(direct.Close)
 	d := runPromptfoo(t, nt, direct.URL()+"/v1", j)

@@ -25,8 +25,8 @@ import (
 // one request's LLMPROXY_MAX_RETRIES absorbs), while sixty other clients
 // give up at a random moment. Every request whose client waited gets a 200 answer;
 // afterwards no lane holds a slot or a queued request and no body is held.
-// The figures (makespan, upstream refusals) are logged for the README's
-// Reliability section; LLMPROXY_E2E_LOG=1 shows the proxy's log.
+// The figures (makespan, upstream refusals) are logged for
+// docs/reliability.md; LLMPROXY_E2E_LOG=1 shows the proxy's log.
 func TestNothingLostUnderFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load test")

@@ -282,16 +282,16 @@ func TestLimitsLearnedFromBehaviourAreLogged(t *testing.T) {
 
 // TestEveryMetricIsDocumented: after traffic that makes every series
 // appear (learned limits, a pause, a proxy error), the names the proxy
-// exports and the README's metric table are the same set, Redis' own
-// series and llmproxy_build_info aside (redisstate and cmd/llmproxy
-// register them; their tests cover them).
+// exports and the metric table of docs/operations.md are the same set,
+// Redis' own series and llmproxy_build_info aside (redisstate and
+// cmd/llmproxy register them; their tests cover them).
 func TestEveryMetricIsDocumented(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	documented := map[string]bool{}
-	for _, m := range regexp.MustCompile("(?m)^\\| `(llmproxy_[a-z0-9_]+)` \\|").FindAllSubmatch(readme, -1) {
+	for _, m := range regexp.MustCompile("(?m)^\\| `(llmproxy_[a-z0-9_]+)` \\|").FindAllSubmatch(doc, -1) {
 		documented[string(m[1])] = true
 	}
 	var n atomic.Int32
@@ -318,12 +318,12 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	}
 	for name := range exported {
 		if !documented[name] {
-			t.Errorf("%s is exported but not in the README's metric table", name)
+			t.Errorf("%s is exported but not in the metric table of docs/operations.md", name)
 		}
 	}
 	for name := range documented {
 		if !exported[name] && !strings.HasPrefix(name, "llmproxy_redis_") && name != "llmproxy_build_info" {
-			t.Errorf("%s is in the README but not exported", name)
+			t.Errorf("%s is in the metric table of docs/operations.md but not exported", name)
 		}
 	}
 }

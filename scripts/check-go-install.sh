@@ -10,7 +10,7 @@
 # know, is exempt). The go command itself refuses a module whose go.mod
 # names another path or has replace directives. The installed binary must
 # name the commit. What this cannot check: that the repository is public
-# at that path (see the README).
+# at that path (see docs/install.md).
 # Usage: scripts/check-go-install.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -112,15 +112,15 @@ func TestStaticBuildNamesItsCommit(t *testing.T) {
 	}
 }
 
-// TestBuildInfoMetricIsDocumented: the README's metric table has
-// llmproxy_build_info with its labels (the proxy package's check of that
-// table leaves it to this package, which registers it).
+// TestBuildInfoMetricIsDocumented: the metric table of docs/operations.md
+// has llmproxy_build_info with its labels (the proxy package's check of
+// that table leaves it to this package, which registers it).
 func TestBuildInfoMetricIsDocumented(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(readme), "| `llmproxy_build_info` | gauge | version, revision, goversion |") {
-		t.Error("README's metric table lacks llmproxy_build_info with its labels")
+	if !strings.Contains(string(doc), "| `llmproxy_build_info` | gauge | version, revision, goversion |") {
+		t.Error("the metric table of docs/operations.md lacks llmproxy_build_info with its labels")
 	}
 }

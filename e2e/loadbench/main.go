@@ -792,7 +792,7 @@ func printTable(w io.Writer, rows []row) {
 	tw.Flush()
 }
 
-// printMarkdown prints the proxy rows for the README.
+// printMarkdown prints the proxy rows for docs/benchmarks.md.
 func printMarkdown(w io.Writer, rows []row) {
 	fmt.Fprintln(w, "| cell | runs | makespan/ideal | 429 % of upstream | client failures | target | met |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
