@@ -152,3 +152,11 @@ func (t *fakeTimer) Stop() bool {
 	t.stopped = true
 	return was
 }
+
+// Later returns the later of a and b.
+func Later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

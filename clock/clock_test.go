@@ -48,3 +48,15 @@ func TestFakeNeverMovesBackwards(t *testing.T) {
 		t.Fatalf("now = %v", c.Now())
 	}
 }
+
+func TestLaterIsTheLaterOfTwo(t *testing.T) {
+	a := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := a.Add(time.Nanosecond)
+	for _, tt := range []struct{ x, y, want time.Time }{
+		{a, b, b}, {b, a, b}, {a, a, a}, {time.Time{}, a, a}, {a, time.Time{}, a},
+	} {
+		if got := Later(tt.x, tt.y); !got.Equal(tt.want) {
+			t.Errorf("Later(%v, %v) = %v, want %v", tt.x, tt.y, got, tt.want)
+		}
+	}
+}

@@ -288,7 +288,7 @@ func (m *ModelGate) armLocked(now time.Time) {
 	if oldest.IsZero() {
 		return
 	}
-	at := latest(oldest, m.lastSwap).Add(m.fairness)
+	at := clock.Later(oldest, m.lastSwap).Add(m.fairness)
 	m.timerGen++
 	gen := m.timerGen
 	m.timer = m.clock.AfterFunc(max(at.Sub(now), 0), func() {

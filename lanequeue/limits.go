@@ -3,6 +3,8 @@ package lanequeue
 import (
 	"math"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // Limits are what a route's configuration says of its upstream's limits,
@@ -142,16 +144,16 @@ func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 	}
 	at := now
 	if c.lim.MinGap > 0 {
-		at = latest(at, c.gapNext)
+		at = clock.Later(at, c.gapNext)
 	}
 	if c.rpmOn() {
-		at = latest(at, c.rpmNext)
+		at = clock.Later(at, c.rpmNext)
 	}
 	if c.tpmOn() {
 		c.refill(now)
 		if need := math.Min(float64(cost), c.tokCap()); c.tokAvail < need {
 			secs := math.Min((need-c.tokAvail)/c.tokRate(), maxWaitSeconds)
-			at = latest(at, now.Add(max(time.Duration(math.Ceil(secs*float64(time.Second))), time.Millisecond)))
+			at = clock.Later(at, now.Add(max(time.Duration(math.Ceil(secs*float64(time.Second))), time.Millisecond)))
 		}
 	}
 	if at.After(now) {
@@ -169,13 +171,6 @@ func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 		return at, false
 	}
 	return time.Time{}, true
-}
-
-func latest(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 // take charges a start of cost tokens at now.

@@ -4,6 +4,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // Memory is the in-process Shared: the state of one group in this
@@ -605,7 +607,7 @@ func (s *Memory) Return(t *Ticket, now time.Time) {
 
 // PausedUntil is the end of the pause, or of a window's closure whose
 // boundary the upstream stated.
-func (s *Memory) PausedUntil() time.Time { return later(s.pausedUntil, s.win.until()) }
+func (s *Memory) PausedUntil() time.Time { return clock.Later(s.pausedUntil, s.win.until()) }
 
 func (s *Memory) View(now time.Time) View {
 	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs}

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 )
 
@@ -138,7 +139,7 @@ func (s *Slot) Report(r Report) (held bool) {
 	}
 	// The group may decline an answer's pause (see Shared.Learn): count
 	// the one it took.
-	if from, until := later(before, now), lim.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
+	if from, until := clock.Later(before, now), lim.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
 		// This answer started a pause, or made one longer.
 		reason := r.Verdict.PauseReason()
 		started := !before.After(now)
@@ -163,11 +164,4 @@ func (s *Slot) Report(r Report) (held bool) {
 		g.onChange(c)
 	}
 	return held
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }

@@ -3,6 +3,8 @@ package lanequeue
 import (
 	"strconv"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // windows reads from refusals and admissions whether a group's upstream
@@ -431,7 +433,7 @@ func (w *windows) next(now time.Time) {
 		if at.After(w.hi) {
 			at = w.hi
 		}
-		w.knockAt = later(at, now)
+		w.knockAt = clock.Later(at, now)
 		return
 	}
 	gap := time.Duration(knockShare * float64(now.Sub(w.since)))

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // winRig drives a windows value with explicit times: each dispatch gets a
@@ -358,7 +360,7 @@ func TestAKnockThatEndsUnansweredLetsTheNextGo(t *testing.T) {
 	if s.refusedHolding != 0 {
 		t.Fatalf("%d refused requests hold permits after all were returned", s.refusedHolding)
 	}
-	now = later(now, s.win.knockAt)
+	now = clock.Later(now, s.win.knockAt)
 	knock := admit()
 	if knock == nil || s.win.knock != knock.Seq {
 		t.Fatal("no knock at its time")

@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -81,7 +82,7 @@ func (sh *share) admit(now time.Time, cost int64) (time.Time, bool) {
 		sh.refill(now)
 		if need := math.Min(float64(cost), sh.tokSize); sh.tokAvail < need {
 			wait := time.Duration((need - sh.tokAvail) / sh.tokRate * float64(time.Second))
-			at = maxTime(at, now.Add(max(wait, time.Millisecond)))
+			at = clock.Later(at, now.Add(max(wait, time.Millisecond)))
 		}
 	}
 	if at.After(now) {
@@ -93,7 +94,7 @@ func (sh *share) admit(now time.Time, cost int64) (time.Time, bool) {
 // take charges one request of cost tokens at now.
 func (sh *share) take(now time.Time, cost int64) {
 	if sh.gap > 0 {
-		sh.next = maxTime(sh.next, now).Add(sh.gap)
+		sh.next = clock.Later(sh.next, now).Add(sh.gap)
 	}
 	if sh.tokRate > 0 {
 		sh.refill(now)
@@ -109,11 +110,4 @@ func (sh *share) refill(now time.Time) {
 		sh.tokAvail = math.Min(sh.tokSize, sh.tokAvail+sh.tokRate*now.Sub(sh.tokAt).Seconds())
 		sh.tokAt = now
 	}
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
