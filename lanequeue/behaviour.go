@@ -45,6 +45,11 @@ type learner struct {
 	replySecs    float64   // the first accepted answer's time to its headers
 	lastRefused  time.Time // the latest refusal learned from
 	cut          time.Time // when the estimate last changed on a refusal
+	// heldUntil is the end of the latest pause taken while the upstream
+	// admitted nothing lately: refusals sent before it start no
+	// measurement that ends after it, as the group sent nothing in
+	// between for the upstream to admit.
+	heldUntil time.Time
 
 	// The probe cycle: cruise, then up for probeUp, then down as long.
 	phase      probePhase
@@ -59,6 +64,10 @@ type learner struct {
 	// if no replica was refused during it, as the others send at its pace.
 	fleetRefused, probeMark uint64
 	streak                  int // clean probes in a row
+	// raisedFrom is the estimate before the latest clean probe's raise
+	// (0: the estimate did not come from one): a probe above the raise
+	// that is refused takes the raise back.
+	raisedFrom float64
 }
 
 type refusalMark struct {
@@ -272,7 +281,8 @@ func (l *learner) refused(seq uint64, at time.Time, before uint64) float64 {
 	}
 	last := l.refusals[len(l.refusals)-1]
 	first := 0
-	for first < len(l.refusals)-1 && last.at.Sub(l.refusals[first].at) > refusalSpan {
+	for first < len(l.refusals)-1 && (last.at.Sub(l.refusals[first].at) > refusalSpan ||
+		l.refusals[first].at.Before(l.heldUntil) && !last.at.Before(l.heldUntil)) {
 		first++
 	}
 	f := l.refusals[first]
@@ -380,6 +390,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 			if l.guess() {
 				raise = guessRaise - 1
 			}
+			l.raisedFrom = l.estimate
 			l.estimate *= 1 + raise*float64(int(1)<<min(l.streak, 3))
 			l.from = "probe"
 			l.streak++

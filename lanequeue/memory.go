@@ -370,6 +370,7 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	s.learnAt = now
 	if !l.live(now) {
 		s.refusedWhileDown(t, r, now)
+		l.heldUntil = clock.Later(l.heldUntil, r.PauseUntil)
 		return true
 	}
 	s.estimateOnRefusal(t, r, now)
@@ -398,8 +399,14 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		return false
 	}
 	s.pace.setFromRefusals(s.pacing(), now)
-	// The upstream's bucket is empty now: so is the pace's.
+	// The upstream's bucket is empty now: so is the pace's. A request sent
+	// before the pace last changed went faster than the pace allows: an
+	// upstream that counts refusals is owed it too, and sending before the
+	// debt is paid only deepens it.
 	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+	if t.Dispatched.Before(l.cut) {
+		s.pace.requests.avail--
+	}
 	// A wait short enough to be a pace holds the group; a longer one
 	// (Retry-After in whole seconds) holds only the refused request,
 	// while the learned pace holds the rest.
@@ -429,6 +436,11 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 // short hint.
 func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 	l := &s.learn
+	defer func(was float64) {
+		if l.estimate < was {
+			l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
+		}
+	}(l.estimate)
 
 	level := t.Level
 	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
@@ -470,22 +482,35 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 			l.estimate, l.from = hp, "hint" // a sending rate of a few requests says little
 		}
 		l.cut = now
-	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && l.reached(level) {
+	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
 		// Refused again at a pace not yet measured, at a number in flight
 		// the upstream admits: slower, once for the requests sent since
-		// the last change.
+		// the last change. Not before the upstream admitted one of them:
+		// one that counts refusals refuses all until its debt is paid,
+		// whatever the pace.
 		l.estimate *= unmeasuredCut
 		l.cut = now
 	}
-	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate {
+	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate && t.Dispatched.After(l.cut) {
 		// Refusals too close together to measure the rate still show what
 		// got through between them: a guess far above it (the whole of a
 		// limit other models share, a sending rate several times the
 		// limit) is cut to it at once rather than by unmeasuredCut a
 		// round. (One a little above it is left to the measurement: what
 		// gets through right after a refusal may be less than the refill,
-		// where refusals count against the limit.)
+		// where refusals count against the limit.) Only for a request
+		// sent at the guess: those sent before it, refused close together,
+		// show an upstream's debt as much as its rate.
 		l.estimate = l.short
+		l.cut = now
+	}
+	if t.Probe && l.from == "probe" && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
+		// The probe above a raise past the pace the clean probe ran at was
+		// refused: the raise went too far. Back to what ran clean, at
+		// once; staying at the raise until the refusals measure a rate
+		// overdraws an upstream that counts them. (A smaller raise is left
+		// to the measurement.)
+		l.estimate, l.raisedFrom = l.raisedFrom, 0
 		l.cut = now
 	}
 	if hp := s.hintPace(r.Hint, now); hp > 0 && hp < l.estimate {
