@@ -180,8 +180,10 @@ func TestProgramAppliesRouteSettings(t *testing.T) {
 	if len(r.LocalRoutes) != 1 || r.LocalRoutes[0].Route != "ollama" || r.LocalRoutes[0].Loaded != "llama" {
 		t.Errorf("local routes: %+v", r.LocalRoutes)
 	}
+	seen := map[string]int{}
 	for _, l := range r.Lanes {
 		c := l.Configured
+		seen[l.Route]++
 		switch l.Route {
 		case "":
 			if c == nil || c.RPM != 600 || c.Mode != "start" {
@@ -191,6 +193,13 @@ func TestProgramAppliesRouteSettings(t *testing.T) {
 			if c == nil || c.Concurrency != 2 || c.Mode != "ceiling" || l.Concurrency != 2 {
 				t.Errorf("ollama lane configured %+v, limit %d", c, l.Concurrency)
 			}
+		default:
+			t.Errorf("a lane of route %q, which no request went to", l.Route)
 		}
+	}
+	// One request went to each route: /lanes shows each its lane, so the
+	// checks above looked at something.
+	if seen[""] != 1 || seen["ollama"] != 1 {
+		t.Errorf("/lanes lists lanes by route %v, want one of the default route and one of ollama", seen)
 	}
 }
