@@ -29,9 +29,9 @@ type learner struct {
 	// named: the upstream named concurrency in words.
 	named bool
 
-	estimate float64 // the admitted rate, requests a second; 0 = unknown
-	from     string  // where estimate comes from (see View.RateFrom)
-	measured bool    // estimate was measured between refusals once
+	estimate float64  // the admitted rate, requests a second; 0 = unknown
+	from     RateFrom // where estimate comes from
+	measured bool     // estimate was measured between refusals once
 	// sample is how many admissions the latest measurement counted: an
 	// estimate counted over few is off by a larger share (see cruise).
 	sample float64
@@ -326,7 +326,7 @@ func (l *learner) pace() float64 {
 
 // guess reports whether the estimate is only what the group was sending
 // when it was first refused, less the cuts of later refusals.
-func (l *learner) guess() bool { return !l.measured && l.from != "hint" }
+func (l *learner) guess() bool { return !l.measured && l.from != RateHint }
 
 // probeLength is how long the up phase lasts at rate r: long enough to
 // send probeRequests more than the estimate would.
@@ -392,7 +392,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 			}
 			l.raisedFrom = l.estimate
 			l.estimate *= 1 + raise*float64(int(1)<<min(l.streak, 3))
-			l.from = "probe"
+			l.from = RateProbe
 			l.streak++
 			cruiseFor >>= min(l.streak, 2)
 		}

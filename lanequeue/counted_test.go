@@ -57,7 +57,7 @@ func TestAnOvershootsEchoesDoNotCutAGuess(t *testing.T) {
 	span := 300 * time.Millisecond
 	setup := func() *Memory {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = 40, "sending rate"
+		s.learn.estimate, s.learn.from = 40, RateSending
 		first := Ticket{Seq: 1, Dispatched: t0, Level: 1}
 		s.Learn(&first, Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
 		s.learn.cut = at(time.Millisecond) // the first refusal set the guess
@@ -86,7 +86,7 @@ func TestAnOvershootsEchoesDoNotCutAGuess(t *testing.T) {
 func TestAGuessIsCutAgainOnlyAfterSomethingWasAdmittedAtIt(t *testing.T) {
 	for _, admitted := range []bool{false, true} {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = 20, "sending rate"
+		s.learn.estimate, s.learn.from = 20, RateSending
 		s.learn.cut = at(time.Second)
 		s.learn.lastAccepted = at(900 * time.Millisecond)
 		// Reached: level 1 admitted often, so the refusal is not of a
@@ -124,7 +124,7 @@ func TestARefusedProbeTakesBackARaisePastItsPace(t *testing.T) {
 		{"raised by the probe's gain", 20, probeGain, 20 * probeGain},
 	} {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = tt.from*tt.raise, "probe"
+		s.learn.estimate, s.learn.from = tt.from*tt.raise, RateProbe
 		s.learn.raisedFrom = tt.from
 		s.learn.phase = probeUp
 		s.pace.setFromRefusals(s.pacing(), t0)
@@ -139,7 +139,7 @@ func TestARefusedProbeTakesBackARaisePastItsPace(t *testing.T) {
 // TestACleanProbeRemembersWhatItRaisedFrom: the raise of a clean probe
 // keeps the estimate it raised, for a refused probe to go back to.
 func TestACleanProbeRemembersWhatItRaisedFrom(t *testing.T) {
-	l := learner{estimate: 10, from: "sending rate"}
+	l := learner{estimate: 10, from: RateSending}
 	now := t0
 	l.step(now, true) // up
 	now = l.phaseUntil
@@ -188,7 +188,7 @@ func TestARateIsNotMeasuredAcrossAPause(t *testing.T) {
 // again, not by the row's.
 func TestARefusalThatLowersTheRateEndsARowOfCleanProbes(t *testing.T) {
 	s := quietLocal()
-	s.learn.estimate, s.learn.from, s.learn.measured, s.learn.streak = 30, "admitted rate", true, 3
+	s.learn.estimate, s.learn.from, s.learn.measured, s.learn.streak = 30, RateAdmitted, true, 3
 	s.learn.refused(1, t0, 0)
 	// 20 dispatched over a second after the first refusal, one refused: a
 	// measurement under the estimate.

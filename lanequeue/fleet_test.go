@@ -115,7 +115,7 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 	} {
 		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
-		l.learn.estimate, l.learn.from, l.learn.measured = 5, "admitted rate", true
+		l.learn.estimate, l.learn.from, l.learn.measured = 5, RateAdmitted, true
 		l.pace.setFromRefusals(l.pacing(), now)
 		start := l.View(now).Requests.PerSecond
 		sawProbe := false
@@ -156,14 +156,14 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		paced     bool // the refused request went at the fleet's pace
 		seenAfter bool // ... but this replica saw that pace only after it went
 		want      float64
-		from      string
+		from      RateFrom
 	}{
-		{"lower than the sending rate", 7, false, false, 7, "replicas"},
-		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, "replicas"},
-		{"lower, refused, sent before it was seen", 7, true, true, 7, "replicas"},
-		{"none", 0, false, false, 31, "sending rate"},
-		{"higher than the sending rate", 50, true, false, 31, "sending rate"},
-		{"as high as the sending rate", 31, false, false, 31, "sending rate"},
+		{"lower than the sending rate", 7, false, false, 7, RateReplicas},
+		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, RateReplicas},
+		{"lower, refused, sent before it was seen", 7, true, true, 7, RateReplicas},
+		{"none", 0, false, false, 31, RateSending},
+		{"higher than the sending rate", 50, true, false, 31, RateSending},
+		{"as high as the sending rate", 31, false, false, 31, RateSending},
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
@@ -208,7 +208,7 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.fromRefusals = true
 		l := &m.learn
-		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, "admitted rate", t0
+		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, RateAdmitted, t0
 		m.NoteFleet(0, 5, t0)
 		l.step(t0, true)
 		if l.phase != probeUp {
@@ -238,19 +238,19 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		measured bool
 		pace     float64
 		want     float64
-		from     string
+		from     RateFrom
 	}{
-		{"a guess above the fleet", false, 3, 3, "replicas"},
-		{"a measured rate", true, 3, 8, "admitted rate"},
-		{"a pace the guess drains at", false, 8 * drainGain, 8, "sending rate"},
-		{"no fleet pace", false, 0, 8, "sending rate"},
+		{"a guess above the fleet", false, 3, 3, RateReplicas},
+		{"a measured rate", true, 3, 8, RateAdmitted},
+		{"a pace the guess drains at", false, 8 * drainGain, 8, RateSending},
+		{"no fleet pace", false, 0, 8, RateSending},
 	} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.fromRefusals = true
 		l := &m.learn
-		l.estimate, l.measured, l.from = 8, c.measured, "sending rate"
+		l.estimate, l.measured, l.from = 8, c.measured, RateSending
 		if c.measured {
-			l.from = "admitted rate"
+			l.from = RateAdmitted
 		}
 		m.NoteFleet(c.pace, 5, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {

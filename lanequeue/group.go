@@ -83,13 +83,11 @@ func (g *group) limitOf(key Key) *limit {
 	return l
 }
 
-// answeredElsewhere reports whether sh is shared with other replicas of
-// the proxy and one of them has learned from an answer of the group
-// lately: the first-answer probe need not wait for one of this replica's
-// own.
+// answeredElsewhere reports whether sh is a Fleet one of whose other
+// replicas learned from an answer of the group lately.
 func answeredElsewhere(sh Shared) bool {
-	a, ok := sh.(interface{ AnsweredElsewhere() bool })
-	return ok && a.AnsweredElsewhere()
+	f, ok := sh.(Fleet)
+	return ok && f.AnsweredElsewhere()
 }
 
 // kick runs the dispatch again: the global cap has room for this group.

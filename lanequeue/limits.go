@@ -108,9 +108,6 @@ func newCeiling(l Limits) *ceiling {
 	return c
 }
 
-// knower is a Shared that can tell whether it has learned a limit.
-type knower interface{ Knows() bool }
-
 // rpmOn and tpmOn report whether RPM and TPM still hold.
 func (c *ceiling) rpmOn() bool { return c.lim.RPM > 0 && !c.replaced }
 func (c *ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
@@ -138,7 +135,7 @@ func (c *ceiling) refill(now time.Time) {
 // when it may.
 func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) {
 	if c.lim.Start && !c.replaced {
-		if k, ok := sh.(knower); ok && k.Knows() {
+		if k, ok := sh.(Knower); ok && k.Knows() {
 			c.replaced = true
 		}
 	}

@@ -141,7 +141,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 		changed = true
 	}
 	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
-		l.estimate, l.from = pace, "replicas"
+		l.estimate, l.from = pace, RateReplicas
 		changed = true
 	}
 	if changed {
@@ -424,7 +424,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	}
 	if hp := s.hintPace(r.Hint, now); hp > 0 && !l.measured {
 		// A short hint still says how fast to go once it opens.
-		l.estimate, l.from = hp, "hint"
+		l.estimate, l.from = hp, RateHint
 		s.pace.setFromRefusals(s.pacing(), now)
 		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
 	}
@@ -450,13 +450,13 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		// a refusal says the estimate is too high, and a guess takes any
 		// measurement: it takes the sample.
 		if !t.Probe || sample > l.estimate || l.guess() {
-			l.estimate, l.from, l.measured = sample, "admitted rate", true
+			l.estimate, l.from, l.measured = sample, RateAdmitted, true
 		}
 		l.cut = now
 	} else if l.estimate == 0 {
 		// One refusal measures no rate yet. What the group has been
 		// sending is too fast; a short hint may say how fast is right.
-		l.estimate, l.from = s.pace.recent.rate(now), "sending rate"
+		l.estimate, l.from = s.pace.recent.rate(now), RateSending
 		if secs := s.conc.answerSecs; secs > 0 && !l.reached(level) {
 			// Refused at a number in flight nothing went through at: what
 			// did go through, over the answer time, is what it sustains
@@ -466,7 +466,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		if s.fleetPace > 0 && s.fleetPace < l.estimate {
 			// Other replicas learned a pace from their refusals already:
 			// it is lower than what the group was sending, and known.
-			l.estimate, l.from = s.fleetPace, "replicas"
+			l.estimate, l.from = s.fleetPace, RateReplicas
 			if t.Paced && t.Dispatched.After(s.fleetPaceAt) && !l.concurrencyBound() {
 				// And it was refused at that pace (sent after this replica
 				// saw it, so not at an older, faster one): as one process
@@ -479,7 +479,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		}
 		n, _ := s.pace.recent.recent(now)
 		if hp := s.hintPace(r.Hint, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
-			l.estimate, l.from = hp, "hint" // a sending rate of a few requests says little
+			l.estimate, l.from = hp, RateHint // a sending rate of a few requests says little
 		}
 		l.cut = now
 	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
@@ -504,7 +504,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		l.estimate = l.short
 		l.cut = now
 	}
-	if t.Probe && l.from == "probe" && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
+	if t.Probe && l.from == RateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
 		// The probe above a raise past the pace the clean probe ran at was
 		// refused: the raise went too far. Back to what ran clean, at
 		// once; staying at the raise until the refusals measure a rate
@@ -516,7 +516,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 	if hp := s.hintPace(r.Hint, now); hp > 0 && hp < l.estimate {
 		// The wait for the next request is at most one request's worth of
 		// the refill: one per hint is as fast as the upstream can go.
-		l.estimate, l.from = hp, "hint"
+		l.estimate, l.from = hp, RateHint
 	}
 }
 
@@ -648,18 +648,18 @@ func (s *Memory) View(now time.Time) View {
 		v.Learned = LearnedFromRefusals
 		v.RateFrom = s.learn.from
 		v.AdmittedRate = s.learn.estimate
-		v.Bound = "rate"
+		v.Bound = BoundRate
 		if s.learn.concurrencyBound() {
-			v.Bound = "concurrency"
+			v.Bound = BoundConcurrency
 		}
 	case s.pace.requests.known || s.pace.tokens.known:
 		v.Learned = LearnedFromHeaders
-		v.RateFrom = "headers"
+		v.RateFrom = RateHeaders
 	}
 	switch {
 	case s.learn.named:
 		v.ConcurrencyFrom = "words"
-		v.Bound = "concurrency"
+		v.Bound = BoundConcurrency
 	case s.learn.atLevel > 0:
 		v.ConcurrencyFrom = "refusals at " + strconv.Itoa(s.learn.atLevel) + " in flight"
 	}
@@ -668,6 +668,8 @@ func (s *Memory) View(now time.Time) View {
 	v.ConcurrencyLowered = s.conc.refusedAt > 0 || s.learn.named || s.learn.atLevel > 0
 	return v
 }
+
+var _ Knower = (*Memory)(nil)
 
 // Knows reports whether the group has learned a limit of its own: from
 // headers, or from the upstream's refusals.

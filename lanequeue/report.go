@@ -153,7 +153,7 @@ func (s *Slot) Report(r Report) (held bool) {
 		changes = g.changesLocked(l, lim, r, v, now, changes, shared)
 	}
 	held = !lim.shared.PausedUntil().Before(r.PauseUntil)
-	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == "concurrency" {
+	if !held && r.Verdict.Refusal() && !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == BoundConcurrency {
 		// The group learned that the number in flight is the bound: its
 		// concurrency limit holds the retry until a permit frees.
 		held = true

@@ -43,6 +43,21 @@ type Shared interface {
 	View(now time.Time) View
 }
 
+// Knower is a Shared that can tell whether it has learned a limit from
+// the upstream (headers or refusals): a group whose configured limits are
+// only where learning starts (Limits.Start) then drops them.
+type Knower interface {
+	Knows() bool
+}
+
+// Fleet is a Shared kept together with other replicas of the proxy.
+// AnsweredElsewhere reports whether one of them learned from an answer of
+// the group lately: the first-answer window need not wait for one of this
+// replica's own.
+type Fleet interface {
+	AnsweredElsewhere() bool
+}
+
 // Ticket records one dispatch: what it was charged and what the group knew
 // when it went, so its answer can be read against that.
 type Ticket struct {
@@ -102,17 +117,12 @@ type View struct {
 	// yet); FromRefusals asks for the second.
 	Learned string
 	// Bound is what the behaviour of an upstream without headers says it
-	// limits: "rate", "concurrency", or "" (not known, or from headers).
-	Bound string
-	// RateFrom says where the request pace comes from: "headers",
-	// "admitted rate" (measured between refusals), "sending rate" (what
-	// the group sent before its first refusals, lowered by later ones,
-	// until two refusals measure it), "hint" (one request per "try again
-	// in"), "probe" (a probe above it met no refusal), "replicas" (the
-	// pace other replicas learned from refusals, at this one's first), or
-	// "". AdmittedRate is the rate measured from behaviour, requests a
-	// second.
-	RateFrom     string
+	// limits.
+	Bound Bound
+	// RateFrom says where the request pace comes from (a sending rate
+	// is a guess until two refusals measure the admitted rate).
+	// AdmittedRate is the rate measured from behaviour, requests a second.
+	RateFrom     RateFrom
 	AdmittedRate float64
 	// ConcurrencyFrom says where the concurrency limit comes from:
 	// "words" (the upstream named concurrency), "refusals at N in flight"

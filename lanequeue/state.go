@@ -164,7 +164,7 @@ func (l *Lane) state(withHistory bool) State {
 		GroupQueued:  queued,
 		DrainSeconds: drainSeconds(queued, queuedCost, v, now),
 		Learned:      v.Learned, Corrected: v.Corrected,
-		Bound: v.Bound, RateFrom: v.RateFrom, AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
+		Bound: v.Bound.String(), RateFrom: v.RateFrom.String(), AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.used(),
 	}
 	if lim.ceil != nil {

@@ -31,7 +31,7 @@ func logChange(log *slog.Logger, c lanequeue.Change) {
 		msg = "lane limits changed"
 		attrs = append(attrs, slog.String("learned_from", v.Learned), slog.Bool("corrected_by_refusals", v.Corrected))
 		// What the group believes binds and why, as /lanes says it.
-		attrs = append(attrs, slog.String("bound", v.Bound), slog.String("rate_from", v.RateFrom))
+		attrs = append(attrs, slog.String("bound", v.Bound.String()), slog.String("rate_from", v.RateFrom.String()))
 		if v.AdmittedRate > 0 {
 			attrs = append(attrs, slog.Float64("admitted_rate", round2(v.AdmittedRate)))
 		}
@@ -59,7 +59,7 @@ func logChange(log *slog.Logger, c lanequeue.Change) {
 		attrs = append(attrs, slog.Int("from", c.From), slog.Int("to", v.Concurrency), slog.String("after", c.Verdict.String()))
 		if v.ConcurrencyFrom != "" {
 			// A limit the upstream showed, not one grown by answers.
-			attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom), slog.String("bound", v.Bound))
+			attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom), slog.String("bound", v.Bound.String()))
 		}
 	case lanequeue.Evicted:
 		msg = "lane evicted"

@@ -441,7 +441,7 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 	}
 	for name, sh := range map[string]lanequeue.Shared{"a": sa, "b": sb} {
 		v := sh.(*shared).local.View(time.Now())
-		if v.Bound != "concurrency" || v.ConcurrencyFrom != "refusals at 9 in flight" {
+		if v.Bound != lanequeue.BoundConcurrency || v.ConcurrencyFrom != "refusals at 9 in flight" {
 			t.Errorf("replica %s judges bound %q (%q) from one refusal of its own; want concurrency at 9 from both", name, v.Bound, v.ConcurrencyFrom)
 		}
 	}
@@ -593,7 +593,7 @@ func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
 	// From a's pace; or, when the group's last second held fewer of a's
 	// dispatches (a loaded machine), from the lower sending rate.
 	v := sb.View(time.Now())
-	if v.AdmittedRate > fleet*1.01 || v.RateFrom != "replicas" && v.RateFrom != "sending rate" {
+	if v.AdmittedRate > fleet*1.01 || v.RateFrom != lanequeue.RateReplicas && v.RateFrom != lanequeue.RateSending {
 		t.Fatalf("b's first refusal set %.1f/s from %q; want at most a's %.1f/s, from \"replicas\"", v.AdmittedRate, v.RateFrom, fleet)
 	}
 }

@@ -371,7 +371,7 @@ func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.
 	if kind == 0 {
 		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
 	}
-	return append(args, t.Level, kind, boolInt(v.Bound == "concurrency"), boolInt(r.Verdict.Refusal()), reply), kind
+	return append(args, t.Level, kind, boolInt(v.Bound == lanequeue.BoundConcurrency), boolInt(r.Verdict.Refusal()), reply), kind
 }
 
 // learnReply is learnScript's reply, its times on this replica's clock.
@@ -497,6 +497,11 @@ func errOr(err error) error {
 	}
 	return errString("short reply")
 }
+
+var (
+	_ lanequeue.Fleet  = (*shared)(nil)
+	_ lanequeue.Knower = (*shared)(nil)
+)
 
 // AnsweredElsewhere reports whether a replica learned from an answer of
 // the group lately: this one's first request need not wait for its own.
