@@ -195,13 +195,21 @@ func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
 			l.refusedAt[i] = refused[i]
 		}
 	}
-	if s.pace.fromRefusals && l.classify() {
-		s.learnAt = now
-		if l.concurrencyBound() {
-			s.toConcurrency()
-		} else {
-			s.pace.setFromRefusals(s.pacing(), now)
-		}
+	s.judgeAgain(now)
+}
+
+// judgeAgain judges the bound of a group paced from refusals again at now,
+// from the counts by level, and holds the group by what it finds: the
+// number in flight, or the pace.
+func (s *Memory) judgeAgain(now time.Time) {
+	if !s.pace.fromRefusals || !s.learn.classify() {
+		return
+	}
+	s.learnAt = now
+	if s.learn.concurrencyBound() {
+		s.toConcurrency()
+	} else {
+		s.pace.setFromRefusals(s.pacing(), now)
 	}
 }
 
@@ -332,16 +340,9 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 		if s.learn.replySecs == 0 {
 			s.learn.replySecs = now.Sub(t.Dispatched).Seconds()
 		}
-		if s.pace.fromRefusals && s.learn.classify() {
-			// Admissions at the levels below the refusals can settle the
-			// bound after the refusals came.
-			s.learnAt = now
-			if s.learn.concurrencyBound() {
-				s.toConcurrency()
-			} else {
-				s.pace.setFromRefusals(s.pacing(), now)
-			}
-		}
+		// Admissions at the levels below the refusals can settle the
+		// bound after the refusals came.
+		s.judgeAgain(now)
 		s.conc.accepted(t, now, s.outNow(t), s.floor())
 	case RateRefused:
 		if !corrected && t.Room && s.pace.underUsed(now) {
