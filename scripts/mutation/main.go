@@ -84,7 +84,7 @@ func main() {
 		if err != nil {
 			fatal(err)
 		}
-		if !report(os.Stdout, results, minEfficacy, listed, sourceLine) {
+		if !report(os.Stdout, results, minEfficacy, listed, sourceLine, true) {
 			os.Exit(1)
 		}
 		return
@@ -121,14 +121,9 @@ func main() {
 		results = append(results, r)
 		fmt.Fprintf(os.Stderr, "mutation: %s done in %s\n", pkg, r.took.Round(time.Second))
 	}
-	// The percentage is a package's: a diff run holds a few mutants, where
-	// one listed equivalent mutant among five would read as 80 %. There
-	// only the listing rule holds; the full run holds both.
-	minEff := minEfficacy
-	if *diff != "" {
-		minEff = 0
-	}
-	if !report(os.Stdout, results, minEff, listed, sourceLine) {
+	// A full run also holds every listing of its packages to a survivor it
+	// saw; a diff run mutates only the changed lines, and cannot.
+	if !report(os.Stdout, results, minEfficacy, listed, sourceLine, *diff == "") {
 		os.Exit(1)
 	}
 }
@@ -212,14 +207,18 @@ func (r result) count(status string) int {
 	return n
 }
 
-// efficacy is killed over killed and lived, in percent, as gremlins counts
-// it; 100 when neither happened.
-func (r result) efficacy() float64 {
-	k, l := r.count("KILLED"), r.count("LIVED")
-	if k+l == 0 {
+// efficacy is killed over killed, lived and not covered, in percent,
+// leaving out the accepted survivors (listed, each with its reason: an
+// equivalent mutant is no test's to kill); 100 when none of these
+// happened. A mutant no test runs lives as surely as one a test runs and
+// misses: it counts as lived.
+func (r result) efficacy(accepted int) float64 {
+	k := r.count("KILLED")
+	rest := r.count("LIVED") + r.count("NOT COVERED") - accepted
+	if k+rest == 0 {
 		return 100
 	}
-	return 100 * float64(k) / float64(k+l)
+	return 100 * float64(k) / float64(k+rest)
 }
 
 // readResult reads gremlins' JSON output for pkg.
@@ -347,39 +346,63 @@ func sourceLine(file string, line int) string {
 }
 
 // report prints the table and the unlisted survivors, and says whether
-// every package reached minEff and every survivor is listed.
-func report(w io.Writer, results []result, minEff float64, listed map[survivor]string, source func(string, int) string) bool {
+// every package reached minEff and every survivor is listed. With full
+// (a run over whole packages), every listing of a package run must name
+// a survivor of the run: one whose mutant is now killed, or whose line is
+// gone, is stale.
+func report(w io.Writer, results []result, minEff float64, listed map[survivor]string, source func(string, int) string, full bool) bool {
 	ok := true
-	fmt.Fprintln(w, "| package | killed | lived | not covered | timed out | efficacy | time |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
-	var unlisted []string
-	accepted := 0
+	fmt.Fprintln(w, "| package | killed | lived | not covered | timed out | accepted | efficacy | time |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	var unlisted, stale []string
+	seen := map[survivor]bool{}
+	total := 0
 	for _, r := range results {
-		mark := ""
-		if r.efficacy() < minEff {
-			mark, ok = fmt.Sprintf(" (below %g %%)", minEff), false
-		}
-		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %.1f %%%s | %s |\n", r.pkg, r.count("KILLED"), r.count("LIVED"),
-			r.count("NOT COVERED"), r.count("TIMED OUT"), r.efficacy(), mark, r.took.Round(time.Second))
+		accepted := 0
 		for _, m := range r.mutants {
 			if m.Status != "LIVED" {
 				continue
 			}
 			code := source(m.File, m.Line)
-			if _, ok := listed[survivor{File: m.File, Type: m.Type, Column: m.Column, Code: code}]; ok {
+			key := survivor{File: m.File, Type: m.Type, Column: m.Column, Code: code}
+			if _, ok := listed[key]; ok {
 				accepted++
+				seen[key] = true
 				continue
 			}
 			unlisted = append(unlisted, fmt.Sprintf("%s:%d:%d %s\n    %s | %s@%d | %s | <why it may live>",
 				m.File, m.Line, m.Column, m.Type, m.File, m.Type, m.Column, code))
 		}
+		total += accepted
+		mark := ""
+		if r.efficacy(accepted) < minEff {
+			mark, ok = fmt.Sprintf(" (below %g %%)", minEff), false
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %d | %.1f %%%s | %s |\n", r.pkg, r.count("KILLED"), r.count("LIVED"),
+			r.count("NOT COVERED"), r.count("TIMED OUT"), accepted, r.efficacy(accepted), mark, r.took.Round(time.Second))
+		if !full {
+			continue
+		}
+		for s := range listed {
+			if strings.HasPrefix(s.File, r.pkg+"/") && !seen[s] {
+				stale = append(stale, fmt.Sprintf("%s | %s@%d | %s", s.File, s.Type, s.Column, s.Code))
+			}
+		}
 	}
-	fmt.Fprintf(w, "\n%d survivors listed in survivors.txt as equivalent or accepted.\n", accepted)
+	fmt.Fprintf(w, "\n%d survivors listed in survivors.txt as equivalent or accepted.\n", total)
 	if len(unlisted) > 0 {
 		ok = false
 		fmt.Fprintf(w, "\n%d survivors not listed: add a test that kills each, or list it with its reason:\n", len(unlisted))
 		for _, u := range unlisted {
 			fmt.Fprintln(w, u)
+		}
+	}
+	if len(stale) > 0 {
+		ok = false
+		slices.Sort(stale)
+		fmt.Fprintf(w, "\n%d listings name no survivor of this run (killed now, or the line is gone): drop them:\n", len(stale))
+		for _, s := range stale {
+			fmt.Fprintln(w, "    "+s)
 		}
 	}
 	return ok

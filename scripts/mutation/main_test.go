@@ -26,8 +26,11 @@ func TestReportCountsAndHoldsTheThresholds(t *testing.T) {
 	if r.count("KILLED") != 1 || r.count("LIVED") != 2 || r.count("NOT COVERED") != 1 || r.count("TIMED OUT") != 1 {
 		t.Fatalf("counts wrong: %+v", r.mutants)
 	}
-	if e := r.efficacy(); e < 33.3 || e > 33.4 {
-		t.Fatalf("efficacy %v, want killed/(killed+lived) = 33.3", e)
+	if e := r.efficacy(0); e != 25 {
+		t.Fatalf("efficacy %v, want killed/(killed+lived+not covered) = 25", e)
+	}
+	if e := r.efficacy(1); e < 33.3 || e > 33.4 {
+		t.Fatalf("efficacy %v with one survivor accepted, want 1/3 = 33.3", e)
 	}
 	src := func(file string, line int) string {
 		return map[int]string{4: "if a < b {", 5: "x := y + 1"}[line]
@@ -39,10 +42,10 @@ pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { | a == b takes either branch to 
 		t.Fatal(err)
 	}
 	var out strings.Builder
-	if report(&out, []result{r}, minEfficacy, listed, src) {
+	if report(&out, []result{r}, minEfficacy, listed, src, false) {
 		t.Fatal("33 % efficacy and an unlisted survivor passed")
 	}
-	if !strings.Contains(out.String(), "| pkg | 1 | 2 | 1 | 1 | 33.3 % (below 90 %)") {
+	if !strings.Contains(out.String(), "| pkg | 1 | 2 | 1 | 1 | 1 | 33.3 % (below 90 %)") {
 		t.Fatalf("table row missing:\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "1 survivors not listed") || !strings.Contains(out.String(), "pkg/a.go:5:2 ARITHMETIC_BASE") {
@@ -51,7 +54,7 @@ pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { | a == b takes either branch to 
 	// The listed line edited: the survivor needs a new look.
 	edited := func(file string, line int) string { return "if a <= b {" }
 	out.Reset()
-	report(&out, []result{r}, minEfficacy, listed, edited)
+	report(&out, []result{r}, minEfficacy, listed, edited, false)
 	if !strings.Contains(out.String(), "2 survivors not listed") {
 		t.Fatalf("an edited line kept its listing:\n%s", out.String())
 	}
@@ -65,7 +68,7 @@ func TestReportPassesWhenEverySurvivorIsListed(t *testing.T) {
 	ms = append(ms, mutant{File: "p/x.go", Type: "INVERT_NEGATIVES", Status: "LIVED", Line: 30, Column: 4})
 	listed := map[survivor]string{{File: "p/x.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "why"}
 	var out strings.Builder
-	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, func(string, int) string { return "n := -m" }) {
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, func(string, int) string { return "n := -m" }, true) {
 		t.Fatalf("95 %% with its one survivor listed failed:\n%s", out.String())
 	}
 }
@@ -140,26 +143,53 @@ func TestGremlinsRunsBypassTheTestCache(t *testing.T) {
 	}
 }
 
-func TestDiffRunsHoldOnlyTheListingRule(t *testing.T) {
-	// Four killed and one listed survivor: 80 %, below a full run's bar.
+// TestDiffRunsHoldTheThresholdToo: a changed-lines run holds the same
+// 90 % as a full one; a listed survivor is out of the count either way,
+// so one equivalent mutant among five does not fail it, while a mutant no
+// test runs does.
+func TestDiffRunsHoldTheThresholdToo(t *testing.T) {
 	ms := []mutant{{File: "p/x.go", Type: "INVERT_NEGATIVES", Status: "LIVED", Line: 9, Column: 4}}
 	for i := range 4 {
 		ms = append(ms, mutant{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: i + 1})
 	}
 	listed := map[survivor]string{{File: "p/x.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "why"}
 	src := func(string, int) string { return "n := -m" }
-	r := []result{{pkg: "p", mutants: ms}}
 	var out strings.Builder
-	if report(&out, r, minEfficacy, listed, src) {
-		t.Fatalf("a full run at 80 %% passed:\n%s", out.String())
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, src, false) {
+		t.Fatalf("four killed and one listed survivor failed:\n%s", out.String())
 	}
 	out.Reset()
-	if !report(&out, r, 0, listed, src) {
-		t.Fatalf("a diff run whose one survivor is listed failed:\n%s", out.String())
+	if report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, nil, src, false) {
+		t.Fatalf("a run with an unlisted survivor passed:\n%s", out.String())
+	}
+	uncovered := append(slices.Clone(ms), mutant{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "NOT COVERED", Line: 20})
+	out.Reset()
+	if report(&out, []result{{pkg: "p", mutants: uncovered}}, minEfficacy, listed, src, false) {
+		t.Fatalf("four killed of five counted (one not covered) passed:\n%s", out.String())
+	}
+}
+
+// TestAFullRunFailsOnAStaleListing: a full run over a package sees every
+// survivor its listings name; a listing it did not see (the mutant is
+// killed now, or its line changed) fails the run. A changed-lines run
+// cannot tell, and does not.
+func TestAFullRunFailsOnAStaleListing(t *testing.T) {
+	ms := []mutant{{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: 1}}
+	listed := map[survivor]string{
+		{File: "p/x.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "why",
+		{File: "q/y.go", Type: "INVERT_NEGATIVES", Column: 4, Code: "n := -m"}: "another package's, not run",
+	}
+	src := func(string, int) string { return "n := -m" }
+	var out strings.Builder
+	if report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, src, true) {
+		t.Fatalf("a full run passed with a listing it saw no survivor of:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "1 listings name no survivor") || !strings.Contains(out.String(), "p/x.go | INVERT_NEGATIVES@4 | n := -m") {
+		t.Fatalf("the stale listing is not named alone:\n%s", out.String())
 	}
 	out.Reset()
-	if report(&out, r, 0, nil, src) {
-		t.Fatalf("a diff run with an unlisted survivor passed:\n%s", out.String())
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, src, false) {
+		t.Fatalf("a changed-lines run failed on a listing it could not see:\n%s", out.String())
 	}
 }
 
