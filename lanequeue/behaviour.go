@@ -326,7 +326,7 @@ func (l *learner) pace() float64 {
 
 // guess reports whether the estimate is only what the group was sending
 // when it was first refused, less the cuts of later refusals.
-func (l *learner) guess() bool { return !l.measured && l.from != RateHint }
+func (l *learner) guess() bool { return !l.measured && l.from != rateHint }
 
 // probeLength is how long the up phase lasts at rate r: long enough to
 // send probeRequests more than the estimate would.
@@ -392,7 +392,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 			}
 			l.raisedFrom = l.estimate
 			l.estimate *= 1 + raise*float64(int(1)<<min(l.streak, 3))
-			l.from = RateProbe
+			l.from = rateProbe
 			l.streak++
 			cruiseFor >>= min(l.streak, 2)
 		}

@@ -188,7 +188,7 @@ func TestProbeCycle(t *testing.T) {
 	if !l.step(t0.Add(up), true) || l.phase != probeDown || l.pace() != 20*drainGain {
 		t.Fatalf("phase %v pace %v, want the down phase at %v", l.phase, l.pace(), 20*drainGain)
 	}
-	if !l.step(t0.Add(2*up), false) || l.phase != cruise || !near(l.estimate, 20*probeRaise) || l.from != RateProbe {
+	if !l.step(t0.Add(2*up), false) || l.phase != cruise || !near(l.estimate, 20*probeRaise) || l.from != rateProbe {
 		t.Fatalf("after a clean probe: phase %v estimate %v from %q, want cruise at %v from probe", l.phase, l.estimate, l.from, 20*probeRaise)
 	}
 	next := t0.Add(2 * up).Add(l.cruise() / 2) // a clean probe brings the next one sooner
@@ -416,7 +416,7 @@ func TestShortHintCapsTheRate(t *testing.T) {
 	l, s, advance := silentLane(t)
 	defer s.release()
 	sh := shared(l)
-	sh.learn.estimate, sh.learn.measured, sh.learn.from = 30, true, RateAdmitted
+	sh.learn.estimate, sh.learn.measured, sh.learn.from = 30, true, rateAdmitted
 	advance(time.Second)
 	report(s, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond})
 	if st := l.State(); !near(st.AdmittedRate, 20) || st.RateFrom != "hint" {
@@ -427,7 +427,7 @@ func TestShortHintCapsTheRate(t *testing.T) {
 // TestAGuessIsProbedSoonAndRaisedMore: a rate that is only a guess is
 // probed within guessCruise, and a clean probe raises it by guessRaise.
 func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
-	l := learner{estimate: 10, from: RateSending, phaseUntil: t0}
+	l := learner{estimate: 10, from: rateSending, phaseUntil: t0}
 	if !l.guess() {
 		t.Fatal("a sending rate is not a guess")
 	}
@@ -439,7 +439,7 @@ func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
 	if !near(l.estimate, 10*guessRaise) || l.phaseUntil != t0.Add(2*up).Add(guessCruise/2) {
 		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*guessRaise, t0.Add(2*up).Add(guessCruise/2))
 	}
-	if (&learner{from: RateHint}).guess() || (&learner{from: RateSending, measured: true}).guess() {
+	if (&learner{from: rateHint}).guess() || (&learner{from: rateSending, measured: true}).guess() {
 		t.Fatal("a hint or a measured rate counted as a guess")
 	}
 }
@@ -606,7 +606,7 @@ func TestCleanProbesInARowRaiseMore(t *testing.T) {
 // dispatches of the up phase, and no others.
 func TestProbeStartsOnlyWhenThePaceHeldRequestsWithinASecond(t *testing.T) {
 	s := quietLocal()
-	s.learn.estimate, s.learn.measured, s.learn.from = 1000, true, RateAdmitted
+	s.learn.estimate, s.learn.measured, s.learn.from = 1000, true, rateAdmitted
 	s.pace.setFromRefusals(s.pacing(), t0)
 	s.pace.requests.avail = 100
 	s.held = t0
@@ -664,7 +664,7 @@ func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
 		s.learn.answered(tks[i].Level, false)
 	}
 	s.Learn(&tks[8], Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
-	if !near(s.learn.estimate, 16) || s.learn.from != RateSending {
+	if !near(s.learn.estimate, 16) || s.learn.from != rateSending {
 		t.Fatalf("seeded %v from %q, want 16 from the sending rate's place", s.learn.estimate, s.learn.from)
 	}
 	if s.conc.limit != 8 {
@@ -678,7 +678,7 @@ func TestHintSeedsWhenTooFewWereSent(t *testing.T) {
 	s := quietLocal()
 	tk, _, _ := s.Admit(t0, 1, true)
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 100 * time.Millisecond}, at(time.Millisecond))
-	if s.learn.from != RateHint || !near(s.learn.estimate, 10) {
+	if s.learn.from != rateHint || !near(s.learn.estimate, 10) {
 		t.Fatalf("seeded %v from %q, want 10 from the hint", s.learn.estimate, s.learn.from)
 	}
 }
@@ -687,11 +687,11 @@ func TestHintSeedsWhenTooFewWereSent(t *testing.T) {
 // learned rate does not claim it.
 func TestAHintEqualToTheRateLeavesItsSource(t *testing.T) {
 	s := quietLocal()
-	s.learn.estimate, s.learn.measured, s.learn.from = 20, true, RateAdmitted
+	s.learn.estimate, s.learn.measured, s.learn.from = 20, true, rateAdmitted
 	s.pace.setFromRefusals(s.pacing(), t0)
 	tk, _, _ := s.Admit(at(time.Second), 1, true)
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond}, at(time.Second))
-	if s.learn.from != RateAdmitted {
+	if s.learn.from != rateAdmitted {
 		t.Fatalf("source %q after a hint equal to the rate", s.learn.from)
 	}
 }
@@ -819,7 +819,7 @@ func TestNoHintSeedsFromTheSendingRate(t *testing.T) {
 	s := quietLocal()
 	tk, _, _ := s.Admit(t0, 1, true)
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
-	if s.learn.from != RateSending || s.learn.estimate <= 0 {
+	if s.learn.from != rateSending || s.learn.estimate <= 0 {
 		t.Fatalf("seeded %v from %q, want the sending rate", s.learn.estimate, s.learn.from)
 	}
 }
@@ -845,7 +845,7 @@ func TestAFasterHintDoesNotSeedOverWhatWasSent(t *testing.T) {
 		tk, _, _ = s.Admit(t0, 1, true)
 	}
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 10 * time.Millisecond}, at(time.Millisecond))
-	if s.learn.from != RateSending || !near(s.learn.estimate, 8) {
+	if s.learn.from != rateSending || !near(s.learn.estimate, 8) {
 		t.Fatalf("seeded %v from %q, want the 8/s sent (the limit let 8 go)", s.learn.estimate, s.learn.from)
 	}
 }

@@ -8,8 +8,9 @@ import (
 // Upstreams that count refused requests against the limit (Azure, Kong's
 // sliding window) punish every request sent past it: the bucket goes into
 // debt, and whatever is sent before the debt is paid is refused and
-// deepens it. These tests hold the three rules that keep the learner from
-// overdrawing such an upstream while it learns.
+// deepens it. These tests hold the rules that keep the learner from
+// overdrawing such an upstream while it learns, and from reading its debt
+// as its rate.
 
 // TestEveryRefusalOfAnOvershootIsOwed: the answers to requests sent before
 // the pace changed (an overshoot's requests still in flight when the first
@@ -57,7 +58,7 @@ func TestAnOvershootsEchoesDoNotCutAGuess(t *testing.T) {
 	span := 300 * time.Millisecond
 	setup := func() *Memory {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = 40, RateSending
+		s.learn.estimate, s.learn.from = 40, rateSending
 		first := Ticket{Seq: 1, Dispatched: t0, Level: 1}
 		s.Learn(&first, Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
 		s.learn.cut = at(time.Millisecond) // the first refusal set the guess
@@ -86,7 +87,7 @@ func TestAnOvershootsEchoesDoNotCutAGuess(t *testing.T) {
 func TestAGuessIsCutAgainOnlyAfterSomethingWasAdmittedAtIt(t *testing.T) {
 	for _, admitted := range []bool{false, true} {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = 20, RateSending
+		s.learn.estimate, s.learn.from = 20, rateSending
 		s.learn.cut = at(time.Second)
 		s.learn.lastAccepted = at(900 * time.Millisecond)
 		// Reached: level 1 admitted often, so the refusal is not of a
@@ -124,7 +125,7 @@ func TestARefusedProbeTakesBackARaisePastItsPace(t *testing.T) {
 		{"raised by the probe's gain", 20, probeGain, 20 * probeGain},
 	} {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = tt.from*tt.raise, RateProbe
+		s.learn.estimate, s.learn.from = tt.from*tt.raise, rateProbe
 		s.learn.raisedFrom = tt.from
 		s.learn.phase = probeUp
 		s.pace.setFromRefusals(s.pacing(), t0)
@@ -133,13 +134,19 @@ func TestARefusedProbeTakesBackARaisePastItsPace(t *testing.T) {
 		if got := s.learn.estimate; !near(got, tt.want) {
 			t.Errorf("%s: a refused probe left the estimate at %v, want %v", tt.name, got, tt.want)
 		}
+		// A raise is taken back once: the next refused probe finds none.
+		again := Ticket{Seq: 10, Dispatched: at(150 * time.Millisecond), Level: 1, Probe: true}
+		s.Learn(&again, Report{Status: 429, Verdict: RateRefused}, at(200*time.Millisecond))
+		if got := s.learn.estimate; !near(got, tt.want) {
+			t.Errorf("%s: a second refused probe moved the estimate to %v, want it left at %v", tt.name, got, tt.want)
+		}
 	}
 }
 
 // TestACleanProbeRemembersWhatItRaisedFrom: the raise of a clean probe
 // keeps the estimate it raised, for a refused probe to go back to.
 func TestACleanProbeRemembersWhatItRaisedFrom(t *testing.T) {
-	l := learner{estimate: 10, from: RateSending}
+	l := learner{estimate: 10, from: rateSending}
 	now := t0
 	l.step(now, true) // up
 	now = l.phaseUntil
@@ -188,7 +195,7 @@ func TestARateIsNotMeasuredAcrossAPause(t *testing.T) {
 // again, not by the row's.
 func TestARefusalThatLowersTheRateEndsARowOfCleanProbes(t *testing.T) {
 	s := quietLocal()
-	s.learn.estimate, s.learn.from, s.learn.measured, s.learn.streak = 30, RateAdmitted, true, 3
+	s.learn.estimate, s.learn.from, s.learn.measured, s.learn.streak = 30, rateAdmitted, true, 3
 	s.learn.refused(1, t0, 0)
 	// 20 dispatched over a second after the first refusal, one refused: a
 	// measurement under the estimate.

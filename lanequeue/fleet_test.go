@@ -115,7 +115,7 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 	} {
 		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
-		l.learn.estimate, l.learn.from, l.learn.measured = 5, RateAdmitted, true
+		l.learn.estimate, l.learn.from, l.learn.measured = 5, rateAdmitted, true
 		l.pace.setFromRefusals(l.pacing(), now)
 		start := l.View(now).Requests.PerSecond
 		sawProbe := false
@@ -158,12 +158,12 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		want      float64
 		from      RateFrom
 	}{
-		{"lower than the sending rate", 7, false, false, 7, RateReplicas},
-		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, RateReplicas},
-		{"lower, refused, sent before it was seen", 7, true, true, 7, RateReplicas},
-		{"none", 0, false, false, 31, RateSending},
-		{"higher than the sending rate", 50, true, false, 31, RateSending},
-		{"as high as the sending rate", 31, false, false, 31, RateSending},
+		{"lower than the sending rate", 7, false, false, 7, rateReplicas},
+		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, rateReplicas},
+		{"lower, refused, sent before it was seen", 7, true, true, 7, rateReplicas},
+		{"none", 0, false, false, 31, rateSending},
+		{"higher than the sending rate", 50, true, false, 31, rateSending},
+		{"as high as the sending rate", 31, false, false, 31, rateSending},
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
@@ -208,7 +208,7 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.fromRefusals = true
 		l := &m.learn
-		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, RateAdmitted, t0
+		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, rateAdmitted, t0
 		m.NoteFleet(0, 5, t0)
 		l.step(t0, true)
 		if l.phase != probeUp {
@@ -240,17 +240,17 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		want     float64
 		from     RateFrom
 	}{
-		{"a guess above the fleet", false, 3, 3, RateReplicas},
-		{"a measured rate", true, 3, 8, RateAdmitted},
-		{"a pace the guess drains at", false, 8 * drainGain, 8, RateSending},
-		{"no fleet pace", false, 0, 8, RateSending},
+		{"a guess above the fleet", false, 3, 3, rateReplicas},
+		{"a measured rate", true, 3, 8, rateAdmitted},
+		{"a pace the guess drains at", false, 8 * drainGain, 8, rateSending},
+		{"no fleet pace", false, 0, 8, rateSending},
 	} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.fromRefusals = true
 		l := &m.learn
-		l.estimate, l.measured, l.from = 8, c.measured, RateSending
+		l.estimate, l.measured, l.from = 8, c.measured, rateSending
 		if c.measured {
-			l.from = RateAdmitted
+			l.from = rateAdmitted
 		}
 		m.NoteFleet(c.pace, 5, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {

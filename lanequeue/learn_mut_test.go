@@ -89,7 +89,7 @@ func TestAHintEqualToTheSendingRateDoesNotClaimTheSeed(t *testing.T) {
 		t.Fatalf("setup: hint %v paces %v, not the sending rate %v", hint, hintPace(hint), rate)
 	}
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: hint}, now)
-	if s.learn.from != RateSending || !near(s.learn.estimate, rate) {
+	if s.learn.from != rateSending || !near(s.learn.estimate, rate) {
 		t.Fatalf("seeded %v from %q, want the sending rate %v", s.learn.estimate, s.learn.from, rate)
 	}
 }
@@ -112,7 +112,7 @@ func TestAGuessIsCutToTheShortRateOnlyWhenFarAboveIt(t *testing.T) {
 		{"a little above: left", 1.5 * short, 1.5 * short},
 	} {
 		s := quietLocal()
-		s.learn.estimate, s.learn.from = tt.guess, RateSending
+		s.learn.estimate, s.learn.from = tt.guess, rateSending
 		first := Ticket{Seq: 1, Dispatched: t0, Level: 1}
 		s.Learn(&first, Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
 		if s.learn.estimate != tt.guess {

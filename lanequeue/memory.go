@@ -141,7 +141,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 		changed = true
 	}
 	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
-		l.estimate, l.from = pace, RateReplicas
+		l.estimate, l.from = pace, rateReplicas
 		changed = true
 	}
 	if changed {
@@ -425,7 +425,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	}
 	if hp := s.hintPace(r.Hint, now); hp > 0 && !l.measured {
 		// A short hint still says how fast to go once it opens.
-		l.estimate, l.from = hp, RateHint
+		l.estimate, l.from = hp, rateHint
 		s.pace.setFromRefusals(s.pacing(), now)
 		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
 	}
@@ -437,11 +437,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 // short hint.
 func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 	l := &s.learn
-	defer func(was float64) {
-		if l.estimate < was {
-			l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
-		}
-	}(l.estimate)
+	was := l.estimate
 
 	level := t.Level
 	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
@@ -451,13 +447,13 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		// a refusal says the estimate is too high, and a guess takes any
 		// measurement: it takes the sample.
 		if !t.Probe || sample > l.estimate || l.guess() {
-			l.estimate, l.from, l.measured = sample, RateAdmitted, true
+			l.estimate, l.from, l.measured = sample, rateAdmitted, true
 		}
 		l.cut = now
 	} else if l.estimate == 0 {
 		// One refusal measures no rate yet. What the group has been
 		// sending is too fast; a short hint may say how fast is right.
-		l.estimate, l.from = s.pace.recent.rate(now), RateSending
+		l.estimate, l.from = s.pace.recent.rate(now), rateSending
 		if secs := s.conc.answerSecs; secs > 0 && !l.reached(level) {
 			// Refused at a number in flight nothing went through at: what
 			// did go through, over the answer time, is what it sustains
@@ -467,7 +463,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		if s.fleetPace > 0 && s.fleetPace < l.estimate {
 			// Other replicas learned a pace from their refusals already:
 			// it is lower than what the group was sending, and known.
-			l.estimate, l.from = s.fleetPace, RateReplicas
+			l.estimate, l.from = s.fleetPace, rateReplicas
 			if t.Paced && t.Dispatched.After(s.fleetPaceAt) && !l.concurrencyBound() {
 				// And it was refused at that pace (sent after this replica
 				// saw it, so not at an older, faster one): as one process
@@ -480,7 +476,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		}
 		n, _ := s.pace.recent.recent(now)
 		if hp := s.hintPace(r.Hint, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
-			l.estimate, l.from = hp, RateHint // a sending rate of a few requests says little
+			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
 		}
 		l.cut = now
 	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
@@ -505,7 +501,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		l.estimate = l.short
 		l.cut = now
 	}
-	if t.Probe && l.from == RateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
+	if t.Probe && l.from == rateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
 		// The probe above a raise past the pace the clean probe ran at was
 		// refused: the raise went too far. Back to what ran clean, at
 		// once; staying at the raise until the refusals measure a rate
@@ -517,7 +513,10 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 	if hp := s.hintPace(r.Hint, now); hp > 0 && hp < l.estimate {
 		// The wait for the next request is at most one request's worth of
 		// the refill: one per hint is as fast as the upstream can go.
-		l.estimate, l.from = hp, RateHint
+		l.estimate, l.from = hp, rateHint
+	}
+	if l.estimate < was {
+		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
 	}
 }
 
@@ -655,7 +654,7 @@ func (s *Memory) View(now time.Time) View {
 		}
 	case s.pace.requests.known || s.pace.tokens.known:
 		v.Learned = LearnedFromHeaders
-		v.RateFrom = RateHeaders
+		v.RateFrom = rateHeaders
 	}
 	switch {
 	case s.learn.named:

@@ -5,13 +5,13 @@ package lanequeue
 type RateFrom uint8
 
 const (
-	RateUnknown  RateFrom = iota // nothing learned yet
-	RateHeaders                  // the upstream's rate-limit headers
-	RateAdmitted                 // measured between refusals
-	RateSending                  // what the group sent before its first refusals, lowered by later ones
-	RateHint                     // one request per "try again in"
-	RateProbe                    // a probe above it met no refusal
-	RateReplicas                 // the pace other replicas learned, at this one's first refusal
+	rateUnknown  RateFrom = iota // nothing learned yet
+	rateHeaders                  // the upstream's rate-limit headers
+	rateAdmitted                 // measured between refusals
+	rateSending                  // what the group sent before its first refusals, lowered by later ones
+	rateHint                     // one request per "try again in"
+	rateProbe                    // a probe above it met no refusal
+	rateReplicas                 // the pace other replicas learned, at this one's first refusal
 )
 
 var rateFromText = [...]string{"", "headers", "admitted rate", "sending rate", "hint", "probe", "replicas"}

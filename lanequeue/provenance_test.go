@@ -7,8 +7,8 @@ import "testing"
 // showed; a value out of range shows as "unknown", never as another's.
 func TestProvenanceShowsAsBefore(t *testing.T) {
 	for f, want := range map[RateFrom]string{
-		RateUnknown: "", RateHeaders: "headers", RateAdmitted: "admitted rate", RateSending: "sending rate",
-		RateHint: "hint", RateProbe: "probe", RateReplicas: "replicas", RateReplicas + 1: "unknown",
+		rateUnknown: "", rateHeaders: "headers", rateAdmitted: "admitted rate", rateSending: "sending rate",
+		rateHint: "hint", rateProbe: "probe", rateReplicas: "replicas", rateReplicas + 1: "unknown",
 	} {
 		if got := f.String(); got != want {
 			t.Errorf("RateFrom(%d) shows %q, want %q", f, got, want)

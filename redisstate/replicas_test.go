@@ -593,7 +593,7 @@ func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
 	// From a's pace; or, when the group's last second held fewer of a's
 	// dispatches (a loaded machine), from the lower sending rate.
 	v := sb.View(time.Now())
-	if v.AdmittedRate > fleet*1.01 || v.RateFrom != lanequeue.RateReplicas && v.RateFrom != lanequeue.RateSending {
+	if v.AdmittedRate > fleet*1.01 || v.RateFrom.String() != "replicas" && v.RateFrom.String() != "sending rate" {
 		t.Fatalf("b's first refusal set %.1f/s from %q; want at most a's %.1f/s, from \"replicas\"", v.AdmittedRate, v.RateFrom, fleet)
 	}
 }
