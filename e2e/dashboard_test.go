@@ -523,10 +523,17 @@ func TestDashboardShowsShapesAndSharedLimits(t *testing.T) {
 		}
 		return m
 	}
-	waitFor(t, func() bool {
-		m := byModel()
-		return strings.HasPrefix(m["gpt-window"].Shape, "window of 20 per 2") && len(m["gpt-a"].SharesLimitWith) > 0
-	})
+	var seen map[string]lanequeue.State
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		seen = byModel()
+		if strings.HasPrefix(seen["gpt-window"].Shape, "window of 20 per 2") && len(seen["gpt-a"].SharesLimitWith) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20 s the windowed lane's shape is %q; gpt-a shares with %v",
+				seen["gpt-window"].Shape, seen["gpt-a"].SharesLimitWith)
+		}
+	}
 	lanes := byModel()
 	if st := lanes["gpt-a"]; !slices.Equal(st.SharesLimitWith, []string{"gpt-b"}) || st.SharedBecause != "headers move together" {
 		t.Fatalf("/lanes: gpt-a shares with %v (%q)", st.SharesLimitWith, st.SharedBecause)

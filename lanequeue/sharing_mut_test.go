@@ -110,12 +110,72 @@ func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T)
 	var sh sharing
 	// Its third dispatch, with its first two still out, answered first:
 	// the upstream counted only the third.
-	sh.observe(window20(20-3), sentAs(at(0), 3, 3, late))
+	sh.observe(window20(20-1), sentAs(at(0), 3, 3, late))
 	// One more of its own and two of the others': the two that were out
 	// reached the upstream since, with it.
-	sh.observe(window20(20-3-late-1), sentAs(at(time.Second), 4, 6, 0))
+	sh.observe(window20(20-1-late-1), sentAs(at(time.Second), 4, 6, 0))
 	if sh.shows() {
 		t.Fatal("requests in flight at the last answer, counted after it, show sharing")
+	}
+}
+
+// TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer: between two
+// answers, the limit's requests in flight at the earlier may hide an
+// excess (they may be counted after it); across three, those late ones
+// are allowed for once, and what the others took shows. Two readings
+// apart, the count fell by what the limit sent and had out; from the
+// first to the third it fell by four more than the limit ever sent since.
+func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
+	var sh sharing
+	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
+	sh.observe(unstated(15), sentAs(at(0), 1, 1, 0))
+	// Four of its own since, four out when this one went.
+	sh.observe(unstated(11), sentAs(at(time.Second), 5, 5, 4))
+	if sh.shows() {
+		t.Fatal("a fall by the limit's own four shows sharing")
+	}
+	// Two more of its own, three of the others': a fall of six, which
+	// its two and the four that were out could explain step by step.
+	sh.observe(unstated(5), sentAs(at(2*time.Second), 7, 10, 0))
+	if !sh.shows() {
+		t.Fatal("a fall of ten over the limit's six since its first answer shows no sharing")
+	}
+	if sh.excess != 4 || sh.others != 3 {
+		t.Fatalf("counted an excess of %v over %v sent by others, want 4 over 3", sh.excess, sh.others)
+	}
+}
+
+// TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder: when an older
+// and a newer answer show the same excess, it is read against the older,
+// whose span holds all the others' dispatches that could have made it:
+// five gone past the limit's own, with three of the others' since the
+// older answer (within maxShareExcess of them) but one since the newer.
+func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
+	var sh sharing
+	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
+	sh.observe(unstated(19), sentAs(at(0), 1, 1, 0))
+	sh.observe(unstated(18), sentAs(at(time.Second), 2, 4, 0)) // its own one
+	sh.observe(unstated(12), sentAs(at(2*time.Second), 3, 6, 0))
+	if sh.excess != 5 || sh.others != 3 {
+		t.Fatalf("counted an excess of %v over %v sent by others, want 5 over 3", sh.excess, sh.others)
+	}
+	if !sh.shows() {
+		t.Fatal("an excess of 5 over three of the others' shows no sharing")
+	}
+}
+
+// TestAnExcessCountedOnceIsNotCountedAgain: once an answer shows an
+// excess, later answers are read from it, not from the answers before it:
+// a count that then falls by the limit's own dispatches adds nothing.
+func TestAnExcessCountedOnceIsNotCountedAgain(t *testing.T) {
+	var sh sharing
+	sh.observe(window20(20-1-2), sentAs(at(0), 1, 3, 0)) // two of the others' first
+	if sh.excess != 2 {
+		t.Fatalf("the first answer counted %v, want 2", sh.excess)
+	}
+	sh.observe(window20(20-1-2-1), sentAs(at(time.Second), 2, 4, 0))
+	if sh.excess != 2 {
+		t.Fatalf("a fall by the limit's own dispatch added to the excess: %v", sh.excess)
 	}
 }
 
