@@ -374,9 +374,10 @@ func (l *learner) step(now time.Time, held bool) bool {
 		l.phaseUntil = now.Add(probeLength(l.estimate))
 	case probeDown:
 		cruiseFor := l.cruise()
-		if l.guess() {
+		if !l.measured {
 			// A guessed rate is probed often, so that refusals measure
-			// it or clean probes raise it soon.
+			// it or clean probes raise it soon; so is one from a hint,
+			// which may have been a window's boundary read as a pace.
 			cruiseFor = guessCruise
 		}
 		if l.probeHit || l.probeUnseen || l.fleetRefused > l.probeMark {

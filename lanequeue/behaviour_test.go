@@ -444,6 +444,31 @@ func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
 	}
 }
 
+// TestARateFromAHintIsProbedSoonButRaisedAsMeasured: a pace from one
+// refusal's hint may be a window's boundary read as a bucket's refill
+// (a 100 ms wait to a 1 s window's end is 10/s of a window of 20): it is
+// probed within guessCruise, as a guess is, and a clean probe raises it
+// by probeRaise, as a measured rate.
+func TestARateFromAHintIsProbedSoonButRaisedAsMeasured(t *testing.T) {
+	l := learner{estimate: 10, from: rateHint, phaseUntil: t0}
+	l.step(t0, true)
+	up := probeLength(10)
+	l.step(t0.Add(up), true)
+	l.step(t0.Add(2*up), true)
+	if !near(l.estimate, 10*probeRaise) || l.phaseUntil != t0.Add(2*up).Add(guessCruise/2) {
+		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*probeRaise, t0.Add(2*up).Add(guessCruise/2))
+	}
+	// Once measured, it cruises its cycle.
+	m := learner{estimate: 10, from: rateHint, measured: true, phaseUntil: t0}
+	cruise := m.cruise()
+	m.step(t0, true)
+	m.step(t0.Add(up), true)
+	m.step(t0.Add(2*up), true)
+	if got, want := m.phaseUntil, t0.Add(2*up).Add(cruise/2); got != want {
+		t.Fatalf("a measured rate's next probe at %v, want %v", got, want)
+	}
+}
+
 // TestConcurrencyBoundRetryIsHeldByTheGroup: once the group learned that
 // the number in flight is the bound, Report tells the caller its retry is
 // held (it waits for a free permit, not for its own wait).

@@ -287,7 +287,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	case r.Verdict == Accepted:
 		s.win.accepted(t, now)
 	case r.Verdict == RateRefused || quiet && r.Verdict == Overloaded:
-		if s.win.refused(t, r.Hint, r.Hint > 0, s.learn.admits.rate(now), now) {
+		if s.win.refused(t, r.Hint, r.Hint > 0, s.taken(t, now), now) {
 			// A closure: the upstream refuses whatever the group sends
 			// until its window's boundary. The windows hold the group;
 			// the refusal says nothing of a pace or a concurrency.
@@ -423,7 +423,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	if r.Verdict == Overloaded {
 		s.conc.refused(t, now, s.outNow(t), 0, false)
 	}
-	if hp := s.hintPace(r.Hint, now); hp > 0 && !l.measured {
+	if hp := s.hintPace(r.Hint, t, now); hp > 0 && !l.measured {
 		// A short hint still says how fast to go once it opens.
 		l.estimate, l.from = hp, rateHint
 		s.pace.setFromRefusals(s.pacing(), now)
@@ -475,7 +475,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 			}
 		}
 		n, _ := s.pace.recent.recent(now)
-		if hp := s.hintPace(r.Hint, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
+		if hp := s.hintPace(r.Hint, t, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
 			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
 		}
 		l.cut = now
@@ -510,7 +510,7 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 		l.estimate, l.raisedFrom = l.raisedFrom, 0
 		l.cut = now
 	}
-	if hp := s.hintPace(r.Hint, now); hp > 0 && hp < l.estimate {
+	if hp := s.hintPace(r.Hint, t, now); hp > 0 && hp < l.estimate {
 		// The wait for the next request is at most one request's worth of
 		// the refill: one per hint is as fast as the upstream can go.
 		l.estimate, l.from = hp, rateHint
@@ -524,12 +524,27 @@ func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
 // suggests one: a bucket's hint is about one request's refill, while a
 // hint far longer than the upstream's recent admissions give one request
 // is the time to a window's boundary (see boundary).
-func (s *Memory) hintPace(hint time.Duration, now time.Time) float64 {
+func (s *Memory) hintPace(hint time.Duration, t *Ticket, now time.Time) float64 {
 	hp := hintPace(hint)
-	if hp == 0 || boundary(hint, s.learn.admits.rate(now)) {
+	if hp == 0 || boundary(hint, s.taken(t, now)) {
 		return 0
 	}
 	return hp
+}
+
+// taken is how fast the upstream took requests lately, as t's refusal is
+// learned from: those it admitted, and those still out besides t and the
+// refused ones that hold a permit. A limit's refusal comes back at once;
+// an admitted request takes its answer time, so right after a burst most
+// of what the upstream took is still out, and the admissions alone would
+// make a window's boundary look like a bucket's refill.
+func (s *Memory) taken(t *Ticket, now time.Time) float64 {
+	n, span := s.learn.admits.recent(now)
+	out := s.outNow(t) - s.refusedHolding - 1
+	if t.HoldsRefused {
+		out++ // counted among those holding already
+	}
+	return float64(n+max(out, 0)) / span
 }
 
 // toConcurrency holds the group at the level below the one the upstream

@@ -79,6 +79,9 @@ type windows struct {
 	allowance          int
 	lengthLo, lengthHi time.Duration
 	full               int
+	// climb counts the probing windows in a row that admitted all they
+	// sent; ended is the extra the window that ended last sent (see extra).
+	climb, lastExtra int
 	// hinted: the shape was learned from a closure the upstream's hints
 	// stated (else from knocks).
 	hinted bool
@@ -112,8 +115,10 @@ const (
 	knockSteps = 2
 	minSplit   = 20 * time.Millisecond
 	// probeWindows: one window in probeWindows sends one more than the
-	// allowance, to find an allowance that grew.
+	// allowance, to find an allowance that grew; after one that admitted
+	// it, the next window sends twice as many more, up to 1<<maxClimb.
 	probeWindows = 4
+	maxClimb     = 2
 	// hintTrust is how long hints shown to move with the clock are not
 	// read as boundaries.
 	hintTrust = time.Minute
@@ -170,10 +175,13 @@ func (w *windows) roll(now time.Time) {
 	}
 }
 
-// extra is the one more request a probing window sends.
+// extra is how many more than the allowance a probing window sends: one,
+// every probeWindows windows; after probes that admitted all they sent,
+// every window, twice as many as the last, so an allowance learned low
+// (from a window the group did not fill) is found in a few windows.
 func (w *windows) extra() int {
-	if w.full%probeWindows == probeWindows-1 {
-		return 1
+	if w.climb > 0 || w.full%probeWindows == probeWindows-1 {
+		return 1 << min(w.climb, maxClimb)
 	}
 	return 0
 }
@@ -253,8 +261,8 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 }
 
 // refused learns from a rate refusal of t at now, whose hint (when
-// hasHint) is the upstream's wait, while the upstream admitted admits
-// requests a second lately. It reports whether the refusal is the
+// hasHint) is the upstream's wait, while the upstream took admits
+// requests a second lately (see Memory.taken). It reports whether the refusal is the
 // windows' to answer: a closure began or goes on, so the group waits as
 // a whole and nothing else learns a pace from it.
 func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits float64, now time.Time) bool {
@@ -383,6 +391,7 @@ func (w *windows) close(since time.Time, stated bool) {
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen).
 	w.prevStart, w.prevOpened, w.prevAdmitted = w.start, w.opened, w.admitted
+	w.lastExtra = w.extra()
 	w.full++
 	// Until it opens again, whatever was sent up to the closure's start
 	// (at that instant too) belongs to the window that ended.
@@ -465,6 +474,13 @@ func (w *windows) reopen(at time.Time, used int) {
 	w.knock = 0
 	// What the window that ended admitted, its late answers counted, is
 	// the allowance.
+	if w.lastExtra > 0 {
+		w.climb++
+		if w.prevAdmitted < w.allowance+w.lastExtra {
+			w.climb = 0 // the probe met the allowance's end
+		}
+		w.lastExtra = 0
+	}
 	w.allowance = max(w.prevAdmitted, 1)
 	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
 	if used > 0 {

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -364,5 +365,90 @@ func TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary(t *testi
 			t.Fatalf("in flight %v: the window opened at %v with %d sent, want %v with %d",
 				inFlight, r.w.start.Sub(t0), r.w.used, wantStart.Sub(t0), wantUsed)
 		}
+	}
+}
+
+// TestRequestsStillOutCountAsTakenWhenAHintIsJudged: right after a burst
+// the upstream admitted, the admitted requests are still out (an answer
+// takes its time; a refusal comes back at once). A 300 ms wait then is
+// six requests' worth of what the upstream took: a window's boundary, not
+// a bucket's refill, and no pace is learned from it. With nothing out and
+// nothing admitted it is a pace, one request per hint.
+func TestRequestsStillOutCountAsTakenWhenAHintIsJudged(t *testing.T) {
+	hint := 300 * time.Millisecond
+	refusedAt := at(201 * time.Millisecond)
+	burst := func(out int) *Memory {
+		s := NewMemory(Config{Concurrency: 32, MaxConcurrency: 64})
+		s.learn.lastAccepted = t0
+		s.conc.inFlight = out + 1 // the burst, and the refused request
+		return s
+	}
+	tk := Ticket{Seq: 21, Dispatched: at(200 * time.Millisecond), Level: 21}
+	if got := burst(20).hintPace(hint, &tk, refusedAt); got != 0 {
+		t.Fatalf("a %v hint with 20 admitted requests still out gave a pace of %v/s", hint, got)
+	}
+	if got, want := burst(0).hintPace(hint, &tk, refusedAt), 1/hint.Seconds(); !near(got, want) {
+		t.Fatalf("a %v hint with nothing out gave a pace of %v/s, want %v", hint, got, want)
+	}
+	// Nor is the refused request itself: 20 taken make 140 ms under three
+	// requests' worth, a pace.
+	short := 140 * time.Millisecond
+	if got, want := burst(20).hintPace(short, &tk, refusedAt), 1/short.Seconds(); !near(got, want) {
+		t.Fatalf("a %v hint with 20 out gave a pace of %v/s, want %v: the refused one counted as taken", short, got, want)
+	}
+	// Refused permits held for their retries are not taken requests.
+	held := burst(20)
+	held.refusedHolding = 20
+	if got := held.hintPace(hint, &tk, refusedAt); got == 0 {
+		t.Fatal("refused requests holding permits were counted as taken")
+	}
+	// And learned from: the refusal closes the window, and no pace is
+	// taken from the hint.
+	s := burst(20)
+	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: hint, PauseUntil: refusedAt.Add(hint)}, refusedAt)
+	if s.learn.from == rateHint {
+		t.Fatalf("learned %v/s from a window's boundary as a hint pace", s.learn.estimate)
+	}
+}
+
+// TestAnAllowanceLearnedLowIsFoundInAFewWindows: a window learned at 10
+// from one the group did not fill, against an upstream that admits 20 a
+// window. After the first probe admitted all it sent, every window
+// probes, each twice as far as the last (up to 1<<maxClimb): 11, 13, 17,
+// 21 sent, the last refused past 20. Then the probe is one more, one
+// window in probeWindows, as before (here the fifth).
+func TestAnAllowanceLearnedLowIsFoundInAFewWindows(t *testing.T) {
+	const real = 20
+	r := &winRig{t: t, w: windows{known: true, allowance: 10, lengthLo: 900 * time.Millisecond, lengthHi: time.Second,
+		full: probeWindows - 1}}
+	now := t0
+	var sentBy []int
+	for range 8 {
+		sent := r.w.used // the knock that reopened it went in it
+		for {
+			tk := r.send(now)
+			if tk == nil {
+				break
+			}
+			sent++
+			if sent <= real {
+				r.w.accepted(tk, now)
+			} else {
+				r.refuse(tk, 0, now)
+			}
+			now = now.Add(time.Millisecond)
+		}
+		sentBy = append(sentBy, sent)
+		at, _, _ := r.w.gate(now, true)
+		now = at
+		k := r.send(now)
+		if k == nil {
+			t.Fatalf("no knock at %v after windows that sent %v", now, sentBy)
+		}
+		r.w.accepted(k, now)
+	}
+	want := []int{11, 13, 17, 21, 21, 20, 20, 20}
+	if !slices.Equal(sentBy, want) {
+		t.Fatalf("windows sent %v, want %v", sentBy, want)
 	}
 }
