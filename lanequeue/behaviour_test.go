@@ -431,13 +431,10 @@ func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
 	if !l.guess() {
 		t.Fatal("a sending rate is not a guess")
 	}
-	l.step(t0, true)
-	up := probeLength(10)
-	l.step(t0.Add(up), true)
-	l.step(t0.Add(2*up), true)
+	end := cleanProbe(&l)
 	// A clean probe also halves the cruise before the next one.
-	if !near(l.estimate, 10*guessRaise) || l.phaseUntil != t0.Add(2*up).Add(guessCruise/2) {
-		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*guessRaise, t0.Add(2*up).Add(guessCruise/2))
+	if !near(l.estimate, 10*guessRaise) || l.phaseUntil != end.Add(guessCruise/2) {
+		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*guessRaise, end.Add(guessCruise/2))
 	}
 	if (&learner{from: rateHint}).guess() || (&learner{from: rateSending, measured: true}).guess() {
 		t.Fatal("a hint or a measured rate counted as a guess")
@@ -451,22 +448,26 @@ func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
 // by probeRaise, as a measured rate.
 func TestARateFromAHintIsProbedSoonButRaisedAsMeasured(t *testing.T) {
 	l := learner{estimate: 10, from: rateHint, phaseUntil: t0}
-	l.step(t0, true)
-	up := probeLength(10)
-	l.step(t0.Add(up), true)
-	l.step(t0.Add(2*up), true)
-	if !near(l.estimate, 10*probeRaise) || l.phaseUntil != t0.Add(2*up).Add(guessCruise/2) {
-		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*probeRaise, t0.Add(2*up).Add(guessCruise/2))
+	end := cleanProbe(&l)
+	if !near(l.estimate, 10*probeRaise) || l.phaseUntil != end.Add(guessCruise/2) {
+		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*probeRaise, end.Add(guessCruise/2))
 	}
 	// Once measured, it cruises its cycle.
 	m := learner{estimate: 10, from: rateHint, measured: true, phaseUntil: t0}
 	cruise := m.cruise()
-	m.step(t0, true)
-	m.step(t0.Add(up), true)
-	m.step(t0.Add(2*up), true)
-	if got, want := m.phaseUntil, t0.Add(2*up).Add(cruise/2); got != want {
-		t.Fatalf("a measured rate's next probe at %v, want %v", got, want)
+	if end := cleanProbe(&m); m.phaseUntil != end.Add(cruise/2) {
+		t.Fatalf("a measured rate's next probe at %v, want %v", m.phaseUntil, end.Add(cruise/2))
 	}
+}
+
+// cleanProbe runs one probe cycle of l from t0, up and down with no
+// refusal, and returns when it ended.
+func cleanProbe(l *learner) time.Time {
+	up := probeLength(l.estimate)
+	l.step(t0, true)
+	l.step(t0.Add(up), true)
+	l.step(t0.Add(2*up), true)
+	return t0.Add(2 * up)
 }
 
 // TestConcurrencyBoundRetryIsHeldByTheGroup: once the group learned that

@@ -102,16 +102,9 @@ func TestEveryClosureCountsTowardTheAllowanceProbe(t *testing.T) {
 	now := t0
 	probes := 0
 	for i := range probeWindows {
-		allowance, sent := r.w.allowance, r.w.used // the knock that reopened it went in it
-		for {
-			tk := r.send(now)
-			if tk == nil {
-				break
-			}
-			sent++
-			r.w.accepted(tk, now)
-			now = now.Add(time.Millisecond)
-		}
+		allowance := r.w.allowance
+		var sent int
+		sent, now = r.spend(now, 1<<30)
 		switch sent {
 		case allowance + 1:
 			probes++
@@ -119,16 +112,6 @@ func TestEveryClosureCountsTowardTheAllowanceProbe(t *testing.T) {
 		default:
 			t.Fatalf("window %d sent %d with an allowance of %d", i, sent, allowance)
 		}
-		if !r.w.closed {
-			t.Fatalf("window %d not closed once spent", i)
-		}
-		at, _, _ := r.w.gate(now, true)
-		now = at
-		k := r.send(now)
-		if k == nil {
-			t.Fatalf("window %d: no knock at %v", i, now)
-		}
-		r.w.accepted(k, now)
 	}
 	if probes != 1 {
 		t.Fatalf("%d of %d windows sent one more than the allowance, want 1", probes, probeWindows)
@@ -424,31 +407,41 @@ func TestAnAllowanceLearnedLowIsFoundInAFewWindows(t *testing.T) {
 	now := t0
 	var sentBy []int
 	for range 8 {
-		sent := r.w.used // the knock that reopened it went in it
-		for {
-			tk := r.send(now)
-			if tk == nil {
-				break
-			}
-			sent++
-			if sent <= real {
-				r.w.accepted(tk, now)
-			} else {
-				r.refuse(tk, 0, now)
-			}
-			now = now.Add(time.Millisecond)
-		}
+		var sent int
+		sent, now = r.spend(now, real)
 		sentBy = append(sentBy, sent)
-		at, _, _ := r.w.gate(now, true)
-		now = at
-		k := r.send(now)
-		if k == nil {
-			t.Fatalf("no knock at %v after windows that sent %v", now, sentBy)
-		}
-		r.w.accepted(k, now)
 	}
 	want := []int{11, 13, 17, 21, 21, 20, 20, 20}
 	if !slices.Equal(sentBy, want) {
 		t.Fatalf("windows sent %v, want %v", sentBy, want)
 	}
+}
+
+// spend sends from now, 1 ms apart, until the gate closes the window,
+// the upstream admitting the first admits of the window (the knock that
+// reopened it among them) and refusing the rest; then the knock at the
+// boundary, admitted. It returns what the window sent and the knock's
+// time.
+func (r *winRig) spend(now time.Time, admits int) (int, time.Time) {
+	r.t.Helper()
+	sent := r.w.used // the knock that reopened it went in it
+	for tk := r.send(now); tk != nil; tk = r.send(now) {
+		sent++
+		if sent <= admits {
+			r.w.accepted(tk, now)
+		} else {
+			r.refuse(tk, 0, now)
+		}
+		now = now.Add(time.Millisecond)
+	}
+	if !r.w.closed {
+		r.t.Fatalf("a window that sent %d not closed once spent", sent)
+	}
+	at, _, _ := r.w.gate(now, true)
+	k := r.send(at)
+	if k == nil {
+		r.t.Fatalf("no knock at %v after a window that sent %d", at, sent)
+	}
+	r.w.accepted(k, at)
+	return sent, at
 }
