@@ -480,10 +480,10 @@ func TestStringsCountTheirDecodedLength(t *testing.T) {
 		if err := json.Unmarshal([]byte(raw), &s); err != nil {
 			t.Fatalf("%q: %v", raw, err)
 		}
-		r := reader{b: []byte(raw)}
-		end, n := r.str(0)
-		if r.bad || end != len(raw) || n != int64(len(s)) {
-			t.Errorf("%q: length %d (end %d, bad %v), decoded %d", raw, n, end, r.bad, len(s))
+		w := Walker{b: []byte(raw)}
+		n := w.str()
+		if w.bad || w.i != len(raw) || n != int64(len(s)) {
+			t.Errorf("%q: length %d (end %d, bad %v), decoded %d", raw, n, w.i, w.bad, len(s))
 		}
 	}
 }
