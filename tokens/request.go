@@ -86,6 +86,7 @@ func (r *reader) topLevel(quoted []byte, _ int64) {
 // cursor, for the text it adds to the prompt, if any.
 func (r *reader) prompt(name []byte) {
 	is := func(kind api, key string) bool { return r.kind == kind && string(name) == key }
+	tools := r.kind != apiEmbeddings && (string(name) == "tools" || string(name) == "functions" || string(name) == "response_format")
 	switch c := &r.c; {
 	case is(apiChat, "messages"), is(apiResponses, "input"), is(apiMessages, "messages"):
 		r.messages(c)
@@ -93,8 +94,7 @@ func (r *reader) prompt(name []byte) {
 		r.tokenInput(c)
 	case is(apiResponses, "instructions"), is(apiMessages, "system"):
 		r.message(c)
-	case is(apiResponses, "text"), // may hold a JSON schema for the output
-		r.kind != apiEmbeddings && (string(name) == "tools" || string(name) == "functions" || string(name) == "response_format"):
+	case is(apiResponses, "text"), tools: // text may hold a JSON schema for the output
 		r.everything(c)
 	default:
 		r.skip()

@@ -170,20 +170,20 @@ func (w *Walker) value() []byte {
 
 // skip checks the value at the cursor and moves past it.
 func (w *Walker) skip() {
-	switch c := w.peek(); {
-	case c == '"':
+	switch w.peek() {
+	case '"':
 		w.str()
-	case c == '{':
+	case '{':
 		w.members(func([]byte, int64) { w.skip() })
-	case c == '[':
+	case '[':
 		w.elements(w.skip)
-	case c == '-' || c >= '0' && c <= '9':
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
 		w.number()
-	case c == 't':
+	case 't':
 		w.literal("true")
-	case c == 'f':
+	case 'f':
 		w.literal("false")
-	case c == 'n':
+	case 'n':
 		w.literal("null")
 	default:
 		w.fail()
@@ -268,18 +268,15 @@ func (w *Walker) number() {
 	if w.at() == '-' {
 		w.i++
 	}
-	switch c := w.at(); {
-	case c == '0':
-		w.i++
-	case c >= '1' && c <= '9':
-		w.digits()
-	default:
+	if w.at() == '0' {
+		w.i++ // and no digit after it, which the caller refuses
+	} else if !w.digits() {
 		w.fail()
 		return
 	}
 	if w.at() == '.' {
 		w.i++
-		if w.digits() == 0 {
+		if !w.digits() {
 			w.fail()
 			return
 		}
@@ -289,20 +286,21 @@ func (w *Walker) number() {
 		if c := w.at(); c == '+' || c == '-' {
 			w.i++
 		}
-		if w.digits() == 0 {
+		if !w.digits() {
 			w.fail()
 		}
 	}
 }
 
-// digits moves past the digits at the cursor, and returns how many.
-func (w *Walker) digits() int {
-	n := 0
+// digits moves past the digits at the cursor, and reports whether there
+// were any.
+func (w *Walker) digits() bool {
+	some := false
 	for c := w.at(); c >= '0' && c <= '9'; c = w.at() {
 		w.i++
-		n++
+		some = true
 	}
-	return n
+	return some
 }
 
 // str checks the JSON string at the cursor, moves past it and returns
@@ -314,41 +312,45 @@ func (w *Walker) str() (n int64) {
 	for w.i < len(w.b) || w.more() {
 		b, i := w.b, w.i
 		for i < len(b) {
-			switch c := b[i]; {
-			case c == '"':
-				w.i = i + 1
-				return n
-			case c == '\\':
-				w.i = i
-				if n += w.escape(); w.bad {
-					return 0
-				}
-				b, i = w.b, w.i
-			case c < ' ':
+			c := b[i]
+			if c < ' ' {
 				w.fail()
 				return 0
-			case c < utf8.RuneSelf:
+			}
+			if c == '"' {
+				w.i = i + 1
+				return n
+			}
+			if c != '\\' && c < utf8.RuneSelf {
 				n++
 				i++
-			default:
-				if len(b)-i < utf8.UTFMax { // the character may go on past the window
-					w.i = i
-					w.ensure(utf8.UTFMax)
-					b, i = w.b, w.i
-				}
-				rn, size := utf8.DecodeRune(b[i:])
-				if rn == utf8.RuneError && size == 1 {
-					n += 3 // replaced by U+FFFD
-				} else {
-					n += int64(size)
-				}
-				i += size
+				continue
 			}
+			w.i = i
+			if c == '\\' {
+				n += w.escape()
+			} else {
+				n += w.char()
+			}
+			b, i = w.b, w.i
 		}
 		w.i = i
 	}
 	w.fail()
 	return 0
+}
+
+// char moves past the character at the cursor, beyond ASCII, and returns
+// its length in UTF-8 bytes once decoded: 3 for a byte that is not UTF-8,
+// which decodes to U+FFFD.
+func (w *Walker) char() int64 {
+	w.ensure(utf8.UTFMax) // it may go on past the window
+	rn, size := utf8.DecodeRune(w.b[w.i:])
+	w.i += size
+	if rn == utf8.RuneError && size == 1 {
+		return 3
+	}
+	return int64(size)
 }
 
 // escape checks the escape at the cursor ('\\'), moves past it and
@@ -390,27 +392,29 @@ func byteAt(b []byte, i int) byte {
 	return 0
 }
 
-// hex4 is the rune of a \u escape's four hex digits, -1 when they are
-// not four hex digits.
+// hex4 is the rune of a \u escape's four hex digits at the start of s,
+// -1 when they are not four hex digits.
 func hex4(s []byte) rune {
-	if len(s) < 4 {
-		return -1
-	}
 	var r rune
-	for _, c := range s[:4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			c = c - 'A' + 10
-		default:
+	for k := range 4 {
+		d := unhex(byteAt(s, k))
+		if d < 0 {
 			return -1
 		}
-		r = r*16 + rune(c)
+		r = r*16 + d
 	}
 	return r
+}
+
+// unhex is the value of the hex digit c, -1 when it is none.
+func unhex(c byte) rune {
+	if '0' <= c && c <= '9' {
+		return rune(c - '0')
+	}
+	if c |= 0x20; 'a' <= c && c <= 'f' { // 'A' to 'F' as lower case
+		return rune(c-'a') + 10
+	}
+	return -1
 }
 
 // decodeString is a string value the walk checked, decoded.

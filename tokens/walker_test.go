@@ -174,7 +174,7 @@ func TestWalkerReadsAStreamAsABody(t *testing.T) {
 	for _, in := range []string{
 		`{"a":[-0.5e+3,0,1E9,true,false,null,{},[],"\u00e9\/\b\f\n\r\t\"\\\u0000"]}`, `"\ud83d\ude00 é€😀 \ud800x \udc00"`,
 		"\"\xff\xe2\x82\"", `12`, `-0`, `1.5e`, `tru`, `nul`, `[1,]`, `{"a" 1}`, `"\u12g4"`, `"\q"`, " [ ] ",
-		`{"k\u00e9y":["v",{"w":"x"}]}`, `"a` + strings.Repeat(`\u00e9`, window/6) + `"`, `"` + strings.Repeat("é", window) + `"`,
+		`{"k\u00e9y":["v",{"w":"x"}]}`, `"\u12`, `"\ud83d\ude0`, `"\ud83d\u`, `"a\`, "\"\xe2\x82", `"a` + strings.Repeat(`\u00e9`, window/6) + `"`, `"` + strings.Repeat("é", window) + `"`,
 	} {
 		want, wantOK := walkEverything(Walker{b: []byte(in)})
 		if wantOK != json.Valid([]byte(in)) {
