@@ -13,10 +13,12 @@ import (
 // stream, and checks it as it goes, as strictly as encoding/json: its
 // first fault ends the walk. It does not decode: a string is measured
 // where it lies, and nothing is copied out but what is asked for, so a
-// large body costs one pass and no allocation.
+// large body costs one pass, and in memory no allocation.
 //
 // NewWalker makes one for a stream, which it reads through a window of
-// 16 KiB whatever the stream's size.
+// 16 KiB whatever the stream's size; ReadRequest, FromBody and
+// StreamScanner walk bodies and lines in memory. A Walker reads its
+// input once: FirstString leaves it at the end.
 type Walker struct {
 	b     []byte    // what is at hand: the whole body, or a window of the stream
 	i     int       // the cursor, in b
