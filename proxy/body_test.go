@@ -317,7 +317,7 @@ func TestASpooledBodyKeysTheLaneByItsModel(t *testing.T) {
 // TestModelOfSpoolReadsOnlyTheTopLevelModel: the top-level "model" string
 // wherever it is, past values of any kind and size, escapes decoded; a
 // nested "model", a model that is not a string, or a body that is not a
-// JSON object gives "".
+// JSON object, or not valid JSON up to the model, gives "".
 func TestModelOfSpoolReadsOnlyTheTopLevelModel(t *testing.T) {
 	long := strings.Repeat("a", 100<<10)
 	cases := map[string]string{
@@ -336,6 +336,7 @@ func TestModelOfSpoolReadsOnlyTheTopLevelModel(t *testing.T) {
 		`{"model":"unterminated`:             "",
 		`{"model":"first","model":"second"}`: "first",
 		`{"x":1 "model":"y"}`:                "",
+		`{"x":tru,"model":"y"}`:              "",
 		`{"x":"` + long:                      "",
 		`{"model":"` + long + `"}`:           "",
 		`{"model":"` + strings.Repeat("m", 1022) + `"}`: strings.Repeat("m", 1022),

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"unicode/utf8"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -78,9 +79,10 @@ func FuzzLaneKey(f *testing.F) {
 }
 
 // FuzzModelOfSpool: the scanner that reads a spooled body's model never
-// panics, and on any valid JSON object with one top-level key naming the
-// model (in any case or escaping, as encoding/json matches it) it reads
-// what tokens.ReadRequest reads from the same bytes in memory.
+// panics, reads the same whether the file gives it all at once or a byte
+// at a time, and on any valid JSON object with one top-level key naming
+// the model (in any case or escaping, as encoding/json matches it) it
+// reads what tokens.ReadRequest reads from the same bytes in memory.
 func FuzzModelOfSpool(f *testing.F) {
 	f.Add(`{"model":"gpt-4o"}`)
 	f.Add(`{"messages":[{"content":"a\"}"}],"n":1,"Model":"x"}`)
@@ -89,6 +91,9 @@ func FuzzModelOfSpool(f *testing.F) {
 	f.Add(`[1,2]`)
 	f.Fuzz(func(t *testing.T, body string) {
 		got := modelOfSpool(strings.NewReader(body))
+		if bytewise := modelOfSpool(iotest.OneByteReader(strings.NewReader(body))); bytewise != got {
+			t.Fatalf("modelOfSpool(%q) = %q whole, %q a byte at a time", body, got, bytewise)
+		}
 		if !json.Valid([]byte(body)) {
 			return
 		}
@@ -117,7 +122,7 @@ func FuzzModelOfSpool(f *testing.F) {
 		if matches != 1 {
 			return
 		}
-		if want := tokens.ReadRequest("", []byte(body)).Model; got != want && len(body) < 1000 { // a longer model is not read (see readString)
+		if want := tokens.ReadRequest("", []byte(body)).Model; got != want && len(body) < 1000 { // a longer model is not read (see modelOfSpool)
 			t.Fatalf("modelOfSpool(%q) = %q, tokens.ReadRequest = %q", body, got, want)
 		}
 	})

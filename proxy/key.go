@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"bufio"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -113,132 +111,15 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 }
 
 // modelOfSpool reads the top-level "model" of a spooled JSON body, ""
-// when there is none, without holding the body: every other value is
-// skipped as it is read. The key matches as tokens.ReadRequest's does
-// (escapes decoded, in any case), but here the first one counts, where
-// ReadRequest takes the last: reading on would mean reading the rest of
-// the body.
+// when there is none, through a window of 16 KiB, whatever the body's
+// size: every value before it is checked and let go as it is read, and
+// what follows it is not read. The key matches as tokens.ReadRequest's
+// does (escapes decoded, in any case), but here the first one counts,
+// where ReadRequest takes the last: reading on would mean reading the
+// rest of the body. A model of more than 1 KiB as written is not read.
 func modelOfSpool(r io.Reader) string {
-	br := bufio.NewReaderSize(r, 16<<10)
-	if c, ok := nextByte(br); !ok || c != '{' {
-		return ""
-	}
-	for {
-		c, ok := nextByte(br)
-		if !ok || c != '"' {
-			return "" // '}' or not JSON
-		}
-		key, ok := readString(br, 64)
-		if !ok {
-			return ""
-		}
-		if c, ok = nextByte(br); !ok || c != ':' {
-			return ""
-		}
-		var name string
-		if key != "" && json.Unmarshal([]byte(key), &name) == nil && strings.EqualFold(name, "model") {
-			if c, ok = nextByte(br); !ok || c != '"' {
-				return ""
-			}
-			raw, ok := readString(br, 1024)
-			var model string
-			if !ok || json.Unmarshal([]byte(raw), &model) != nil {
-				return ""
-			}
-			return model
-		}
-		if !skipValue(br) {
-			return ""
-		}
-		if c, ok = nextByte(br); !ok || c != ',' {
-			return ""
-		}
-	}
-}
-
-// nextByte is the next byte that is not JSON white space.
-func nextByte(br *bufio.Reader) (byte, bool) {
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return 0, false
-		}
-		if !strings.ContainsRune(" \t\r\n", rune(c)) {
-			return c, true
-		}
-	}
-}
-
-// readString reads the rest of a JSON string whose opening quote was
-// read, and returns it quoted as it came when it is at most keep bytes
-// long; a longer one is read to its end and returned as "" (ok stays
-// true: the caller only skips it).
-func readString(br *bufio.Reader, keep int) (string, bool) {
-	s := []byte{'"'}
-	escaped := false
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return "", false
-		}
-		if len(s) <= keep {
-			s = append(s, c)
-		}
-		switch {
-		case escaped:
-			escaped = false
-		case c == '\\':
-			escaped = true
-		case c == '"':
-			if len(s) > keep {
-				return "", true
-			}
-			return string(s), true
-		}
-	}
-}
-
-// skipValue reads one JSON value, of any size, and keeps none of it. It
-// leaves the byte after a number or literal unread.
-func skipValue(br *bufio.Reader) bool {
-	c, ok := nextByte(br)
-	if !ok {
-		return false
-	}
-	switch c {
-	case '"':
-		_, ok := readString(br, 0)
-		return ok
-	case '{', '[':
-		depth := 1
-		for depth > 0 {
-			c, err := br.ReadByte()
-			if err != nil {
-				return false
-			}
-			switch c {
-			case '"':
-				if _, ok := readString(br, 0); !ok {
-					return false
-				}
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-			}
-		}
-		return true
-	}
-	// A number or a literal: up to the next delimiter.
-	for {
-		c, err := br.ReadByte()
-		if err != nil {
-			return false
-		}
-		if strings.IndexByte(",}] \t\r\n", c) >= 0 {
-			return br.UnreadByte() == nil
-		}
-	}
+	model, _ := tokens.NewWalker(r).FirstString("model", 1<<10)
+	return model
 }
 
 // isUpgrade reports whether r asks to switch to WebSocket.

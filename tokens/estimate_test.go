@@ -88,6 +88,13 @@ func TestEstimate(t *testing.T) {
 			want: q(4+8+8+4+1) + 5,
 		},
 		{
+			name: "chat/functions and response_format count whole, other strings not at all",
+			path: "/v1/chat/completions",
+			body: `{"user":"someone else entirely","messages":[],"functions":[{"name":"ab"}],"response_format":{"type":"json_object"},"max_tokens":5}`,
+			// name ab type json_object
+			want: q(4+2+4+11) + 5,
+		},
+		{
 			name: "chat/azure deployment path",
 			path: "/openai/deployments/gpt-4o/chat/completions",
 			body: `{"messages":[{"role":"user","content":"abcd"}],"max_tokens":7}`,
@@ -480,10 +487,10 @@ func TestStringsCountTheirDecodedLength(t *testing.T) {
 		if err := json.Unmarshal([]byte(raw), &s); err != nil {
 			t.Fatalf("%q: %v", raw, err)
 		}
-		r := reader{b: []byte(raw)}
-		end, n := r.str(0)
-		if r.bad || end != len(raw) || n != int64(len(s)) {
-			t.Errorf("%q: length %d (end %d, bad %v), decoded %d", raw, n, end, r.bad, len(s))
+		w := Walker{b: []byte(raw)}
+		n := w.str()
+		if w.bad || w.i != len(raw) || n != int64(len(s)) {
+			t.Errorf("%q: length %d (end %d, bad %v), decoded %d", raw, n, w.i, w.bad, len(s))
 		}
 	}
 }

@@ -101,8 +101,10 @@ func (s *StreamScanner) carry(p []byte) {
 	s.line = append(s.line[:copy(s.line, s.line[len(s.line)-keep:])], p...)
 }
 
-// scanLine merges into f every usage object on line. A line longer than
-// maxLine is cut to its tail first, as carry does when it arrives in pieces.
+// scanLine merges into f every usage object on line, up to one that is
+// not valid JSON or does not close within the line: there the scan of the
+// line stops. A line longer than maxLine is cut to its tail first, as
+// carry does when it arrives in pieces.
 func scanLine(f *usageFields, line []byte) {
 	if len(line) > maxLine {
 		line = line[len(line)-lineTail:]
@@ -122,14 +124,13 @@ func scanLine(f *usageFields, line []byte) {
 		if len(line) == 0 || line[0] != '{' {
 			continue // "usage":null in every OpenAI chunk but the last
 		}
-		end := objectLen(line)
-		if end < 0 {
+		w := Walker{b: line}
+		g := w.usageObject()
+		if w.bad {
 			return
 		}
-		if g, ok := decodeUsage(line[:end]); ok {
-			f.merge(&g)
-		}
-		line = line[end:]
+		f.merge(&g)
+		line = line[w.i:]
 	}
 }
 
@@ -138,35 +139,4 @@ func skipSpace(b []byte) []byte {
 		b = b[1:]
 	}
 	return b
-}
-
-// objectLen returns the length of the JSON object at the start of b, or -1
-// when it does not close within b.
-func objectLen(b []byte) int {
-	depth := 0
-	inString := false
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		if inString {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inString = false
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-		case '{', '[':
-			depth++
-		case '}', ']':
-			depth--
-			if depth == 0 {
-				return i + 1
-			}
-		}
-	}
-	return -1
 }

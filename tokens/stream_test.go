@@ -422,6 +422,18 @@ func TestStreamScannerUnclosedUsageStopsLine(t *testing.T) {
 	}
 }
 
+// A usage object that is not valid JSON yields nothing, and the scan of
+// its line stops there, as at one that does not close: a later "usage"
+// on the line is not taken for the answer's usage either.
+func TestStreamScannerInvalidUsageStopsLine(t *testing.T) {
+	line := `data: {"usage":{"input_tokens":5,"note":tru},"usage":{"output_tokens":9}}`
+	for _, end := range []string{"\n", ""} {
+		if got, ok := scanWithin(t, line+end); ok {
+			t.Errorf("%q: Usage = %+v, true; want none", line+end, got)
+		}
+	}
+}
+
 // Once a line ends, a line buffer of at most lineTail bytes is kept for the
 // next split line; only larger ones are let go.
 func TestStreamScannerKeepsLineTailBuffer(t *testing.T) {

@@ -44,45 +44,41 @@ func (u Usage) Total() int64 { return u.Input + u.Output }
 // body that is not valid JSON has no usage), and only the usage value is
 // read: an answer of many kilobytes costs one pass and no allocation.
 func FromBody(body []byte) (u Usage, ok bool) {
-	r := reader{b: body}
-	var raw []byte
-	valid := r.object(func(quoted []byte, _ int64, v int) int {
-		end := r.skip(v)
-		if keyIs(quoted, "usage") {
-			raw = body[v:end] // the last one counts, as in a decoder
+	w := Walker{b: body}
+	var f usageFields
+	valid := w.object(func(quoted []byte, _ int64) {
+		if !keyIs(quoted, "usage") {
+			w.skip()
+			return
 		}
-		return end
+		// The last one counts, as in a decoder.
+		if ok = w.peek() == '{'; ok {
+			f = w.usageObject()
+		} else {
+			w.skip()
+		}
 	})
-	if !valid || raw == nil {
-		return Usage{}, false
-	}
-	f, ok := decodeUsage(raw)
-	if !ok {
+	if !valid || !ok {
 		return Usage{}, false
 	}
 	return f.usage()
 }
 
-// decodeUsage reads a usage object as encoding/json decodes it into
-// usageFields: keys matched in any case, escapes decoded, the last one
-// counting; a value that is not a number leaves its field as it was. ok
-// is false when raw is not a valid JSON object. It walks raw with the
-// request reader's checks, and allocates nothing.
-func decodeUsage(raw []byte) (f usageFields, ok bool) {
-	r := reader{b: raw}
-	valid := r.object(func(quoted []byte, _ int64, v int) int {
-		end := r.skip(v)
-		if c := f.field(quoted); c != nil && !r.bad {
-			if n, ok := number(raw[v:end]); ok {
+// usageObject reads the usage object at the cursor as encoding/json
+// decodes it into usageFields: keys matched in any case, escapes decoded,
+// the last one counting; a value that is not a number leaves its field as
+// it was. It allocates nothing.
+func (w *Walker) usageObject() (f usageFields) {
+	w.members(func(quoted []byte, _ int64) {
+		c := f.field(quoted)
+		raw := w.value()
+		if c != nil && !w.bad {
+			if n, ok := number(raw); ok {
 				c.n, c.ok = clampCount(n), true
 			}
 		}
-		return end
 	})
-	if !valid {
-		return usageFields{}, false
-	}
-	return f, true
+	return f
 }
 
 // field is f's field for the quoted key, nil for none.
@@ -114,15 +110,6 @@ func keyIs(name []byte, key string) bool {
 	}
 	var s string
 	return json.Unmarshal(name, &s) == nil && strings.EqualFold(s, key)
-}
-
-// spaceEnd is the index of the first byte at or after i that is not JSON
-// white space.
-func spaceEnd(b []byte, i int) int {
-	for i < len(b) && strings.IndexByte(" \t\n\r", b[i]) >= 0 {
-		i++
-	}
-	return i
 }
 
 // usageFields is a usage object as any of the providers spell it. A field
