@@ -72,6 +72,19 @@ func TestReplicasShareOneLimit(t *testing.T) {
 		t.Errorf("upstream refused %d of %d requests (%.1f%%), want at most 2%%",
 			st.RateLimited, st.Requests, 100*float64(st.RateLimited)/float64(st.Requests))
 	}
+	// Together the replicas use the limit: in the run's middle seconds
+	// (the first and last two left out: the start's learning, the tail's
+	// few), the median second completes at least half of what the upstream
+	// allows. Pacing each replica at a third of it (or slower) shows here
+	// whatever the machine's speed; only the upstream's limit sets it.
+	if perSec := completionsPerSecond(results, start); len(perSec) > 4 {
+		mid := slices.Clone(perSec[2 : len(perSec)-2])
+		slices.Sort(mid)
+		if median := mid[len(mid)/2]; median < 10 {
+			t.Errorf("the replicas completed a median %d requests a second (by second: %v), want at least half of the upstream's 20",
+				median, perSec)
+		}
+	}
 	for _, r := range reps {
 		got, err := r.lanesRedis()
 		if err != nil || got != "ok" {
@@ -457,4 +470,23 @@ func TestNoRedisConfiguredLanesSayOff(t *testing.T) {
 	if strings.Contains(page, "llmproxy_redis_up") {
 		t.Error("/metrics has llmproxy_redis_up without Redis configured")
 	}
+}
+
+// completionsPerSecond counts the 200s of a load by the second after start
+// they completed in.
+func completionsPerSecond(results [][]chatOutcome, start time.Time) []int {
+	var perSec []int
+	for _, outs := range results {
+		for _, o := range outs {
+			if o.skipped || o.err != nil {
+				continue
+			}
+			sec := int(o.end.Sub(start) / time.Second)
+			for len(perSec) <= sec {
+				perSec = append(perSec, 0)
+			}
+			perSec[sec]++
+		}
+	}
+	return perSec
 }
