@@ -118,7 +118,7 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 // where ReadRequest takes the last: reading on would mean reading the
 // rest of the body. A model of more than 1 KiB as written is not read.
 func modelOfSpool(r io.Reader) string {
-	model, _ := tokens.NewWalker(r).FirstString("model", 1<<10)
+	model, _ := tokens.FirstString(r, "model", 1<<10)
 	return model
 }
 

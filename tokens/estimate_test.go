@@ -487,7 +487,7 @@ func TestStringsCountTheirDecodedLength(t *testing.T) {
 		if err := json.Unmarshal([]byte(raw), &s); err != nil {
 			t.Fatalf("%q: %v", raw, err)
 		}
-		w := Walker{b: []byte(raw)}
+		w := walker{b: []byte(raw)}
 		n := w.str()
 		if w.bad || w.i != len(raw) || n != int64(len(s)) {
 			t.Errorf("%q: length %d (end %d, bad %v), decoded %d", raw, n, w.i, w.bad, len(s))

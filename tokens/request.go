@@ -31,7 +31,7 @@ type Request struct {
 // any other: the body is still read.
 func ReadRequest(path string, body []byte) Request {
 	fallback := Request{Cost: ceilQuarter(int64(len(body))) + DefaultMaxOutput}
-	r := reader{Walker: Walker{b: body}, kind: apiOf(path)}
+	r := reader{walker: walker{b: body}, kind: apiOf(path)}
 	if !r.object(r.topLevel) {
 		return fallback
 	}
@@ -48,7 +48,7 @@ func ReadRequest(path string, body []byte) Request {
 // reader walks one JSON request body for what ReadRequest reads of it.
 // The walk's first fault sends it to the body's end.
 type reader struct {
-	Walker
+	walker
 	kind     api
 	c        counter
 	model    string

@@ -124,7 +124,7 @@ func scanLine(f *usageFields, line []byte) {
 		if len(line) == 0 || line[0] != '{' {
 			continue // "usage":null in every OpenAI chunk but the last
 		}
-		w := Walker{b: line}
+		w := walker{b: line}
 		g := w.usageObject()
 		if w.bad {
 			return

@@ -44,7 +44,7 @@ func (u Usage) Total() int64 { return u.Input + u.Output }
 // body that is not valid JSON has no usage), and only the usage value is
 // read: an answer of many kilobytes costs one pass and no allocation.
 func FromBody(body []byte) (u Usage, ok bool) {
-	w := Walker{b: body}
+	w := walker{b: body}
 	var f usageFields
 	valid := w.object(func(quoted []byte, _ int64) {
 		if !keyIs(quoted, "usage") {
@@ -68,7 +68,7 @@ func FromBody(body []byte) (u Usage, ok bool) {
 // decodes it into usageFields: keys matched in any case, escapes decoded,
 // the last one counting; a value that is not a number leaves its field as
 // it was. It allocates nothing.
-func (w *Walker) usageObject() (f usageFields) {
+func (w *walker) usageObject() (f usageFields) {
 	w.members(func(quoted []byte, _ int64) {
 		c := f.field(quoted)
 		raw := w.value()

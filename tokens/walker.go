@@ -9,17 +9,17 @@ import (
 	"unicode/utf8"
 )
 
-// Walker reads JSON one value at a time, from a body in memory or from a
+// walker reads JSON one value at a time, from a body in memory or from a
 // stream, and checks it as it goes, as strictly as encoding/json: its
 // first fault ends the walk. It does not decode: a string is measured
 // where it lies, and nothing is copied out but what is asked for, so a
 // large body costs one pass, and in memory no allocation.
 //
-// NewWalker makes one for a stream, which it reads through a window of
+// newWalker makes one for a stream, which it reads through a window of
 // 16 KiB whatever the stream's size; ReadRequest, FromBody and
-// StreamScanner walk bodies and lines in memory. A Walker reads its
-// input once: FirstString leaves it at the end.
-type Walker struct {
+// StreamScanner walk bodies and lines in memory. A walker reads its
+// input once: firstString leaves it at the end.
+type walker struct {
 	b     []byte    // what is at hand: the whole body, or a window of the stream
 	i     int       // the cursor, in b
 	src   io.Reader // the rest of the stream; nil when b is all there is
@@ -30,19 +30,26 @@ type Walker struct {
 }
 
 const (
-	// window is the most of a stream a Walker holds; a key or value of up
+	// window is the most of a stream a walker holds; a key or value of up
 	// to half of it is held whole while it is read.
 	window = 16 << 10
 	// maxDepth is encoding/json's bound on nesting.
 	maxDepth = 10000
 )
 
-// NewWalker returns a Walker that reads the JSON in src.
-func NewWalker(src io.Reader) *Walker {
-	return &Walker{b: make([]byte, 0, window), src: src, keep: -1}
+// newWalker returns a walker that reads the JSON in src.
+func newWalker(src io.Reader) *walker {
+	return &walker{b: make([]byte, 0, window), src: src, keep: -1}
 }
 
-// FirstString reads the object at the start of the input on to its first
+// FirstString reads the JSON object at the start of src, through a window
+// of 16 KiB whatever its size, on to its first member named key (see
+// walker.firstString).
+func FirstString(src io.Reader, key string, max int) (string, bool) {
+	return newWalker(src).firstString(key, max)
+}
+
+// firstString reads the object at the start of the input on to its first
 // member named key, matched as encoding/json matches a key to a struct
 // field's name (escapes decoded, in any case), and returns that member's
 // value when it is a string of at most max bytes as written, its quotes
@@ -50,7 +57,7 @@ func NewWalker(src io.Reader) *Walker {
 // on no further than the window past that value's end. ok is false when
 // the object ends with no such member, when the member's value is not
 // such a string, or when the JSON is not valid up to there.
-func (w *Walker) FirstString(key string, max int) (s string, ok bool) {
+func (w *walker) firstString(key string, max int) (s string, ok bool) {
 	if w.peek() != '{' {
 		return "", false
 	}
@@ -75,7 +82,7 @@ func (w *Walker) FirstString(key string, max int) (s string, ok bool) {
 // more reads on into the window and reports whether there was more to
 // read. The window keeps the bytes after the cursor, and those of the key
 // or value being held when they are at most half of it so far.
-func (w *Walker) more() bool {
+func (w *walker) more() bool {
 	if w.src == nil {
 		return false
 	}
@@ -96,13 +103,13 @@ func (w *Walker) more() bool {
 
 // ensure reads on until n bytes are at hand from the cursor, or the
 // input ends.
-func (w *Walker) ensure(n int) {
+func (w *walker) ensure(n int) {
 	for len(w.b)-w.i < n && w.more() {
 	}
 }
 
 // at is the byte at the cursor, 0 at the input's end.
-func (w *Walker) at() byte {
+func (w *walker) at() byte {
 	if w.i < len(w.b) || w.more() {
 		return w.b[w.i]
 	}
@@ -110,7 +117,7 @@ func (w *Walker) at() byte {
 }
 
 // peek moves the cursor past white space and returns the byte there.
-func (w *Walker) peek() byte {
+func (w *walker) peek() byte {
 	for {
 		switch c := w.at(); c {
 		case ' ', '\t', '\n', '\r':
@@ -123,7 +130,7 @@ func (w *Walker) peek() byte {
 
 // fail marks the input bad and moves the cursor to the end of what is at
 // hand, where every walk stops.
-func (w *Walker) fail() {
+func (w *walker) fail() {
 	w.bad = true
 	w.i, w.src = len(w.b), nil
 }
@@ -131,7 +138,7 @@ func (w *Walker) fail() {
 // hold starts holding what is read from the cursor on, unless something
 // that started earlier is held already; release gives what was read since
 // start.
-func (w *Walker) hold() (start, outer int) {
+func (w *walker) hold() (start, outer int) {
 	start, outer = w.off+w.i, w.keep
 	if outer < 0 {
 		w.keep = start
@@ -141,7 +148,7 @@ func (w *Walker) hold() (start, outer int) {
 
 // release ends a hold, and returns what was read since start: nil when
 // its start has left the window.
-func (w *Walker) release(start, outer int) []byte {
+func (w *walker) release(start, outer int) []byte {
 	w.keep = outer
 	if start < w.off {
 		return nil
@@ -152,7 +159,7 @@ func (w *Walker) release(start, outer int) []byte {
 // object walks the whole input as one JSON object, calling f with each
 // member as members does, and reports whether the input is that and
 // nothing else.
-func (w *Walker) object(f func(quoted []byte, keyLen int64)) bool {
+func (w *walker) object(f func(quoted []byte, keyLen int64)) bool {
 	if w.peek() != '{' {
 		return false
 	}
@@ -163,7 +170,7 @@ func (w *Walker) object(f func(quoted []byte, keyLen int64)) bool {
 
 // value checks the value at the cursor and returns it as written (nil
 // when it was too long for a stream's window).
-func (w *Walker) value() []byte {
+func (w *walker) value() []byte {
 	w.peek()
 	start, outer := w.hold()
 	w.skip()
@@ -171,7 +178,7 @@ func (w *Walker) value() []byte {
 }
 
 // skip checks the value at the cursor and moves past it.
-func (w *Walker) skip() {
+func (w *walker) skip() {
 	switch w.peek() {
 	case '"':
 		w.str()
@@ -195,7 +202,7 @@ func (w *Walker) skip() {
 // members calls f with each member of the object at the cursor: its key,
 // quoted as written (nil when it was too long for a stream's window), and
 // the key's length decoded. f reads the member's value, at the cursor.
-func (w *Walker) members(f func(quoted []byte, keyLen int64)) {
+func (w *walker) members(f func(quoted []byte, keyLen int64)) {
 	for ok := w.open('}'); ok; ok = w.another('}') {
 		if w.peek() != '"' {
 			w.fail()
@@ -215,7 +222,7 @@ func (w *Walker) members(f func(quoted []byte, keyLen int64)) {
 
 // elements calls f with the cursor at each element of the array there; f
 // reads it.
-func (w *Walker) elements(f func()) {
+func (w *walker) elements(f func()) {
 	for ok := w.open(']'); ok; ok = w.another(']') {
 		f()
 	}
@@ -224,7 +231,7 @@ func (w *Walker) elements(f func()) {
 // open enters the object or array at the cursor, and reports whether a
 // member or element follows: not when it closes at once (end) or is
 // nested too deep.
-func (w *Walker) open(end byte) bool {
+func (w *walker) open(end byte) bool {
 	if w.depth++; w.depth > maxDepth {
 		w.fail()
 		return false
@@ -241,7 +248,7 @@ func (w *Walker) open(end byte) bool {
 // another moves past what follows a member or element, and reports
 // whether it was a comma, so another comes; not when it was end, which
 // closes the object or array, or a fault.
-func (w *Walker) another(end byte) bool {
+func (w *walker) another(end byte) bool {
 	switch w.peek() {
 	case ',':
 		w.i++
@@ -256,7 +263,7 @@ func (w *Walker) another(end byte) bool {
 }
 
 // literal checks that word is at the cursor, and moves past it.
-func (w *Walker) literal(word string) {
+func (w *walker) literal(word string) {
 	w.ensure(len(word))
 	if !bytes.HasPrefix(w.b[w.i:], []byte(word)) {
 		w.fail()
@@ -266,7 +273,7 @@ func (w *Walker) literal(word string) {
 }
 
 // number checks the JSON number at the cursor, and moves past it.
-func (w *Walker) number() {
+func (w *walker) number() {
 	if w.at() == '-' {
 		w.i++
 	}
@@ -296,7 +303,7 @@ func (w *Walker) number() {
 
 // digits moves past the digits at the cursor, and reports whether there
 // were any.
-func (w *Walker) digits() bool {
+func (w *walker) digits() bool {
 	some := false
 	for c := w.at(); c >= '0' && c <= '9'; c = w.at() {
 		w.i++
@@ -309,7 +316,7 @@ func (w *Walker) digits() bool {
 // its length in UTF-8 bytes once decoded, as encoding/json decodes it:
 // escapes resolved, a surrogate pair joined, a lone surrogate or a byte
 // that is not UTF-8 replaced by U+FFFD.
-func (w *Walker) str() (n int64) {
+func (w *walker) str() (n int64) {
 	w.i++ // the opening quote
 	for w.i < len(w.b) || w.more() {
 		b, i := w.b, w.i
@@ -345,7 +352,7 @@ func (w *Walker) str() (n int64) {
 // char moves past the character at the cursor, beyond ASCII, and returns
 // its length in UTF-8 bytes once decoded: 3 for a byte that is not UTF-8,
 // which decodes to U+FFFD.
-func (w *Walker) char() int64 {
+func (w *walker) char() int64 {
 	w.ensure(utf8.UTFMax) // it may go on past the window
 	rn, size := utf8.DecodeRune(w.b[w.i:])
 	w.i += size
@@ -358,7 +365,7 @@ func (w *Walker) char() int64 {
 // escape checks the escape at the cursor ('\\'), moves past it and
 // returns the UTF-8 bytes it decodes to; a \u escape of a high surrogate
 // takes the low one that follows it.
-func (w *Walker) escape() int64 {
+func (w *walker) escape() int64 {
 	w.ensure(len(`\ud83d\ude00`))
 	b := w.b[w.i:]
 	switch byteAt(b, 1) {

@@ -85,7 +85,7 @@ func TestFirstString(t *testing.T) {
 		{`{"a":` + strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth) + `,"model":"deep"}`, "model", 1024, "", false},
 	} {
 		for _, s := range streams {
-			got, ok := NewWalker(s.of(c.in)).FirstString(c.key, c.max)
+			got, ok := newWalker(s.of(c.in)).firstString(c.key, c.max)
 			if got != c.want || ok != c.ok {
 				t.Errorf("%s: FirstString(%q, %d) of %.60q = %.20q, %v; want %.20q, %v", s.name, c.key, c.max, c.in, got, ok, c.want, c.ok)
 			}
@@ -112,13 +112,13 @@ func TestFirstStringReadsNoFurther(t *testing.T) {
 	pad := strings.Repeat("x", 1<<20)
 	for _, in := range []string{`{"model":"m","pad":"` + pad + `"}`, `{"model":[` + pad + `]}`} {
 		c := &countingReader{r: strings.NewReader(in)}
-		NewWalker(c).FirstString("model", 1024)
+		newWalker(c).firstString("model", 1024)
 		if c.n > window {
 			t.Errorf("%.20q…: %d bytes read", in, c.n)
 		}
 	}
-	w := NewWalker(strings.NewReader(`{"pad":"` + pad + `","list":[` + strings.Repeat(`"`+pad[:1000]+`",`, 1000) + `1],"model":"m"}`))
-	if got, ok := w.FirstString("model", 1024); got != "m" || !ok || cap(w.b) != window {
+	w := newWalker(strings.NewReader(`{"pad":"` + pad + `","list":[` + strings.Repeat(`"`+pad[:1000]+`",`, 1000) + `1],"model":"m"}`))
+	if got, ok := w.firstString("model", 1024); got != "m" || !ok || cap(w.b) != window {
 		t.Errorf("after 2 MiB: %q, %v, window of %d bytes", got, ok, cap(w.b))
 	}
 }
@@ -127,7 +127,7 @@ func TestFirstStringReadsNoFurther(t *testing.T) {
 // read has none.
 func TestFirstStringStopsAtAReadError(t *testing.T) {
 	src := io.MultiReader(strings.NewReader(`{"a":1,`), iotest.ErrReader(errors.New("disk gone")), strings.NewReader(`"model":"m"}`))
-	if got, ok := NewWalker(src).FirstString("model", 1024); ok {
+	if got, ok := newWalker(src).firstString("model", 1024); ok {
 		t.Errorf("FirstString = %q, true; want nothing", got)
 	}
 }
@@ -140,7 +140,7 @@ func TestWalkerHoldsUpToHalfTheWindow(t *testing.T) {
 		raw := `"` + strings.Repeat("x", n) + `"`
 		// The second read begins at the closing quote, when n+1 bytes of
 		// the value have been read.
-		w := NewWalker(io.MultiReader(strings.NewReader(raw[:n+1]), strings.NewReader(raw[n+1:])))
+		w := newWalker(io.MultiReader(strings.NewReader(raw[:n+1]), strings.NewReader(raw[n+1:])))
 		got := w.value()
 		if held := n+1 <= window/2; w.bad || (got != nil) != held || held && string(got) != raw {
 			t.Errorf("string of %d bytes: bad %v, value of %d bytes; want held %v", len(raw), w.bad, len(got), held)
@@ -152,7 +152,7 @@ func TestWalkerHoldsUpToHalfTheWindow(t *testing.T) {
 // not end its hold.
 func TestWalkerHoldsAValueWithKeysInside(t *testing.T) {
 	const raw = `{"a":{"b":"c"},"d":[1,"e"]}`
-	w := NewWalker(iotest.OneByteReader(strings.NewReader(raw)))
+	w := newWalker(iotest.OneByteReader(strings.NewReader(raw)))
 	if got := w.value(); string(got) != raw || w.bad {
 		t.Errorf("value = %q (bad %v), want %q", got, w.bad, raw)
 	}
@@ -160,8 +160,8 @@ func TestWalkerHoldsAValueWithKeysInside(t *testing.T) {
 
 // walkEverything walks the whole input as one value, counting all of its
 // text, and reports whether it is valid JSON and nothing else.
-func walkEverything(w Walker) (counter, bool) {
-	r := reader{Walker: w}
+func walkEverything(w walker) (counter, bool) {
+	r := reader{walker: w}
 	r.everything(&r.c)
 	r.peek()
 	return r.c, !r.bad && r.i == len(r.b)
@@ -176,12 +176,12 @@ func TestWalkerReadsAStreamAsABody(t *testing.T) {
 		"\"\xff\xe2\x82\"", `12`, `-0`, `1.5e`, `tru`, `nul`, `[1,]`, `{"a" 1}`, `"\u12g4"`, `"\q"`, " [ ] ",
 		`{"k\u00e9y":["v",{"w":"x"}]}`, `"\u12`, `"\ud83d\ude0`, `"\ud83d\u`, `"a\`, "\"\xe2\x82", `"a` + strings.Repeat(`\u00e9`, window/6) + `"`, `"` + strings.Repeat("é", window) + `"`,
 	} {
-		want, wantOK := walkEverything(Walker{b: []byte(in)})
+		want, wantOK := walkEverything(walker{b: []byte(in)})
 		if wantOK != json.Valid([]byte(in)) {
 			t.Errorf("%.40q: valid %v in memory", in, wantOK)
 		}
 		for _, s := range streams {
-			if got, ok := walkEverything(*NewWalker(s.of(in))); got != want || ok != wantOK {
+			if got, ok := walkEverything(*newWalker(s.of(in))); got != want || ok != wantOK {
 				t.Errorf("%s: %.40q: %+v, %v; in memory %+v, %v", s.name, in, got, ok, want, wantOK)
 			}
 		}
@@ -195,11 +195,11 @@ func FuzzWalkerReadsAStreamAsABody(f *testing.F) {
 	f.Add([]byte(`{"a":[1,"\u00e9\ud83d\ude00",{"b":null}],"c":-1.5e3}`), uint64(1))
 	f.Add([]byte("\"\xe2\x82\xac\xff\""), uint64(7))
 	f.Fuzz(func(t *testing.T, in []byte, seed uint64) {
-		want, wantOK := walkEverything(Walker{b: in})
+		want, wantOK := walkEverything(walker{b: in})
 		if wantOK != json.Valid(in) {
 			t.Fatalf("%q: valid %v in memory", in, wantOK)
 		}
-		if got, ok := walkEverything(*NewWalker(&pieces{s: in, x: seed | 1})); got != want || ok != wantOK {
+		if got, ok := walkEverything(*newWalker(&pieces{s: in, x: seed | 1})); got != want || ok != wantOK {
 			t.Fatalf("%q in pieces: %+v, %v; in memory %+v, %v", in, got, ok, want, wantOK)
 		}
 	})
