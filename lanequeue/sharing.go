@@ -23,8 +23,7 @@ type sharing struct {
 	// are allowed for once, so an excess that each step hides shows
 	// against an older base.
 	bases [shareBases]tally
-	n     int
-	read  bool // an answer with a remaining count was read
+	n     int // 0 until an answer with a remaining count was read
 	// excess sums what the remaining count fell by beyond the limit's own
 	// dispatches, over the readings where it did; others what the
 	// group's other limits sent over them.
@@ -75,8 +74,7 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 	}
 	now := tally{dispatched: s.ticket.Dispatched, remaining: w.Remaining,
 		limSent: s.limSent, groupSent: s.groupSent, inFlight: s.ticket.InFlight}
-	isFirst := !sh.read
-	sh.read = true
+	isFirst := sh.n == 0
 	if isFirst && w.Limit > 0 {
 		// Nothing sent, nothing in flight.
 		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1
@@ -99,8 +97,7 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 		sh.others += others
 		first = isFirst
 		sh.n = 0 // what showed is counted: later answers are read from here
-	}
-	if sh.n == len(sh.bases) {
+	} else if sh.n == len(sh.bases) {
 		copy(sh.bases[:], sh.bases[1:])
 		sh.n--
 	}

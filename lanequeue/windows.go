@@ -80,7 +80,8 @@ type windows struct {
 	lengthLo, lengthHi time.Duration
 	full               int
 	// climb counts the probing windows in a row that admitted all they
-	// sent; ended is the extra the window that ended last sent (see extra).
+	// sent; lastExtra is what the window that ended last sent past the
+	// allowance (see extra).
 	climb, lastExtra int
 	// hinted: the shape was learned from a closure the upstream's hints
 	// stated (else from knocks).
@@ -262,9 +263,9 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 
 // refused learns from a rate refusal of t at now, whose hint (when
 // hasHint) is the upstream's wait, while the upstream took admits
-// requests a second lately (see Memory.taken). It reports whether the refusal is the
-// windows' to answer: a closure began or goes on, so the group waits as
-// a whole and nothing else learns a pace from it.
+// requests a second lately (see Memory.taken). It reports whether the
+// refusal is the windows' to answer: a closure began or goes on, so the
+// group waits as a whole and nothing else learns a pace from it.
 func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits float64, now time.Time) bool {
 	d := t.Dispatched
 	long := hasHint && boundary(hint, admits) && !now.Before(w.moving)
