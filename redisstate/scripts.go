@@ -369,3 +369,21 @@ for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
 end
 return 1
 `)
+
+// heartbeatScript: KEYS replicas, busy. ARGV replica, 1 when it had
+// requests to admit since its last heartbeat, the busy window (ms).
+// Notes the replica alive (and busy) now and returns how many replicas
+// were alive in the last minute and how many others were busy within
+// the window.
+var heartbeatScript = redis.NewScript(lib + `
+local now = clock()
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+redis.call('PEXPIRE', KEYS[1], 120000)
+if ARGV[2] == '1' then redis.call('ZADD', KEYS[2], now, ARGV[1]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[3]))
+redis.call('PEXPIRE', KEYS[2], 120000)
+local busy = redis.call('ZCARD', KEYS[2])
+if redis.call('ZSCORE', KEYS[2], ARGV[1]) then busy = busy - 1 end
+return {redis.call('ZCARD', KEYS[1]), busy}
+`)
