@@ -20,14 +20,18 @@ const busyWindow = heartbeatEvery * 5 / 2
 func (s *Store) heartbeat(now time.Time) {
 	ctx, cancel := s.ctx()
 	defer cancel()
-	busy := boolInt(now.UnixNano()-s.asked.Load() < int64(heartbeatEvery))
-	res, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas", s.cfg.Prefix + "busy"},
-		s.replica, busy, busyWindow.Milliseconds()).Int64Slice()
+	busy := now.UnixNano()-s.asked.Load() < int64(heartbeatEvery)
+	args := heartbeatArgs{Replica: s.replica, Busy: busy, Window: busyWindow.Milliseconds()}
+	res, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas", s.cfg.Prefix + "busy"}, argv(args)...).Int64Slice()
 	s.commands.WithLabelValues("heartbeat").Inc()
-	if err == nil && len(res) == 2 && res[0] > 0 {
-		s.peers.Store(res[0])
-		s.busyPeers.Store(max(res[1], 0))
-		s.replicasGauge.Set(float64(res[0]))
+	var rep heartbeatWire
+	if err == nil {
+		rep, err = decodeHeartbeat(res)
+	}
+	if err == nil && rep.Alive > 0 {
+		s.peers.Store(rep.Alive)
+		s.busyPeers.Store(max(rep.Busy, 0))
+		s.replicasGauge.Set(float64(rep.Alive))
 	}
 }
 

@@ -203,7 +203,7 @@ func (s *Store) write() {
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
 		start := time.Now()
-		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, 0, g.requests, g.tokens, g.mark).Err()
+		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Requests: g.requests, Tokens: g.tokens, Mark: g.mark})...).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
 		s.took(start, err)
