@@ -3,6 +3,8 @@ package redisstate
 import (
 	"reflect"
 	"regexp"
+	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -64,7 +66,7 @@ local function admit(b, now, cost)
   local need = charge(b, cost)
   if b.avail >= need then return true, 0 end
   -- One wait is at most a day, as in Go: a tiny rate asks again then.
-  if b.rate > 0 then return false, now + math.max(1, math.ceil(math.min((need - b.avail) / b.rate, 86400) * 1000)) end
+  if b.rate > 0 then return false, now + math.max(1, math.ceil(math.min((need - b.avail) / b.rate, ${maxWaitSeconds}) * 1000)) end
   return false, 0
 end
 local function save(key, p, b)
@@ -134,7 +136,7 @@ end
 local function spread(key, now, on, climit, known, rn)
   if on == 0 or known or rn > 0 then return 0 end
   local f = redis.call('HMGET', key, 'reply', 'last')
-  local gap = num(f[1], 0) / (2 * climit) -- under 1 ms: none on this clock
+  local gap = num(f[1], 0) / (${startSpread} * climit) -- under 1 ms: none on this clock
   local at = math.min(num(f[2], 0), now) + gap
   if gap >= 1 and now < at then return math.ceil(at) end
   return 0
@@ -157,11 +159,12 @@ end
 
 // admitScript: KEYS state, leases, waiting, climits; args admitArgs.
 // Returns admitWire: answered is 1 when a replica learned from an answer
-// in the last minute; rates are per 1000 seconds; rsyn is 1 when the
-// request pace was learned from refusals; acc is when some replica last
-// had an answer the upstream accepted (0: none); rn counts the refusals
-// every replica learned from (learnScript); lastsec is the group's
-// dispatches in the last second, all replicas (0 unless admitted).
+// in the last minute; rates are per second × replyScale; rsyn is 1 when
+// the request pace was learned from refusals; acc is when some replica
+// last had an answer the upstream accepted (0: none); rn counts the
+// refusals every replica learned from (learnScript); lastsec is the
+// group's dispatches in the last second, all replicas (0 unless
+// admitted).
 var admitScript = newScript(admitArgs{}, lib+admitLib+`
 local now, cost, probe = clock(), tonumber(args.cost), args.probe == '1'
 local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, clock() - tonumber(args.age), tonumber(args.keyttl)
@@ -175,7 +178,7 @@ local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
 local lastsec = 0
 local function reply(ok, at, rsent, tsent, room, paced, pausedUntil)
-  local rrate, tsize, trate, rsize, rsyn = math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn
+  local rrate, tsize, trate, rsize, rsyn = math.floor(r.rate * ${replyScale}), math.floor(t.size), math.floor(t.rate * ${replyScale}), math.floor(r.size), r.syn
   return ${admitReply}
 end
 if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
@@ -186,7 +189,7 @@ if probe and answered == 0 and r.known ~= 1 and t.known ~= 1 then
   local first = num(redis.call('HGET', KEYS[1], 'first'), 0)
   if now - first > 60000 then
     redis.call('HSET', KEYS[1], 'first', now)
-  elseif now - first < 1000 and out > 0 then
+  elseif now - first < ${probeWindow} and out > 0 then
     return reply(0, 0, 0, 0, 0, 0, 0)
   end
 end
@@ -266,28 +269,28 @@ local function learn(p, given, now)
   b.known, b.syn, b.size, b.rate = 1, syn, size, rate
   local mode, value, mark = tonumber(given.mode), tonumber(given.value), tonumber(given.mark)
   if redis.call('HEXISTS', KEYS[1], p..'avail') == 0 then b.avail = b.size end
-  if mode == 1 then -- leftCounted
+  if mode == ${leftCounted} then
     b.avail = value - math.max(0, b.sent - mark)
     -- The upstream's count now holds what every request sent up to mark
     -- really used: settling one of them must not credit it back again.
     redis.call('HSET', KEYS[1], p..'seen', tostring(math.max(num(redis.call('HGET', KEYS[1], p..'seen'), 0), mark)))
-  elseif mode == 2 then b.avail = math.min(b.avail, value) end -- leftCapped
+  elseif mode == ${leftCapped} then b.avail = math.min(b.avail, value) end
   b.avail = math.min(b.avail, b.size)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
   save(KEYS[1], p, b)
 end
--- countLevel counts an answer at level in flight (kind 1 a refusal, 0 an
--- admission; none for -1), halving every count past 512 as one process
--- does.
+-- countLevel counts an answer at level in flight (of kind refused or
+-- admitted; none uncounted), halving every count past levelMemory as one
+-- process does.
 local function countLevel(key, level, kind)
-  if level > 0 and kind >= 0 then
-    redis.call('HINCRBYFLOAT', key, (kind == 1 and 'r' or 'a') .. level, 1)
-    if redis.call('HINCRBY', key, 'n', 1) > 512 then
+  if level > 0 and kind ~= ${answerUncounted} then
+    redis.call('HINCRBYFLOAT', key, (kind == ${answerRefused} and 'r' or 'a') .. level, 1)
+    if redis.call('HINCRBY', key, 'n', 1) > ${levelMemory} then
       local all = redis.call('HGETALL', key)
       for i = 1, #all, 2 do
         if all[i] ~= 'n' then redis.call('HSET', key, all[i], tostring(tonumber(all[i+1]) / 2)) end
       end
-      redis.call('HSET', key, 'n', 256)
+      redis.call('HSET', key, 'n', ${levelMemoryHalved})
     end
   end
 end
@@ -296,9 +299,9 @@ end
 // learnScript: KEYS state, leases, climits, raise, levels; args
 // learnArgs. An accepted answer's time to its headers (args.reply) is
 // kept, the first one, as reply (see spread). The levels hash counts
-// every replica's answers by level (a<level>, r<level>), halved past 512
-// as in one process. Returns learnWire and then, per level counted, a
-// levelWire.
+// every replica's answers by level (a<level>, r<level>), halved past
+// levelMemory as in one process. Returns learnWire and then, per level
+// counted, a levelWire.
 // A window's size is the lowest a replica holds: a replica may lower it
 // at any time, and raise it only once nobody has held the lower figure
 // for a minute (low: when it was last affirmed), or, for a pace learned
@@ -320,10 +323,10 @@ learn('r_', args.req, now)
 learn('t_', args.tok, now)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local level, kind = tonumber(args.level or '0'), tonumber(args.kind or '-1')
-if kind == 0 then redis.call('HSET', KEYS[1], 'acc', now) end
-if kind == 0 and num(tonumber(args.reply), 0) > 0 then redis.call('HSETNX', KEYS[1], 'reply', args.reply) end
-if kind == 1 then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
+local level, kind = tonumber(args.level or '0'), tonumber(args.kind or '${answerUncounted}')
+if kind == ${answerAdmitted} then redis.call('HSET', KEYS[1], 'acc', now) end
+if kind == ${answerAdmitted} and num(tonumber(args.reply), 0) > 0 then redis.call('HSETNX', KEYS[1], 'reply', args.reply) end
+if kind == ${answerRefused} then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
 countLevel(KEYS[5], level, kind)
 redis.call('PEXPIRE', KEYS[5], keyttl)
 local out, raiser = redis.call('ZCARD', KEYS[2]), redis.call('GET', KEYS[4]) == args.replica and 1 or 0
@@ -332,7 +335,7 @@ local counts = redis.call('HGETALL', KEYS[5])
 for i = 1, #counts, 2 do
   local k, l = string.match(counts[i], '^([ar])(%d+)$')
   if k then
-    local lvl, refused, count = tonumber(l), k == 'r' and 1 or 0, math.floor(tonumber(counts[i+1]) * 1000)
+    local lvl, refused, count = tonumber(l), k == 'r' and 1 or 0, math.floor(tonumber(counts[i+1]) * ${replyScale})
     for _, v in ipairs(${levelCount}) do table.insert(reply, v) end
   end
 end
@@ -378,24 +381,67 @@ local alive = redis.call('ZCARD', KEYS[1])
 return ${heartbeatReply}
 `)
 
-// script is a Lua script and the text it runs.
+// script is a Lua script, the text it runs and the text that was
+// rendered from.
 type script struct {
 	*redis.Script
-	text string
+	text, src string
 }
 
 // newScript is the script of src, which reads its ARGV, laid out as argv
 // lays out args, from the table args (see wire.go), with each ${name} in
-// src rendered as rendered says. A script's text is fixed when the
+// src rendered (see render). A script's text is fixed when the
 // package starts, so its SHA is too.
 func newScript(args any, src string) script {
 	text := argsPrologue(reflect.TypeOf(args)) + render(src)
-	return script{redis.NewScript(text), text}
+	return script{redis.NewScript(text), text, src}
 }
 
-// rendered are the values a script's text names as ${name}: the Lua
-// lists its replies are made of (see wire.go).
-var rendered = map[string]string{
+// Numbers the scripts share with Go. A script's text names one as
+// ${name} and has it from these constants (see sharedNumbers), and those
+// that lanequeue's in-process state has too are its constants' values:
+// TestScriptsHaveGosNumbers holds both to it. The numbers a script writes
+// as they are are its own: units (1000 ms in a second), steps, and
+// timings no Go code has (listed, each with why, in luaLocal in
+// scripts_test.go).
+const (
+	// probeWindow: until some replica learned from an answer, the
+	// group's first request goes alone, fleet-wide, for at most this
+	// long, as one process's does (lanequeue's probeWindow).
+	probeWindow = time.Second
+	// startSpread: see spread (lanequeue's startSpread).
+	startSpread = 2
+	// levelMemory: the counts by level halve once they pass it
+	// (lanequeue's levelMemory). maxLevel is the highest level a reply's
+	// counts may carry (lanequeue's maxLevel).
+	levelMemory = 512
+	maxLevel    = 4096
+	// maxWaitSeconds bounds one pacing wait (lanequeue's maxWaitSeconds,
+	// a day): a tiny rate asks again then.
+	maxWaitSeconds = 86400
+	// replyScale: a reply carries a rate, or a count by level, as an
+	// integer replyScale times it.
+	replyScale = 1000
+)
+
+// sharedNumbers are the numbers a script's text names as ${name}.
+var sharedNumbers = map[string]int64{
+	"probeWindow":       probeWindow.Milliseconds(),
+	"startSpread":       startSpread,
+	"levelMemory":       levelMemory,
+	"levelMemoryHalved": levelMemory / 2,
+	"maxWaitSeconds":    maxWaitSeconds,
+	"replyScale":        replyScale,
+	"leftCounted":       int64(leftCounted),
+	"leftCapped":        int64(leftCapped),
+	"answerUncounted":   int64(answerUncounted),
+	"answerAdmitted":    int64(answerAdmitted),
+	"answerRefused":     int64(answerRefused),
+}
+
+// replyLists are the Lua lists a script's text names as ${name} for the
+// replies it makes (see wire.go).
+var replyLists = map[string]string{
 	"admitReply":     luaList(admitWire{}),
 	"learnReply":     luaList(learnWire{}),
 	"levelCount":     luaList(levelWire{}),
@@ -404,14 +450,19 @@ var rendered = map[string]string{
 
 var placeholder = regexp.MustCompile(`\$\{(\w+)\}`)
 
-// render is src with each ${name} replaced by rendered[name]; a name
-// without a value is a mistake in this package, found when it starts.
+// render is src with each ${name} replaced by its reply list or shared
+// number; a name with neither is a mistake in this package, found when
+// it starts.
 func render(src string) string {
 	return placeholder.ReplaceAllStringFunc(src, func(m string) string {
-		v, ok := rendered[m[2:len(m)-1]]
+		name := m[2 : len(m)-1]
+		if l, ok := replyLists[name]; ok {
+			return l
+		}
+		n, ok := sharedNumbers[name]
 		if !ok {
 			panic("redisstate: a script names " + m + ", which has no value")
 		}
-		return v
+		return strconv.FormatInt(n, 10)
 	})
 }

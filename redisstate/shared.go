@@ -233,7 +233,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if v.FromRefusals() {
 		s.local.NoteRaiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
 	}
-	if args.Kind >= 0 {
+	if args.Kind != answerUncounted {
 		s.local.ShareLevels(rep.admitted, rep.refused, now)
 	}
 }
@@ -275,16 +275,16 @@ func (s *shared) learnArgsFor(t *lanequeue.Ticket, r lanequeue.Report, v laneque
 	pause := s.local.PausedUntil()
 	// The answer counts toward the levels every replica judges the bound
 	// from, when Redis gave its permit (its level is the fleet's).
-	kind := -1
+	kind := answerUncounted
 	switch {
 	case !remote || r.Verdict == lanequeue.Failed || r.Verdict == lanequeue.NotSent:
 	case r.Verdict == lanequeue.Accepted:
-		kind = 0
+		kind = answerAdmitted
 	default:
-		kind = 1
+		kind = answerRefused
 	}
 	reply := int64(0) // an accepted answer's time to its headers, for the slow start's spread
-	if kind == 0 {
+	if kind == answerAdmitted {
 		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
 	}
 	// The pause travels as a length: a replica's clock moves only its own

@@ -60,10 +60,8 @@ type learnArgs struct {
 	Lowered bool `lua:"lowered"`
 	// Level is the number in flight the answer's request went at, all
 	// replicas together (0: none).
-	Level int `lua:"level"`
-	// Kind is the answer's kind among the counts by level: 1 a refusal,
-	// 0 an admission, -1 neither.
-	Kind int `lua:"kind"`
+	Level int        `lua:"level"`
+	Kind  answerKind `lua:"kind"`
 	// ConcurrencyBound: the replica judged the bound a concurrency limit.
 	ConcurrencyBound bool `lua:"concurrencyBound"`
 	Refusal          bool `lua:"refusal"` // the answer is a refusal
@@ -71,6 +69,15 @@ type learnArgs struct {
 	// headers (ms; the first is kept, see spread).
 	Reply int64 `lua:"reply"`
 }
+
+// answerKind is an answer's kind among the counts by level.
+type answerKind int
+
+const (
+	answerUncounted answerKind = -1 // not counted: not sent, failed, or on a permit Redis did not give
+	answerAdmitted  answerKind = 0
+	answerRefused   answerKind = 1
+)
 
 // budgetArgs are one budget's figures for learnScript.
 type budgetArgs struct {
@@ -219,7 +226,7 @@ func fill[W any](w *W, vals []int64) {
 }
 
 // admitWire is admitScript's reply as it comes: times are ms on Redis'
-// clock, rates per replyScale seconds, flags 1 or 0.
+// clock, rates per second × replyScale, flags 1 or 0.
 type admitWire struct {
 	OK         int64 `lua:"ok"`
 	RetryAt    int64 `lua:"at"` // 0: when a permit frees
@@ -282,8 +289,8 @@ func decodeAdmit(res []int64, now time.Time) (admitReply, error) {
 	at := func(v int64) time.Time { return local(v, w.Now, now) }
 	return admitReply{ok: w.OK == 1, retryAt: at(w.RetryAt), out: int(w.Out), reqSent: w.ReqSent, tokSent: w.TokSent,
 		room: w.Room == 1, paced: w.Paced == 1, paused: at(w.Paused), redisNow: w.Now, answered: w.Answered == 1,
-		limits: limits{concurrency: int(w.Climit), reqRate: float64(w.ReqRate) / 1000, tokSize: float64(w.TokSize),
-			tokRate: float64(w.TokRate) / 1000, reqSize: float64(w.ReqSize)},
+		limits: limits{concurrency: int(w.Climit), reqRate: float64(w.ReqRate) / replyScale, tokSize: float64(w.TokSize),
+			tokRate: float64(w.TokRate) / replyScale, reqSize: float64(w.ReqSize)},
 		paceFromRefusals: w.ReqSyn == 1, accepted: at(w.Accepted), refusals: uint64(max(w.Refusals, 0)), lastSecond: int(w.LastSecond)}, nil
 }
 
@@ -300,7 +307,7 @@ type learnWire struct {
 type levelWire struct {
 	Level   int64 `lua:"lvl"`
 	Refused int64 `lua:"refused"` // 1 for the refusals' count, 0 the admissions'
-	Count   int64 `lua:"count"`   // × 1000
+	Count   int64 `lua:"count"`   // × replyScale
 }
 
 // learnReply is learnScript's reply, its times on this replica's clock.
@@ -329,16 +336,16 @@ func decodeLearn(res []int64, now time.Time) (learnReply, error) {
 		var l levelWire
 		fill(&l, res[i:])
 		level := int(l.Level)
-		if level <= 0 || level > 4096 {
+		if level <= 0 || level > maxLevel {
 			continue
 		}
 		for len(rep.admitted) <= level {
 			rep.admitted, rep.refused = append(rep.admitted, 0), append(rep.refused, 0)
 		}
 		if l.Refused == 1 {
-			rep.refused[level] = float64(l.Count) / 1000
+			rep.refused[level] = float64(l.Count) / replyScale
 		} else {
-			rep.admitted[level] = float64(l.Count) / 1000
+			rep.admitted[level] = float64(l.Count) / replyScale
 		}
 	}
 	return rep, nil
