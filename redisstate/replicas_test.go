@@ -317,7 +317,7 @@ func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, 
 func learnWindowAfter(t *testing.T, st *Store, sh *shared, replica string, syn, refused bool, size, rate float64) learnReply {
 	t.Helper()
 	args := learnArgs{KeyTTL: st.cfg.KeyTTL.Milliseconds(), Climit: 8, Replica: replica,
-		Req: budgetArgs{Known: true, Syn: syn, Size: size, Rate: rate}, Kind: -1, Refusal: refused}
+		Req: budgetArgs{Known: true, Syn: syn, Size: size, Rate: rate}, Kind: answerUncounted, Refusal: refused}
 	res, err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, argv(args)...).Int64Slice()
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -165,7 +166,7 @@ end
 // refusals every replica learned from (learnScript); lastsec is the
 // group's dispatches in the last second, all replicas (0 unless
 // admitted).
-var admitScript = newScript(admitArgs{}, lib+admitLib+`
+var admitScript = newScript(admitArgs{}, lib, admitLib, `
 local now, cost, probe = clock(), tonumber(args.cost), args.probe == '1'
 local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, clock() - tonumber(args.age), tonumber(args.keyttl)
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
@@ -290,7 +291,7 @@ local function countLevel(key, level, kind)
       for i = 1, #all, 2 do
         if all[i] ~= 'n' then redis.call('HSET', key, all[i], tostring(tonumber(all[i+1]) / 2)) end
       end
-      redis.call('HSET', key, 'n', ${levelMemoryHalved})
+      redis.call('HSET', key, 'n', ${levelMemory} / 2)
     end
   end
 end
@@ -312,7 +313,7 @@ end
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it.
-var learnScript = newScript(learnArgs{}, lib+learnLib+`
+var learnScript = newScript(learnArgs{}, lib, learnLib, `
 local now, keyttl, pause = clock(), tonumber(args.keyttl), tonumber(args.pause)
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
 if pause > 0 then paused = math.max(paused, now + pause) end
@@ -348,7 +349,7 @@ return reply
 // total when its request was sent; when an answer's count already
 // covered that dispatch (t_seen), the tokens are not given back. Returns
 // 1, which nothing reads.
-var giveBackScript = newScript(giveBackArgs{}, lib+`
+var giveBackScript = newScript(giveBackArgs{}, lib, `
 local now, mark = clock(), tonumber(args.mark or '0')
 for _, x in ipairs({{'r_', tonumber(args.requests)}, {'t_', tonumber(args.tokens)}}) do
   local b = budget(KEYS[1], x[1], now)
@@ -367,7 +368,7 @@ return 1
 // replica alive (and busy) now and returns heartbeatWire: how many
 // replicas were alive in the last minute and how many others were busy
 // within the window.
-var heartbeatScript = newScript(heartbeatArgs{}, lib+`
+var heartbeatScript = newScript(heartbeatArgs{}, lib, `
 local now = clock()
 redis.call('ZADD', KEYS[1], now, args.replica)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
@@ -388,11 +389,12 @@ type script struct {
 	text, src string
 }
 
-// newScript is the script of src, which reads its ARGV, laid out as argv
-// lays out args, from the table args (see wire.go), with each ${name} in
-// src rendered (see render). A script's text is fixed when the
-// package starts, so its SHA is too.
-func newScript(args any, src string) script {
+// newScript is the script of the parts of its source, one after the
+// other, which reads its ARGV, laid out as argv lays out args, from the
+// table args (see wire.go), with each ${name} rendered (see render). A
+// script's text is fixed when the package starts, so its SHA is too.
+func newScript(args any, parts ...string) script {
+	src := strings.Join(parts, "")
 	text := argsPrologue(reflect.TypeOf(args)) + render(src)
 	return script{redis.NewScript(text), text, src}
 }
@@ -426,17 +428,16 @@ const (
 
 // sharedNumbers are the numbers a script's text names as ${name}.
 var sharedNumbers = map[string]int64{
-	"probeWindow":       probeWindow.Milliseconds(),
-	"startSpread":       startSpread,
-	"levelMemory":       levelMemory,
-	"levelMemoryHalved": levelMemory / 2,
-	"maxWaitSeconds":    maxWaitSeconds,
-	"replyScale":        replyScale,
-	"leftCounted":       int64(leftCounted),
-	"leftCapped":        int64(leftCapped),
-	"answerUncounted":   int64(answerUncounted),
-	"answerAdmitted":    int64(answerAdmitted),
-	"answerRefused":     int64(answerRefused),
+	"probeWindow":     probeWindow.Milliseconds(),
+	"startSpread":     startSpread,
+	"levelMemory":     levelMemory,
+	"maxWaitSeconds":  maxWaitSeconds,
+	"replyScale":      replyScale,
+	"leftCounted":     int64(leftCounted),
+	"leftCapped":      int64(leftCapped),
+	"answerUncounted": int64(answerUncounted),
+	"answerAdmitted":  int64(answerAdmitted),
+	"answerRefused":   int64(answerRefused),
 }
 
 // replyLists are the Lua lists a script's text names as ${name} for the

@@ -35,7 +35,7 @@ type admitArgs struct {
 	// Age is that of the replica's oldest waiter (ms).
 	Age           int64 `lua:"age"`
 	KeyTTL        int64 `lua:"keyttl"`        // ms
-	DefaultClimit int   `lua:"defaultClimit"` // the concurrency limit no replica said
+	DefaultClimit int   `lua:"defaultClimit"` // the concurrency limit while no replica said one
 	MaxClimit     int   `lua:"maxClimit"`
 	// SlowStart is 1 when the group has a slow start (see spread), else 0.
 	SlowStart int `lua:"slowStart"`
@@ -74,9 +74,9 @@ type learnArgs struct {
 type answerKind int
 
 const (
-	answerUncounted answerKind = -1 // not counted: not sent, failed, or on a permit Redis did not give
-	answerAdmitted  answerKind = 0
-	answerRefused   answerKind = 1
+	answerUncounted answerKind = iota // not counted: not sent, failed, or on a permit Redis did not give
+	answerAdmitted
+	answerRefused
 )
 
 // budgetArgs are one budget's figures for learnScript.

@@ -17,11 +17,11 @@ func TestArgsAreLaidOutAsTheScriptReadsThem(t *testing.T) {
 	got := argv(learnArgs{KeyTTL: 600_000, Pause: 250, Climit: 8, Replica: "r1",
 		Req:  budgetArgs{Known: true, Syn: true, Size: 5, Rate: 2.5, Mode: leftCapped, Value: 0, Mark: 41},
 		Tok:  budgetArgs{Known: true, Size: 6000, Rate: 100, Mode: leftCounted, Value: 5000, Mark: 900},
-		Kind: -1, Level: 3, ConcurrencyBound: true, Reply: 120})
+		Kind: answerRefused, Level: 3, ConcurrencyBound: true, Reply: 120})
 	want := []any{int64(600_000), int64(250), int64(8), "r1",
 		1, 1, 5.0, 2.5, int64(2), 0.0, 41.0,
 		1, 0, 6000.0, 100.0, int64(1), 5000.0, 900.0,
-		0, int64(3), int64(-1), 1, 0, int64(120)}
+		0, int64(3), int64(2), 1, 0, int64(120)}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("argv(learnArgs) =\n%#v\nwant\n%#v", got, want)
 	}
