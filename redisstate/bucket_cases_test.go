@@ -26,8 +26,9 @@ const bucketCasesPath = "../lanequeue/testdata/bucket_cases.json"
 // refill, and a refused admitScript saves nothing); take is admitScript's
 // charge and save; giveback is giveBackScript's loop body for one budget.
 // Returns {avail} or, for admit, {ok, at, avail}; numbers as %.17g text so
-// nothing is rounded on the way.
-var bucketHarness = redis.NewScript(lib + `
+// nothing is rounded on the way. render fills in the numbers lib has
+// from Go.
+var bucketHarness = redis.NewScript(render(lib + `
 local key, p, op, now, x, mark = KEYS[1], 't_', ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local function f(v) return string.format('%.17g', v) end
 local b = budget(key, p, now)
@@ -50,7 +51,7 @@ elseif op ~= 'advance' then
   return redis.error_reply('bucketHarness: unknown op ' .. tostring(op))
 end
 return {f(b.avail)}
-`)
+`))
 
 func fmtNum(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 

@@ -140,18 +140,10 @@ func TestLocalReadsRedisTimesOnTheReplicasClock(t *testing.T) {
 	}
 }
 
-// TestErrOrKeepsTheCallsError: a failed call is reported with its own
-// error; a reply too short, with no error, as "short reply".
-func TestErrOrKeepsTheCallsError(t *testing.T) {
-	t.Parallel()
-	e := errString("boom")
-	if got := errOr(e); got != e {
-		t.Errorf("errOr(boom) = %v", got)
-	}
-	if got := errOr(nil); got == nil || got.Error() != "short reply" {
-		t.Errorf("errOr(nil) = %v, want short reply", got)
-	}
-}
+// errString is an error of the tests' own.
+type errString string
+
+func (e errString) Error() string { return string(e) }
 
 // TestAShareTakesTheMedianOfTheRecentRates: a refill rate read from
 // headers that swings for a moment, low or high, leaves the share at the

@@ -316,15 +316,15 @@ func learnWindow(t *testing.T, st *Store, sh *shared, replica string, syn bool, 
 // learnWindowAfter is learnWindow for a refusal when refused is set.
 func learnWindowAfter(t *testing.T, st *Store, sh *shared, replica string, syn, refused bool, size, rate float64) learnReply {
 	t.Helper()
-	args := []any{0, st.cfg.KeyTTL.Milliseconds(), 0, 8, replica, 1, boolInt(syn), size, rate, 0, 0, 0}
-	args = append(args, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, 0, boolInt(refused))
-	res, err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, args...).Int64Slice()
+	args := learnArgs{KeyTTL: st.cfg.KeyTTL.Milliseconds(), Climit: 8, Replica: replica,
+		Req: budgetArgs{Known: true, Syn: syn, Size: size, Rate: rate}, Kind: answerUncounted, Refusal: refused}
+	res, err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, argv(args)...).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, ok := decodeLearn(res, time.Now())
-	if !ok {
-		t.Fatalf("learn reply %v", res)
+	rep, err := decodeLearn(res, time.Now())
+	if err != nil {
+		t.Fatal(err)
 	}
 	return rep
 }

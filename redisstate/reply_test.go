@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// TestScriptRepliesDecodeByName: the scripts' positional replies are read
-// into named fields, Redis times turned into this replica's (Redis said
-// 1,000,000 ms when the replica's clock read now), zero staying zero, and
-// a short reply refused.
+// TestScriptRepliesDecodeByName: the scripts' replies are read into named
+// fields, Redis times turned into this replica's (Redis said 1,000,000 ms
+// when the replica's clock read now), zero staying zero, and a reply of
+// another shape refused.
 func TestScriptRepliesDecodeByName(t *testing.T) {
 	now := time.Unix(5_000, 0)
 	redisAt := func(ms int64) time.Time { return now.Add(time.Duration(ms-1_000_000) * time.Millisecond) }
@@ -27,13 +27,17 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 			admitReply{retryAt: redisAt(1_002_000), out: 8, paced: true, paused: redisAt(1_002_000), redisNow: 1_000_000,
 				limits: limits{concurrency: 8, reqRate: 4, reqSize: 2}, paceFromRefusals: true}, true},
 		{"short", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7}, admitReply{}, false},
+		{"long", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 0}, admitReply{}, false},
 	}
 	for _, c := range admits {
-		got, ok := decodeAdmit(c.res, now)
-		if ok != c.ok || !reflect.DeepEqual(got, c.want) {
+		got, err := decodeAdmit(c.res, now)
+		if ok := err == nil; ok != c.ok || !reflect.DeepEqual(got, c.want) {
 			t.Errorf("admit %s: decodeAdmit = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
 		}
 	}
+	// 4096 is the highest level; level 1 grows the counts to 4097 too.
+	highest, refusedAt1 := make([]float64, 4097), make([]float64, 4097)
+	highest[4096], refusedAt1[1] = 2, 0.5
 	learns := []struct {
 		name string
 		res  []int64
@@ -45,10 +49,13 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 				admitted: []float64{0, 0, 3.5, 0, 0, 0, 0, 0, 0, 0.5}, refused: []float64{0, 0, 0, 0, 0, 0, 0, 0, 0, 2}}, true},
 		{"paused, no levels", []int64{0, 1_000_250, 1_000_000, 0}, learnReply{paused: redisAt(1_000_250), redisNow: 1_000_000}, true},
 		{"short", []int64{0, 0, 0}, learnReply{}, false},
+		{"a level cut short", []int64{4, 0, 1_000_000, 1, 2, 0, 3500, 9, 1}, learnReply{}, false},
+		{"a level of 0 or past the highest, left out", []int64{4, 0, 1_000_000, 0, 0, 0, 1000, 4097, 1, 1000, 4096, 0, 2000, 1, 1, 500},
+			learnReply{out: 4, redisNow: 1_000_000, admitted: highest, refused: refusedAt1}, true},
 	}
 	for _, c := range learns {
-		got, ok := decodeLearn(c.res, now)
-		if ok != c.ok || !reflect.DeepEqual(got, c.want) {
+		got, err := decodeLearn(c.res, now)
+		if ok := err == nil; ok != c.ok || !reflect.DeepEqual(got, c.want) {
 			t.Errorf("learn %s: decodeLearn = %+v, %v; want %+v, %v", c.name, got, ok, c.want, c.ok)
 		}
 	}

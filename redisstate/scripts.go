@@ -1,6 +1,14 @@
 package redisstate
 
-import "github.com/redis/go-redis/v9"
+import (
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // The scripts keep a limit group's shared state in these keys:
 //
@@ -59,7 +67,7 @@ local function admit(b, now, cost)
   local need = charge(b, cost)
   if b.avail >= need then return true, 0 end
   -- One wait is at most a day, as in Go: a tiny rate asks again then.
-  if b.rate > 0 then return false, now + math.max(1, math.ceil(math.min((need - b.avail) / b.rate, 86400) * 1000)) end
+  if b.rate > 0 then return false, now + math.max(1, math.ceil(math.min((need - b.avail) / b.rate, ${maxWaitSeconds}) * 1000)) end
   return false, 0
 end
 local function save(key, p, b)
@@ -129,7 +137,7 @@ end
 local function spread(key, now, on, climit, known, rn)
   if on == 0 or known or rn > 0 then return 0 end
   local f = redis.call('HMGET', key, 'reply', 'last')
-  local gap = num(f[1], 0) / (2 * climit) -- under 1 ms: none on this clock
+  local gap = num(f[1], 0) / (${startSpread} * climit) -- under 1 ms: none on this clock
   local at = math.min(num(f[2], 0), now) + gap
   if gap >= 1 and now < at then return math.ceil(at) end
   return 0
@@ -150,36 +158,29 @@ local function countDispatch(key, now)
 end
 `
 
-// admitScript: KEYS state, leases, waiting, climits. ARGV (unused), cost,
-// probe (0/1), lease, leaseTTL, replica, the age of the replica's oldest
-// waiter (ms), keyTTL, climit default, max climit, 1 when the group has a
-// slow start (see spread) else 0, 1 when a fixed window's allowance paces
-// the group (the request budget then neither holds nor is charged) else 0,
-// then the replica's leases of the group given back and not yet removed:
-// removed first.
-// Returns {ok, at, out, climit, rsent, tsent, room, paced, paused, now,
-// answered, rrate, tsize, trate, rsize, rsyn, acc, rn, lastsec}: answered
-// is 1 when a replica learned from an answer in the last minute; rates
-// are per 1000 seconds; rsyn is 1 when the request pace was learned from
-// refusals; acc is when some replica last had an answer the upstream
-// accepted (0: none); rn counts the refusals every replica learned from
-// (learnScript); lastsec is the group's dispatches in the last second,
-// all replicas (0 unless admitted).
-var admitScript = redis.NewScript(lib + admitLib + `
-local now, cost, probe = clock(), tonumber(ARGV[2]), ARGV[3] == '1'
-local lease, ttl, replica, since, keyttl = ARGV[4], tonumber(ARGV[5]), ARGV[6], clock() - tonumber(ARGV[7]), tonumber(ARGV[8])
+// admitScript: KEYS state, leases, waiting, climits; args admitArgs.
+// Returns admitWire: answered is 1 when a replica learned from an answer
+// in the last minute; rates are per second × replyScale; rsyn is 1 when
+// the request pace was learned from refusals; acc is when some replica
+// last had an answer the upstream accepted (0: none); rn counts the
+// refusals every replica learned from (learnScript); lastsec is the
+// group's dispatches in the last second, all replicas (0 unless
+// admitted).
+var admitScript = newScript(admitArgs{}, lib, admitLib, `
+local now, cost, probe = clock(), tonumber(args.cost), args.probe == '1'
+local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, clock() - tonumber(args.age), tonumber(args.keyttl)
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
 local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
-local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(ARGV[9]), tonumber(ARGV[10]))
-local windowed = ARGV[12] == '1'
-for i = 13, #ARGV do redis.call('ZREM', KEYS[2], ARGV[i]) end
+local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(args.defaultClimit), tonumber(args.maxClimit))
+local windowed = args.windowed == '1'
+for _, l in ipairs(args.returned) do redis.call('ZREM', KEYS[2], l) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
 local lastsec = 0
-local function reply(ok, at, rsent, tsent, room, paced, p)
-  return {ok, at, out, climit, rsent, tsent, room, paced, p, now, answered,
-          math.floor(r.rate * 1000), math.floor(t.size), math.floor(t.rate * 1000), math.floor(r.size), r.syn, acc, rn, lastsec}
+local function reply(ok, at, rsent, tsent, room, paced, pausedUntil)
+  local rrate, tsize, trate, rsize, rsyn = math.floor(r.rate * ${replyScale}), math.floor(t.size), math.floor(t.rate * ${replyScale}), math.floor(r.size), r.syn
+  return ${admitReply}
 end
 if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
 -- Until some replica has learned from an answer, one replica's first
@@ -189,11 +190,11 @@ if probe and answered == 0 and r.known ~= 1 and t.known ~= 1 then
   local first = num(redis.call('HGET', KEYS[1], 'first'), 0)
   if now - first > 60000 then
     redis.call('HSET', KEYS[1], 'first', now)
-  elseif now - first < 1000 and out > 0 then
+  elseif now - first < ${probeWindow} and out > 0 then
     return reply(0, 0, 0, 0, 0, 0, 0)
   end
 end
-local next = spread(KEYS[1], now, tonumber(ARGV[11]), climit, r.known == 1 or t.known == 1, rn)
+local next = spread(KEYS[1], now, tonumber(args.slowStart), climit, r.known == 1 or t.known == 1, rn)
 if next > 0 then return reply(0, next, 0, 0, 0, 0, 0) end
 local older, oldercost = olderWaiters(KEYS[3], replica, since, now, cost, keyttl)
 if out + older >= climit then return reply(0, 0, 0, 0, 0, 0, 0) end
@@ -226,26 +227,26 @@ return reply(1, 0, r.sent, t.sent, room, paced, 0)
 // learnLib holds the learn script's steps: a budget's figures from one
 // replica's answer, and the counts by level.
 const learnLib = `
--- learn merges the budget of prefix p that ARGV[i..i+6] carry into the
--- state (see learnScript).
-local function learn(p, i, now)
-  local known = tonumber(ARGV[i])
+-- learn merges the budget of prefix p that the replica sent (given, a
+-- budgetArgs) into the state (see learnScript).
+local function learn(p, given, now)
+  local known = tonumber(given.known)
   if known ~= 1 then return end
   local b = budget(KEYS[1], p, now)
-  local syn, size, rate = tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3])
+  local syn, size, rate = tonumber(given.syn), tonumber(given.size), tonumber(given.rate)
   if b.known == 1 and b.syn == syn and (size > b.size or rate > b.rate) then
     local low = num(redis.call('HGET', KEYS[1], p..'low'), 0)
     -- A pace from a replica that found the bound is a concurrency limit
     -- is loose by design (the limit holds the group): it may replace a
     -- lower guess made before the bound was known.
-    local may = now - low > 60000 or syn == 1 and ARGV[23] == '1'
+    local may = now - low > 60000 or syn == 1 and args.concurrencyBound == '1'
     if not may and syn == 1 then
       local holder = redis.call('GET', KEYS[4])
-      if holder == ARGV[5] then
+      if holder == args.replica then
         redis.call('PEXPIRE', KEYS[4], 10000)
         may = true
       elseif not holder then
-        may = redis.call('SET', KEYS[4], ARGV[5], 'NX', 'PX', 10000) ~= false
+        may = redis.call('SET', KEYS[4], args.replica, 'NX', 'PX', 10000) ~= false
       end
     end
     if not may then
@@ -256,7 +257,7 @@ local function learn(p, i, now)
       if syn == 1 then rate = math.min(rate, b.rate) end
     end
   end
-  if b.known == 1 and b.syn == 1 and syn == 1 and ARGV[24] ~= '1' then
+  if b.known == 1 and b.syn == 1 and syn == 1 and args.refusal ~= '1' then
     -- A pace learned from refusals is lowered by a refusal only: a
     -- replica whose own figure is lower without one (learned before a
     -- raise, or from its share of the evidence) does not pull the fleet
@@ -267,49 +268,41 @@ local function learn(p, i, now)
     redis.call('HSET', KEYS[1], p..'low', now)
   end
   b.known, b.syn, b.size, b.rate = 1, syn, size, rate
-  local mode, value, mark = tonumber(ARGV[i+4]), tonumber(ARGV[i+5]), tonumber(ARGV[i+6])
+  local mode, value, mark = tonumber(given.mode), tonumber(given.value), tonumber(given.mark)
   if redis.call('HEXISTS', KEYS[1], p..'avail') == 0 then b.avail = b.size end
-  if mode == 1 then -- leftCounted
+  if mode == ${leftCounted} then
     b.avail = value - math.max(0, b.sent - mark)
     -- The upstream's count now holds what every request sent up to mark
     -- really used: settling one of them must not credit it back again.
     redis.call('HSET', KEYS[1], p..'seen', tostring(math.max(num(redis.call('HGET', KEYS[1], p..'seen'), 0), mark)))
-  elseif mode == 2 then b.avail = math.min(b.avail, value) end -- leftCapped
+  elseif mode == ${leftCapped} then b.avail = math.min(b.avail, value) end
   b.avail = math.min(b.avail, b.size)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
   save(KEYS[1], p, b)
 end
--- countLevel counts an answer at level in flight (kind 1 a refusal, 0 an
--- admission; none for -1), halving every count past 512 as one process
--- does.
+-- countLevel counts an answer at level in flight (of kind refused or
+-- admitted; none uncounted), halving every count past levelMemory as one
+-- process does.
 local function countLevel(key, level, kind)
-  if level > 0 and kind >= 0 then
-    redis.call('HINCRBYFLOAT', key, (kind == 1 and 'r' or 'a') .. level, 1)
-    if redis.call('HINCRBY', key, 'n', 1) > 512 then
+  if level > 0 and kind ~= ${answerUncounted} then
+    redis.call('HINCRBYFLOAT', key, (kind == ${answerRefused} and 'r' or 'a') .. level, 1)
+    if redis.call('HINCRBY', key, 'n', 1) > ${levelMemory} then
       local all = redis.call('HGETALL', key)
       for i = 1, #all, 2 do
         if all[i] ~= 'n' then redis.call('HSET', key, all[i], tostring(tonumber(all[i+1]) / 2)) end
       end
-      redis.call('HSET', key, 'n', 256)
+      redis.call('HSET', key, 'n', ${levelMemory} / 2)
     end
   end
 end
 `
 
-// learnScript: KEYS state, leases, climits, raise, levels. ARGV (unused), keyTTL, the
-// pause's length from now (ms; 0: none), climit, replica, then for
-// requests and then tokens: known, syn, size, rate, mode, value, mark;
-// ARGV[20] 1 when the upstream's refusals lowered climit, else 0; ARGV[21]
-// the number in flight the answer's request went at, all replicas
-// together (0: none), ARGV[22] 1 for a refusal, 0 for an admission, -1
-// for neither; ARGV[23] 1 when the replica judged the bound a
-// concurrency limit; ARGV[24] 1 when the answer is a refusal; ARGV[25]
-// an accepted answer's time from its dispatch to its headers (ms; the
-// first is kept as reply, see spread). The levels
-// hash counts every replica's answers by level
-// (a<level>, r<level>), halved past 512 as in one process. Returns {out,
-// paused, now, 1 when this replica holds the raise lease} and then, per
-// level counted, {level, 1 for refusals or 0, count × 1000}.
+// learnScript: KEYS state, leases, climits, raise, levels; args
+// learnArgs. An accepted answer's time to its headers (args.reply) is
+// kept, the first one, as reply (see spread). The levels hash counts
+// every replica's answers by level (a<level>, r<level>), halved past
+// levelMemory as in one process. Returns learnWire and then, per level
+// counted, a levelWire.
 // A window's size is the lowest a replica holds: a replica may lower it
 // at any time, and raise it only once nobody has held the lower figure
 // for a minute (low: when it was last affirmed), or, for a pace learned
@@ -320,44 +313,45 @@ end
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it.
-var learnScript = redis.NewScript(lib + learnLib + `
-local now, keyttl, pause = clock(), tonumber(ARGV[2]), tonumber(ARGV[3])
+var learnScript = newScript(learnArgs{}, lib, learnLib, `
+local now, keyttl, pause = clock(), tonumber(args.keyttl), tonumber(args.pause)
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
 if pause > 0 then paused = math.max(paused, now + pause) end
 redis.call('HSET', KEYS[1], 'paused', paused)
-redis.call('HSET', KEYS[3], ARGV[5], ARGV[4] .. ':' .. now .. ':' .. ARGV[20])
+redis.call('HSET', KEYS[3], args.replica, args.climit .. ':' .. now .. ':' .. args.lowered)
 redis.call('PEXPIRE', KEYS[3], keyttl)
-learn('r_', 6, now)
-learn('t_', 13, now)
+learn('r_', args.req, now)
+learn('t_', args.tok, now)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local level, kind = tonumber(ARGV[21] or '0'), tonumber(ARGV[22] or '-1')
-if kind == 0 then redis.call('HSET', KEYS[1], 'acc', now) end
-if kind == 0 and num(tonumber(ARGV[25]), 0) > 0 then redis.call('HSETNX', KEYS[1], 'reply', ARGV[25]) end
-if kind == 1 then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
+local level, kind = tonumber(args.level or '0'), tonumber(args.kind or '${answerUncounted}')
+if kind == ${answerAdmitted} then redis.call('HSET', KEYS[1], 'acc', now) end
+if kind == ${answerAdmitted} and num(tonumber(args.reply), 0) > 0 then redis.call('HSETNX', KEYS[1], 'reply', args.reply) end
+if kind == ${answerRefused} then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
 countLevel(KEYS[5], level, kind)
 redis.call('PEXPIRE', KEYS[5], keyttl)
-local reply = {redis.call('ZCARD', KEYS[2]), paused, now, redis.call('GET', KEYS[4]) == ARGV[5] and 1 or 0}
+local out, raiser = redis.call('ZCARD', KEYS[2]), redis.call('GET', KEYS[4]) == args.replica and 1 or 0
+local reply = ${learnReply}
 local counts = redis.call('HGETALL', KEYS[5])
 for i = 1, #counts, 2 do
   local k, l = string.match(counts[i], '^([ar])(%d+)$')
   if k then
-    table.insert(reply, tonumber(l))
-    table.insert(reply, k == 'r' and 1 or 0)
-    table.insert(reply, math.floor(tonumber(counts[i+1]) * 1000))
+    local lvl, refused, count = tonumber(l), k == 'r' and 1 or 0, math.floor(tonumber(counts[i+1]) * ${replyScale})
+    for _, v in ipairs(${levelCount}) do table.insert(reply, v) end
   end
 end
 return reply
 `)
 
-// giveBackScript: KEYS state. ARGV (unused), requests, tokens, mark: adds them
-// back to what is left, never above the window (a refund, or a settled
-// estimate). A positive mark is a settle's: the tokens' running total
-// when its request was sent; when an answer's count already covered that
-// dispatch (t_seen), the tokens are not given back.
-var giveBackScript = redis.NewScript(lib + `
-local now, mark = clock(), tonumber(ARGV[4] or '0')
-for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
+// giveBackScript: KEYS state; args giveBackArgs: adds the requests and
+// tokens back to what is left, never above the window (a refund, or a
+// settled estimate). A positive mark is a settle's: the tokens' running
+// total when its request was sent; when an answer's count already
+// covered that dispatch (t_seen), the tokens are not given back. Returns
+// 1, which nothing reads.
+var giveBackScript = newScript(giveBackArgs{}, lib, `
+local now, mark = clock(), tonumber(args.mark or '0')
+for _, x in ipairs({{'r_', tonumber(args.requests)}, {'t_', tonumber(args.tokens)}}) do
   local b = budget(KEYS[1], x[1], now)
   local counted = mark > 0 and num(redis.call('HGET', KEYS[1], x[1]..'seen'), 0) >= mark
   if b.known == 1 and x[2] ~= 0 and not counted then
@@ -369,3 +363,107 @@ for _, x in ipairs({{'r_', tonumber(ARGV[2])}, {'t_', tonumber(ARGV[3])}}) do
 end
 return 1
 `)
+
+// heartbeatScript: KEYS replicas, busy; args heartbeatArgs. Notes the
+// replica alive (and busy) now and returns heartbeatWire: how many
+// replicas were alive in the last minute and how many others were busy
+// within the window.
+var heartbeatScript = newScript(heartbeatArgs{}, lib, `
+local now = clock()
+redis.call('ZADD', KEYS[1], now, args.replica)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
+redis.call('PEXPIRE', KEYS[1], 120000)
+if args.busy == '1' then redis.call('ZADD', KEYS[2], now, args.replica) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(args.window))
+redis.call('PEXPIRE', KEYS[2], 120000)
+local busy = redis.call('ZCARD', KEYS[2])
+if redis.call('ZSCORE', KEYS[2], args.replica) then busy = busy - 1 end
+local alive = redis.call('ZCARD', KEYS[1])
+return ${heartbeatReply}
+`)
+
+// script is a Lua script, the text it runs and the text that was
+// rendered from.
+type script struct {
+	*redis.Script
+	text, src string
+}
+
+// newScript is the script of the parts of its source, one after the
+// other, which reads its ARGV, laid out as argv lays out args, from the
+// table args (see wire.go), with each ${name} rendered (see render). A
+// script's text is fixed when the package starts, so its SHA is too.
+func newScript(args any, parts ...string) script {
+	src := strings.Join(parts, "")
+	text := argsPrologue(reflect.TypeOf(args)) + render(src)
+	return script{redis.NewScript(text), text, src}
+}
+
+// Numbers the scripts share with Go. A script's text names one as
+// ${name} and has it from these constants (see sharedNumbers), and those
+// that lanequeue's in-process state has too are its constants' values:
+// TestScriptsHaveGosNumbers holds both to it. The numbers a script writes
+// as they are are its own: units (1000 ms in a second), steps, and
+// timings no Go code has (listed, each with why, in luaLocal in
+// scripts_test.go).
+const (
+	// probeWindow: until some replica learned from an answer, the
+	// group's first request goes alone, fleet-wide, for at most this
+	// long, as one process's does (lanequeue's probeWindow).
+	probeWindow = time.Second
+	// startSpread: see spread (lanequeue's startSpread).
+	startSpread = 2
+	// levelMemory: the counts by level halve once they pass it
+	// (lanequeue's levelMemory). maxLevel is the highest level a reply's
+	// counts may carry (lanequeue's maxLevel).
+	levelMemory = 512
+	maxLevel    = 4096
+	// maxWaitSeconds bounds one pacing wait (lanequeue's maxWaitSeconds,
+	// a day): a tiny rate asks again then.
+	maxWaitSeconds = 86400
+	// replyScale: a reply carries a rate, or a count by level, as an
+	// integer replyScale times it.
+	replyScale = 1000
+)
+
+// sharedNumbers are the numbers a script's text names as ${name}.
+var sharedNumbers = map[string]int64{
+	"probeWindow":     probeWindow.Milliseconds(),
+	"startSpread":     startSpread,
+	"levelMemory":     levelMemory,
+	"maxWaitSeconds":  maxWaitSeconds,
+	"replyScale":      replyScale,
+	"leftCounted":     int64(leftCounted),
+	"leftCapped":      int64(leftCapped),
+	"answerUncounted": int64(answerUncounted),
+	"answerAdmitted":  int64(answerAdmitted),
+	"answerRefused":   int64(answerRefused),
+}
+
+// replyLists are the Lua lists a script's text names as ${name} for the
+// replies it makes (see wire.go).
+var replyLists = map[string]string{
+	"admitReply":     luaList(admitWire{}),
+	"learnReply":     luaList(learnWire{}),
+	"levelCount":     luaList(levelWire{}),
+	"heartbeatReply": luaList(heartbeatWire{}),
+}
+
+var placeholder = regexp.MustCompile(`\$\{(\w+)\}`)
+
+// render is src with each ${name} replaced by its reply list or shared
+// number; a name with neither is a mistake in this package, found when
+// it starts.
+func render(src string) string {
+	return placeholder.ReplaceAllStringFunc(src, func(m string) string {
+		name := m[2 : len(m)-1]
+		if l, ok := replyLists[name]; ok {
+			return l
+		}
+		n, ok := sharedNumbers[name]
+		if !ok {
+			panic("redisstate: a script names " + m + ", which has no value")
+		}
+		return strconv.FormatInt(n, 10)
+	})
+}

@@ -56,15 +56,6 @@ func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
 		raise: base + ":raise", levels: base + ":levels"}
 }
 
-// local is a time on Redis' clock (ms), read as the replica's: redisNow
-// on Redis' clock is localNow on the replica's. Zero stays zero.
-func local(v, redisNow int64, localNow time.Time) time.Time {
-	if v <= 0 {
-		return time.Time{}
-	}
-	return localNow.Add(time.Duration(v-redisNow) * time.Millisecond)
-}
-
 func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
 	s.st.ask(now)
 	if !s.st.up.Load() {
@@ -88,10 +79,6 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	}
 	s.lastAsk = now
 	lease := s.st.replica + "-" + strconv.FormatUint(s.st.seq.Add(1), 36)
-	p := "0"
-	if probe {
-		p = "1"
-	}
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
@@ -99,17 +86,18 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket,
 	// go with the admission: this replica's own returns never hold back
 	// its next request.
 	returned := s.st.takeReturns(s.leases)
-	args := []any{0, cost, p, lease, s.st.cfg.LeaseTTL.Milliseconds(), s.st.replica, max(now.Sub(s.since).Milliseconds(), 0),
-		s.st.cfg.KeyTTL.Milliseconds(), s.cfg.Concurrency, s.cfg.MaxConcurrency, s.slowStart(), boolInt(windowed)}
-	for _, l := range returned {
-		args = append(args, l)
-	}
-	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, args...).Int64Slice()
+	args := admitArgs{Cost: cost, Probe: probe, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
+		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
+		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Returned: returned}
+	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
-	rep, ok := decodeAdmit(res, now)
-	if err != nil || !ok {
-		s.st.failed("admit", errOr(err))
+	var rep admitReply
+	if err == nil {
+		rep, err = decodeAdmit(res, now)
+	}
+	if err != nil {
+		s.st.failed("admit", err)
 		s.st.returnLater(lease, s.leases) // the script may have run
 		for _, l := range returned {
 			s.st.returnLater(l, s.leases)
@@ -165,49 +153,6 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 		Level: level, Probe: probe, Refusals: rep.refusals + 1}, time.Time{}, true
 }
 
-// admitReply is admitScript's reply, its times on this replica's clock.
-type admitReply struct {
-	ok bool
-	// retryAt is when to ask again (zero: when a permit frees).
-	retryAt time.Time
-	// out is the permits out before this one, all replicas.
-	out int
-	// reqSent and tokSent are the group's running totals of requests
-	// and tokens sent, this dispatch included (0 when refused).
-	reqSent, tokSent int64
-	// room: the budgets known had room for it; paced: the pace learned
-	// from refusals admitted it.
-	room, paced bool
-	paused      time.Time
-	redisNow    int64 // Redis' clock (ms) when it ran
-	// answered: some replica learned from an answer in the last minute.
-	answered bool
-	limits   limits
-	// paceFromRefusals: the shared request pace was learned from refusals.
-	paceFromRefusals bool
-	// accepted is when some replica last had an answer the upstream
-	// accepted (zero: none).
-	accepted time.Time
-	// refusals counts the refusals every replica learned from so far.
-	refusals uint64
-	// lastSecond is the group's dispatches in the last second, all
-	// replicas, this one included (0 when refused).
-	lastSecond int
-}
-
-// decodeAdmit reads admitScript's reply at now; false for a short one.
-func decodeAdmit(res []int64, now time.Time) (admitReply, bool) {
-	if len(res) < 19 {
-		return admitReply{}, false
-	}
-	at := func(v int64) time.Time { return local(v, res[9], now) }
-	return admitReply{ok: res[0] == 1, retryAt: at(res[1]), out: int(res[2]), reqSent: res[4], tokSent: res[5],
-		room: res[6] == 1, paced: res[7] == 1, paused: at(res[8]), redisNow: res[9], answered: res[10] == 1,
-		limits: limits{concurrency: int(res[3]), reqRate: float64(res[11]) / 1000, tokSize: float64(res[12]),
-			tokRate: float64(res[13]) / 1000, reqSize: float64(res[14])},
-		paceFromRefusals: res[15] == 1, accepted: at(res[16]), refusals: uint64(max(res[17], 0)), lastSecond: int(res[18])}, true
-}
-
 // localAdmit admits from the local limits while Redis is away, within
 // this replica's share of the last shared limits, counting the permits
 // still out that Redis gave: the upstream sees those too.
@@ -251,31 +196,6 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	return t, at, ok
 }
 
-// budgetArgs are a budget's fields for learnScript.
-// How learnScript sets what is left of a budget from an answer (the
-// mode among its budget arguments).
-type leftMode int
-
-const (
-	leftUnchanged leftMode = 0 // the answer says nothing of what is left
-	leftCounted   leftMode = 1 // the upstream's remaining count (value), less what was sent after mark
-	leftCapped    leftMode = 2 // at most value
-)
-
-func budgetArgs(b lanequeue.BudgetView, syn bool, mode leftMode, value, mark float64) []any {
-	if !b.Known {
-		return []any{0, 0, 0, 0, 0, 0, 0}
-	}
-	return []any{1, boolInt(syn), b.Limit, b.PerSecond, int(mode), value, mark}
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if t.Lease != "" {
 		// At least the number in flight it went at: the count from this
@@ -293,16 +213,19 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 		return
 	}
 	v := s.local.View(now)
-	args, kind := s.learnArgs(t, r, v, now)
+	args := s.learnArgsFor(t, r, v, now)
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
-	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, args...).Int64Slice()
+	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	s.st.took(start, err)
-	rep, ok := decodeLearn(res, now)
-	if err != nil || !ok {
-		s.st.failed("learn", errOr(err))
+	var rep learnReply
+	if err == nil {
+		rep, err = decodeLearn(res, now)
+	}
+	if err != nil {
+		s.st.failed("learn", err)
 		return
 	}
 	s.st.sawClock(rep.redisNow)
@@ -310,7 +233,7 @@ func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
 	if v.FromRefusals() {
 		s.local.NoteRaiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
 	}
-	if kind >= 0 {
+	if args.Kind != answerUncounted {
 		s.local.ShareLevels(rep.admitted, rep.refused, now)
 	}
 }
@@ -324,10 +247,9 @@ func probeSeen(raiser bool, fleetPace, ownPace float64) bool {
 	return raiser || fleetPace >= ownPace
 }
 
-// learnArgs are learnScript's arguments for t's answer r, this replica's
-// state v after learning from it; kind is the answer's kind among the
-// counts by level (0 admitted, 1 refused, -1 neither).
-func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.View, now time.Time) (args []any, kind int) {
+// learnArgsFor are learnScript's arguments for t's answer r, this
+// replica's state v after learning from it.
+func (s *shared) learnArgsFor(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.View, now time.Time) learnArgs {
 	syn := v.FromRefusals()
 	// Only a ticket Redis gave has marks from Redis' running totals: an
 	// answer to one taken while Redis was away teaches the rate, the
@@ -351,63 +273,26 @@ func (s *shared) learnArgs(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.
 	// wait, when the learned pace or concurrency limit holds the group;
 	// the fleet must not idle for what one replica declined.
 	pause := s.local.PausedUntil()
-	// The pause travels as a length: a replica's clock moves only its own
-	// deadlines.
-	args = []any{0, s.st.cfg.KeyTTL.Milliseconds(), max(pause.Sub(now).Milliseconds(), 0), v.Concurrency, s.st.replica}
-	args = append(args, budgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests)...)
-	args = append(args, budgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens)...)
-	args = append(args, boolInt(v.ConcurrencyLowered))
 	// The answer counts toward the levels every replica judges the bound
 	// from, when Redis gave its permit (its level is the fleet's).
-	kind = -1
+	kind := answerUncounted
 	switch {
 	case !remote || r.Verdict == lanequeue.Failed || r.Verdict == lanequeue.NotSent:
 	case r.Verdict == lanequeue.Accepted:
-		kind = 0
+		kind = answerAdmitted
 	default:
-		kind = 1
+		kind = answerRefused
 	}
 	reply := int64(0) // an accepted answer's time to its headers, for the slow start's spread
-	if kind == 0 {
+	if kind == answerAdmitted {
 		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
 	}
-	return append(args, t.Level, kind, boolInt(v.Bound == lanequeue.BoundConcurrency), boolInt(r.Verdict.Refusal()), reply), kind
-}
-
-// learnReply is learnScript's reply, its times on this replica's clock.
-type learnReply struct {
-	out      int // permits out, all replicas
-	paused   time.Time
-	redisNow int64 // Redis' clock (ms) when it ran
-	// raiser: this replica holds the raise lease, so its probes above a
-	// pace learned from refusals are the fleet's.
-	raiser bool
-	// admitted and refused count every replica's answers by the number
-	// in flight they went at (index: level).
-	admitted, refused []float64
-}
-
-// decodeLearn reads learnScript's reply at now; false for a short one.
-func decodeLearn(res []int64, now time.Time) (learnReply, bool) {
-	if len(res) < 4 {
-		return learnReply{}, false
-	}
-	rep := learnReply{out: int(res[0]), paused: local(res[1], res[2], now), redisNow: res[2], raiser: res[3] == 1}
-	for i := 4; i+2 < len(res); i += 3 {
-		level := int(res[i])
-		if level <= 0 || level > 4096 {
-			continue
-		}
-		for len(rep.admitted) <= level {
-			rep.admitted, rep.refused = append(rep.admitted, 0), append(rep.refused, 0)
-		}
-		if res[i+1] == 1 {
-			rep.refused[level] = float64(res[i+2]) / 1000
-		} else {
-			rep.admitted[level] = float64(res[i+2]) / 1000
-		}
-	}
-	return rep, true
+	// The pause travels as a length: a replica's clock moves only its own
+	// deadlines.
+	return learnArgs{KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), Pause: max(pause.Sub(now).Milliseconds(), 0), Climit: v.Concurrency,
+		Replica: s.st.replica, Req: newBudgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests),
+		Tok: newBudgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens), Lowered: v.ConcurrencyLowered, Level: t.Level,
+		Kind: kind, ConcurrencyBound: v.Bound == lanequeue.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply}
 }
 
 func (s *shared) Refund(t *lanequeue.Ticket) {
@@ -485,17 +370,6 @@ func (s *shared) View(now time.Time) lanequeue.View {
 		}
 	}
 	return v
-}
-
-type errString string
-
-func (e errString) Error() string { return string(e) }
-
-func errOr(err error) error {
-	if err != nil {
-		return err
-	}
-	return errString("short reply")
 }
 
 var (

@@ -1,0 +1,108 @@
+package redisstate
+
+// Leases: every permit this replica holds, whether Redis gave it or it
+// was taken locally and counted in Redis after, is a member of its
+// group's leases set, scored by its expiry. Held leases are renewed
+// every third of the lease TTL (see loop in health.go), and put back if
+// Redis lost them; a replica that dies stops renewing, and its permits
+// lapse within a TTL. Giving one back goes through the writer
+// (writebehind.go).
+
+import (
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// renew pushes the expiry of every held lease forward, and puts back any
+// that Redis lost (a restart without data).
+func (s *Store) renew() error {
+	s.mu.Lock()
+	held := make(map[string]string, len(s.leases))
+	for l, k := range s.leases {
+		held[l] = k
+	}
+	s.mu.Unlock()
+	if len(held) == 0 {
+		return nil
+	}
+	if s.renewCopied != nil {
+		s.renewCopied()
+	}
+	// On Redis' clock, as the scripts that count leases read it.
+	exp := float64(s.now().UnixMilli() + s.clockOffset.Load() + s.cfg.LeaseTTL.Milliseconds())
+	ctx, cancel := s.ctx()
+	defer cancel()
+	start := time.Now()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		keys := map[string]bool{}
+		for l, k := range held {
+			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
+			keys[k] = true
+		}
+		for k := range keys {
+			p.PExpire(ctx, k, max(s.cfg.KeyTTL, s.cfg.LeaseTTL))
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("renew").Inc()
+	s.took(start, err)
+	if err != nil {
+		s.failed("renew", err)
+		return err
+	}
+	return s.removeReturned(held)
+}
+
+// removeReturned removes from Redis the leases of held given back while
+// their renewal was on its way: the return may have removed them before
+// the renewal added them again, and they would count a permit nobody
+// holds for a whole TTL.
+func (s *Store) removeReturned(held map[string]string) error {
+	s.mu.Lock()
+	var gone []string
+	for l := range held {
+		if _, ok := s.leases[l]; !ok {
+			gone = append(gone, l)
+		}
+	}
+	s.mu.Unlock()
+	if len(gone) == 0 {
+		return nil
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, l := range gone {
+			p.ZRem(ctx, held[l], l)
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("return").Inc()
+	if err != nil {
+		for _, l := range gone {
+			s.returnLater(l, held[l])
+		}
+		s.failed("return", err)
+	}
+	return err
+}
+
+func (s *Store) hold(lease, key string) {
+	s.mu.Lock()
+	s.leases[lease] = key
+	s.mu.Unlock()
+}
+
+func (s *Store) drop(lease string) {
+	s.mu.Lock()
+	delete(s.leases, lease)
+	s.mu.Unlock()
+}
+
+// Held is the number of leases this replica holds.
+func (s *Store) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.leases)
+}
