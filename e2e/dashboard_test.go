@@ -25,6 +25,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -199,7 +200,7 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 		// The pausing route is a local model server's (one model); the
 		// silent one has a configured ceiling above what it allows.
 		c.Routes = append(c.Routes, proxy.Route{Name: "pausing", URL: u, Settings: proxy.RouteSettings{Local: true}},
-			proxy.Route{Name: "silent", URL: mustURL(t, silent.URL()), Settings: proxy.RouteSettings{Limits: lanequeue.Limits{RPM: 600}}})
+			proxy.Route{Name: "silent", URL: mustURL(t, silent.URL()), Settings: proxy.RouteSettings{Limits: limit.Limits{RPM: 600}}})
 		c.MaxWait, c.MaxRetryAfter = 10*time.Minute, 10*time.Minute
 		c.GlobalConcurrency = 100
 	})

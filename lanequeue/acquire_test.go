@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"errors"
+	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -126,13 +127,13 @@ func TestDoneSettlesWithTheUsageKnown(t *testing.T) {
 		{10, 100 * time.Millisecond},
 	} {
 		synctest.Test(t, func(t *testing.T) {
-			tb := configuredTable(Limits{TPM: 6000})
+			tb := configuredTable(limit.Limits{TPM: 6000})
 			r := Request{Credential: "sk-c", Path: "/v1/chat/completions", Model: "m", Cost: 100}
 			first, err := tb.Acquire(context.Background(), r)
 			if err != nil {
 				t.Fatal(err)
 			}
-			first.Report(Report{Status: 200, Verdict: Accepted})
+			first.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			first.Done(200, OutcomeOK, c.used)
 			begin := time.Now()
 			next, err := tb.Acquire(context.Background(), r)
@@ -153,13 +154,13 @@ func TestDoneSettlesWithTheUsageKnown(t *testing.T) {
 // once, not when the refill would have let it.
 func TestDoneSettlingAReleasedSlotLetsTheNextGo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		tb := configuredTable(Limits{TPM: 6000})
+		tb := configuredTable(limit.Limits{TPM: 6000})
 		r := Request{Credential: "sk-c", Path: "/v1/chat/completions", Model: "m", Cost: 100}
 		first, err := tb.Acquire(context.Background(), r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		first.Report(Report{Status: 200, Verdict: Accepted})
+		first.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		closed := first.OpenSession()
 		defer closed()
 		granted := make(chan time.Time, 1)
@@ -181,16 +182,16 @@ func TestDoneSettlingAReleasedSlotLetsTheNextGo(t *testing.T) {
 
 // countingShared counts the calls a group makes to its Shared.
 type countingShared struct {
-	*Memory
+	*limit.Memory
 	refunds, settles, returns int
 }
 
-func (c *countingShared) Refund(t *Ticket) { c.refunds++; c.Memory.Refund(t) }
-func (c *countingShared) Settle(t *Ticket, used int64) {
+func (c *countingShared) Refund(t *limit.Ticket) { c.refunds++; c.Memory.Refund(t) }
+func (c *countingShared) Settle(t *limit.Ticket, used int64) {
 	c.settles++
 	c.Memory.Settle(t, used)
 }
-func (c *countingShared) Return(t *Ticket, now time.Time) { c.returns++; c.Memory.Return(t, now) }
+func (c *countingShared) Return(t *limit.Ticket, now time.Time) { c.returns++; c.Memory.Return(t, now) }
 
 // TestTheGroupTellsItsSharedOfEachEventOnce: the group keeps the ticket's
 // bookkeeping, so a Shared hears of a refund, a settle and a return once
@@ -198,8 +199,8 @@ func (c *countingShared) Return(t *Ticket, now time.Time) { c.returns++; c.Memor
 // refund (an attempt that never reached the upstream).
 func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
 	var c *countingShared
-	tb := NewTable(TableConfig{Shared: func(_ string, cfg Config) Shared {
-		c = &countingShared{Memory: NewMemory(cfg)}
+	tb := NewTable(TableConfig{Shared: func(_ string, cfg limit.Config) limit.Shared {
+		c = &countingShared{Memory: limit.NewMemory(cfg)}
 		return c
 	}})
 	r := Request{Path: "/v1/chat/completions", Model: "m", Cost: 10}
@@ -207,7 +208,7 @@ func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Report(Report{Status: 200, Verdict: Accepted})
+	s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 	s.Done(200, OutcomeOK, 5)
 	s.Done(200, OutcomeOK, 5)
 	if c.refunds != 0 || c.settles != 1 || c.returns != 1 {
@@ -217,7 +218,7 @@ func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Report(Report{Verdict: NotSent}) // the connection failed: refunded
+	s.Report(limit.Report{Verdict: limit.NotSent}) // the connection failed: refunded
 	s.Done(0, OutcomeProxyError, 5)
 	if c.refunds != 1 || c.settles != 1 || c.returns != 2 {
 		t.Fatalf("then one never sent: %d refunds, %d settles, %d returns in all; want 1, 1, 2", c.refunds, c.settles, c.returns)

@@ -2,246 +2,13 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 )
-
-// TestAdmittedRateIsMeasuredBetweenRefusals: the upstream refused
-// dispatch 10 at 0 s and dispatch 31 at 1 s; the 20 in between were
-// admitted: 20 a second, counted one fewer for the part-token the bucket
-// may have held at the first refusal.
-func TestAdmittedRateIsMeasuredBetweenRefusals(t *testing.T) {
-	var l learner
-	if r := l.refused(10, t0, 0); r != 0 {
-		t.Fatalf("one refusal measured %v/s", r)
-	}
-	if r := l.refused(31, at(time.Second), 0); !near(r, 19) {
-		t.Fatalf("measured %v/s, want 19", r)
-	}
-	// A third refusal, 10 dispatches and half a second later, of which
-	// one more was refused earlier (learned late, out of order).
-	if r := l.refused(41, at(1500*time.Millisecond), 0); !near(r, 28.0/1.5) {
-		t.Fatalf("measured %v/s, want %v", r, 28.0/1.5)
-	}
-	if r := l.refused(35, at(1200*time.Millisecond), 0); !near(r, 27.0/1.5) {
-		t.Fatalf("after a refusal learned out of order: %v/s, want %v", r, 27.0/1.5)
-	}
-}
-
-// TestRefusalsElsewhereAreNotCountedAsAdmitted: with the group's refusals
-// counted (every replica's), the dispatches between two of this
-// replica's refusals less all the refusals among them are what was
-// admitted: 31 dispatches after dispatch 10 up to 41, 10 of them refused
-// (11 − 1 before), 21 admitted, 20 a second counted one fewer. Counting
-// only its own refusals would measure 29.
-func TestRefusalsElsewhereAreNotCountedAsAdmitted(t *testing.T) {
-	var l learner
-	l.refused(10, t0, 1)
-	if r := l.refused(41, at(time.Second), 11); !near(r, 20) {
-		t.Fatalf("measured %v/s, want 20 (21 admitted less one)", r)
-	}
-	// No refusal learned between the two dispatches: every one between
-	// was admitted.
-	var none learner
-	none.refused(10, t0, 5)
-	if r := none.refused(40, at(time.Second), 5); !near(r, 29) {
-		t.Fatalf("with no refusal counted between, measured %v/s, want 29 (30 admitted less one)", r)
-	}
-}
-
-// TestRefusalsCloseTogetherMeasureNothing: two refusals within
-// minSampleSpan, or with fewer than minSampleAdmits admitted between
-// them, say nothing about a rate.
-func TestRefusalsCloseTogetherMeasureNothing(t *testing.T) {
-	var l learner
-	l.refused(1, t0, 0)
-	if r := l.refused(20, at(minSampleSpan-time.Millisecond), 0); r != 0 {
-		t.Fatalf("measured %v/s over less than %v", r, minSampleSpan)
-	}
-	// Of dispatches 2 to 20, the upstream refused 20; 18 went.
-	if r := l.refused(21, at(minSampleSpan), 0); !near(r, 17/minSampleSpan.Seconds()) {
-		t.Fatalf("measured %v/s over %v, want %v", r, minSampleSpan, 17/minSampleSpan.Seconds())
-	}
-	var few learner
-	few.refused(1, t0, 0)
-	if r := few.refused(1+minSampleAdmits, at(time.Second), 0); r != 0 {
-		t.Fatalf("measured %v/s from %d admitted", r, minSampleAdmits-1)
-	}
-	// Dispatches 2 to 8 and 10 admitted, 9 refused.
-	if r := few.refused(3+minSampleAdmits, at(2*time.Second), 0); !near(r, (minSampleAdmits-1)/2.0) {
-		t.Fatalf("measured %v/s from %d admitted in 2s, want %v", r, minSampleAdmits, (minSampleAdmits-1)/2.0)
-	}
-}
-
-// TestRateIsMeasuredOverTheLatestRefusalsOnly: refusals older than
-// refusalSpan, or beyond refusalMemory, no longer count.
-func TestRateIsMeasuredOverTheLatestRefusalsOnly(t *testing.T) {
-	var l learner
-	l.refused(0, t0, 0)
-	// 10 s later the upstream admits 5 a second.
-	for i := range 5 {
-		l.refused(uint64(100+6*i), at(refusalSpan+time.Second+time.Duration(i)*time.Second), 0)
-	}
-	if r := l.refused(130, at(refusalSpan+6*time.Second), 0); !near(r, 4.8) {
-		t.Fatalf("measured %v/s, want 4.8 (the old refusal forgotten)", r)
-	}
-	for i := range refusalMemory + 4 {
-		l.refused(uint64(200+2*i), at(30*time.Second+time.Duration(i)*100*time.Millisecond), 0)
-	}
-	if len(l.refusals) != refusalMemory {
-		t.Fatalf("%d refusals kept, want %d", len(l.refusals), refusalMemory)
-	}
-}
-
-// TestRefusalsAtTheTopLevelsMeanConcurrency: the upstream admits every
-// request at 8 in flight and refuses every one at 9: the bound is the
-// number in flight, at 9. Refusals at levels where others were admitted
-// mean a rate; refusals at the top of a ramp whose levels were each tried
-// a few times only mean nothing yet.
-func TestRefusalsAtTheTopLevelsMeanConcurrency(t *testing.T) {
-	var conc learner
-	for range 4 {
-		for range 8 {
-			conc.answered(8, false) // with a backlog, each goes as a permit frees
-		}
-		conc.answered(9, true)
-		conc.answered(10, true)
-	}
-	if !conc.classify() || !conc.concurrencyBound() || conc.atLevel != 9 {
-		t.Fatalf("refusals only at 9 and 10 in flight: at level %d, want 9", conc.atLevel)
-	}
-	var rate learner
-	for range 8 {
-		for level := 1; level <= 8; level++ {
-			rate.answered(level, false)
-		}
-		rate.answered(4, true)
-	}
-	if rate.classify(); rate.concurrencyBound() {
-		t.Fatalf("refusals at 4 in flight, with admissions up to 8, judged concurrency at %d", rate.atLevel)
-	}
-	var ramp learner
-	for level := 1; level <= 12; level++ {
-		ramp.answered(level, false)
-		ramp.answered(level, false)
-	}
-	ramp.answered(13, true)
-	ramp.answered(13, true)
-	if ramp.classify(); ramp.concurrencyBound() {
-		t.Fatalf("refusals at the top of a ramp judged concurrency at %d", ramp.atLevel)
-	}
-	// Once the levels below it have been admitted again and again, the
-	// same refusals say concurrency.
-	for range 4 {
-		ramp.answered(12, false)
-	}
-	if !ramp.classify() || ramp.atLevel != 13 {
-		t.Fatalf("at level %d after admissions at 11 and 12, want 13", ramp.atLevel)
-	}
-	// Refusals spread below it turn the judgement back to a rate.
-	for range 8 {
-		ramp.answered(5, true)
-		ramp.answered(5, false)
-	}
-	if ramp.classify(); ramp.concurrencyBound() {
-		t.Fatalf("refusals at 5, where the upstream admits, still judged concurrency at %d", ramp.atLevel)
-	}
-}
-
-// TestCountsByLevelFade: past levelMemory answers every count halves.
-func TestCountsByLevelFade(t *testing.T) {
-	var l learner
-	for range levelMemory {
-		l.answered(3, false)
-	}
-	l.answered(3, true)
-	if l.admitted[3] != levelMemory/2 || l.refusedAt[3] != 0.5 || l.counted != (levelMemory+1)/2.0 {
-		t.Fatalf("admitted %v refused %v counted %v after %d answers", l.admitted[3], l.refusedAt[3], l.counted, levelMemory+1)
-	}
-	l.answered(maxLevel+10, false)
-	if len(l.admitted) != maxLevel+1 || l.admitted[maxLevel] != 1 {
-		t.Fatalf("a level past maxLevel was not counted at it")
-	}
-}
-
-// TestProbeCycle: cruising under the estimate, a probe above it once the
-// pace has held requests back, then as long below it; a probe that met no
-// refusal raises the estimate, one that did leaves it.
-func TestProbeCycle(t *testing.T) {
-	l := learner{estimate: 20, measured: true}
-	if l.pace() != 20*cruiseShare {
-		t.Fatalf("cruise pace %v, want %v", l.pace(), 20*cruiseShare)
-	}
-	if l.step(t0, false) {
-		t.Fatal("a probe started while the pace held nothing back")
-	}
-	if !l.step(t0, true) || l.phase != probeUp || l.pace() != 20*probeGain {
-		t.Fatalf("phase %v pace %v, want the up phase at %v", l.phase, l.pace(), 20*probeGain)
-	}
-	up := probeLength(20)
-	if l.step(t0.Add(up-time.Millisecond), true) {
-		t.Fatal("the up phase ended early")
-	}
-	if !l.step(t0.Add(up), true) || l.phase != probeDown || l.pace() != 20*drainGain {
-		t.Fatalf("phase %v pace %v, want the down phase at %v", l.phase, l.pace(), 20*drainGain)
-	}
-	if !l.step(t0.Add(2*up), false) || l.phase != cruise || !near(l.estimate, 20*probeRaise) || l.from != rateProbe {
-		t.Fatalf("after a clean probe: phase %v estimate %v from %q, want cruise at %v from probe", l.phase, l.estimate, l.from, 20*probeRaise)
-	}
-	next := t0.Add(2 * up).Add(l.cruise() / 2) // a clean probe brings the next one sooner
-	if l.step(next.Add(-time.Millisecond), true) {
-		t.Fatal("probed again before the cruise ended")
-	}
-	l.step(next, true)
-	l.probeHit = true
-	l.step(next.Add(probeLength(l.estimate)), true)
-	l.step(next.Add(2*probeLength(l.estimate)), true)
-	if !near(l.estimate, 20*probeRaise) {
-		t.Fatalf("a probe that met a refusal moved the estimate to %v", l.estimate)
-	}
-}
-
-// TestProbesAreBoundedInRequests: at a slow rate the up phase lasts long
-// enough for probeRequests more, and the cruise for cycleRequests.
-func TestProbesAreBoundedInRequests(t *testing.T) {
-	if d := probeLength(4); d != 2*time.Second {
-		t.Fatalf("up phase at 4/s lasts %v, want 2s", d)
-	}
-	if d := probeLength(100); d != probeSpan {
-		t.Fatalf("up phase at 100/s lasts %v, want %v", d, probeSpan)
-	}
-	l := learner{estimate: 4}
-	if d := l.cruise(); d != 15*time.Second {
-		t.Fatalf("cruise at 4/s lasts %v, want 15s", d)
-	}
-	l.estimate = 100
-	if d := l.cruise(); d != probeEvery {
-		t.Fatalf("cruise at 100/s lasts %v, want %v", d, probeEvery)
-	}
-	// Measured over 10 admissions, the estimate may be off by a tenth:
-	// the cruise is 20 requests long, not 60.
-	l = learner{estimate: 4, measured: true, sample: 10}
-	if d := l.cruise(); d != 5*time.Second {
-		t.Fatalf("cruise at 4/s, measured over 10, lasts %v, want 5s", d)
-	}
-	l.sample = 100
-	if d := l.cruise(); d != 15*time.Second {
-		t.Fatalf("cruise at 4/s, measured over 100, lasts %v, want 15s", d)
-	}
-}
-
-// TestShortHintsArePacesLongOnesAreWaits: "try again in 50ms" is one
-// request per 50 ms; Retry-After: 1 says nothing about a pace.
-func TestShortHintsArePacesLongOnesAreWaits(t *testing.T) {
-	for hint, want := range map[time.Duration]float64{50 * time.Millisecond: 20, 0: 0, -time.Second: 0, time.Second: 0, 999 * time.Millisecond: 1 / 0.999} {
-		if got := hintPace(hint); !near(got, want) {
-			t.Errorf("hintPace(%v) = %v, want %v", hint, got, want)
-		}
-	}
-}
 
 // silentLane is a lane whose upstream sends no headers and admitted one
 // request, with its fake clock.
@@ -259,11 +26,13 @@ func silentLane(t *testing.T) (*Lane, *Slot, func(time.Duration)) {
 func TestSilentRefusalOfALiveUpstreamPacesInsteadOfPausing(t *testing.T) {
 	l, s, advance := silentLane(t)
 	defer s.release()
-	for range 8 {
-		shared(l).learn.answered(1, false) // others admitted at this level
+	for range 8 { // others admitted at this level and above
+		o := mustGet(t, acquireAsync(context.Background(), l))
+		accept(o, headerparse.Limits{})
+		o.release()
 	}
 	advance(time.Second)
-	report(s, Report{Status: 429, Verdict: RateRefused, PauseUntil: shared(l).learn.lastAccepted.Add(2 * time.Second)})
+	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: t0.Add(2 * time.Second)})
 	st := l.State()
 	if !st.PausedUntil.IsZero() {
 		t.Fatalf("paused until %v after a bare refusal of a live upstream", st.PausedUntil)
@@ -273,7 +42,7 @@ func TestSilentRefusalOfALiveUpstreamPacesInsteadOfPausing(t *testing.T) {
 	}
 	resend(t, s, advance)
 	now := l.g.clock.Now()
-	s.Report(Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond, PauseUntil: now.Add(50 * time.Millisecond)})
+	s.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 50 * time.Millisecond, PauseUntil: now.Add(50 * time.Millisecond)})
 	if st := l.State(); !st.PausedUntil.Equal(now.Add(50 * time.Millisecond)) {
 		t.Fatalf("paused until %v, want the hint's 50ms", st.PausedUntil)
 	}
@@ -299,467 +68,18 @@ func resend(t *testing.T, s *Slot, advance func(time.Duration)) {
 }
 
 // TestRefusalOfAnUpstreamThatAdmitsNothingPauses: with nothing admitted
-// for liveFor, a refusal is not a limit to measure: its pause holds.
+// for limit's liveFor (5 s), a refusal is not a limit to measure: its
+// pause holds.
 func TestRefusalOfAnUpstreamThatAdmitsNothingPauses(t *testing.T) {
+	const liveFor = 5 * time.Second
 	l, s, advance := silentLane(t)
 	defer s.release()
 	advance(liveFor)
-	until := shared(l).learn.lastAccepted.Add(liveFor + time.Second)
-	report(s, Report{Status: 503, Verdict: Overloaded, PauseUntil: until})
+	until := t0.Add(liveFor + time.Second)
+	report(s, limit.Report{Status: 503, Verdict: limit.Overloaded, PauseUntil: until})
 	if st := l.State(); !st.PausedUntil.Equal(until) || st.RequestsPerSecond != 0 {
 		t.Fatalf("state %+v, want paused until %v and no pace", st, until)
 	}
-}
-
-// topRefusedLane is a silent upstream's lane with 10 slots out, 9 of them
-// admitted, whose counts show admissions again and again at 9 in flight
-// and refusals at 10: the tenth slot's refusal is about to say
-// concurrency.
-func topRefusedLane(t *testing.T) (*Lane, *clock.Fake, []*Slot) {
-	t.Helper()
-	l, fc := testLane(10, 1000)
-	pastProbe(l)
-	slots := acquireN(t, l, 10)
-	for _, s := range slots[:9] {
-		accept(s, headerparse.Limits{})
-	}
-	fc.Advance(time.Second)
-	sh := shared(l)
-	for range minBelow {
-		sh.learn.answered(9, false)
-	}
-	for range 3 {
-		sh.learn.answered(10, true)
-	}
-	return l, fc, slots
-}
-
-// TestConcurrencyBoundRefusalLowersTheLimitNotThePace: refusals that come
-// only at the top level in flight lower the concurrency limit, show it as
-// learned from refusals, and leave the pace loose.
-func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
-	l, _, slots := topRefusedLane(t)
-	sh := shared(l)
-	sh.learn.answered(11, true)
-	report(slots[9], Report{Status: 429, Verdict: RateRefused})
-	st := l.State()
-	if st.Bound != "concurrency" || st.ConcurrencyFrom != "refusals at 10 in flight" || st.Concurrency != 9 {
-		t.Fatalf("bound %q from %q limit %d; want concurrency 9 from refusals at 10 in flight", st.Bound, st.ConcurrencyFrom, st.Concurrency)
-	}
-	if !st.PausedUntil.IsZero() {
-		t.Fatalf("a concurrency-bound refusal paused the group until %v", st.PausedUntil)
-	}
-	if !near(sh.pace.requests.rate, sh.learn.estimate*concurrencyLoose) {
-		t.Fatalf("pace %v, want loose %v", sh.pace.requests.rate, sh.learn.estimate*concurrencyLoose)
-	}
-	releaseAll(slots)
-}
-
-// TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown: without headers or a
-// learned pace, what a burst of answers frees goes out 1/(startSpread ×
-// limit) of an answer time apart, not at one instant; once a pace is
-// learned the pace holds instead.
-func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
-	var s Memory
-	s.conc = newConcurrency(Config{Concurrency: 4, MaxConcurrency: 64}.withDefaults())
-	s.learn.replySecs = 0.4
-	if _, _, ok := s.Admit(t0, 1, true); !ok {
-		t.Fatal("the first dispatch was held")
-	}
-	gap := time.Duration(0.4 / (startSpread * 4) * float64(time.Second)) // 50ms
-	at, _, ok := s.Admit(t0.Add(gap-time.Millisecond), 1, true)
-	if ok {
-		t.Fatal("a second dispatch went within the spread")
-	}
-	if _, next, _ := s.Admit(t0.Add(time.Millisecond), 1, true); !next.Equal(t0.Add(gap)) {
-		t.Fatalf("told to come back at %v, want %v (ticket %+v)", next, t0.Add(gap), at)
-	}
-	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
-		t.Fatal("held past the spread")
-	}
-	s.pace.setFromRefusals(1000, t0)
-	s.pace.requests.avail = 10
-	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
-		t.Fatal("the spread held a group that has a learned pace")
-	}
-}
-
-// TestRefusedPermitsDoNotCountAsInFlight: a refused request that still
-// holds its permit is not in flight at the upstream, so a dispatch beside
-// it goes at a level without it; the permit's return ends that.
-func TestRefusedPermitsDoNotCountAsInFlight(t *testing.T) {
-	var s Memory
-	s.conc = newConcurrency(Config{Concurrency: 8, MaxConcurrency: 64}.withDefaults())
-	a, _, _ := s.Admit(t0, 1, true)
-	b, _, _ := s.Admit(t0, 1, true)
-	if a.Level != 1 || b.Level != 2 {
-		t.Fatalf("levels %d and %d, want 1 and 2", a.Level, b.Level)
-	}
-	s.learn.lastAccepted = t0 // a live upstream
-	s.Learn(&b, Report{Status: 429, Verdict: RateRefused}, t0)
-	c, _, _ := s.Admit(t0.Add(time.Second), 1, true) // past the pace the refusal taught
-	if c.Level != 2 {
-		t.Fatalf("a dispatch beside a refused permit went at level %d, want 2", c.Level)
-	}
-	s.Return(&b, t0)
-	if s.refusedHolding != 0 {
-		t.Fatalf("%d refused permits held after the return", s.refusedHolding)
-	}
-	if s.learn.pending[1] != 1 || s.learn.pending[2] != 1 {
-		t.Fatalf("pending %v, want a and c still out", s.learn.pending)
-	}
-}
-
-// TestShortHintCapsTheRate: a measured rate above one request per hint
-// falls to it: the next request's wait is at most one request's refill.
-func TestShortHintCapsTheRate(t *testing.T) {
-	l, s, advance := silentLane(t)
-	defer s.release()
-	sh := shared(l)
-	sh.learn.estimate, sh.learn.measured, sh.learn.from = 30, true, rateAdmitted
-	advance(time.Second)
-	report(s, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond})
-	if st := l.State(); !near(st.AdmittedRate, 20) || st.RateFrom != "hint" {
-		t.Fatalf("rate %v from %q after a 50ms hint, want 20 from the hint", st.AdmittedRate, st.RateFrom)
-	}
-}
-
-// TestAGuessIsProbedSoonAndRaisedMore: a rate that is only a guess is
-// probed within guessCruise, and a clean probe raises it by guessRaise.
-func TestAGuessIsProbedSoonAndRaisedMore(t *testing.T) {
-	l := learner{estimate: 10, from: rateSending, phaseUntil: t0}
-	if !l.guess() {
-		t.Fatal("a sending rate is not a guess")
-	}
-	end := cleanProbe(&l)
-	// A clean probe also halves the cruise before the next one.
-	if !near(l.estimate, 10*guessRaise) || l.phaseUntil != end.Add(guessCruise/2) {
-		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*guessRaise, end.Add(guessCruise/2))
-	}
-	if (&learner{from: rateHint}).guess() || (&learner{from: rateSending, measured: true}).guess() {
-		t.Fatal("a hint or a measured rate counted as a guess")
-	}
-}
-
-// TestARateFromAHintIsProbedSoonButRaisedAsMeasured: a pace from one
-// refusal's hint may be a window's boundary read as a bucket's refill
-// (a 100 ms wait to a 1 s window's end is 10/s of a window of 20): it is
-// probed within guessCruise, as a guess is, and a clean probe raises it
-// by probeRaise, as a measured rate.
-func TestARateFromAHintIsProbedSoonButRaisedAsMeasured(t *testing.T) {
-	l := learner{estimate: 10, from: rateHint, phaseUntil: t0}
-	end := cleanProbe(&l)
-	if !near(l.estimate, 10*probeRaise) || l.phaseUntil != end.Add(guessCruise/2) {
-		t.Fatalf("estimate %v next probe at %v, want %v at %v", l.estimate, l.phaseUntil, 10*probeRaise, end.Add(guessCruise/2))
-	}
-	// Once measured, it cruises its cycle.
-	m := learner{estimate: 10, from: rateHint, measured: true, phaseUntil: t0}
-	cruise := m.cruise()
-	if end := cleanProbe(&m); m.phaseUntil != end.Add(cruise/2) {
-		t.Fatalf("a measured rate's next probe at %v, want %v", m.phaseUntil, end.Add(cruise/2))
-	}
-}
-
-// cleanProbe runs one probe cycle of l from t0, up and down with no
-// refusal, and returns when it ended.
-func cleanProbe(l *learner) time.Time {
-	up := probeLength(l.estimate)
-	l.step(t0, true)
-	l.step(t0.Add(up), true)
-	l.step(t0.Add(2*up), true)
-	return t0.Add(2 * up)
-}
-
-// TestConcurrencyBoundRetryIsHeldByTheGroup: once the group learned that
-// the number in flight is the bound, Report tells the caller its retry is
-// held (it waits for a free permit, not for its own wait).
-func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
-	l, fc, slots := topRefusedLane(t)
-	now := fc.Now()
-	if held := slots[9].Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: now.Add(time.Second)}); !held {
-		t.Fatal("a concurrency-bound refusal's retry was not held by the group")
-	}
-	if st := l.State(); !st.PausedUntil.IsZero() {
-		t.Fatalf("paused until %v", st.PausedUntil)
-	}
-	releaseAll(slots)
-}
-
-// TestDispatchesAreNumberedInOrder: each dispatch's number is one more
-// than the last's.
-func TestDispatchesAreNumberedInOrder(t *testing.T) {
-	s := quietLocal()
-	a, _, _ := s.Admit(t0, 1, true)
-	b, _, _ := s.Admit(t0, 1, true)
-	if a.Seq != 1 || b.Seq != 2 {
-		t.Fatalf("numbered %d and %d, want 1 and 2", a.Seq, b.Seq)
-	}
-}
-
-// TestPendingNeverGoesNegative: settling more than was sent at a level, or
-// at a level never counted, changes nothing.
-func TestPendingNeverGoesNegative(t *testing.T) {
-	var l learner
-	l.sent(3)
-	l.settled(3)
-	l.settled(3)
-	l.settled(4) // beyond what was ever counted
-	if l.pending[3] != 0 {
-		t.Fatalf("pending %v after settling twice", l.pending[3])
-	}
-}
-
-// TestClassifyAtItsEdges: each threshold of classify, exactly at it and
-// just past it.
-func TestClassifyAtItsEdges(t *testing.T) {
-	counts := func(adm, ref map[int]float64) *learner {
-		var l learner
-		l.grow(16)
-		for k, v := range adm {
-			l.admitted[k] = v
-		}
-		for k, v := range ref {
-			l.refusedAt[k] = v
-		}
-		return &l
-	}
-	for _, tt := range []struct {
-		name     string
-		adm, ref map[int]float64
-		want     int
-	}{
-		{"two refusals above eight admissions below", map[int]float64{8: 8}, map[int]float64{9: 2}, 9},
-		{"one refusal is not enough", map[int]float64{8: 8}, map[int]float64{9: 1}, 0},
-		{"as many admitted as refused at the level", map[int]float64{8: 8, 9: 2}, map[int]float64{9: 2}, 9},
-		{"more admitted than refused at the level", map[int]float64{8: 8, 9: 3}, map[int]float64{9: 2}, 0},
-		{"seven admissions below, two refusals", map[int]float64{8: 7}, map[int]float64{9: 2}, 0},
-		{"admissions below split over two levels", map[int]float64{7: 4, 8: 4}, map[int]float64{9: 2}, 9},
-		{"the refused level is the lowest nothing went through at", map[int]float64{6: 8}, map[int]float64{9: 2}, 7},
-		{"at level 2, level 1 counts once", map[int]float64{1: 8}, map[int]float64{2: 2}, 2},
-		{"three quarters of all refusals at the top", map[int]float64{8: 8, 4: 8}, map[int]float64{9: 3, 4: 1}, 9},
-		{"under three quarters at the top", map[int]float64{8: 8, 4: 8}, map[int]float64{9: 2, 4: 1}, 0},
-		{"three refusals where nothing went through", nil, map[int]float64{9: 3}, 9},
-		{"two refusals where nothing went through", nil, map[int]float64{9: 2}, 0},
-		{"three refusals, one admission at the level", map[int]float64{9: 1}, map[int]float64{9: 3}, 9},
-		{"four refusals, two admissions at the level", map[int]float64{9: 2}, map[int]float64{9: 4}, 9},
-		{"three refusals, two admissions at the level", map[int]float64{9: 2}, map[int]float64{9: 3}, 0},
-	} {
-		l := counts(tt.adm, tt.ref)
-		l.classify()
-		if l.atLevel != tt.want {
-			t.Errorf("%s: at level %d, want %d", tt.name, l.atLevel, tt.want)
-		}
-	}
-	// A dispatch still out counts as admitted at its level.
-	l := counts(nil, map[int]float64{9: 3})
-	l.sent(9)
-	l.sent(9)
-	if l.classify(); l.atLevel != 0 {
-		t.Errorf("two pending at 9 beside three refusals: at level %d, want 0", l.atLevel)
-	}
-}
-
-// TestReachedNeedsMoreAdmittedThanRefused: equal counts do not reach.
-func TestReachedNeedsMoreAdmittedThanRefused(t *testing.T) {
-	var l learner
-	l.answered(5, false)
-	l.answered(6, true)
-	if l.reached(5) {
-		t.Fatal("one admitted and one refused at 5 and above counted as reached")
-	}
-	l.answered(7, false)
-	if !l.reached(5) || l.reached(8) {
-		t.Fatal("reached misread")
-	}
-}
-
-// TestRefusalRingKeepsExactlyItsMemoryAndSpan: refusalMemory refusals are
-// kept, and one exactly refusalSpan before the latest still counts.
-func TestRefusalRingKeepsExactlyItsMemoryAndSpan(t *testing.T) {
-	var l learner
-	for i := range refusalMemory {
-		l.refused(uint64(10*i), at(time.Duration(i)*time.Second), 0)
-	}
-	if len(l.refusals) != refusalMemory || l.refusals[0].seq != 0 {
-		t.Fatalf("kept %d refusals from seq %d, want %d from 0", len(l.refusals), l.refusals[0].seq, refusalMemory)
-	}
-	var w learner
-	w.refused(0, t0, 0)
-	if r := w.refused(61, at(refusalSpan), 0); !near(r, 59/refusalSpan.Seconds()) {
-		t.Fatalf("a refusal exactly refusalSpan back was dropped: %v/s", r)
-	}
-	if r := w.refused(62, at(refusalSpan+time.Nanosecond), 0); !near(r, 0) {
-		t.Fatalf("a refusal past refusalSpan still counts: %v/s", r)
-	}
-}
-
-// TestStepReturnsToCruiseWhenNothingIsLearned: with no estimate, or a
-// concurrency bound, a probe phase ends and step says so, once.
-func TestStepReturnsToCruiseWhenNothingIsLearned(t *testing.T) {
-	l := learner{phase: probeUp}
-	if !l.step(t0, true) || l.phase != cruise {
-		t.Fatal("a probe without an estimate did not end")
-	}
-	if l.step(t0, true) {
-		t.Fatal("step reported a change while cruising with nothing learned")
-	}
-	c := learner{estimate: 10, measured: true, atLevel: 9, phase: probeDown}
-	if !c.step(t0, true) || c.phase != cruise {
-		t.Fatal("a concurrency-bound group kept probing its pace")
-	}
-}
-
-// TestCleanProbesInARowRaiseMore: the second clean probe in a row raises
-// twice as much as the first.
-func TestCleanProbesInARowRaiseMore(t *testing.T) {
-	l := learner{estimate: 100, measured: true}
-	now := t0
-	for range 2 {
-		l.step(now, true)
-		now = now.Add(probeLength(l.estimate))
-		l.step(now, true)
-		now = now.Add(probeLength(l.estimate))
-		l.step(now, true)
-		now = l.phaseUntil
-	}
-	if want := 100 * probeRaise * (1 + 2*(probeRaise-1)); !near(l.estimate, want) {
-		t.Fatalf("estimate %v after two clean probes, want %v", l.estimate, want)
-	}
-}
-
-// TestProbeStartsOnlyWhenThePaceHeldRequestsWithinASecond: Admit probes
-// when the pace held a request less than a second ago, marks the
-// dispatches of the up phase, and no others.
-func TestProbeStartsOnlyWhenThePaceHeldRequestsWithinASecond(t *testing.T) {
-	s := quietLocal()
-	s.learn.estimate, s.learn.measured, s.learn.from = 1000, true, rateAdmitted
-	s.pace.setFromRefusals(s.pacing(), t0)
-	s.pace.requests.avail = 100
-	s.held = t0
-	s.learn.phaseUntil = t0
-	tk, _, _ := s.Admit(t0.Add(time.Second), 1, true)
-	if s.learn.phase != cruise || tk.Probe {
-		t.Fatalf("probed a second after the pace last held a request (phase %v, probe %v)", s.learn.phase, tk.Probe)
-	}
-	s.held = t0.Add(time.Second)
-	tk, _, _ = s.Admit(t0.Add(time.Second+time.Millisecond), 1, true)
-	if s.learn.phase != probeUp || !tk.Probe {
-		t.Fatalf("no probe just after the pace held a request (phase %v, probe %v)", s.learn.phase, tk.Probe)
-	}
-}
-
-// TestFailedAnswersSayNothingOfTheLevel: a 500 is counted neither as an
-// admission nor as a refusal.
-func TestFailedAnswersSayNothingOfTheLevel(t *testing.T) {
-	s := quietLocal()
-	tk, _, _ := s.Admit(t0, 1, true)
-	s.Learn(&tk, Report{Status: 500, Verdict: Failed}, t0)
-	if s.learn.counted != 0 {
-		t.Fatalf("a failed answer was counted: %v", s.learn.counted)
-	}
-}
-
-// TestReplySecsIsTheFirstAnswers: the first accepted answer's time to its
-// headers is kept; later ones do not move it.
-func TestReplySecsIsTheFirstAnswers(t *testing.T) {
-	s := quietLocal()
-	a, _, _ := s.Admit(t0, 1, true)
-	s.Learn(&a, Report{Status: 200, Verdict: Accepted}, at(200*time.Millisecond))
-	b, _, _ := s.Admit(at(time.Second), 1, true)
-	s.Learn(&b, Report{Status: 200, Verdict: Accepted}, at(2*time.Second))
-	if !near(s.learn.replySecs, 0.2) {
-		t.Fatalf("reply time %v, want the first answer's 0.2", s.learn.replySecs)
-	}
-}
-
-// TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw: refused at 9 in
-// flight with nothing through at 9, answers of 0.5 s: 8 in flight held 16
-// a second, above what the group was sending; and the concurrency limit
-// falls to the 8 that went through.
-func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
-	s := NewMemory(Config{Concurrency: 16, MaxConcurrency: 64})
-	s.conc.start = 4
-	var tks []Ticket
-	for range 9 {
-		tk, _, _ := s.Admit(t0, 1, true)
-		tks = append(tks, tk)
-	}
-	s.conc.answerSecs = 0.5
-	s.learn.lastAccepted = t0
-	for i := range tks[:8] {
-		s.learn.answered(tks[i].Level, false)
-	}
-	s.Learn(&tks[8], Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
-	if !near(s.learn.estimate, 16) || s.learn.from != rateSending {
-		t.Fatalf("seeded %v from %q, want 16 from the sending rate's place", s.learn.estimate, s.learn.from)
-	}
-	if s.conc.limit != 8 {
-		t.Fatalf("limit %d after a refusal at 9 nothing went through at, want 8", s.conc.limit)
-	}
-}
-
-// TestHintSeedsWhenTooFewWereSent: with fewer than minSampleAdmits sent,
-// a hint beats the sending rate even when it is faster.
-func TestHintSeedsWhenTooFewWereSent(t *testing.T) {
-	s := quietLocal()
-	tk, _, _ := s.Admit(t0, 1, true)
-	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 100 * time.Millisecond}, at(time.Millisecond))
-	if s.learn.from != rateHint || !near(s.learn.estimate, 10) {
-		t.Fatalf("seeded %v from %q, want 10 from the hint", s.learn.estimate, s.learn.from)
-	}
-}
-
-// TestAHintEqualToTheRateLeavesItsSource: a hint that says exactly the
-// learned rate does not claim it.
-func TestAHintEqualToTheRateLeavesItsSource(t *testing.T) {
-	s := quietLocal()
-	s.learn.estimate, s.learn.measured, s.learn.from = 20, true, rateAdmitted
-	s.pace.setFromRefusals(s.pacing(), t0)
-	tk, _, _ := s.Admit(at(time.Second), 1, true)
-	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond}, at(time.Second))
-	if s.learn.from != rateAdmitted {
-		t.Fatalf("source %q after a hint equal to the rate", s.learn.from)
-	}
-}
-
-// TestToConcurrencySetsTheLimitAndTheRefusedLevel: a group found bound at
-// 9 in flight holds 8, and remembers 9 as the level refused (a lower one
-// already remembered stays).
-func TestToConcurrencySetsTheLimitAndTheRefusedLevel(t *testing.T) {
-	s := quietLocal()
-	s.conc.limit = 12
-	s.learn.atLevel = 9
-	s.toConcurrency()
-	if s.conc.limit != 8 || s.conc.refusedAt != 9 || s.conc.slowStart {
-		t.Fatalf("limit %d refused at %d slow start %v, want 8, 9, false", s.conc.limit, s.conc.refusedAt, s.conc.slowStart)
-	}
-	s.conc.refusedAt = 7
-	s.toConcurrency()
-	if s.conc.refusedAt != 7 {
-		t.Fatalf("refused level %d, want the lower 7 kept", s.conc.refusedAt)
-	}
-	s.conc.refusedAt = 9
-	s.learn.atLevel = 9
-	s.toConcurrency()
-	if s.conc.refusedAt != 9 {
-		t.Fatalf("refused level %d, want 9", s.conc.refusedAt)
-	}
-}
-
-// TestConcurrencyBoundRefusalStopsAtTheLevelBelow: each refusal of a
-// group bound at 9 steps its limit down, never under 8.
-func TestConcurrencyBoundRefusalStopsAtTheLevelBelow(t *testing.T) {
-	l, _, slots := topRefusedLane(t)
-	sh := shared(l)
-	for range 3 {
-		sh.learn.answered(10, true)
-	}
-	sh.conc.limit = 9
-	report(slots[9], Report{Status: 429, Verdict: RateRefused})
-	if st := l.State(); st.Concurrency != 9 {
-		t.Fatalf("limit %d, want 9: the refusals start at 10", st.Concurrency)
-	}
-	releaseAll(slots)
 }
 
 // TestAnUnsentAttemptDoesNotEndTheProbe: a new group's first attempt that
@@ -768,7 +88,7 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 8, Clock: fc})
 	s := mustGet(t, acquireAsync(context.Background(), l))
-	s.Report(Report{Verdict: NotSent})
+	s.Report(limit.Report{Verdict: limit.NotSent})
 	l.g.mu.Lock()
 	learned := l.limit().learned
 	l.g.mu.Unlock()
@@ -779,99 +99,45 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	s.release()
 }
 
-// TestPendingAboveTheRefusalsCountsAsAdmitted: requests still out at a
-// level above the refusals are admissions there, so a rate, not a cap.
-func TestPendingAboveTheRefusalsCountsAsAdmitted(t *testing.T) {
-	var l learner
-	for range 8 {
-		l.answered(8, false)
-	}
-	for range 3 {
-		l.answered(9, true)
-	}
-	for range 5 {
-		l.sent(10)
-	}
-	if l.classify(); l.atLevel != 0 {
-		t.Fatalf("five out at 10 beside three refusals at 9: at level %d, want 0", l.atLevel)
-	}
+// concurrencyBound is a group's state that says the number in flight is
+// what binds.
+type concurrencyBound struct{ *limit.Memory }
+
+func (c concurrencyBound) View(now time.Time) limit.View {
+	v := c.Memory.View(now)
+	v.Bound = limit.BoundConcurrency
+	return v
 }
 
-// TestAtLevelTwoTheLevelBelowCountsOnce: four admissions at 1 are not
-// eight.
-func TestAtLevelTwoTheLevelBelowCountsOnce(t *testing.T) {
-	var l learner
-	for range 4 {
-		l.answered(1, false)
-	}
-	l.answered(2, true)
-	l.answered(2, true)
-	if l.classify(); l.atLevel != 0 {
-		t.Fatalf("four admissions at 1, two refusals at 2: at level %d, want 0", l.atLevel)
-	}
-}
-
-// TestCeilRate: Little's law, rounded up; 0 when either is unknown.
-func TestCeilRate(t *testing.T) {
-	for _, tt := range []struct {
-		rate, secs float64
-		want       int
-	}{{16, 0.5, 8}, {16.1, 0.5, 9}, {0, 1, 0}, {1, 0, 0}, {-1, 1, 0}, {1, -1, 0}} {
-		if got := ceilRate(tt.rate, tt.secs); got != tt.want {
-			t.Errorf("ceilRate(%v, %v) = %d, want %d", tt.rate, tt.secs, got, tt.want)
+// TestConcurrencyBoundRetryIsHeldByTheGroup: when the group's state says
+// the number in flight is the bound, Report tells the caller its retry is
+// held (it waits for a free permit, not for its own wait); when it says a
+// rate binds and took no pause, the retry waits alone.
+func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
+	for _, bound := range []bool{false, true} {
+		fc := clock.NewFake(t0)
+		tb := NewTable(TableConfig{Lane: Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}, Shared: func(_ string, cfg limit.Config) limit.Shared {
+			m := limit.NewMemory(cfg)
+			if bound {
+				return concurrencyBound{m}
+			}
+			return m
+		}})
+		s, err := tb.Acquire(context.Background(), Request{Path: "/v1/x", Model: "m"})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-}
-
-// TestFloorFromAMeasuredRate: the concurrency a measured rate needs is
-// taken at the cruise share of it.
-func TestFloorFromAMeasuredRate(t *testing.T) {
-	s := quietLocal()
-	s.pace.setFromRefusals(10, t0)
-	s.learn.estimate, s.learn.measured = 10, true
-	s.conc.answerSecs = 1
-	if f := s.floor(); f != 10 { // ceil(9.7)
-		t.Fatalf("floor %d, want 10", f)
-	}
-	s.learn.measured = false
-	if f := s.floor(); f != 0 {
-		t.Fatalf("floor %d from a guess, want 0", f)
-	}
-}
-
-// TestNoHintSeedsFromTheSendingRate: a refusal without a hint, with few
-// sent, starts from what was sent, never from nothing.
-func TestNoHintSeedsFromTheSendingRate(t *testing.T) {
-	s := quietLocal()
-	tk, _, _ := s.Admit(t0, 1, true)
-	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, at(time.Millisecond))
-	if s.learn.from != rateSending || s.learn.estimate <= 0 {
-		t.Fatalf("seeded %v from %q, want the sending rate", s.learn.estimate, s.learn.from)
-	}
-}
-
-// TestNamedConcurrencyWithoutALevelKeepsTheLimit: toConcurrency for a
-// group that named concurrency but showed no level changes no limit.
-func TestNamedConcurrencyWithoutALevelKeepsTheLimit(t *testing.T) {
-	s := quietLocal()
-	s.learn.named = true
-	s.conc.limit = 12
-	s.toConcurrency()
-	if s.conc.limit != 12 || s.conc.refusedAt != 0 {
-		t.Fatalf("limit %d refused at %d, want 12 and 0", s.conc.limit, s.conc.refusedAt)
-	}
-}
-
-// TestAFasterHintDoesNotSeedOverWhatWasSent: with enough sent, a hint
-// faster than the sending rate is not taken as the seed.
-func TestAFasterHintDoesNotSeedOverWhatWasSent(t *testing.T) {
-	s := quietLocal()
-	var tk Ticket
-	for range 10 {
-		tk, _, _ = s.Admit(t0, 1, true)
-	}
-	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 10 * time.Millisecond}, at(time.Millisecond))
-	if s.learn.from != rateSending || !near(s.learn.estimate, 8) {
-		t.Fatalf("seeded %v from %q, want the 8/s sent (the limit let 8 go)", s.learn.estimate, s.learn.from)
+		accept(s, headerparse.Limits{})
+		fc.Advance(time.Second)
+		o, err := tb.Acquire(context.Background(), Request{Path: "/v1/x", Model: "m"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := o.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)})
+		if held != bound {
+			t.Fatalf("bound by concurrency %v: the retry held by the group %v", bound, held)
+		}
+		o.Done(429, OutcomeUpstreamError, -1)
+		s.Done(200, OutcomeOK, -1)
 	}
 }

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"github.com/llmproxy/llmproxy/limit"
 	"math"
 	"time"
 )
@@ -47,9 +48,9 @@ type Change struct {
 	// Status and Verdict are of the answer that caused it (Paused,
 	// ConcurrencyChanged, LimitsChanged).
 	Status  int
-	Verdict Verdict
+	Verdict limit.Verdict
 	// View is the group's state after the change.
-	View View
+	View limit.View
 	// From is the previous concurrency limit (ConcurrencyChanged).
 	From int
 	// PauseReason and PauseFor describe a pause (Paused).
@@ -87,7 +88,7 @@ func moved(a, b float64) bool {
 // changesLocked compares the view of lim, l's limit, after an answer with
 // what it last reported, and returns the changes to report; shared says
 // the answer showed lim shared with other models. Requires g.mu held.
-func (g *group) changesLocked(l *Lane, lim *limit, r Report, v View, now time.Time, out []Change, shared bool) []Change {
+func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, now time.Time, out []Change, shared bool) []Change {
 	s := &lim.seen
 	base := Change{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
 	base.SharesLimitWith, base.SharedBecause = lim.sharedWith(l.key.Model)

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
@@ -43,15 +44,16 @@ func wantLimit(t *testing.T, l *Lane, want int) {
 
 // refuseConc reports a concurrency refusal.
 func refuseConc(s *Slot) {
-	report(s, Report{Status: 429, Verdict: ConcurrencyRefused, Hint: time.Second})
+	report(s, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused, Hint: time.Second})
 }
 
-// settled is a lane past slow start: a concurrency refusal has been seen
-// at a level far above conc, so the limit grows additively.
+// settled is a lane past slow start: its route configures conc as where
+// learning starts, so the limit grows additively from there.
 func settled(conc, minConc, maxConc int) (*Lane, *clock.Fake) {
-	l, fc := aimdLane(conc, minConc, maxConc)
-	c := &shared(l).conc
-	c.slowStart, c.refusedAt = false, maxConc+1
+	fc := clock.NewFake(t0)
+	l := newLane(Key{Route: "r", Path: "/v1/x", Model: "m"}, Config{Concurrency: conc, MinConcurrency: minConc, MaxConcurrency: maxConc, MaxQueue: 100, Clock: fc,
+		Limits: limit.Limits{Concurrency: conc, Start: true}})
+	pastProbe(l)
 	return l, fc
 }
 
@@ -79,7 +81,7 @@ func TestConcurrencyRefusalNeverBelowMin(t *testing.T) {
 func TestOverloadedIsConcurrencyEvidence(t *testing.T) {
 	l, _ := settled(16, 1, 64)
 	slots := acquireN(t, l, 6)
-	slots[5].Report(Report{Status: 529, Verdict: Overloaded})
+	slots[5].Report(limit.Report{Status: 529, Verdict: limit.Overloaded})
 	wantLimit(t, l, 15) // one step: an overload may not be about this key
 	releaseAll(slots)
 }
@@ -158,7 +160,9 @@ func TestGrowthBackToARefusedLevelIsSlowAndSlowerAfterEachFailure(t *testing.T) 
 	wantLimit(t, l, 7)
 	releaseAll(slots[7:])
 	slots = slots[:7]
-	for _, probeAcks := range []int{minProbeAcks, 2 * minProbeAcks} {
+	// Each failed probe doubles the answers the next one takes: 10, 20, 40
+	// limits' worth (limit's minProbeAcks is 10).
+	for _, probeAcks := range []int{10, 20, 40} {
 		for i := 0; i < 7*probeAcks-1; i++ {
 			accept(slots[6], headerparse.Limits{})
 		}
@@ -170,27 +174,6 @@ func TestGrowthBackToARefusedLevelIsSlowAndSlowerAfterEachFailure(t *testing.T) 
 		wantLimit(t, l, 7)
 		probe.release()
 	}
-	if got := shared(l).conc.probeAcks; got != 4*minProbeAcks {
-		t.Fatalf("probeAcks = %d after two failed probes, want %d", got, 4*minProbeAcks)
-	}
-	releaseAll(slots)
-}
-
-func TestLongAnswersGrowConcurrencyToRateTimesAnswerTime(t *testing.T) {
-	// 4 requests a second from headers, answers that take 2 s: 8 must be in
-	// flight to keep the rate, whatever refusals taught before.
-	l, fc := settled(2, 1, 64)
-	c := &shared(l).conc
-	c.refusedAt = 0
-	c.answerSecs = 2
-	lim := headerparse.Limits{Requests: win(4, 2, at(500*time.Millisecond))}
-	slots := acquireN(t, l, 2)
-	accept(slots[1], lim)
-	if got := shared(l).pace.littleFloor(c.answerSecs); got != 8 {
-		t.Fatalf("little floor = %d, want 8", got)
-	}
-	wantLimit(t, l, 3) // grew at once, not after a limit's worth
-	fc.Advance(time.Second)
 	releaseAll(slots)
 }
 
@@ -204,7 +187,7 @@ func TestAnswerTimeIsMeasuredFromDispatchToRelease(t *testing.T) {
 		t.Fatalf("answer seconds = %v, want 1.5", got)
 	}
 	r := acquireN(t, l, 1)[0]
-	r.Report(Report{Status: 429, Verdict: RateRefused})
+	r.Report(limit.Report{Status: 429, Verdict: limit.RateRefused})
 	fc.Advance(10 * time.Second)
 	r.release() // a refusal's time says nothing about answers
 	if got := l.State().AnswerSeconds; !near(got, 1.5) {
@@ -296,7 +279,7 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 			waitQueued(t, l, 1)
 			mustBlock(t, next)
 
-			failed.Report(Report{Verdict: NotSent}) // never reached the upstream
+			failed.Report(limit.Report{Verdict: limit.NotSent}) // never reached the upstream
 			s := mustGet(t, next)
 			if w := s.queueWait(); w != 0 {
 				t.Fatalf("queue wait = %v, want the refund to let it go at once", w)
@@ -307,100 +290,6 @@ func TestRefundLetsNextWaiterGo(t *testing.T) {
 			failed.release()
 			s.release()
 		})
-	}
-}
-
-// Dispatches another store admitted go at the number in flight it says,
-// all replicas together, and are numbered in the group's running count;
-// a refused one's permit stops counting when it is given back.
-func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
-	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-	seq, level, _ := s.NoteDispatch(t0, 3, 100, 0)
-	if seq != 100 || level != 4 {
-		t.Fatalf("seq %d level %d, want the fleet's 100 and 3 out + itself = 4", seq, level)
-	}
-	tk := Ticket{Dispatched: t0, Level: level, Seq: seq, Lease: "l1"}
-	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, t0)
-	if _, level, _ := s.NoteDispatch(t0, 3, 101, 0); level != 3 {
-		t.Fatalf("level %d beside a refused permit still held, want 3", level)
-	}
-	s.NoteReturn(&tk, t0)
-	if _, level, _ := s.NoteDispatch(t0, 3, 102, 0); level != 4 {
-		t.Fatalf("level %d after the refused permit came back, want 4", level)
-	}
-	if n, _ := s.pace.recent.recent(t0); n != 3 {
-		t.Fatalf("%d dispatches in the sending rate, want 3 (one each)", n)
-	}
-	s.NoteDispatch(t0, 0, 112, 0) // nine more elsewhere since
-	if n, _ := s.pace.recent.recent(t0); n != 13 {
-		t.Fatalf("%d dispatches in the sending rate, want 13: the other replicas' count too", n)
-	}
-}
-
-// TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft: an answer whose
-// request went as the last permit the limit allowed says the limit held
-// requests back, even when the others have come back by the time it
-// arrives; one that went with room to spare does not.
-func TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
-	last := Ticket{InFlight: 3, Limit: 4} // went with 3 others at limit 4
-	c.accepted(&last, t0, 1, 0)
-	c.accepted(&last, t0, 1, 0)
-	if c.limit != 5 {
-		t.Fatalf("limit = %d after two answers that went at the limit, want 5 (slow start)", c.limit)
-	}
-	roomy := Ticket{InFlight: 2, Limit: 5} // went with a permit to spare
-	for range 4 {
-		c.accepted(&roomy, at(time.Second), 1, 0)
-	}
-	if c.limit != 5 {
-		t.Fatalf("limit = %d after answers that went with room, want still 5", c.limit)
-	}
-}
-
-// TestRefusedLevelIsRememberedForAFullRefusedMemory: growth back to a level
-// the upstream refused stays slow up to and including refusedMemory after
-// the latest concurrency refusal, and is forgotten just after it.
-func TestRefusedLevelIsRememberedForAFullRefusedMemory(t *testing.T) {
-	full := Ticket{InFlight: 3, Limit: 4}
-	c := grownConc(4)
-	c.refusedAt = 5 // growing to 5 is a probe: it takes 4 × probeAcks answers
-	for range 4 {
-		c.accepted(&full, t0.Add(refusedMemory), 4, 0)
-	}
-	if c.limit != 4 || c.refusedAt != 5 {
-		t.Fatalf("at exactly refusedMemory: limit %d, refusedAt %d; want 4 and 5 (still a probe)", c.limit, c.refusedAt)
-	}
-	c = grownConc(4)
-	c.refusedAt, c.probeAcks = 5, 4*minProbeAcks
-	for range 4 {
-		c.accepted(&full, t0.Add(refusedMemory+time.Nanosecond), 4, 0)
-	}
-	if c.limit != 5 || c.refusedAt != 0 || c.probeAcks != minProbeAcks {
-		t.Fatalf("just after refusedMemory: limit %d, refusedAt %d, probeAcks %d; want 5, 0, %d",
-			c.limit, c.refusedAt, c.probeAcks, minProbeAcks)
-	}
-}
-
-// TestLittleFloorRaisesTheLimitOnlyWhileBelowIt: below the concurrency the
-// learned rate needs, each binding answer raises the limit at once; at that
-// floor, growth takes a limit's worth of answers again.
-func TestLittleFloorRaisesTheLimitOnlyWhileBelowIt(t *testing.T) {
-	full := Ticket{InFlight: 3, Limit: 4}
-	c := grownConc(3)
-	c.accepted(&full, t0, 4, 4)
-	if c.limit != 4 {
-		t.Fatalf("below the floor: limit %d, want 4 at once", c.limit)
-	}
-	for i := range 3 {
-		c.accepted(&full, t0, 4, 4)
-		if c.limit != 4 {
-			t.Fatalf("at the floor, answer %d: limit %d, want still 4", i+1, c.limit)
-		}
-	}
-	c.accepted(&full, t0, 4, 4)
-	if c.limit != 5 {
-		t.Fatalf("at the floor after a limit's worth of answers: limit %d, want 5", c.limit)
 	}
 }
 

@@ -1,73 +1,22 @@
-// Package lanequeue owns lanes: per-lane strict FIFO queues, the state that
-// lanes drawing on one upstream limit share, how that state learns from
-// each answer, and the bounded table that holds the lanes. Callers
-// describe each answer in a Report (a status and a Verdict, the parsed
-// rate-limit headers, a hint); the package decides who goes next. It
-// reads no HTTP messages and no header formats; a Report's status is only
-// counted (429s absorbed, attempts by status), its Verdict decides.
+// Package lanequeue owns lanes: per-lane strict FIFO queues, the groups
+// of lanes that draw on one upstream limit, and the bounded table that
+// holds the lanes. Callers describe each answer in a limit.Report (a
+// status and a Verdict, the parsed rate-limit headers, a hint); the
+// group's limit state (package limit) learns from it, and this package
+// decides who goes next. It reads no HTTP messages and no header formats;
+// a Report's status is only counted (429s absorbed, attempts by status).
 //
 // # Groups and time
 //
 // The lanes of one route and credential form a group with one mutex: an
 // answer is learned from, the group paused and the next requests
 // dispatched under that lock, in that order. The lanes with waiters take
-// turns; each draws on a limit, its model's, or one its model shares with
-// others of the group: stated (Limits.PerCredential), shown by remaining
-// counts that fall by what other models sent (sharing.go), or, where the
-// upstream states no counts, by refusals that fall on the lanes together
-// (together.go, on trial). A limit has a shape: a token bucket, or fixed
-// windows learned from refusals that end at one boundary (windows.go). Every decision is
+// turns; each draws on a limit (a pool), its model's, or one its model
+// shares with others of the group: stated (limit.Limits.PerCredential),
+// shown by remaining counts that fall by what other models sent
+// (sharing.go), or, where the upstream states no counts, by refusals that
+// fall on the lanes together (together.go, on trial). Every decision is
 // made at a time taken from an injected clock; blocking happens outside
 // the lock. There is no ticker: when the head of the queue must wait for
 // time (a pause, the pace), the group arms one one-shot timer.
-//
-// # Pacing from headers
-//
-// Each window an upstream states (requests, tokens) is a token bucket: a
-// size, what is left, a refill rate learned from the headers (what is
-// missing refills by the reset). A request takes its estimated cost at
-// dispatch; its answer's remaining count replaces the local count, less
-// what was sent after it, and its usage settles the estimate. Until a
-// window is known it holds nothing back.
-//
-// # Corrections
-//
-// The upstream's refusals outrank arithmetic on its headers. A refusal of
-// a request the bucket had room for shows the headers overstate the
-// window (a per-minute limit enforced per second): the window shrinks to
-// the most the upstream ever showed left, plus one, and the refill is
-// measured from its remaining counts over time.
-//
-// # Concurrency
-//
-// The concurrency limit starts at Config.Concurrency and grows in slow
-// start while answers come back with the limit full; it falls only on
-// evidence that the number in flight is what binds (a refusal that names
-// concurrency, an overloaded answer, a refusal while the pace is well
-// under what the upstream admits), and a level refused is tried again
-// only after many answers. Rate and concurrency are separate controls: in
-// flight = rate × answer time (Little's law), so long answers need many
-// in flight to keep a rate, and the limit never falls under that.
-//
-// # Learning from behaviour
-//
-// An upstream that explains nothing (a bare 429 or 503) still shows its
-// limit by what it does. Between two refusals its bucket was empty at both
-// ends, so the requests it admitted in between, over the time between
-// their dispatches, is its refill rate. Refusals that come only at the top
-// numbers in flight, where admissions are rare, show a concurrency limit;
-// refusals at any level show a rate. The group cruises a little under the
-// measured rate and now and then probes above it for a short spell,
-// followed by as long a spell below: a probe that meets no refusal raises
-// the rate. Words (a hint, Retry-After, "too many concurrent requests")
-// only make it converge sooner.
-//
-// # Replicas
-//
-// Memory is the in-process state of a group. A Shared kept elsewhere
-// (redisstate) admits from state every replica shares and hands Memory the
-// group's evidence: every replica's dispatches (NoteDispatch), whether the
-// upstream admitted any (NoteAccepted), the counts by level (ShareLevels),
-// the pace the others learned and their refusals (NoteFleet), so that
-// what each replica learns is about the group as the upstream sees it.
 package lanequeue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/llmproxy/llmproxy/limit"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // not after the queue.
 func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{Concurrency: 1}).laneFor(ckey)
+		l := configuredTable(limit.Limits{Concurrency: 1}).laneFor(ckey)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		defer wg.Wait()
@@ -29,7 +30,7 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 				return
 			}
 			time.Sleep(100 * time.Millisecond)
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 			done()
 		}
@@ -50,7 +51,7 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 				return
 			}
 			waited = time.Since(arrived)
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 			close(finished)
 		}()
@@ -69,7 +70,7 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 // dispatch in LowShare goes to a low-priority request.
 func TestLowPriorityKeepsItsShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{Concurrency: 1}).laneFor(ckey)
+		l := configuredTable(limit.Limits{Concurrency: 1}).laneFor(ckey)
 		ctx, cancel := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		defer wg.Wait()
@@ -92,7 +93,7 @@ func TestLowPriorityKeepsItsShare(t *testing.T) {
 				order = append(order, p)
 				mu.Unlock()
 				time.Sleep(10 * time.Millisecond)
-				s.Report(Report{Status: 200, Verdict: Accepted})
+				s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 				s.release()
 			}()
 			synctest.Wait()
@@ -156,7 +157,7 @@ func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 					mu.Unlock()
 					time.Sleep(10 * time.Millisecond)
 					in.Add(-1)
-					s.Report(Report{Status: 200, Verdict: Accepted})
+					s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 					s.release()
 				}()
 			}
@@ -195,7 +196,7 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: time.Now().Add(5 * time.Second)})
+		s.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: time.Now().Add(5 * time.Second)})
 		retried := make(chan error, 1)
 		go func() { retried <- s.WaitRetry(context.Background(), 0) }()
 		synctest.Wait()
@@ -214,7 +215,7 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 					return
 				}
 				time.Sleep(100 * time.Millisecond)
-				s.Report(Report{Status: 200, Verdict: Accepted})
+				s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 				s.release()
 			}()
 		}
@@ -267,10 +268,10 @@ func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 		if err := <-gaveUp; !errors.Is(err, ErrBudgetExceeded) {
 			t.Errorf("err = %v, want ErrBudgetExceeded", err)
 		}
-		sa.Report(Report{Status: 200, Verdict: Accepted})
+		sa.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		sa.release()
 		sd := <-got
-		sd.Report(Report{Status: 200, Verdict: Accepted})
+		sd.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		sd.release()
 		synctest.Wait()
 		if st := c.Stats(); st.InUse != 0 || st.Waiting != 0 {
@@ -448,7 +449,7 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 			t.Fatalf("before: %+v, want 3 in use and 3 groups in line", st)
 		}
 		for _, s := range held {
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		}
 		synctest.Wait()
@@ -457,7 +458,7 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		}
 		for range 3 {
 			s := <-got
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		}
 	})
@@ -517,20 +518,20 @@ func TestCapLineMovesOnWhenTheFirstGroupCannotGo(t *testing.T) {
 		synctest.Wait()
 		// b1 is refused with a 5 s pause and waits to retry: its place
 		// frees, b is first in line but paused.
-		b1.Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: time.Now().Add(5 * time.Second)})
+		b1.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: time.Now().Add(5 * time.Second)})
 		retried := make(chan error, 1)
 		go func() { retried <- b1.WaitRetry(ctx, 0) }()
 		synctest.Wait()
 		select {
 		case s := <-dGot:
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		default:
 			t.Fatalf("the freed place did not go to the next group in line: %+v", c.Stats())
 		}
 		cancel()
 		<-retried // a slot is used by one goroutine at a time
-		b2.Report(Report{Status: 200, Verdict: Accepted})
+		b2.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		b2.release()
 		b1.release()
 		synctest.Wait()

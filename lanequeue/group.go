@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"github.com/llmproxy/llmproxy/limit"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +20,7 @@ type group struct {
 	cfg   Config
 	clock clock.Clock
 	// newShared makes the Shared of a limit of the group, by its key.
-	newShared func(key string, cfg Config) Shared
+	newShared func(key string, cfg limit.Config) limit.Shared
 	// forgotten is called, outside mu, once nothing refers to the group any
 	// more; the table drops it then. nil outside a table.
 	forgotten func(*group)
@@ -57,25 +58,25 @@ type group struct {
 	// keys, once found shared); limMu guards the map alone, so that the
 	// table finds a new lane's limit without mu.
 	limMu  sync.Mutex
-	limits map[string]*limit
+	limits map[string]*pool
 	// apart: a trial showed the group's limits are their own (see
 	// togetherLocked); no more are made.
 	apart bool
 }
 
-func newGroup(key string, cfg Config, newShared func(string, Config) Shared, forgotten func(*group)) *group {
+func newGroup(key string, cfg Config, newShared func(string, limit.Config) limit.Shared, forgotten func(*group)) *group {
 	return &group{key: key, cfg: cfg, clock: cfg.Clock, newShared: newShared, forgotten: forgotten,
-		limits: map[string]*limit{}}
+		limits: map[string]*pool{}}
 }
 
 // limitOf returns the limit a lane of key draws on, making it when needed.
-func (g *group) limitOf(key Key) *limit {
+func (g *group) limitOf(key Key) *pool {
 	lk := key.limitKey(g.cfg.Limits.PerCredential)
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
 	l := g.limits[lk]
 	if l == nil {
-		l = newLimit(lk, g.cfg, g.newShared(lk, g.cfg))
+		l = newPool(lk, g.cfg, g.newShared(lk, g.cfg.limitConfig()))
 		l.seq = len(g.limits)
 		g.limits[lk] = l
 	}
@@ -85,8 +86,8 @@ func (g *group) limitOf(key Key) *limit {
 
 // answeredElsewhere reports whether sh is a Fleet one of whose other
 // replicas learned from an answer of the group lately.
-func answeredElsewhere(sh Shared) bool {
-	f, ok := sh.(Fleet)
+func answeredElsewhere(sh limit.Shared) bool {
+	f, ok := sh.(limit.Fleet)
 	return ok && f.AnsweredElsewhere()
 }
 
@@ -145,7 +146,7 @@ func (g *group) headLocked() *Slot {
 
 // newLane makes a lane of g with its ID, drawing on lim. The caller
 // accounts for the lane's reference.
-func (g *group) newLane(key Key, id string, lim *limit) *Lane {
+func (g *group) newLane(key Key, id string, lim *pool) *Lane {
 	l := &Lane{key: key, id: id, g: g, lim: lim}
 	l.touch(g.clock.Now())
 	return l
@@ -215,7 +216,7 @@ func (g *group) settleLocked(s *Slot, usedTokens int64) {
 	}
 	s.lim.shared.Settle(t, usedTokens)
 	if s.lim.ceil != nil {
-		s.lim.ceil.settle(t.Cost, usedTokens)
+		s.lim.ceil.Settle(t.Cost, usedTokens)
 	}
 }
 
@@ -258,7 +259,7 @@ func (g *group) forget() { g.forgotten(g) }
 func (g *group) dispatchLocked(now time.Time) {
 	g.pass++
 	var wake time.Time
-	hold := func(lim *limit, at time.Time) {
+	hold := func(lim *pool, at time.Time) {
 		lim.pass = g.pass
 		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
 			wake = at
@@ -271,7 +272,7 @@ func (g *group) dispatchLocked(now time.Time) {
 			continue
 		}
 		if lim.ceil != nil {
-			if at, ok := lim.ceil.admit(now, s.cost, lim.shared); !ok {
+			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
 				g.refuseLateLocked(lim, at)
 				hold(lim, at)
 				continue
@@ -306,9 +307,9 @@ func (g *group) dispatchLocked(now time.Time) {
 
 // grantLocked sends s, the head of its lane's queue, with ticket t of lim.
 // Requires g.mu held.
-func (g *group) grantLocked(now time.Time, s *Slot, lim *limit, t Ticket) {
+func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	if lim.ceil != nil {
-		lim.ceil.take(now, s.cost)
+		lim.ceil.Take(now, s.cost)
 	}
 	switch {
 	case s.prio == Low:
@@ -346,7 +347,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *limit, t Ticket) {
 // falls before at, the earliest lim lets the next of them go: nobody
 // behind it goes sooner, so they would only sit out their budget for an
 // error. Each is taken out of the queue and told why. Requires g.mu held.
-func (g *group) refuseLateLocked(lim *limit, at time.Time) {
+func (g *group) refuseLateLocked(lim *pool, at time.Time) {
 	paused := !lim.shared.PausedUntil().Before(at)
 	for l, next := g.turns.first, (*Lane)(nil); l != nil; l = next {
 		next = l.turnNext // before l may leave the turns
@@ -370,7 +371,7 @@ func (g *group) refuseLateLocked(lim *limit, at time.Time) {
 
 // queuedOn is the number of waiters on lim and their estimated tokens.
 // Requires g.mu held.
-func (g *group) queuedOn(lim *limit) (n int, cost int64) {
+func (g *group) queuedOn(lim *pool) (n int, cost int64) {
 	for l := g.turns.first; l != nil; l = l.turnNext {
 		if l.limit() == lim {
 			n += l.queued

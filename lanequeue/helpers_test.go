@@ -2,7 +2,10 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
+	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,17 +14,17 @@ import (
 
 // accept reports an accepted answer with these limits.
 func accept(s *Slot, lim headerparse.Limits) {
-	report(s, Report{Status: 200, Verdict: Accepted, Limits: lim})
+	report(s, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim})
 }
 
 // refuse reports a rate refusal with the upstream's hint (0: none).
 func refuse(s *Slot, hint time.Duration) {
-	report(s, Report{Status: 429, Verdict: RateRefused, Hint: hint})
+	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: hint})
 }
 
 // report reports r for s's dispatch; a slot already answered is first sent
 // again, which must be possible at once.
-func report(s *Slot, r Report) {
+func report(s *Slot, r limit.Report) {
 	s.lane.g.mu.Lock()
 	answered := s.phase != phaseSent
 	s.lane.g.mu.Unlock()
@@ -44,10 +47,9 @@ func report(s *Slot, r Report) {
 func pause(l *Lane, until time.Time) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	sh := l.limit().shared.(*Memory)
-	if until.After(sh.pausedUntil) {
-		sh.pausedUntil = until
-	}
+	// An answer that never reached the upstream teaches nothing but its
+	// pause.
+	l.limit().shared.Learn(&limit.Ticket{Settled: true}, limit.Report{Verdict: limit.NotSent, PauseUntil: until}, l.g.clock.Now())
 }
 
 // pastProbe ends the lane group's probe: tests of what follows start there.
@@ -58,20 +60,14 @@ func pastProbe(l *Lane) {
 }
 
 // limitOf is the limit l draws on now.
-func limitOf(l *Lane) *limit {
+func limitOf(l *Lane) *pool {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
 	return l.limit()
 }
 
 // shared is the lane's in-process shared state, for white-box checks.
-func shared(l *Lane) *Memory { return l.limit().shared.(*Memory) }
-
-// grownConc is a concurrency past slow start (a refusal was seen far above
-// limit), bounded by 1 and 64.
-func grownConc(limit int) concurrency {
-	return concurrency{min: 1, max: 64, limit: limit, refusedAt: 65, probeAcks: minProbeAcks, lastRefusal: t0}
-}
+func shared(l *Lane) *limit.Memory { return l.limit().shared.(*limit.Memory) }
 
 // firstSlotZero is the first time at or after t0 whose history bucket is
 // ring slot 0.
@@ -97,24 +93,6 @@ func mustFail(t *testing.T, ch <-chan result) error {
 		t.Fatal("acquire did not return")
 	}
 	return nil
-}
-
-// quantizedBudget is a window stated as 1200 whose upstream never shows
-// more than 19 left and refills 20/s by its own counts: corrected to 20
-// at 20/s. It returns the budget and the second answer's dispatch time.
-func quantizedBudget(t *testing.T) (*budget, time.Time) {
-	t.Helper()
-	var b budget
-	b.observe(win(1200, 19, at(50*time.Millisecond)), 1, t0, t0)
-	for range 8 {
-		b.take(1)
-	}
-	d := at(200 * time.Millisecond)
-	b.observe(win(1200, 15, d.Add(250*time.Millisecond)), 9, d, d)
-	if b.size() != 20 || !near(b.shown, 20) || !near(b.rate, 20) {
-		t.Fatalf("quantized: size %v, shown %v, rate %v; want 20, 20, 20", b.size(), b.shown, b.rate)
-	}
-	return &b, d
 }
 
 // goneAfterCheckCtx is a client that goes away right after Acquire first
@@ -144,14 +122,6 @@ func (c *goneAfterCheckCtx) Err() error {
 	return context.Canceled
 }
 
-// quietLocal is the in-process state of a group whose upstream sends no
-// headers, with an admission a moment ago (a live upstream).
-func quietLocal() *Memory {
-	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
-	s.learn.lastAccepted = t0
-	return s
-}
-
 // countAnswer counts one request of the lane by the status the client got
 // (0: none was sent) and its outcome, as Slot.Done counts it.
 func (l *Lane) countAnswer(status int, outcome Outcome) {
@@ -159,3 +129,20 @@ func (l *Lane) countAnswer(status int, outcome Outcome) {
 	defer l.g.mu.Unlock()
 	l.stats.countAnswer(status, outcome, l.g.clock.Now())
 }
+
+// elsewhere is a Local whose peers have had an answer once answered is
+// set.
+type elsewhere struct {
+	*limit.Memory
+	answered *atomic.Bool
+}
+
+func (e elsewhere) AnsweredElsewhere() bool { return e.answered.Load() }
+
+func win(limit, remaining int64, reset time.Time) headerparse.Window {
+	return headerparse.Window{Limit: limit, Remaining: remaining, HasRemaining: true, Reset: reset}
+}
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
@@ -55,9 +56,9 @@ func TestHistoryCountsOnlyUpstream429s(t *testing.T) {
 	l, fc := testLane(4, 10)
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{})
-	report(s, Report{Status: 503, Verdict: Overloaded})
+	report(s, limit.Report{Status: 503, Verdict: limit.Overloaded})
 	resend(t, s, fc.Advance) // past the pace the 503 taught
-	s.Report(Report{Status: 429, Verdict: RateRefused})
+	s.Report(limit.Report{Status: 429, Verdict: limit.RateRefused})
 	s.release()
 	h := l.StateWithHistory().History
 	if got := h.Upstream429[len(h.Upstream429)-1]; got != 1 {

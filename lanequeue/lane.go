@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/llmproxy/llmproxy/limit"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,32 +43,25 @@ func (e *WaitError) Error() string {
 
 func (e *WaitError) Is(target error) bool { return target == ErrBudgetExceeded }
 
-// Config holds a lane's limits. Zero fields take the documented defaults.
+// Config holds a lane's limits. Zero fields take the documented defaults;
+// the concurrency fields and Limits are those of limit.Config.
 type Config struct {
-	// Concurrency is a new group's concurrency limit; zero = 8. Until the
-	// upstream first refuses for concurrency, every second accepted answer
-	// while the limit is what holds requests back raises it by one (×1.5
-	// each answer time), so a low start costs a few answer times, and an
-	// upstream that limits concurrency is overrun by a few requests, not by
-	// a whole burst.
-	Concurrency    int
+	Concurrency    int         // a new group's concurrency limit; zero = limit.DefaultConcurrency
 	MinConcurrency int         // lowest the limit may fall to; zero = 1
 	MaxConcurrency int         // highest the limit may rise to; zero = 1024
 	MaxQueue       int         // waiting requests per lane before ErrQueueFull; zero = 10000
 	Clock          clock.Clock // nil = the wall clock
-	// Limits are the route's configured limits (see Limits): a configured
-	// concurrency is the start, and as a ceiling also the highest.
-	Limits Limits
+	// Limits are the route's configured limits (see limit.Limits).
+	Limits limit.Limits
 }
 
-// The defaults of Config's zero fields: a new group's concurrency limit
-// and its bounds, and a lane's queue.
-const (
-	DefaultConcurrency    = 8
-	DefaultMinConcurrency = 1
-	DefaultMaxConcurrency = 1024
-	DefaultMaxQueue       = 10000
-)
+// DefaultMaxQueue is the default of Config.MaxQueue.
+const DefaultMaxQueue = 10000
+
+// limitConfig is the part of c a group's limit state starts from.
+func (c Config) limitConfig() limit.Config {
+	return limit.Config{Concurrency: c.Concurrency, MinConcurrency: c.MinConcurrency, MaxConcurrency: c.MaxConcurrency, Limits: c.Limits}
+}
 
 // The defaults of TableConfig's zero fields.
 const (
@@ -91,7 +85,7 @@ func (c Config) Validate() error {
 			return setting.Bad("lanequeue", f.name, fmt.Sprintf("%d is negative", f.v))
 		}
 	}
-	lo, hi := cmp.Or(c.MinConcurrency, DefaultMinConcurrency), cmp.Or(c.MaxConcurrency, DefaultMaxConcurrency)
+	lo, hi := cmp.Or(c.MinConcurrency, limit.DefaultMinConcurrency), cmp.Or(c.MaxConcurrency, limit.DefaultMaxConcurrency)
 	if lo > hi {
 		return setting.Bad("lanequeue", "MinConcurrency", fmt.Sprintf("%d is above MaxConcurrency=%d", lo, hi))
 	}
@@ -99,26 +93,8 @@ func (c Config) Validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.MinConcurrency <= 0 {
-		c.MinConcurrency = DefaultMinConcurrency
-	}
-	if c.MaxConcurrency <= 0 {
-		c.MaxConcurrency = DefaultMaxConcurrency
-	}
-	if c.MaxConcurrency < c.MinConcurrency {
-		c.MaxConcurrency = c.MinConcurrency
-	}
-	if n := c.Limits.Concurrency; n > 0 {
-		c.Concurrency = n
-		if !c.Limits.Start {
-			c.MaxConcurrency = min(c.MaxConcurrency, n)
-			c.MinConcurrency = min(c.MinConcurrency, c.MaxConcurrency)
-		}
-	}
-	c.Concurrency = min(max(c.Concurrency, c.MinConcurrency), c.MaxConcurrency)
+	l := c.limitConfig().WithDefaults()
+	c.Concurrency, c.MinConcurrency, c.MaxConcurrency = l.Concurrency, l.MinConcurrency, l.MaxConcurrency
 	if c.MaxQueue <= 0 {
 		c.MaxQueue = DefaultMaxQueue
 	}
@@ -140,7 +116,7 @@ type Lane struct {
 	id  string
 	g   *group
 	// lim is the limit the lane draws on (see limit: follow mergedInto).
-	lim *limit
+	lim *pool
 
 	// waiters are the lane's queue, one list per priority, each in
 	// arrival order (a retry keeps its place in its own); turnPrev and
@@ -172,7 +148,7 @@ func (l *Lane) openSession() (closed func()) {
 // tests' single lanes).
 func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
-	g := newGroup(key.groupKey(), cfg, func(_ string, c Config) Shared { return NewMemory(c) }, nil)
+	g := newGroup(key.groupKey(), cfg, func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }, nil)
 	g.refs.Store(1) // the lane's own
 	return g.newLane(key, key.ID(), g.limitOf(key))
 }
@@ -196,7 +172,7 @@ type Slot struct {
 	lane *Lane
 	// lim is the limit whose ticket the slot holds: its lane's when it was
 	// granted (guarded by the group's mutex).
-	lim *limit
+	lim *pool
 	// limSent and groupSent are lim's and the group's dispatch counts
 	// right after its latest dispatch (see sharing).
 	limSent, groupSent uint64
@@ -217,10 +193,10 @@ type Slot struct {
 	// once makes no channel. signalled: it was granted or refused.
 	ready      chan struct{}
 	signalled  bool
-	ticket     Ticket     // the latest dispatch
-	lastStatus int        // status of the latest reported answer
-	retry      bool       // waiting again after an answer
-	refused    *WaitError // set when the group gave up the wait (and signalled it)
+	ticket     limit.Ticket // the latest dispatch
+	lastStatus int          // status of the latest reported answer
+	retry      bool         // waiting again after an answer
+	refused    *WaitError   // set when the group gave up the wait (and signalled it)
 
 	counted bool   // Done was called; the slot's goroutine only
 	leave   func() // leaves the route's model gate; nil: none

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"errors"
+	"github.com/llmproxy/llmproxy/limit"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -308,7 +309,7 @@ func TestNoTimerIsLeftWhenEveryWaiterIsRefused(t *testing.T) {
 	defer cancel()
 	late := acquireAsync(ctx, l)
 	waitQueued(t, l, 1)
-	report(held, Report{Status: 429, Verdict: RateRefused, PauseUntil: at(time.Minute)})
+	report(held, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: at(time.Minute)})
 	select {
 	case r := <-late:
 		var we *WaitError
@@ -369,9 +370,9 @@ func TestLaneWithoutAnswersShowsNoAnswerCounts(t *testing.T) {
 // TestDrainIgnoresAWindowWithoutARate: a window known without a refill
 // rate (no reset reported) bounds nothing in the drain estimate.
 func TestDrainIgnoresAWindowWithoutARate(t *testing.T) {
-	for name, v := range map[string]View{
-		"requests": {Requests: BudgetView{Known: true, Limit: 10}},
-		"tokens":   {Tokens: BudgetView{Known: true, Limit: 1000}},
+	for name, v := range map[string]limit.View{
+		"requests": {Requests: limit.BudgetView{Known: true, Limit: 10}},
+		"tokens":   {Tokens: limit.BudgetView{Known: true, Limit: 1000}},
 	} {
 		if got := drainSeconds(3, 300, v, t0); got != 0 {
 			t.Errorf("%s window without a rate: drain %v, want 0", name, got)
@@ -383,11 +384,11 @@ func TestDrainIgnoresAWindowWithoutARate(t *testing.T) {
 // holds goes at once, only the rest at the pace; and a concurrency that is
 // not known bounds nothing.
 func TestDrainCountsTokensTheWindowStillHolds(t *testing.T) {
-	v := View{Tokens: BudgetView{Known: true, PerSecond: 100, Available: 500}}
+	v := limit.View{Tokens: limit.BudgetView{Known: true, PerSecond: 100, Available: 500}}
 	if got := drainSeconds(1, 1000, v, t0); !near(got, 5) {
 		t.Fatalf("1000 tokens with 500 in the window at 100/s: drain %v, want 5", got)
 	}
-	if got := drainSeconds(3, 0, View{AnswerSeconds: 2}, t0); got != 0 {
+	if got := drainSeconds(3, 0, limit.View{AnswerSeconds: 2}, t0); got != 0 {
 		t.Fatalf("no concurrency known: drain %v, want 0", got)
 	}
 }
@@ -425,7 +426,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{}, ""},
 		{Config{Concurrency: 100, MaxConcurrency: 4}, ""},
 		{Config{MinConcurrency: 4, MaxConcurrency: 4}, ""},
-		{Config{MinConcurrency: DefaultMaxConcurrency + 1}, "MinConcurrency"},
+		{Config{MinConcurrency: limit.DefaultMaxConcurrency + 1}, "MinConcurrency"},
 		{Config{MinConcurrency: 10, MaxConcurrency: 5}, "MinConcurrency"},
 		{Config{MaxConcurrency: -1}, "MaxConcurrency"},
 		{Config{MaxQueue: -1}, "MaxQueue"},

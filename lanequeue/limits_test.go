@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -14,8 +15,8 @@ import (
 
 // configuredTable is a table whose default route has lim, on the bubble's
 // wall clock.
-func configuredTable(lim Limits) *Table {
-	return NewTable(TableConfig{Lane: Config{Concurrency: 8}, RouteLimits: map[string]Limits{"": lim}})
+func configuredTable(lim limit.Limits) *Table {
+	return NewTable(TableConfig{Lane: Config{Concurrency: 8}, RouteLimits: map[string]limit.Limits{"": lim}})
 }
 
 var ckey = Key{CredentialHash: HashCredential("sk-c"), Path: "/v1/chat/completions", Model: "m"}
@@ -48,7 +49,7 @@ func runStarts(t *testing.T, l *Lane, n int, answer time.Duration, limits func()
 			if limits != nil {
 				lim = limits()
 			}
-			s.Report(Report{Status: 200, Verdict: Accepted, Limits: lim})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim})
 			mu.Lock()
 			inFlight--
 			mu.Unlock()
@@ -72,7 +73,7 @@ func minGap(starts []time.Time) time.Duration {
 // probe for the first answer, no burst), 60 requests take 5.9 s.
 func TestConfiguredRPMPacesEvenlyWithoutHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 600}).laneFor(ckey)
+		l := configuredTable(limit.Limits{RPM: 600}).laneFor(ckey)
 		begin := time.Now()
 		starts, _ := runStarts(t, l, 60, 300*time.Millisecond, nil)
 		if g := minGap(starts); g < 100*time.Millisecond {
@@ -91,7 +92,7 @@ func TestConfiguredRPMPacesEvenlyWithoutHeaders(t *testing.T) {
 // thousand are left do not take the pace past the ceiling.
 func TestConfiguredRPMHoldsUnderHeadersThatClaimMore(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 1200}).laneFor(ckey)
+		l := configuredTable(limit.Limits{RPM: 1200}).laneFor(ckey)
 		generous := func() headerparse.Limits {
 			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true,
 				Reset: time.Now().Add(6 * time.Millisecond)}}
@@ -111,7 +112,7 @@ func TestConfiguredRPMHoldsUnderHeadersThatClaimMore(t *testing.T) {
 // answer's headers replace the configured 60 RPM: the rest go at once.
 func TestConfiguredStartIsReplacedByHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 60, Start: true}).laneFor(ckey)
+		l := configuredTable(limit.Limits{RPM: 60, Start: true}).laneFor(ckey)
 		generous := func() headerparse.Limits {
 			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true,
 				Reset: time.Now().Add(6 * time.Millisecond)}}
@@ -133,7 +134,7 @@ func TestConfiguredStartIsReplacedByHeaders(t *testing.T) {
 // under LIMITS=ceiling leave the pace at 60 a minute.
 func TestConfiguredCeilingIsNeverExceededWhenStartIsNot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 60}).laneFor(ckey)
+		l := configuredTable(limit.Limits{RPM: 60}).laneFor(ckey)
 		generous := func() headerparse.Limits {
 			return headerparse.Limits{Requests: headerparse.Window{Limit: 10000, Remaining: 9999, HasRemaining: true}}
 		}
@@ -153,7 +154,7 @@ func TestConfiguredCeilingIsNeverExceededWhenStartIsNot(t *testing.T) {
 // permit is held.
 func TestMinGapHoldsNoSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{MinGap: time.Second, Concurrency: 1}).laneFor(ckey)
+		l := configuredTable(limit.Limits{MinGap: time.Second, Concurrency: 1}).laneFor(ckey)
 		var mu sync.Mutex
 		var starts []time.Time
 		var wg sync.WaitGroup
@@ -173,7 +174,7 @@ func TestMinGapHoldsNoSlot(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 				if i == 0 {
 					// Refused once: the retry is a start too.
-					s.Report(Report{Status: 500, Verdict: Failed})
+					s.Report(limit.Report{Status: 500, Verdict: limit.Failed})
 					if err := s.WaitRetry(context.Background(), 0); err != nil {
 						t.Error(err)
 						return
@@ -183,7 +184,7 @@ func TestMinGapHoldsNoSlot(t *testing.T) {
 					mu.Unlock()
 					time.Sleep(100 * time.Millisecond)
 				}
-				s.Report(Report{Status: 200, Verdict: Accepted})
+				s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			}()
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -207,7 +208,7 @@ func TestMinGapHoldsNoSlot(t *testing.T) {
 // requests of 50 tokens go two a second after the first second's worth.
 func TestConfiguredTPMPacesTokens(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{TPM: 6000}).laneFor(ckey)
+		l := configuredTable(limit.Limits{TPM: 6000}).laneFor(ckey)
 		var starts []time.Time
 		begin := time.Now()
 		for range 10 {
@@ -216,7 +217,7 @@ func TestConfiguredTPMPacesTokens(t *testing.T) {
 				t.Fatal(err)
 			}
 			starts = append(starts, time.Now())
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		}
 		// 2 from the full bucket at 0, then one each 0.5 s: the 10th at 4 s.
@@ -235,7 +236,7 @@ func TestConfiguredConcurrencyIsACeiling(t *testing.T) {
 		wantMost int
 	}{{false, 3}, {true, 4}} {
 		synctest.Test(t, func(t *testing.T) {
-			l := configuredTable(Limits{Concurrency: 3, Start: tc.start}).laneFor(ckey)
+			l := configuredTable(limit.Limits{Concurrency: 3, Start: tc.start}).laneFor(ckey)
 			if c := l.State().Concurrency; c != 3 {
 				t.Errorf("start %v: starts at %d, want 3", tc.start, c)
 			}
@@ -251,7 +252,7 @@ func TestConfiguredConcurrencyIsACeiling(t *testing.T) {
 // are gauges by kind, only those set; a lane of a route without any has
 // none.
 func TestConfiguredLimitsAreMetrics(t *testing.T) {
-	tbl := NewTable(TableConfig{RouteLimits: map[string]Limits{"": {RPM: 600, Concurrency: 4, MinGap: 50 * time.Millisecond}}})
+	tbl := NewTable(TableConfig{RouteLimits: map[string]limit.Limits{"": {RPM: 600, Concurrency: 4, MinGap: 50 * time.Millisecond}}})
 	l := tbl.laneFor(ckey)
 	tbl.laneFor(Key{Route: "other", Path: "/v1/x", Model: "m"})
 	reg := prometheus.NewRegistry()
@@ -292,7 +293,7 @@ func TestConfiguredLimitsAreMetrics(t *testing.T) {
 // grows by a quarter each second it holds them; a ceiling would not.
 func TestConfiguredStartGrowsWhileNothingIsLearned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 60, Start: true}).laneFor(ckey)
+		l := configuredTable(limit.Limits{RPM: 60, Start: true}).laneFor(ckey)
 		starts, _ := runStarts(t, l, 8, 10*time.Millisecond, nil)
 		var gaps []time.Duration
 		for i := 1; i < len(starts); i++ {
@@ -324,11 +325,11 @@ func TestConfiguredStartGrowsWhileNothingIsLearned(t *testing.T) {
 // and waits for its answer first.
 func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 	for _, tc := range []struct {
-		lim   Limits
+		lim   limit.Limits
 		probe bool
 	}{
-		{Limits{RPM: 6e6}, false}, {Limits{TPM: 6e9}, false}, {Limits{Concurrency: 4}, false},
-		{Limits{MinGap: time.Millisecond}, true},
+		{limit.Limits{RPM: 6e6}, false}, {limit.Limits{TPM: 6e9}, false}, {limit.Limits{Concurrency: 4}, false},
+		{limit.Limits{MinGap: time.Millisecond}, true},
 	} {
 		synctest.Test(t, func(t *testing.T) {
 			l := configuredTable(tc.lim).laneFor(ckey)
@@ -346,10 +347,10 @@ func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 			if went := len(second) == 1; went == tc.probe {
 				t.Errorf("%+v: the second request went before the first answer: %v, want %v", tc.lim, went, !tc.probe)
 			}
-			first.Report(Report{Status: 200, Verdict: Accepted})
+			first.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			first.release()
 			s := <-second
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		})
 	}
@@ -361,9 +362,9 @@ func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 // cadence.
 func TestConfiguredRPMGivesNoBurstAfterAnIdleSpell(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{RPM: 600}).laneFor(ckey)
+		l := configuredTable(limit.Limits{RPM: 600}).laneFor(ckey)
 		s, _ := l.acquire(context.Background(), 1, High)
-		s.Report(Report{Status: 200, Verdict: Accepted})
+		s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		s.release()
 		time.Sleep(500 * time.Millisecond)
 		starts, _ := runStarts(t, l, 5, 10*time.Millisecond, nil)
@@ -377,10 +378,10 @@ func TestConfiguredRPMGivesNoBurstAfterAnIdleSpell(t *testing.T) {
 // a 50-token request waits for the 30 missing (0.3 s at 100 a second).
 func TestConfiguredTPMWaitsForWhatIsMissing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{TPM: 6000}).laneFor(ckey)
+		l := configuredTable(limit.Limits{TPM: 6000}).laneFor(ckey)
 		for range 2 { // the full bucket: 100 tokens
 			s, _ := l.acquire(context.Background(), 50, High)
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		}
 		time.Sleep(200 * time.Millisecond) // 20 back
@@ -389,7 +390,7 @@ func TestConfiguredTPMWaitsForWhatIsMissing(t *testing.T) {
 		if w := time.Since(begin); w != 300*time.Millisecond {
 			t.Errorf("waited %v, want 300ms for the 30 tokens missing", w)
 		}
-		s.Report(Report{Status: 200, Verdict: Accepted})
+		s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		s.release()
 	})
 }
@@ -398,11 +399,11 @@ func TestConfiguredTPMWaitsForWhatIsMissing(t *testing.T) {
 // grows like a request start.
 func TestConfiguredTPMStartGrows(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := configuredTable(Limits{TPM: 6000, Start: true}).laneFor(ckey)
+		l := configuredTable(limit.Limits{TPM: 6000, Start: true}).laneFor(ckey)
 		begin := time.Now()
 		for range 20 {
 			s, _ := l.acquire(context.Background(), 50, High)
-			s.Report(Report{Status: 200, Verdict: Accepted})
+			s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			s.release()
 		}
 		// At 100 tokens a second, 20 × 50 tokens take 9 s past the first

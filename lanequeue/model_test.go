@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"fmt"
+	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
@@ -212,18 +213,18 @@ func (m *model) check(step string) {
 		g.mu.Lock()
 		refs, unanswered, permits := int(g.refs.Load()), 0, 0
 		g.limMu.Lock()
-		limits := map[*limit]bool{}
+		limits := map[*pool]bool{}
 		for _, lim := range g.limits {
 			limits[lim] = true
 		}
 		g.limMu.Unlock()
 		for lim := range limits {
-			mem := lim.shared.(*Memory)
+			v := lim.shared.View(g.clock.Now())
 			unanswered += lim.unanswered
-			permits += mem.conc.inFlight
-			if mem.conc.inFlight > max(mem.conc.limit, want.inFlight) || mem.conc.limit < 1 || mem.conc.limit > 4 {
+			permits += v.InFlight
+			if v.InFlight > max(v.Concurrency, want.inFlight) || v.Concurrency < 1 || v.Concurrency > 4 {
 				g.mu.Unlock()
-				m.t.Fatalf("%s: %d permits out, limit %d", step, mem.conc.inFlight, mem.conc.limit)
+				m.t.Fatalf("%s: %d permits out, limit %d", step, v.InFlight, v.Concurrency)
 			}
 		}
 		g.mu.Unlock()
@@ -239,7 +240,7 @@ func (m *model) check(step string) {
 
 // run applies the operations the bytes encode, two bytes each.
 func (m *model) run(ops []byte) {
-	verdicts := []Verdict{Accepted, RateRefused, ConcurrencyRefused, Overloaded, Failed, NotSent}
+	verdicts := []limit.Verdict{limit.Accepted, limit.RateRefused, limit.ConcurrencyRefused, limit.Overloaded, limit.Failed, limit.NotSent}
 	for i := 0; i+1 < len(ops); i += 2 {
 		op, arg := ops[i]%9, int(ops[i+1])
 		var step string
@@ -259,8 +260,8 @@ func (m *model) run(ops []byte) {
 			if n := len(m.held); n > 0 {
 				r := m.held[arg%n]
 				v := verdicts[(arg/16)%len(verdicts)]
-				rep := Report{Status: 200, Verdict: v}
-				if v == RateRefused && arg%2 == 0 {
+				rep := limit.Report{Status: 200, Verdict: v}
+				if v == limit.RateRefused && arg%2 == 0 {
 					rep.Status, rep.PauseUntil = 429, m.fc.Now().Add(100*time.Millisecond)
 				}
 				r.slot.Report(rep)

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"errors"
+	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
@@ -75,13 +76,13 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	pastProbe(l)
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s2 := mustGet(t, acquireAsync(context.Background(), l))
-	report(s, Report{Status: 429, Verdict: RateRefused, PauseUntil: at(2 * time.Second)})
+	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: at(2 * time.Second)})
 	paused := log.takeKind(Paused)
 	if len(paused) != 1 || paused[0].PauseReason != "rate_limited" || paused[0].PauseFor != 2*time.Second || paused[0].Status != 429 {
 		t.Fatalf("paused changes: %+v, want one rate_limited for 2s", paused)
 	}
 	fc.Advance(time.Second)
-	report(s2, Report{Status: 503, Verdict: Overloaded, PauseUntil: at(4 * time.Second)})
+	report(s2, limit.Report{Status: 503, Verdict: limit.Overloaded, PauseUntil: at(4 * time.Second)})
 	s2.release()
 	if again := log.takeKind(Paused); len(again) != 0 {
 		t.Fatalf("an extended pause was reported as new: %+v", again)
@@ -96,7 +97,7 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	}
 	// After it ends, a new pause counts again.
 	fc.Set(at(5 * time.Second))
-	report(s, Report{Status: 503, Verdict: Overloaded, PauseUntil: at(6 * time.Second)})
+	report(s, limit.Report{Status: 503, Verdict: limit.Overloaded, PauseUntil: at(6 * time.Second)})
 	if st := l.State(); st.Pauses["overloaded"] != 1 || !near(st.PausedSeconds["overloaded"], 3) {
 		t.Fatalf("after a second pause: %v %v", st.Pauses, st.PausedSeconds)
 	}
@@ -138,9 +139,9 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 		t.Fatalf("after a second: %+v, want one change from 2 to %d", got, now)
 	}
 	fc.Advance(200 * time.Millisecond)
-	report(a, Report{Status: 429, Verdict: ConcurrencyRefused})
+	report(a, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused})
 	got = log.take()
-	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != now || got[0].View.Concurrency >= now || got[0].Verdict != ConcurrencyRefused {
+	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != now || got[0].View.Concurrency >= now || got[0].Verdict != limit.ConcurrencyRefused {
 		t.Fatalf("a refusal reported %+v, want a fall from %d at once", got, now)
 	}
 	a.release()
@@ -232,18 +233,18 @@ func TestDrainEstimate(t *testing.T) {
 		name   string
 		n      int
 		tokens int64
-		v      View
+		v      limit.View
 		want   float64
 	}{
-		{"nothing waits", 0, 0, View{Requests: BudgetView{Known: true, PerSecond: 1}}, 0},
-		{"nothing learned", 10, 100, View{}, 0},
-		{"request pace", 30, 0, View{Requests: BudgetView{Known: true, PerSecond: 10, Available: 10}}, 2},
-		{"token pace binds", 10, 1000, View{Requests: BudgetView{Known: true, PerSecond: 10}, Tokens: BudgetView{Known: true, PerSecond: 100}}, 10},
-		{"concurrency binds", 40, 0, View{Requests: BudgetView{Known: true, PerSecond: 100}, Concurrency: 4, AnswerSeconds: 2}, 20},
-		{"pause adds", 10, 0, View{Requests: BudgetView{Known: true, PerSecond: 10}, PausedUntil: now.Add(3 * time.Second)}, 4},
-		{"a pause alone", 1, 0, View{PausedUntil: now.Add(3 * time.Second)}, 3},
-		{"a pause over", 1, 0, View{PausedUntil: now.Add(-time.Second)}, 0},
-		{"room for all", 5, 0, View{Requests: BudgetView{Known: true, PerSecond: 1, Available: 10}}, 0},
+		{"nothing waits", 0, 0, limit.View{Requests: limit.BudgetView{Known: true, PerSecond: 1}}, 0},
+		{"nothing learned", 10, 100, limit.View{}, 0},
+		{"request pace", 30, 0, limit.View{Requests: limit.BudgetView{Known: true, PerSecond: 10, Available: 10}}, 2},
+		{"token pace binds", 10, 1000, limit.View{Requests: limit.BudgetView{Known: true, PerSecond: 10}, Tokens: limit.BudgetView{Known: true, PerSecond: 100}}, 10},
+		{"concurrency binds", 40, 0, limit.View{Requests: limit.BudgetView{Known: true, PerSecond: 100}, Concurrency: 4, AnswerSeconds: 2}, 20},
+		{"pause adds", 10, 0, limit.View{Requests: limit.BudgetView{Known: true, PerSecond: 10}, PausedUntil: now.Add(3 * time.Second)}, 4},
+		{"a pause alone", 1, 0, limit.View{PausedUntil: now.Add(3 * time.Second)}, 3},
+		{"a pause over", 1, 0, limit.View{PausedUntil: now.Add(-time.Second)}, 0},
+		{"room for all", 5, 0, limit.View{Requests: limit.BudgetView{Known: true, PerSecond: 1, Available: 10}}, 0},
 	}
 	for _, c := range cases {
 		if got := drainSeconds(c.n, c.tokens, c.v, now); !near(got, c.want) {

@@ -19,6 +19,10 @@ func refusedLane(t *testing.T, hint time.Duration) (*Lane, *Slot) {
 	return l, s
 }
 
+// cruiseShare is the share of a rate learned from refusals that the group
+// cruises at (limit's cruiseShare).
+const cruiseShare = 0.97
+
 func TestRefusalHintBecomesAPace(t *testing.T) {
 	l, s := refusedLane(t, 50*time.Millisecond)
 	defer s.release()

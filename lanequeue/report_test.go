@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestRefusalIsLearnedBeforeTheQueueMoves(t *testing.T) {
 		chans = append(chans, acquireAsync(context.Background(), l))
 	}
 	waitQueued(t, l, 5)
-	first.Report(Report{Status: 429, Verdict: RateRefused, PauseUntil: at(time.Second)})
+	first.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: at(time.Second)})
 	if st := l.State(); st.InFlight != 1 || st.Queued != 5 || st.PauseReason != "rate_limited" {
 		t.Fatalf("after the refusal: %+v, want the 5 still queued behind the pause", st)
 	}
@@ -49,7 +50,7 @@ func TestRefusalWithRoomCorrectsAnOverstatedWindow(t *testing.T) {
 		t.Fatalf("before: %v req/s", st.RequestsPerSecond)
 	}
 	fc.Advance(10 * time.Millisecond)
-	report(s, Report{Status: 429, Verdict: RateRefused, Hint: 50 * time.Millisecond,
+	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 50 * time.Millisecond,
 		Limits: headerparse.Limits{Requests: win(1200, 0, at(time.Second+10*time.Millisecond))}})
 	st := l.State()
 	if st.RequestsLimit != 20 || !near(st.RequestsPerSecond, 20) || !st.Corrected {
@@ -65,30 +66,12 @@ func TestRefusalWithRoomCorrectsAnOverstatedWindow(t *testing.T) {
 	s.release()
 }
 
-// TestMoreRoomShownLiftsACorrection: a correction is evidence, not a
-// verdict; an answer that shows more left raises the window again.
-func TestMoreRoomShownLiftsACorrection(t *testing.T) {
-	var b budget
-	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
-	if !b.correct() || b.size() != 20 {
-		t.Fatalf("correct: size %v", b.size())
-	}
-	b.observe(win(1200, 500, at(time.Second)), 0, t0, t0)
-	if b.size() != 501 {
-		t.Fatalf("size %v after 500 shown left, want 501", b.size())
-	}
-	if b.correct() {
-		t.Fatal("correct lowered a window below what it has shown")
-	}
-}
-
 // TestRefusalWellUnderTheLearnedRateLowersConcurrency: headers promise 100
 // requests a second and report room; the lane sends a few a second and is
 // refused anyway. The rate is not what binds: concurrency is lowered, the
 // pace left alone.
 func TestRefusalWellUnderTheLearnedRateLowersConcurrency(t *testing.T) {
-	l, fc := testLane(64, 1000)
-	shared(l).conc.slowStart = false
+	l, fc := settled(64, 1, 64)
 	// 99 left, full again in 10ms: 100 a second, and the upstream has
 	// shown the whole window, so there is nothing to correct.
 	lim := headerparse.Limits{Requests: win(100, 99, at(10*time.Millisecond))}
@@ -109,8 +92,7 @@ func TestRefusalWellUnderTheLearnedRateLowersConcurrency(t *testing.T) {
 // TestRateRefusalAtTheLearnedRateSlowsOnlyThePace: a refusal while the
 // lane sends at its learned rate is about the rate: concurrency stays.
 func TestRateRefusalAtTheLearnedRateSlowsOnlyThePace(t *testing.T) {
-	l, fc := testLane(16, 1000)
-	shared(l).conc.slowStart = false
+	l, fc := settled(16, 1, 16)
 	// 10 a second, 10 left: the budget lets 10 go at once.
 	lim := headerparse.Limits{Requests: win(10, 10, at(time.Second))}
 	s := mustGet(t, acquireAsync(context.Background(), l))
@@ -162,7 +144,7 @@ func TestCountersLiveInTheLane(t *testing.T) {
 	if err := s.WaitRetry(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
-	s.Report(Report{Status: 200, Verdict: Accepted})
+	s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 	s.release()
 	l.countAnswer(200, "ok")
 	st := l.State()
@@ -171,92 +153,7 @@ func TestCountersLiveInTheLane(t *testing.T) {
 	}
 }
 
-// TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal: two
-// answers 200ms apart, 8 requests sent between, remaining 19 then 15: the
-// upstream's own counts show a refill of (15-19+8)/0.2s = 20 a second,
-// while (1200-15)/reset claims thousands, and the window never showed half
-// its stated size. The budget shrinks to what was shown before any
-// refusal. Honest headers with the same traffic stay as they are.
-func TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal(t *testing.T) {
-	tests := []struct {
-		name                 string
-		first, second        headerparse.Window
-		wantSize             float64
-		wantRateAtMostOrNear float64
-	}{
-		{"quantized", win(1200, 19, at(50*time.Millisecond)), win(1200, 15, at(200*time.Millisecond+250*time.Millisecond)), 20, 20},
-		{"honest, full", win(1200, 1199, at(50*time.Millisecond)), win(1200, 1199, at(250*time.Millisecond)), 1200, 20},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var b budget
-			b.observe(tt.first, 1, t0, t0)
-			for range 8 {
-				b.take(1)
-			}
-			b.observe(tt.second, 9, at(200*time.Millisecond), at(200*time.Millisecond))
-			if b.size() != tt.wantSize || b.rate > tt.wantRateAtMostOrNear+0.01 || b.rate < tt.wantRateAtMostOrNear-0.01 {
-				t.Fatalf("size %v rate %v; want %v, %v", b.size(), b.rate, tt.wantSize, tt.wantRateAtMostOrNear)
-			}
-		})
-	}
-}
-
 // Regression tests from the review of the lane engine.
-
-// TestMeterReadsRatesAboveItsSampleCount: the meter once kept the last 32
-// dispatches, so it could not read more than 32 a second, and a group at
-// its full rate looked under-used.
-func TestMeterReadsRatesAboveItsSampleCount(t *testing.T) {
-	var p pacer
-	p.requests = budget{known: true, rate: 100, limit: 100}
-	now := t0
-	for range 200 { // 100 a second
-		now = now.Add(10 * time.Millisecond)
-		p.recent.add(now)
-	}
-	if r := p.recent.rate(now); r < 95 || r > 105 {
-		t.Fatalf("meter reads %v/s for 100/s", r)
-	}
-	if p.underUsed(now) {
-		t.Fatal("sending at the full learned rate counts as under-used")
-	}
-}
-
-// TestRefusalNeverRaisesConcurrency: an inferred refusal's floor (the
-// learned rate times the answer time) once lifted the limit above
-// MaxConcurrency.
-func TestRefusalNeverRaisesConcurrency(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 8}.withDefaults())
-	c.slowStart = false
-	c.inFlight = 1
-	c.refused(&Ticket{InFlight: 0, Limit: 8}, t0, 1, 200, false)
-	if c.limit != 8 {
-		t.Fatalf("limit %d after a refusal with floor 200, want it to stay 8", c.limit)
-	}
-}
-
-// TestOneOverloadDoesNotCrippleGrowth: a 529 while one request was out
-// once pinned the refused level at 1 for good, making every later step up
-// a slow probe (about 5,000 answers from 1 back to 32). Now it costs one
-// step, and the refused level is forgotten after refusedMemory.
-func TestOneOverloadDoesNotCrippleGrowth(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 1024}.withDefaults())
-	c.refused(&Ticket{InFlight: 0, Limit: 8}, t0, 1, 0, false)
-	if c.limit != 7 {
-		t.Fatalf("limit %d after one overload, want one step down to 7", c.limit)
-	}
-	later := at(refusedMemory + time.Second)
-	n := 0
-	for c.limit < 32 {
-		c.inFlight = c.limit
-		c.accepted(&Ticket{InFlight: c.limit - 1, Limit: c.limit}, later, c.limit, 0)
-		n++
-	}
-	if n > 32*32/2 {
-		t.Fatalf("%d answers at the limit to grow from 7 to 32; additive growth needs about %d", n, (7+31)*25/2)
-	}
-}
 
 // TestHonestHeadersOfASharedKeyAreNotCorrected: limit 600 a minute, resets
 // consistent with 10 a second, and other clients holding remaining near
@@ -280,21 +177,6 @@ func TestHonestHeadersOfASharedKeyAreNotCorrected(t *testing.T) {
 	}
 }
 
-// TestABudgetWaitingForATimeHoldsAProbeBack: one budget can only learn
-// more from an answer, the other refills at a known time; the request waits
-// for that time instead of going as a probe.
-func TestABudgetWaitingForATimeHoldsAProbeBack(t *testing.T) {
-	var p pacer
-	p.observe(headerparse.Limits{
-		Requests: headerparse.Window{Remaining: 0, HasRemaining: true},                                      // exhausted, no limit or reset
-		Tokens:   headerparse.Window{Limit: 1000, Remaining: 0, HasRemaining: true, Reset: at(time.Second)}, // refills by +1s
-	}, &Ticket{Dispatched: t0}, t0)
-	at1, ok, _, _ := p.admit(t0, 100, true, true)
-	if ok || at1.IsZero() {
-		t.Fatalf("admit = %v, %v; want to wait for the token refill", at1, ok)
-	}
-}
-
 // TestOutcomesNameEveryWayAnAnswerEnds: the metric's help names every
 // outcome the proxy counts, and an outcome is a failure unless the answer
 // went whole or its client left.
@@ -313,37 +195,14 @@ func TestOutcomesNameEveryWayAnAnswerEnds(t *testing.T) {
 	}
 }
 
-// TestWhatEachVerdictMeans: which verdicts are refusals, which of those
-// are of the limits, which pause the group on a retry, and the reason
-// such a pause shows.
-func TestWhatEachVerdictMeans(t *testing.T) {
-	for _, c := range []struct {
-		v                        Verdict
-		refusal, limited, pauses bool
-		reason                   string
-	}{
-		{Accepted, false, false, false, "retry"},
-		{RateRefused, true, true, true, "rate_limited"},
-		{ConcurrencyRefused, true, true, false, "retry"},
-		{Overloaded, true, false, true, "overloaded"},
-		{Failed, false, false, false, "retry"},
-		{NotSent, false, false, false, "retry"},
-	} {
-		if c.v.Refusal() != c.refusal || c.v.Limited() != c.limited || c.v.Pauses() != c.pauses || c.v.PauseReason() != c.reason {
-			t.Errorf("%v: refusal %v, limited %v, pauses %v, reason %q; want %v, %v, %v, %q", c.v, c.v.Refusal(), c.v.Limited(),
-				c.v.Pauses(), c.v.PauseReason(), c.refusal, c.limited, c.pauses, c.reason)
-		}
-	}
-}
-
 // TestOnlyCapacityRefusalsCountAsThrottled: rate and concurrency refusals
 // and overloads count as throttled; accepted, failed and unsent attempts
 // do not.
 func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 	for _, tt := range []struct {
-		v    Verdict
+		v    limit.Verdict
 		want bool
-	}{{Accepted, false}, {RateRefused, true}, {ConcurrencyRefused, true}, {Overloaded, true}, {Failed, false}, {NotSent, false}} {
+	}{{limit.Accepted, false}, {limit.RateRefused, true}, {limit.ConcurrencyRefused, true}, {limit.Overloaded, true}, {limit.Failed, false}, {limit.NotSent, false}} {
 		if got := tt.v.Refusal(); got != tt.want {
 			t.Errorf("%v.Refusal() = %v, want %v", tt.v, got, tt.want)
 		}
@@ -351,11 +210,11 @@ func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 	l, _ := testLane(4, 10)
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{})
-	report(s, Report{Status: 500, Verdict: Failed})
+	report(s, limit.Report{Status: 500, Verdict: limit.Failed})
 	if n := l.State().Throttled; n != 0 {
 		t.Fatalf("throttled = %d after an accepted and a failed attempt, want 0", n)
 	}
-	report(s, Report{Status: 529, Verdict: Overloaded})
+	report(s, limit.Report{Status: 529, Verdict: limit.Overloaded})
 	if n := l.State().Throttled; n != 1 {
 		t.Fatalf("throttled = %d after an overload, want 1", n)
 	}

@@ -122,7 +122,7 @@ func (sh *sharing) shows() bool {
 // show it and that states the same window; and when lim's first answer
 // showed all that the group sent before it, every limit that sent before
 // it. It reports whether any joined. Requires g.mu held.
-func (g *group) shareLocked(lim *limit, s *Slot, w headerparse.Window) bool {
+func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window) bool {
 	if lim.mergedInto != nil || lim.sharedBy == "configured" {
 		return false
 	}
@@ -132,7 +132,7 @@ func (g *group) shareLocked(lim *limit, s *Slot, w headerparse.Window) bool {
 	}
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
-	with := []*limit{lim}
+	with := []*pool{lim}
 	for _, o := range g.limits {
 		if o.mergedInto != nil || slices.Contains(with, o) {
 			continue
@@ -152,8 +152,8 @@ func (g *group) shareLocked(lim *limit, s *Slot, w headerparse.Window) bool {
 
 // mergeLocked makes the limits in with one, for why: the one made first
 // takes the others' lanes and models. Requires g.mu and g.limMu held.
-func (g *group) mergeLocked(with []*limit, why string) {
-	slices.SortFunc(with, func(a, b *limit) int { return a.seq - b.seq })
+func (g *group) mergeLocked(with []*pool, why string) {
+	slices.SortFunc(with, func(a, b *pool) int { return a.seq - b.seq })
 	into := with[0]
 	for _, o := range with[1:] {
 		o.mergedInto = into

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +15,7 @@ import (
 // limSent-th and its group's groupSent-th, with inFlight other permits
 // of the limit out then: what sharing reads an answer against.
 func sentAs(d time.Time, limSent, groupSent uint64, inFlight int) *Slot {
-	return &Slot{ticket: Ticket{Dispatched: d, InFlight: inFlight}, limSent: limSent, groupSent: groupSent}
+	return &Slot{ticket: limit.Ticket{Dispatched: d, InFlight: inFlight}, limSent: limSent, groupSent: groupSent}
 }
 
 // window20 is a requests window of 20 with remaining left.
@@ -362,7 +363,7 @@ func TestAReplicasAnswerIsAskedForWhenTheProbeWouldHold(t *testing.T) {
 	cfg := Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}
 	var answered atomic.Bool
 	answered.Store(true)
-	tb := NewTable(TableConfig{Lane: cfg, Shared: func(_ string, c Config) Shared { return elsewhere{NewMemory(c), &answered} }})
+	tb := NewTable(TableConfig{Lane: cfg, Shared: func(_ string, c limit.Config) limit.Shared { return elsewhere{limit.NewMemory(c), &answered} }})
 	l := tb.laneFor(Key{Path: "/p"})
 	first := mustGet(t, acquireAsync(context.Background(), l))
 	defer first.release()

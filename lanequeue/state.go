@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"github.com/llmproxy/llmproxy/limit"
 	"maps"
 	"time"
 )
@@ -123,7 +124,7 @@ type State struct {
 	Shared          string  `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
 	// Configured is the route's configured limits for the group, shown
 	// beside what was learned; nil when none are.
-	Configured *ConfiguredView `json:"configured,omitempty"`
+	Configured *limit.ConfiguredView `json:"configured,omitempty"`
 	// Shape says, when the upstream counts in another shape than a token
 	// bucket, what the group learned of it and from what ("window of 200
 	// per 10s, learned from refusals whose waits end at one boundary").
@@ -168,7 +169,7 @@ func (l *Lane) state(withHistory bool) State {
 		LastUsed: l.used(),
 	}
 	if lim.ceil != nil {
-		s.Configured = lim.ceil.view()
+		s.Configured = lim.ceil.View()
 	}
 	s.Shape = v.Window.String()
 	s.SharesLimitWith, s.SharedBecause = lim.sharedWith(l.key.Model)
@@ -199,7 +200,7 @@ func (l *Lane) state(withHistory bool) State {
 // what their windows still hold) and the concurrency limit at the mean
 // answer time. 0 when nothing waits, or when nothing bounds the pace yet
 // and no pause holds the group.
-func drainSeconds(n int, tokens int64, v View, now time.Time) float64 {
+func drainSeconds(n int, tokens int64, v limit.View, now time.Time) float64 {
 	if n == 0 {
 		return 0
 	}

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"slices"
 	"sync"
 	"time"
@@ -14,7 +15,7 @@ type TableConfig struct {
 	Lane Config // every new lane's config
 	// RouteLimits are the configured limits of each route's groups, by
 	// route name ("" for the default upstream); they set Lane.Limits.
-	RouteLimits map[string]Limits
+	RouteLimits map[string]limit.Limits
 	// Cap, when set, is one concurrency cap over every group of the
 	// table (see Cap).
 	Cap *Cap
@@ -26,7 +27,7 @@ type TableConfig struct {
 	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit (see Key.limitKey), by
 	// its key; nil = NewMemory, state in this process only.
-	Shared func(key string, cfg Config) Shared
+	Shared func(key string, cfg limit.Config) limit.Shared
 	// onEvict is called, outside the table's lock, for every lane dropped.
 	onEvict func(*Lane)
 	// idDigits is how many hex digits a lane's ID starts with; zero:
@@ -68,7 +69,7 @@ func NewTable(cfg TableConfig) *Table {
 		cfg.IdleTTL = DefaultIdleTTL
 	}
 	if cfg.Shared == nil {
-		cfg.Shared = func(_ string, c Config) Shared { return NewMemory(c) }
+		cfg.Shared = func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }
 	}
 	if cfg.idDigits <= 0 {
 		cfg.idDigits = shortLen

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"fmt"
+	"github.com/llmproxy/llmproxy/limit"
 	"strconv"
 	"strings"
 	"testing"
@@ -264,12 +265,12 @@ func TestEveryKeyFieldSeparatesLanes(t *testing.T) {
 // stallingShared is the in-process state with an Admit that waits until
 // released: a shared store gone slow, with its group's lock held.
 type stallingShared struct {
-	*Memory
+	*limit.Memory
 	entered chan struct{}
 	release chan struct{}
 }
 
-func (s stallingShared) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
+func (s stallingShared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
 	select {
 	case s.entered <- struct{}{}:
 	default:
@@ -282,12 +283,12 @@ func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
 	fc := clock.NewFake(t0)
 	stall := stallingShared{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, IdleTTL: time.Minute,
-		Shared: func(group string, cfg Config) Shared {
+		Shared: func(group string, cfg limit.Config) limit.Shared {
 			if strings.Contains(group, HashCredential("slow")) {
-				stall.Memory = NewMemory(cfg)
+				stall.Memory = limit.NewMemory(cfg)
 				return stall
 			}
-			return NewMemory(cfg)
+			return limit.NewMemory(cfg)
 		}})
 	slowKey := Key{CredentialHash: HashCredential("slow"), Path: "/v1/chat/completions"}
 	slow := tb.laneFor(slowKey)
@@ -370,7 +371,7 @@ func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
 // 1024, a queue of 10000.
 func TestZeroConfigTakesTheDocumentedDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
-	if c.Concurrency != DefaultConcurrency || c.MinConcurrency != 1 || c.MaxConcurrency != 1024 || c.MaxQueue != 10000 || c.Clock == nil {
+	if c.Concurrency != limit.DefaultConcurrency || c.MinConcurrency != 1 || c.MaxConcurrency != 1024 || c.MaxQueue != 10000 || c.Clock == nil {
 		t.Fatalf("defaults %+v, want concurrency 8, min 1, max 1024, queue 10000, a clock", c)
 	}
 	if c := (Config{Concurrency: 16}).withDefaults(); c.Concurrency != 16 || c.MaxConcurrency != 1024 {

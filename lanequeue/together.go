@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"github.com/llmproxy/llmproxy/limit"
 	"math"
 	"slices"
 	"time"
@@ -45,7 +46,7 @@ const refusedTogether = "refused together"
 // trial is what a limit on trial keeps: the limits joined on it, and how
 // many of its refusals counted lately.
 type trial struct {
-	members  []*limit
+	members  []*pool
 	refusals float64
 }
 
@@ -56,7 +57,7 @@ type standing struct {
 }
 
 // root is the limit l's lanes draw on: l, or the one that took it over.
-func (l *limit) root() *limit {
+func (l *pool) root() *pool {
 	for l.mergedInto != nil {
 		l = l.mergedInto
 	}
@@ -65,18 +66,18 @@ func (l *limit) root() *limit {
 
 // silent reports whether l's answers said nothing of counts, while some
 // were admitted and its latest was refused.
-func (l *limit) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
+func (l *pool) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
 
 // togetherLocked learns from the answer r to a dispatch by issuer for a
 // lane made with own (the limit of its model) whether limits of the group
 // are refused together, joining them on trial if so; and, in a trial,
 // whether own is refused apart, splitting it off if so. It reports whether
 // the limits lanes draw on changed. Requires g.mu held.
-func (g *group) togetherLocked(own, issuer *limit, r Report, now time.Time) bool {
+func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time) bool {
 	if r.Limits.Requests.HasRemaining || r.Limits.Tokens.HasRemaining {
 		own.spoke = true // its headers tell (see sharing)
 	}
-	if r.Verdict == Accepted {
+	if r.Verdict == limit.Accepted {
 		own.admitted = true
 	}
 	if !r.Verdict.Limited() {
@@ -95,7 +96,7 @@ func (g *group) togetherLocked(own, issuer *limit, r Report, now time.Time) bool
 	}
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
-	with := []*limit{root}
+	with := []*pool{root}
 	for _, o := range g.limits {
 		r := o.root()
 		if o.silent() && now.Sub(o.refusedAt) <= togetherSpan && (r.sharedBy == "" || r.trial != nil) &&
@@ -112,7 +113,7 @@ func (g *group) togetherLocked(own, issuer *limit, r Report, now time.Time) bool
 
 // evenLocked reports whether the limits whose lanes draw on those in with
 // were asked about as often. Requires g.limMu held.
-func (g *group) evenLocked(with []*limit) bool {
+func (g *group) evenLocked(with []*pool) bool {
 	var lo, hi uint64
 	first := true
 	for _, l := range g.limits {
@@ -131,8 +132,8 @@ func (g *group) evenLocked(with []*limit) bool {
 // the first trial among them, or a new limit, which learns the one they
 // share afresh while theirs keep what they learned. Requires g.mu and
 // g.limMu held.
-func (g *group) joinLocked(with []*limit) {
-	var t *limit
+func (g *group) joinLocked(with []*pool) {
+	var t *pool
 	for _, r := range with {
 		if r.trial != nil {
 			t = r
@@ -141,14 +142,14 @@ func (g *group) joinLocked(with []*limit) {
 	}
 	if t == nil {
 		key := with[0].key + "\x00" + refusedTogether
-		t = newLimit(key, g.cfg, g.newShared(key, g.cfg))
+		t = newPool(key, g.cfg, g.newShared(key, g.cfg.limitConfig()))
 		t.learned, t.sharedBy, t.trial = true, refusedTogether, &trial{}
 	}
 	for _, r := range with {
 		if r == t {
 			continue
 		}
-		members := []*limit{r}
+		members := []*pool{r}
 		if r.trial != nil {
 			members = r.trial.members // a trial of its own: its members join
 		}
@@ -165,7 +166,7 @@ func (g *group) joinLocked(with []*limit) {
 
 // contrastLocked reports whether lanes of t's trial other than own's have
 // waiters. Requires g.mu held.
-func (g *group) contrastLocked(own, t *limit) bool {
+func (g *group) contrastLocked(own, t *pool) bool {
 	for l := g.turns.first; l != nil; l = l.turnNext {
 		if l.lim != own && l.lim.root() == t {
 			return true
@@ -176,7 +177,7 @@ func (g *group) contrastLocked(own, t *limit) bool {
 
 // sentOnTrialLocked counts a dispatch by t, on trial, for a lane made
 // with own. Requires g.mu held.
-func (t *limit) sentOnTrialLocked(own *limit) {
+func (t *pool) sentOnTrialLocked(own *pool) {
 	for _, m := range t.trial.members {
 		m.standing.share *= 1 - shareWeight
 		if m == own {
@@ -188,7 +189,7 @@ func (t *limit) sentOnTrialLocked(own *limit) {
 // judgeLocked counts a refusal of own's lanes in t's trial, and splits
 // own off when its refusals are too many for its share of the dispatches
 // to explain. Requires g.mu held.
-func (g *group) judgeLocked(own, t *limit) bool {
+func (g *group) judgeLocked(own, t *pool) bool {
 	tr := t.trial
 	var total float64
 	for _, m := range tr.members {
@@ -222,13 +223,13 @@ func (g *group) judgeLocked(own, t *limit) bool {
 // their own again, learned afresh (what it learned before the trial is as
 // old as the trial). The others go on drawing on t, on trial while two or
 // more remain; the group starts no other. Requires g.mu held.
-func (g *group) splitLocked(own, t *limit) {
+func (g *group) splitLocked(own, t *pool) {
 	own.mergedInto = nil
 	if own.unanswered == 0 { // no answer is owed to the state it had
-		own.shared = g.newShared(own.key+"\x00apart", g.cfg)
+		own.shared = g.newShared(own.key+"\x00apart", g.cfg.limitConfig())
 	}
 	tr := t.trial
-	tr.members = slices.DeleteFunc(tr.members, func(m *limit) bool { return m == own })
+	tr.members = slices.DeleteFunc(tr.members, func(m *pool) bool { return m == own })
 	t.models = t.models[:0]
 	for _, m := range tr.members {
 		m.standing = standing{}

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"math"
 	"slices"
 	"testing"
@@ -45,7 +46,7 @@ func answerApart(t *testing.T, lanes []*Lane, extra int, lim headerparse.Limits,
 		}
 		for range n {
 			s := get(l)
-			report(s, Report{Status: 200, Verdict: Accepted, Limits: lim})
+			report(s, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim})
 			s.release()
 		}
 	}
@@ -57,7 +58,7 @@ func answerApart(t *testing.T, lanes []*Lane, extra int, lim headerparse.Limits,
 		if i > 0 {
 			fc.Advance(gap)
 		}
-		report(s, Report{Status: 429, Verdict: RateRefused, Limits: lim})
+		report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, Limits: lim})
 		s.release()
 	}
 }
@@ -96,7 +97,7 @@ func TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined(t *testing.T) {
 	}{
 		{"headers", Config{}, 0, headerparse.Limits{Requests: win(20, 5, t0.Add(time.Second))}},
 		{"uneven", Config{}, 2, headerparse.Limits{}},
-		{"configured", Config{Limits: Limits{RPM: 6000}}, 0, headerparse.Limits{}},
+		{"configured", Config{Limits: limit.Limits{RPM: 6000}}, 0, headerparse.Limits{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -139,7 +140,7 @@ func TestRefusalsMoreThanASecondApartOrOfModelsNeverAdmittedJoinNothing(t *testi
 			slots = append(slots, mustGet(t, acquireAsync(context.Background(), l)))
 		}
 		for _, s := range slots {
-			report(s, Report{Status: 429, Verdict: RateRefused})
+			report(s, limit.Report{Status: 429, Verdict: limit.RateRefused})
 			s.release()
 		}
 		lanes[0].g.clock.(*clock.Fake).Advance(time.Minute) // past any pause
@@ -153,7 +154,7 @@ func TestRefusalsMoreThanASecondApartOrOfModelsNeverAdmittedJoinNothing(t *testi
 // first, and then a refusal of a dispatch of t's for a lane of own, with
 // the lane waiting waiting (nil: none); it reports whether the limits
 // changed.
-func refuseOnTrial(lanes []*Lane, t, own *limit, n int, waiting *Lane) bool {
+func refuseOnTrial(lanes []*Lane, t, own *pool, n int, waiting *Lane) bool {
 	g := lanes[0].g
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -169,7 +170,7 @@ func refuseOnTrial(lanes []*Lane, t, own *limit, n int, waiting *Lane) bool {
 		g.turns.push(waiting)
 		defer g.turns.remove(waiting)
 	}
-	return g.togetherLocked(own, t, Report{Status: 429, Verdict: RateRefused}, g.clock.Now())
+	return g.togetherLocked(own, t, limit.Report{Status: 429, Verdict: limit.RateRefused}, g.clock.Now())
 }
 
 // TestALimitRefusedMoreThanItsTurnsLeavesTheTrial: on trial, refusals fall
@@ -214,15 +215,15 @@ func TestALimitRefusedMoreThanItsTurnsLeavesTheTrial(t *testing.T) {
 func TestRefusalsInTurnOrAloneKeepTheTrial(t *testing.T) {
 	cases := []struct {
 		name   string
-		refuse func(lanes []*Lane, trialLim *limit, i int) bool
+		refuse func(lanes []*Lane, trialLim *pool, i int) bool
 	}{
-		{"in turn", func(lanes []*Lane, trialLim *limit, i int) bool {
+		{"in turn", func(lanes []*Lane, trialLim *pool, i int) bool {
 			return refuseOnTrial(lanes, trialLim, lanes[i%2].lim, 2, lanes[(i+1)%2])
 		}},
-		{"alone", func(lanes []*Lane, trialLim *limit, i int) bool {
+		{"alone", func(lanes []*Lane, trialLim *pool, i int) bool {
 			return refuseOnTrial(lanes, trialLim, lanes[1].lim, 2, nil)
 		}},
-		{"sent before", func(lanes []*Lane, trialLim *limit, i int) bool {
+		{"sent before", func(lanes []*Lane, trialLim *pool, i int) bool {
 			g := lanes[0].g
 			g.mu.Lock()
 			defer g.mu.Unlock()
@@ -233,7 +234,7 @@ func TestRefusalsInTurnOrAloneKeepTheTrial(t *testing.T) {
 			g.turns.push(lanes[0])
 			defer g.turns.remove(lanes[0])
 			own := lanes[1].lim
-			return g.togetherLocked(own, own, Report{Status: 429, Verdict: RateRefused}, g.clock.Now())
+			return g.togetherLocked(own, own, limit.Report{Status: 429, Verdict: limit.RateRefused}, g.clock.Now())
 		}},
 	}
 	for _, c := range cases {

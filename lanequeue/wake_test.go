@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"github.com/llmproxy/llmproxy/limit"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,13 +13,13 @@ import (
 // nowShared refuses its first admissions "until now", an instant already
 // come, and counts them.
 type nowShared struct {
-	*Memory
+	*limit.Memory
 	asked atomic.Int32
 }
 
-func (s *nowShared) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
+func (s *nowShared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
 	if s.asked.Add(1) <= 50 {
-		return Ticket{}, now, false
+		return limit.Ticket{}, now, false
 	}
 	return s.Memory.Admit(now, cost, probe)
 }
@@ -30,8 +31,8 @@ func (s *nowShared) Admit(now time.Time, cost int64, probe bool) (Ticket, time.T
 func TestADispatchThatLetsNobodyGoRunsAgainAMillisecondLater(t *testing.T) {
 	fc := clock.NewFake(t0)
 	var made atomic.Pointer[nowShared]
-	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, Shared: func(_ string, cfg Config) Shared {
-		sh := &nowShared{Memory: NewMemory(cfg)}
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, Shared: func(_ string, cfg limit.Config) limit.Shared {
+		sh := &nowShared{Memory: limit.NewMemory(cfg)}
 		made.Store(sh)
 		return sh
 	}})

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 const testAdminToken = "s3cret-admin-token"
@@ -171,7 +172,7 @@ func TestAdminTokenLoginFromTheBrowser(t *testing.T) {
 func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	up := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte(`{}`)) })
 	h := newHarness(t, up, func(c *Config) {
-		c.Default.Limits = lanequeue.Limits{RPM: 600, Concurrency: 8}
+		c.Default.Limits = limit.Limits{RPM: 600, Concurrency: 8}
 		c.GlobalConcurrency = 4
 		c.Routes = append(c.Routes, Route{Name: "ollama", URL: c.Upstream, Settings: RouteSettings{Local: true}})
 	})
@@ -200,7 +201,7 @@ func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	for _, s := range page.Lanes {
 		switch s.Route {
 		case "":
-			if c := s.Configured; c == nil || *c != (lanequeue.ConfiguredView{RPM: 600, Concurrency: 8, Mode: "ceiling"}) {
+			if c := s.Configured; c == nil || *c != (limit.ConfiguredView{RPM: 600, Concurrency: 8, Mode: "ceiling"}) {
 				t.Errorf("default route's lane: configured %+v", c)
 			}
 		case "ollama":

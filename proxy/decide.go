@@ -7,7 +7,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/headerparse"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -38,7 +38,7 @@ func (a action) String() string {
 // decision is what to do with one answer, and what it tells the lane.
 type decision struct {
 	action  action
-	verdict lanequeue.Verdict
+	verdict limit.Verdict
 	// wait is how long before the retry. With pauseGroup it holds every
 	// lane of the group (a refusal speaks for the whole limit); without,
 	// only this request.
@@ -132,30 +132,30 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 }
 
 // verdictOf reads what an answer says about the upstream's capacity.
-func verdictOf(res upstream.Result) lanequeue.Verdict {
+func verdictOf(res upstream.Result) limit.Verdict {
 	if res.Resp == nil {
-		return lanequeue.NotSent
+		return limit.NotSent
 	}
 	code := res.Resp.StatusCode
 	switch {
 	case res.Outcome != upstream.Retryable:
 		if code == http.StatusTooManyRequests {
-			return lanequeue.Failed // a hard quota: nothing about rate or load
+			return limit.Failed // a hard quota: nothing about rate or load
 		}
-		return lanequeue.Accepted
+		return limit.Accepted
 	case res.Error.Kind == headerparse.KindConcurrency:
-		return lanequeue.ConcurrencyRefused
+		return limit.ConcurrencyRefused
 	case code == http.StatusTooManyRequests:
-		return lanequeue.RateRefused
+		return limit.RateRefused
 	case code == http.StatusServiceUnavailable || code == 529:
-		return lanequeue.Overloaded
+		return limit.Overloaded
 	}
-	return lanequeue.Failed
+	return limit.Failed
 }
 
 // report is what the lane learns from an answer and the decision on it.
-func (d decision) report(res upstream.Result, now time.Time) lanequeue.Report {
-	r := lanequeue.Report{Verdict: d.verdict, Limits: res.Limits}
+func (d decision) report(res upstream.Result, now time.Time) limit.Report {
+	r := limit.Report{Verdict: d.verdict, Limits: res.Limits}
 	if res.Resp != nil {
 		r.Status = res.Resp.StatusCode
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -36,31 +37,31 @@ func TestDecide(t *testing.T) {
 		tries      tally
 		budget     time.Duration
 		action     action
-		verdict    lanequeue.Verdict
+		verdict    limit.Verdict
 		wait       time.Duration
 		pauseGroup bool
 	}{
-		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), tally{}, time.Minute, pass, lanequeue.Accepted, 0, false},
-		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), tally{}, time.Minute, pass, lanequeue.Accepted, 0, false},
-		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), tally{}, time.Minute, pass, lanequeue.Failed, 0, false},
-		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), tally{}, time.Minute, retry, lanequeue.RateRefused, 1500 * time.Millisecond, true},
-		{"rate 429 without a hint backs off", rate429, tally{refusals: 1}, time.Minute, retry, lanequeue.RateRefused, 200 * time.Millisecond, true},
-		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), tally{}, time.Minute, retry, lanequeue.RateRefused, 100 * time.Millisecond, true},
-		{"negative hint backs off", withHint(rate429, -time.Second), tally{}, time.Minute, retry, lanequeue.RateRefused, 100 * time.Millisecond, true},
-		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), tally{}, time.Minute, retry, lanequeue.ConcurrencyRefused, time.Second, false},
-		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, lanequeue.Overloaded, 100 * time.Millisecond, true},
-		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, lanequeue.Overloaded, 100 * time.Millisecond, true},
-		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), tally{}, time.Minute, retry, lanequeue.Failed, 100 * time.Millisecond, false},
-		{"connection error is not sent", unreachable, tally{}, time.Minute, retry, lanequeue.NotSent, 100 * time.Millisecond, false},
-		{"unreachable gives up after two retries", unreachable, tally{failures: 2, unreachable: 2}, time.Minute, giveUp, lanequeue.NotSent, 0, false},
-		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), tally{failures: 3}, time.Minute, giveUp, lanequeue.Failed, 0, false},
-		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), tally{failures: 3}, time.Minute, retry, lanequeue.RateRefused, time.Second, true},
-		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), tally{failures: 1, refusals: 7}, time.Minute, retry, lanequeue.Failed, 200 * time.Millisecond, false},
-		{"refusals without a hint back off at most 2^3 steps", rate429, tally{refusals: 40}, time.Minute, retry, lanequeue.RateRefused, 800 * time.Millisecond, true},
-		{"unreachable after refusals is retried", unreachable, tally{refusals: 5}, time.Minute, retry, lanequeue.NotSent, 100 * time.Millisecond, false},
-		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), tally{}, time.Hour, giveUp, lanequeue.RateRefused, 0, false},
-		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), tally{}, time.Hour, retry, lanequeue.RateRefused, time.Minute, true},
-		{"wait past the budget", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, lanequeue.RateRefused, 0, false},
+		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), tally{}, time.Minute, pass, limit.Accepted, 0, false},
+		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), tally{}, time.Minute, pass, limit.Accepted, 0, false},
+		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), tally{}, time.Minute, pass, limit.Failed, 0, false},
+		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), tally{}, time.Minute, retry, limit.RateRefused, 1500 * time.Millisecond, true},
+		{"rate 429 without a hint backs off", rate429, tally{refusals: 1}, time.Minute, retry, limit.RateRefused, 200 * time.Millisecond, true},
+		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), tally{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
+		{"negative hint backs off", withHint(rate429, -time.Second), tally{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
+		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), tally{}, time.Minute, retry, limit.ConcurrencyRefused, time.Second, false},
+		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
+		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
+		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), tally{}, time.Minute, retry, limit.Failed, 100 * time.Millisecond, false},
+		{"connection error is not sent", unreachable, tally{}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
+		{"unreachable gives up after two retries", unreachable, tally{failures: 2, unreachable: 2}, time.Minute, giveUp, limit.NotSent, 0, false},
+		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), tally{failures: 3}, time.Minute, giveUp, limit.Failed, 0, false},
+		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), tally{failures: 3}, time.Minute, retry, limit.RateRefused, time.Second, true},
+		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), tally{failures: 1, refusals: 7}, time.Minute, retry, limit.Failed, 200 * time.Millisecond, false},
+		{"refusals without a hint back off at most 2^3 steps", rate429, tally{refusals: 40}, time.Minute, retry, limit.RateRefused, 800 * time.Millisecond, true},
+		{"unreachable after refusals is retried", unreachable, tally{refusals: 5}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
+		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), tally{}, time.Hour, giveUp, limit.RateRefused, 0, false},
+		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), tally{}, time.Hour, retry, limit.RateRefused, time.Minute, true},
+		{"wait past the budget", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, limit.RateRefused, 0, false},
 	}
 	// The reasons a client reads when the proxy gives up count what happened.
 	if d := decide(unreachable, tally{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {

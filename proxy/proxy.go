@@ -31,6 +31,7 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -45,7 +46,7 @@ type Route struct {
 // (LLMPROXY_ROUTE_<NAME>_*).
 type RouteSettings struct {
 	// Limits are the route's configured limits per limit group.
-	Limits lanequeue.Limits
+	Limits limit.Limits
 	// Priority is the priority of a request that does not send
 	// x-llmproxy-priority.
 	Priority lanequeue.Priority
@@ -267,9 +268,9 @@ func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
 	}
 	p.gates = map[string]*lanequeue.ModelGate{}
 	for name, st := range p.settings {
-		if st.Limits != (lanequeue.Limits{}) {
+		if st.Limits != (limit.Limits{}) {
 			if lanes.RouteLimits == nil {
-				lanes.RouteLimits = map[string]lanequeue.Limits{}
+				lanes.RouteLimits = map[string]limit.Limits{}
 			}
 			lanes.RouteLimits[name] = st.Limits
 		}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // BenchmarkRequest is what the Redis path adds to one request: admission,
@@ -23,15 +23,15 @@ func BenchmarkRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	benchRequests(b, st.Shared("bench", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}), st)
+	benchRequests(b, st.Shared("bench", limit.Config{Concurrency: 64, MaxConcurrency: 64}), st)
 }
 
 // BenchmarkRequestLocal is the same with the in-process state.
 func BenchmarkRequestLocal(b *testing.B) {
-	benchRequests(b, lanequeue.NewMemory(lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}), nil)
+	benchRequests(b, limit.NewMemory(limit.Config{Concurrency: 64, MaxConcurrency: 64}), nil)
 }
 
-func benchRequests(b *testing.B, sh lanequeue.Shared, st *Store) {
+func benchRequests(b *testing.B, sh limit.Shared, st *Store) {
 	times := make([]time.Duration, 0, b.N)
 	before := commandCount(st)
 	b.ResetTimer()
@@ -42,7 +42,7 @@ func benchRequests(b *testing.B, sh lanequeue.Shared, st *Store) {
 			b.Fatal("admit refused")
 		}
 		now := time.Now()
-		sh.Learn(&t, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: headerparse.Limits{
+		sh.Learn(&t, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: headerparse.Limits{
 			Requests: headerparse.Window{Limit: 1 << 30, Remaining: 1<<30 - 1, HasRemaining: true, Reset: now.Add(time.Millisecond)}}}, now)
 		sh.Return(&t, time.Now())
 		times = append(times, time.Since(start))

@@ -17,7 +17,7 @@ import (
 // budget on a real Redis. The format is documented in the file's "doc"; its
 // types, checks and judging are in internal/bucketcases.
 
-const bucketCasesPath = "../lanequeue/testdata/bucket_cases.json"
+const bucketCasesPath = "../limit/testdata/bucket_cases.json"
 
 // bucketHarness runs one step of a case on lib's budget at the step's own
 // time (ARGV[2], ms) instead of clock(). KEYS the state hash; ARGV op, now,

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 func hget(t *testing.T, st *Store, key, f string) string {
@@ -52,7 +52,7 @@ func TestALocalTicketAnsweredAfterTheRejoinDrainsNothing(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}
+	cfg := limit.Config{Concurrency: 64, MaxConcurrency: 64}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	// 600 requests went through Redis in the last minutes (global r_sent).
 	for i := 0; i < 3000; i++ { // r_sent is cumulative for the key's life
@@ -64,7 +64,7 @@ func TestALocalTicketAnsweredAfterTheRejoinDrainsNothing(t *testing.T) {
 	}
 	now := time.Now()
 	tk, _, _ := sb.Admit(now, 1, false)
-	sb.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 1000, 900)}, now)
+	sb.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 1000, 900)}, now)
 	sb.Return(&tk, now)
 	blip(t, a, 400*time.Millisecond)
 	local, _, ok := sa.Admit(time.Now(), 1, false) // times out -> local permit
@@ -74,7 +74,7 @@ func TestALocalTicketAnsweredAfterTheRejoinDrainsNothing(t *testing.T) {
 	waitUp(t, a)
 	now = time.Now()
 	// upstream: 899 left of 1000 — plenty.
-	sa.Learn(&local, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 1000, 899)}, now)
+	sa.Learn(&local, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 1000, 899)}, now)
 	sa.Return(&local, now)
 	t.Logf("r_avail=%s r_sent=%s local mark=%v", hget(t, a, sa.(*shared).state, "r_avail"), hget(t, a, sa.(*shared).state, "r_sent"), local.Requests)
 	_, at, ok := sb.Admit(time.Now(), 1, false)
@@ -90,10 +90,10 @@ func TestANotSentChargeGoesBackToRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
+	sa := a.Shared("g", limit.Config{Concurrency: 64, MaxConcurrency: 64})
 	now := time.Now()
 	tk, _, _ := sa.Admit(now, 1, false)
-	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 10, 5)}, now)
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 10, 5)}, now)
 	sa.Return(&tk, now)
 	before := hget(t, a, sa.(*shared).state, "r_avail")
 	for i := 0; i < 3; i++ {
@@ -101,8 +101,8 @@ func TestANotSentChargeGoesBackToRedis(t *testing.T) {
 		if !ok {
 			t.Fatal("admit")
 		}
-		sa.Learn(&tk, lanequeue.Report{Verdict: lanequeue.NotSent}, time.Now()) // connection refused
-		sa.Refund(&tk)                                                          // even an explicit refund
+		sa.Learn(&tk, limit.Report{Verdict: limit.NotSent}, time.Now()) // connection refused
+		sa.Refund(&tk)                                                  // even an explicit refund
 		sa.Return(&tk, time.Now())
 	}
 	after := hget(t, a, sa.(*shared).state, "r_avail")
@@ -118,18 +118,18 @@ func TestAConcurrencyRefusalOutlivesAnotherReplicasAnswer(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	var tb [4]lanequeue.Ticket
+	var tb [4]limit.Ticket
 	for i := range tb {
 		tb[i], _, _ = sb.Admit(time.Now(), 1, false)
 	}
 	ta, _, _ := sa.Admit(time.Now(), 1, false)
 	for i := range tb { // upstream holds 4: refusals
-		sb.Learn(&tb[i], lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, time.Now())
+		sb.Learn(&tb[i], limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused}, time.Now())
 	}
 	after := hget(t, a, sa.(*shared).state, "climit")
-	sa.Learn(&ta, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	sa.Learn(&ta, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 	final := hget(t, a, sa.(*shared).state, "climit")
 	if final != after {
 		t.Fatalf("climit %s after b's refusals, %s after a's next answer", after, final)
@@ -142,12 +142,12 @@ func TestAPermitReturnedDuringABlipIsFreeAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), 15*time.Second), newStore(t, srv.url(), 15*time.Second)
-	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	sa, sb := a.Shared("g", one), b.Shared("g", one)
 	tk, _, _ := sa.Admit(time.Now(), 1, false)
 	blip(t, a, 300*time.Millisecond)
-	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now()) // times out
-	sa.Return(&tk, time.Now())                                                            // degraded: no ZREM
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now()) // times out
+	sa.Return(&tk, time.Now())                                                    // degraded: no ZREM
 	waitUp(t, a)
 	time.Sleep(time.Second)
 	if _, at, ok := sb.Admit(time.Now(), 1, false); !ok {
@@ -163,7 +163,7 @@ func TestLeasesInFlightSurviveAFlush(t *testing.T) {
 	srv := startServer(t)
 	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
-	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	if _, _, ok := a.Shared("g", one).Admit(time.Now(), 1, false); !ok {
 		t.Fatal("admit")
 	}
@@ -180,11 +180,11 @@ func TestAPauseLearnedWhileDegradedHoldsAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	sa := a.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	tk, _, _ := sa.Admit(time.Now(), 1, false)
 	blip(t, a, 300*time.Millisecond)
 	until := time.Now().Add(time.Minute)
-	sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: until}, time.Now())
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, time.Now())
 	sa.Return(&tk, time.Now())
 	waitUp(t, a)
 	if _, _, ok := sa.Admit(time.Now(), 1, false); ok {
@@ -199,7 +199,7 @@ func TestAWaiterThatLeftLeavesNoPermitIdle(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
 	held, _, _ := sa.Admit(time.Now(), 1, false)
 	sb.Admit(time.Now(), 1, false) // b's waiter asks once, then its client goes away
@@ -227,24 +227,24 @@ func TestAWaiterThatLeftLeavesNoPermitIdle(t *testing.T) {
 func TestARateRefusalWithRoomKeepsTheConcurrency(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []string{"local", "redis"} {
-		var sh lanequeue.Shared
-		cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+		var sh limit.Shared
+		cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 		if mode == "local" {
-			sh = lanequeue.NewMemory(cfg)
+			sh = limit.NewMemory(cfg)
 		} else {
 			srv := startServer(t)
 			sh = newStore(t, srv.url(), time.Minute).Shared("g", cfg)
 		}
 		now := time.Now()
 		tk, _, _ := sh.Admit(now, 1, false)
-		sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 100, 99)}, now)
+		sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 100, 99)}, now)
 		sh.Return(&tk, now)
-		var ts [5]lanequeue.Ticket
+		var ts [5]limit.Ticket
 		for i := range ts {
 			ts[i], _, _ = sh.Admit(time.Now(), 1, false)
 		}
 		now = time.Now()
-		sh.Learn(&ts[0], lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, Limits: reqLimits(now, 100, 50)}, now)
+		sh.Learn(&ts[0], limit.Report{Status: 429, Verdict: limit.RateRefused, Limits: reqLimits(now, 100, 50)}, now)
 		c := sh.View(now).Concurrency
 		if r, ok := sh.(*shared); ok {
 			c = r.local.View(now).Concurrency
@@ -266,13 +266,13 @@ func TestASharedProbeWaitsForABudgetWithARefillTime(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	sh := st.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	now := time.Now()
 	tk, _, ok := sh.Admit(now, 100, false)
 	if !ok {
 		t.Fatal("first admit refused")
 	}
-	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: headerparse.Limits{
+	sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: headerparse.Limits{
 		Requests: headerparse.Window{Remaining: 0, HasRemaining: true},
 		Tokens:   headerparse.Window{Limit: 1000, Remaining: 0, HasRemaining: true, Reset: now.Add(time.Second)},
 	}}, now)
@@ -295,17 +295,17 @@ func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
+	sa := a.Shared("g", limit.Config{Concurrency: 64, MaxConcurrency: 64})
 	now := time.Now()
 	tk, _, _ := sa.Admit(now, 100, false)
-	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 100000, 50000)}, now)
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 100000, 50000)}, now)
 	sa.Return(&tk, now)
 	// first (estimated 1,000 tokens) goes, then second; second's answer
 	// says 40,000 are left: the upstream's count, first's real use in it.
 	first, _, _ := sa.Admit(time.Now(), 1000, false)
 	second, _, _ := sa.Admit(time.Now(), 1000, false)
 	now = time.Now()
-	sa.Learn(&second, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 100000, 40000)}, now)
+	sa.Learn(&second, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 100000, 40000)}, now)
 	sa.Return(&second, now)
 	avail := func() float64 {
 		v, err := strconv.ParseFloat(hget(t, a, sa.(*shared).state, "t_avail"), 64)
@@ -316,7 +316,7 @@ func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
 	}
 	before := avail()
 	// first used only 10 of its 1,000: already in the upstream's 40,000.
-	sa.Learn(&first, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 	sa.Settle(&first, 10)
 	sa.Return(&first, time.Now())
 	after := avail()
@@ -340,7 +340,7 @@ func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
+	sa := a.Shared("g", limit.Config{Concurrency: 1, MaxConcurrency: 1})
 	tk, _, ok := sa.Admit(time.Now(), 1, false)
 	if !ok {
 		t.Fatal("admit")
@@ -368,7 +368,7 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
+	sa := a.Shared("g", limit.Config{Concurrency: 1, MaxConcurrency: 1})
 	tk, _, ok := sa.Admit(time.Now(), 1, false)
 	if !ok {
 		t.Fatal("admit")
@@ -401,7 +401,7 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 func TestASlowRedisCostsACallItsCutoff(t *testing.T) {
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 4, MaxConcurrency: 4})
+	sa := a.Shared("g", limit.Config{Concurrency: 4, MaxConcurrency: 4})
 	if _, _, ok := sa.Admit(time.Now(), 1, false); !ok {
 		t.Fatal("admit")
 	}
@@ -429,17 +429,17 @@ func TestSkewedClocksDoNotRefillTwice(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 1024, MaxConcurrency: 1024}
+	cfg := limit.Config{Concurrency: 1024, MaxConcurrency: 1024}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	start := time.Now()
 	tk, _, _ := sa.Admit(start, 1, false)
 	// Half of 100,000 left, full again in 30 s: 1,667 tokens a second.
 	lim := headerparse.Limits{Tokens: headerparse.Window{Limit: 100000, Remaining: 50000, HasRemaining: true, Reset: start.Add(30 * time.Second)}}
-	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: lim}, start)
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim}, start)
 	sa.Return(&tk, start)
 	admitted := 0.0
 	for time.Since(start) < time.Second {
-		for i, sh := range []lanequeue.Shared{sa, sb} {
+		for i, sh := range []limit.Shared{sa, sb} {
 			skew := 2 * time.Second
 			if i == 1 {
 				skew = -skew
@@ -468,7 +468,7 @@ func TestAReplicaAheadPausesOthersOnlyAsLongAsAsked(t *testing.T) {
 	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
 	ahead := time.Now().Add(time.Minute)
 	tk, _, _ := sa.Admit(ahead, 1, false)
-	sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: ahead.Add(time.Second)}, ahead)
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: ahead.Add(time.Second)}, ahead)
 	sa.Return(&tk, ahead)
 	_, at, ok := sb.Admit(time.Now(), 1, false)
 	if ok {
@@ -489,15 +489,15 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	// a has grown to 32 (here: started there); b is fresh at 8.
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 32, MaxConcurrency: 64})
-	sb := b.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 64})
-	answer := func(sh lanequeue.Shared, r lanequeue.Report) {
+	sa := a.Shared("g", limit.Config{Concurrency: 32, MaxConcurrency: 64})
+	sb := b.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 64})
+	answer := func(sh limit.Shared, r limit.Report) {
 		tk := admitWithin(t, sh, 5*time.Second) // the slow start may spread them
 		sh.Learn(&tk, r, time.Now())
 		sh.Return(&tk, time.Now())
 		sh.(*shared).st.flush()
 	}
-	ok200 := lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}
+	ok200 := limit.Report{Status: 200, Verdict: limit.Accepted}
 	answer(sa, ok200)
 	answer(sb, ok200)
 	answer(sa, ok200) // its admit reads the shared limit
@@ -505,8 +505,8 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 		t.Fatalf("shared limit %d after a fresh replica published its start of 8, want a's 32", v.Concurrency)
 	}
 	// c is refused for concurrency with 3 in flight: that is evidence.
-	sc := c.Shared("g", lanequeue.Config{Concurrency: 32, MaxConcurrency: 64})
-	var held []lanequeue.Ticket
+	sc := c.Shared("g", limit.Config{Concurrency: 32, MaxConcurrency: 64})
+	var held []limit.Ticket
 	for range 3 {
 		tk, _, ok := sc.Admit(time.Now(), 1, false)
 		if !ok {
@@ -515,7 +515,7 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 		held = append(held, tk)
 	}
 	last := held[2]
-	sc.Learn(&last, lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, time.Now())
+	sc.Learn(&last, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused}, time.Now())
 	for i := range held {
 		sc.Return(&held[i], time.Now())
 	}
@@ -537,13 +537,13 @@ func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 1024, MaxConcurrency: 1024}
+	cfg := limit.Config{Concurrency: 1024, MaxConcurrency: 1024}
 	sa, sb, sc := a.Shared("g", cfg), b.Shared("g", cfg), c.Shared("g", cfg)
 	now := time.Now()
 	tk, _, _ := sa.Admit(now, 1, false)
 	// 10,000 tokens, none left, full again in 5 s: 2,000 a second.
 	lim := headerparse.Limits{Tokens: headerparse.Window{Limit: 10000, Remaining: 0, HasRemaining: true, Reset: now.Add(5 * time.Second)}}
-	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: lim}, now)
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim}, now)
 	sa.Return(&tk, now)
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -555,7 +555,7 @@ func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
 				return
 			default:
 			}
-			for _, sh := range []lanequeue.Shared{sb, sc} {
+			for _, sh := range []limit.Shared{sb, sc} {
 				if tk, _, ok := sh.Admit(time.Now(), 25, false); ok {
 					sh.Return(&tk, time.Now())
 				}
@@ -589,8 +589,8 @@ func TestPermitsOutThroughRedisCountWhileDegraded(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a := newStore(t, srv.url(), time.Minute)
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 2, MaxConcurrency: 2})
-	var out []lanequeue.Ticket
+	sa := a.Shared("g", limit.Config{Concurrency: 2, MaxConcurrency: 2})
+	var out []limit.Ticket
 	for range 2 {
 		tk, _, ok := sa.Admit(time.Now(), 1, false)
 		if !ok || tk.Lease == "" {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // hfloat reads a numeric field of key from Redis, after the writer sent
@@ -34,7 +34,7 @@ func TestALocalPermitChargesTheSharedBudgetsItsRequestAndTokens(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	sh := st.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	now := time.Now()
 	tk, _, ok := sh.Admit(now, 1, false)
 	if !ok {
@@ -42,7 +42,7 @@ func TestALocalPermitChargesTheSharedBudgetsItsRequestAndTokens(t *testing.T) {
 	}
 	lim := reqLimits(now, 100, 50)
 	lim.Tokens = tokLimits(now, 10000, 5000).Tokens
-	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: lim}, now)
+	sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim}, now)
 	sh.Return(&tk, now)
 	key := sh.(*shared).state
 	reqBefore, tokBefore := hfloat(t, st, key, "r_avail"), hfloat(t, st, key, "t_avail")
@@ -78,7 +78,7 @@ func TestALocalTicketsLevelIsTheFleets(t *testing.T) {
 	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
 	heartbeatAll(stores...)
 	st := stores[0]
-	cfg := lanequeue.Config{Concurrency: 12, MinConcurrency: 1, MaxConcurrency: 12}
+	cfg := limit.Config{Concurrency: 12, MinConcurrency: 1, MaxConcurrency: 12}
 	for _, c := range []struct {
 		group string
 		learn int // which of the three local tickets is refused
@@ -89,7 +89,7 @@ func TestALocalTicketsLevelIsTheFleets(t *testing.T) {
 			t.Fatal("admit")
 		}
 		goLocal(st)
-		var local []lanequeue.Ticket
+		var local []limit.Ticket
 		for range 3 {
 			tk, _, ok := sh.Admit(time.Now(), 1, false)
 			if !ok {
@@ -99,7 +99,7 @@ func TestALocalTicketsLevelIsTheFleets(t *testing.T) {
 		}
 		now := time.Now()
 		tk := local[c.learn]
-		sh.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, now)
+		sh.Learn(&tk, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused}, now)
 		if got := sh.(*shared).local.View(now).Concurrency; got != c.want {
 			t.Errorf("%s local ticket refused for concurrency: the group learned %d, want %d", c.group, got, c.want)
 		}
@@ -114,7 +114,7 @@ func TestWithOneReplicaALocalTicketGoesAtItsOwnLevel(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MinConcurrency: 1, MaxConcurrency: 8})
+	sh := st.Shared("g", limit.Config{Concurrency: 8, MinConcurrency: 1, MaxConcurrency: 8})
 	if _, _, ok := sh.Admit(time.Now(), 1, false); !ok { // from Redis, kept out
 		t.Fatal("admit")
 	}
@@ -128,7 +128,7 @@ func TestWithOneReplicaALocalTicketGoesAtItsOwnLevel(t *testing.T) {
 		t.Fatalf("the first local ticket of one replica went at %d others out, want 0 (its own count)", a.InFlight)
 	}
 	now := time.Now()
-	sh.Learn(&a, lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, now)
+	sh.Learn(&a, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused}, now)
 	if got := sh.(*shared).local.View(now).Concurrency; got != 1 {
 		t.Fatalf("a named refusal at level 1 taught %d, want 1", got)
 	}
@@ -141,13 +141,13 @@ func TestAFailedAnswerCountsAtNoLevel(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 4, MaxConcurrency: 4})
+	sh := st.Shared("g", limit.Config{Concurrency: 4, MaxConcurrency: 4})
 	now := time.Now()
 	tk, _, ok := sh.Admit(now, 1, false)
 	if !ok {
 		t.Fatal("admit")
 	}
-	sh.Learn(&tk, lanequeue.Report{Status: 500, Verdict: lanequeue.Failed, Limits: headerparse.Limits{}}, now)
+	sh.Learn(&tk, limit.Report{Status: 500, Verdict: limit.Failed, Limits: headerparse.Limits{}}, now)
 	if st.Status() != "ok" {
 		t.Fatal("a learn call with no level degraded the store")
 	}
@@ -162,7 +162,7 @@ func TestAFailedAnswerCountsAtNoLevel(t *testing.T) {
 	if !ok {
 		t.Fatal("admit")
 	}
-	sh.Learn(&tk2, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, now)
+	sh.Learn(&tk2, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
 	if levels, _ := st.rdb.HGetAll(context.Background(), sh.(*shared).levels).Result(); len(levels) == 0 {
 		t.Fatal("an accepted answer did not count in the shared levels")
 	}
@@ -177,14 +177,14 @@ func TestAShareTakesTheMedianHeaderRateFromRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	sh := st.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	for _, remaining := range []int64{600, 600, 1000} { // (1200 - remaining) / 60 s
 		now := time.Now()
 		tk, _, ok := sh.Admit(now, 1, false)
 		if !ok {
 			t.Fatal("admit")
 		}
-		sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 1200, remaining)}, now)
+		sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 1200, remaining)}, now)
 		sh.Return(&tk, now)
 	}
 	tk, _, ok := sh.Admit(time.Now(), 1, false) // the last reading
@@ -208,7 +208,7 @@ func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
 	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
 	heartbeatAll(stores...)
 	st := stores[0]
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 6, MaxConcurrency: 6})
+	sh := st.Shared("g", limit.Config{Concurrency: 6, MaxConcurrency: 6})
 	tk, _, ok := admit(t, sh) // sees the shared limit
 	if !ok {
 		t.Fatal("admit")
@@ -217,7 +217,7 @@ func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
 	st.flush()
 	goLocal(st)
 	takeAll := func() int {
-		var got []lanequeue.Ticket
+		var got []limit.Ticket
 		for range 8 {
 			if tk, _, ok := sh.Admit(time.Now(), 1, false); ok {
 				got = append(got, tk)

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // limits are a group's shared limits as Redis last told them: the
@@ -37,7 +37,7 @@ type share struct {
 // newShare is 1/n of last, each figure falling back on what the local
 // state learned when Redis never said it (a replica that started while
 // Redis was away).
-func newShare(last limits, v lanequeue.View, n int) *share {
+func newShare(last limits, v limit.View, n int) *share {
 	n = max(n, 1)
 	c := last.concurrency
 	if c <= 0 {

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid: newShare is
@@ -14,39 +14,39 @@ import (
 // bound off (0).
 func TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid(t *testing.T) {
 	t.Parallel()
-	known := func(limit, rate float64) lanequeue.BudgetView {
-		return lanequeue.BudgetView{Known: true, Limit: limit, PerSecond: rate}
+	known := func(size, rate float64) limit.BudgetView {
+		return limit.BudgetView{Known: true, Limit: size, PerSecond: rate}
 	}
 	cases := []struct {
 		name string
 		last limits
-		v    lanequeue.View
+		v    limit.View
 		n    int
 		want share
 	}{
-		{name: "nothing known, one replica", v: lanequeue.View{Concurrency: 4}, n: 1,
+		{name: "nothing known, one replica", v: limit.View{Concurrency: 4}, n: 1,
 			want: share{concurrency: 4}},
-		{name: "local concurrency when Redis gave none", v: lanequeue.View{Concurrency: 6}, n: 2,
+		{name: "local concurrency when Redis gave none", v: limit.View{Concurrency: 6}, n: 2,
 			want: share{concurrency: 3}},
-		{name: "Redis' concurrency wins over the local one", last: limits{concurrency: 8}, v: lanequeue.View{Concurrency: 2}, n: 2,
+		{name: "Redis' concurrency wins over the local one", last: limits{concurrency: 8}, v: limit.View{Concurrency: 2}, n: 2,
 			want: share{concurrency: 4}},
 		{name: "at least one permit", last: limits{concurrency: 2}, n: 5,
 			want: share{concurrency: 1}},
 		{name: "no replica count is one replica", last: limits{concurrency: 2}, n: 0,
 			want: share{concurrency: 2}},
-		{name: "local request rate when Redis gave none", v: lanequeue.View{Concurrency: 2, Requests: known(60, 2)}, n: 2,
+		{name: "local request rate when Redis gave none", v: limit.View{Concurrency: 2, Requests: known(60, 2)}, n: 2,
 			want: share{concurrency: 1, gap: time.Second}},
-		{name: "Redis' request rate wins", last: limits{concurrency: 2, reqRate: 4}, v: lanequeue.View{Requests: known(60, 1)}, n: 2,
+		{name: "Redis' request rate wins", last: limits{concurrency: 2, reqRate: 4}, v: limit.View{Requests: known(60, 1)}, n: 2,
 			want: share{concurrency: 1, gap: 500 * time.Millisecond}},
-		{name: "an unknown local request rate is no bound", v: lanequeue.View{Concurrency: 2, Requests: lanequeue.BudgetView{PerSecond: 5}}, n: 1,
+		{name: "an unknown local request rate is no bound", v: limit.View{Concurrency: 2, Requests: limit.BudgetView{PerSecond: 5}}, n: 1,
 			want: share{concurrency: 2}},
-		{name: "local token bucket when Redis gave none", v: lanequeue.View{Concurrency: 2, Tokens: known(1000, 100)}, n: 2,
+		{name: "local token bucket when Redis gave none", v: limit.View{Concurrency: 2, Tokens: known(1000, 100)}, n: 2,
 			want: share{concurrency: 1, tokRate: 50, tokSize: 500}},
-		{name: "Redis' token bucket wins", last: limits{concurrency: 2, tokRate: 10, tokSize: 600}, v: lanequeue.View{Tokens: known(1000, 100)}, n: 3,
+		{name: "Redis' token bucket wins", last: limits{concurrency: 2, tokRate: 10, tokSize: 600}, v: limit.View{Tokens: known(1000, 100)}, n: 3,
 			want: share{concurrency: 1, tokRate: 10.0 / 3, tokSize: 200}},
 		{name: "a bucket holds at least one token", last: limits{concurrency: 2, tokRate: 1, tokSize: 1}, n: 4,
 			want: share{concurrency: 1, tokRate: 0.25, tokSize: 1}},
-		{name: "an unknown local token rate is no bound", v: lanequeue.View{Concurrency: 2, Tokens: lanequeue.BudgetView{Limit: 100, PerSecond: 5}}, n: 1,
+		{name: "an unknown local token rate is no bound", v: limit.View{Concurrency: 2, Tokens: limit.BudgetView{Limit: 100, PerSecond: 5}}, n: 1,
 			want: share{concurrency: 2}},
 	}
 	for _, c := range cases {
@@ -64,7 +64,7 @@ func TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid(t *testing.T) {
 func TestAShareSpacesRequestsByItsGap(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1_000_000, 0)
-	sh := newShare(limits{concurrency: 4, reqRate: 2}, lanequeue.View{}, 1) // gap 500ms
+	sh := newShare(limits{concurrency: 4, reqRate: 2}, limit.View{}, 1) // gap 500ms
 	if _, ok := sh.admit(t0, 1); !ok {
 		t.Fatal("the first request was refused")
 	}
@@ -77,7 +77,7 @@ func TestAShareSpacesRequestsByItsGap(t *testing.T) {
 		t.Fatal("second request refused once the gap had passed")
 	}
 
-	free := newShare(limits{concurrency: 4}, lanequeue.View{}, 1)
+	free := newShare(limits{concurrency: 4}, limit.View{}, 1)
 	for i := range 5 {
 		if _, ok := free.admit(t0, 1); !ok {
 			t.Fatalf("request %d refused by a share without a request rate", i+1)
@@ -94,7 +94,7 @@ func TestAShareSpacesRequestsByItsGap(t *testing.T) {
 func TestAShareTokenBucketStartsEmptyChargesAndRefills(t *testing.T) {
 	t.Parallel()
 	t0 := time.Unix(1_000_000, 0)
-	sh := newShare(limits{concurrency: 4, tokRate: 200, tokSize: 1000}, lanequeue.View{}, 2) // 100/s, 500
+	sh := newShare(limits{concurrency: 4, tokRate: 200, tokSize: 1000}, limit.View{}, 2) // 100/s, 500
 	at, ok := sh.admit(t0, 50)
 	if ok || !at.Equal(t0.Add(500*time.Millisecond)) {
 		t.Fatalf("50 tokens from an empty bucket: ok %v at %v, want refused until %v", ok, at, t0.Add(500*time.Millisecond))
@@ -189,9 +189,9 @@ func TestAShareTakesTheMedianOfTheRecentRates(t *testing.T) {
 // tokens left (within its own window), so a change of count is no burst.
 func TestAShareMadeAgainCarriesWhatWasUsed(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	old := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, lanequeue.View{}, 3)
+	old := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, limit.View{}, 3)
 	old.take(now, 150) // next request in 0.5 s; tokens 0 - 150
-	sh := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, lanequeue.View{}, 1)
+	sh := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, limit.View{}, 1)
 	sh.carry(old)
 	if !sh.next.Equal(old.next) || sh.next.IsZero() {
 		t.Fatalf("next request at %v, want the old share's %v", sh.next, old.next)
@@ -203,12 +203,12 @@ func TestAShareMadeAgainCarriesWhatWasUsed(t *testing.T) {
 		t.Fatal("the share made again admitted at once what the old one had just spent")
 	}
 	big := &share{tokSize: 10, tokAvail: 50}
-	small := newShare(limits{concurrency: 6, tokRate: 30, tokSize: 30}, lanequeue.View{}, 3) // window 10
+	small := newShare(limits{concurrency: 6, tokRate: 30, tokSize: 30}, limit.View{}, 3) // window 10
 	small.carry(big)
 	if small.tokAvail != 10 {
 		t.Fatalf("carried %v tokens into a window of %v", small.tokAvail, small.tokSize)
 	}
-	fresh := newShare(limits{concurrency: 6, reqRate: 6}, lanequeue.View{}, 1)
+	fresh := newShare(limits{concurrency: 6, reqRate: 6}, limit.View{}, 1)
 	fresh.carry(nil)
 	if !fresh.next.IsZero() {
 		t.Fatal("a share made from nothing carries a next request time")

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -96,7 +96,7 @@ func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	sa := a.Shared("g", lanequeue.Config{Concurrency: 64, MaxConcurrency: 64})
+	sa := a.Shared("g", limit.Config{Concurrency: 64, MaxConcurrency: 64})
 	for range 31 { // fast calls
 		tk, _, ok := admit(t, sa)
 		if !ok {
@@ -109,7 +109,7 @@ func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 		t.Fatal("degraded by fast calls")
 	}
 	awake := sleepRedis(t, srv.url(), 300*time.Millisecond)
-	var slow lanequeue.Ticket
+	var slow limit.Ticket
 	for i := 0; a.Status() == "ok" && i < 40; i++ {
 		tk, _, ok := admit(t, sa)
 		if !ok {
@@ -154,8 +154,8 @@ func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 	srv := startServer(t)
 	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
 	heartbeatAll(stores...)
-	conc := lanequeue.Config{Concurrency: 6, MaxConcurrency: 6}
-	var perm, paced []lanequeue.Shared
+	conc := limit.Config{Concurrency: 6, MaxConcurrency: 6}
+	var perm, paced []limit.Shared
 	for _, st := range stores {
 		if st.Replicas() != 3 {
 			t.Fatalf("a replica counts %d replicas, want 3", st.Replicas())
@@ -172,7 +172,7 @@ func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 		if !ok {
 			t.Fatal("admit")
 		}
-		p.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 60, 50)}, now)
+		p.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 60, 50)}, now)
 		p.Return(&tk, time.Now())
 		st.flush()
 	}
@@ -227,7 +227,7 @@ func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	heartbeatAll(a, b)
-	four := lanequeue.Config{Concurrency: 4, MaxConcurrency: 4}
+	four := limit.Config{Concurrency: 4, MaxConcurrency: 4}
 	sa, sb := a.Shared("g", four), b.Shared("g", four)
 	tk, _, ok := admit(t, sa)
 	if !ok {
@@ -235,7 +235,7 @@ func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
 	}
 	sa.Return(&tk, time.Now())
 	srv.stop()
-	var away []lanequeue.Ticket
+	var away []limit.Ticket
 	for range 2 {
 		tk, _, ok := admit(t, sa)
 		if !ok || tk.Lease != "" {
@@ -277,7 +277,7 @@ func TestOneReplicaProbesFirst(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	first, _, ok := sa.Admit(time.Now(), 1, true)
 	if !ok {
@@ -289,7 +289,7 @@ func TestOneReplicaProbesFirst(t *testing.T) {
 	if sb.(*shared).AnsweredElsewhere() {
 		t.Fatal("answered elsewhere before any answer")
 	}
-	sa.Learn(&first, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 	// The slow start may hold it for a part of the first answer's time,
 	// no longer.
 	_, at, ok := sb.Admit(time.Now(), 1, true)
@@ -374,17 +374,17 @@ func TestADeclinedPauseIsNotShared(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	answer := func(r lanequeue.Report) {
+	answer := func(r limit.Report) {
 		tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
 		sa.Learn(&tk, r, time.Now())
 		sa.Return(&tk, time.Now())
 	}
 	for range 3 {
-		answer(lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted})
+		answer(limit.Report{Status: 200, Verdict: limit.Accepted})
 	}
-	answer(lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: time.Now().Add(time.Second)})
+	answer(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: time.Now().Add(time.Second)})
 	if p := sa.PausedUntil(); p.After(time.Now()) {
 		t.Fatalf("the replica took the pause (%v) of a refusal by an upstream that admits", time.Until(p))
 	}
@@ -404,10 +404,10 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 16, MinConcurrency: 1, MaxConcurrency: 16}
+	cfg := limit.Config{Concurrency: 16, MinConcurrency: 1, MaxConcurrency: 16}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	ok200 := lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}
-	refused := lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}
+	ok200 := limit.Report{Status: 200, Verdict: limit.Accepted}
+	refused := limit.Report{Status: 429, Verdict: limit.RateRefused}
 	// Rounds of 8 in flight, all replicas together, alternating replicas,
 	// all admitted; then one of 10, whose ninth (on a) and tenth (on b)
 	// are refused.
@@ -416,10 +416,10 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 		if round == 5 {
 			n = 10
 		}
-		var held []lanequeue.Ticket
-		var from []lanequeue.Shared
+		var held []limit.Ticket
+		var from []limit.Shared
 		for i := range n {
-			sh := []lanequeue.Shared{sa, sb}[i%2]
+			sh := []limit.Shared{sa, sb}[i%2]
 			// Until a refusal the slow start may spread them a few ms.
 			tk := admitWithin(t, sh, 5*time.Second)
 			held, from = append(held, tk), append(from, sh)
@@ -439,9 +439,9 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 		a.flush()
 		b.flush()
 	}
-	for name, sh := range map[string]lanequeue.Shared{"a": sa, "b": sb} {
+	for name, sh := range map[string]limit.Shared{"a": sa, "b": sb} {
 		v := sh.(*shared).local.View(time.Now())
-		if v.Bound != lanequeue.BoundConcurrency || v.ConcurrencyFrom != "refusals at 9 in flight" {
+		if v.Bound != limit.BoundConcurrency || v.ConcurrencyFrom != "refusals at 9 in flight" {
 			t.Errorf("replica %s judges bound %q (%q) from one refusal of its own; want concurrency at 9 from both", name, v.Bound, v.ConcurrencyFrom)
 		}
 	}
@@ -456,7 +456,7 @@ func TestADegradedRefusalTeachesTheFleetsLevel(t *testing.T) {
 	srv := startServer(t)
 	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
 	heartbeatAll(stores...)
-	cfg := lanequeue.Config{Concurrency: 6, MinConcurrency: 1, MaxConcurrency: 6}
+	cfg := limit.Config{Concurrency: 6, MinConcurrency: 1, MaxConcurrency: 6}
 	sh := stores[0].Shared("g", cfg)
 	tk, _, ok := admit(t, sh) // the shared limits, once
 	if !ok {
@@ -470,7 +470,7 @@ func TestADegradedRefusalTeachesTheFleetsLevel(t *testing.T) {
 	if !ok || stores[0].Status() != "degraded" {
 		t.Fatalf("admit with Redis gone: ok %v, status %s", ok, stores[0].Status())
 	}
-	sh.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.ConcurrencyRefused}, now)
+	sh.Learn(&tk, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused}, now)
 	sh.Return(&tk, now)
 	if got := sh.(*shared).local.View(now).Concurrency; got != 3 {
 		t.Fatalf("concurrency after a named refusal at one local permit of three replicas: %d, want 3", got)
@@ -490,17 +490,17 @@ func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
 	}{{"others admitted", true, false}, {"nothing admitted anywhere", false, true}} {
 		srv := startServer(t)
 		a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-		cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+		cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 		sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 		if c.othersAdmit {
 			for range 3 {
 				tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
-				sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+				sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 				sa.Return(&tk, time.Now())
 			}
 		}
 		tk := admitWithin(t, sb, 5*time.Second)
-		sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: time.Now().Add(time.Second)}, time.Now())
+		sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: time.Now().Add(time.Second)}, time.Now())
 		sb.Return(&tk, time.Now())
 		sa.Admit(time.Now(), 1, false) // reads the shared pause
 		if p := sa.PausedUntil(); p.After(time.Now()) != c.paused {
@@ -517,12 +517,12 @@ func TestEveryReplicasRefusalsAreCounted(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	verdicts := []lanequeue.Verdict{lanequeue.Accepted, lanequeue.RateRefused, lanequeue.RateRefused, lanequeue.Failed, lanequeue.ConcurrencyRefused}
+	verdicts := []limit.Verdict{limit.Accepted, limit.RateRefused, limit.RateRefused, limit.Failed, limit.ConcurrencyRefused}
 	for _, v := range verdicts {
 		tk := admitWithin(t, sa, 5*time.Second)
-		sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: v}, time.Now())
+		sa.Learn(&tk, limit.Report{Status: 429, Verdict: v}, time.Now())
 		sa.Return(&tk, time.Now())
 	}
 	if tk := admitWithin(t, sb, 5*time.Second); tk.Refusals != 4 {
@@ -537,17 +537,17 @@ func TestAReplicasFirstGuessIsTheGroupsSendingRate(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 16, MaxConcurrency: 16}
+	cfg := limit.Config{Concurrency: 16, MaxConcurrency: 16}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	for i := range 12 {
 		tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
 		if i == 0 {
-			sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+			sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 			sa.Return(&tk, time.Now())
 		}
 	}
 	tk := admitWithin(t, sb, 5*time.Second)
-	sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}, time.Now())
+	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
 	v := sb.View(time.Now())
 	if v.Learned != "refusals" || v.AdmittedRate < 8 {
 		t.Fatalf("b learned %q at %.1f/s from its first refusal, want from refusals at about the group's 13/s", v.Learned, v.AdmittedRate)
@@ -556,7 +556,7 @@ func TestAReplicasFirstGuessIsTheGroupsSendingRate(t *testing.T) {
 
 // admitWithin admits one request of cost 1, waiting the turns the group's
 // limits give (a pace emptied by refusals), for at most d.
-func admitWithin(t *testing.T, sh lanequeue.Shared, d time.Duration) lanequeue.Ticket {
+func admitWithin(t *testing.T, sh limit.Shared, d time.Duration) limit.Ticket {
 	t.Helper()
 	tk, at, ok := sh.Admit(time.Now(), 1, false)
 	for end := time.Now().Add(d); !ok && time.Now().Before(end); {
@@ -576,20 +576,20 @@ func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 32, MaxConcurrency: 32}
+	cfg := limit.Config{Concurrency: 32, MaxConcurrency: 32}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	var last lanequeue.Ticket
+	var last limit.Ticket
 	for i := range 20 {
 		last = admitWithin(t, sa, 5*time.Second)
 		if i < 19 { // admitted one at a time: a refusal at one in flight is about the rate
-			sa.Learn(&last, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+			sa.Learn(&last, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 			sa.Return(&last, time.Now())
 		}
 	}
-	sa.Learn(&last, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}, time.Now())
+	sa.Learn(&last, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
 	fleet := sa.View(time.Now()).Requests.PerSecond
 	tk := admitWithin(t, sb, 5*time.Second)
-	sb.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused}, time.Now())
+	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
 	// From a's pace; or, when the group's last second held fewer of a's
 	// dispatches (a loaded machine), from the lower sending rate.
 	v := sb.View(time.Now())
@@ -608,11 +608,11 @@ func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb, sc := a.Shared("g", cfg), b.Shared("g", cfg), c.Shared("g", cfg)
 	first := admitWithin(t, sa, 5*time.Second)
 	first.Dispatched = time.Now().Add(-4 * time.Second) // its headers came 4 s after it went
-	sa.Learn(&first, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 	const gap = 4 * time.Second / (2 * 8)
 	admitWithin(t, sb, 5*time.Second)
 	sent := time.Now()
@@ -638,11 +638,11 @@ func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
 	}
 
 	// Configured limits: no slow start, the admissions go back to back.
-	conf := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8, Limits: lanequeue.Limits{Concurrency: 8, Start: true}}
+	conf := limit.Config{Concurrency: 8, MaxConcurrency: 8, Limits: limit.Limits{Concurrency: 8, Start: true}}
 	ca, cb := a.Shared("h", conf), b.Shared("h", conf)
 	tk := admitWithin(t, ca, 5*time.Second)
 	tk.Dispatched = time.Now().Add(-4 * time.Second)
-	ca.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, time.Now())
+	ca.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
 	for i := range 3 {
 		if _, _, ok := cb.Admit(time.Now(), 1, false); !ok {
 			t.Fatalf("configured group: admission %d held back", i+1)

@@ -401,7 +401,8 @@ func newScript(args any, parts ...string) script {
 
 // Numbers the scripts share with Go. A script's text names one as
 // ${name} and has it from these constants (see sharedNumbers), and those
-// that lanequeue's in-process state has too are its constants' values:
+// that the in-process state has too are its constants' values (lanequeue's
+// and limit's):
 // TestScriptsHaveGosNumbers holds both to it. The numbers a script writes
 // as they are are its own: units (1000 ms in a second), steps, and
 // timings no Go code has (listed, each with why, in luaLocal in
@@ -411,14 +412,14 @@ const (
 	// group's first request goes alone, fleet-wide, for at most this
 	// long, as one process's does (lanequeue's probeWindow).
 	probeWindow = time.Second
-	// startSpread: see spread (lanequeue's startSpread).
+	// startSpread: see spread (limit's startSpread).
 	startSpread = 2
 	// levelMemory: the counts by level halve once they pass it
-	// (lanequeue's levelMemory). maxLevel is the highest level a reply's
-	// counts may carry (lanequeue's maxLevel).
+	// (limit's levelMemory). maxLevel is the highest level a reply's
+	// counts may carry (limit's maxLevel).
 	levelMemory = 512
 	maxLevel    = 4096
-	// maxWaitSeconds bounds one pacing wait (lanequeue's maxWaitSeconds,
+	// maxWaitSeconds bounds one pacing wait (limit's maxWaitSeconds,
 	// a day): a tiny rate asks again then.
 	maxWaitSeconds = 86400
 	// replyScale: a reply carries a rate, or a count by level, as an

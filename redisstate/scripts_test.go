@@ -45,7 +45,8 @@ var (
 // it is but the Lua-local ones (a unit, a step, a timing no Go code has);
 // no Lua-local number is one of Go's, but for the few too common to tell;
 // every shared number is used; nothing is left to render. And the
-// constants that mirror lanequeue's in-process state have its values.
+// constants that mirror the in-process state's (lanequeue's and limit's)
+// have their values.
 func TestScriptsHaveGosNumbers(t *testing.T) {
 	t.Parallel()
 	scripts := map[string]script{"admit": admitScript, "learn": learnScript, "giveBack": giveBackScript, "heartbeat": heartbeatScript}
@@ -79,7 +80,7 @@ func TestScriptsHaveGosNumbers(t *testing.T) {
 			}
 		}
 	}
-	lq := lanequeueConsts(t)
+	lq := goConsts(t, "lanequeue", "limit")
 	for name, ours := range map[string]constant.Value{
 		"probeWindow":    constant.MakeInt64(int64(probeWindow)),
 		"startSpread":    constant.MakeInt64(startSpread),
@@ -89,9 +90,9 @@ func TestScriptsHaveGosNumbers(t *testing.T) {
 	} {
 		theirs, ok := lq[name]
 		if !ok || theirs.Kind() == constant.Unknown {
-			t.Errorf("lanequeue has no constant %s, or its value cannot be read from its source", name)
+			t.Errorf("neither lanequeue nor limit has a constant %s, or its value cannot be read from its source", name)
 		} else if !constant.Compare(constant.ToFloat(ours), token.EQL, constant.ToFloat(theirs)) {
-			t.Errorf("%s is %s here and %s in lanequeue", name, ours, theirs)
+			t.Errorf("%s is %s here and %s in Go's in-process state", name, ours, theirs)
 		}
 	}
 }
@@ -124,34 +125,36 @@ func isWordByte(b byte) bool {
 	return b == '_' || b >= '0' && b <= '9' || b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z'
 }
 
-// lanequeueConsts are the values of lanequeue's package constants, read
-// from its source: those the scripts share are its own, unexported. Only
-// the standard library's imports are read (a constant that needs another
-// package's reads as unknown).
-func lanequeueConsts(t *testing.T) map[string]constant.Value {
+// goConsts are the values of the package constants of pkgs (folders
+// beside this one), read from their source: those the scripts share are
+// their own, unexported. Only the standard library's imports are read (a
+// constant that needs another package's reads as unknown).
+func goConsts(t *testing.T, pkgs ...string) map[string]constant.Value {
 	t.Helper()
-	dir := filepath.Join("..", "lanequeue")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fset := token.NewFileSet()
-	var files []*ast.File
-	for _, e := range entries {
-		if n := e.Name(); strings.HasSuffix(n, ".go") && !strings.HasSuffix(n, "_test.go") {
-			f, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			files = append(files, f)
-		}
-	}
-	conf := types.Config{Importer: importer.Default(), Error: func(error) {}} // the module's own imports do not resolve
-	pkg, _ := conf.Check("lanequeue", fset, files, nil)
 	consts := map[string]constant.Value{}
-	for _, name := range pkg.Scope().Names() {
-		if c, ok := pkg.Scope().Lookup(name).(*types.Const); ok {
-			consts[name] = c.Val()
+	for _, name := range pkgs {
+		dir := filepath.Join("..", name)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fset := token.NewFileSet()
+		var files []*ast.File
+		for _, e := range entries {
+			if n := e.Name(); strings.HasSuffix(n, ".go") && !strings.HasSuffix(n, "_test.go") {
+				f, err := parser.ParseFile(fset, filepath.Join(dir, n), nil, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				files = append(files, f)
+			}
+		}
+		conf := types.Config{Importer: importer.Default(), Error: func(error) {}} // the module's own imports do not resolve
+		pkg, _ := conf.Check(name, fset, files, nil)
+		for _, c := range pkg.Scope().Names() {
+			if k, ok := pkg.Scope().Lookup(c).(*types.Const); ok {
+				consts[c] = k.Val()
+			}
 		}
 	}
 	return consts

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // shared is one limit group's state on Redis. It keeps the in-process
@@ -16,8 +16,8 @@ import (
 // is unreachable.
 type shared struct {
 	st                              *Store
-	local                           *lanequeue.Memory
-	cfg                             lanequeue.Config
+	local                           *limit.Memory
+	cfg                             limit.Config
 	state, leases, waiting, climits string
 	raise, levels                   string
 	out                             int       // permits out, all replicas, at the last reply
@@ -45,32 +45,32 @@ type shared struct {
 	localLeases []string
 }
 
-func newShared(st *Store, group string, cfg lanequeue.Config) *shared {
+func newShared(st *Store, group string, cfg limit.Config) *shared {
 	sum := sha256.Sum256([]byte(group)) // the group key holds a credential hash: keep keys short
 	// The braces make a Redis Cluster keep a group's keys in one slot, as
 	// its scripts need.
 	base := st.cfg.Prefix + "{g:" + hex.EncodeToString(sum[:12]) + "}"
 
-	return &shared{st: st, local: lanequeue.NewMemory(cfg), cfg: cfg,
+	return &shared{st: st, local: limit.NewMemory(cfg), cfg: cfg,
 		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits",
 		raise: base + ":raise", levels: base + ":levels"}
 }
 
-func (s *shared) Admit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
+func (s *shared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
 	s.st.ask(now)
 	if !s.st.up.Load() {
 		return s.localAdmit(now, cost, probe)
 	}
 	s.share = nil
 	if p := s.local.PausedUntil(); now.Before(p) {
-		return lanequeue.Ticket{}, p, false // learned while Redis was away, or a window's closure
+		return limit.Ticket{}, p, false // learned while Redis was away, or a window's closure
 	}
 	// A fixed window's closure holds this replica's requests but for one
 	// knock at a time, as it holds one process's; its allowance, not a
 	// pace learned from refusals, paces the group.
 	at, ok, windowed := s.local.WindowGate(now)
 	if !ok {
-		return lanequeue.Ticket{}, at, false
+		return limit.Ticket{}, at, false
 	}
 	// A run of refused Admits is one waiter asking again: its arrival
 	// orders it against other replicas' waiters.
@@ -118,7 +118,7 @@ func (s *shared) slowStart() int {
 
 // admitted takes admitScript's reply rep for the request of cost and
 // lease at now: the ticket, or when to ask again.
-func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitReply) (lanequeue.Ticket, time.Time, bool) {
+func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitReply) (limit.Ticket, time.Time, bool) {
 	s.st.sawClock(rep.redisNow)
 	s.out, s.climit, s.paused = rep.out, rep.limits.concurrency, rep.paused
 	s.answered = rep.answered
@@ -141,14 +141,14 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 			// replica's probe cycle may raise it (one replica at a time).
 			s.local.NoteHeld(now)
 		}
-		return lanequeue.Ticket{}, at, false
+		return limit.Ticket{}, at, false
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
 	seq, level, probe := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)), rep.lastSecond)
 	s.out++
 	s.remoteOut++
-	return lanequeue.Ticket{Dispatched: now, Cost: cost, Requests: float64(rep.reqSent), Tokens: float64(rep.tokSent),
+	return limit.Ticket{Dispatched: now, Cost: cost, Requests: float64(rep.reqSent), Tokens: float64(rep.tokSent),
 		InFlight: rep.out, Limit: rep.limits.concurrency, Room: rep.room, Paced: rep.paced, Lease: lease, Seq: seq,
 		Level: level, Probe: probe, Refusals: rep.refusals + 1}, time.Time{}, true
 }
@@ -156,7 +156,7 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 // localAdmit admits from the local limits while Redis is away, within
 // this replica's share of the last shared limits, counting the permits
 // still out that Redis gave: the upstream sees those too.
-func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ticket, time.Time, bool) {
+func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
 	v := s.local.View(now)
 	if n := s.st.sharers(now); s.share == nil || s.share.n != n {
 		// Made when Redis goes, and made again, carrying what the old
@@ -168,10 +168,10 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 			"concurrency", s.share.concurrency, "gap", s.share.gap, "tokens_per_second", s.share.tokRate)
 	}
 	if v.InFlight+s.remoteOut >= min(v.Concurrency, s.share.concurrency) {
-		return lanequeue.Ticket{}, time.Time{}, false // a return dispatches again
+		return limit.Ticket{}, time.Time{}, false // a return dispatches again
 	}
 	if at, ok := s.share.admit(now, cost); !ok {
-		return lanequeue.Ticket{}, at, false
+		return limit.Ticket{}, at, false
 	}
 	t, at, ok := s.local.Admit(now, cost, probe)
 	if ok {
@@ -196,7 +196,7 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (lanequeue.Ti
 	return t, at, ok
 }
 
-func (s *shared) Learn(t *lanequeue.Ticket, r lanequeue.Report, now time.Time) {
+func (s *shared) Learn(t *limit.Ticket, r limit.Report, now time.Time) {
 	if t.Lease != "" {
 		// At least the number in flight it went at: the count from this
 		// replica's last reply may be old (it has been local meanwhile).
@@ -249,7 +249,7 @@ func probeSeen(raiser bool, fleetPace, ownPace float64) bool {
 
 // learnArgsFor are learnScript's arguments for t's answer r, this
 // replica's state v after learning from it.
-func (s *shared) learnArgsFor(t *lanequeue.Ticket, r lanequeue.Report, v lanequeue.View, now time.Time) learnArgs {
+func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now time.Time) learnArgs {
 	syn := v.FromRefusals()
 	// Only a ticket Redis gave has marks from Redis' running totals: an
 	// answer to one taken while Redis was away teaches the rate, the
@@ -259,7 +259,7 @@ func (s *shared) learnArgsFor(t *lanequeue.Ticket, r lanequeue.Report, v laneque
 	switch {
 	case remote && r.Limits.Requests.HasRemaining:
 		reqMode, reqValue = leftCounted, float64(r.Limits.Requests.Remaining)
-	case syn && r.Verdict == lanequeue.RateRefused && v.Window == nil:
+	case syn && r.Verdict == limit.RateRefused && v.Window == nil:
 		// At 0: a refusal empties the pace learned from refusals (a
 		// window's closure refuses whatever the pace).
 		reqMode = leftCapped
@@ -277,8 +277,8 @@ func (s *shared) learnArgsFor(t *lanequeue.Ticket, r lanequeue.Report, v laneque
 	// from, when Redis gave its permit (its level is the fleet's).
 	kind := answerUncounted
 	switch {
-	case !remote || r.Verdict == lanequeue.Failed || r.Verdict == lanequeue.NotSent:
-	case r.Verdict == lanequeue.Accepted:
+	case !remote || r.Verdict == limit.Failed || r.Verdict == limit.NotSent:
+	case r.Verdict == limit.Accepted:
 		kind = answerAdmitted
 	default:
 		kind = answerRefused
@@ -292,10 +292,10 @@ func (s *shared) learnArgsFor(t *lanequeue.Ticket, r lanequeue.Report, v laneque
 	return learnArgs{KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), Pause: max(pause.Sub(now).Milliseconds(), 0), Climit: v.Concurrency,
 		Replica: s.st.replica, Req: newBudgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests),
 		Tok: newBudgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens), Lowered: v.ConcurrencyLowered, Level: t.Level,
-		Kind: kind, ConcurrencyBound: v.Bound == lanequeue.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply}
+		Kind: kind, ConcurrencyBound: v.Bound == limit.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply}
 }
 
-func (s *shared) Refund(t *lanequeue.Ticket) {
+func (s *shared) Refund(t *limit.Ticket) {
 	if t.Lease == "" {
 		s.local.Refund(t)
 		return
@@ -303,7 +303,7 @@ func (s *shared) Refund(t *lanequeue.Ticket) {
 	s.giveBack("refund", 1, float64(t.Cost), 0)
 }
 
-func (s *shared) Settle(t *lanequeue.Ticket, usedTokens int64) {
+func (s *shared) Settle(t *limit.Ticket, usedTokens int64) {
 	if t.Lease == "" {
 		s.local.Settle(t, usedTokens)
 		return
@@ -325,7 +325,7 @@ func (s *shared) giveBack(op string, requests, tokens, mark float64) {
 	s.st.giveLater(give{op: op, state: s.state, requests: requests, tokens: tokens, mark: mark})
 }
 
-func (s *shared) Return(t *lanequeue.Ticket, now time.Time) {
+func (s *shared) Return(t *limit.Ticket, now time.Time) {
 	if t.Lease == "" {
 		// A permit taken while Redis was away; once Redis is back a lease
 		// counts it there (see localAdmit), and goes with it.
@@ -357,7 +357,7 @@ func (s *shared) PausedUntil() time.Time {
 	return p
 }
 
-func (s *shared) View(now time.Time) lanequeue.View {
+func (s *shared) View(now time.Time) limit.View {
 	v := s.local.View(now)
 	v.Shared = s.st.Status()
 	if s.st.up.Load() {
@@ -373,8 +373,8 @@ func (s *shared) View(now time.Time) lanequeue.View {
 }
 
 var (
-	_ lanequeue.Fleet  = (*shared)(nil)
-	_ lanequeue.Knower = (*shared)(nil)
+	_ limit.Fleet  = (*shared)(nil)
+	_ limit.Knower = (*shared)(nil)
 )
 
 // AnsweredElsewhere reports whether a replica learned from an answer of
@@ -382,7 +382,7 @@ var (
 func (s *shared) AnsweredElsewhere() bool { return s.st.up.Load() && s.answered }
 
 // Knows reports whether this replica's state has learned a limit (see
-// lanequeue.Memory.Knows).
+// limit.Memory.Knows).
 func (s *shared) Knows() bool { return s.local.Knows() }
 
 // seeLimits keeps l, Redis' latest limits, and its rates among the

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestTheViewCountsThePermitsOutThroughRedis: while Redis is shared the
@@ -23,11 +23,11 @@ func TestTheViewCountsThePermitsOutThroughRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 3, MaxConcurrency: 3})
+	sh := st.Shared("g", limit.Config{Concurrency: 3, MaxConcurrency: 3})
 	if v := sh.View(time.Now()); v.Concurrency != 3 || v.InFlight != 0 || v.Shared != "ok" {
 		t.Fatalf("view before any admission: concurrency %d, in flight %d, shared %q; want 3, 0, ok", v.Concurrency, v.InFlight, v.Shared)
 	}
-	var tks []lanequeue.Ticket
+	var tks []limit.Ticket
 	for i := 1; i <= 2; i++ {
 		tk, _, ok := admit(t, sh)
 		if !ok {
@@ -54,7 +54,7 @@ func TestATicketSaysWhetherABudgetHadRoomOrAPacedIt(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 8, MaxConcurrency: 8}
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	fresh := st.Shared("fresh", cfg)
 	tk, _, ok := admit(t, fresh)
 	if !ok || tk.Room || tk.Paced {
@@ -65,7 +65,7 @@ func TestATicketSaysWhetherABudgetHadRoomOrAPacedIt(t *testing.T) {
 	headers := st.Shared("headers", cfg)
 	now := time.Now()
 	tk, _, _ = headers.Admit(now, 1, false)
-	headers.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: reqLimits(now, 600, 500)}, now)
+	headers.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 600, 500)}, now)
 	headers.Return(&tk, now)
 	tk, _, ok = admit(t, headers)
 	if !ok || !tk.Room || tk.Paced {
@@ -90,10 +90,10 @@ func TestADegradedReplicasTokenShareIsTheSharedRate(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	sh := st.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	now := time.Now()
 	tk, _, _ := sh.Admit(now, 1, false)
-	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 60000, 50000)}, now)
+	sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 60000, 50000)}, now)
 	sh.Return(&tk, now)
 	tk, _, ok := admit(t, sh) // the shared limits as Redis has them now
 	if !ok {
@@ -128,7 +128,7 @@ func TestAWaiterAskingAgainWithinASecondKeepsItsPlace(t *testing.T) {
 		bGoes bool // b's waiter is older than c's
 	}{{time.Second, true}, {time.Second + time.Millisecond, false}} {
 		a, b, cst := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-		one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+		one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 		group := "g" + c.gap.String()
 		sa, sb, sc := a.Shared(group, one), b.Shared(group, one), cst.Shared(group, one)
 		held, _, _ := admit(t, sa)
@@ -160,10 +160,10 @@ func TestASettleGivesBackTheUnusedTokens(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	sh := st.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	now := time.Now()
 	tk, _, _ := sh.Admit(now, 1, false)
-	sh.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: tokLimits(now, 1_000_000, 500_000)}, now)
+	sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 1_000_000, 500_000)}, now)
 	sh.Return(&tk, now)
 	avail := func() float64 {
 		v, err := strconv.ParseFloat(hget(t, st, sh.(*shared).state, "t_avail"), 64)
@@ -304,7 +304,7 @@ func TestAPermitTakenWhileAwayIsCountedAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 4, MaxConcurrency: 4})
+	sh := st.Shared("g", limit.Config{Concurrency: 4, MaxConcurrency: 4})
 	first, _, _ := admit(t, sh)
 	sh.Return(&first, time.Now())
 	st.flush() // its lease is removed from Redis
@@ -421,22 +421,22 @@ func TestAFailedCallIsNotRetried(t *testing.T) {
 func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute).Shared("w", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
-	b := newStore(t, srv.url(), time.Minute).Shared("w", lanequeue.Config{Concurrency: 8, MaxConcurrency: 8})
+	a := newStore(t, srv.url(), time.Minute).Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
+	b := newStore(t, srv.url(), time.Minute).Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	now := time.Now()
 	for range 3 {
 		tk, _, ok := a.Admit(now, 1, false)
 		if !ok {
 			t.Fatal("admit")
 		}
-		a.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted}, now)
+		a.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
 		a.Return(&tk, now)
 	}
 	tk, _, ok := a.Admit(now, 1, false)
 	if !ok {
 		t.Fatal("admit")
 	}
-	a.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, Hint: 9 * time.Second,
+	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 9 * time.Second,
 		PauseUntil: now.Add(9 * time.Second)}, now)
 	a.Return(&tk, now)
 	// Suspected: held until the test, 1.25 s on, on both replicas.
@@ -454,7 +454,7 @@ func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 	if !ok {
 		t.Fatal("no test after 1.25 s")
 	}
-	a.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, Hint: 8 * time.Second,
+	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 8 * time.Second,
 		PauseUntil: test.Add(8 * time.Second)}, test)
 	a.Return(&tk, test)
 	b.Admit(test, 1, false) // b's next reply brings the shared pause

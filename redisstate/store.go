@@ -1,7 +1,7 @@
 // Package redisstate lets several llmproxy replicas share their lanes'
 // limits through Redis: the learned budgets, the pause after a 429, and the
 // concurrency limit as a semaphore of expiring leases. It implements
-// lanequeue.Shared; the proxy does not know it is there.
+// limit.Shared; the proxy does not know it is there.
 //
 // Each replica still learns from its own answers with the in-process
 // state, and pushes what it learned to Redis; admission (pause, permits,
@@ -29,7 +29,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/internal/setting"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // Config shapes a Store. Zero fields take the documented defaults.
@@ -304,7 +304,7 @@ func (s *Store) ctx() (context.Context, context.CancelFunc) {
 
 // Shared returns the shared state of the limit group; use it as
 // lanequeue.TableConfig.Shared.
-func (s *Store) Shared(group string, cfg lanequeue.Config) lanequeue.Shared {
+func (s *Store) Shared(group string, cfg limit.Config) limit.Shared {
 	// A zero Config means the defaults here as everywhere: the scripts
 	// would read a concurrency of 0 as "admit nothing".
 	return newShared(s, group, cfg.WithDefaults())

@@ -16,7 +16,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // server is a redis-server of the test's own on a free loopback port.
@@ -140,9 +140,9 @@ func newStore(t *testing.T, url string, lease time.Duration) *Store {
 	return st
 }
 
-var groupCfg = lanequeue.Config{Concurrency: 2, MinConcurrency: 1, MaxConcurrency: 2}
+var groupCfg = limit.Config{Concurrency: 2, MinConcurrency: 1, MaxConcurrency: 2}
 
-func admit(t *testing.T, sh lanequeue.Shared) (lanequeue.Ticket, time.Time, bool) {
+func admit(t *testing.T, sh limit.Shared) (limit.Ticket, time.Time, bool) {
 	t.Helper()
 	return sh.Admit(time.Now(), 1, false)
 }
@@ -175,7 +175,7 @@ func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	cfg := lanequeue.Config{Concurrency: 64, MaxConcurrency: 64}
+	cfg := limit.Config{Concurrency: 64, MaxConcurrency: 64}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	tk, _, ok := admit(t, sa)
 	if !ok {
@@ -183,7 +183,7 @@ func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
 	}
 	now := time.Now()
 	// 10 a minute, 1 left after this request.
-	sa.Learn(&tk, lanequeue.Report{Status: 200, Verdict: lanequeue.Accepted, Limits: headerparse.Limits{
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: headerparse.Limits{
 		Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: now.Add(54 * time.Second)}}}, now)
 	if _, _, ok := admit(t, sb); !ok {
 		t.Fatal("replica b could not send the one request left")
@@ -204,7 +204,7 @@ func TestAPauseIsShared(t *testing.T) {
 	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
 	tk, _, _ := admit(t, sa)
 	until := time.Now().Add(time.Hour)
-	sa.Learn(&tk, lanequeue.Report{Status: 429, Verdict: lanequeue.RateRefused, PauseUntil: until}, time.Now())
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, time.Now())
 	// The pause travels as a length on Redis' clock: its end on b is the
 	// same instant, give or take the calls' latency.
 	near := func(a, b time.Time) bool { d := a.Sub(b); return d > -50*time.Millisecond && d < 50*time.Millisecond }
@@ -222,7 +222,7 @@ func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 	srv := startServer(t)
 	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
-	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
 		t.Fatal("a's admit refused")
 	}
@@ -248,7 +248,7 @@ func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
 	srv := startServer(t)
 	const lease = MinLeaseTTL
 	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
-	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
 		t.Fatal("a's admit refused")
 	}
@@ -262,7 +262,7 @@ func TestAReplicasOlderWaiterGoesFirst(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	one := lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
+	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
 	held, _, _ := admit(t, sa)
 	if _, _, ok := admit(t, sb); ok { // b starts waiting
@@ -337,21 +337,21 @@ func TestUnreachableAtStartIsDegradedNotAnError(t *testing.T) {
 	}
 }
 
-// TestAZeroConfigTakesTheDefaults: Shared with a zero lanequeue.Config
+// TestAZeroConfigTakesTheDefaults: Shared with a zero limit.Config
 // admits as a group with the default limits does (it admitted nothing,
 // ever: the scripts read a concurrency of 0).
 func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), MinLeaseTTL)
-	sh := st.Shared("g", lanequeue.Config{})
-	for i := range lanequeue.DefaultConcurrency {
+	sh := st.Shared("g", limit.Config{})
+	for i := range limit.DefaultConcurrency {
 		if _, _, ok := admit(t, sh); !ok {
 			t.Fatalf("admit %d of a zero config refused", i+1)
 		}
 	}
 	if _, _, ok := admit(t, sh); ok {
-		t.Fatalf("admitted more than the default concurrency %d", lanequeue.DefaultConcurrency)
+		t.Fatalf("admitted more than the default concurrency %d", limit.DefaultConcurrency)
 	}
 }
 
@@ -367,7 +367,7 @@ func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) 
 		t.Fatal(err)
 	}
 	defer st.Close()
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 2, MaxConcurrency: 2}).(*shared)
+	sh := st.Shared("g", limit.Config{Concurrency: 2, MaxConcurrency: 2}).(*shared)
 	tk, _, ok := sh.Admit(fc.Now(), 1, false)
 	if !ok {
 		t.Fatal("admit")

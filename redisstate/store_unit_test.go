@@ -10,7 +10,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/internal/setting"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -224,7 +224,7 @@ func TestAPermitTakenWhileRedisIsAwayComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	sh := st.Shared("g", lanequeue.Config{Concurrency: 1, MaxConcurrency: 1})
+	sh := st.Shared("g", limit.Config{Concurrency: 1, MaxConcurrency: 1})
 	tk, _, ok := sh.Admit(time.Now(), 1, true)
 	if !ok || tk.Lease != "" {
 		t.Fatalf("admitted %v with lease %q while Redis is away; want a local permit", ok, tk.Lease)

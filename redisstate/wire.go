@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // admitArgs are admitScript's arguments.
@@ -104,7 +104,7 @@ const (
 
 // newBudgetArgs are b's figures for learnScript; all zero when b is not
 // known.
-func newBudgetArgs(b lanequeue.BudgetView, syn bool, mode leftMode, value, mark float64) budgetArgs {
+func newBudgetArgs(b limit.BudgetView, syn bool, mode leftMode, value, mark float64) budgetArgs {
 	if !b.Known {
 		return budgetArgs{}
 	}

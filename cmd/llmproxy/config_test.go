@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/redisstate"
 )
@@ -217,9 +218,9 @@ func TestTheEnvironmentsDefaultsAreThePackagesOwn(t *testing.T) {
 		{"MAX_SPOOL_BYTES", c.MaxSpoolBytes, int64(proxy.DefaultMaxSpoolBytes)},
 		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, int64(proxy.DefaultMaxBufferedBytes)},
 		{"MAX_QUEUE", c.MaxQueue, lanequeue.DefaultMaxQueue},
-		{"LANE_CONCURRENCY", c.LaneConcurrency, lanequeue.DefaultConcurrency},
-		{"LANE_MIN_CONCURRENCY", c.LaneMinConcurrency, lanequeue.DefaultMinConcurrency},
-		{"LANE_MAX_CONCURRENCY", c.LaneMaxConcurrency, lanequeue.DefaultMaxConcurrency},
+		{"LANE_CONCURRENCY", c.LaneConcurrency, limit.DefaultConcurrency},
+		{"LANE_MIN_CONCURRENCY", c.LaneMinConcurrency, limit.DefaultMinConcurrency},
+		{"LANE_MAX_CONCURRENCY", c.LaneMaxConcurrency, limit.DefaultMaxConcurrency},
 		{"MAX_LANES", c.MaxLanes, lanequeue.DefaultMaxLanes},
 		{"LANE_IDLE_TTL", c.LaneIdleTTL, lanequeue.DefaultIdleTTL},
 		{"REDIS_LEASE_TTL", c.RedisLeaseTTL, redisstate.DefaultLeaseTTL},

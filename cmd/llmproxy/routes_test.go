@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -37,10 +38,10 @@ func TestRouteSettingsAreRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]proxy.RouteSettings{
-		"anthropic": {Limits: lanequeue.Limits{Concurrency: 16, Start: true}},
-		"my-ollama": {Local: true, LocalFairness: 10 * time.Second, Limits: lanequeue.Limits{Concurrency: 4}},
-		"my":        {Limits: lanequeue.Limits{RPM: 60}},
-		"gw.v2":     {Limits: lanequeue.Limits{PerCredential: true}},
+		"anthropic": {Limits: limit.Limits{Concurrency: 16, Start: true}},
+		"my-ollama": {Local: true, LocalFairness: 10 * time.Second, Limits: limit.Limits{Concurrency: 4}},
+		"my":        {Limits: limit.Limits{RPM: 60}},
+		"gw.v2":     {Limits: limit.Limits{PerCredential: true}},
 	}
 	for _, r := range c.routes {
 		if r.Settings != want[r.Name] {
@@ -48,7 +49,7 @@ func TestRouteSettingsAreRead(t *testing.T) {
 		}
 	}
 	wantDefault := proxy.RouteSettings{Priority: lanequeue.Low,
-		Limits: lanequeue.Limits{RPM: 600, TPM: 150000.5, MinGap: 50 * time.Millisecond}}
+		Limits: limit.Limits{RPM: 600, TPM: 150000.5, MinGap: 50 * time.Millisecond}}
 	if c.defaultRoute != wantDefault {
 		t.Errorf("default route: %+v, want %+v", c.defaultRoute, wantDefault)
 	}

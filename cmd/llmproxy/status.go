@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -163,7 +164,7 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 
 // configured is what the lane's route configures: "600rpm c8 gap50ms
 // ceiling"; "" when nothing.
-func configured(c *lanequeue.ConfiguredView) string {
+func configured(c *limit.ConfiguredView) string {
 	if c == nil {
 		return ""
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -212,7 +213,7 @@ func TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	var out bytes.Buffer
 	printStatus(&out, lanesReply{
 		Lanes: []lanequeue.State{{ID: "beef00000002", Path: "/v1/chat/completions", Model: "llama", Concurrency: 4, Queued: 12, QueuedLow: 10,
-			Configured: &lanequeue.ConfiguredView{RPM: 600, Concurrency: 4, MinGapSecs: 0.05, Mode: "ceiling"}}},
+			Configured: &limit.ConfiguredView{RPM: 600, Concurrency: 4, MinGapSecs: 0.05, Mode: "ceiling"}}},
 		Global:      &lanequeue.CapStats{Limit: 64, InUse: 3, Waiting: 2, Most: 64},
 		LocalRoutes: []proxy.LocalRoute{{Route: "ollama", GateStats: lanequeue.GateStats{Loaded: "llama", Swaps: 4, SwapsAvoided: 120, Waiting: 2}}},
 	}, "http://127.0.0.1:9090", time.Unix(0, 0))
@@ -226,7 +227,7 @@ func TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, s)
 		}
 	}
-	if c := configured(&lanequeue.ConfiguredView{TPM: 150000, Mode: "replaced"}); c != "150000tpm replaced" {
+	if c := configured(&limit.ConfiguredView{TPM: 150000, Mode: "replaced"}); c != "150000tpm replaced" {
 		t.Errorf("configured = %q", c)
 	}
 	t.Log("\n" + s)

@@ -94,7 +94,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
-	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -270,7 +270,7 @@ func shapes(latency time.Duration, rps float64) []shape {
 		// so.
 		{name: "configured", mock: mockupstream.Config{RPM: 6000, Latency: latency}, rate: 10, n: 300, c: 50,
 			speeches: []string{"headers", "silent"}, configure: func(c *proxy.Config) {
-				c.Default.Limits = lanequeue.Limits{RPM: 600}
+				c.Default.Limits = limit.Limits{RPM: 600}
 			}},
 		// A local model server (one model at a time, 2 s to load one, 4
 		// served at once, 200 ms answers) behind a route marked local
@@ -279,7 +279,7 @@ func shapes(latency time.Duration, rps float64) []shape {
 		{name: "local", mock: mockupstream.Config{ModelLoad: 2 * time.Second, LocalParallel: 4, Latency: latency},
 			n: 300, c: 300, speeches: []string{"interleaved"},
 			configure: func(c *proxy.Config) {
-				c.Default = proxy.RouteSettings{Local: true, Limits: lanequeue.Limits{Concurrency: 4}}
+				c.Default = proxy.RouteSettings{Local: true, Limits: limit.Limits{Concurrency: 4}}
 			},
 			model: func(i int) string { return []string{"llama", "qwen", "mistral"}[i%3] },
 			ideal: func(n int) time.Duration { return 3*2*time.Second + time.Duration(n)*latency/4 }},

@@ -1,5 +1,5 @@
 // Package bucketcases reads and judges the token bucket's table of cases,
-// lanequeue/testdata/bucket_cases.json, which two tests run: lanequeue's on
+// limit/testdata/bucket_cases.json, which two tests run: limit's on
 // the Go budget and redisstate's on the Lua budget on a real Redis. It holds
 // what those tests share (the table's types, its checks, how a step's result
 // is compared and how a case is judged); each keeps the code that runs a

@@ -18,6 +18,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -170,7 +171,7 @@ func TestRouteRPMCeiling(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := newBench(t, tc.mock, func(c *proxy.Config, _ *url.URL) {
-					c.Default.Limits = lanequeue.Limits{RPM: 600}
+					c.Default.Limits = limit.Limits{RPM: 600}
 				})
 				defer b.close()
 				const n = 300
@@ -201,7 +202,7 @@ func TestRouteRPMCeiling(t *testing.T) {
 func TestRouteMinGap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBench(t, mockupstream.Config{Latency: 150 * time.Millisecond}, func(c *proxy.Config, _ *url.URL) {
-			c.Default.Limits = lanequeue.Limits{MinGap: 100 * time.Millisecond, Concurrency: 2}
+			c.Default.Limits = limit.Limits{MinGap: 100 * time.Millisecond, Concurrency: 2}
 		})
 		defer b.close()
 		const n = 200
@@ -292,16 +293,16 @@ func TestRoutePriorities(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mock mockupstream.Config
-		lim  lanequeue.Limits
+		lim  limit.Limits
 	}{
-		{"configured", mockupstream.Config{Latency: 200 * time.Millisecond}, lanequeue.Limits{RPM: 600}},
-		{"learned", mockupstream.Config{RPM: 600, Latency: 200 * time.Millisecond}, lanequeue.Limits{}},
+		{"configured", mockupstream.Config{Latency: 200 * time.Millisecond}, limit.Limits{RPM: 600}},
+		{"learned", mockupstream.Config{RPM: 600, Latency: 200 * time.Millisecond}, limit.Limits{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) { priorities(t, tc.mock, tc.lim) })
 	}
 }
 
-func priorities(t *testing.T, mc mockupstream.Config, lim lanequeue.Limits) {
+func priorities(t *testing.T, mc mockupstream.Config, lim limit.Limits) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBench(t, mc, func(c *proxy.Config, _ *url.URL) { c.Default.Limits = lim })
 		defer b.close()
@@ -390,7 +391,7 @@ func TestRouteLocalModels(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				b := newBench(t, mc, func(c *proxy.Config, _ *url.URL) {
 					c.Default = proxy.RouteSettings{Local: tc.local, LocalFairness: 30 * time.Second,
-						Limits: lanequeue.Limits{Concurrency: 4}}
+						Limits: limit.Limits{Concurrency: 4}}
 				})
 				defer b.close()
 				took, failures := b.load(n, tc.c, "/v1/chat/completions", models)
@@ -445,7 +446,7 @@ func TestRouteLocalModels(t *testing.T) {
 func TestRouteCeilingAboveWhatTheUpstreamAllows(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBench(t, speak(mockupstream.Config{RPM: 600, Latency: 200 * time.Millisecond}, silent, false), func(c *proxy.Config, _ *url.URL) {
-			c.Default.Limits = lanequeue.Limits{RPM: 1200}
+			c.Default.Limits = limit.Limits{RPM: 1200}
 		})
 		defer b.close()
 		const n = 300
@@ -474,7 +475,7 @@ func TestRouteCeilingAboveWhatTheUpstreamAllows(t *testing.T) {
 func TestRouteStartGrowsToWhatTheUpstreamAllows(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := newBench(t, speak(mockupstream.Config{RPM: 1800, Latency: 200 * time.Millisecond}, silent, false), func(c *proxy.Config, _ *url.URL) {
-			c.Default.Limits = lanequeue.Limits{RPM: 600, Start: true}
+			c.Default.Limits = limit.Limits{RPM: 600, Start: true}
 		})
 		defer b.close()
 		const n = 600

@@ -38,7 +38,7 @@ import (
 const gremlins = "github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0"
 
 // corePackages are the packages the thresholds hold for: the data path.
-var corePackages = []string{"backoff", "headerparse", "upstream", "lanequeue", "tokens", "proxy", "redisstate"}
+var corePackages = []string{"backoff", "headerparse", "upstream", "lanequeue", "limit", "tokens", "proxy", "redisstate"}
 
 // minEfficacy is the lowest test efficacy, in percent, a package may have.
 const minEfficacy = 90.0

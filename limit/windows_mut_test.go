@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import (
 	"slices"
@@ -293,7 +293,7 @@ func TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest(t *testing.T)
 // seconds shows its length to a tenth of a second, whole seconds being
 // too coarse for it.
 func TestAShortWindowsLengthShowsTenthsOfASecond(t *testing.T) {
-	v := &WindowView{Allowance: 5, Length: 2340 * time.Millisecond, Stated: true}
+	v := &windowView{Allowance: 5, Length: 2340 * time.Millisecond, Stated: true}
 	if s := v.String(); !strings.Contains(s, "5 per 2.3s,") {
 		t.Fatalf("view %q, want the length as 2.3s", s)
 	}
@@ -302,7 +302,7 @@ func TestAShortWindowsLengthShowsTenthsOfASecond(t *testing.T) {
 // TestALongWindowsLengthShowsWholeSeconds: a window of ten seconds and
 // more shows its length in whole seconds.
 func TestALongWindowsLengthShowsWholeSeconds(t *testing.T) {
-	v := &WindowView{Allowance: 500, Length: 61400 * time.Millisecond, Stated: false}
+	v := &windowView{Allowance: 500, Length: 61400 * time.Millisecond, Stated: false}
 	if s := v.String(); !strings.Contains(s, "500 per 1m1s,") {
 		t.Fatalf("view %q, want the length as 1m1s", s)
 	}

@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import "time"
 
@@ -112,8 +112,8 @@ type View struct {
 	Requests, Tokens BudgetView
 	// AnswerSeconds is the mean time an accepted answer holds its permit.
 	AnswerSeconds float64
-	// Learned says where the request pace comes from: LearnedFromHeaders,
-	// LearnedFromRefusals (an upstream without headers), or "" (nothing
+	// Learned says where the request pace comes from: "headers",
+	// "refusals" (an upstream without headers), or "" (nothing
 	// yet); FromRefusals asks for the second.
 	Learned string
 	// Bound is what the behaviour of an upstream without headers says it
@@ -136,7 +136,7 @@ type View struct {
 	Corrected bool
 	// Window is what the group learned of fixed windows: nil while it
 	// has seen no closure (a span the upstream refused everything in).
-	Window *WindowView
+	Window *windowView
 	// Shared is "" for state in this process only; a store shared by
 	// replicas says "ok", or "degraded" while it serves local limits.
 	Shared string
@@ -144,13 +144,13 @@ type View struct {
 
 // Where a View's request pace comes from (View.Learned).
 const (
-	LearnedFromHeaders  = "headers"
-	LearnedFromRefusals = "refusals"
+	learnedFromHeaders  = "headers"
+	learnedFromRefusals = "refusals"
 )
 
 // FromRefusals reports whether the request pace was learned from the
 // upstream's refusals, with no headers to read it from.
-func (v View) FromRefusals() bool { return v.Learned == LearnedFromRefusals }
+func (v View) FromRefusals() bool { return v.Learned == learnedFromRefusals }
 
 // BudgetView is one learned budget.
 type BudgetView struct {

@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import (
 	"math"
@@ -27,59 +27,11 @@ type Limits struct {
 // MinGap).
 func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency == 0 && l.MinGap == 0 }
 
-// Priority is a request's class within its lane: High goes ahead of queued
-// Low requests, which keep a guaranteed share of the dispatches.
-type Priority uint8
-
-const (
-	High Priority = iota
-	Low
-)
-
-// String is "high" or "low".
-func (p Priority) String() string {
-	if p == Low {
-		return "low"
-	}
-	return "high"
-}
-
-// ParsePriority reads "high" or "low" (any case); ok is false otherwise.
-func ParsePriority(s string) (p Priority, ok bool) {
-	switch {
-	case equalFold(s, "high"):
-		return High, true
-	case equalFold(s, "low"):
-		return Low, true
-	}
-	return High, false
-}
-
-func equalFold(a, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		c := a[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
-// LowShare is the share of dispatches kept for low-priority requests while
-// high-priority ones wait: one in LowShare.
-const LowShare = 4
-
-// ceiling enforces a group's configured limits in front of its Shared
+// Ceiling enforces a group's configured limits in front of its Shared
 // state: the gap between starts (MinGap, and RPM as even spacing) and the
 // token rate (TPM, a bucket of one second's worth). Guarded by the group's
 // mutex.
-type ceiling struct {
+type Ceiling struct {
 	lim      Limits
 	gapNext  time.Time // the earliest next start by MinGap
 	rpmNext  time.Time // the earliest next start by RPM
@@ -102,27 +54,28 @@ const (
 	startGrowEvery = time.Second
 )
 
-func newCeiling(l Limits) *ceiling {
-	c := &ceiling{lim: l, grow: 1}
+// Ceiling returns the enforcement of l, starting full.
+func (l Limits) Ceiling() *Ceiling {
+	c := &Ceiling{lim: l, grow: 1}
 	c.tokAvail = c.tokCap()
 	return c
 }
 
 // rpmOn and tpmOn report whether RPM and TPM still hold.
-func (c *ceiling) rpmOn() bool { return c.lim.RPM > 0 && !c.replaced }
-func (c *ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
+func (c *Ceiling) rpmOn() bool { return c.lim.RPM > 0 && !c.replaced }
+func (c *Ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
 
 // rpmGap is the spacing of starts that RPM asks for.
-func (c *ceiling) rpmGap() time.Duration {
+func (c *Ceiling) rpmGap() time.Duration {
 	return time.Duration(float64(time.Minute) / (c.lim.RPM * c.grow))
 }
 
-func (c *ceiling) tokRate() float64 { return c.lim.TPM * c.grow / 60 }
+func (c *Ceiling) tokRate() float64 { return c.lim.TPM * c.grow / 60 }
 
 // tokCap is the token bucket's size: one second's worth.
-func (c *ceiling) tokCap() float64 { return max(c.tokRate(), 1) }
+func (c *Ceiling) tokCap() float64 { return max(c.tokRate(), 1) }
 
-func (c *ceiling) refill(now time.Time) {
+func (c *Ceiling) refill(now time.Time) {
 	if !c.tokAt.IsZero() && now.After(c.tokAt) {
 		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+c.tokRate()*now.Sub(c.tokAt).Seconds())
 	}
@@ -133,7 +86,7 @@ func (c *ceiling) refill(now time.Time) {
 
 // admit reports whether a request of cost tokens may start now, or else
 // when it may.
-func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) {
+func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) {
 	if c.lim.Start && !c.replaced {
 		if k, ok := sh.(Knower); ok && k.Knows() {
 			c.replaced = true
@@ -171,7 +124,7 @@ func (c *ceiling) admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 }
 
 // take charges a start of cost tokens at now.
-func (c *ceiling) take(now time.Time, cost int64) {
+func (c *Ceiling) Take(now time.Time, cost int64) {
 	if g := c.lim.MinGap; g > 0 {
 		// Never closer than the gap, whatever happened before.
 		c.gapNext = now.Add(g)
@@ -193,7 +146,7 @@ func (c *ceiling) take(now time.Time, cost int64) {
 }
 
 // settle swaps a request's estimated tokens for what it used.
-func (c *ceiling) settle(estimate, used int64) {
+func (c *Ceiling) Settle(estimate, used int64) {
 	if c.tpmOn() {
 		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+float64(estimate-used))
 	}
@@ -210,7 +163,7 @@ type ConfiguredView struct {
 	Mode string `json:"mode"`
 }
 
-func (c *ceiling) view() *ConfiguredView {
+func (c *Ceiling) View() *ConfiguredView {
 	v := &ConfiguredView{RPM: c.lim.RPM, TPM: c.lim.TPM, Concurrency: c.lim.Concurrency,
 		MinGapSecs: c.lim.MinGap.Seconds(), Mode: "ceiling"}
 	switch {

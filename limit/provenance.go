@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 // RateFrom says where a group's request pace comes from. Code compares
 // the values; String is what /lanes, the logs and the dashboard show.
@@ -28,7 +28,7 @@ func (f RateFrom) String() string {
 type Bound uint8
 
 const (
-	BoundUnknown     Bound = iota // not known, or learned from headers
+	boundUnknown     Bound = iota // not known, or learned from headers
 	BoundRate                     // the pace binds
 	BoundConcurrency              // the number in flight binds
 )

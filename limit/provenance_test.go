@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import "testing"
 
@@ -15,7 +15,7 @@ func TestProvenanceShowsAsBefore(t *testing.T) {
 		}
 	}
 	for b, want := range map[Bound]string{
-		BoundUnknown: "", BoundRate: "rate", BoundConcurrency: "concurrency", BoundConcurrency + 1: "unknown",
+		boundUnknown: "", BoundRate: "rate", BoundConcurrency: "concurrency", BoundConcurrency + 1: "unknown",
 	} {
 		if got := b.String(); got != want {
 			t.Errorf("Bound(%d) shows %q, want %q", b, got, want)

@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import (
 	"math"
@@ -48,7 +48,7 @@ type Memory struct {
 // NewMemory returns the in-process state for a group with cfg's
 // concurrency bounds.
 func NewMemory(cfg Config) *Memory {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return &Memory{conc: newConcurrency(cfg)}
 }
 
@@ -660,7 +660,7 @@ func (s *Memory) View(now time.Time) View {
 	v.Requests, v.Tokens = s.pace.view(now)
 	switch {
 	case s.pace.fromRefusals:
-		v.Learned = LearnedFromRefusals
+		v.Learned = learnedFromRefusals
 		v.RateFrom = s.learn.from
 		v.AdmittedRate = s.learn.estimate
 		v.Bound = BoundRate
@@ -668,7 +668,7 @@ func (s *Memory) View(now time.Time) View {
 			v.Bound = BoundConcurrency
 		}
 	case s.pace.requests.known || s.pace.tokens.known:
-		v.Learned = LearnedFromHeaders
+		v.Learned = learnedFromHeaders
 		v.RateFrom = rateHeaders
 	}
 	switch {

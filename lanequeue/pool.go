@@ -1,5 +1,6 @@
 package lanequeue
 
+import "github.com/llmproxy/llmproxy/limit"
 import "time"
 
 // limit is one upstream limit the lanes of a group draw on: its model's
@@ -9,12 +10,12 @@ import "time"
 // drawing on one (see sharing). It holds the Shared state, the route's
 // configured ceilings and the first-answer probe. Its fields are guarded by
 // its group's mutex.
-type limit struct {
+type pool struct {
 	key    string
 	seq    int // the order limits of the group were made in
-	shared Shared
+	shared limit.Shared
 	// ceil holds the route's configured limits; nil when none are.
-	ceil       *ceiling
+	ceil       *limit.Ceiling
 	learned    bool      // an answer came back: the probe is over
 	probeUntil time.Time // set by the first dispatch; see probeWindow
 	unanswered int       // dispatches whose answer has not been reported
@@ -25,7 +26,7 @@ type limit struct {
 	share      sharing   // evidence that it shares the upstream's limit with others
 	// mergedInto is the limit this one was found to share, which its lanes
 	// draw on from then on; nil while it stands alone.
-	mergedInto *limit
+	mergedInto *pool
 	// models are the models whose lanes draw on it, in the order they
 	// came (more than one once models were found to share it).
 	models []string
@@ -45,10 +46,10 @@ type limit struct {
 	arrived uint64
 }
 
-func newLimit(key string, cfg Config, sh Shared) *limit {
-	l := &limit{key: key, shared: sh}
+func newPool(key string, cfg Config, sh limit.Shared) *pool {
+	l := &pool{key: key, shared: sh}
 	if !cfg.Limits.IsZero() {
-		l.ceil = newCeiling(cfg.Limits)
+		l.ceil = cfg.Limits.Ceiling()
 		// A configured limit is known: no need to wait for the first
 		// answer to learn one.
 		l.learned = cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
@@ -64,7 +65,7 @@ func newLimit(key string, cfg Config, sh Shared) *limit {
 // anything is known is what causes the first 429s. It reports whether a
 // dispatch may go, or else until when it may not. Requires the group's
 // mutex held.
-func (l *limit) firstAnswerLocked(now time.Time) (time.Time, bool) {
+func (l *pool) firstAnswerLocked(now time.Time) (time.Time, bool) {
 	if !l.learned && l.unanswered > 0 && answeredElsewhere(l.shared) {
 		l.learned = true // another replica's answer taught the limit
 	}
@@ -78,7 +79,7 @@ func (l *limit) firstAnswerLocked(now time.Time) (time.Time, bool) {
 }
 
 // addModel notes that lanes for model draw on the limit.
-func (l *limit) addModel(model string) {
+func (l *pool) addModel(model string) {
 	for _, m := range l.models {
 		if m == model {
 			return
@@ -89,7 +90,7 @@ func (l *limit) addModel(model string) {
 
 // sharedWith is the other models drawing on the limit than model, and
 // why they do; none while it is model's own.
-func (l *limit) sharedWith(model string) (others []string, because string) {
+func (l *pool) sharedWith(model string) (others []string, because string) {
 	for _, m := range l.models {
 		if m != model {
 			others = append(others, m)
@@ -103,6 +104,6 @@ func (l *limit) sharedWith(model string) (others []string, because string) {
 
 // limit is the limit the lane draws on now: the one it was made with, or
 // the one that took it over. Requires the group's mutex held.
-func (ln *Lane) limit() *limit {
+func (ln *Lane) limit() *pool {
 	return ln.lim.root()
 }

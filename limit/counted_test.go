@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import (
 	"testing"

@@ -1,4 +1,4 @@
-package lanequeue
+package limit
 
 import (
 	"strconv"
@@ -489,8 +489,8 @@ func (w *windows) reopen(at time.Time, used int) {
 	}
 }
 
-// WindowView is what a group learned of fixed windows (View.Window).
-type WindowView struct {
+// windowView is what a group learned of fixed windows (View.Window).
+type windowView struct {
 	// Allowance and Length are the window's size and span; zero while
 	// not known.
 	Allowance int
@@ -506,11 +506,11 @@ type WindowView struct {
 }
 
 // view is what the windows show; nil while nothing was learned.
-func (w *windows) view() *WindowView {
+func (w *windows) view() *windowView {
 	if !w.known && !w.closed {
 		return nil
 	}
-	v := &WindowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.hinted, Closed: w.closed}
+	v := &windowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.hinted, Closed: w.closed}
 	if !w.known {
 		v.Stated = w.stated
 	}
@@ -525,7 +525,7 @@ func (w *windows) view() *WindowView {
 
 // String says what the group learned of its windows and from what: "window
 // of 200 per 10s, learned from refusals whose waits end at one boundary".
-func (v *WindowView) String() string {
+func (v *windowView) String() string {
 	if v == nil {
 		return ""
 	}

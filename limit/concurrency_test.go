@@ -1,0 +1,125 @@
+package limit
+
+import (
+	"github.com/llmproxy/llmproxy/headerparse"
+	"testing"
+	"time"
+)
+
+// Dispatches another store admitted go at the number in flight it says,
+// all replicas together, and are numbered in the group's running count;
+// a refused one's permit stops counting when it is given back.
+func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
+	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+	seq, level, _ := s.NoteDispatch(t0, 3, 100, 0)
+	if seq != 100 || level != 4 {
+		t.Fatalf("seq %d level %d, want the fleet's 100 and 3 out + itself = 4", seq, level)
+	}
+	tk := Ticket{Dispatched: t0, Level: level, Seq: seq, Lease: "l1"}
+	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, t0)
+	if _, level, _ := s.NoteDispatch(t0, 3, 101, 0); level != 3 {
+		t.Fatalf("level %d beside a refused permit still held, want 3", level)
+	}
+	s.NoteReturn(&tk, t0)
+	if _, level, _ := s.NoteDispatch(t0, 3, 102, 0); level != 4 {
+		t.Fatalf("level %d after the refused permit came back, want 4", level)
+	}
+	if n, _ := s.pace.recent.recent(t0); n != 3 {
+		t.Fatalf("%d dispatches in the sending rate, want 3 (one each)", n)
+	}
+	s.NoteDispatch(t0, 0, 112, 0) // nine more elsewhere since
+	if n, _ := s.pace.recent.recent(t0); n != 13 {
+		t.Fatalf("%d dispatches in the sending rate, want 13: the other replicas' count too", n)
+	}
+}
+
+// TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft: an answer whose
+// request went as the last permit the limit allowed says the limit held
+// requests back, even when the others have come back by the time it
+// arrives; one that went with room to spare does not.
+func TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft(t *testing.T) {
+	c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
+	last := Ticket{InFlight: 3, Limit: 4} // went with 3 others at limit 4
+	c.accepted(&last, t0, 1, 0)
+	c.accepted(&last, t0, 1, 0)
+	if c.limit != 5 {
+		t.Fatalf("limit = %d after two answers that went at the limit, want 5 (slow start)", c.limit)
+	}
+	roomy := Ticket{InFlight: 2, Limit: 5} // went with a permit to spare
+	for range 4 {
+		c.accepted(&roomy, at(time.Second), 1, 0)
+	}
+	if c.limit != 5 {
+		t.Fatalf("limit = %d after answers that went with room, want still 5", c.limit)
+	}
+}
+
+// TestRefusedLevelIsRememberedForAFullRefusedMemory: growth back to a level
+// the upstream refused stays slow up to and including refusedMemory after
+// the latest concurrency refusal, and is forgotten just after it.
+func TestRefusedLevelIsRememberedForAFullRefusedMemory(t *testing.T) {
+	full := Ticket{InFlight: 3, Limit: 4}
+	c := grownConc(4)
+	c.refusedAt = 5 // growing to 5 is a probe: it takes 4 × probeAcks answers
+	for range 4 {
+		c.accepted(&full, t0.Add(refusedMemory), 4, 0)
+	}
+	if c.limit != 4 || c.refusedAt != 5 {
+		t.Fatalf("at exactly refusedMemory: limit %d, refusedAt %d; want 4 and 5 (still a probe)", c.limit, c.refusedAt)
+	}
+	c = grownConc(4)
+	c.refusedAt, c.probeAcks = 5, 4*minProbeAcks
+	for range 4 {
+		c.accepted(&full, t0.Add(refusedMemory+time.Nanosecond), 4, 0)
+	}
+	if c.limit != 5 || c.refusedAt != 0 || c.probeAcks != minProbeAcks {
+		t.Fatalf("just after refusedMemory: limit %d, refusedAt %d, probeAcks %d; want 5, 0, %d",
+			c.limit, c.refusedAt, c.probeAcks, minProbeAcks)
+	}
+}
+
+// TestLittleFloorRaisesTheLimitOnlyWhileBelowIt: below the concurrency the
+// learned rate needs, each binding answer raises the limit at once; at that
+// floor, growth takes a limit's worth of answers again.
+func TestLittleFloorRaisesTheLimitOnlyWhileBelowIt(t *testing.T) {
+	full := Ticket{InFlight: 3, Limit: 4}
+	c := grownConc(3)
+	c.accepted(&full, t0, 4, 4)
+	if c.limit != 4 {
+		t.Fatalf("below the floor: limit %d, want 4 at once", c.limit)
+	}
+	for i := range 3 {
+		c.accepted(&full, t0, 4, 4)
+		if c.limit != 4 {
+			t.Fatalf("at the floor, answer %d: limit %d, want still 4", i+1, c.limit)
+		}
+	}
+	c.accepted(&full, t0, 4, 4)
+	if c.limit != 5 {
+		t.Fatalf("at the floor after a limit's worth of answers: limit %d, want 5", c.limit)
+	}
+}
+
+// TestLongAnswersGrowConcurrencyToRateTimesAnswerTime: 4 requests a
+// second from headers, answers that take 2 s: 8 must be in flight to keep
+// the rate, whatever refusals taught before, so the limit grows at once.
+func TestLongAnswersGrowConcurrencyToRateTimesAnswerTime(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 2, MinConcurrency: 1, MaxConcurrency: 64})
+	m.conc.slowStart = false
+	m.conc.answerSecs = 2
+	var tickets [2]Ticket
+	for i := range tickets {
+		tk, _, ok := m.Admit(t0, 1, false)
+		if !ok {
+			t.Fatalf("dispatch %d not admitted", i)
+		}
+		tickets[i] = tk
+	}
+	m.Learn(&tickets[1], Report{Status: 200, Verdict: Accepted, Limits: headerparse.Limits{Requests: win(4, 2, at(500*time.Millisecond))}}, t0)
+	if got := m.pace.littleFloor(m.conc.answerSecs); got != 8 {
+		t.Fatalf("little floor = %d, want 8", got)
+	}
+	if got := m.View(t0).Concurrency; got != 3 {
+		t.Fatalf("concurrency %d, want 3: grown at once, not after a limit's worth", got)
+	}
+}

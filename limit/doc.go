@@ -1,0 +1,61 @@
+// Package limit holds the state of one upstream limit and how it learns
+// from each answer: the Shared interface a group of lanes draws on, the
+// evidence that crosses it (Ticket at dispatch, Report of an answer, View
+// of the state), Memory (the state in this process), and the route's
+// configured ceilings. It decides nothing about queues; package lanequeue
+// asks it whether a request may go and tells it what each answer said.
+//
+// A limit has a shape: a token bucket, or fixed windows learned from
+// refusals that end at one boundary (windows.go). Every call takes the
+// time as an argument.
+//
+// # Pacing from headers
+//
+// Each window an upstream states (requests, tokens) is a token bucket: a
+// size, what is left, a refill rate learned from the headers (what is
+// missing refills by the reset). A request takes its estimated cost at
+// dispatch; its answer's remaining count replaces the local count, less
+// what was sent after it, and its usage settles the estimate. Until a
+// window is known it holds nothing back.
+//
+// # Corrections
+//
+// The upstream's refusals outrank arithmetic on its headers. A refusal of
+// a request the bucket had room for shows the headers overstate the
+// window (a per-minute limit enforced per second): the window shrinks to
+// the most the upstream ever showed left, plus one, and the refill is
+// measured from its remaining counts over time.
+//
+// # Concurrency
+//
+// The concurrency limit starts at Config.Concurrency and grows in slow
+// start while answers come back with the limit full; it falls only on
+// evidence that the number in flight is what binds (a refusal that names
+// concurrency, an overloaded answer, a refusal while the pace is well
+// under what the upstream admits), and a level refused is tried again
+// only after many answers. Rate and concurrency are separate controls: in
+// flight = rate × answer time (Little's law), so long answers need many
+// in flight to keep a rate, and the limit never falls under that.
+//
+// # Learning from behaviour
+//
+// An upstream that explains nothing (a bare 429 or 503) still shows its
+// limit by what it does. Between two refusals its bucket was empty at both
+// ends, so the requests it admitted in between, over the time between
+// their dispatches, is its refill rate. Refusals that come only at the top
+// numbers in flight, where admissions are rare, show a concurrency limit;
+// refusals at any level show a rate. The group cruises a little under the
+// measured rate and now and then probes above it for a short spell,
+// followed by as long a spell below: a probe that meets no refusal raises
+// the rate. Words (a hint, Retry-After, "too many concurrent requests")
+// only make it converge sooner.
+//
+// # Replicas
+//
+// Memory is the in-process state of a group. A Shared kept elsewhere
+// (redisstate) admits from state every replica shares and hands Memory the
+// group's evidence: every replica's dispatches (NoteDispatch), whether the
+// upstream admitted any (NoteAccepted), the counts by level (ShareLevels),
+// the pace the others learned and their refusals (NoteFleet), so that
+// what each replica learns is about the group as the upstream sees it.
+package limit

@@ -1,0 +1,222 @@
+package limit
+
+import (
+	"testing"
+	"time"
+)
+
+// TestAFreshGroupHasNotLoweredItsConcurrency: the view says the
+// concurrency limit was lowered only once refusals lowered it (a shared
+// store publishes only such limits); a fresh group's was not.
+func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
+	l := NewMemory(Config{Concurrency: 8, MinConcurrency: 1, MaxConcurrency: 8})
+	now := time.Unix(1_000_000, 0)
+	if l.View(now).ConcurrencyLowered {
+		t.Fatal("a fresh group says its concurrency was lowered")
+	}
+	tk, _, ok := l.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	l.Learn(&tk, Report{Status: 429, Verdict: ConcurrencyRefused}, now)
+	if !l.View(now).ConcurrencyLowered {
+		t.Fatal("a named concurrency refusal did not count as lowering")
+	}
+}
+
+// TestFleetDispatchesCountOnceEach: the dispatches of other replicas
+// between two of this one's count toward the group's sending rate once;
+// a count that did not move counts this dispatch alone.
+func TestFleetDispatchesCountOnceEach(t *testing.T) {
+	l := NewMemory(Config{})
+	now := time.Unix(1_000_000, 0)
+	l.NoteDispatch(now, 0, 5, 0) // the first count only sets the mark
+	l.NoteDispatch(now, 0, 9, 0) // four dispatches, all replicas
+	l.NoteDispatch(now, 0, 9, 0) // the count had not moved: this one
+	if n, _ := l.pace.recent.recent(now); n != 6 {
+		t.Fatalf("the sending meter counts %d dispatches, want 1 + 4 + 1", n)
+	}
+}
+
+// TestAReplicasFirstDispatchCountsTheGroupsLastSecond: a replica that
+// starts sending after the others counts the group's dispatches of the
+// last second at its first, so that the sending rate it guesses from at
+// its first refusal is the group's, not the few of its own.
+func TestAReplicasFirstDispatchCountsTheGroupsLastSecond(t *testing.T) {
+	l := NewMemory(Config{})
+	now := time.Unix(1_000_000, 0)
+	l.NoteDispatch(now, 0, 40, 18) // 18 in the last second, this one included
+	l.NoteDispatch(now, 0, 43, 20) // three more since: counted from the running total
+	if n, _ := l.pace.recent.recent(now); n != 21 {
+		t.Fatalf("the sending meter counts %d dispatches, want 18 + 3", n)
+	}
+}
+
+// TestAPaceLearnedElsewhereIsProbedUp: a group whose admissions a store
+// kept elsewhere makes (the Redis path: NoteDispatch, never Admit) still
+// runs its probe cycle, so a pace learned too low from refusals rises
+// while it is what holds requests back, and stays put while it is not.
+//
+// A probe made while another replica holds the raise lease (NoteRaiser
+// false, above the fleet's pace) reached no upstream: it does not raise.
+// What counts is the word during the up phase, not after it.
+func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		held   bool
+		raiser bool // during the up phase
+		after  bool // in the other phases
+		rise   bool
+		probes bool
+	}{
+		{"held by the pace", true, true, true, true, true},
+		{"not held", false, true, true, false, false},
+		{"held, another replica raises", true, false, false, false, true},
+		{"held, raiser in the up phase only", true, true, false, true, true},
+		{"held, raiser after the up phase only", true, false, true, false, true},
+	} {
+		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
+		now := time.Unix(1_000_000, 0)
+		l.learn.estimate, l.learn.from, l.learn.measured = 5, rateAdmitted, true
+		l.pace.setFromRefusals(l.pacing(), now)
+		start := l.View(now).Requests.PerSecond
+		sawProbe := false
+		for i := range 600 { // a minute, a dispatch each 100 ms, none refused
+			now = now.Add(100 * time.Millisecond)
+			if c.held {
+				l.NoteHeld(now)
+			}
+			_, _, probe := l.NoteDispatch(now, 0, uint64(i+1), 0)
+			sawProbe = sawProbe || probe
+			if l.learn.phase == probeUp {
+				l.NoteRaiser(c.raiser)
+			} else {
+				l.NoteRaiser(c.after)
+			}
+		}
+		got := l.View(now).Requests.PerSecond
+		if rose := got > start*1.2; rose != c.rise {
+			t.Errorf("%s: the pace went from %.2f/s to %.2f/s over a minute of clean dispatches, want a rise: %v", c.name, start, got, c.rise)
+		}
+		if sawProbe != c.probes {
+			t.Errorf("%s: a dispatch went as a probe: %v, want %v", c.name, sawProbe, c.probes)
+		}
+	}
+}
+
+// TestAReplicaFirstRefusedStartsFromTheFleetsPace: at its first refusal a
+// replica starts from the pace the other replicas learned from refusals
+// when that is lower than what the group was sending, rather than cutting
+// its way down with refusals of its own, and below it (by unmeasuredCut)
+// when the refused request was sent at that pace, as one process slows
+// when refused again at a pace not yet measured; a higher one, or none,
+// leaves the sending rate.
+func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		fleetPace float64
+		paced     bool // the refused request went at the fleet's pace
+		seenAfter bool // ... but this replica saw that pace only after it went
+		want      float64
+		from      RateFrom
+	}{
+		{"lower than the sending rate", 7, false, false, 7, rateReplicas},
+		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, rateReplicas},
+		{"lower, refused, sent before it was seen", 7, true, true, 7, rateReplicas},
+		{"none", 0, false, false, 31, rateSending},
+		{"higher than the sending rate", 50, true, false, 31, rateSending},
+		{"as high as the sending rate", 31, false, false, 31, rateSending},
+	} {
+		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
+		now := time.Unix(1_000_000, 0)
+		seen := now.Add(-time.Millisecond)
+		if c.seenAfter {
+			seen = now.Add(time.Millisecond)
+		}
+		m.NoteFleet(c.fleetPace, 0, seen)
+		first, _, ok := m.Admit(now, 1, false)
+		if !ok {
+			t.Fatal("admit")
+		}
+		m.Learn(&first, Report{Status: 200, Verdict: Accepted}, now) // the upstream is live
+		var last Ticket
+		for range 30 {
+			if last, _, ok = m.Admit(now, 1, false); !ok {
+				t.Fatal("admit")
+			}
+		}
+		last.Paced = c.paced
+		m.Learn(&last, Report{Status: 429, Verdict: RateRefused}, now)
+		v := m.View(now)
+		if !near(v.AdmittedRate, c.want) || v.RateFrom != c.from {
+			t.Errorf("%s: first refusal set %.2f/s from %q, want %.2f/s from %q", c.name, v.AdmittedRate, v.RateFrom, c.want, c.from)
+		}
+	}
+}
+
+// TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing: the other
+// replicas send at the prober's pace, so a refusal of any of them during
+// the probe (the fleet's count of refusals rose) shows the probe went too
+// far, though none of this replica's own requests was refused.
+func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		elsewhere uint64 // refusals elsewhere during the probe
+		want      float64
+	}{
+		{"none", 0, 10 * probeRaise},
+		{"one", 1, 10},
+	} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+		m.pace.fromRefusals = true
+		l := &m.learn
+		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, rateAdmitted, t0
+		m.NoteFleet(0, 5, t0)
+		l.step(t0, true)
+		if l.phase != probeUp {
+			t.Fatalf("%s: phase %v, want the probe", c.name, l.phase)
+		}
+		up := probeLength(10)
+		m.NoteFleet(0, 5+c.elsewhere, t0.Add(up/2))
+		// A refusal ends the up phase at once; with none it runs its length.
+		if ended := l.phase == probeDown; ended != (c.elsewhere > 0) {
+			t.Errorf("%s refused elsewhere halfway through the probe: it ended then: %v", c.name, ended)
+		}
+		l.step(t0.Add(up), true)
+		l.step(t0.Add(2*up), true)
+		if !near(l.estimate, c.want) {
+			t.Errorf("%s refused elsewhere during the probe: estimate %v after it, want %v", c.name, l.estimate, c.want)
+		}
+	}
+}
+
+// TestAGuessFollowsTheFleetsPaceDown: a replica whose rate is still a
+// guess takes the pace the fleet learned from refusals when that is under
+// any pace the guess would send; a measured rate, and a pace the guess's
+// own phases could have sent, keep their own.
+func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		measured bool
+		pace     float64
+		want     float64
+		from     RateFrom
+	}{
+		{"a guess above the fleet", false, 3, 3, rateReplicas},
+		{"a measured rate", true, 3, 8, rateAdmitted},
+		{"a pace the guess drains at", false, 8 * drainGain, 8, rateSending},
+		{"no fleet pace", false, 0, 8, rateSending},
+	} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+		m.pace.fromRefusals = true
+		l := &m.learn
+		l.estimate, l.measured, l.from = 8, c.measured, rateSending
+		if c.measured {
+			l.from = rateAdmitted
+		}
+		m.NoteFleet(c.pace, 5, t0)
+		if !near(l.estimate, c.want) || l.from != c.from {
+			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
+		}
+	}
+}

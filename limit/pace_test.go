@@ -1,0 +1,698 @@
+package limit
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// win is a reported window with a remaining count.
+func win(limit, remaining int64, reset time.Time) headerparse.Window {
+	return headerparse.Window{Limit: limit, Remaining: remaining, HasRemaining: true, Reset: reset}
+}
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// learnedBudget is a budget that observed w at t0 with nothing sent after.
+func learnedBudget(w headerparse.Window) *budget {
+	b := &budget{}
+	b.observe(w, b.sent, t0, t0)
+	return b
+}
+
+func TestBudgetUnknownAdmitsEverything(t *testing.T) {
+	var b budget
+	for i, cost := range []float64{1, 1e6, 1e12} {
+		if _, ok := b.admit(t0, cost); !ok {
+			t.Fatalf("admit #%d (cost %v) on an unknown budget refused", i, cost)
+		}
+		b.take(cost)
+	}
+	if b.known || b.avail != 0 {
+		t.Fatalf("take changed an unknown budget: %+v", b)
+	}
+	if b.sent != 1+1e6+1e12 {
+		t.Fatalf("sent = %v, want every dispatch counted for later corrections", b.sent)
+	}
+	b.observe(headerparse.Window{Reset: at(time.Second)}, b.sent, t0, t0) // a reset alone says nothing
+	if b.known {
+		t.Fatal("an unknown window made the budget known")
+	}
+}
+
+func TestBudgetAdmitWaitsAtLearnedRate(t *testing.T) {
+	tests := []struct {
+		name     string
+		w        headerparse.Window
+		cost     float64
+		wantRate float64
+		wantOK   bool
+		wantAt   time.Time // when !wantOK
+	}{
+		{"exhausted window waits one request's refill", win(10, 0, at(time.Second)), 1, 10, false, at(100 * time.Millisecond)},
+		{"cost that fits goes now", win(10, 5, at(time.Second)), 5, 5, true, time.Time{}},
+		{"cost beyond what is left waits for the difference", win(10, 5, at(time.Second)), 7, 5, false, at(400 * time.Millisecond)},
+		{"cost beyond the limit waits for a full window", win(10, 0, at(time.Second)), 50, 10, false, at(time.Second)},
+		{"slow window", win(100, 40, at(time.Minute)), 41, 1, false, at(time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := learnedBudget(tt.w)
+			if !near(b.rate, tt.wantRate) {
+				t.Fatalf("rate = %v/s, want %v/s", b.rate, tt.wantRate)
+			}
+			got, ok := b.admit(t0, tt.cost)
+			if ok != tt.wantOK {
+				t.Fatalf("admit ok = %v, want %v", ok, tt.wantOK)
+			}
+			if ok {
+				return
+			}
+			if d := got.Sub(tt.wantAt); d < -time.Microsecond || d > time.Microsecond {
+				t.Fatalf("admit says wait until +%v, want +%v", got.Sub(t0), tt.wantAt.Sub(t0))
+			}
+			if _, ok := b.admit(tt.wantAt.Add(-time.Millisecond), tt.cost); ok {
+				t.Fatal("admitted a millisecond before the promised time")
+			}
+			if _, ok := b.admit(tt.wantAt.Add(time.Microsecond), tt.cost); !ok {
+				t.Fatal("not admitted at the promised time")
+			}
+		})
+	}
+}
+
+func TestBudgetRefillCapsAtLimit(t *testing.T) {
+	b := learnedBudget(win(10, 0, at(time.Second)))
+	b.advance(at(time.Hour))
+	if b.avail != 10 {
+		t.Fatalf("avail after an hour = %v, want the limit 10", b.avail)
+	}
+	// A long idle time allows one window's burst, not more.
+	now := at(time.Hour)
+	for i := 0; i < 10; i++ {
+		if _, ok := b.admit(now, 1); !ok {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+		b.take(1)
+	}
+	if got, ok := b.admit(now, 1); ok || !got.Equal(now.Add(100*time.Millisecond)) {
+		t.Fatalf("11th request: admit = %v, %v; want to wait 100ms", got.Sub(now), ok)
+	}
+}
+
+func TestBudgetCostLargerThanLimitGoesOnceFull(t *testing.T) {
+	b := learnedBudget(win(10, 4, at(time.Second))) // 6/s
+	got, ok := b.admit(t0, 25)
+	if ok || !got.Equal(at(time.Second)) {
+		t.Fatalf("admit = +%v, %v; want to wait until the window is full at +1s", got.Sub(t0), ok)
+	}
+	if _, ok := b.admit(at(time.Second), 25); !ok {
+		t.Fatal("not admitted once the window is full")
+	}
+	b.take(25)
+	if !near(b.avail, 0) {
+		t.Fatalf("avail = %v, want 0: a cost beyond the window is charged as the whole window", b.avail)
+	}
+	got, ok = b.admit(at(time.Second), 1)
+	want := at(time.Second).Add(time.Second / 6)
+	if d := got.Sub(want); ok || d < -time.Microsecond || d > time.Microsecond {
+		t.Fatalf("next admit = +%v, %v; want +%v", got.Sub(t0), ok, want.Sub(t0))
+	}
+}
+
+func TestBudgetObserveSubtractsLaterDispatches(t *testing.T) {
+	costs := []float64{100, 200, 300, 400}
+	tests := []struct {
+		name      string
+		observed  int // whose answer is observed
+		remaining int64
+		want      float64
+	}{
+		{"answer to the last dispatch", 3, 5000, 5000},
+		{"answer to the third", 2, 5000, 4600},
+		{"answer to the first", 0, 5000, 4100},
+		{"correction may go negative", 0, 500, -400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b budget
+			marks := make([]float64, len(costs))
+			for i, c := range costs {
+				marks[i] = b.take(c)
+			}
+			b.observe(win(10000, tt.remaining, at(time.Minute)), marks[tt.observed], t0, t0)
+			if !near(b.avail, tt.want) {
+				t.Fatalf("avail = %v, want %v", b.avail, tt.want)
+			}
+			// Once known, dispatches are charged at once.
+			b.take(50)
+			if !near(b.avail, tt.want-50) {
+				t.Fatalf("avail after take(50) = %v, want %v", b.avail, tt.want-50)
+			}
+		})
+	}
+}
+
+// TestEarlyResetIsSoonNotNow: a reset already past when its request went,
+// while the window is not full, is early (rounded down, or on a clock
+// behind the proxy's): it is read as soon, not as a full window, and
+// every later reset at least as far after its dispatch as this one was
+// early, plus its grain.
+func TestEarlyResetIsSoonNotNow(t *testing.T) {
+	var b budget
+	w := win(10, 0, at(-time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, t0, t0)
+	if _, ok := b.admit(at(time.Millisecond), 1); ok {
+		t.Fatal("an early reset refilled the window at once")
+	}
+	// Read as 2 s after the dispatch (a second early, a second's grain):
+	// 10 requests over 2 s.
+	if !near(b.rate, 5) {
+		t.Fatalf("rate %v, want 5/s", b.rate)
+	}
+	// A later reset stated a second after its dispatch is read 2 s after
+	// it too: 5 missing over 2 s, not over 1.
+	w = win(10, 5, at(2*time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, at(time.Second), at(time.Second))
+	if !near(b.rate, 2.5) {
+		t.Fatalf("rate %v after an honest-looking reset, want 2.5/s", b.rate)
+	}
+	// A reset on time, with no early one before it, is believed.
+	var honest budget
+	honest.observe(win(10, 0, at(time.Second)), 0, t0, t0)
+	if !near(honest.rate, 10) {
+		t.Fatalf("rate %v of an honest reset, want 10/s", honest.rate)
+	}
+}
+
+func TestBudgetRateNotLearned(t *testing.T) {
+	tests := []struct {
+		name string
+		w    headerparse.Window
+		// after spending what is left, admit at t0+1ms; a zero time with
+		// !ok means only the next answer can tell
+		wantOK bool
+		wantAt time.Time
+	}{
+		{"remaining equals limit: wait for the reset", win(10, 10, at(5*time.Second)), false, at(5 * time.Second)},
+		{"nothing consumed yet, short reset", win(3, 3, at(time.Second)), false, at(time.Second)},
+		{"no reset: wait for an answer", win(10, 0, time.Time{}), false, time.Time{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := learnedBudget(tt.w)
+			if b.rate != 0 {
+				t.Fatalf("rate = %v, want none learned", b.rate)
+			}
+			b.take(float64(tt.w.Remaining))
+			now := at(time.Millisecond)
+			got, ok := b.admit(now, 1)
+			if ok != tt.wantOK || !got.Equal(tt.wantAt) {
+				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
+			}
+			if ok || tt.wantAt.IsZero() {
+				return
+			}
+			if _, ok := b.admit(tt.wantAt.Add(-time.Nanosecond), 1); ok {
+				t.Fatal("admitted before the reset")
+			}
+			if _, ok := b.admit(tt.wantAt, 1); !ok {
+				t.Fatal("not admitted at the reset")
+			}
+			if b.avail != float64(tt.w.Limit) {
+				t.Fatalf("avail at the reset = %v, want the full window %d", b.avail, tt.w.Limit)
+			}
+			// The reset refills once; the next window's reset is unknown.
+			b.take(float64(tt.w.Limit))
+			later := tt.wantAt.Add(time.Second)
+			if got, ok := b.admit(later, 1); ok || !got.IsZero() {
+				t.Fatalf("after spending the refilled window: admit = %v, %v; want to wait for an answer", got, ok)
+			}
+		})
+	}
+}
+
+func TestBudgetKeepsLearnedRateWhenObservationTellsNone(t *testing.T) {
+	b := learnedBudget(win(10, 0, at(time.Second)))
+	b.observe(win(10, 10, at(2*time.Second)), b.sent, t0, t0)
+	if !near(b.rate, 10) {
+		t.Fatalf("rate = %v, want the learned 10/s kept", b.rate)
+	}
+}
+
+func TestBudgetRejectsAbsurdRate(t *testing.T) {
+	tests := []struct {
+		name     string
+		reset    time.Duration
+		prior    float64 // rate learned before, 0 for none
+		wantRate float64
+	}{
+		{"window per nanosecond", time.Nanosecond, 0, 0},
+		{"window per 500µs", 500 * time.Microsecond, 0, 0},
+		{"window per 2ms is believable", 2 * time.Millisecond, 0, 5000},
+		{"absurd reading keeps the prior rate", time.Nanosecond, 10, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b budget
+			if tt.prior > 0 {
+				b.observe(win(10, 0, at(time.Duration(float64(10)/tt.prior*float64(time.Second)))), 0, t0, t0)
+				if !near(b.rate, tt.prior) {
+					t.Fatalf("prior rate = %v", b.rate)
+				}
+			}
+			b.observe(win(10, 0, at(tt.reset)), 0, t0, t0)
+			if !near(b.rate, tt.wantRate) {
+				t.Fatalf("rate = %v/s, want %v/s", b.rate, tt.wantRate)
+			}
+		})
+	}
+}
+
+func TestBudgetSettle(t *testing.T) {
+	// Each case starts from a token budget of 1000 with 500 left at t0
+	// (50/s), and returns what it expects avail to be. The clock stays at t0.
+	tests := []struct {
+		name string
+		run  func(b *budget) float64
+	}{
+		{"no answer since dispatch: the real cost replaces the estimate", func(b *budget) float64 {
+			mA := b.take(100)
+			b.settle(100, 30, mA)
+			return 470
+		}},
+		{"real cost above the estimate takes more", func(b *budget) float64 {
+			mA := b.take(100)
+			b.settle(100, 250, mA)
+			return 250
+		}},
+		{"the request's own answer already counted it", func(b *budget) float64 {
+			mA := b.take(100)
+			b.observe(win(1000, 400, at(10*time.Second)), mA, t0, t0)
+			b.settle(100, 30, mA)
+			return 400
+		}},
+		{"a later request's answer already counted it", func(b *budget) float64 {
+			mA := b.take(100)
+			mB := b.take(100)
+			b.observe(win(1000, 300, at(10*time.Second)), mB, t0, t0)
+			b.settle(100, 30, mA)
+			return 300
+		}},
+		{"an earlier request's answer did not count it", func(b *budget) float64 {
+			mP := b.take(100)
+			mA := b.take(100)
+			b.observe(win(1000, 400, at(10*time.Second)), mP, t0, t0) // 400 - A's 100
+			b.settle(100, 30, mA)
+			return 370
+		}},
+		{"an older answer arriving late does not undo a later one's cover", func(b *budget) float64 {
+			mP := b.take(100)
+			mA := b.take(100)
+			mB := b.take(100)
+			b.observe(win(1000, 200, at(10*time.Second)), mB, t0, t0)
+			b.observe(win(1000, 400, at(10*time.Second)), mP, t0, t0) // 400 - A's and B's 200
+			b.settle(100, 30, mA)
+			return 200
+		}},
+		{"settle never fills past the limit", func(b *budget) float64 {
+			mA := b.take(100)
+			b.advance(at(time.Minute))
+			b.settle(100, 0, mA)
+			return 1000
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := learnedBudget(win(1000, 500, at(10*time.Second)))
+			want := tt.run(b)
+			b.advance(b.at) // what the next look sees: an overrun is owed from then
+			if !near(b.avail, want) {
+				t.Fatalf("avail = %v, want %v", b.avail, want)
+			}
+		})
+	}
+	t.Run("unknown budget ignores settle", func(t *testing.T) {
+		var b budget
+		m := b.take(100)
+		b.settle(100, 10, m)
+		if b.known || b.avail != 0 {
+			t.Fatalf("budget changed: %+v", b)
+		}
+	})
+}
+
+func TestBudgetRefund(t *testing.T) {
+	b := learnedBudget(win(10, 2, at(time.Second)))
+	b.take(1)
+	b.take(1)
+	if _, ok := b.admit(t0, 1); ok {
+		t.Fatal("admitted with nothing left")
+	}
+	b.refund(1)
+	if b.avail != 1 {
+		t.Fatalf("avail after refund = %v, want 1", b.avail)
+	}
+	if _, ok := b.admit(t0, 1); !ok {
+		t.Fatal("refunded request not admitted")
+	}
+	b.advance(at(time.Hour))
+	b.refund(5)
+	if b.avail != 10 {
+		t.Fatalf("avail = %v, want a refund capped at the limit 10", b.avail)
+	}
+
+	var unknown budget
+	unknown.refund(5)
+	if unknown.known || unknown.avail != 0 {
+		t.Fatalf("refund changed an unknown budget: %+v", unknown)
+	}
+}
+
+func TestPacerWaitsForTheLaterWindow(t *testing.T) {
+	tests := []struct {
+		name   string
+		lim    headerparse.Limits
+		cost   int64
+		wantOK bool
+		wantAt time.Time
+	}{
+		{"nothing known", headerparse.Limits{}, 1e9, true, time.Time{}},
+		{"both have room", headerparse.Limits{Requests: win(10, 5, at(time.Second)), Tokens: win(1000, 500, at(time.Second))}, 100, true, time.Time{}},
+		{"only requests short", headerparse.Limits{Requests: win(10, 0, at(time.Second)), Tokens: win(1000, 500, at(time.Second))}, 100, false, at(100 * time.Millisecond)},
+		{"only tokens short", headerparse.Limits{Requests: win(10, 5, at(time.Second)), Tokens: win(1000, 0, at(time.Second))}, 100, false, at(100 * time.Millisecond)},
+		{"both short, tokens later", headerparse.Limits{Requests: win(10, 0, at(time.Second)), Tokens: win(1000, 0, at(2*time.Second))}, 1000, false, at(2 * time.Second)},
+		{"both short, requests later", headerparse.Limits{Requests: win(1, 0, at(3*time.Second)), Tokens: win(1000, 0, at(time.Second))}, 100, false, at(3 * time.Second)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p pacer
+			p.observe(tt.lim, &Ticket{Dispatched: t0}, t0)
+			got, ok, _, _ := p.admit(t0, tt.cost, false, true)
+			if d := got.Sub(tt.wantAt); ok != tt.wantOK || d < -time.Microsecond || d > time.Microsecond {
+				t.Fatalf("admit = %v, %v; want %v, %v", got, ok, tt.wantAt, tt.wantOK)
+			}
+		})
+	}
+}
+
+// An upstream may report an exhausted window with its reset but no limit:
+// OpenAI's x-ratelimit-remaining-requests: 0 with x-ratelimit-reset-requests
+// and no x-ratelimit-limit-requests, or IETF RateLimit: "default";r=0;t=5
+// without a RateLimit-Policy (headerparse yields Window{Limit: 0,
+// Remaining: 0, HasRemaining: true, Reset: ...}, which it calls Exhausted).
+func TestBudgetExhaustedWindowWithoutLimitWaitsForReset(t *testing.T) {
+	reset := at(5 * time.Second)
+	b := learnedBudget(headerparse.Window{Remaining: 0, HasRemaining: true, Reset: reset})
+	got, ok := b.admit(at(time.Second), 1)
+	if ok {
+		t.Fatal("admitted while the upstream says nothing is left until +5s")
+	}
+	if got.After(reset) || !got.After(at(time.Second)) {
+		t.Fatalf("admit says wait until +%v, want a wait no later than the reset", got.Sub(t0))
+	}
+}
+
+func TestBudgetRateAndResetAnchoredAtDispatch(t *testing.T) {
+	// Dispatched at t0, answered 500ms later, full again at t0+1s.
+	var b budget
+	m := b.take(1)
+	b.observe(win(10, 0, at(time.Second)), m, t0, at(500*time.Millisecond))
+	if !near(b.rate, 10) {
+		t.Fatalf("rate = %v/s, want 10/s measured from the dispatch", b.rate)
+	}
+	if want := at(1500 * time.Millisecond); !b.resetAt.Equal(want) {
+		t.Fatalf("resetAt = +%v, want +%v (trusted only after the answer's latency)", b.resetAt.Sub(t0), want.Sub(t0))
+	}
+}
+
+func TestBudgetLimitOnlyWindowDoesNotPace(t *testing.T) {
+	var b budget
+	m := b.take(1)
+	b.observe(headerparse.Window{Limit: 5}, m, t0, t0)
+	if b.known {
+		t.Fatal("a window with a size but no remaining count was taken as something to count down")
+	}
+	if _, ok := b.admit(at(time.Second), 1); !ok {
+		t.Fatal("a limit-only window held a request back")
+	}
+}
+
+func TestBudgetRefundGivesBackOnlyWhatWasCharged(t *testing.T) {
+	b := learnedBudget(win(10, 5, at(time.Second)))
+	before := b.avail
+	b.take(40) // charged as the whole window: 10
+	b.refund(40)
+	if !near(b.avail, before) {
+		t.Fatalf("avail = %v after take+refund, want %v", b.avail, before)
+	}
+}
+
+// TestAnswerWithoutALimitKeepsTheLearnedLimit: a remaining count without a
+// limit header does not shrink the window to what is left.
+func TestAnswerWithoutALimitKeepsTheLearnedLimit(t *testing.T) {
+	b := learnedBudget(win(100, 99, at(time.Second)))
+	b.observe(headerparse.Window{Remaining: 50, HasRemaining: true, Reset: at(2 * time.Second)}, 0, at(time.Second), at(time.Second))
+	if v := b.view(); v.Limit != 100 || v.Available != 50 {
+		t.Fatalf("after a count without a limit: %+v, want limit 100 with 50 left", v)
+	}
+}
+
+// TestCorrectedWindowGrowsWhenTheUpstreamShowsAsMuchLeftAsItsSize: a window
+// corrected to 20 that then shows 20 left held at least 21.
+func TestCorrectedWindowGrowsWhenTheUpstreamShowsAsMuchLeftAsItsSize(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
+	if !b.correct() || b.size() != 20 {
+		t.Fatalf("correct: size %v, want 20", b.size())
+	}
+	b.observe(win(1200, 20, at(2*time.Second)), 0, at(time.Second), at(time.Second))
+	if b.size() != 21 {
+		t.Fatalf("size %v after 20 shown left of a window corrected to 20, want 21", b.size())
+	}
+}
+
+// TestHeadersAreNotOverstatedWhenTheShownRefillIsWithinATwentiethOfTheirRate:
+// the headers say 10/s (500 missing of 600, reset in 50 s); the upstream's
+// counts show a 4/s refill while others share the key and keep it low. That
+// is not 20 times slower: the window stands as stated.
+func TestHeadersAreNotOverstatedWhenTheShownRefillIsWithinATwentiethOfTheirRate(t *testing.T) {
+	var b budget
+	b.observe(win(600, 100, at(50*time.Second)), 1, t0, t0)
+	for range 2 {
+		b.take(1)
+	}
+	d := at(500 * time.Millisecond)
+	b.observe(win(600, 100, d.Add(50*time.Second)), 3, d, d)
+	if b.size() != 600 || b.capped != 0 || !near(b.rate, 10) {
+		t.Fatalf("size %v, capped %v, rate %v; want 600 uncorrected at 10/s", b.size(), b.capped, b.rate)
+	}
+}
+
+// TestCorrectedWindowPacesAtTheRefillItShowed: in a corrected window whose
+// next answer's arithmetic says far less (others hold remaining low and the
+// reset far), the refill shown at the correction stays the pace.
+func TestCorrectedWindowPacesAtTheRefillItShowed(t *testing.T) {
+	b, d := quantizedBudget(t)
+	b.take(1)
+	next := d.Add(50 * time.Millisecond)
+	b.observe(win(1200, 0, next.Add(10*time.Second)), 10, next, next) // arithmetic: 20 in 10 s
+	if !near(b.rate, 20) {
+		t.Fatalf("rate = %v, want the 20/s shown at the correction, not 2/s", b.rate)
+	}
+}
+
+// TestCorrectedWindowKeepsTheRefillOfItsCorrection: later answers of a
+// corrected window that show a slower refill (others drain the key) do not
+// replace the refill shown at the correction; only a new correction does.
+// Before, the second of two such answers dropped the pace from 20/s to 2/s.
+func TestCorrectedWindowKeepsTheRefillOfItsCorrection(t *testing.T) {
+	b, d := quantizedBudget(t)
+	for i := range 2 {
+		next := d.Add(time.Duration(i+1) * 300 * time.Millisecond)
+		b.observe(win(1200, 0, next.Add(10*time.Second)), 9, next, next) // nothing refilled, reset 10 s away
+		if !near(b.rate, 20) || !near(b.shown, 20) {
+			t.Fatalf("answer %d: rate %v, shown %v; want the 20/s of the correction", i+1, b.rate, b.shown)
+		}
+	}
+}
+
+// TestLiftedCorrectionPacesByTheHeadersAgain: once an answer shows the
+// whole stated window left (less one), the correction no longer holds and
+// the headers' own arithmetic is the pace.
+func TestLiftedCorrectionPacesByTheHeadersAgain(t *testing.T) {
+	b, d := quantizedBudget(t)
+	b.take(1)
+	next := d.Add(50 * time.Millisecond)
+	b.observe(win(1200, 1199, next.Add(time.Minute)), 10, next, next)
+	if b.size() != 1200 || !near(b.rate, 1.0/60) {
+		t.Fatalf("size %v, rate %v; want 1200 at 1/60 per second", b.size(), b.rate)
+	}
+}
+
+// TestRefillIsMeasuredOverExactlyRefillSpan: two answers refillSpan apart
+// are far enough apart to show the refill, and so to correct overstated
+// headers.
+func TestRefillIsMeasuredOverExactlyRefillSpan(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 19, at(50*time.Millisecond)), 1, t0, t0)
+	for range 8 {
+		b.take(1)
+	}
+	d := t0.Add(refillSpan)
+	b.observe(win(1200, 15, d.Add(250*time.Millisecond)), 9, d, d)
+	if b.size() != 20 {
+		t.Fatalf("size %v after answers refillSpan apart, want corrected to 20", b.size())
+	}
+}
+
+// TestShownRefillIsPerSecond: over 2 s the upstream's counts show one
+// request refilled, half a request a second, while the headers claim 22/s
+// and never show more than 100 of 1200 left: overstated, corrected.
+func TestShownRefillIsPerSecond(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 100, at(50*time.Second)), 1, t0, t0)
+	b.take(1)
+	d := at(2 * time.Second)
+	b.observe(win(1200, 100, d.Add(50*time.Second)), 2, d, d)
+	if b.size() != 101 || !near(b.shown, 0.5) {
+		t.Fatalf("size %v, shown %v; want corrected to 101 with 0.5/s shown", b.size(), b.shown)
+	}
+}
+
+// TestWindowThatShowedHalfItsSizeIsNotOverstated: headers whose rate is far
+// above the refill shown are still honest once the window has shown half
+// its stated size left.
+func TestWindowThatShowedHalfItsSizeIsNotOverstated(t *testing.T) {
+	var b budget
+	b.observe(win(600, 300, at(300*time.Millisecond)), 1, t0, t0) // 1000/s
+	b.take(1)
+	d := at(500 * time.Millisecond)
+	b.observe(win(600, 300, d.Add(300*time.Millisecond)), 2, d, d) // 2/s shown
+	if b.size() != 600 || b.capped != 0 {
+		t.Fatalf("size %v, capped %v; want 600 uncorrected", b.size(), b.capped)
+	}
+}
+
+// TestAWindowPerMillisecondIsTheFastestBelievableRate: a reset one
+// millisecond away for a whole window is still believed.
+func TestAWindowPerMillisecondIsTheFastestBelievableRate(t *testing.T) {
+	b := learnedBudget(win(10, 0, at(time.Millisecond)))
+	if !near(b.rate, 10*maxRateFactor) {
+		t.Fatalf("rate = %v/s, want %v/s", b.rate, 10*maxRateFactor)
+	}
+}
+
+// TestRefusalCorrectsEveryBudgetWhenItsHeadersShowNoneExhausted: a refusal
+// with room whose headers still show a request left, or exactly the
+// request's cost in tokens, does not point at one budget: both are
+// corrected.
+func TestRefusalCorrectsEveryBudgetWhenItsHeadersShowNoneExhausted(t *testing.T) {
+	tests := []struct {
+		name             string
+		reqLeft, tokLeft int64
+	}{
+		{"one request left", 1, 5000},
+		{"tokens left equal the cost", 50, 100},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var p pacer
+			p.observe(headerparse.Limits{Requests: win(100, 10, at(time.Second)), Tokens: win(10000, 1000, at(time.Second))},
+				&Ticket{Dispatched: t0}, t0)
+			refusal := headerparse.Limits{Requests: win(100, tt.reqLeft, at(time.Second)), Tokens: win(10000, tt.tokLeft, at(time.Second))}
+			if !p.contradicted(&Ticket{Dispatched: t0, Room: true, Cost: 100}, refusal, at(10*time.Millisecond)) {
+				t.Fatal("a refusal with room corrected nothing")
+			}
+			if p.requests.capped != 11 || p.tokens.capped != 1001 {
+				t.Fatalf("capped: requests %v, tokens %v; want 11 and 1001 (both)", p.requests.capped, p.tokens.capped)
+			}
+		})
+	}
+}
+
+// TestSendingAtExactlyHalfTheLearnedRateIsNotUnderUse: under-use is less
+// than half the headers' rate.
+func TestSendingAtExactlyHalfTheLearnedRateIsNotUnderUse(t *testing.T) {
+	var p pacer
+	p.requests = budget{known: true, rate: 10, limit: 10}
+	for range 5 {
+		p.recent.add(t0)
+	}
+	if p.underUsed(t0) {
+		t.Fatal("5/s against a learned 10/s counts as under-used")
+	}
+	p.recent = meter{}
+	for range 4 {
+		p.recent.add(t0)
+	}
+	if !p.underUsed(t0) {
+		t.Fatal("4/s against a learned 10/s does not count as under-used")
+	}
+}
+
+// TestMeterCountsTheCurrentSecondAndForgetsTenSecondsAgo: events in the
+// current second count; events meterSeconds ago have left the window.
+func TestMeterCountsTheCurrentSecondAndForgetsTenSecondsAgo(t *testing.T) {
+	var m meter
+	for range 5 {
+		m.add(t0)
+	}
+	if r := m.rate(t0); r != 5 {
+		t.Fatalf("rate %v with 5 events this second, want 5", r)
+	}
+	if n, _ := m.recent(t0.Add((meterSeconds - 1) * time.Second)); n != 5 {
+		t.Fatalf("%d events seen %d s later, want 5", n, meterSeconds-1)
+	}
+	if n, _ := m.recent(t0.Add(meterSeconds * time.Second)); n != 0 {
+		t.Fatalf("%d events seen %d s later, want 0", n, meterSeconds)
+	}
+}
+
+// TestLearnedPaceBurstsAQuarterSecondOfItsRate: a pace learned from
+// refusals holds burstSeconds of its rate, at least one request.
+func TestLearnedPaceBurstsAQuarterSecondOfItsRate(t *testing.T) {
+	var p pacer
+	p.setFromRefusals(20, t0)
+	if p.requests.limit != 5 {
+		t.Fatalf("bucket %v at 20/s, want 5", p.requests.limit)
+	}
+	p.setFromRefusals(2, t0)
+	if p.requests.limit != 1 {
+		t.Fatalf("bucket %v at 2/s, want 1", p.requests.limit)
+	}
+}
+
+// TestHeadersExactlyTwentyTimesTheShownRefillAreNotYetOverstated: the
+// headers overstate a window only when their rate is more than
+// overstatedRate times the refill shown (here 20/s against 1/s).
+func TestHeadersExactlyTwentyTimesTheShownRefillAreNotYetOverstated(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 100, at(55*time.Second)), 1, t0, t0) // 1100 in 55 s: 20/s
+	b.take(1)
+	d := at(time.Second)
+	b.observe(win(1200, 100, d.Add(55*time.Second)), 2, d, d) // 1 refilled in 1 s
+	if b.size() != 1200 || b.capped != 0 || !near(b.rate, 20) {
+		t.Fatalf("size %v, capped %v, rate %v; want 1200 uncorrected at 20/s", b.size(), b.capped, b.rate)
+	}
+}
+
+// TestWindowWhoseShownSizeReachesHalfIsNotOverstated: with 299 of 600
+// shown left, the window has held at least 300, half its stated size:
+// honest, however slow the refill it shows.
+func TestWindowWhoseShownSizeReachesHalfIsNotOverstated(t *testing.T) {
+	var b budget
+	b.observe(win(600, 299, at(301*time.Millisecond)), 1, t0, t0) // about 1000/s
+	b.take(1)
+	d := at(500 * time.Millisecond)
+	b.observe(win(600, 299, d.Add(301*time.Millisecond)), 2, d, d) // 2/s shown
+	if b.size() != 600 || b.capped != 0 {
+		t.Fatalf("size %v, capped %v; want 600 uncorrected", b.size(), b.capped)
+	}
+}

@@ -1,0 +1,91 @@
+package limit
+
+import (
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// Verdict is what an answer says about the upstream's capacity.
+type Verdict uint8
+
+const (
+	// Accepted: the upstream took the request (a success, or an error that
+	// is not about capacity).
+	Accepted Verdict = iota
+	// RateRefused: a 429 for rate, requests or tokens over a window.
+	RateRefused
+	// ConcurrencyRefused: a refusal because too many requests are in
+	// flight.
+	ConcurrencyRefused
+	// Overloaded: the upstream is overloaded (503, 529); it refuses by load,
+	// as a concurrency limit does.
+	Overloaded
+	// Failed: another retryable server error (408, 500, 502, 504). It
+	// teaches nothing about limits.
+	Failed
+	// NotSent: no answer, the connection failed. The attempt never reached
+	// the upstream's accounting, so what it was charged is given back.
+	NotSent
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Accepted:
+		return "accepted"
+	case RateRefused:
+		return "rate_refused"
+	case ConcurrencyRefused:
+		return "concurrency_refused"
+	case Overloaded:
+		return "overloaded"
+	case Failed:
+		return "failed"
+	case NotSent:
+		return "not_sent"
+	}
+	return "unknown"
+}
+
+// Refusal reports whether the upstream said no for capacity.
+func (v Verdict) Refusal() bool {
+	return v.Limited() || v == Overloaded
+}
+
+// Limited reports whether the upstream refused for its limits (rate or
+// concurrency), which waiting always meets; an overload may not pass.
+func (v Verdict) Limited() bool { return v == RateRefused || v == ConcurrencyRefused }
+
+// Pauses reports whether a retry after an answer with this verdict pauses
+// the whole limit group rather than waiting alone: a rate refusal or an
+// overload is about the group (a concurrency refusal waits for a permit).
+func (v Verdict) Pauses() bool { return v == RateRefused || v == Overloaded }
+
+// PauseReason names the pause an answer with this verdict sets (see
+// View.PauseReason).
+func (v Verdict) PauseReason() string {
+	switch v {
+	case RateRefused:
+		return "rate_limited"
+	case Overloaded:
+		return "overloaded"
+	}
+	return "retry"
+}
+
+// Report is everything one attempt's answer tells the lane, handed over in
+// one call so that learning, pausing and dispatching happen in that order
+// under one lock.
+type Report struct {
+	// Status is the upstream's HTTP status; 0 when there was no answer.
+	Status  int
+	Verdict Verdict
+	// Limits are the answer's rate-limit headers, with relative resets
+	// parsed at the time the attempt was sent.
+	Limits headerparse.Limits
+	// Hint is the upstream's own wait before trying again; 0 = none.
+	Hint time.Duration
+	// PauseUntil pauses every lane of the group until then (zero: no
+	// pause). A pause is only ever extended.
+	PauseUntil time.Time
+}
