@@ -34,7 +34,7 @@ func TestAcquireToDoneIsOneRequest(t *testing.T) {
 	go func() {
 		s2, err := tb.Acquire(context.Background(), r) // waits for s's permit
 		if err == nil {
-			s2.Done(200, OutcomeOK, -1)
+			s2.Done(200, "ok", -1)
 		}
 		queued <- err
 	}()
@@ -43,9 +43,9 @@ func TestAcquireToDoneIsOneRequest(t *testing.T) {
 	if !errors.Is(err, ErrQueueFull) || full == nil || full.ID() != key.ID() {
 		t.Fatalf("a full queue gave slot %v, err %v; want a slot of the lane and ErrQueueFull", full, err)
 	}
-	full.Done(429, OutcomeProxyError, -1)
-	s.Done(200, OutcomeOK, 12)
-	s.Done(200, OutcomeOK, 12) // twice is once
+	full.Done(429, "proxy_error", -1)
+	s.Done(200, "ok", 12)
+	s.Done(200, "ok", 12) // twice is once
 	if err := within(t, queued, "the waiter still waits after Done: the permit did not come back"); err != nil {
 		t.Fatalf("the waiter did not get the permit Done gave back: %v", err)
 	}
@@ -60,8 +60,8 @@ func TestAcquireToDoneIsOneRequest(t *testing.T) {
 // loaded model's last request lets it in.
 func TestAcquireWaitsAtTheRoutesModelGate(t *testing.T) {
 	fc := clock.NewFake(t0)
-	gate := NewModelGate(time.Hour, fc)
-	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, Gates: map[string]*ModelGate{"local": gate}})
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, LocalRoutes: map[string]time.Duration{"local": time.Hour}})
+	gate := tb.gates["local"]
 	a, err := tb.Acquire(context.Background(), Request{Route: "local", Path: "/v1/chat/completions", Model: "a"})
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func TestAcquireWaitsAtTheRoutesModelGate(t *testing.T) {
 	go func() {
 		b, err := tb.Acquire(context.Background(), Request{Route: "local", Path: "/v1/chat/completions", Model: "b"})
 		if err == nil {
-			b.Done(200, OutcomeOK, -1)
+			b.Done(200, "ok", -1)
 		}
 		got <- err
 	}()
@@ -80,7 +80,7 @@ func TestAcquireWaitsAtTheRoutesModelGate(t *testing.T) {
 		t.Fatalf("model b went while a was loaded and busy (err %v)", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	a.Done(200, OutcomeOK, -1)
+	a.Done(200, "ok", -1)
 	if err := within(t, got, "model b still waits after a's Done: a never left the gate"); err != nil {
 		t.Fatalf("model b after a's Done: %v", err)
 	}
@@ -134,13 +134,13 @@ func TestDoneSettlesWithTheUsageKnown(t *testing.T) {
 				t.Fatal(err)
 			}
 			first.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
-			first.Done(200, OutcomeOK, c.used)
+			first.Done(200, "ok", c.used)
 			begin := time.Now()
 			next, err := tb.Acquire(context.Background(), r)
 			if err != nil {
 				t.Fatal(err)
 			}
-			next.Done(200, OutcomeOK, -1)
+			next.Done(200, "ok", -1)
 			if waited := time.Since(begin); waited != c.wait {
 				t.Errorf("used %d: the next request waited %v, want %v", c.used, waited, c.wait)
 			}
@@ -168,12 +168,12 @@ func TestDoneSettlingAReleasedSlotLetsTheNextGo(t *testing.T) {
 			next, err := tb.Acquire(context.Background(), r)
 			if err == nil {
 				granted <- time.Now()
-				next.Done(200, OutcomeOK, -1)
+				next.Done(200, "ok", -1)
 			}
 		}()
 		synctest.Wait() // the next request waits for the tokens the first holds
 		begin := time.Now()
-		first.Done(200, OutcomeOK, 0)
+		first.Done(200, "ok", 0)
 		if waited := (<-granted).Sub(begin); waited != 0 {
 			t.Errorf("the next request went %v after the first settled, want at once", waited)
 		}
@@ -209,8 +209,8 @@ func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
-	s.Done(200, OutcomeOK, 5)
-	s.Done(200, OutcomeOK, 5)
+	s.Done(200, "ok", 5)
+	s.Done(200, "ok", 5)
 	if c.refunds != 0 || c.settles != 1 || c.returns != 1 {
 		t.Fatalf("an answered request: %d refunds, %d settles, %d returns; want 0, 1, 1", c.refunds, c.settles, c.returns)
 	}
@@ -219,7 +219,7 @@ func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Report(limit.Report{Verdict: limit.NotSent}) // the connection failed: refunded
-	s.Done(0, OutcomeProxyError, 5)
+	s.Done(0, "proxy_error", 5)
 	if c.refunds != 1 || c.settles != 1 || c.returns != 2 {
 		t.Fatalf("then one never sent: %d refunds, %d settles, %d returns in all; want 1, 1, 2", c.refunds, c.settles, c.returns)
 	}

@@ -137,7 +137,7 @@ func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
 		if held != bound {
 			t.Fatalf("bound by concurrency %v: the retry held by the group %v", bound, held)
 		}
-		o.Done(429, OutcomeUpstreamError, -1)
-		s.Done(200, OutcomeOK, -1)
+		o.Done(429, "upstream_error", -1)
+		s.Done(200, "ok", -1)
 	}
 }

@@ -17,12 +17,12 @@ func TestLimitsThatMoveByLessThanATenthAreNotReported(t *testing.T) {
 	l := tb.laneFor(Key{Path: "/v1/chat/completions", Model: "m"})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{Requests: win(600, 599, at(100*time.Millisecond))})
-	if got := log.takeKind(LimitsChanged); len(got) != 1 {
-		t.Fatalf("first limits reported %+v, want one LimitsChanged", got)
+	if got := log.takeKind(changeLimits); len(got) != 1 {
+		t.Fatalf("first limits reported %+v, want one changeLimits", got)
 	}
 	fc.Advance(10 * time.Millisecond)
 	accept(s, headerparse.Limits{Requests: win(630, 628, at(110*time.Millisecond))})
-	if got := log.takeKind(LimitsChanged); len(got) != 0 {
+	if got := log.takeKind(changeLimits); len(got) != 0 {
 		t.Fatalf("a window 5%% larger was reported: %+v", got)
 	}
 	if got := l.State().RequestsLimit; got != 630 {
@@ -47,7 +47,7 @@ func TestConcurrencyRiseIsReportedOnceASecondHasPassed(t *testing.T) {
 	fc.Advance(concReportEvery)
 	accept(b, headerparse.Limits{}) // the second: 2 → 3
 	got := log.take()
-	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != 2 || got[0].View.Concurrency != 3 {
+	if len(got) != 1 || got[0].Kind != changeConcurrency || got[0].From != 2 || got[0].View.Concurrency != 3 {
 		t.Fatalf("a rise exactly a second later reported %+v, want one change from 2 to 3", got)
 	}
 	a.release()

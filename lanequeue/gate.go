@@ -9,14 +9,14 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 )
 
-// Cap is one concurrency cap over many limit groups
+// globalCap is one concurrency cap over many limit groups
 // (LLMPROXY_GLOBAL_CONCURRENCY). A group takes it as it dispatches a
 // request, after its pause, pace and concurrency let the request go, and
 // the request holds it until its permit goes back (its answer ended, or it
 // waits to try again); so a group held by its own pause or pace never
 // holds any of it. Groups that could dispatch but for the cap wait in
 // arrival order, and each freed place goes to the first of them.
-type Cap struct {
+type globalCap struct {
 	limit int
 
 	mu      sync.Mutex
@@ -26,12 +26,14 @@ type Cap struct {
 	places  map[*group]*list.Element // their places in waiting
 }
 
-// NewCap returns a cap of limit (at least 1).
-func NewCap(limit int) *Cap { return &Cap{limit: max(limit, 1), places: map[*group]*list.Element{}} }
+// newCap returns a cap of limit (at least 1).
+func newCap(limit int) *globalCap {
+	return &globalCap{limit: max(limit, 1), places: map[*group]*list.Element{}}
+}
 
 // take gives g a place if there is one and no group waits before it;
 // otherwise g waits in line for one. Called with g.mu held.
-func (c *Cap) take(g *group) bool {
+func (c *globalCap) take(g *group) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.places[g]
@@ -54,7 +56,7 @@ func (c *Cap) take(g *group) bool {
 }
 
 // giveBack returns a place and lets the first group in line try again.
-func (c *Cap) giveBack() {
+func (c *globalCap) giveBack() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.inUse--
@@ -63,7 +65,7 @@ func (c *Cap) giveBack() {
 
 // leave takes g out of the line: it has nothing the cap holds back.
 // Called with g.mu held.
-func (c *Cap) leave(g *group) {
+func (c *globalCap) leave(g *group) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.places[g]
@@ -81,7 +83,7 @@ func (c *Cap) leave(g *group) {
 // kickLocked lets the first group in line try again, if there is room. The
 // group runs its dispatch on a goroutine of its own: it takes its own lock,
 // which the caller may hold for another group. Requires c.mu held.
-func (c *Cap) kickLocked() {
+func (c *globalCap) kickLocked() {
 	if c.inUse >= c.limit || c.waiting.Len() == 0 {
 		return
 	}
@@ -89,7 +91,7 @@ func (c *Cap) kickLocked() {
 	go g.kick()
 }
 
-// CapStats is what a Cap shows.
+// CapStats is what a globalCap shows.
 type CapStats struct {
 	Limit int `json:"limit"`
 	InUse int `json:"in_use"`
@@ -100,17 +102,17 @@ type CapStats struct {
 }
 
 // Stats is the cap's state now.
-func (c *Cap) Stats() CapStats {
+func (c *globalCap) Stats() CapStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return CapStats{Limit: c.limit, InUse: c.inUse, Waiting: c.waiting.Len(), Most: c.most}
 }
 
-// DefaultFairness is how long a ModelGate lets the loaded model's
+// DefaultFairness is how long a modelGate lets the loaded model's
 // requests go ahead of a waiting request for another model.
 const DefaultFairness = 30 * time.Second
 
-// ModelGate keeps a local model server to one model at a time. A request
+// modelGate keeps a local model server to one model at a time. A request
 // enters before its lane; requests for the loaded model enter at once,
 // others wait until the loaded model has nothing in flight. Then the model
 // whose request has waited longest is loaded, and all its waiters enter.
@@ -118,7 +120,7 @@ const DefaultFairness = 30 * time.Second
 // until the fairness bound passes (counted from the later of that wait's
 // start and the last swap, so at most one swap in a bound is forced);
 // then it stops, and the swap follows its last answer.
-type ModelGate struct {
+type modelGate struct {
 	fairness time.Duration
 	clock    clock.Clock
 
@@ -146,22 +148,22 @@ type gateWaiter struct {
 	elem    *list.Element
 }
 
-// NewModelGate returns a gate with the fairness bound (zero =
+// newModelGate returns a gate with the fairness bound (zero =
 // DefaultFairness) on clock c (nil = the wall clock).
-func NewModelGate(fairness time.Duration, c clock.Clock) *ModelGate {
+func newModelGate(fairness time.Duration, c clock.Clock) *modelGate {
 	if fairness <= 0 {
 		fairness = DefaultFairness
 	}
 	if c == nil {
 		c = clock.Real{}
 	}
-	return &ModelGate{fairness: fairness, clock: c, queues: map[string]*list.List{}}
+	return &modelGate{fairness: fairness, clock: c, queues: map[string]*list.List{}}
 }
 
 // enter waits until a request for model may go to the server, or ctx is
 // done. leave must be called once the request's answer has ended (more
 // calls do nothing).
-func (m *ModelGate) enter(ctx context.Context, model string) (leave func(), err error) {
+func (m *modelGate) enter(ctx context.Context, model string) (leave func(), err error) {
 	m.mu.Lock()
 	now := m.clock.Now()
 	m.arrivals++
@@ -211,7 +213,7 @@ func (m *ModelGate) enter(ctx context.Context, model string) (leave func(), err 
 	return nil, budgetErr(ctx.Err())
 }
 
-func (m *ModelGate) leaver() func() {
+func (m *modelGate) leaver() func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -222,7 +224,7 @@ func (m *ModelGate) leaver() func() {
 	}
 }
 
-func (m *ModelGate) leaveLocked() {
+func (m *modelGate) leaveLocked() {
 	m.inFlight--
 	if m.inFlight == 0 && m.waiting > 0 {
 		m.swapLocked(m.clock.Now())
@@ -230,7 +232,7 @@ func (m *ModelGate) leaveLocked() {
 }
 
 // loadLocked makes model the loaded one. Requires m.mu held.
-func (m *ModelGate) loadLocked(model string, now time.Time) {
+func (m *modelGate) loadLocked(model string, now time.Time) {
 	if m.hasLoaded && m.loaded == model {
 		m.draining = false
 		return
@@ -251,7 +253,7 @@ func (m *ModelGate) loadLocked(model string, now time.Time) {
 
 // swapLocked loads the model whose request waited longest and lets all of
 // its waiters in. Requires m.mu held, nothing in flight.
-func (m *ModelGate) swapLocked(now time.Time) {
+func (m *modelGate) swapLocked(now time.Time) {
 	var next *gateWaiter
 	for _, q := range m.queues {
 		w := q.Front().Value.(*gateWaiter)
@@ -272,7 +274,7 @@ func (m *ModelGate) swapLocked(now time.Time) {
 
 // armLocked sets the fairness timer for the oldest request waiting for
 // another model. Requires m.mu held.
-func (m *ModelGate) armLocked(now time.Time) {
+func (m *modelGate) armLocked(now time.Time) {
 	if m.draining || m.waiting == 0 || m.timer != nil {
 		return
 	}
@@ -305,8 +307,9 @@ func (m *ModelGate) armLocked(now time.Time) {
 	})
 }
 
-// GateStats is what a ModelGate shows.
+// GateStats is what a modelGate shows.
 type GateStats struct {
+	Route    string `json:"route"` // the local route's name
 	Loaded   string `json:"loaded_model"`
 	InFlight int    `json:"in_flight"`
 	Waiting  int    `json:"waiting"`
@@ -321,7 +324,7 @@ type GateStats struct {
 }
 
 // Stats is the gate's state now.
-func (m *ModelGate) Stats() GateStats {
+func (m *modelGate) Stats() GateStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return GateStats{Loaded: m.loaded, InFlight: m.inFlight, Waiting: m.waiting, Draining: m.draining,

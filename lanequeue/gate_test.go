@@ -115,9 +115,9 @@ func TestLowPriorityKeepsItsShare(t *testing.T) {
 	})
 }
 
-// capTable is a table of lanes of concurrency 8 under a global cap.
-func capTable(c *Cap) *Table {
-	return NewTable(TableConfig{Lane: Config{Concurrency: 8}, Cap: c})
+// capTable is a table of lanes of concurrency 8 under a global cap of n.
+func capTable(n int) *Table {
+	return NewTable(TableConfig{Lane: Config{Concurrency: 8}, GlobalConcurrency: n})
 }
 
 func capKey(i int) Key {
@@ -129,8 +129,8 @@ func capKey(i int) Key {
 // used in full, and the groups served in the order they came.
 func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := NewCap(3)
-		tbl := capTable(c)
+		tbl := capTable(3)
+		c := tbl.cap
 		var in, most atomic.Int64
 		first := make([]time.Time, 50)
 		var mu sync.Mutex
@@ -187,8 +187,8 @@ func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 // place of the cap while it waits; the other lane gets them all.
 func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := NewCap(2)
-		tbl := capTable(c)
+		tbl := capTable(2)
+		c := tbl.cap
 		paused, busy := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1))
 		pastProbe(paused)
 		pastProbe(busy)
@@ -239,8 +239,8 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 // whose request gives up leaves the line; the next group gets the place.
 func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := NewCap(1)
-		tbl := capTable(c)
+		tbl := capTable(1)
+		c := tbl.cap
 		a, b, d := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1)), tbl.laneFor(capKey(2))
 		for _, l := range []*Lane{a, b, d} {
 			pastProbe(l)
@@ -283,7 +283,7 @@ func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 // gateRun sends the models in order, one request each, arriving every
 // arrive apart; each is served for serve once it enters. It returns the
 // gate and the most distinct models in flight at once.
-func gateRun(t *testing.T, g *ModelGate, models []string, arrive, serve time.Duration) int {
+func gateRun(t *testing.T, g *modelGate, models []string, arrive, serve time.Duration) int {
 	t.Helper()
 	var mu sync.Mutex
 	in := map[string]int{}
@@ -326,7 +326,7 @@ func gateRun(t *testing.T, g *ModelGate, models []string, arrive, serve time.Dur
 // and arrival order's 299 model changes avoided but two.
 func TestModelGateServesOneModelAtATime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := NewModelGate(30*time.Second, nil)
+		g := newModelGate(30*time.Second, nil)
 		var models []string
 		for i := range 300 {
 			models = append(models, []string{"a", "b", "c"}[i%3])
@@ -349,7 +349,7 @@ func TestModelGateServesOneModelAtATime(t *testing.T) {
 // it drains and the other goes: one swap per bound, not per request.
 func TestModelGateFairnessBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := NewModelGate(5*time.Second, nil)
+		g := newModelGate(5*time.Second, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		// A stream of "a" requests, a new one every 100 ms, each 300 ms.
@@ -394,7 +394,7 @@ func TestModelGateFairnessBound(t *testing.T) {
 // model leaves no trace; the gate still swaps for the others.
 func TestModelGateWaiterThatGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		g := NewModelGate(time.Minute, nil)
+		g := newModelGate(time.Minute, nil)
 		leaveA, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -422,8 +422,8 @@ func TestModelGateWaiterThatGivesUp(t *testing.T) {
 // at one instant go to the three groups in line, not only the first.
 func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := NewCap(3)
-		tbl := capTable(c)
+		tbl := capTable(3)
+		c := tbl.cap
 		var held []*Slot
 		for k := range 3 {
 			l := tbl.laneFor(capKey(k))
@@ -468,11 +468,11 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 // the default; a bound that passes after the waiter it was set for gave
 // up, with nothing in flight, changes nothing.
 func TestModelGateDefaultsAndAStaleFairnessTimer(t *testing.T) {
-	if f := NewModelGate(0, nil).Stats().FairnessSeconds; f != DefaultFairness.Seconds() {
+	if f := newModelGate(0, nil).Stats().FairnessSeconds; f != DefaultFairness.Seconds() {
 		t.Errorf("fairness %vs, want the default %v", f, DefaultFairness)
 	}
 	synctest.Test(t, func(t *testing.T) {
-		g := NewModelGate(time.Second, nil)
+		g := newModelGate(time.Second, nil)
 		leaveA, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
@@ -498,8 +498,8 @@ func TestModelGateDefaultsAndAStaleFairnessTimer(t *testing.T) {
 // requests); it leaves the line and the place goes to the next group.
 func TestCapLineMovesOnWhenTheFirstGroupCannotGo(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		c := NewCap(2)
-		tbl := capTable(c)
+		tbl := capTable(2)
+		c := tbl.cap
 		b, d := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1))
 		pastProbe(b)
 		pastProbe(d)

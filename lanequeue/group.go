@@ -25,7 +25,7 @@ type group struct {
 	// more; the table drops it then. nil outside a table.
 	forgotten func(*group)
 	// onChange receives the group's state changes; nil: none are made.
-	onChange func(Change)
+	onChange func(change)
 
 	mu sync.Mutex
 	// turns holds the lanes with waiters in turn order; next is the one
@@ -38,7 +38,7 @@ type group struct {
 	// waited; at LowShare-1 the next dispatch is a low one.
 	highRun int
 	// cap is the global cap every dispatch takes a place of; nil: none.
-	cap      *Cap
+	cap      *globalCap
 	arrivals uint64 // arrival counter, for the order of retries
 	// pass numbers dispatch passes: a limit that held its lanes back in
 	// the current one is marked with it.
@@ -82,13 +82,6 @@ func (g *group) limitOf(key Key) *pool {
 	}
 	l.addModel(key.Model)
 	return l
-}
-
-// answeredElsewhere reports whether sh is a Fleet one of whose other
-// replicas learned from an answer of the group lately.
-func answeredElsewhere(sh limit.Shared) bool {
-	f, ok := sh.(limit.Fleet)
-	return ok && f.AnsweredElsewhere()
 }
 
 // kick runs the dispatch again: the global cap has room for this group.

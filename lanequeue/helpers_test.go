@@ -124,7 +124,7 @@ func (c *goneAfterCheckCtx) Err() error {
 
 // countAnswer counts one request of the lane by the status the client got
 // (0: none was sent) and its outcome, as Slot.Done counts it.
-func (l *Lane) countAnswer(status int, outcome Outcome) {
+func (l *Lane) countAnswer(status int, outcome string) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
 	l.stats.countAnswer(status, outcome, l.g.clock.Now())

@@ -17,9 +17,9 @@ type Key struct {
 
 // NewKey is the key of a request on route that carries credential (""
 // when none) to path for model: the credential hashed, path and model
-// bounded (see Bounded).
+// bounded (see bounded).
 func NewKey(route, credential, path, model string) Key {
-	return Key{Route: route, CredentialHash: HashCredential(credential), Path: Bounded(path), Model: Bounded(model)}
+	return Key{Route: route, CredentialHash: HashCredential(credential), Path: bounded(path), Model: bounded(model)}
 }
 
 // HashCredential returns the hex SHA-256 of a credential; "" stays "".
@@ -89,14 +89,14 @@ func (k Key) String() string {
 }
 
 // maxField is the longest a path or model may be in a lane key as given;
-// longer ones are shortened (see Bounded).
+// longer ones are shortened (see bounded).
 const maxField = 128
 
-// Bounded returns s as a lane key field of bounded size: s itself when it
+// bounded returns s as a lane key field of bounded size: s itself when it
 // is at most 128 bytes, else its first 64 bytes (whole runes), "…" and 16
 // hex digits of its SHA-256. Two long values stay apart, and a client
 // cannot make a lane, its metrics labels or /lanes grow with what it sends.
-func Bounded(s string) string {
+func bounded(s string) string {
 	if len(s) <= maxField {
 		return s
 	}

@@ -46,7 +46,7 @@ func (e *WaitError) Is(target error) bool { return target == ErrBudgetExceeded }
 // Config holds a lane's limits. Zero fields take the documented defaults;
 // the concurrency fields and Limits are those of limit.Config.
 type Config struct {
-	Concurrency    int         // a new group's concurrency limit; zero = limit.DefaultConcurrency
+	Concurrency    int         // a new group's concurrency limit; zero = 8
 	MinConcurrency int         // lowest the limit may fall to; zero = 1
 	MaxConcurrency int         // highest the limit may rise to; zero = 1024
 	MaxQueue       int         // waiting requests per lane before ErrQueueFull; zero = 10000
@@ -85,7 +85,8 @@ func (c Config) Validate() error {
 			return setting.Bad("lanequeue", f.name, fmt.Sprintf("%d is negative", f.v))
 		}
 	}
-	lo, hi := cmp.Or(c.MinConcurrency, limit.DefaultMinConcurrency), cmp.Or(c.MaxConcurrency, limit.DefaultMaxConcurrency)
+	d := limit.Config{}.WithDefaults()
+	lo, hi := cmp.Or(c.MinConcurrency, d.MinConcurrency), cmp.Or(c.MaxConcurrency, d.MaxConcurrency)
 	if lo > hi {
 		return setting.Bad("lanequeue", "MinConcurrency", fmt.Sprintf("%d is above MaxConcurrency=%d", lo, hi))
 	}
@@ -403,7 +404,7 @@ func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
 // answer ended as outcome. The permit goes to the next waiter, and the
 // model gate's place to the next model. A Slot whose Acquire failed only
 // counts the answer. Later calls do nothing.
-func (s *Slot) Done(status int, outcome Outcome, usedTokens int64) {
+func (s *Slot) Done(status int, outcome string, usedTokens int64) {
 	if s.counted {
 		return
 	}

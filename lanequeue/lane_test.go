@@ -426,7 +426,7 @@ func TestConfigValidate(t *testing.T) {
 		{Config{}, ""},
 		{Config{Concurrency: 100, MaxConcurrency: 4}, ""},
 		{Config{MinConcurrency: 4, MaxConcurrency: 4}, ""},
-		{Config{MinConcurrency: limit.DefaultMaxConcurrency + 1}, "MinConcurrency"},
+		{Config{MinConcurrency: limit.Config{}.WithDefaults().MaxConcurrency + 1}, "MinConcurrency"},
 		{Config{MinConcurrency: 10, MaxConcurrency: 5}, "MinConcurrency"},
 		{Config{MaxConcurrency: -1}, "MaxConcurrency"},
 		{Config{MaxQueue: -1}, "MaxQueue"},

@@ -20,7 +20,7 @@ func laneDesc(name, help string, labels ...string) *prometheus.Desc {
 
 var (
 	descRequests = laneDesc("llmproxy_requests_total",
-		"Client requests answered, by lane, the status the client got (0: none was sent) and outcome ("+outcomeList()+").", "status", "outcome")
+		"Client requests answered, by lane, the status the client got (0: none was sent) and outcome (how the answer ended, as the proxy names it).", "status", "outcome")
 	descAttempts = laneDesc("llmproxy_upstream_attempts_total",
 		"Upstream attempts, by lane and upstream status (\"error\": no answer).", "status")
 	descAbsorbed    = laneDesc("llmproxy_absorbed_429_total", "Upstream 429s the proxy retried instead of passing to the client.")
@@ -64,8 +64,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range states {
 		id := s.ID
 		gauge(descInfo, 1, id, s.Route, s.Path, s.Model, s.KeyHash)
-		for k, n := range s.AnswerCounts {
-			counter(descRequests, float64(n), id, strconv.Itoa(k.Status), string(k.Outcome))
+		for k, n := range s.answerCounts {
+			counter(descRequests, float64(n), id, strconv.Itoa(k.Status), k.Outcome)
 		}
 		for status, n := range s.Attempts {
 			label := "error"

@@ -12,13 +12,13 @@ import (
 )
 
 // changeLog collects the changes a table reports.
-type changeLog struct{ got []Change }
+type changeLog struct{ got []change }
 
-func (c *changeLog) add(ch Change) { c.got = append(c.got, ch) }
+func (c *changeLog) add(ch change) { c.got = append(c.got, ch) }
 
 // takeKind takes the changes and returns those of kind k.
-func (c *changeLog) takeKind(k ChangeKind) []Change {
-	var out []Change
+func (c *changeLog) takeKind(k changeKind) []change {
+	var out []change
 	for _, ch := range c.take() {
 		if ch.Kind == k {
 			out = append(out, ch)
@@ -27,7 +27,7 @@ func (c *changeLog) takeKind(k ChangeKind) []Change {
 	return out
 }
 
-func (c *changeLog) take() []Change {
+func (c *changeLog) take() []change {
 	got := c.got
 	c.got = nil
 	return got
@@ -36,7 +36,7 @@ func (c *changeLog) take() []Change {
 func observedTable(fc *clock.Fake, cfg Config) (*Table, *changeLog) {
 	log := &changeLog{}
 	cfg.Clock = fc
-	return NewTable(TableConfig{Lane: cfg, IdleTTL: time.Minute, OnChange: log.add}), log
+	return NewTable(TableConfig{Lane: cfg, IdleTTL: time.Minute, onChange: log.add}), log
 }
 
 // TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove: the first answer
@@ -49,9 +49,9 @@ func TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove(t *testing.T) {
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{Requests: win(600, 599, at(100*time.Millisecond))})
 	got := log.take()
-	if len(got) != 1 || got[0].Kind != LimitsChanged || got[0].Lane != l || got[0].View.Learned != "headers" ||
+	if len(got) != 1 || got[0].Kind != changeLimits || got[0].Lane != l || got[0].View.Learned != "headers" ||
 		got[0].View.Requests.Limit != 600 || got[0].Status != 200 {
-		t.Fatalf("first answer reported %+v, want one LimitsChanged from headers, limit 600", got)
+		t.Fatalf("first answer reported %+v, want one changeLimits from headers, limit 600", got)
 	}
 	fc.Advance(10 * time.Millisecond)
 	accept(s, headerparse.Limits{Requests: win(600, 598, at(110*time.Millisecond))})
@@ -60,14 +60,14 @@ func TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove(t *testing.T) {
 	}
 	fc.Advance(10 * time.Millisecond)
 	accept(s, headerparse.Limits{Requests: win(1200, 1197, at(120*time.Millisecond))})
-	if got := log.take(); len(got) != 1 || got[0].Kind != LimitsChanged || got[0].View.Requests.Limit != 1200 {
+	if got := log.take(); len(got) != 1 || got[0].Kind != changeLimits || got[0].View.Requests.Limit != 1200 {
 		t.Fatalf("a doubled window reported %+v", got)
 	}
 	s.release()
 }
 
 // TestPauseIsReportedWhenItStartsNotWhenItGrows: a refusal that pauses the
-// group reports Paused with its reason and length and counts one pause; a
+// group reports changePaused with its reason and length and counts one pause; a
 // second refusal extending the same pause adds its time, not a pause.
 func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	fc := clock.NewFake(t0)
@@ -77,14 +77,14 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s2 := mustGet(t, acquireAsync(context.Background(), l))
 	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: at(2 * time.Second)})
-	paused := log.takeKind(Paused)
+	paused := log.takeKind(changePaused)
 	if len(paused) != 1 || paused[0].PauseReason != "rate_limited" || paused[0].PauseFor != 2*time.Second || paused[0].Status != 429 {
 		t.Fatalf("paused changes: %+v, want one rate_limited for 2s", paused)
 	}
 	fc.Advance(time.Second)
 	report(s2, limit.Report{Status: 503, Verdict: limit.Overloaded, PauseUntil: at(4 * time.Second)})
 	s2.release()
-	if again := log.takeKind(Paused); len(again) != 0 {
+	if again := log.takeKind(changePaused); len(again) != 0 {
 		t.Fatalf("an extended pause was reported as new: %+v", again)
 	}
 	st := l.State()
@@ -126,7 +126,7 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	if st := l.State(); st.Concurrency <= 2 {
 		t.Fatalf("limit did not grow: %d", st.Concurrency)
 	}
-	if rises := log.takeKind(ConcurrencyChanged); len(rises) != 0 {
+	if rises := log.takeKind(changeConcurrency); len(rises) != 0 {
 		t.Fatalf("rises within a second were reported one by one: %+v", rises)
 	}
 	fc.Advance(time.Second)
@@ -135,13 +135,13 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	accept(b, headerparse.Limits{})
 	now := l.State().Concurrency
 	got := log.take()
-	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != 2 || got[0].View.Concurrency != now {
+	if len(got) != 1 || got[0].Kind != changeConcurrency || got[0].From != 2 || got[0].View.Concurrency != now {
 		t.Fatalf("after a second: %+v, want one change from 2 to %d", got, now)
 	}
 	fc.Advance(200 * time.Millisecond)
 	report(a, limit.Report{Status: 429, Verdict: limit.ConcurrencyRefused})
 	got = log.take()
-	if len(got) != 1 || got[0].Kind != ConcurrencyChanged || got[0].From != now || got[0].View.Concurrency >= now || got[0].Verdict != limit.ConcurrencyRefused {
+	if len(got) != 1 || got[0].Kind != changeConcurrency || got[0].From != now || got[0].View.Concurrency >= now || got[0].Verdict != limit.ConcurrencyRefused {
 		t.Fatalf("a refusal reported %+v, want a fall from %d at once", got, now)
 	}
 	a.release()
@@ -153,12 +153,12 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 func TestEvictionIsReportedWithWhy(t *testing.T) {
 	fc := clock.NewFake(t0)
 	log := &changeLog{}
-	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, MaxLanes: 2, IdleTTL: time.Minute, OnChange: log.add})
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, MaxLanes: 2, IdleTTL: time.Minute, onChange: log.add})
 	a := tb.laneFor(Key{Path: "/a"})
 	tb.laneFor(Key{Path: "/b"})
 	tb.laneFor(Key{Path: "/c"}) // /a goes: the table holds two
 	got := log.take()
-	if len(got) != 1 || got[0].Kind != Evicted || got[0].Lane != a || got[0].Reason != "table_full" {
+	if len(got) != 1 || got[0].Kind != changeEvicted || got[0].Lane != a || got[0].Reason != "table_full" {
 		t.Fatalf("full table: %+v", got)
 	}
 	fc.Advance(2 * time.Minute)
@@ -211,7 +211,7 @@ func TestHistoryCountsAnswersAnd429sPerBucket(t *testing.T) {
 }
 
 // TestOutcomesAreCountedWithTheirStatus: State shows answers by status and
-// by outcome, and AnswerCounts by both.
+// by outcome, and answerCounts by both.
 func TestOutcomesAreCountedWithTheirStatus(t *testing.T) {
 	l := newLane(Key{Path: "/o"}, Config{})
 	l.countAnswer(200, "ok")
@@ -219,7 +219,7 @@ func TestOutcomesAreCountedWithTheirStatus(t *testing.T) {
 	l.countAnswer(0, "client_gone")
 	st := l.State()
 	if st.Answers[200] != 2 || st.Answers[0] != 1 || st.Outcomes["ok"] != 1 || st.Outcomes["upstream_cut"] != 1 ||
-		st.AnswerCounts[AnswerKey{200, "upstream_cut"}] != 1 || len(st.AnswerCounts) != 3 {
+		st.answerCounts[answerKey{200, "upstream_cut"}] != 1 || len(st.answerCounts) != 3 {
 		t.Fatalf("%+v", st)
 	}
 }

@@ -66,7 +66,7 @@ func newPool(key string, cfg Config, sh limit.Shared) *pool {
 // dispatch may go, or else until when it may not. Requires the group's
 // mutex held.
 func (l *pool) firstAnswerLocked(now time.Time) (time.Time, bool) {
-	if !l.learned && l.unanswered > 0 && answeredElsewhere(l.shared) {
+	if !l.learned && l.unanswered > 0 && l.shared.AnsweredElsewhere() {
 		l.learned = true // another replica's answer taught the limit
 	}
 	if !l.learned && l.unanswered > 0 {

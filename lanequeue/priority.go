@@ -1,5 +1,7 @@
 package lanequeue
 
+import "errors"
+
 // Priority is a request's class within its lane: High goes ahead of queued
 // Low requests, which keep a guaranteed share of the dispatches.
 type Priority uint8
@@ -17,15 +19,21 @@ func (p Priority) String() string {
 	return "high"
 }
 
-// ParsePriority reads "high" or "low" (any case); ok is false otherwise.
-func ParsePriority(s string) (p Priority, ok bool) {
-	switch {
+// errPriority is UnmarshalText's error for a text that is neither.
+var errPriority = errors.New("a priority is high or low")
+
+// UnmarshalText reads "high" or "low" (any case) into p; p is left as it
+// was on any other text.
+func (p *Priority) UnmarshalText(text []byte) error {
+	switch s := string(text); {
 	case equalFold(s, "high"):
-		return High, true
+		*p = High
 	case equalFold(s, "low"):
-		return Low, true
+		*p = Low
+	default:
+		return errPriority
 	}
-	return High, false
+	return nil
 }
 
 func equalFold(a, b string) bool {

@@ -47,7 +47,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 		shared = true
 	}
 	lim = l.limit() // the limit the lane draws on from now on
-	var changes []Change
+	var changes []change
 	var v limit.View
 	if g.onChange != nil {
 		v = lim.shared.View(now)
@@ -60,7 +60,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 		started := !before.After(now)
 		l.stats.countPause(reason, until.Sub(from), started)
 		if started && g.onChange != nil {
-			changes = append(changes, Change{Kind: Paused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
+			changes = append(changes, change{Kind: changePaused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
 				View: v, PauseReason: reason, PauseFor: until.Sub(now)})
 		}
 	}

@@ -14,25 +14,25 @@ type laneStats struct {
 	rejected    int64
 	throttled   int64
 	absorbed429 int64
-	answers     map[AnswerKey]int64 // by the status the client got and outcome
+	answers     map[answerKey]int64 // by the status the client got and outcome
 	attempts    map[int]int64       // upstream status per attempt (0: no answer)
 	pauses      map[string]int64    // pauses this lane's answers started, by reason
 	pausedSecs  map[string]float64  // pause time this lane's answers set, by reason
 	hist        history
 }
 
-// AnswerKey is how an answer to a client is counted: the status it got (0:
+// answerKey is how an answer to a client is counted: the status it got (0:
 // none was sent) and the outcome.
-type AnswerKey struct {
+type answerKey struct {
 	Status  int
-	Outcome Outcome
+	Outcome string
 }
 
-func (s *laneStats) countAnswer(status int, outcome Outcome, now time.Time) {
+func (s *laneStats) countAnswer(status int, outcome string, now time.Time) {
 	if s.answers == nil {
-		s.answers = map[AnswerKey]int64{}
+		s.answers = map[answerKey]int64{}
 	}
-	s.answers[AnswerKey{status, outcome}]++
+	s.answers[answerKey{status, outcome}]++
 	s.hist.answer(now)
 }
 
@@ -79,13 +79,14 @@ type State struct {
 	Rejected    int64     `json:"rejected"`
 	Throttled   int64     `json:"throttled"`
 	Absorbed429 int64     `json:"absorbed_429"`
-	// Answers counts the statuses clients got (0: none was sent), allOutcomes
-	// the same answers by outcome, and AnswerCounts by both; Attempts the
-	// upstream's statuses per attempt (0: no answer).
-	Answers      map[int]int64       `json:"answers,omitempty"`
-	Outcomes     map[Outcome]int64   `json:"outcomes,omitempty"`
-	AnswerCounts map[AnswerKey]int64 `json:"-"`
-	Attempts     map[int]int64       `json:"attempts,omitempty"`
+	// Answers counts the statuses clients got (0: none was sent), Outcomes
+	// the same answers by outcome (the label Slot.Done was given);
+	// Attempts the upstream's statuses per attempt (0: no answer).
+	Answers  map[int]int64    `json:"answers,omitempty"`
+	Outcomes map[string]int64 `json:"outcomes,omitempty"`
+	Attempts map[int]int64    `json:"attempts,omitempty"`
+	// answerCounts counts the answers by both, for the metrics.
+	answerCounts map[answerKey]int64
 	// Pauses counts the pauses this lane's answers started, by reason;
 	// PausedSeconds the pause time they set.
 	Pauses        map[string]int64   `json:"pauses,omitempty"`
@@ -160,7 +161,7 @@ func (l *Lane) state(withHistory bool) State {
 		PausedUntil: v.PausedUntil, PauseReason: v.PauseReason,
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,
-		AnswerCounts: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
+		answerCounts: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
 		Pauses: maps.Clone(l.stats.pauses), PausedSeconds: maps.Clone(l.stats.pausedSecs),
 		GroupQueued:  queued,
 		DrainSeconds: drainSeconds(queued, queuedCost, v, now),
@@ -180,9 +181,9 @@ func (l *Lane) state(withHistory bool) State {
 	if v.Tokens.Known {
 		s.TokensLimit, s.TokensAvailable, s.TokensPerSecond = v.Tokens.Limit, v.Tokens.Available, v.Tokens.PerSecond
 	}
-	if len(s.AnswerCounts) > 0 {
-		s.Answers, s.Outcomes = map[int]int64{}, map[Outcome]int64{}
-		for k, n := range s.AnswerCounts {
+	if len(s.answerCounts) > 0 {
+		s.Answers, s.Outcomes = map[int]int64{}, map[string]int64{}
+		for k, n := range s.answerCounts {
 			s.Answers[k.Status] += n
 			s.Outcomes[k.Outcome] += n
 		}

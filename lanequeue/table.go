@@ -3,6 +3,8 @@ package lanequeue
 import (
 	"context"
 	"github.com/llmproxy/llmproxy/limit"
+	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -16,15 +18,16 @@ type TableConfig struct {
 	// RouteLimits are the configured limits of each route's groups, by
 	// route name ("" for the default upstream); they set Lane.Limits.
 	RouteLimits map[string]limit.Limits
-	// Cap, when set, is one concurrency cap over every group of the
-	// table (see Cap).
-	Cap *Cap
-	// Gates are the model gates of the routes to a local server, by route
-	// name: Acquire waits for the request's model's turn before the
-	// lane's queue.
-	Gates    map[string]*ModelGate
-	MaxLanes int           // most lanes kept; the least recently used goes first; zero = 10000
-	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
+	// GlobalConcurrency, when above 0, is one concurrency cap over every
+	// group of the table (see globalCap).
+	GlobalConcurrency int
+	// LocalRoutes are the routes to a local server, by route name, each
+	// with its model gate's fairness (0: DefaultFairness): Acquire waits
+	// for the request's model's turn before the lane's queue (see
+	// modelGate).
+	LocalRoutes map[string]time.Duration
+	MaxLanes    int           // most lanes kept; the least recently used goes first; zero = 10000
+	IdleTTL     time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit (see Key.limitKey), by
 	// its key; nil = NewMemory, state in this process only.
 	Shared func(key string, cfg limit.Config) limit.Shared
@@ -33,10 +36,14 @@ type TableConfig struct {
 	// idDigits is how many hex digits a lane's ID starts with; zero:
 	// shortLen. Tests shorten it to make IDs collide.
 	idDigits int
-	// OnChange is called, outside every lock, for each state change of a
-	// lane's group (limits learned, a pause, the concurrency limit moving)
-	// and for each lane dropped; see Change. nil: not reported.
-	OnChange func(Change)
+	// Log, when set, gets one info line for each state change of a
+	// lane's group (limits learned or changed, a pause and why, the
+	// concurrency limit moving) and for each lane dropped. Lanes are named
+	// by their hashed ID; no line holds a credential.
+	Log *slog.Logger
+	// onChange is called, outside every lock, after Log, for each change
+	// (see change); tests watch them here.
+	onChange func(change)
 }
 
 // Table holds the lanes, bounded in number; idle lanes are evicted.
@@ -57,6 +64,31 @@ type Table struct {
 	sweeping  bool                       // the sweep is removing idle lanes
 	lastSweep time.Time
 	groups    map[string]*group // by Key.groupKey
+	// cap is the global cap (nil: none); gates the local routes' model
+	// gates, by route name. Both live as long as the table.
+	cap   *globalCap
+	gates map[string]*modelGate
+}
+
+// CapStats is the state of the global cap; ok is false when there is none
+// (TableConfig.GlobalConcurrency).
+func (t *Table) CapStats() (st CapStats, ok bool) {
+	if t.cap == nil {
+		return st, false
+	}
+	return t.cap.Stats(), true
+}
+
+// GateStats is the state of each local route's model gate, in the order
+// of the routes' names (TableConfig.LocalRoutes).
+func (t *Table) GateStats() []GateStats {
+	out := make([]GateStats, 0, len(t.gates))
+	for _, route := range slices.Sorted(maps.Keys(t.gates)) {
+		st := t.gates[route].Stats()
+		st.Route = route
+		out = append(out, st)
+	}
+	return out
 }
 
 // NewTable returns an empty table.
@@ -74,7 +106,21 @@ func NewTable(cfg TableConfig) *Table {
 	if cfg.idDigits <= 0 {
 		cfg.idDigits = shortLen
 	}
-	t := &Table{cfg: cfg, groups: map[string]*group{}, ids: map[string]*Lane{}}
+	if log, next := cfg.Log, cfg.onChange; log != nil {
+		cfg.onChange = func(c change) {
+			c.log(log)
+			if next != nil {
+				next(c)
+			}
+		}
+	}
+	t := &Table{cfg: cfg, groups: map[string]*group{}, ids: map[string]*Lane{}, gates: map[string]*modelGate{}}
+	if cfg.GlobalConcurrency > 0 {
+		t.cap = newCap(cfg.GlobalConcurrency)
+	}
+	for route, fairness := range cfg.LocalRoutes {
+		t.gates[route] = newModelGate(fairness, cfg.Lane.Clock)
+	}
 	lanes, err := simplelru.NewLRU[Key, *Lane](cfg.MaxLanes, t.evictLocked)
 	if err != nil {
 		panic(err) // only for a non-positive size, excluded above
@@ -134,8 +180,8 @@ func (t *Table) laneFor(key Key) *Lane {
 				cfg = cfg.withDefaults()
 			}
 			g = newGroup(gk, cfg, t.cfg.Shared, t.forgotten)
-			g.cap = t.cfg.Cap
-			g.onChange = t.cfg.OnChange
+			g.cap = t.cap
+			g.onChange = t.cfg.onChange
 			t.groups[gk] = g
 		}
 		g.refs.Add(1)
@@ -171,7 +217,7 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	key := NewKey(r.Route, r.Credential, r.Path, r.Model)
 	l := t.laneFor(key)
 	var leave func()
-	if gate := t.cfg.Gates[key.Route]; gate != nil {
+	if gate := t.gates[key.Route]; gate != nil {
 		var err error
 		if leave, err = gate.enter(ctx, key.Model); err != nil {
 			return &Slot{lane: l, phase: phaseDone}, err
@@ -340,8 +386,8 @@ func (t *Table) notify(evicted []evicted) {
 		if t.cfg.onEvict != nil {
 			t.cfg.onEvict(e.lane)
 		}
-		if t.cfg.OnChange != nil {
-			t.cfg.OnChange(Change{Kind: Evicted, Lane: e.lane, At: now, Reason: e.reason})
+		if t.cfg.onChange != nil {
+			t.cfg.onChange(change{Kind: changeEvicted, Lane: e.lane, At: now, Reason: e.reason})
 		}
 	}
 }

@@ -180,15 +180,15 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 }
 
 func TestBoundedKeepsShortValuesAndShortensLongOnes(t *testing.T) {
-	if Bounded("gpt-4o-mini") != "gpt-4o-mini" || Bounded("") != "" {
+	if bounded("gpt-4o-mini") != "gpt-4o-mini" || bounded("") != "" {
 		t.Fatal("a short value changed")
 	}
 	a, b := strings.Repeat("ü", 200)+"a", strings.Repeat("ü", 200)+"b"
-	ba, bb := Bounded(a), Bounded(b)
+	ba, bb := bounded(a), bounded(b)
 	if ba == bb || len(ba) > 100 || !utf8.ValidString(ba) || !strings.HasPrefix(a, strings.Split(ba, "…")[0]) {
-		t.Fatalf("Bounded: %q and %q", ba, bb)
+		t.Fatalf("bounded: %q and %q", ba, bb)
 	}
-	if Bounded(a) != ba {
+	if bounded(a) != ba {
 		t.Fatal("not stable")
 	}
 }
@@ -371,7 +371,7 @@ func TestALaneWithAnOpenSessionIsNotSweptAsIdle(t *testing.T) {
 // 1024, a queue of 10000.
 func TestZeroConfigTakesTheDocumentedDefaults(t *testing.T) {
 	c := Config{}.withDefaults()
-	if c.Concurrency != limit.DefaultConcurrency || c.MinConcurrency != 1 || c.MaxConcurrency != 1024 || c.MaxQueue != 10000 || c.Clock == nil {
+	if c.Concurrency != 8 || c.MinConcurrency != 1 || c.MaxConcurrency != 1024 || c.MaxQueue != 10000 || c.Clock == nil {
 		t.Fatalf("defaults %+v, want concurrency 8, min 1, max 1024, queue 10000, a clock", c)
 	}
 	if c := (Config{Concurrency: 16}).withDefaults(); c.Concurrency != 16 || c.MaxConcurrency != 1024 {
@@ -420,7 +420,7 @@ func TestNoTwoLanesShareAnID(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Done(200, OutcomeOK, -1)
+		s.Done(200, "ok", -1)
 		if l, ok := tb.lookup(s.ID()); !ok || l != s.lane {
 			t.Fatalf("lane %d: its ID %s does not find it", i, s.ID())
 		}

@@ -42,7 +42,7 @@ func TestADispatchThatLetsNobodyGoRunsAgainAMillisecondLater(t *testing.T) {
 	go func() {
 		s, err := tb.Acquire(ctx, Request{Path: "/v1/chat/completions", Model: "m"})
 		if err == nil {
-			s.Done(200, OutcomeOK, -1)
+			s.Done(200, "ok", -1)
 		}
 		got <- err
 	}()

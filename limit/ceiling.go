@@ -88,7 +88,7 @@ func (c *Ceiling) refill(now time.Time) {
 // when it may.
 func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) {
 	if c.lim.Start && !c.replaced {
-		if k, ok := sh.(Knower); ok && k.Knows() {
+		if sh.Knows() {
 			c.replaced = true
 		}
 	}

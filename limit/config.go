@@ -19,22 +19,22 @@ type Config struct {
 
 // The defaults of Config's zero fields.
 const (
-	DefaultConcurrency    = 8
-	DefaultMinConcurrency = 1
-	DefaultMaxConcurrency = 1024
+	defaultConcurrency    = 8
+	defaultMinConcurrency = 1
+	defaultMaxConcurrency = 1024
 )
 
 // WithDefaults is c with its zero fields at their defaults and its start
 // inside its bounds, as a group uses it.
 func (c Config) WithDefaults() Config {
 	if c.Concurrency <= 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 	}
 	if c.MinConcurrency <= 0 {
-		c.MinConcurrency = DefaultMinConcurrency
+		c.MinConcurrency = defaultMinConcurrency
 	}
 	if c.MaxConcurrency <= 0 {
-		c.MaxConcurrency = DefaultMaxConcurrency
+		c.MaxConcurrency = defaultMaxConcurrency
 	}
 	if c.MaxConcurrency < c.MinConcurrency {
 		c.MaxConcurrency = c.MinConcurrency

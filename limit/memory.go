@@ -684,8 +684,9 @@ func (s *Memory) View(now time.Time) View {
 	return v
 }
 
-var _ Knower = (*Memory)(nil)
-
 // Knows reports whether the group has learned a limit of its own: from
 // headers, or from the upstream's refusals.
 func (s *Memory) Knows() bool { return s.pace.fromRefusals || s.pace.headers() }
+
+// AnsweredElsewhere is false: no other process shares this state.
+func (s *Memory) AnsweredElsewhere() bool { return false }

@@ -1,6 +1,7 @@
 package limit
 
 import (
+	"net/http"
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
@@ -88,4 +89,26 @@ type Report struct {
 	// PauseUntil pauses every lane of the group until then (zero: no
 	// pause). A pause is only ever extended.
 	PauseUntil time.Time
+}
+
+// VerdictOf reads what an answer says about the upstream's capacity:
+// status is its HTTP status (0: no answer came), retryable whether the
+// same request may get another answer later, and concurrency whether its
+// words name too many requests in flight.
+func VerdictOf(status int, retryable, concurrency bool) Verdict {
+	switch {
+	case status == 0:
+		return NotSent
+	case !retryable && status == http.StatusTooManyRequests:
+		return Failed // a hard quota: nothing about rate or load
+	case !retryable:
+		return Accepted
+	case concurrency:
+		return ConcurrencyRefused
+	case status == http.StatusTooManyRequests:
+		return RateRefused
+	case status == http.StatusServiceUnavailable || status == 529:
+		return Overloaded
+	}
+	return Failed
 }

@@ -146,3 +146,30 @@ func TestWhatEachVerdictMeans(t *testing.T) {
 		}
 	}
 }
+
+// TestVerdictOf: each kind of answer reads as the verdict its
+// capacity meaning asks for.
+func TestVerdictOf(t *testing.T) {
+	for _, c := range []struct {
+		status                 int
+		retryable, concurrency bool
+		want                   Verdict
+	}{
+		{0, true, false, NotSent},
+		{0, false, false, NotSent},
+		{200, false, false, Accepted},
+		{400, false, false, Accepted},
+		{429, false, false, Failed},
+		{429, true, true, ConcurrencyRefused},
+		{503, true, true, ConcurrencyRefused},
+		{429, true, false, RateRefused},
+		{503, true, false, Overloaded},
+		{529, true, false, Overloaded},
+		{500, true, false, Failed},
+		{408, true, false, Failed},
+	} {
+		if got := VerdictOf(c.status, c.retryable, c.concurrency); got != c.want {
+			t.Errorf("VerdictOf(%d, retryable %v, concurrency %v) = %v, want %v", c.status, c.retryable, c.concurrency, got, c.want)
+		}
+	}
+}

@@ -41,20 +41,14 @@ type Shared interface {
 	PausedUntil() time.Time
 	// View is what the state shows at now.
 	View(now time.Time) View
-}
-
-// Knower is a Shared that can tell whether it has learned a limit from
-// the upstream (headers or refusals): a group whose configured limits are
-// only where learning starts (Limits.Start) then drops them.
-type Knower interface {
+	// Knows reports whether the state has learned a limit from the
+	// upstream (headers or refusals): a group whose configured limits are
+	// only where learning starts (Limits.Start) then drops them.
 	Knows() bool
-}
-
-// Fleet is a Shared kept together with other replicas of the proxy.
-// AnsweredElsewhere reports whether one of them learned from an answer of
-// the group lately: the first-answer window need not wait for one of this
-// replica's own.
-type Fleet interface {
+	// AnsweredElsewhere reports whether another replica of the proxy
+	// that keeps the state together with this one learned from an answer
+	// of the group lately: the first-answer window need not wait for one
+	// of this replica's own. Always false for state in one process.
 	AnsweredElsewhere() bool
 }
 

@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,12 +157,11 @@ func (p *Proxy) laneViews(r chi.Router, h Health) {
 			states = []lanequeue.State{}
 		}
 		body := map[string]any{"redis": shared, "total": total, "lanes": states}
-		if p.global != nil {
-			st := p.global.Stats()
+		if st, ok := p.lanes.CapStats(); ok {
 			body["global"] = st
 		}
-		if len(p.gates) > 0 {
-			body["local_routes"] = p.LocalRoutes()
+		if gates := p.lanes.GateStats(); len(gates) > 0 {
+			body["local_routes"] = gates
 		}
 		writeJSON(w, http.StatusOK, body)
 	})
@@ -274,29 +272,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
-}
-
-// LocalRoute is what /lanes shows of a local route's model gate.
-type LocalRoute struct {
-	Route string `json:"route"`
-	lanequeue.GateStats
-}
-
-// LocalRoutes is the state of every local route's model gate, by name.
-func (p *Proxy) LocalRoutes() []LocalRoute {
-	out := make([]LocalRoute, 0, len(p.gates))
-	for name, g := range p.gates {
-		out = append(out, LocalRoute{Route: name, GateStats: g.Stats()})
-	}
-	slices.SortFunc(out, func(a, b LocalRoute) int { return strings.Compare(a.Route, b.Route) })
-	return out
-}
-
-// GlobalCap is the state of LLMPROXY_GLOBAL_CONCURRENCY; ok is false when
-// it is off.
-func (p *Proxy) GlobalCap() (st lanequeue.CapStats, ok bool) {
-	if p.global == nil {
-		return st, false
-	}
-	return p.global.Stats(), true
 }

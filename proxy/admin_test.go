@@ -182,9 +182,9 @@ func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
 	var page struct {
-		Lanes       []lanequeue.State   `json:"lanes"`
-		Global      *lanequeue.CapStats `json:"global"`
-		LocalRoutes []LocalRoute        `json:"local_routes"`
+		Lanes       []lanequeue.State     `json:"lanes"`
+		Global      *lanequeue.CapStats   `json:"global"`
+		LocalRoutes []lanequeue.GateStats `json:"local_routes"`
 	}
 	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
 		t.Fatal(err)

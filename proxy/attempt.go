@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -110,7 +109,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		switch {
 		case r.Context().Err() != nil:
 			res.Discard()
-			req.outcome = lanequeue.OutcomeClientGone
+			req.outcome = OutcomeClientGone
 			return
 		case timedOut:
 			res.Discard()

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net/http"
 	"strconv"
 	"time"
 
@@ -133,24 +132,11 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 
 // verdictOf reads what an answer says about the upstream's capacity.
 func verdictOf(res upstream.Result) limit.Verdict {
-	if res.Resp == nil {
-		return limit.NotSent
+	status := 0
+	if res.Resp != nil {
+		status = res.Resp.StatusCode
 	}
-	code := res.Resp.StatusCode
-	switch {
-	case res.Outcome != upstream.Retryable:
-		if code == http.StatusTooManyRequests {
-			return limit.Failed // a hard quota: nothing about rate or load
-		}
-		return limit.Accepted
-	case res.Error.Kind == headerparse.KindConcurrency:
-		return limit.ConcurrencyRefused
-	case code == http.StatusTooManyRequests:
-		return limit.RateRefused
-	case code == http.StatusServiceUnavailable || code == 529:
-		return limit.Overloaded
-	}
-	return limit.Failed
+	return limit.VerdictOf(status, res.Outcome == upstream.Retryable, res.Error.Kind == headerparse.KindConcurrency)
 }
 
 // report is what the lane learns from an answer and the decision on it.

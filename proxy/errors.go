@@ -140,7 +140,7 @@ func (p *Proxy) writeFailure(w http.ResponseWriter, route string, err error, sto
 // failRequest answers req with the proxy's own error.
 func (p *Proxy) failRequest(w http.ResponseWriter, req *request, err error) {
 	req.status = p.writeFailure(w, req.route, err, p.stopping())
-	req.outcome = lanequeue.OutcomeProxyError
+	req.outcome = OutcomeProxyError
 }
 
 // setNoRetry tells the client's SDK not to retry the answer on its own
@@ -169,7 +169,7 @@ func (e errorReply) write(w http.ResponseWriter) {
 // refuse answers a request that never got a slot, or lost it waiting.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
 	if r.Context().Err() != nil {
-		req.outcome = lanequeue.OutcomeClientGone // nobody to answer
+		req.outcome = OutcomeClientGone // nobody to answer
 		return
 	}
 	setLLMHeaders(w.Header(), req)

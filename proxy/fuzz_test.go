@@ -66,7 +66,7 @@ func FuzzLaneKey(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		slot.Done(200, lanequeue.OutcomeOK, -1)
+		slot.Done(200, string(OutcomeOK), -1)
 		st, _ := json.Marshal(tb.States())
 		shown := slot.ID() + key.String() + string(st)
 		if len(cred) >= 8 && strings.Contains(shown, cred) && !strings.Contains(path+body, cred) {

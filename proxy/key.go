@@ -84,8 +84,7 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 	req.upgrade = isUpgrade(r)
 	prio := p.settings[req.route].Priority
 	if v := r.Header.Get(priorityHeader); v != "" {
-		var ok bool
-		if prio, ok = lanequeue.ParsePriority(strings.TrimSpace(v)); !ok {
+		if prio.UnmarshalText([]byte(strings.TrimSpace(v))) != nil {
 			return lanequeue.Request{}, fail(failBadPriority, "x-llmproxy-priority must be high or low")
 		}
 	}

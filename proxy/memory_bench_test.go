@@ -116,7 +116,7 @@ func measureWaiting(b *testing.B, h http.Handler, n int, waited func() bool) {
 }
 
 // BenchmarkMemoryPerLane: what an idle lane costs in the table, with the
-// longest model name and path a key keeps (see lanequeue.Bounded).
+// longest model name and path a key keeps (see lanequeue.NewKey).
 func BenchmarkMemoryPerLane(b *testing.B) {
 	const n = 10000
 	for range b.N {
@@ -128,7 +128,7 @@ func BenchmarkMemoryPerLane(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			slot.Done(200, lanequeue.OutcomeOK, -1)
+			slot.Done(200, string(OutcomeOK), -1)
 		}
 		after := heapNow()
 		b.ReportMetric(float64(after-before)/n, "B/lane")

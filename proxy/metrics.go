@@ -91,12 +91,12 @@ func (c routesCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c routesCollector) Collect(ch chan<- prometheus.Metric) {
-	if st, ok := c.p.GlobalCap(); ok {
+	if st, ok := c.p.lanes.CapStats(); ok {
 		ch <- prometheus.MustNewConstMetric(descGlobalLimit, prometheus.GaugeValue, float64(st.Limit))
 		ch <- prometheus.MustNewConstMetric(descGlobalInUse, prometheus.GaugeValue, float64(st.InUse))
 		ch <- prometheus.MustNewConstMetric(descGlobalWaiting, prometheus.GaugeValue, float64(st.Waiting))
 	}
-	for _, r := range c.p.LocalRoutes() {
+	for _, r := range c.p.lanes.GateStats() {
 		ch <- prometheus.MustNewConstMetric(descSwaps, prometheus.CounterValue, float64(r.Swaps), r.Route)
 		ch <- prometheus.MustNewConstMetric(descSwapsAvoided, prometheus.CounterValue, float64(r.SwapsAvoided), r.Route)
 		ch <- prometheus.MustNewConstMetric(descLocalWaiting, prometheus.GaugeValue, float64(r.Waiting), r.Route)

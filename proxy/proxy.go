@@ -51,7 +51,7 @@ type RouteSettings struct {
 	// x-llmproxy-priority.
 	Priority lanequeue.Priority
 	// Local marks a local model server that holds one model at a time:
-	// requests for the loaded model go first (see lanequeue.ModelGate).
+	// requests for the loaded model go first (see lanequeue.TableConfig.LocalRoutes).
 	Local bool
 	// LocalFairness bounds how long a request for another model waits
 	// while the loaded one keeps being asked for; zero = 30s.
@@ -124,10 +124,6 @@ type Proxy struct {
 	handler        http.Handler
 	// settings are each route's, by name ("" for the default upstream).
 	settings map[string]RouteSettings
-	// gates keep each local route to one model at a time.
-	gates map[string]*lanequeue.ModelGate
-	// global is LLMPROXY_GLOBAL_CONCURRENCY; nil when off.
-	global *lanequeue.Cap
 }
 
 // New builds a proxy from cfg.
@@ -145,7 +141,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.log.Info("removed request bodies spooled before a crash", "dir", cfg.SpoolDir, "files", n)
 	}
 	var routes prometheus.Collector
-	if p.global != nil || len(p.gates) > 0 {
+	if cfg.GlobalConcurrency > 0 || len(p.localRoutes()) > 0 {
 		routes = routesCollector{p}
 	}
 	m, err := newMetrics(cfg.Registry, p.lanes, slices.Collect(maps.Keys(p.settings)), func() float64 { return float64(p.buffered.Load()) },
@@ -221,15 +217,8 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
 	}
-	// Every lane state change gets its log line, before whatever else the
-	// caller wants done with it.
-	next, log := cfg.Lanes.OnChange, cfg.Logger
-	cfg.Lanes.OnChange = func(c lanequeue.Change) {
-		logChange(log, c)
-		if next != nil {
-			next(c)
-		}
-	}
+	// Every lane state change gets its log line.
+	cfg.Lanes.Log = cfg.Logger
 	if cfg.Lanes.Lane.Clock == nil {
 		cfg.Lanes.Lane.Clock = cfg.Clock
 	}
@@ -257,16 +246,15 @@ func orDefault[T int64 | time.Duration](v, def T) T {
 	return v
 }
 
-// routeLimits sets each route's settings, its model gate (a local route)
-// and the global cap on p, and returns lanes with each route's limits,
-// the gates and the cap.
+// routeLimits sets each route's settings on p, and returns lanes with
+// each route's limits, the local routes (each kept to one model at a time
+// by a model gate) and the global cap.
 func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
 	cfg := p.cfg
 	p.settings = map[string]RouteSettings{"": cfg.Default}
 	for _, rt := range cfg.Routes {
 		p.settings[rt.Name] = rt.Settings
 	}
-	p.gates = map[string]*lanequeue.ModelGate{}
 	for name, st := range p.settings {
 		if st.Limits != (limit.Limits{}) {
 			if lanes.RouteLimits == nil {
@@ -274,15 +262,9 @@ func (p *Proxy) routeLimits(lanes lanequeue.TableConfig) lanequeue.TableConfig {
 			}
 			lanes.RouteLimits[name] = st.Limits
 		}
-		if st.Local {
-			p.gates[name] = lanequeue.NewModelGate(st.LocalFairness, cfg.Clock)
-		}
 	}
-	lanes.Gates = p.gates
-	if cfg.GlobalConcurrency > 0 {
-		p.global = lanequeue.NewCap(cfg.GlobalConcurrency)
-		lanes.Cap = p.global
-	}
+	lanes.LocalRoutes = p.localRoutes()
+	lanes.GlobalConcurrency = cfg.GlobalConcurrency
 	return lanes
 }
 
@@ -421,4 +403,19 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// localRoutes are the routes to a local server, each with its model
+// gate's fairness.
+func (p *Proxy) localRoutes() map[string]time.Duration {
+	var out map[string]time.Duration
+	for name, st := range p.settings {
+		if st.Local {
+			if out == nil {
+				out = map[string]time.Duration{}
+			}
+			out[name] = st.LocalFairness
+		}
+	}
+	return out
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
-	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/tokens"
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -27,9 +26,9 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	defer resp.Body.Close()
 	p.answerHeaders(w.Header(), req, resp)
 	req.status = resp.StatusCode
-	req.outcome = lanequeue.OutcomeOK
+	req.outcome = OutcomeOK
 	if resp.StatusCode >= 400 {
-		req.outcome = lanequeue.OutcomeUpstreamError
+		req.outcome = OutcomeUpstreamError
 	}
 	w.WriteHeader(resp.StatusCode)
 	stream := flushEachWrite(resp)
@@ -49,14 +48,14 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run, and
 		// the attempt's cancellation ends the upstream call.
-		req.outcome = lanequeue.OutcomeClientGone
+		req.outcome = OutcomeClientGone
 		switch {
 		case p.stopping():
-			req.outcome, req.cutErr = lanequeue.OutcomeProxyError, "cut by shutdown"
+			req.outcome, req.cutErr = OutcomeProxyError, "cut by shutdown"
 		case errors.Is(err, errClientStalled):
-			req.outcome, req.cutErr = lanequeue.OutcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
+			req.outcome, req.cutErr = OutcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
 		case !errors.Is(err, errClientGone):
-			req.outcome = lanequeue.OutcomeUpstreamCut
+			req.outcome = OutcomeUpstreamCut
 			req.cutErr = redactErr(err, req.target)
 		}
 		panic(http.ErrAbortHandler)

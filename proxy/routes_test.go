@@ -106,7 +106,7 @@ func TestGlobalCapHoldsAcrossLanesAndAPausedLaneHoldsNone(t *testing.T) {
 	if m := most.Load(); m != 5 {
 		t.Errorf("upstream saw %d at once while a lane was paused, want the cap's 5", m)
 	}
-	st, ok := h.proxy.GlobalCap()
+	st, ok := h.proxy.lanes.CapStats()
 	if !ok || st.Limit != 5 || st.Most > 5 {
 		t.Errorf("global cap stats %+v", st)
 	}
@@ -163,7 +163,7 @@ func TestLocalRouteServesOneModelAtATime(t *testing.T) {
 	if mostModels != 1 {
 		t.Errorf("%d models in flight at once at the upstream, want 1", mostModels)
 	}
-	routes := h.proxy.LocalRoutes()
+	routes := h.proxy.lanes.GateStats()
 	if len(routes) != 1 || routes[0].Route != "ollama" || routes[0].Loaded == "" {
 		t.Fatalf("local routes %+v", routes)
 	}

@@ -28,12 +28,12 @@ type request struct {
 	arrived      time.Time
 	deadline     time.Time
 	queueWait    time.Duration
-	retries      int               // re-sends, all causes: x-llmproxy-retries and the log
-	tries        tally             // what the attempts met, for decide
-	upstreamTime time.Duration     // sum of attempt latencies
-	status       int               // what the client got; 0 = none was sent
-	outcome      lanequeue.Outcome // how the answer ended
-	used         int64             // tokens its answer's usage counted; -1: not known
+	retries      int           // re-sends, all causes: x-llmproxy-retries and the log
+	tries        tally         // what the attempts met, for decide
+	upstreamTime time.Duration // sum of attempt latencies
+	status       int           // what the client got; 0 = none was sent
+	outcome      Outcome       // how the answer ended
+	used         int64         // tokens its answer's usage counted; -1: not known
 	// attempt is the current upstream attempt's watch; the answer's idle
 	// watchdog cancels it.
 	attempt    *attemptWatch
@@ -161,13 +161,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 // answers at warn.
 func (p *Proxy) finish(r *http.Request, req *request) {
 	if req.outcome == "" {
-		req.outcome = lanequeue.OutcomeClientGone // left before anything was decided
+		req.outcome = OutcomeClientGone // left before anything was decided
 	}
 	if req.slot != nil {
-		req.slot.Done(req.status, req.outcome, req.used)
+		req.slot.Done(req.status, string(req.outcome), req.used)
 	}
 	level := slog.LevelDebug
-	if req.outcome == lanequeue.OutcomeUpstreamCut || req.outcome == lanequeue.OutcomeClientStalled || req.status >= 500 {
+	if req.outcome == OutcomeUpstreamCut || req.outcome == OutcomeClientStalled || req.status >= 500 {
 		level = slog.LevelWarn
 	}
 	if !p.log.Enabled(r.Context(), level) {

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -73,7 +72,7 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result) {
 	// A session holds no permit: the lane's next request may go.
 	closed := req.slot.OpenSession()
 	defer closed()
-	req.status, req.outcome = http.StatusSwitchingProtocols, lanequeue.OutcomeOK
+	req.status, req.outcome = http.StatusSwitchingProtocols, OutcomeOK
 
 	h := resp.Header.Clone()
 	upstream.StripHopHeaders(h)
@@ -87,7 +86,7 @@ func (p *Proxy) join(w http.ResponseWriter, req *request, res upstream.Result) {
 	if err := brw.Flush(); err != nil {
 		conn.Close()
 		up.Close()
-		req.outcome = lanequeue.OutcomeClientGone
+		req.outcome = OutcomeClientGone
 		return
 	}
 

@@ -372,10 +372,7 @@ func (s *shared) View(now time.Time) limit.View {
 	return v
 }
 
-var (
-	_ limit.Fleet  = (*shared)(nil)
-	_ limit.Knower = (*shared)(nil)
-)
+var _ limit.Shared = (*shared)(nil)
 
 // AnsweredElsewhere reports whether a replica learned from an answer of
 // the group lately: this one's first request need not wait for its own.

@@ -345,13 +345,14 @@ func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 	srv := startServer(t)
 	st := newStore(t, srv.url(), MinLeaseTTL)
 	sh := st.Shared("g", limit.Config{})
-	for i := range limit.DefaultConcurrency {
+	def := limit.Config{}.WithDefaults().Concurrency
+	for i := range def {
 		if _, _, ok := admit(t, sh); !ok {
 			t.Fatalf("admit %d of a zero config refused", i+1)
 		}
 	}
 	if _, _, ok := admit(t, sh); ok {
-		t.Fatalf("admitted more than the default concurrency %d", limit.DefaultConcurrency)
+		t.Fatalf("admitted more than the default concurrency %d", def)
 	}
 }
 

@@ -94,11 +94,9 @@ var routeSettings = []routeSetting{
 		return nil
 	}},
 	{"PRIORITY", "high", "the priority of requests that send no x-llmproxy-priority: high or low (low keeps one dispatch in four)", func(st *proxy.RouteSettings, v string) error {
-		p, ok := lanequeue.ParsePriority(v)
-		if !ok {
+		if st.Priority.UnmarshalText([]byte(v)) != nil {
 			return fmt.Errorf("%q is not high or low", v)
 		}
-		st.Priority = p
 		return nil
 	}},
 }

@@ -43,7 +43,7 @@ type lanesReply struct {
 	// Global is LLMPROXY_GLOBAL_CONCURRENCY's state, when it is set.
 	Global *lanequeue.CapStats `json:"global"`
 	// LocalRoutes are the local routes' model gates.
-	LocalRoutes []proxy.LocalRoute `json:"local_routes"`
+	LocalRoutes []lanequeue.GateStats `json:"local_routes"`
 }
 
 // status prints the lane table of a running proxy, once or (-w) every
@@ -156,7 +156,7 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), queued, s.InFlight, s.Concurrency,
-			s.Outcomes[lanequeue.OutcomeOK], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
+			s.Outcomes[string(proxy.OutcomeOK)], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
 			drainsIn(s), waiting(s, now), orDash(configured(s.Configured)), orDash(believes(s)))
 	}
 	tw.Flush()
@@ -184,11 +184,11 @@ func configured(c *limit.ConfiguredView) string {
 	return strings.Join(append(parts, c.Mode), " ")
 }
 
-// failed counts the lane's answers that failed (see Outcome.Failed).
+// failed counts the lane's answers that failed (see proxy.Outcome.Failed).
 func failed(s lanequeue.State) int64 {
 	var n int64
 	for outcome, c := range s.Outcomes {
-		if outcome.Failed() {
+		if proxy.Outcome(outcome).Failed() {
 			n += c
 		}
 	}

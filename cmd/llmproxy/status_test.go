@@ -16,7 +16,6 @@ import (
 
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
-	"github.com/llmproxy/llmproxy/proxy"
 )
 
 // TestStatusShowsTheLanesOfARunningProxy runs the proxy, sends one request
@@ -215,7 +214,7 @@ func TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 		Lanes: []lanequeue.State{{ID: "beef00000002", Path: "/v1/chat/completions", Model: "llama", Concurrency: 4, Queued: 12, QueuedLow: 10,
 			Configured: &limit.ConfiguredView{RPM: 600, Concurrency: 4, MinGapSecs: 0.05, Mode: "ceiling"}}},
 		Global:      &lanequeue.CapStats{Limit: 64, InUse: 3, Waiting: 2, Most: 64},
-		LocalRoutes: []proxy.LocalRoute{{Route: "ollama", GateStats: lanequeue.GateStats{Loaded: "llama", Swaps: 4, SwapsAvoided: 120, Waiting: 2}}},
+		LocalRoutes: []lanequeue.GateStats{{Route: "ollama", Loaded: "llama", Swaps: 4, SwapsAvoided: 120, Waiting: 2}},
 	}, "http://127.0.0.1:9090", time.Unix(0, 0))
 	s := out.String()
 	for _, want := range []string{

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -265,7 +266,10 @@ func TestRouteGlobalCap(t *testing.T) {
 		wg.Wait()
 		took := time.Since(start)
 		paused := <-pausedDone
-		st, _ := b.proxy.GlobalCap()
+		var st lanequeue.CapStats
+		if g := lanesPage(t, b.proxy).Global; g != nil {
+			st = *g
+		}
 		t.Logf("500 requests over 100 lanes in %v (ideal 10s), at most %d at the upstream at once (cap 10; the cap's own count %d), the paused lane's request done after %v, %d failed",
 			took, b.seen.most, st.Most, paused, failures)
 		if failures > 0 {
@@ -412,7 +416,7 @@ func TestRouteLocalModels(t *testing.T) {
 					}
 					return
 				}
-				if lr := b.proxy.LocalRoutes(); len(lr) == 1 {
+				if lr := lanesPage(t, b.proxy).LocalRoutes; len(lr) == 1 {
 					t.Logf("gate: %d swaps, %d avoided", lr[0].Swaps, lr[0].SwapsAvoided)
 				}
 				if failures > 0 {
@@ -502,4 +506,23 @@ func TestRouteStartGrowsToWhatTheUpstreamAllows(t *testing.T) {
 			t.Errorf("%.2f×, %.1f%% refused; want ≤ 1.5× and ≤ 10%%", ratio, refused)
 		}
 	})
+}
+
+// lanesPageBody is what lanesPage reads of /lanes.
+type lanesPageBody struct {
+	Global      *lanequeue.CapStats   `json:"global"`
+	LocalRoutes []lanequeue.GateStats `json:"local_routes"`
+}
+
+// lanesPage is the admin API's /lanes page of p: the global cap and the
+// local routes' model gates.
+func lanesPage(t *testing.T, p *proxy.Proxy) lanesPageBody {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	p.AdminHandler(proxy.Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	var page lanesPageBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil {
+		t.Fatalf("/lanes: %v: %s", err, rec.Body.String())
+	}
+	return page
 }

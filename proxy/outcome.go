@@ -1,9 +1,8 @@
-package lanequeue
-
-import "strings"
+package proxy
 
 // Outcome is how a client request's answer ended: the outcome label of
-// llmproxy_requests_total and the keys of State.Outcomes.
+// llmproxy_requests_total and the keys of a lane's Outcomes (the lane
+// counts it as the label the proxy gives, see lanequeue.Slot.Done).
 type Outcome string
 
 // The outcomes, one per way an answer ends.
@@ -22,12 +21,3 @@ var allOutcomes = []Outcome{OutcomeOK, OutcomeUpstreamError, OutcomeProxyError, 
 // Failed reports whether the client did not get the answer it asked for
 // through no doing of its own: every outcome but ok and client_gone.
 func (o Outcome) Failed() bool { return o != OutcomeOK && o != OutcomeClientGone }
-
-// outcomeList is the outcomes as the metric's help names them.
-func outcomeList() string {
-	names := make([]string, len(allOutcomes))
-	for i, o := range allOutcomes {
-		names[i] = string(o)
-	}
-	return strings.Join(names, ", ")
-}
