@@ -167,8 +167,8 @@ func (l *learner) dispatched() uint64 {
 	return l.seq
 }
 
-// grow makes room for counts at level.
-func (l *learner) grow(level int) {
+// growLevels makes room for counts at level.
+func (l *learner) growLevels(level int) {
 	if level >= len(l.admitted) {
 		n := level + 1 - len(l.admitted)
 		l.admitted = append(l.admitted, make([]float64, n)...)
@@ -178,9 +178,9 @@ func (l *learner) grow(level int) {
 }
 
 // sent notes a dispatch at level in flight, until settled.
-func (l *learner) sent(level int) {
+func (l *learner) noteSent(level int) {
 	level = min(max(level, 1), maxLevel)
-	l.grow(level)
+	l.growLevels(level)
 	l.pending[level]++
 }
 
@@ -196,7 +196,7 @@ func (l *learner) settled(level int) {
 // answered notes an answer at level in flight.
 func (l *learner) answered(level int, refused bool) {
 	level = min(max(level, 1), maxLevel)
-	l.grow(level)
+	l.growLevels(level)
 	if refused {
 		l.refusedAt[level]++
 	} else {

@@ -356,7 +356,7 @@ func TestDispatchesAreNumberedInOrder(t *testing.T) {
 func TestClassifyAtItsEdges(t *testing.T) {
 	counts := func(adm, ref map[int]float64) *learner {
 		var l learner
-		l.grow(16)
+		l.growLevels(16)
 		for k, v := range adm {
 			l.admitted[k] = v
 		}
@@ -394,8 +394,8 @@ func TestClassifyAtItsEdges(t *testing.T) {
 	}
 	// A dispatch still out counts as admitted at its level.
 	l := counts(nil, map[int]float64{9: 3})
-	l.sent(9)
-	l.sent(9)
+	l.noteSent(9)
+	l.noteSent(9)
 	if l.classify(); l.atLevel != 0 {
 		t.Errorf("two pending at 9 beside three refusals: at level %d, want 0", l.atLevel)
 	}
@@ -599,7 +599,7 @@ func TestPendingAboveTheRefusalsCountsAsAdmitted(t *testing.T) {
 		l.answered(9, true)
 	}
 	for range 5 {
-		l.sent(10)
+		l.noteSent(10)
 	}
 	if l.classify(); l.atLevel != 0 {
 		t.Fatalf("five out at 10 beside three refusals at 9: at level %d, want 0", l.atLevel)
@@ -689,7 +689,7 @@ func TestAFasterHintDoesNotSeedOverWhatWasSent(t *testing.T) {
 // at a level never counted, changes nothing.
 func TestPendingNeverGoesNegative(t *testing.T) {
 	var l learner
-	l.sent(3)
+	l.noteSent(3)
 	l.settled(3)
 	l.settled(3)
 	l.settled(4) // beyond what was ever counted

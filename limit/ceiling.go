@@ -7,26 +7,6 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 )
 
-// Limits are what a route's configuration says of its upstream's limits,
-// per limit group. Zero fields say nothing. By default they are ceilings:
-// what is learned from the upstream may only lower them. With Start set
-// they are where learning starts, and what the upstream shows replaces them.
-type Limits struct {
-	RPM         float64       // requests per minute
-	TPM         float64       // tokens per minute
-	Concurrency int           // requests in flight
-	MinGap      time.Duration // between two request starts; always enforced
-	Start       bool          // learning may replace RPM, TPM and Concurrency
-	// PerCredential: every model of a credential draws on one limit (a
-	// company gateway's or a LiteLLM virtual key's), not one limit per
-	// model.
-	PerCredential bool
-}
-
-// IsZero reports whether l configures no figure (RPM, TPM, Concurrency or
-// MinGap).
-func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency == 0 && l.MinGap == 0 }
-
 // Ceiling enforces a group's configured limits in front of its Shared
 // state: the gap between starts (MinGap, and RPM as even spacing) and the
 // token rate (TPM, a bucket of one second's worth). Guarded by the group's
@@ -40,10 +20,10 @@ type Ceiling struct {
 	// replaced: Limits.Start and the Shared state learned a limit of its
 	// own, which replaces RPM and TPM from then on.
 	replaced bool
-	// grow multiplies a start's RPM and TPM: a start that holds requests
+	// growth multiplies a start's RPM and TPM: a start that holds requests
 	// back without a refusal grows, so an upstream that allows more (and
 	// says nothing) is found; grownAt is its last growth.
-	grow    float64
+	growth  float64
 	grownAt time.Time
 }
 
@@ -56,7 +36,7 @@ const (
 
 // Ceiling returns the enforcement of l, starting full.
 func (l Limits) Ceiling() *Ceiling {
-	c := &Ceiling{lim: l, grow: 1}
+	c := &Ceiling{lim: l, growth: 1}
 	c.tokAvail = c.tokCap()
 	return c
 }
@@ -67,10 +47,10 @@ func (c *Ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
 
 // rpmGap is the spacing of starts that RPM asks for.
 func (c *Ceiling) rpmGap() time.Duration {
-	return time.Duration(float64(time.Minute) / (c.lim.RPM * c.grow))
+	return time.Duration(float64(time.Minute) / (c.lim.RPM * c.growth))
 }
 
-func (c *Ceiling) tokRate() float64 { return c.lim.TPM * c.grow / 60 }
+func (c *Ceiling) tokRate() float64 { return c.lim.TPM * c.growth / 60 }
 
 // tokCap is the token bucket's size: one second's worth.
 func (c *Ceiling) tokCap() float64 { return max(c.tokRate(), 1) }
@@ -114,7 +94,7 @@ func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 			case now.Sub(c.grownAt) >= startGrowEvery:
 				// Held back a while and nothing learned: the upstream has
 				// not refused the start's pace; try more.
-				c.grow *= startGrowth
+				c.growth *= startGrowth
 				c.grownAt = now
 			}
 		}

@@ -1,7 +1,6 @@
 package limit
 
 import (
-	"math"
 	"time"
 )
 
@@ -50,10 +49,10 @@ func newConcurrency(cfg Config) concurrency {
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }
 
-// accepted learns from an accepted answer, with out permits out now. floor
+// accepted learns from an accepted answer, with out permits out now. little
 // is the concurrency the learned rate needs for answers of the current
 // length (0: unknown): below it the limit grows at once.
-func (c *concurrency) accepted(t *Ticket, now time.Time, out, floor int) {
+func (c *concurrency) accepted(t *Ticket, now time.Time, out, little int) {
 	binding := out >= c.limit || t.InFlight+1 >= t.Limit
 	if !binding || c.limit >= c.max {
 		return // the limit was not what held requests back
@@ -64,7 +63,7 @@ func (c *concurrency) accepted(t *Ticket, now time.Time, out, floor int) {
 		c.refusedAt, c.probeAcks = 0, minProbeAcks
 	}
 	probing := c.refusedAt > 0 && c.limit+1 >= c.refusedAt
-	if c.limit < floor && !probing {
+	if c.limit < little && !probing {
 		c.limit++
 		return
 	}
@@ -90,9 +89,9 @@ func (c *concurrency) accepted(t *Ticket, now time.Time, out, floor int) {
 // concurrency refusal also brings the limit at once to the level the
 // request went at and to what is out now (out, this one included): the
 // upstream held no more. An overload or an inferred refusal only steps.
-// floor bounds a decrease that was inferred (0: none). A refusal never
+// least bounds a decrease that was inferred (0: none). A refusal never
 // raises the limit.
-func (c *concurrency) refused(t *Ticket, now time.Time, out, floor int, stated bool) {
+func (c *concurrency) refused(t *Ticket, now time.Time, out, least int, stated bool) {
 	c.lastRefusal = now
 	c.acks = 0
 	c.slowStart = false
@@ -109,7 +108,7 @@ func (c *concurrency) refused(t *Ticket, now time.Time, out, floor int, stated b
 		// no more than went with this request, nor than is out now.
 		next = min(next, level, out)
 	}
-	c.limit = min(c.limit, c.max, max(next, floor, c.min))
+	c.limit = min(c.limit, c.max, max(next, least, c.min))
 }
 
 // returned takes back t's permit and notes its answer's time.
@@ -130,14 +129,4 @@ func (c *concurrency) answered(t *Ticket, now time.Time) {
 	} else {
 		c.answerSecs += answerWeight * (d - c.answerSecs)
 	}
-}
-
-// littleFloor is the concurrency that a learned request rate needs when
-// answers take answerSecs (Little's law), or 0 when either is unknown.
-func (p *pacer) littleFloor(answerSecs float64) int {
-	r := p.requests.effectiveRate()
-	if r <= 0 || answerSecs <= 0 {
-		return 0
-	}
-	return int(math.Ceil(r * answerSecs))
 }

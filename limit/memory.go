@@ -84,7 +84,7 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 		s.learn.seq, seq = sent, sent
 	}
 	level = out - s.refusedHolding + 1
-	s.learn.sent(level)
+	s.learn.noteSent(level)
 	if s.knockNext {
 		s.knockNext = false
 		s.win.knocked(seq, now)
@@ -185,7 +185,7 @@ func (s *Memory) stepProbe(now time.Time) {
 func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
 	l := &s.learn
 	n := min(max(len(admitted), len(refused)), maxLevel+1)
-	l.grow(max(n-1, 1))
+	l.growLevels(max(n-1, 1))
 	for i := range l.admitted {
 		l.admitted[i], l.refusedAt[i] = 0, 0
 		if i < len(admitted) && i < n {
@@ -262,7 +262,7 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 		Seq: s.learn.dispatched(), Probe: s.pace.fromRefusals && s.learn.phase == probeUp,
 		Level: s.conc.inFlight - s.refusedHolding + 1}
 	s.conc.inFlight++
-	s.learn.sent(t.Level)
+	s.learn.noteSent(t.Level)
 	s.lastSent = now
 	if knock {
 		s.win.knocked(t.Seq, now)

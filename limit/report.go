@@ -93,9 +93,9 @@ type Report struct {
 
 // VerdictOf reads what an answer says about the upstream's capacity:
 // status is its HTTP status (0: no answer came), retryable whether the
-// same request may get another answer later, and concurrency whether its
-// words name too many requests in flight.
-func VerdictOf(status int, retryable, concurrency bool) Verdict {
+// same request may get another answer later, and namesConcurrency whether
+// its words name too many requests in flight.
+func VerdictOf(status int, retryable, namesConcurrency bool) Verdict {
 	switch {
 	case status == 0:
 		return NotSent
@@ -103,7 +103,7 @@ func VerdictOf(status int, retryable, concurrency bool) Verdict {
 		return Failed // a hard quota: nothing about rate or load
 	case !retryable:
 		return Accepted
-	case concurrency:
+	case namesConcurrency:
 		return ConcurrencyRefused
 	case status == http.StatusTooManyRequests:
 		return RateRefused

@@ -1,7 +1,6 @@
 package limit
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
@@ -489,23 +488,6 @@ func (w *windows) reopen(at time.Time, used int) {
 	}
 }
 
-// windowView is what a group learned of fixed windows (View.Window).
-type windowView struct {
-	// Allowance and Length are the window's size and span; zero while
-	// not known.
-	Allowance int
-	Length    time.Duration
-	// Stated: the upstream named the boundary in its hints, when the
-	// shape was learned (or, before, of the closure under way); otherwise
-	// it was found by knocking.
-	Stated bool
-	// ClosedUntil is the stated boundary of a closure under way; Closed
-	// says one is (its end is not known when it is silent).
-	Closed      bool
-	ClosedUntil time.Time
-}
-
-// view is what the windows show; nil while nothing was learned.
 func (w *windows) view() *windowView {
 	if !w.known && !w.closed {
 		return nil
@@ -521,27 +503,4 @@ func (w *windows) view() *windowView {
 		v.Allowance, v.Length = 0, 0
 	}
 	return v
-}
-
-// String says what the group learned of its windows and from what: "window
-// of 200 per 10s, learned from refusals whose waits end at one boundary".
-func (v *windowView) String() string {
-	if v == nil {
-		return ""
-	}
-	why := "learned from refusals whose waits end at one boundary"
-	if !v.Stated {
-		why = "learned from admissions resuming after silent refusals"
-	}
-	if v.Allowance == 0 {
-		if v.Stated {
-			return "window suspected: refusals whose waits end at one boundary"
-		}
-		return "window suspected: silent refusals for a second and more"
-	}
-	length := v.Length.Round(time.Second)
-	if v.Length < 10*time.Second {
-		length = v.Length.Round(100 * time.Millisecond)
-	}
-	return "window of " + strconv.Itoa(v.Allowance) + " per " + length.String() + ", " + why
 }

@@ -1,0 +1,149 @@
+package limit
+
+import (
+	"strconv"
+	"time"
+)
+
+// Ticket records one dispatch: what it was charged and what the group knew
+// when it went, so its answer can be read against that.
+type Ticket struct {
+	Dispatched time.Time
+	Cost       int64 // estimated tokens charged
+	// Requests and Tokens are the running totals charged right after the
+	// dispatch (requests dispatched together count as sent first each):
+	// what was sent after it may be missing from its answer's figures.
+	Requests, Tokens float64
+	InFlight         int  // other permits out when it went
+	Limit            int  // the concurrency limit when it went
+	Room             bool // a budget learned from headers had room for it
+	Paced            bool // a pace learned from refusals had room for it
+	Accepted         bool // its answer was accepted
+	Refunded         bool // its charge was given back
+	Returned         bool // its permit was given back
+	// Lease names the permit when a shared store outside this process
+	// gave it; empty for the in-process state. Such a store gives and
+	// takes back its own permits (see Memory.NoteDispatch, NoteReturn).
+	Lease string
+	// OutNow is the number of permits out, all replicas together, when the
+	// answer came; 0 means the in-process count.
+	OutNow int
+	// Seq numbers the dispatch among the group's dispatches (all
+	// replicas', when a store kept elsewhere counts them), for measuring
+	// the rate admitted between refusals.
+	Seq uint64
+	// Refusals is one more than the refusals of the group learned before
+	// it went, all replicas together, when a store kept elsewhere counts
+	// them; 0 when not counted (one process counts its own).
+	Refusals uint64
+	// Probe: it went while the learned pace probed above the admitted
+	// rate.
+	Probe bool
+	// Settled: its answer was learned from, or none will come.
+	Settled bool
+	// Level is the number in flight it went at, itself included, less
+	// the permits held by refused requests (not in flight upstream).
+	Level int
+	// HoldsRefused: it was refused and still holds its permit.
+	HoldsRefused bool
+}
+
+// View is what Shared shows of itself.
+type View struct {
+	PausedUntil time.Time
+	PauseReason string // "rate_limited", "overloaded", "retry", "window" (a fixed window's closure), "shared" (a pause another replica set, see redisstate) or ""
+	Concurrency int    // current concurrency limit
+	InFlight    int    // permits out
+	// Requests and Tokens are the learned budgets; Known is false while
+	// the upstream has said nothing.
+	Requests, Tokens BudgetView
+	// AnswerSeconds is the mean time an accepted answer holds its permit.
+	AnswerSeconds float64
+	// Learned says where the request pace comes from: "headers",
+	// "refusals" (an upstream without headers), or "" (nothing
+	// yet); FromRefusals asks for the second.
+	Learned string
+	// Bound is what the behaviour of an upstream without headers says it
+	// limits.
+	Bound Bound
+	// RateFrom says where the request pace comes from (a sending rate
+	// is a guess until two refusals measure the admitted rate).
+	// AdmittedRate is the rate measured from behaviour, requests a second.
+	RateFrom     RateFrom
+	AdmittedRate float64
+	// ConcurrencyFrom says where the concurrency limit comes from:
+	// "words" (the upstream named concurrency), "refusals at N in flight"
+	// (learned from behaviour), or "" (the start, grown by answers).
+	ConcurrencyFrom string
+	// ConcurrencyLowered: refusals of the number in flight (named, learned
+	// from behaviour, or overload) lowered the concurrency limit lately;
+	// otherwise it is the start, grown by answers.
+	ConcurrencyLowered bool
+	// Corrected is set once a refusal has overruled the headers' figures.
+	Corrected bool
+	// Window is what the group learned of fixed windows: nil while it
+	// has seen no closure (a span the upstream refused everything in).
+	Window *windowView
+	// Shared is "" for state in this process only; a store shared by
+	// replicas says "ok", or "degraded" while it serves local limits.
+	Shared string
+}
+
+// Where a View's request pace comes from (View.Learned).
+const (
+	learnedFromHeaders  = "headers"
+	learnedFromRefusals = "refusals"
+)
+
+// FromRefusals reports whether the request pace was learned from the
+// upstream's refusals, with no headers to read it from.
+func (v View) FromRefusals() bool { return v.Learned == learnedFromRefusals }
+
+// BudgetView is one learned budget.
+type BudgetView struct {
+	Known     bool
+	Limit     float64 // the window's size, as corrected by refusals
+	Available float64
+	PerSecond float64
+}
+
+// windowView is what a group learned of fixed windows (View.Window).
+type windowView struct {
+	// Allowance and Length are the window's size and span; zero while
+	// not known.
+	Allowance int
+	Length    time.Duration
+	// Stated: the upstream named the boundary in its hints, when the
+	// shape was learned (or, before, of the closure under way); otherwise
+	// it was found by knocking.
+	Stated bool
+	// ClosedUntil is the stated boundary of a closure under way; Closed
+	// says one is (its end is not known when it is silent).
+	Closed      bool
+	ClosedUntil time.Time
+}
+
+// view is what the windows show; nil while nothing was learned.
+
+// String says what the group learned of its windows and from what: "window
+// of 200 per 10s, learned from refusals whose waits end at one boundary".
+func (v *windowView) String() string {
+	if v == nil {
+		return ""
+	}
+	why := "learned from refusals whose waits end at one boundary"
+	if !v.Stated {
+		why = "learned from admissions resuming after silent refusals"
+	}
+	if v.Allowance == 0 {
+		if v.Stated {
+			return "window suspected: refusals whose waits end at one boundary"
+		}
+		return "window suspected: silent refusals for a second and more"
+	}
+	length := v.Length.Round(time.Second)
+	if v.Length < 10*time.Second {
+		length = v.Length.Round(100 * time.Millisecond)
+	}
+	return "window of " + strconv.Itoa(v.Allowance) + " per " + length.String() + ", " + why
+}

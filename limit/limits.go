@@ -1,0 +1,23 @@
+package limit
+
+import "time"
+
+// Limits are what a route's configuration says of its upstream's limits,
+// per limit group. Zero fields say nothing. By default they are ceilings:
+// what is learned from the upstream may only lower them. With Start set
+// they are where learning starts, and what the upstream shows replaces them.
+type Limits struct {
+	RPM         float64       // requests per minute
+	TPM         float64       // tokens per minute
+	Concurrency int           // requests in flight
+	MinGap      time.Duration // between two request starts; always enforced
+	Start       bool          // learning may replace RPM, TPM and Concurrency
+	// PerCredential: every model of a credential draws on one limit (a
+	// company gateway's or a LiteLLM virtual key's), not one limit per
+	// model.
+	PerCredential bool
+}
+
+// IsZero reports whether l configures no figure (RPM, TPM, Concurrency or
+// MinGap).
+func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency == 0 && l.MinGap == 0 }
