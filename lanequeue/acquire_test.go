@@ -3,12 +3,12 @@ package lanequeue
 import (
 	"context"
 	"errors"
-	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestAcquireToDoneIsOneRequest: Table.Acquire puts a request in the lane

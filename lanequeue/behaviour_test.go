@@ -2,12 +2,12 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // silentLane is a lane whose upstream sends no headers and admitted one
@@ -90,7 +90,7 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s.Report(limit.Report{Verdict: limit.NotSent})
 	l.g.mu.Lock()
-	learned := l.limit().learned
+	learned := l.drawsOn().learned
 	l.g.mu.Unlock()
 	if learned {
 		t.Fatal("an unsent attempt ended the probe")

@@ -2,12 +2,12 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer: while its

@@ -21,19 +21,24 @@ type globalCap struct {
 
 	mu      sync.Mutex
 	inUse   int
-	most    int                      // the most in use at once
-	waiting list.List                // *group, in the order they came
-	places  map[*group]*list.Element // their places in waiting
+	most    int                        // the most in use at once
+	waiting list.List                  // *capSeat, in the order they came
+	places  map[*capSeat]*list.Element // their places in waiting
 }
+
+// capSeat is a limit group's seat in the cap's line: wake runs the group's
+// dispatch again when a place is free for it.
+type capSeat struct{ wake func() }
 
 // newCap returns a cap of limit (at least 1).
 func newCap(limit int) *globalCap {
-	return &globalCap{limit: max(limit, 1), places: map[*group]*list.Element{}}
+	return &globalCap{limit: max(limit, 1), places: map[*capSeat]*list.Element{}}
 }
 
-// take gives g a place if there is one and no group waits before it;
-// otherwise g waits in line for one. Called with g.mu held.
-func (c *globalCap) take(g *group) bool {
+// take gives the group of seat g a place if there is one and no group
+// waits before it; otherwise g waits in line for one. Called with the
+// group's mutex held.
+func (c *globalCap) take(g *capSeat) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.places[g]
@@ -63,9 +68,9 @@ func (c *globalCap) giveBack() {
 	c.kickLocked()
 }
 
-// leave takes g out of the line: it has nothing the cap holds back.
-// Called with g.mu held.
-func (c *globalCap) leave(g *group) {
+// leave takes the group of seat g out of the line: it has nothing the cap
+// holds back. Called with the group's mutex held.
+func (c *globalCap) leave(g *capSeat) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.places[g]
@@ -87,8 +92,8 @@ func (c *globalCap) kickLocked() {
 	if c.inUse >= c.limit || c.waiting.Len() == 0 {
 		return
 	}
-	g := c.waiting.Front().Value.(*group)
-	go g.kick()
+	g := c.waiting.Front().Value.(*capSeat)
+	go g.wake()
 }
 
 // CapStats is what a globalCap shows.

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/llmproxy/llmproxy/limit"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestHighPriorityWaitsOneDispatchBehindADeepLowQueue: 1,000 batch

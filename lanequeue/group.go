@@ -1,12 +1,13 @@
 package lanequeue
 
 import (
-	"github.com/llmproxy/llmproxy/limit"
+	"container/list"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // group is the lanes of one route and credential: the one mutex that
@@ -39,7 +40,8 @@ type group struct {
 	highRun int
 	// cap is the global cap every dispatch takes a place of; nil: none.
 	cap      *globalCap
-	arrivals uint64 // arrival counter, for the order of retries
+	seat     capSeat // its seat in cap's line
+	arrivals uint64  // arrival counter, for the order of retries
 	// pass numbers dispatch passes: a limit that held its lanes back in
 	// the current one is marked with it.
 	pass uint64
@@ -69,6 +71,150 @@ func newGroup(key string, cfg Config, newShared func(string, limit.Config) limit
 		limits: map[string]*pool{}}
 }
 
+// The group keeps each ticket's bookkeeping, so that a Shared is told of
+// each event once: a charge given back (refundLocked), the tokens an
+// answer used (settleLocked, never after a refund), a permit given back
+// (returnLocked). Each goes to the limit that gave the ticket, and
+// requires g.mu held.
+
+// Lane is one FIFO queue of one group, with its own counters. Its fields are
+// guarded by its group's mutex.
+type Lane struct {
+	key Key
+	id  string
+	g   *group
+	// lim is the limit the lane draws on (see limit: follow mergedInto).
+	lim *pool
+
+	// waiters are the lane's queue, one list per priority, each in
+	// arrival order (a retry keeps its place in its own); turnPrev and
+	// turnNext thread it through the group's turns while it has any.
+	waiters            [2]list.List // *Slot, by Priority
+	turnPrev, turnNext *Lane
+	queued             int   // waiters
+	queuedCost         int64 // their estimated tokens
+	inFlight           int   // this lane's slots holding a permit
+	// lastUsed is when a request last came (UnixNano of the group's
+	// clock); atomic so that the table reads it without the group's lock.
+	lastUsed atomic.Int64
+	// sessions counts the lane's open sessions (WebSocket connections
+	// joined after their handshake): they hold no permit, and keep the
+	// lane from being swept as idle.
+	sessions atomic.Int64
+	stats    laneStats
+}
+
+// openSession counts a session opened on the lane, until the returned
+// func is called (once; later calls do nothing).
+func (l *Lane) openSession() (closed func()) {
+	l.sessions.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { l.sessions.Add(-1) }) }
+}
+
+// touch records a use of the lane at now.
+func (l *Lane) touch(now time.Time) { l.lastUsed.Store(now.UnixNano()) }
+
+// used is when the lane was last used.
+func (l *Lane) used() time.Time { return time.Unix(0, l.lastUsed.Load()) }
+
+// ID is the lane's short hashed identifier.
+func (l *Lane) ID() string { return l.id }
+
+// Key is what the lane was made for.
+func (l *Lane) Key() Key { return l.key }
+
+// Slot is a request's place in its lane from admission to the end of its
+// answer. Call Done once it is over (extra calls are no-ops); a deferred
+// Done covers every path. A Slot is used by one goroutine.
+type Slot struct {
+	lane *Lane
+	// lim is the limit whose ticket the slot holds: its lane's when it was
+	// granted (guarded by the group's mutex).
+	lim *pool
+	// limSent and groupSent are lim's and the group's dispatch counts
+	// right after its latest dispatch (see sharing).
+	limSent, groupSent uint64
+	seq                uint64 // arrival order, kept across retries
+	prio               Priority
+	capped             bool  // holds a place of the global cap; guarded by the group's mutex
+	cost               int64 // estimated tokens
+	arrived            time.Time
+	granted            time.Time // first grant
+	// deadline is the current wait's context deadline (zero: none).
+	deadline time.Time
+
+	// Guarded by the group's mutex.
+	phase phase
+	elem  *list.Element // its place in the group's queue while queued
+	// ready is closed when a wait is granted or refused; made only when
+	// the wait has to block (see waitLocked), so a request that goes at
+	// once makes no channel. signalled: it was granted or refused.
+	ready      chan struct{}
+	signalled  bool
+	ticket     limit.Ticket // the latest dispatch
+	lastStatus int          // status of the latest reported answer
+	retry      bool         // waiting again after an answer
+	refused    *WaitError   // set when the group gave up the wait (and signalled it)
+
+	counted bool   // Done was called; the slot's goroutine only
+	leave   func() // leaves the route's model gate; nil: none
+}
+
+// phase is where a slot stands. The transitions:
+//
+//	queued  → sent       dispatch (a permit and the budgets are taken)
+//	sent    → answered   Report
+//	sent, answered → queued   WaitRetry (the permit goes back)
+//	queued  → idle       a retry's wait is cancelled
+//	any     → done       Done, or a first wait cancelled
+type phase uint8
+
+// holdsPermit reports whether the slot counts against the concurrency limit.
+func (p phase) holdsPermit() bool { return p == phaseSent || p == phaseAnswered }
+
+// drawsOn is the pool the lane draws on now: the one it was made with, or
+// the one that took it over. Requires the group's mutex held.
+func (ln *Lane) drawsOn() *pool {
+	return ln.lim.root()
+}
+
+// changeKind names what changed in a lane's state.
+type changeKind uint8
+
+// change is one state change of a lane's group, reported through
+// TableConfig.onChange outside every lock. It holds no credential.
+type change struct {
+	Kind changeKind
+	Lane *Lane
+	At   time.Time
+	// Status and Verdict are of the answer that caused it (changePaused,
+	// changeConcurrency, changeLimits).
+	Status  int
+	Verdict limit.Verdict
+	// View is the group's state after the change.
+	View limit.View
+	// From is the previous concurrency limit (changeConcurrency).
+	From int
+	// PauseReason and PauseFor describe a pause (changePaused).
+	PauseReason string
+	PauseFor    time.Duration
+	// Reason says why a lane was evicted: "idle" or "table_full".
+	Reason string
+	// SharesLimitWith and SharedBecause say which other models draw on
+	// the lane's limit and why (changeLimits; see State).
+	SharesLimitWith []string
+	SharedBecause   string
+}
+
+const (
+	phaseQueued phase = iota
+	phaseSent
+	phaseAnswered
+	phaseIdle
+	phaseDone
+)
+
 // limitOf returns the limit a lane of key draws on, making it when needed.
 func (g *group) limitOf(key Key) *pool {
 	lk := key.limitKey(g.cfg.Limits.PerCredential)
@@ -84,357 +230,10 @@ func (g *group) limitOf(key Key) *pool {
 	return l
 }
 
-// kick runs the dispatch again: the global cap has room for this group.
-func (g *group) kick() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.dispatchLocked(g.clock.Now())
-}
-
-// offCap takes the group out of the global cap's line: what holds its
-// waiters back now, if anything, is not the cap. Requires g.mu held.
-func (g *group) offCap() {
-	if g.cap != nil {
-		g.cap.leave(g)
-	}
-}
-
-// queued is the number of waiters, every lane's.
-func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
-
-// headLocked is the waiter to dispatch next: the first in turn order,
-// from the lane whose turn it is, of the lanes whose limit was not held in
-// this pass; a high-priority one, unless low-priority ones have waited
-// through LowShare-1 high dispatches in a row. Requires g.mu held.
-func (g *group) headLocked() *Slot {
-	var hi, lo *Slot
-	start := g.next
-	if start == nil {
-		start = g.turns.first
-	}
-	for l, n := start, g.turns.n; n > 0; n-- {
-		if l.limit().pass != g.pass {
-			if f := l.waiters[High].Front(); hi == nil && f != nil {
-				hi = f.Value.(*Slot)
-			}
-			if f := l.waiters[Low].Front(); lo == nil && f != nil {
-				lo = f.Value.(*Slot)
-			}
-			if hi != nil && lo != nil {
-				break
-			}
-		}
-		if l = l.turnNext; l == nil {
-			l = g.turns.first
-		}
-	}
-	switch {
-	case lo == nil:
-		return hi
-	case hi == nil || g.highRun >= LowShare-1:
-		return lo
-	}
-	return hi
-}
-
 // newLane makes a lane of g with its ID, drawing on lim. The caller
 // accounts for the lane's reference.
 func (g *group) newLane(key Key, id string, lim *pool) *Lane {
 	l := &Lane{key: key, id: id, g: g, lim: lim}
 	l.touch(g.clock.Now())
 	return l
-}
-
-// enqueueLocked puts s in its lane's queue: after every waiter that arrived
-// before it and before every one that arrived after it (a retry keeps its
-// place). Requires g.mu held.
-func (g *group) enqueueLocked(s *Slot) {
-	s.phase = phaseQueued
-	s.ready, s.signalled = nil, false
-	l := s.lane
-	if l.queued == 0 {
-		g.turns.push(l)
-	}
-	l.queued++
-	l.queuedCost += s.cost
-	g.queuedBy[s.prio]++
-	q := &l.waiters[s.prio]
-	if s.retry {
-		for at := q.Front(); at != nil; at = at.Next() {
-			if at.Value.(*Slot).seq > s.seq {
-				s.elem = q.InsertBefore(s, at)
-				return
-			}
-		}
-	}
-	s.elem = q.PushBack(s)
-}
-
-// dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
-// held.
-func (g *group) dequeueLocked(s *Slot) {
-	l := s.lane
-	l.waiters[s.prio].Remove(s.elem)
-	s.elem = nil
-	l.queued--
-	l.queuedCost -= s.cost
-	g.queuedBy[s.prio]--
-	if l.queued == 0 {
-		if g.next == l {
-			g.next = l.turnNext
-		}
-		g.turns.remove(l)
-	}
-}
-
-// The group keeps each ticket's bookkeeping, so that a Shared is told of
-// each event once: a charge given back (refundLocked), the tokens an
-// answer used (settleLocked, never after a refund), a permit given back
-// (returnLocked). Each goes to the limit that gave the ticket, and
-// requires g.mu held.
-
-func (g *group) refundLocked(s *Slot) {
-	t := &s.ticket
-	if t.Refunded {
-		return
-	}
-	s.lim.shared.Refund(t)
-	t.Refunded = true
-}
-
-func (g *group) settleLocked(s *Slot, usedTokens int64) {
-	t := &s.ticket
-	if t.Refunded {
-		return
-	}
-	s.lim.shared.Settle(t, usedTokens)
-	if s.lim.ceil != nil {
-		s.lim.ceil.Settle(t.Cost, usedTokens)
-	}
-}
-
-func (g *group) returnLocked(s *Slot, now time.Time) {
-	t := &s.ticket
-	if t.Returned {
-		return
-	}
-	s.lim.shared.Return(t, now)
-	t.Returned = true
-}
-
-// returnPermitLocked gives back the permit of a slot that holds one.
-// Requires g.mu held.
-func (g *group) returnPermitLocked(s *Slot, now time.Time) {
-	if s.phase == phaseSent {
-		s.lim.unanswered-- // no answer will be reported for this dispatch
-	}
-	s.lane.inFlight--
-	g.returnLocked(s, now)
-	if s.capped {
-		s.capped = false
-		g.cap.giveBack()
-	}
-}
-
-// unrefLocked drops one reference and reports whether it was the last.
-// Requires g.mu held.
-func (g *group) unrefLocked() bool {
-	return g.refs.Add(-1) == 0 && g.forgotten != nil
-}
-
-// forget tells the table that nothing refers to g any more. Call it after
-// unlocking g.mu.
-func (g *group) forget() { g.forgotten(g) }
-
-// dispatchLocked grants waiters for as long as any can go, the lanes taking
-// turns, and arms the timer at the earliest time a limit that held its
-// lanes back may let them go. Requires g.mu held.
-func (g *group) dispatchLocked(now time.Time) {
-	g.pass++
-	var wake time.Time
-	hold := func(lim *pool, at time.Time) {
-		lim.pass = g.pass
-		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
-			wake = at
-		}
-	}
-	for s := g.headLocked(); s != nil; s = g.headLocked() {
-		lim := s.lane.limit()
-		if at, ok := lim.firstAnswerLocked(now); !ok {
-			hold(lim, at)
-			continue
-		}
-		if lim.ceil != nil {
-			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
-				g.refuseLateLocked(lim, at)
-				hold(lim, at)
-				continue
-			}
-		}
-		if g.cap != nil && !g.cap.take(g) {
-			return // in the cap's line: a freed place dispatches again
-		}
-		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
-		if !ok {
-			if g.cap != nil {
-				g.cap.giveBack()
-			}
-			if !at.IsZero() {
-				g.refuseLateLocked(lim, at)
-			}
-			hold(lim, at) // a zero at: an answer or a returned permit dispatches again
-			continue
-		}
-		g.grantLocked(now, s, lim, t)
-	}
-	g.offCap()
-	if g.queued() > 0 && !wake.IsZero() {
-		g.armLocked(now, wake)
-	} else if g.timer != nil && g.queued() == 0 {
-		// Nobody waits: a pending timer would only keep the group alive.
-		g.timer.Stop()
-		g.timer = nil
-		g.timerGen++
-	}
-}
-
-// grantLocked sends s, the head of its lane's queue, with ticket t of lim.
-// Requires g.mu held.
-func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
-	if lim.ceil != nil {
-		lim.ceil.Take(now, s.cost)
-	}
-	switch {
-	case s.prio == Low:
-		g.highRun = 0
-	case g.queuedBy[Low] > 0:
-		g.highRun++
-	}
-	l := s.lane
-	g.next = l.turnNext // the next lane's turn
-	g.dequeueLocked(s)
-	s.phase = phaseSent
-	s.capped = g.cap != nil
-	s.ticket, s.lim = t, lim
-	g.sent++
-	lim.sent++
-	if lim.trial != nil {
-		lim.sentOnTrialLocked(l.lim)
-	}
-	if lim.firstSeq == 0 {
-		lim.firstSeq = g.sent
-	}
-	s.groupSent, s.limSent = g.sent, lim.sent
-	l.inFlight++
-	if !s.retry {
-		l.stats.admitted++
-	}
-	lim.unanswered++
-	if lim.probeUntil.IsZero() {
-		lim.probeUntil = now.Add(probeWindow)
-	}
-	s.signalLocked()
-}
-
-// refuseLateLocked gives up the wait of every waiter on lim whose deadline
-// falls before at, the earliest lim lets the next of them go: nobody
-// behind it goes sooner, so they would only sit out their budget for an
-// error. Each is taken out of the queue and told why. Requires g.mu held.
-func (g *group) refuseLateLocked(lim *pool, at time.Time) {
-	paused := !lim.shared.PausedUntil().Before(at)
-	for l, next := g.turns.first, (*Lane)(nil); l != nil; l = next {
-		next = l.turnNext // before l may leave the turns
-		if l.limit() != lim {
-			continue
-		}
-		for p := range l.waiters {
-			for e := l.waiters[p].Front(); e != nil; {
-				next := e.Next()
-				s := e.Value.(*Slot)
-				if !s.deadline.IsZero() && s.deadline.Before(at) {
-					g.dequeueLocked(s)
-					s.refused = &WaitError{At: at, Paused: paused}
-					s.signalLocked()
-				}
-				e = next
-			}
-		}
-	}
-}
-
-// queuedOn is the number of waiters on lim and their estimated tokens.
-// Requires g.mu held.
-func (g *group) queuedOn(lim *pool) (n int, cost int64) {
-	for l := g.turns.first; l != nil; l = l.turnNext {
-		if l.limit() == lim {
-			n += l.queued
-			cost += l.queuedCost
-		}
-	}
-	return n, cost
-}
-
-// turns is the lanes with waiters, in the order they take turns: a list
-// threaded through the lanes themselves, so that a lane joining it makes
-// nothing.
-type turns struct {
-	first, last *Lane
-	n           int
-}
-
-func (t *turns) push(l *Lane) {
-	l.turnPrev, l.turnNext = t.last, nil
-	if t.last != nil {
-		t.last.turnNext = l
-	} else {
-		t.first = l
-	}
-	t.last = l
-	t.n++
-}
-
-func (t *turns) remove(l *Lane) {
-	if l.turnPrev != nil {
-		l.turnPrev.turnNext = l.turnNext
-	} else {
-		t.first = l.turnNext
-	}
-	if l.turnNext != nil {
-		l.turnNext.turnPrev = l.turnPrev
-	} else {
-		t.last = l.turnPrev
-	}
-	l.turnPrev, l.turnNext = nil, nil
-	t.n--
-}
-
-// minWake is the soonest the dispatch runs again after one that let
-// nobody go: at the same instant nothing would have changed (an answer or
-// a returned permit dispatches at once on its own).
-const minWake = time.Millisecond
-
-// armLocked makes sure dispatch runs again at `at`, minWake from now at
-// the soonest. Requires g.mu held.
-func (g *group) armLocked(now, at time.Time) {
-	if soonest := now.Add(minWake); at.Before(soonest) {
-		at = soonest
-	}
-	if g.timer != nil {
-		if g.timerAt.Equal(at) {
-			return
-		}
-		g.timer.Stop()
-	}
-	g.timerGen++
-	gen := g.timerGen
-	g.timerAt = at
-	g.timer = g.clock.AfterFunc(at.Sub(now), func() {
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if g.timerGen != gen {
-			return
-		}
-		g.timer = nil
-		g.dispatchLocked(g.clock.Now())
-	})
 }

@@ -2,7 +2,6 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // accept reports an accepted answer with these limits.
@@ -49,25 +49,25 @@ func pause(l *Lane, until time.Time) {
 	defer l.g.mu.Unlock()
 	// An answer that never reached the upstream teaches nothing but its
 	// pause.
-	l.limit().shared.Learn(&limit.Ticket{Settled: true}, limit.Report{Verdict: limit.NotSent, PauseUntil: until}, l.g.clock.Now())
+	l.drawsOn().shared.Learn(&limit.Ticket{Settled: true}, limit.Report{Verdict: limit.NotSent, PauseUntil: until}, l.g.clock.Now())
 }
 
 // pastProbe ends the lane group's probe: tests of what follows start there.
 func pastProbe(l *Lane) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	l.limit().learned = true
+	l.drawsOn().learned = true
 }
 
 // limitOf is the limit l draws on now.
 func limitOf(l *Lane) *pool {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	return l.limit()
+	return l.drawsOn()
 }
 
 // shared is the lane's in-process shared state, for white-box checks.
-func shared(l *Lane) *limit.Memory { return l.limit().shared.(*limit.Memory) }
+func shared(l *Lane) *limit.Memory { return l.drawsOn().shared.(*limit.Memory) }
 
 // firstSlotZero is the first time at or after t0 whose history bucket is
 // ring slot 0.

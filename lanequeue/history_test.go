@@ -2,11 +2,11 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestHistoryCountsInTheRingsFirstSlot: answers and 429s whose bucket is

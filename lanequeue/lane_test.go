@@ -3,7 +3,6 @@ package lanequeue
 import (
 	"context"
 	"errors"
-	"github.com/llmproxy/llmproxy/limit"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -13,6 +12,7 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/internal/setting"
+	"github.com/llmproxy/llmproxy/limit"
 	"go.uber.org/goleak"
 )
 

@@ -2,15 +2,14 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // configuredTable is a table whose default route has lim, on the bubble's

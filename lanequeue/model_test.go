@@ -3,11 +3,11 @@ package lanequeue
 import (
 	"context"
 	"fmt"
-	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // The model test drives a table through random sequences of acquire,

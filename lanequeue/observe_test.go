@@ -3,12 +3,12 @@ package lanequeue
 import (
 	"context"
 	"errors"
-	"github.com/llmproxy/llmproxy/limit"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // changeLog collects the changes a table reports.

@@ -1,9 +1,12 @@
 package lanequeue
 
-import "github.com/llmproxy/llmproxy/limit"
-import "time"
+import (
+	"time"
 
-// limit is one upstream limit the lanes of a group draw on: its model's
+	"github.com/llmproxy/llmproxy/limit"
+)
+
+// pool is one upstream limit the lanes of a group draw on: its model's
 // (providers count limits per credential and model, whatever the
 // endpoint), the credential's when the route says its models share one
 // (Limits.PerCredential), or several models' once the group found them
@@ -102,8 +105,59 @@ func (l *pool) sharedWith(model string) (others []string, because string) {
 	return others, l.sharedBy
 }
 
-// limit is the limit the lane draws on now: the one it was made with, or
-// the one that took it over. Requires the group's mutex held.
-func (ln *Lane) limit() *pool {
-	return ln.lim.root()
+// seen is what the group last reported of itself, to tell changes from
+// noise.
+type seen struct {
+	learned            string
+	shape              string
+	corrected          bool
+	reqLimit, tokLimit float64
+	reqRate            float64
+	conc               int
+	concAt             time.Time
 }
+
+// probeWindow is how long a new group sends one request at a time while it
+// waits for its first answer to learn what the upstream tells about its
+// limits. A burst before anything is known is what causes the first 429s.
+const probeWindow = time.Second
+
+// trial is what a limit on trial keeps: the limits joined on it, and how
+// many of its refusals counted lately.
+type trial struct {
+	members  []*pool
+	refusals float64
+}
+
+// standing is a member's part in a trial: its share of the latest
+// dispatches, the refusals that share made likely, and its refusals.
+type standing struct {
+	share, expected, refused float64
+}
+
+// root is the limit l's lanes draw on: l, or the one that took it over.
+func (l *pool) root() *pool {
+	for l.mergedInto != nil {
+		l = l.mergedInto
+	}
+	return l
+}
+
+// silent reports whether l's answers said nothing of counts, while some
+// were admitted and its latest was refused.
+func (l *pool) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
+
+// sentOnTrialLocked counts a dispatch by t, on trial, for a lane made
+// with own. Requires g.mu held.
+func (t *pool) sentOnTrialLocked(own *pool) {
+	for _, m := range t.trial.members {
+		m.standing.share *= 1 - shareWeight
+		if m == own {
+			m.standing.share += shareWeight
+		}
+	}
+}
+
+// shareWeight is the weight of one dispatch in a lane's share of the
+// latest dispatches of a trial (see together.go).
+const shareWeight = 1.0 / 16

@@ -1,9 +1,11 @@
 package lanequeue
 
 import (
-	"github.com/llmproxy/llmproxy/limit"
+	"math"
+	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // Report tells the lane what the answer to the slot's latest dispatch said.
@@ -21,7 +23,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	g := l.g
 	g.mu.Lock()
 	if s.phase != phaseSent {
-		held = !l.limit().shared.PausedUntil().Before(r.PauseUntil)
+		held = !l.drawsOn().shared.PausedUntil().Before(r.PauseUntil)
 		g.mu.Unlock()
 		return held // reported already, or released
 	}
@@ -46,7 +48,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	if g.togetherLocked(l.lim, s.lim, r, now) {
 		shared = true
 	}
-	lim = l.limit() // the limit the lane draws on from now on
+	lim = l.drawsOn() // the limit the lane draws on from now on
 	var changes []change
 	var v limit.View
 	if g.onChange != nil {
@@ -79,4 +81,43 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 		g.onChange(c)
 	}
 	return held
+}
+
+// moved reports whether a differs from b by more than a tenth of the larger.
+func moved(a, b float64) bool {
+	return math.Abs(a-b) > 0.1*math.Max(math.Abs(a), math.Abs(b))
+}
+
+// changesLocked compares the view of lim, l's limit, after an answer with
+// what it last reported, and returns the changes to report; shared says
+// the answer showed lim shared with other models. Requires g.mu held.
+func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, now time.Time, out []change, shared bool) []change {
+	s := &lim.seen
+	base := change{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
+	base.SharesLimitWith, base.SharedBecause = lim.sharedWith(l.key.Model)
+	// A window's rate from headers moves with every answer's remaining
+	// count; only its size says the limit changed. A pace learned from
+	// refusals is its rate.
+	shape := v.Window.String()
+	limits := shared || shape != s.shape || v.Learned != s.learned || v.Corrected != s.corrected ||
+		moved(v.Requests.Limit, s.reqLimit) || moved(v.Tokens.Limit, s.tokLimit) ||
+		v.FromRefusals() && moved(v.Requests.PerSecond, s.reqRate)
+	if limits {
+		c := base
+		c.Kind = changeLimits
+		out = append(out, c)
+		s.learned, s.corrected, s.shape = v.Learned, v.Corrected, shape
+		s.reqLimit, s.tokLimit = v.Requests.Limit, v.Tokens.Limit
+		s.reqRate = v.Requests.PerSecond
+	}
+	if s.conc == 0 {
+		s.conc, s.concAt = g.cfg.Concurrency, now
+	}
+	if v.Concurrency != s.conc && (v.Concurrency < s.conc || now.Sub(s.concAt) >= concReportEvery) {
+		c := base
+		c.Kind, c.From = changeConcurrency, s.conc
+		out = append(out, c)
+		s.conc, s.concAt = v.Concurrency, now
+	}
+	return out
 }

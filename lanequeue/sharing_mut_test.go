@@ -2,13 +2,13 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // sentAs is a slot whose latest dispatch went at d as its limit's
@@ -268,7 +268,7 @@ func TestModelsThatStatedDifferentWindowsAreNotJoined(t *testing.T) {
 func showsSharing(l *Lane) bool {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
-	return l.limit().share.shows()
+	return l.drawsOn().share.shows()
 }
 
 // TestALowPriorityWaiterHeldByAPauseGoesWhenItEnds: a pause holds a lone

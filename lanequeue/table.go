@@ -2,7 +2,6 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"log/slog"
 	"maps"
 	"slices"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TableConfig bounds the lane table. Zero fields take the documented defaults.
@@ -180,12 +180,14 @@ func (t *Table) laneFor(key Key) *Lane {
 				cfg = cfg.withDefaults()
 			}
 			g = newGroup(gk, cfg, t.cfg.Shared, t.forgotten)
-			g.cap = t.cap
+			g.cap, g.seat.wake = t.cap, g.kick
 			g.onChange = t.cfg.onChange
 			t.groups[gk] = g
 		}
 		g.refs.Add(1)
-		l = g.newLane(key, t.newIDLocked(key), g.limitOf(key))
+		id := t.newIDLocked(key)
+		lim := g.limitOf(key)
+		l = g.newLane(key, id, lim)
 		t.ids[l.id] = l
 		t.lanes.Add(key, l)
 	} else {

@@ -3,7 +3,6 @@ package lanequeue
 import (
 	"context"
 	"fmt"
-	"github.com/llmproxy/llmproxy/limit"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 func TestTableReturnsSameLaneForSameKey(t *testing.T) {

@@ -1,10 +1,11 @@
 package lanequeue
 
 import (
-	"github.com/llmproxy/llmproxy/limit"
 	"math"
 	"slices"
 	"time"
+
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // An upstream that states no remaining count shows a limit that several
@@ -35,38 +36,10 @@ const (
 	splitRefusals = 8
 	trialMemory   = 32
 	splitChance   = 0.001
-	// shareWeight is the weight of one dispatch in a lane's share of the
-	// latest dispatches.
-	shareWeight = 1.0 / 16
 )
 
 // refusedTogether is why limits draw on a limit on trial (see sharedWith).
 const refusedTogether = "refused together"
-
-// trial is what a limit on trial keeps: the limits joined on it, and how
-// many of its refusals counted lately.
-type trial struct {
-	members  []*pool
-	refusals float64
-}
-
-// standing is a member's part in a trial: its share of the latest
-// dispatches, the refusals that share made likely, and its refusals.
-type standing struct {
-	share, expected, refused float64
-}
-
-// root is the limit l's lanes draw on: l, or the one that took it over.
-func (l *pool) root() *pool {
-	for l.mergedInto != nil {
-		l = l.mergedInto
-	}
-	return l
-}
-
-// silent reports whether l's answers said nothing of counts, while some
-// were admitted and its latest was refused.
-func (l *pool) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
 
 // togetherLocked learns from the answer r to a dispatch by issuer for a
 // lane made with own (the limit of its model) whether limits of the group
@@ -173,17 +146,6 @@ func (g *group) contrastLocked(own, t *pool) bool {
 		}
 	}
 	return false
-}
-
-// sentOnTrialLocked counts a dispatch by t, on trial, for a lane made
-// with own. Requires g.mu held.
-func (t *pool) sentOnTrialLocked(own *pool) {
-	for _, m := range t.trial.members {
-		m.standing.share *= 1 - shareWeight
-		if m == own {
-			m.standing.share += shareWeight
-		}
-	}
 }
 
 // judgeLocked counts a refusal of own's lanes in t's trial, and splits

@@ -2,7 +2,6 @@ package lanequeue
 
 import (
 	"context"
-	"github.com/llmproxy/llmproxy/limit"
 	"math"
 	"slices"
 	"testing"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // silentLanes makes a table whose lanes for the models share a credential

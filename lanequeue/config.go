@@ -1,0 +1,73 @@
+package lanequeue
+
+import (
+	"cmp"
+	"fmt"
+	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/setting"
+	"github.com/llmproxy/llmproxy/limit"
+)
+
+// Config holds a lane's limits. Zero fields take the documented defaults;
+// the concurrency fields and Limits are those of limit.Config.
+type Config struct {
+	Concurrency    int         // a new group's concurrency limit; zero = 8
+	MinConcurrency int         // lowest the limit may fall to; zero = 1
+	MaxConcurrency int         // highest the limit may rise to; zero = 1024
+	MaxQueue       int         // waiting requests per lane before ErrQueueFull; zero = 10000
+	Clock          clock.Clock // nil = the wall clock
+	// Limits are the route's configured limits (see limit.Limits).
+	Limits limit.Limits
+}
+
+// DefaultMaxQueue is the default of Config.MaxQueue.
+const DefaultMaxQueue = 10000
+
+// limitConfig is the part of c a group's limit state starts from.
+func (c Config) limitConfig() limit.Config {
+	return limit.Config{Concurrency: c.Concurrency, MinConcurrency: c.MinConcurrency, MaxConcurrency: c.MaxConcurrency, Limits: c.Limits}
+}
+
+// The defaults of TableConfig's zero fields.
+const (
+	DefaultMaxLanes = 10000
+	DefaultIdleTTL  = 10 * time.Minute
+)
+
+// WithDefaults is c with its zero fields at their documented defaults and
+// its start inside its bounds, as a group uses it.
+func (c Config) WithDefaults() Config { return c.withDefaults() }
+
+// Validate reports, as a *setting.Error, a negative count or bounds out
+// of order once the zero ones take their defaults. A start outside the
+// bounds is not an error: the group starts at the nearer bound.
+func (c Config) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"Concurrency", c.Concurrency}, {"MinConcurrency", c.MinConcurrency}, {"MaxConcurrency", c.MaxConcurrency}, {"MaxQueue", c.MaxQueue}} {
+		if f.v < 0 {
+			return setting.Bad("lanequeue", f.name, fmt.Sprintf("%d is negative", f.v))
+		}
+	}
+	d := limit.Config{}.WithDefaults()
+	lo, hi := cmp.Or(c.MinConcurrency, d.MinConcurrency), cmp.Or(c.MaxConcurrency, d.MaxConcurrency)
+	if lo > hi {
+		return setting.Bad("lanequeue", "MinConcurrency", fmt.Sprintf("%d is above MaxConcurrency=%d", lo, hi))
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	l := c.limitConfig().WithDefaults()
+	c.Concurrency, c.MinConcurrency, c.MaxConcurrency = l.Concurrency, l.MinConcurrency, l.MaxConcurrency
+	if c.MaxQueue <= 0 {
+		c.MaxQueue = DefaultMaxQueue
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	return c
+}

@@ -1,0 +1,357 @@
+package lanequeue
+
+import (
+	"time"
+
+	"github.com/llmproxy/llmproxy/limit"
+)
+
+// kick runs the dispatch again: the global cap has room for this group.
+func (g *group) kick() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.dispatchLocked(g.clock.Now())
+}
+
+// offCap takes the group out of the global cap's line: what holds its
+// waiters back now, if anything, is not the cap. Requires g.mu held.
+func (g *group) offCap() {
+	if g.cap != nil {
+		g.cap.leave(&g.seat)
+	}
+}
+
+// queued is the number of waiters, every lane's.
+func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
+
+// headLocked is the waiter to dispatch next: the first in turn order,
+// from the lane whose turn it is, of the lanes whose limit was not held in
+// this pass; a high-priority one, unless low-priority ones have waited
+// through LowShare-1 high dispatches in a row. Requires g.mu held.
+func (g *group) headLocked() *Slot {
+	var hi, lo *Slot
+	start := g.next
+	if start == nil {
+		start = g.turns.first
+	}
+	for l, n := start, g.turns.n; n > 0; n-- {
+		if l.drawsOn().pass != g.pass {
+			if f := l.waiters[High].Front(); hi == nil && f != nil {
+				hi = f.Value.(*Slot)
+			}
+			if f := l.waiters[Low].Front(); lo == nil && f != nil {
+				lo = f.Value.(*Slot)
+			}
+			if hi != nil && lo != nil {
+				break
+			}
+		}
+		if l = l.turnNext; l == nil {
+			l = g.turns.first
+		}
+	}
+	switch {
+	case lo == nil:
+		return hi
+	case hi == nil || g.highRun >= LowShare-1:
+		return lo
+	}
+	return hi
+}
+
+// enqueueLocked puts s in its lane's queue: after every waiter that arrived
+// before it and before every one that arrived after it (a retry keeps its
+// place). Requires g.mu held.
+func (g *group) enqueueLocked(s *Slot) {
+	s.phase = phaseQueued
+	s.ready, s.signalled = nil, false
+	l := s.lane
+	if l.queued == 0 {
+		g.turns.push(l)
+	}
+	l.queued++
+	l.queuedCost += s.cost
+	g.queuedBy[s.prio]++
+	q := &l.waiters[s.prio]
+	if s.retry {
+		for at := q.Front(); at != nil; at = at.Next() {
+			if at.Value.(*Slot).seq > s.seq {
+				s.elem = q.InsertBefore(s, at)
+				return
+			}
+		}
+	}
+	s.elem = q.PushBack(s)
+}
+
+// dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
+// held.
+func (g *group) dequeueLocked(s *Slot) {
+	l := s.lane
+	l.waiters[s.prio].Remove(s.elem)
+	s.elem = nil
+	l.queued--
+	l.queuedCost -= s.cost
+	g.queuedBy[s.prio]--
+	if l.queued == 0 {
+		if g.next == l {
+			g.next = l.turnNext
+		}
+		g.turns.remove(l)
+	}
+}
+
+func (g *group) refundLocked(s *Slot) {
+	t := &s.ticket
+	if t.Refunded {
+		return
+	}
+	s.lim.shared.Refund(t)
+	t.Refunded = true
+}
+
+func (g *group) settleLocked(s *Slot, usedTokens int64) {
+	t := &s.ticket
+	if t.Refunded {
+		return
+	}
+	s.lim.shared.Settle(t, usedTokens)
+	if s.lim.ceil != nil {
+		s.lim.ceil.Settle(t.Cost, usedTokens)
+	}
+}
+
+func (g *group) returnLocked(s *Slot, now time.Time) {
+	t := &s.ticket
+	if t.Returned {
+		return
+	}
+	s.lim.shared.Return(t, now)
+	t.Returned = true
+}
+
+// returnPermitLocked gives back the permit of a slot that holds one.
+// Requires g.mu held.
+func (g *group) returnPermitLocked(s *Slot, now time.Time) {
+	if s.phase == phaseSent {
+		s.lim.unanswered-- // no answer will be reported for this dispatch
+	}
+	s.lane.inFlight--
+	g.returnLocked(s, now)
+	if s.capped {
+		s.capped = false
+		g.cap.giveBack()
+	}
+}
+
+// unrefLocked drops one reference and reports whether it was the last.
+// Requires g.mu held.
+func (g *group) unrefLocked() bool {
+	return g.refs.Add(-1) == 0 && g.forgotten != nil
+}
+
+// forget tells the table that nothing refers to g any more. Call it after
+// unlocking g.mu.
+func (g *group) forget() { g.forgotten(g) }
+
+// dispatchLocked grants waiters for as long as any can go, the lanes taking
+// turns, and arms the timer at the earliest time a limit that held its
+// lanes back may let them go. Requires g.mu held.
+func (g *group) dispatchLocked(now time.Time) {
+	g.pass++
+	var wake time.Time
+	hold := func(lim *pool, at time.Time) {
+		lim.pass = g.pass
+		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
+			wake = at
+		}
+	}
+	for s := g.headLocked(); s != nil; s = g.headLocked() {
+		lim := s.lane.drawsOn()
+		if at, ok := lim.firstAnswerLocked(now); !ok {
+			hold(lim, at)
+			continue
+		}
+		if lim.ceil != nil {
+			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
+				g.refuseLateLocked(lim, at)
+				hold(lim, at)
+				continue
+			}
+		}
+		if g.cap != nil && !g.cap.take(&g.seat) {
+			return // in the cap's line: a freed place dispatches again
+		}
+		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
+		if !ok {
+			if g.cap != nil {
+				g.cap.giveBack()
+			}
+			if !at.IsZero() {
+				g.refuseLateLocked(lim, at)
+			}
+			hold(lim, at) // a zero at: an answer or a returned permit dispatches again
+			continue
+		}
+		g.grantLocked(now, s, lim, t)
+	}
+	g.offCap()
+	if g.queued() > 0 && !wake.IsZero() {
+		g.armLocked(now, wake)
+	} else if g.timer != nil && g.queued() == 0 {
+		// Nobody waits: a pending timer would only keep the group alive.
+		g.timer.Stop()
+		g.timer = nil
+		g.timerGen++
+	}
+}
+
+// grantLocked sends s, the head of its lane's queue, with ticket t of lim.
+// Requires g.mu held.
+func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
+	switch {
+	case s.prio == Low:
+		g.highRun = 0
+	case g.queuedBy[Low] > 0:
+		g.highRun++
+	}
+	l := s.lane
+	g.next = l.turnNext // the next lane's turn
+	g.dequeueLocked(s)
+	s.phase = phaseSent
+	s.capped = g.cap != nil
+	s.ticket, s.lim = t, lim
+	g.sent++
+	lim.sent++
+	if lim.trial != nil {
+		lim.sentOnTrialLocked(l.lim)
+	}
+	if lim.firstSeq == 0 {
+		lim.firstSeq = g.sent
+	}
+	s.groupSent, s.limSent = g.sent, lim.sent
+	l.inFlight++
+	if !s.retry {
+		l.stats.admitted++
+	}
+	lim.unanswered++
+	if lim.probeUntil.IsZero() {
+		lim.probeUntil = now.Add(probeWindow)
+	}
+	if lim.ceil != nil {
+		lim.ceil.Take(now, s.cost)
+	}
+	s.signalLocked()
+}
+
+// refuseLateLocked gives up the wait of every waiter on lim whose deadline
+// falls before at, the earliest lim lets the next of them go: nobody
+// behind it goes sooner, so they would only sit out their budget for an
+// error. Each is taken out of the queue and told why. Requires g.mu held.
+func (g *group) refuseLateLocked(lim *pool, at time.Time) {
+	paused := !lim.shared.PausedUntil().Before(at)
+	for l, next := g.turns.first, (*Lane)(nil); l != nil; l = next {
+		next = l.turnNext // before l may leave the turns
+		if l.drawsOn() != lim {
+			continue
+		}
+		for p := range l.waiters {
+			for e := l.waiters[p].Front(); e != nil; {
+				next := e.Next()
+				s := e.Value.(*Slot)
+				if !s.deadline.IsZero() && s.deadline.Before(at) {
+					g.dequeueLocked(s)
+					s.refused = &WaitError{At: at, Paused: paused}
+					s.signalLocked()
+				}
+				e = next
+			}
+		}
+	}
+}
+
+// queuedOn is the number of waiters on lim and their estimated tokens.
+// Requires g.mu held.
+func (g *group) queuedOn(lim *pool) (n int, cost int64) {
+	for l := g.turns.first; l != nil; l = l.turnNext {
+		if l.drawsOn() == lim {
+			n += l.queued
+			cost += l.queuedCost
+		}
+	}
+	return n, cost
+}
+
+// minWake is the soonest the dispatch runs again after one that let
+// nobody go: at the same instant nothing would have changed (an answer or
+// a returned permit dispatches at once on its own).
+const minWake = time.Millisecond
+
+// armLocked makes sure dispatch runs again at `at`, minWake from now at
+// the soonest. Requires g.mu held.
+func (g *group) armLocked(now, at time.Time) {
+	if soonest := now.Add(minWake); at.Before(soonest) {
+		at = soonest
+	}
+	if g.timer != nil {
+		if g.timerAt.Equal(at) {
+			return
+		}
+		g.timer.Stop()
+	}
+	g.timerGen++
+	gen := g.timerGen
+	g.timerAt = at
+	g.timer = g.clock.AfterFunc(at.Sub(now), func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.timerGen != gen {
+			return
+		}
+		g.timer = nil
+		g.dispatchLocked(g.clock.Now())
+	})
+}
+
+// turns is the lanes with waiters, in the order they take turns: a list
+// threaded through the lanes themselves, so that a lane joining it makes
+// nothing.
+type turns struct {
+	first, last *Lane
+	n           int
+}
+
+func (t *turns) push(l *Lane) {
+	l.turnPrev, l.turnNext = t.last, nil
+	if t.last != nil {
+		t.last.turnNext = l
+	} else {
+		t.first = l
+	}
+	t.last = l
+	t.n++
+}
+
+func (t *turns) remove(l *Lane) {
+	if l.turnPrev != nil {
+		l.turnPrev.turnNext = l.turnNext
+	} else {
+		t.first = l.turnNext
+	}
+	if l.turnNext != nil {
+		l.turnNext.turnPrev = l.turnPrev
+	} else {
+		t.last = l.turnPrev
+	}
+	l.turnPrev, l.turnNext = nil, nil
+	t.n--
+}
+
+// signalLocked tells s's wait that it was granted or refused. Requires
+// g.mu held.
+func (s *Slot) signalLocked() {
+	s.signalled = true
+	if s.ready != nil {
+		close(s.ready)
+	}
+}

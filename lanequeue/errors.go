@@ -1,0 +1,43 @@
+package lanequeue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by Acquire and Slot.WaitRetry; check with errors.Is.
+var (
+	// ErrQueueFull: the lane already has Config.MaxQueue waiters.
+	ErrQueueFull = errors.New("lanequeue: queue full")
+	// ErrBudgetExceeded: the request's deadline passed, or falls before the
+	// lane's pause ends, so waiting cannot help.
+	ErrBudgetExceeded = errors.New("lanequeue: request budget exceeded")
+)
+
+// WaitError is the error of a request that the group cannot send before
+// its deadline: a pause or the pacing holds the queue until At, after it.
+// It is returned at once rather than after the whole wait; it matches
+// ErrBudgetExceeded with errors.Is.
+type WaitError struct {
+	At     time.Time // the earliest the group may send again
+	Paused bool      // a pause holds it (else the pacing)
+}
+
+func (e *WaitError) Error() string {
+	why := "pacing"
+	if e.Paused {
+		why = "a pause"
+	}
+	return "lanequeue: " + why + " holds the lane until " + e.At.Format(time.RFC3339Nano) + ", after the request's deadline"
+}
+
+func (e *WaitError) Is(target error) bool { return target == ErrBudgetExceeded }
+
+func budgetErr(err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", ErrBudgetExceeded, err)
+	}
+	return err
+}

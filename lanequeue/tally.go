@@ -1,0 +1,116 @@
+package lanequeue
+
+import (
+	"time"
+
+	"github.com/llmproxy/llmproxy/headerparse"
+)
+
+// sharing is what a limit's answers show of other limits of its group
+// drawing on the same upstream limit: a credential's models share one at
+// a company gateway, behind a LiteLLM virtual key, or in a model family
+// with a shared limit. The upstream's remaining count then falls by more
+// than the limit itself sent between two answers, by about what the
+// group's other lanes sent; a limit of its own falls by what it sent, less
+// what refilled. Guarded by the group's mutex.
+type sharing struct {
+	// bases are the answers read since the last that showed an excess
+	// (the first read against the window full before anything went),
+	// oldest first, at most shareBases: each is a reading a later answer
+	// is compared with. One request of the limit's in flight at a base
+	// may be counted after it; across several answers those late ones
+	// are allowed for once, so an excess that each step hides shows
+	// against an older base.
+	bases [shareBases]tally
+	n     int // 0 until an answer with a remaining count was read
+	// excess sums what the remaining count fell by beyond the limit's own
+	// dispatches, over the readings where it did; others what the
+	// group's other limits sent over them.
+	excess, others float64
+	// stated is the request limit the headers state: limits found
+	// sharing state the same.
+	stated int64
+}
+
+// tally is one answer read: when its request went, what it said was
+// left, the limit's and the group's dispatch counts right after it went,
+// and the limit's requests then in flight (the upstream may count any of
+// them after it).
+type tally struct {
+	dispatched         time.Time
+	remaining          int64
+	limSent, groupSent uint64
+	inFlight           int
+}
+
+// shareBases is how many earlier answers a reading is compared with.
+const shareBases = 8
+
+// Sharing is told by readings whose excess adds to minShareExcess
+// requests, no more than maxShareExcess times what the group's other lanes
+// sent (with another client on the same key, the excess is the other
+// client's). A limit of its own shows none: its count falls by what it
+// sent, less what refilled. (The excess shows while the window has room
+// to fall: once it is empty for everyone, every limit's count stays near
+// zero, shared or not.)
+const (
+	minShareExcess = 1
+	maxShareExcess = 1.5
+)
+
+// observe reads one answer's request window w to the dispatch of s. The
+// upstream's count falls between two answers by what reached it, less
+// what refilled: by no more than the limit's own dispatches between them
+// (and those in flight at the earlier), unless others drew on it. The
+// first answer is read against the window full before anything went,
+// with nothing else of the limit's in flight; it reports whether that one
+// showed an excess, which the group's dispatches before it must have made
+// (they may reach the upstream in another order than they went: which of
+// them did is not told).
+func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
+	if !w.HasRemaining {
+		return false
+	}
+	now := tally{dispatched: s.ticket.Dispatched, remaining: w.Remaining,
+		limSent: s.limSent, groupSent: s.groupSent, inFlight: s.ticket.InFlight}
+	isFirst := sh.n == 0
+	if isFirst && w.Limit > 0 {
+		// Nothing sent, nothing in flight.
+		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1
+	}
+	if !isFirst && !now.dispatched.After(sh.bases[sh.n-1].dispatched) {
+		return false // an answer to an earlier request, come late
+	}
+	var excess, others float64
+	for _, b := range sh.bases[:sh.n] {
+		own := float64(now.limSent - b.limSent)
+		o := float64(now.groupSent-b.groupSent) - own
+		// Requests sent before the base may reach the upstream after
+		// it: its count may lack them.
+		if e := float64(b.remaining-now.remaining) - own - float64(b.inFlight); e >= 1 && o > 0 && e > excess {
+			excess, others = e, o
+		}
+	}
+	if excess > 0 {
+		sh.excess += excess
+		sh.others += others
+		first = isFirst
+		sh.n = 0 // what showed is counted: later answers are read from here
+	} else if sh.n == len(sh.bases) {
+		copy(sh.bases[:], sh.bases[1:])
+		sh.n--
+	}
+	sh.bases[sh.n] = now
+	sh.n++
+	if w.Limit > 0 {
+		sh.stated = w.Limit
+	}
+	return first
+}
+
+// shows reports whether the answers show the limit shared with others of
+// the group.
+func (sh *sharing) shows() bool {
+	return sh.excess >= minShareExcess &&
+		sh.excess <= maxShareExcess*sh.others+2
+}
