@@ -269,44 +269,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 	d := t.Dispatched
 	long := hasHint && boundary(hint, admits) && !now.Before(w.moving)
 	if w.closed {
-		knocked := t.Seq == w.knock && w.knock != 0
-		if knocked {
-			w.knock = 0
-			w.lastKnock = d
-			if !w.stated && !w.hi.IsZero() && !d.Before(w.hi) {
-				w.lo, w.hi = time.Time{}, time.Time{} // refused past the predicted boundary
-			}
-		}
-		if w.stated && !w.confirmed && !d.Before(w.knockAt) {
-			// The test, or with replicas another request sent as late:
-			// any wait it names (Retry-After: 1 near the boundary) must
-			// point at the same instant.
-			if !hasHint || !w.agrees(now.Add(hint), grainOf(hint)) {
-				// Refused at another instant: the hints move with the
-				// clock.
-				w.knock = 0
-				w.moving = now.Add(hintTrust)
-				w.closed = false
-				return false
-			}
-			w.confirmed = true
-		}
-		if hasHint && (long || w.confirmed) {
-			// In a closure, any wait a refusal names points at its
-			// boundary, however short: one a knock met a moment early
-			// says how early.
-			if !w.stated {
-				w.stated, w.lo, w.hi = true, time.Time{}, time.Time{}
-			}
-			w.state(now.Add(hint), grainOf(hint))
-		}
-		if !w.hi.IsZero() && d.After(w.lo) && d.Before(w.hi) {
-			w.lo = d // refused there: the boundary is later
-		}
-		if knocked || w.stated && w.confirmed {
-			w.next(now)
-		}
-		return true
+		return w.refusedClosed(t, hint, hasHint, long, now)
 	}
 	if d.Before(w.start) {
 		return true // sent in a window that ended: nothing new
@@ -348,6 +311,53 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 	}
 	w.close(w.runFrom, false)
 	w.next(now)
+	return true
+}
+
+// refusedClosed learns from a rate refusal of t at now while a closure
+// holds the group (see refused; long: its hint is the time to a window's
+// boundary). It reports whether the refusal is still the windows' to
+// answer: not when the hints of a closure stated by the upstream turn
+// out to move with the clock.
+func (w *windows) refusedClosed(t *Ticket, hint time.Duration, hasHint, long bool, now time.Time) bool {
+	d := t.Dispatched
+	knocked := t.Seq == w.knock && w.knock != 0
+	if knocked {
+		w.knock = 0
+		w.lastKnock = d
+		if !w.stated && !w.hi.IsZero() && !d.Before(w.hi) {
+			w.lo, w.hi = time.Time{}, time.Time{} // refused past the predicted boundary
+		}
+	}
+	if w.stated && !w.confirmed && !d.Before(w.knockAt) {
+		// The test, or with replicas another request sent as late:
+		// any wait it names (Retry-After: 1 near the boundary) must
+		// point at the same instant.
+		if !hasHint || !w.agrees(now.Add(hint), grainOf(hint)) {
+			// Refused at another instant: the hints move with the
+			// clock.
+			w.knock = 0
+			w.moving = now.Add(hintTrust)
+			w.closed = false
+			return false
+		}
+		w.confirmed = true
+	}
+	if hasHint && (long || w.confirmed) {
+		// In a closure, any wait a refusal names points at its
+		// boundary, however short: one a knock met a moment early
+		// says how early.
+		if !w.stated {
+			w.stated, w.lo, w.hi = true, time.Time{}, time.Time{}
+		}
+		w.state(now.Add(hint), grainOf(hint))
+	}
+	if !w.hi.IsZero() && d.After(w.lo) && d.Before(w.hi) {
+		w.lo = d // refused there: the boundary is later
+	}
+	if knocked || w.stated && w.confirmed {
+		w.next(now)
+	}
 	return true
 }
 
