@@ -53,7 +53,7 @@ func runBucketCaseGo(c bucketcases.Case, instead bool) []string {
 			if s.Mark == nil {
 				b.refund(s.N)
 			} else {
-				b.settle(max(s.N, 0), max(-s.N, 0), *s.Mark)
+				b.settle(max(s.N, 0), max(-s.N, 0)+s.Used, *s.Mark)
 			}
 			b.advance(now)
 		}

@@ -125,10 +125,11 @@ func (c *Ceiling) Take(now time.Time, cost int64) {
 	}
 }
 
-// settle swaps a request's estimated tokens for what it used.
+// Settle swaps what a request of estimate tokens was charged (Take charges
+// at most the bucket's size) for the tokens it used.
 func (c *Ceiling) Settle(estimate, used int64) {
 	if c.tpmOn() {
-		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+float64(estimate-used))
+		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+math.Min(float64(estimate), c.tokCap())-float64(used))
 	}
 }
 

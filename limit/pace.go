@@ -138,16 +138,16 @@ func (b *budget) refund(cost float64) {
 	}
 }
 
-// settle swaps a request's estimated cost for its real one, unless an answer
-// to a request dispatched at or after it has already replaced the local
-// count with the upstream's own.
+// settle swaps what a request was charged (its estimate, as take charged
+// it) for what it used, unless an answer to a request dispatched at or
+// after it has already replaced the local count with the upstream's own.
 func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
 	// A running total of 0 is a dispatch of nothing before any other: no
 	// answer can have counted it.
 	if !b.known || sentAtDispatch > 0 && b.seen >= sentAtDispatch {
 		return
 	}
-	if d := estimate - actual; d >= 0 {
+	if d := b.charge(estimate) - actual; d >= 0 {
 		b.avail = math.Min(b.size(), b.avail+d)
 	} else {
 		b.owed -= d // taken at the next refill (see advance)

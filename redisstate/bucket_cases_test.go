@@ -29,7 +29,7 @@ const bucketCasesPath = "../limit/testdata/bucket_cases.json"
 // nothing is rounded on the way. render fills in the numbers lib has
 // from Go.
 var bucketHarness = redis.NewScript(render(lib + `
-local key, p, op, now, x, mark = KEYS[1], 't_', ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local key, p, op, now, x, mark, used = KEYS[1], 't_', ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local function f(v) return string.format('%.17g', v) end
 local b = budget(key, p, now)
 if op == 'admit' then
@@ -41,9 +41,10 @@ elseif op == 'take' then
   save(key, p, b)
 elseif op == 'giveback' then
   local counted = mark > 0 and num(redis.call('HGET', key, p..'seen'), 0) >= mark
-  if b.known == 1 and x ~= 0 and not counted then
+  if b.known == 1 and (x ~= 0 or used ~= 0) and not counted then
     local back = x
     if back > 0 then back = charge(b, back) end
+    back = back - used
     b.avail = math.min(b.size, b.avail + back)
     save(key, p, b)
   end
@@ -82,7 +83,7 @@ func runBucketCaseLua(ctx context.Context, rdb *redis.Client, key string, c buck
 				mark = *s.Mark
 			}
 		}
-		res, err := bucketHarness.Run(ctx, rdb, []string{key}, s.Op, fmtNum(s.T), fmtNum(x), fmtNum(mark)).Slice()
+		res, err := bucketHarness.Run(ctx, rdb, []string{key}, s.Op, fmtNum(s.T), fmtNum(x), fmtNum(mark), fmtNum(s.Used)).Slice()
 		if err != nil {
 			return bad, fmt.Errorf("%s: %v", where, err)
 		}

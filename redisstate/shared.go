@@ -300,7 +300,7 @@ func (s *shared) Refund(t *limit.Ticket) {
 		s.local.Refund(t)
 		return
 	}
-	s.giveBack("refund", 1, float64(t.Cost), 0)
+	s.giveBack("refund", 1, float64(t.Cost), 0, 0)
 }
 
 func (s *shared) Settle(t *limit.Ticket, usedTokens int64) {
@@ -311,18 +311,19 @@ func (s *shared) Settle(t *limit.Ticket, usedTokens int64) {
 	if usedTokens != t.Cost {
 		// t.Tokens is Redis' running total right after t's dispatch: an
 		// answer whose count covered it already holds what t used.
-		s.giveBack("settle", 0, float64(t.Cost-usedTokens), t.Tokens)
+		s.giveBack("settle", 0, float64(t.Cost), float64(usedTokens), t.Tokens)
 	}
 }
 
 // giveBack adds requests and tokens back to the shared budgets, through
-// the writer; a positive mark (a settle's) skips what an answer's count
-// already covered.
-func (s *shared) giveBack(op string, requests, tokens, mark float64) {
+// the writer, less the tokens used (a settle's: tokens is its estimate);
+// a positive mark (a settle's) skips what an answer's count already
+// covered.
+func (s *shared) giveBack(op string, requests, tokens, used, mark float64) {
 	if !s.st.up.Load() {
 		return
 	}
-	s.st.giveLater(give{op: op, state: s.state, requests: requests, tokens: tokens, mark: mark})
+	s.st.giveLater(give{op: op, state: s.state, requests: requests, tokens: tokens, mark: mark, used: used})
 }
 
 func (s *shared) Return(t *limit.Ticket, now time.Time) {

@@ -118,6 +118,9 @@ type giveBackArgs struct {
 	// Mark, when positive, is a settle's: the tokens' running total when
 	// its request was sent.
 	Mark float64 `lua:"mark"`
+	// Used is a settle's: the tokens its request used. What is given back
+	// is what Tokens (the estimate) was charged, less Used.
+	Used float64 `lua:"used"`
 }
 
 // heartbeatArgs are heartbeatScript's arguments.

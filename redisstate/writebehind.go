@@ -128,8 +128,8 @@ func (s *Store) takeReturns(key string) []string {
 
 // give is a give-back to a group's budgets (see giveBackScript).
 type give struct {
-	op, state              string
-	requests, tokens, mark float64
+	op, state                    string
+	requests, tokens, mark, used float64
 }
 
 // giveLater queues a give-back for the writer.
@@ -203,7 +203,7 @@ func (s *Store) write() {
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
 		start := time.Now()
-		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Requests: g.requests, Tokens: g.tokens, Mark: g.mark})...).Err()
+		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
 		s.took(start, err)

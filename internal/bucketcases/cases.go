@@ -48,6 +48,9 @@ type Step struct {
 	Cost float64  `json:"cost"`
 	N    float64  `json:"n"`
 	Mark *float64 `json:"mark"`
+	// Used is what a settle's request used: a giveback gives back what n
+	// was charged (at most the window) less Used.
+	Used float64 `json:"used"`
 	// want is what the step expects: its fields sit in the step's own
 	// JSON object. (An alias, as a field named Expect would clash with
 	// the method.)
@@ -87,7 +90,7 @@ func (s Step) Describe(i int) string {
 	case s.Op == "admit" || s.Op == "take":
 		return fmt.Sprintf("step %d (%s %v at t=%v)", i, s.Op, s.Cost, s.T)
 	case s.Op == "giveback" && s.Mark != nil:
-		return fmt.Sprintf("step %d (giveback %v, settle mark %v, at t=%v)", i, s.N, *s.Mark, s.T)
+		return fmt.Sprintf("step %d (giveback %v less %v used, settle mark %v, at t=%v)", i, s.N, s.Used, *s.Mark, s.T)
 	case s.Op == "giveback":
 		return fmt.Sprintf("step %d (giveback %v at t=%v)", i, s.N, s.T)
 	}
