@@ -201,3 +201,43 @@ func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 	}
 	s.release()
 }
+
+// TestWhoHoldsARetry: the group holds a retry when it is paused at least
+// as long as the answer asked, or when a refusal that asked for a pause
+// meets a group bound by the number in flight; never otherwise, and the
+// bound is read only when it decides.
+func TestWhoHoldsARetry(t *testing.T) {
+	wait := t0.Add(time.Second)
+	for _, c := range []struct {
+		name        string
+		verdict     limit.Verdict
+		pauseUntil  time.Time
+		pausedUntil time.Time
+		bound       limit.Bound
+		noBound     bool
+		want        bool
+	}{
+		{"paused as long as asked", limit.RateRefused, wait, wait, limit.BoundRate, false, true},
+		{"paused longer than asked", limit.RateRefused, wait, wait.Add(time.Second), limit.BoundRate, false, true},
+		{"no pause asked, none taken", limit.Accepted, time.Time{}, time.Time{}, limit.BoundConcurrency, false, true},
+		{"the pause declined, a rate binds", limit.RateRefused, wait, time.Time{}, limit.BoundRate, false, false},
+		{"the pause declined, concurrency binds", limit.RateRefused, wait, time.Time{}, limit.BoundConcurrency, false, true},
+		{"an overload meets a concurrency bound", limit.Overloaded, wait, t0, limit.BoundConcurrency, false, true},
+		{"a failure is no refusal", limit.Failed, wait, time.Time{}, limit.BoundConcurrency, false, false},
+		{"a refusal that asked for no pause", limit.ConcurrencyRefused, time.Time{}, time.Time{}.Add(-1), limit.BoundConcurrency, false, false},
+		{"a report already made reads no bound", limit.RateRefused, wait, time.Time{}, limit.BoundConcurrency, true, false},
+	} {
+		asked := false
+		bound := func() limit.Bound { asked = true; return c.bound }
+		if c.noBound {
+			bound = nil
+		}
+		got := holds(limit.Report{Verdict: c.verdict, PauseUntil: c.pauseUntil}, c.pausedUntil, bound)
+		if got != c.want {
+			t.Errorf("%s: held %v, want %v", c.name, got, c.want)
+		}
+		if asked && !c.pausedUntil.Before(c.pauseUntil) {
+			t.Errorf("%s: the bound was read though the pause decided", c.name)
+		}
+	}
+}
