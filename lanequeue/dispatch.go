@@ -101,6 +101,12 @@ func (g *group) dequeueLocked(s *Slot) {
 	}
 }
 
+// The group keeps each ticket's bookkeeping, so that a Shared is told of
+// each event once: a charge given back (refundLocked), the tokens an
+// answer used (settleLocked, never after a refund), a permit given back
+// (returnLocked). Each goes to the limit that gave the ticket, and
+// requires g.mu held.
+
 func (g *group) refundLocked(s *Slot) {
 	t := &s.ticket
 	if t.Refunded {

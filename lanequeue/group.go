@@ -14,7 +14,7 @@ import (
 // guards them, their queues, taken in turns, and the limits they draw on.
 // Each lane has a FIFO queue of its own; the lanes with waiters take turns,
 // one dispatch each, within the priority classes. A lane draws on one
-// limit: its model's, or one its model shares with others (see limit).
+// limit: its model's, or one its model shares with others (see pool).
 // Limits that hold their head back let the other lanes go.
 type group struct {
 	key   string
@@ -71,19 +71,13 @@ func newGroup(key string, cfg Config, newShared func(string, limit.Config) limit
 		limits: map[string]*pool{}}
 }
 
-// The group keeps each ticket's bookkeeping, so that a Shared is told of
-// each event once: a charge given back (refundLocked), the tokens an
-// answer used (settleLocked, never after a refund), a permit given back
-// (returnLocked). Each goes to the limit that gave the ticket, and
-// requires g.mu held.
-
 // Lane is one FIFO queue of one group, with its own counters. Its fields are
 // guarded by its group's mutex.
 type Lane struct {
 	key Key
 	id  string
 	g   *group
-	// lim is the limit the lane draws on (see limit: follow mergedInto).
+	// lim is the pool the lane was made with (see drawsOn: follow mergedInto).
 	lim *pool
 
 	// waiters are the lane's queue, one list per priority, each in
@@ -170,6 +164,14 @@ type Slot struct {
 //	any     → done       Done, or a first wait cancelled
 type phase uint8
 
+const (
+	phaseQueued phase = iota
+	phaseSent
+	phaseAnswered
+	phaseIdle
+	phaseDone
+)
+
 // holdsPermit reports whether the slot counts against the concurrency limit.
 func (p phase) holdsPermit() bool { return p == phaseSent || p == phaseAnswered }
 
@@ -206,14 +208,6 @@ type change struct {
 	SharesLimitWith []string
 	SharedBecause   string
 }
-
-const (
-	phaseQueued phase = iota
-	phaseSent
-	phaseAnswered
-	phaseIdle
-	phaseDone
-)
 
 // limitOf returns the limit a lane of key draws on, making it when needed.
 func (g *group) limitOf(key Key) *pool {
