@@ -123,3 +123,60 @@ func TestLongAnswersGrowConcurrencyToRateTimesAnswerTime(t *testing.T) {
 		t.Fatalf("concurrency %d, want 3: grown at once, not after a limit's worth", got)
 	}
 }
+
+// TestAnAnswerThatFindsTheLimitFullIsBinding: an answer that comes while
+// as many permits are out as the limit allows says the limit held
+// requests back, even if its own request went with room to spare; with
+// one permit free it does not.
+func TestAnAnswerThatFindsTheLimitFullIsBinding(t *testing.T) {
+	roomy := Ticket{InFlight: 0, Limit: 4}
+	for _, tc := range []struct {
+		out, want int
+	}{{4, 5}, {3, 4}} {
+		c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
+		c.accepted(&roomy, t0, tc.out, 0)
+		c.accepted(&roomy, t0, tc.out, 0)
+		if c.limit != tc.want {
+			t.Errorf("two answers with %d of 4 out: limit %d, want %d", tc.out, c.limit, tc.want)
+		}
+	}
+}
+
+// TestTheLimitNeverGrowsPastItsHighest: at the highest limit, answers that
+// found it full raise it no further, not even below the concurrency the
+// learned rate needs.
+func TestTheLimitNeverGrowsPastItsHighest(t *testing.T) {
+	c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 4})
+	full := Ticket{InFlight: 3, Limit: 4}
+	for range 20 {
+		c.accepted(&full, t0, 4, 8)
+	}
+	if c.limit != 4 {
+		t.Fatalf("limit %d, want its highest, 4", c.limit)
+	}
+}
+
+// TestARefusalAtTheRefusedLevelAgainDoublesTheProbe: growing back to a
+// level refused before takes probeAcks limits' worth of answers; a
+// refusal there again, while the limit reached it, doubles that, up to
+// maxProbeAcks; one at that level while the limit is under it (a request
+// counted before the limit fell) does not.
+func TestARefusalAtTheRefusedLevelAgainDoublesTheProbe(t *testing.T) {
+	atLevel5 := Ticket{InFlight: 4}
+	for _, tc := range []struct {
+		name         string
+		limit, probe int
+		want         int
+	}{
+		{"at the level", 5, minProbeAcks, 2 * minProbeAcks},
+		{"at the level, past half the most", 5, 6 * minProbeAcks, maxProbeAcks},
+		{"under the level", 4, minProbeAcks, minProbeAcks},
+	} {
+		c := grownConc(tc.limit)
+		c.refusedAt, c.probeAcks = 5, tc.probe
+		c.refused(&atLevel5, t0, 5, 0, false)
+		if c.probeAcks != tc.want || c.refusedAt != 5 {
+			t.Errorf("%s: probeAcks %d, refused level %d; want %d, 5", tc.name, c.probeAcks, c.refusedAt, tc.want)
+		}
+	}
+}

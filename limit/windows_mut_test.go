@@ -445,3 +445,38 @@ func (r *winRig) spend(now time.Time, admits int) (int, time.Time) {
 	r.w.accepted(k, at)
 	return sent, at
 }
+
+// TestLateAnswersCountTowardTheWindowThatEnded: a window of a known
+// allowance of 3 spends it and closes before any answer is in; the three
+// answers come late, during the closure, and count toward the window
+// they went in, whose allowance the knock that reopens the window takes:
+// 3 again, so two more go after the knock, not none.
+func TestLateAnswersCountTowardTheWindowThatEnded(t *testing.T) {
+	r := &winRig{t: t, w: windows{known: true, allowance: 3, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
+	var out []*Ticket
+	for range 3 {
+		out = append(out, r.send(t0))
+	}
+	if slices.Contains(out, nil) || r.send(at(10*time.Millisecond)) != nil || !r.w.closed {
+		t.Fatal("a window of 3 did not close once 3 went")
+	}
+	for _, tk := range out {
+		r.w.accepted(tk, at(time.Second))
+	}
+	now, _, _ := r.w.gate(at(time.Second), true)
+	k := r.send(now)
+	if k == nil {
+		t.Fatalf("no knock at %v", now.Sub(t0))
+	}
+	r.w.accepted(k, now)
+	if r.w.closed || r.w.allowance != 3 {
+		t.Fatalf("after the knock: closed %v, allowance %d; want open, 3", r.w.closed, r.w.allowance)
+	}
+	sent := 0
+	for r.send(now) != nil {
+		sent++
+	}
+	if sent != 2 {
+		t.Fatalf("%d went after the knock, want 2 (3 a window, the knock among them)", sent)
+	}
+}
