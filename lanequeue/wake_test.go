@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,5 +66,38 @@ func TestADispatchThatLetsNobodyGoRunsAgainAMillisecondLater(t *testing.T) {
 	}
 	if err := <-got; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// laterShared admits nothing before a minute from the time it is asked.
+type laterShared struct{ *limit.Memory }
+
+func (s laterShared) Admit(now time.Time, _ int64, _ bool) (limit.Ticket, time.Time, bool) {
+	return limit.Ticket{}, now.Add(time.Minute), false
+}
+
+// TestAWaiterGivenUpAsLateLeavesNoTimer: a request whose deadline falls
+// before its limit lets it go is given up at once (nobody behind it goes
+// sooner); with nobody left waiting, the group arms no timer for that
+// time, which would only keep it alive.
+func TestAWaiterGivenUpAsLateLeavesNoTimer(t *testing.T) {
+	fc := clock.NewFake(t0)
+	tb := NewTable(TableConfig{Lane: Config{Clock: fc}, Shared: func(_ string, cfg limit.Config) limit.Shared {
+		return laterShared{limit.NewMemory(cfg)}
+	}})
+	ctx, cancel := context.WithDeadline(context.Background(), fc.Now().Add(time.Second))
+	defer cancel()
+	s, err := tb.Acquire(ctx, Request{Path: "/v1/x", Model: "m"})
+	defer s.Done(0, "proxy_error", -1)
+	var we *WaitError
+	if !errors.As(err, &we) || we.Paused {
+		t.Fatalf("acquire: %v, want a WaitError for the pacing", err)
+	}
+	g := s.lane.g
+	g.mu.Lock()
+	armed, queued := g.timer != nil, g.queued()
+	g.mu.Unlock()
+	if queued != 0 || armed {
+		t.Fatalf("after the late waiter was given up: %d queued, timer armed %v; want none and none", queued, armed)
 	}
 }
