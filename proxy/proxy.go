@@ -136,12 +136,13 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.sessions = map[*session]struct{}{}
-	p.lanes = lanequeue.NewTable(p.routeLimits(cfg.Lanes))
+	lanes := p.routeLimits(cfg.Lanes)
+	p.lanes = lanequeue.NewTable(lanes)
 	if n := removeSpools(cfg.SpoolDir); n > 0 {
 		p.log.Info("removed request bodies spooled before a crash", "dir", cfg.SpoolDir, "files", n)
 	}
 	var routes prometheus.Collector
-	if cfg.GlobalConcurrency > 0 || len(p.localRoutes()) > 0 {
+	if lanes.GlobalConcurrency > 0 || len(lanes.LocalRoutes) > 0 {
 		routes = routesCollector{p}
 	}
 	m, err := newMetrics(cfg.Registry, p.lanes, slices.Collect(maps.Keys(p.settings)), func() float64 { return float64(p.buffered.Load()) },
