@@ -285,7 +285,11 @@ func TestStateShowsTheGroupsQueueAndDrain(t *testing.T) {
 // one that was queued before the answer said so; a waiter without a
 // deadline keeps waiting; a pause past the deadline says Paused.
 func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
-	fc := clock.NewFake(t0)
+	// The deadlines are the wall clock's, as a context's are: the fake
+	// clock starts now, not at the package's t0, which a long run passes.
+	start := time.Now()
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+	fc := clock.NewFake(start)
 	l := newLane(Key{Path: "/w"}, Config{Concurrency: 1, Clock: fc})
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	short, cancel := context.WithDeadline(context.Background(), at(10*time.Second))
