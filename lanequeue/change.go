@@ -61,13 +61,13 @@ func (c change) log(log *slog.Logger) {
 	switch c.Kind {
 	case changeLimits:
 		msg = "lane limits changed"
-		attrs = append(attrs, slog.String("learned_from", v.Learned), slog.Bool("corrected_by_refusals", v.Corrected))
+		attrs = append(attrs, slog.String("learned_from", v.RateFrom.Learned()), slog.Bool("corrected_by_refusals", v.Corrected))
 		// What the group believes binds and why, as /lanes says it.
 		attrs = append(attrs, slog.String("bound", v.Bound.String()), slog.String("rate_from", v.RateFrom.String()))
 		if v.AdmittedRate > 0 {
 			attrs = append(attrs, slog.Float64("admitted_rate", round2(v.AdmittedRate)))
 		}
-		attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom))
+		attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom.String()))
 		if shape := v.Window.String(); shape != "" {
 			attrs = append(attrs, slog.String("shape", shape))
 		}
@@ -84,14 +84,14 @@ func (c change) log(log *slog.Logger) {
 		attrs = append(attrs, slog.Int("status", c.Status))
 	case changePaused:
 		msg = "lane paused"
-		attrs = append(attrs, slog.String("reason", c.PauseReason), slog.Int("status", c.Status),
+		attrs = append(attrs, slog.String("reason", c.Verdict.PauseReason().String()), slog.Int("status", c.Status),
 			slog.Duration("for", c.PauseFor.Round(time.Millisecond)), slog.Time("until", c.At.Add(c.PauseFor)))
 	case changeConcurrency:
 		msg = "lane concurrency changed"
 		attrs = append(attrs, slog.Int("from", c.From), slog.Int("to", v.Concurrency), slog.String("after", c.Verdict.String()))
-		if v.ConcurrencyFrom != "" {
+		if v.ConcurrencyFrom.Known() {
 			// A limit the upstream showed, not one grown by answers.
-			attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom), slog.String("bound", v.Bound.String()))
+			attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom.String()), slog.String("bound", v.Bound.String()))
 		}
 	case changeEvicted:
 		msg = "lane evicted"

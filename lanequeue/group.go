@@ -198,9 +198,9 @@ type change struct {
 	View limit.View
 	// From is the previous concurrency limit (changeConcurrency).
 	From int
-	// PauseReason and PauseFor describe a pause (changePaused).
-	PauseReason string
-	PauseFor    time.Duration
+	// PauseFor is how long a pause lasts (changePaused); the Verdict
+	// says why.
+	PauseFor time.Duration
 	// Reason says why a lane was evicted: "idle" or "table_full".
 	Reason string
 	// SharesLimitWith and SharedBecause say which other models draw on

@@ -49,7 +49,7 @@ func TestLimitsLearnedAreReportedOnceAndAgainWhenTheyMove(t *testing.T) {
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	accept(s, headerparse.Limits{Requests: win(600, 599, at(100*time.Millisecond))})
 	got := log.take()
-	if len(got) != 1 || got[0].Kind != changeLimits || got[0].Lane != l || got[0].View.Learned != "headers" ||
+	if len(got) != 1 || got[0].Kind != changeLimits || got[0].Lane != l || !got[0].View.FromHeaders() ||
 		got[0].View.Requests.Limit != 600 || got[0].Status != 200 {
 		t.Fatalf("first answer reported %+v, want one changeLimits from headers, limit 600", got)
 	}
@@ -78,7 +78,7 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	s2 := mustGet(t, acquireAsync(context.Background(), l))
 	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: at(2 * time.Second)})
 	paused := log.takeKind(changePaused)
-	if len(paused) != 1 || paused[0].PauseReason != "rate_limited" || paused[0].PauseFor != 2*time.Second || paused[0].Status != 429 {
+	if len(paused) != 1 || paused[0].Verdict != limit.RateRefused || paused[0].PauseFor != 2*time.Second || paused[0].Status != 429 {
 		t.Fatalf("paused changes: %+v, want one rate_limited for 2s", paused)
 	}
 	fc.Advance(time.Second)

@@ -108,7 +108,8 @@ func (l *pool) sharedWith(model string) (others []string, because string) {
 // seen is what the group last reported of itself, to tell changes from
 // noise.
 type seen struct {
-	learned            string
+	fromHeaders        bool // View.FromHeaders
+	fromRefusals       bool // View.FromRefusals
 	shape              string
 	corrected          bool
 	reqLimit, tokLimit float64

@@ -58,12 +58,11 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	// the one it took.
 	if from, until := clock.Later(before, now), lim.shared.PausedUntil(); r.PauseUntil.After(from) && until.After(from) {
 		// This answer started a pause, or made one longer.
-		reason := r.Verdict.PauseReason()
 		started := !before.After(now)
-		l.stats.countPause(reason, until.Sub(from), started)
+		l.stats.countPause(r.Verdict.PauseReason().String(), until.Sub(from), started)
 		if started && g.onChange != nil {
 			changes = append(changes, change{Kind: changePaused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
-				View: v, PauseReason: reason, PauseFor: until.Sub(now)})
+				View: v, PauseFor: until.Sub(now)})
 		}
 	}
 	if g.onChange != nil {
@@ -94,14 +93,15 @@ func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, 
 	// count; only its size says the limit changed. A pace learned from
 	// refusals is its rate.
 	shape := v.Window.String()
-	limits := shared || shape != s.shape || v.Learned != s.learned || v.Corrected != s.corrected ||
+	limits := shared || shape != s.shape || v.Corrected != s.corrected ||
+		v.FromHeaders() != s.fromHeaders || v.FromRefusals() != s.fromRefusals ||
 		moved(v.Requests.Limit, s.reqLimit) || moved(v.Tokens.Limit, s.tokLimit) ||
 		v.FromRefusals() && moved(v.Requests.PerSecond, s.reqRate)
 	if limits {
 		c := base
 		c.Kind = changeLimits
 		out = append(out, c)
-		s.learned, s.corrected, s.shape = v.Learned, v.Corrected, shape
+		s.fromHeaders, s.fromRefusals, s.corrected, s.shape = v.FromHeaders(), v.FromRefusals(), v.Corrected, shape
 		s.reqLimit, s.tokLimit = v.Requests.Limit, v.Tokens.Limit
 		s.reqRate = v.Requests.PerSecond
 	}

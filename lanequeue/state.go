@@ -108,15 +108,15 @@ func (l *Lane) state(withHistory bool) State {
 	s := State{
 		ID: l.id, Route: l.key.Route, KeyHash: l.key.shortKeyHash(), Path: l.key.Path, Model: l.key.Model,
 		Queued: l.queued, InFlight: l.inFlight, Sessions: int(l.sessions.Load()), Concurrency: v.Concurrency,
-		PausedUntil: v.PausedUntil, PauseReason: v.PauseReason,
+		PausedUntil: v.PausedUntil, PauseReason: v.PauseReason.String(),
 		Admitted: l.stats.admitted, Retries: l.stats.retries, Cancelled: l.stats.cancelled, Rejected: l.stats.rejected,
 		Throttled: l.stats.throttled, Absorbed429: l.stats.absorbed429,
 		answerCounts: maps.Clone(l.stats.answers), Attempts: maps.Clone(l.stats.attempts),
 		Pauses: maps.Clone(l.stats.pauses), PausedSeconds: maps.Clone(l.stats.pausedSecs),
 		GroupQueued:  queued,
 		DrainSeconds: drainSeconds(queued, queuedCost, v, now),
-		Learned:      v.Learned, Corrected: v.Corrected,
-		Bound: v.Bound.String(), RateFrom: v.RateFrom.String(), AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom, AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
+		Learned:      v.RateFrom.Learned(), Corrected: v.Corrected,
+		Bound: v.Bound.String(), RateFrom: v.RateFrom.String(), AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom.String(), AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		LastUsed: l.used(),
 	}
 	if lim.ceil != nil {

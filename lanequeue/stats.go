@@ -42,7 +42,8 @@ func (s *laneStats) countAttempt(status int, now time.Time) {
 	}
 }
 
-// countPause adds d of pause for reason; started says the pause is new.
+// countPause adds d of pause for reason, as /lanes and the metrics' label
+// show it; started says the pause is new.
 func (s *laneStats) countPause(reason string, d time.Duration, started bool) {
 	if s.pauses == nil {
 		s.pauses, s.pausedSecs = map[string]int64{}, map[string]float64{}

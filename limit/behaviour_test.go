@@ -750,7 +750,7 @@ func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
 	m.learn.answered(11, true)
 	m.Learn(&ts[9], Report{Status: 429, Verdict: RateRefused, PauseUntil: now.Add(time.Second)}, now)
 	v := m.View(now)
-	if v.Bound != BoundConcurrency || v.ConcurrencyFrom != "refusals at 10 in flight" || v.Concurrency != 9 {
+	if v.Bound != BoundConcurrency || v.ConcurrencyFrom != 10 || v.Concurrency != 9 {
 		t.Fatalf("bound %v from %q limit %d; want concurrency 9 from refusals at 10 in flight", v.Bound, v.ConcurrencyFrom, v.Concurrency)
 	}
 	if !v.PausedUntil.IsZero() || !m.PausedUntil().IsZero() {

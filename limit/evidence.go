@@ -51,30 +51,33 @@ type Ticket struct {
 // View is what Shared shows of itself.
 type View struct {
 	PausedUntil time.Time
-	PauseReason string // "rate_limited", "overloaded", "retry", "window" (a fixed window's closure), "shared" (a pause another replica set, see redisstate) or ""
-	Concurrency int    // current concurrency limit
-	InFlight    int    // permits out
+	// PauseReason says why: a rate refusal ("rate_limited"), an
+	// overload ("overloaded"), another retryable answer ("retry"), a
+	// fixed window's closure ("window"), a pause another replica set
+	// ("shared", see PausedElsewhere); its zero value while not paused.
+	PauseReason pauseReason
+	Concurrency int // current concurrency limit
+	InFlight    int // permits out
 	// Requests and Tokens are the learned budgets; Known is false while
 	// the upstream has said nothing.
 	Requests, Tokens BudgetView
 	// AnswerSeconds is the mean time an accepted answer holds its permit.
 	AnswerSeconds float64
-	// Learned says where the request pace comes from: "headers",
-	// "refusals" (an upstream without headers), or "" (nothing
-	// yet); FromRefusals asks for the second.
-	Learned string
 	// Bound is what the behaviour of an upstream without headers says it
 	// limits.
 	Bound Bound
 	// RateFrom says where the request pace comes from (a sending rate
-	// is a guess until two refusals measure the admitted rate).
+	// is a guess until two refusals measure the admitted rate); its
+	// zero value while nothing is learned. FromHeaders and FromRefusals
+	// ask which of the two kinds of evidence it is.
 	// AdmittedRate is the rate measured from behaviour, requests a second.
 	RateFrom     RateFrom
 	AdmittedRate float64
-	// ConcurrencyFrom says where the concurrency limit comes from:
-	// "words" (the upstream named concurrency), "refusals at N in flight"
-	// (learned from behaviour), or "" (the start, grown by answers).
-	ConcurrencyFrom string
+	// ConcurrencyFrom says where the concurrency limit comes from: the
+	// upstream named concurrency ("words"), its refusals at a number in
+	// flight ("refusals at N in flight"), or, its zero value, the start
+	// grown by answers ("").
+	ConcurrencyFrom concurrencyFrom
 	// ConcurrencyLowered: refusals of the number in flight (named, learned
 	// from behaviour, or overload) lowered the concurrency limit lately;
 	// otherwise it is the start, grown by answers.
@@ -89,15 +92,21 @@ type View struct {
 	Shared string
 }
 
-// Where a View's request pace comes from (View.Learned).
-const (
-	learnedFromHeaders  = "headers"
-	learnedFromRefusals = "refusals"
-)
+// FromHeaders reports whether the request pace was read from the
+// upstream's rate-limit headers.
+func (v View) FromHeaders() bool { return v.RateFrom == rateHeaders }
 
 // FromRefusals reports whether the request pace was learned from the
 // upstream's refusals, with no headers to read it from.
-func (v View) FromRefusals() bool { return v.Learned == learnedFromRefusals }
+func (v View) FromRefusals() bool { return v.RateFrom != rateUnknown && v.RateFrom != rateHeaders }
+
+// PausedElsewhere is v paused until until by another replica that keeps
+// the state together with this one (PauseReason "shared"), for a store
+// shared by replicas to show a pause it learned from them.
+func (v View) PausedElsewhere(until time.Time) View {
+	v.PausedUntil, v.PauseReason = until, pauseShared
+	return v
+}
 
 // BudgetView is one learned budget.
 type BudgetView struct {

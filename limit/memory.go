@@ -2,7 +2,6 @@ package limit
 
 import (
 	"math"
-	"strconv"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
@@ -16,7 +15,7 @@ type Memory struct {
 	pace        pacer
 	conc        concurrency
 	pausedUntil time.Time
-	pauseReason string
+	pauseReason pauseReason
 	// Dispatches at one instant form a batch: each is marked as if sent
 	// first in it, since they reach the upstream in any order.
 	batchAt time.Time
@@ -655,12 +654,11 @@ func (s *Memory) View(now time.Time) View {
 		v.PausedUntil, v.PauseReason = s.pausedUntil, s.pauseReason
 	}
 	if until := s.win.until(); now.Before(until) && until.After(v.PausedUntil) {
-		v.PausedUntil, v.PauseReason = until, "window"
+		v.PausedUntil, v.PauseReason = until, pauseWindow
 	}
 	v.Requests, v.Tokens = s.pace.view(now)
 	switch {
 	case s.pace.fromRefusals:
-		v.Learned = learnedFromRefusals
 		v.RateFrom = s.learn.from
 		v.AdmittedRate = s.learn.estimate
 		v.Bound = BoundRate
@@ -668,15 +666,14 @@ func (s *Memory) View(now time.Time) View {
 			v.Bound = BoundConcurrency
 		}
 	case s.pace.requests.known || s.pace.tokens.known:
-		v.Learned = learnedFromHeaders
 		v.RateFrom = rateHeaders
 	}
 	switch {
 	case s.learn.named:
-		v.ConcurrencyFrom = "words"
+		v.ConcurrencyFrom = concurrencyNamed
 		v.Bound = BoundConcurrency
 	case s.learn.atLevel > 0:
-		v.ConcurrencyFrom = "refusals at " + strconv.Itoa(s.learn.atLevel) + " in flight"
+		v.ConcurrencyFrom = concurrencyFrom(s.learn.atLevel)
 	}
 	v.Corrected = s.pace.requests.capped > 0 || s.pace.tokens.capped > 0
 	v.Window = s.win.view()

@@ -72,7 +72,7 @@ func TestTheMeanAnswerTimeWeighsTheNewestAFifth(t *testing.T) {
 // start's.
 func TestAStatedConcurrencyRefusalTakesTheLimitToTheLevelItWentAt(t *testing.T) {
 	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
-	if v := m.View(t0); v.ConcurrencyFrom != "" || v.ConcurrencyLowered {
+	if v := m.View(t0); v.ConcurrencyFrom != concurrencyGrown || v.ConcurrencyLowered {
 		t.Fatalf("a fresh state's limit comes from %q, lowered %v; want the start's", v.ConcurrencyFrom, v.ConcurrencyLowered)
 	}
 	var tks []*Ticket
@@ -81,7 +81,7 @@ func TestAStatedConcurrencyRefusalTakesTheLimitToTheLevelItWentAt(t *testing.T) 
 	}
 	m.Learn(tks[2], Report{Status: 429, Verdict: ConcurrencyRefused}, t0)
 	v := m.View(t0)
-	if v.Concurrency != 3 || v.ConcurrencyFrom != "words" || v.Bound != BoundConcurrency || !v.ConcurrencyLowered {
+	if v.Concurrency != 3 || v.ConcurrencyFrom != concurrencyNamed || v.Bound != BoundConcurrency || !v.ConcurrencyLowered {
 		t.Fatalf("limit %d from %q, bound %v, lowered %v; want 3 from words, bound by concurrency, lowered",
 			v.Concurrency, v.ConcurrencyFrom, v.Bound, v.ConcurrencyLowered)
 	}
@@ -188,7 +188,7 @@ func TestOnlyAWaitShortEnoughToBeAPacePausesTheGroup(t *testing.T) {
 		if !v.FromRefusals() {
 			t.Errorf("a %v wait: no pace learned", tc.hint)
 		}
-		if paused := v.PausedUntil.Equal(pause) && v.PauseReason == "rate_limited"; paused != tc.pauses {
+		if paused := v.PausedUntil.Equal(pause) && v.PauseReason == pauseRateLimited; paused != tc.pauses {
 			t.Errorf("a %v wait: paused until %v (%q), want a pause %v", tc.hint, v.PausedUntil.Sub(t0), v.PauseReason, tc.pauses)
 		}
 	}
@@ -213,12 +213,12 @@ func TestARateRefusalWithRoomCorrectsTheHeadersWindow(t *testing.T) {
 			10, func(v View) float64 { return v.Tokens.Limit }, 501},
 	} {
 		m := NewMemory(Config{})
-		if v := m.View(t0); v.Corrected || v.Learned != "" {
-			t.Fatalf("a fresh state: corrected %v, learned %q", v.Corrected, v.Learned)
+		if v := m.View(t0); v.Corrected || v.RateFrom != rateUnknown {
+			t.Fatalf("a fresh state: corrected %v, rate from %q", v.Corrected, v.RateFrom)
 		}
 		answered(m, admitted(t, m, t0, tc.cost), Report{Status: 200, Verdict: Accepted, Limits: tc.told}, t0)
-		if v := m.View(t0); v.Corrected || v.Learned != "headers" || v.FromRefusals() {
-			t.Fatalf("%s: after honest-looking headers: corrected %v, learned %q", tc.name, v.Corrected, v.Learned)
+		if v := m.View(t0); v.Corrected || !v.FromHeaders() || v.FromRefusals() {
+			t.Fatalf("%s: after honest-looking headers: corrected %v, rate from %q", tc.name, v.Corrected, v.RateFrom)
 		}
 		now := at(10 * time.Millisecond)
 		tk := admitted(t, m, now, tc.cost)
@@ -319,7 +319,7 @@ func TestABoundByConcurrencyPacesAsFastAsItsLimitAllows(t *testing.T) {
 	now = at(600 * time.Millisecond)
 	m.ShareLevels([]float64{0, 20, 20, 0}, []float64{0, 0, 0, 10}, now)
 	v := m.View(now)
-	if v.Bound != BoundConcurrency || v.ConcurrencyFrom != "refusals at 3 in flight" || v.Concurrency != 2 {
+	if v.Bound != BoundConcurrency || v.ConcurrencyFrom != 3 || v.Concurrency != 2 {
 		t.Fatalf("bound %v from %q, limit %d; want concurrency from refusals at 3, limit 2", v.Bound, v.ConcurrencyFrom, v.Concurrency)
 	}
 	if !near(v.Requests.PerSecond, 6) {

@@ -1,5 +1,7 @@
 package limit
 
+import "strconv"
+
 // RateFrom says where a group's request pace comes from. Code compares
 // the values; String is what /lanes, the logs and the dashboard show.
 type RateFrom uint8
@@ -16,11 +18,20 @@ const (
 
 var rateFromText = [...]string{"", "headers", "admitted rate", "sending rate", "hint", "probe", "replicas"}
 
-func (f RateFrom) String() string {
-	if int(f) < len(rateFromText) {
-		return rateFromText[f]
+func (f RateFrom) String() string { return shown(f, rateFromText[:]) }
+
+// Learned is the coarse source of f that /lanes and the logs show as
+// learned_from: "headers", "refusals" (every source read from the
+// behaviour of an upstream without headers) or "" (nothing yet). Code
+// asks View.FromHeaders and View.FromRefusals.
+func (f RateFrom) Learned() string {
+	switch f {
+	case rateUnknown:
+		return ""
+	case rateHeaders:
+		return "headers"
 	}
-	return "unknown"
+	return "refusals"
 }
 
 // Bound is what the behaviour of an upstream without headers says it
@@ -35,9 +46,57 @@ const (
 
 var boundText = [...]string{"", "rate", "concurrency"}
 
-func (b Bound) String() string {
-	if int(b) < len(boundText) {
-		return boundText[b]
+func (b Bound) String() string { return shown(b, boundText[:]) }
+
+// pauseReason says why a group is paused (View.PauseReason). Code compares
+// the values; String is what /lanes, the logs and the metrics' reason
+// label show.
+type pauseReason uint8
+
+const (
+	notPaused        pauseReason = iota
+	pauseRateLimited             // a rate refusal's wait
+	pauseOverloaded              // an overloaded upstream's wait
+	pauseRetry                   // another retryable answer's wait
+	pauseWindow                  // a fixed window's closure, to its stated boundary
+	pauseShared                  // a pause another replica set (see redisstate)
+)
+
+var pauseReasonText = [...]string{"", "rate_limited", "overloaded", "retry", "window", "shared"}
+
+func (p pauseReason) String() string { return shown(p, pauseReasonText[:]) }
+
+// concurrencyFrom says where a group's concurrency limit comes from
+// (View.ConcurrencyFrom): concurrencyGrown, concurrencyNamed, or, above
+// zero, the number in flight the upstream's refusals showed is too many.
+// String is what /lanes and the logs show.
+type concurrencyFrom int
+
+const (
+	concurrencyGrown concurrencyFrom = 0  // the start, grown by answers
+	concurrencyNamed concurrencyFrom = -1 // the upstream's words named concurrency
+)
+
+func (c concurrencyFrom) String() string {
+	switch {
+	case c == concurrencyGrown:
+		return ""
+	case c == concurrencyNamed:
+		return "words"
+	case c > 0:
+		return "refusals at " + strconv.Itoa(int(c)) + " in flight"
+	}
+	return "unknown"
+}
+
+// Known reports whether the upstream showed the limit, in its words or
+// by its refusals, rather than answers grew it from the start.
+func (c concurrencyFrom) Known() bool { return c != concurrencyGrown }
+
+// shown is v's text in texts, "unknown" for a value out of their range.
+func shown[T ~uint8](v T, texts []string) string {
+	if int(v) < len(texts) {
+		return texts[v]
 	}
 	return "unknown"
 }

@@ -64,14 +64,14 @@ func (v Verdict) Pauses() bool { return v == RateRefused || v == Overloaded }
 
 // PauseReason names the pause an answer with this verdict sets (see
 // View.PauseReason).
-func (v Verdict) PauseReason() string {
+func (v Verdict) PauseReason() pauseReason {
 	switch v {
 	case RateRefused:
-		return "rate_limited"
+		return pauseRateLimited
 	case Overloaded:
-		return "overloaded"
+		return pauseOverloaded
 	}
-	return "retry"
+	return pauseRetry
 }
 
 // Report is everything one attempt's answer tells the lane, handed over in

@@ -131,14 +131,14 @@ func TestWhatEachVerdictMeans(t *testing.T) {
 	for _, c := range []struct {
 		v                        Verdict
 		refusal, limited, pauses bool
-		reason                   string
+		reason                   pauseReason
 	}{
-		{Accepted, false, false, false, "retry"},
-		{RateRefused, true, true, true, "rate_limited"},
-		{ConcurrencyRefused, true, true, false, "retry"},
-		{Overloaded, true, false, true, "overloaded"},
-		{Failed, false, false, false, "retry"},
-		{NotSent, false, false, false, "retry"},
+		{Accepted, false, false, false, pauseRetry},
+		{RateRefused, true, true, true, pauseRateLimited},
+		{ConcurrencyRefused, true, true, false, pauseRetry},
+		{Overloaded, true, false, true, pauseOverloaded},
+		{Failed, false, false, false, pauseRetry},
+		{NotSent, false, false, false, pauseRetry},
 	} {
 		if c.v.Refusal() != c.refusal || c.v.Limited() != c.limited || c.v.Pauses() != c.pauses || c.v.PauseReason() != c.reason {
 			t.Errorf("%v: refusal %v, limited %v, pauses %v, reason %q; want %v, %v, %v, %q", c.v, c.v.Refusal(), c.v.Limited(),

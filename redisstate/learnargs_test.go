@@ -16,9 +16,13 @@ import (
 func TestOnlyARateRefusalEmptiesAPaceLearnedFromRefusals(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	s := &shared{st: &Store{}, local: limit.NewMemory(limit.Config{})}
-	v := limit.View{Learned: "refusals", Concurrency: 4,
-		Requests: limit.BudgetView{Known: true, Limit: 5, Available: 3, PerSecond: 2.5}}
-	if !v.FromRefusals() {
+	// A first quiet refusal naming its wait paces the group from refusals.
+	m := limit.NewMemory(limit.Config{})
+	first, _, _ := m.Admit(now.Add(-2*time.Second), 1, false)
+	m.Learn(&first, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 400 * time.Millisecond}, now.Add(-2*time.Second))
+	v := m.View(now)
+	v.Concurrency, v.Requests = 4, limit.BudgetView{Known: true, Limit: 5, Available: 3, PerSecond: 2.5}
+	if !v.FromRefusals() || v.Window != nil {
 		t.Fatal("the view does not read as a pace learned from refusals")
 	}
 	for _, c := range []struct {

@@ -441,7 +441,7 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 	}
 	for name, sh := range map[string]limit.Shared{"a": sa, "b": sb} {
 		v := sh.(*shared).local.View(time.Now())
-		if v.Bound != limit.BoundConcurrency || v.ConcurrencyFrom != "refusals at 9 in flight" {
+		if v.Bound != limit.BoundConcurrency || v.ConcurrencyFrom.String() != "refusals at 9 in flight" {
 			t.Errorf("replica %s judges bound %q (%q) from one refusal of its own; want concurrency at 9 from both", name, v.Bound, v.ConcurrencyFrom)
 		}
 	}
@@ -549,8 +549,8 @@ func TestAReplicasFirstGuessIsTheGroupsSendingRate(t *testing.T) {
 	tk := admitWithin(t, sb, 5*time.Second)
 	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
 	v := sb.View(time.Now())
-	if v.Learned != "refusals" || v.AdmittedRate < 8 {
-		t.Fatalf("b learned %q at %.1f/s from its first refusal, want from refusals at about the group's 13/s", v.Learned, v.AdmittedRate)
+	if !v.FromRefusals() || v.AdmittedRate < 8 {
+		t.Fatalf("b learned from %q at %.1f/s from its first refusal, want from refusals at about the group's 13/s", v.RateFrom, v.AdmittedRate)
 	}
 }
 

@@ -367,7 +367,7 @@ func (s *shared) View(now time.Time) limit.View {
 		}
 		v.InFlight = s.out
 		if s.paused.After(now) && s.paused.After(v.PausedUntil) {
-			v.PausedUntil, v.PauseReason = s.paused, "shared"
+			v = v.PausedElsewhere(s.paused)
 		}
 	}
 	return v

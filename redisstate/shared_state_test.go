@@ -458,7 +458,7 @@ func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 		PauseUntil: test.Add(8 * time.Second)}, test)
 	a.Return(&tk, test)
 	b.Admit(test, 1, false) // b's next reply brings the shared pause
-	if v := b.View(test); v.PausedUntil.Before(now.Add(8*time.Second)) || v.PauseReason != "shared" {
+	if v := b.View(test); v.PausedUntil.Before(now.Add(8*time.Second)) || v.PauseReason.String() != "shared" {
 		t.Fatalf("the other replica's view: paused until %v (%q), want the boundary about 9 s on", v.PausedUntil, v.PauseReason)
 	}
 	if _, _, ok := b.Admit(test.Add(time.Second), 1, false); ok {
