@@ -82,9 +82,9 @@ func TestRefusalOfAnUpstreamThatAdmitsNothingPauses(t *testing.T) {
 	}
 }
 
-// TestAnUnsentAttemptDoesNotEndTheProbe: a new group's first attempt that
+// TestAnUnsentAttemptDoesNotEndTheFirstAnswerWindow: a new group's first attempt that
 // never reached the upstream keeps the group waiting for a real answer.
-func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
+func TestAnUnsentAttemptDoesNotEndTheFirstAnswerWindow(t *testing.T) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 8, Clock: fc})
 	s := mustGet(t, acquireAsync(context.Background(), l))
@@ -93,7 +93,7 @@ func TestAnUnsentAttemptDoesNotEndTheProbe(t *testing.T) {
 	learned := l.drawsOn().learned
 	l.g.mu.Unlock()
 	if learned {
-		t.Fatal("an unsent attempt ended the probe")
+		t.Fatal("an unsent attempt ended the first-answer window")
 	}
 	accept(s, headerparse.Limits{})
 	s.release()

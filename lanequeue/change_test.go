@@ -37,7 +37,7 @@ func TestConcurrencyRiseIsReportedOnceASecondHasPassed(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 2})
 	l := tb.laneFor(Key{Path: "/c"})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	a := mustGet(t, acquireAsync(context.Background(), l))
 	b := mustGet(t, acquireAsync(context.Background(), l))
 	accept(a, headerparse.Limits{}) // binding, slow start: one of two answers

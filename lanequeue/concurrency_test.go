@@ -10,12 +10,12 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// aimdLane is a lane past the probe with the given concurrency bounds.
+// aimdLane is a lane past the first-answer window with the given concurrency bounds.
 func aimdLane(conc, minConc, maxConc int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Route: "r", Path: "/v1/x", Model: "m"},
 		Config{Concurrency: conc, MinConcurrency: minConc, MaxConcurrency: maxConc, MaxQueue: 100, Clock: fc})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	return l, fc
 }
 
@@ -53,7 +53,7 @@ func settled(conc, minConc, maxConc int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Route: "r", Path: "/v1/x", Model: "m"}, Config{Concurrency: conc, MinConcurrency: minConc, MaxConcurrency: maxConc, MaxQueue: 100, Clock: fc,
 		Limits: limit.Limits{Concurrency: conc, Start: true}})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	return l, fc
 }
 
@@ -160,19 +160,19 @@ func TestGrowthBackToARefusedLevelIsSlowAndSlowerAfterEachFailure(t *testing.T) 
 	wantLimit(t, l, 7)
 	releaseAll(slots[7:])
 	slots = slots[:7]
-	// Each failed probe doubles the answers the next one takes: 10, 20, 40
-	// limits' worth (limit's minProbeAcks is 10).
-	for _, probeAcks := range []int{10, 20, 40} {
-		for i := 0; i < 7*probeAcks-1; i++ {
+	// Each refusal at the level again doubles the answers growing back to
+	// it takes: 10, 20, 40 limits' worth (limit's minRegrowAcks is 10).
+	for _, regrowAcks := range []int{10, 20, 40} {
+		for i := 0; i < 7*regrowAcks-1; i++ {
 			accept(slots[6], headerparse.Limits{})
 		}
 		wantLimit(t, l, 7)
 		accept(slots[6], headerparse.Limits{})
-		wantLimit(t, l, 8) // the probe
-		probe := acquireN(t, l, 1)[0]
-		refuseConc(probe) // fails again
+		wantLimit(t, l, 8) // back at the refused level
+		eighth := acquireN(t, l, 1)[0]
+		refuseConc(eighth) // refused there again
 		wantLimit(t, l, 7)
-		probe.release()
+		eighth.release()
 	}
 	releaseAll(slots)
 }
@@ -195,16 +195,16 @@ func TestAnswerTimeIsMeasuredFromDispatchToRelease(t *testing.T) {
 	}
 }
 
-func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
+func TestANewLaneSendsOneUntilItsFirstAnswer(t *testing.T) {
 	tests := []struct {
 		name string
-		end  func(fc *clock.Fake, first *Slot) // what ends the probe
+		end  func(fc *clock.Fake, first *Slot) // what ends the first-answer window
 	}{
 		{"answer without rate-limit headers", func(_ *clock.Fake, s *Slot) { accept(s, headerparse.Limits{}) }},
 		{"answer with limits", func(_ *clock.Fake, s *Slot) {
 			accept(s, headerparse.Limits{Requests: win(100, 99, at(time.Minute))})
 		}},
-		{"probe window passes", func(fc *clock.Fake, _ *Slot) { fc.Set(at(probeWindow)) }},
+		{"the window passes", func(fc *clock.Fake, _ *Slot) { fc.Set(at(firstAnswerWindow)) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -216,9 +216,9 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 				chans[i] = acquireAsync(context.Background(), l)
 			}
 			waitQueued(t, l, 7)
-			fc.Set(at(probeWindow - time.Nanosecond))
+			fc.Set(at(firstAnswerWindow - time.Nanosecond))
 			if st := l.State(); st.InFlight != 1 || st.Queued != 7 {
-				t.Fatalf("during the probe: %+v, want 1 in flight and 7 waiting", st)
+				t.Fatalf("during the first-answer window: %+v, want 1 in flight and 7 waiting", st)
 			}
 			mustBlock(t, chans[0])
 
@@ -229,10 +229,10 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 				if l.State().InFlight == 8 {
 					break
 				}
-				fc.Advance(probeWindow / 100)
+				fc.Advance(firstAnswerWindow / 100)
 			}
 			if st := l.State(); st.InFlight != 8 || st.Queued != 0 {
-				t.Fatalf("after the probe: %+v, want all 8 in flight", st)
+				t.Fatalf("after the first-answer window: %+v, want all 8 in flight", st)
 			}
 			first.release()
 			for _, ch := range chans {
@@ -242,7 +242,7 @@ func TestProbeNewLaneSendsOneUntilAnswer(t *testing.T) {
 	}
 }
 
-func TestProbeReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
+func TestAFirstReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 8, MaxConcurrency: 8, Clock: fc})
 	first := mustGet(t, acquireAsync(context.Background(), l))
@@ -256,7 +256,7 @@ func TestProbeReleaseWithoutAnswerStaysOneAtATime(t *testing.T) {
 	if st := l.State(); st.InFlight != 1 || st.Queued != 1 {
 		t.Fatalf("state %+v, want still one at a time", st)
 	}
-	fc.Set(at(probeWindow)) // the window counts from the first dispatch
+	fc.Set(at(firstAnswerWindow)) // the window counts from the first dispatch
 	sb := mustGet(t, b)
 	sa.release()
 	sb.release()

@@ -241,8 +241,8 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 		l.stats.admitted++
 	}
 	lim.unanswered++
-	if lim.probeUntil.IsZero() {
-		lim.probeUntil = now.Add(probeWindow)
+	if lim.firstAnswerUntil.IsZero() {
+		lim.firstAnswerUntil = now.Add(firstAnswerWindow)
 	}
 	if lim.ceil != nil {
 		lim.ceil.Take(now, s.cost)

@@ -13,7 +13,7 @@ import (
 // TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer: while its
 // first request is out, a new group's next request goes at once when
 // another replica of the group has had an answer, instead of waiting for
-// the probe window.
+// the first-answer window.
 func TestAGroupAnsweredElsewhereDoesNotWaitForItsOwnFirstAnswer(t *testing.T) {
 	fc := clock.NewFake(time.Unix(1_000_000, 0))
 	cfg := Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}

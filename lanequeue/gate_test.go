@@ -138,7 +138,7 @@ func TestCapIsNeverExceededAndServesGroupsInOrder(t *testing.T) {
 		var wg sync.WaitGroup
 		for k := range 50 {
 			l := tbl.laneFor(capKey(k))
-			pastProbe(l)
+			pastFirstAnswer(l)
 			for range 4 {
 				wg.Add(1)
 				go func() {
@@ -191,8 +191,8 @@ func TestCapIsNotHeldByAPausedLane(t *testing.T) {
 		tbl := capTable(2)
 		c := tbl.cap
 		paused, busy := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1))
-		pastProbe(paused)
-		pastProbe(busy)
+		pastFirstAnswer(paused)
+		pastFirstAnswer(busy)
 		s, err := paused.acquire(context.Background(), 1, High)
 		if err != nil {
 			t.Fatal(err)
@@ -244,7 +244,7 @@ func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 		c := tbl.cap
 		a, b, d := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1)), tbl.laneFor(capKey(2))
 		for _, l := range []*Lane{a, b, d} {
-			pastProbe(l)
+			pastFirstAnswer(l)
 		}
 		sa, _ := a.acquire(context.Background(), 1, High)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -428,7 +428,7 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		var held []*Slot
 		for k := range 3 {
 			l := tbl.laneFor(capKey(k))
-			pastProbe(l)
+			pastFirstAnswer(l)
 			s, err := l.acquire(context.Background(), 1, High)
 			if err != nil {
 				t.Fatal(err)
@@ -438,7 +438,7 @@ func TestCapLetsEveryWaitingGroupInWhenSeveralPlacesFree(t *testing.T) {
 		got := make(chan *Slot, 3)
 		for k := 3; k < 6; k++ {
 			l := tbl.laneFor(capKey(k))
-			pastProbe(l)
+			pastFirstAnswer(l)
 			go func() {
 				if s, err := l.acquire(context.Background(), 1, High); err == nil {
 					got <- s
@@ -502,8 +502,8 @@ func TestCapLineMovesOnWhenTheFirstGroupCannotGo(t *testing.T) {
 		tbl := capTable(2)
 		c := tbl.cap
 		b, d := tbl.laneFor(capKey(0)), tbl.laneFor(capKey(1))
-		pastProbe(b)
-		pastProbe(d)
+		pastFirstAnswer(b)
+		pastFirstAnswer(d)
 		b1, _ := b.acquire(context.Background(), 1, High)
 		b2, _ := b.acquire(context.Background(), 1, High)
 		ctx, cancel := context.WithCancel(context.Background())

@@ -52,8 +52,9 @@ func pause(l *Lane, until time.Time) {
 	l.drawsOn().shared.Learn(&limit.Ticket{Settled: true}, limit.Report{Verdict: limit.NotSent, PauseUntil: until}, l.g.clock.Now())
 }
 
-// pastProbe ends the lane group's probe: tests of what follows start there.
-func pastProbe(l *Lane) {
+// pastFirstAnswer ends the lane group's first-answer window: tests of
+// what follows start there.
+func pastFirstAnswer(l *Lane) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
 	l.drawsOn().learned = true

@@ -27,7 +27,7 @@ func testLane(conc, maxQueue int) (*Lane, *clock.Fake) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Route: "r", CredentialHash: HashCredential("sk-test"), Path: "/v1/x", Model: "m"},
 		Config{Concurrency: conc, MinConcurrency: 1, MaxConcurrency: conc, MaxQueue: maxQueue, Clock: fc})
-	pastProbe(l) // past the probe; TestProbe* cover it
+	pastFirstAnswer(l) // past the first-answer window; TestANewLaneSendsOneUntilItsFirstAnswer covers it
 	return l, fc
 }
 
@@ -259,7 +259,7 @@ func TestCancelledRetryKeepsSlotUntilRelease(t *testing.T) {
 // are cancelled at random and checks the limit holds and nothing is left.
 func TestSlotsNeverLeakUnderChurn(t *testing.T) {
 	l := newLane(Key{Path: "/x"}, Config{Concurrency: 3, MaxConcurrency: 3, MaxQueue: 1000})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	var inside, peak atomic.Int64
 	var wg sync.WaitGroup
 	for i := 0; i < 200; i++ {

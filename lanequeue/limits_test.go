@@ -69,7 +69,7 @@ func minGap(starts []time.Time) time.Duration {
 
 // TestConfiguredRPMPacesEvenlyWithoutHeaders: 600 RPM on an upstream that
 // says nothing: starts are 100 ms apart from the first request on (no
-// probe for the first answer, no burst), 60 requests take 5.9 s.
+// waiting for the first answer, no burst), 60 requests take 5.9 s.
 func TestConfiguredRPMPacesEvenlyWithoutHeaders(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := configuredTable(limit.Limits{RPM: 600}).laneFor(ckey)
@@ -318,14 +318,14 @@ func TestConfiguredStartGrowsWhileNothingIsLearned(t *testing.T) {
 	})
 }
 
-// TestAConfiguredLimitSkipsTheFirstAnswerProbe: a group whose route
+// TestAConfiguredLimitSkipsTheFirstAnswerWindow: a group whose route
 // configures a rate, a token rate or a concurrency knows a limit and sends
 // a burst at once; one with only a minimum gap still sends one request
 // and waits for its answer first.
-func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
+func TestAConfiguredLimitSkipsTheFirstAnswerWindow(t *testing.T) {
 	for _, tc := range []struct {
 		lim   limit.Limits
-		probe bool
+		waits bool
 	}{
 		{limit.Limits{RPM: 6e6}, false}, {limit.Limits{TPM: 6e9}, false}, {limit.Limits{Concurrency: 4}, false},
 		{limit.Limits{MinGap: time.Millisecond}, true},
@@ -343,8 +343,8 @@ func TestAConfiguredLimitSkipsTheFirstAnswerProbe(t *testing.T) {
 				}
 			}()
 			time.Sleep(100 * time.Millisecond) // the gap and the rate are long past
-			if went := len(second) == 1; went == tc.probe {
-				t.Errorf("%+v: the second request went before the first answer: %v, want %v", tc.lim, went, !tc.probe)
+			if went := len(second) == 1; went == tc.waits {
+				t.Errorf("%+v: the second request went before the first answer: %v, want %v", tc.lim, went, !tc.waits)
 			}
 			first.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 			first.release()

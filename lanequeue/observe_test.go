@@ -73,7 +73,7 @@ func TestPauseIsReportedWhenItStartsNotWhenItGrows(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 4})
 	l := tb.laneFor(Key{Path: "/p"})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	s := mustGet(t, acquireAsync(context.Background(), l))
 	s2 := mustGet(t, acquireAsync(context.Background(), l))
 	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: at(2 * time.Second)})
@@ -112,7 +112,7 @@ func TestConcurrencyFallsAreReportedAtOnceRisesOncePerSecond(t *testing.T) {
 	fc := clock.NewFake(t0)
 	tb, log := observedTable(fc, Config{Concurrency: 2})
 	l := tb.laneFor(Key{Path: "/c"})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	a := mustGet(t, acquireAsync(context.Background(), l))
 	b := mustGet(t, acquireAsync(context.Background(), l))
 	// Both permits out: each accepted answer is binding; slow start raises

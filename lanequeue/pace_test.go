@@ -132,17 +132,17 @@ func TestLaneExhaustedWithoutResetWaitsForAnswer(t *testing.T) {
 	l, fc := testLane(8, 100)
 	a := mustGet(t, acquireAsync(context.Background(), l))
 	accept(a, headerparse.Limits{Requests: win(100, 0, time.Time{})})
-	probe := mustGet(t, acquireAsync(context.Background(), l))
+	next := mustGet(t, acquireAsync(context.Background(), l))
 	ch := acquireAsync(context.Background(), l)
 	waitQueued(t, l, 1)
 	fc.Advance(time.Hour)
 	if q := l.State().Queued; q != 1 {
 		t.Fatalf("queued = %d an hour on with an answer outstanding, want 1", q)
 	}
-	accept(probe, headerparse.Limits{Requests: win(100, 50, time.Time{})})
+	accept(next, headerparse.Limits{Requests: win(100, 50, time.Time{})})
 	b := mustGet(t, ch)
 	a.release()
-	probe.release()
+	next.release()
 	b.release()
 }
 

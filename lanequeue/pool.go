@@ -11,22 +11,22 @@ import (
 // endpoint), the credential's when the route says its models share one
 // (Limits.PerCredential), or several models' once the group found them
 // drawing on one (see sharing). It holds the Shared state, the route's
-// configured ceilings and the first-answer probe. Its fields are guarded by
+// configured ceilings and the first-answer window. Its fields are guarded by
 // its group's mutex.
 type pool struct {
 	key    string
 	seq    int // the order limits of the group were made in
 	shared limit.Shared
 	// ceil holds the route's configured limits; nil when none are.
-	ceil       *limit.Ceiling
-	learned    bool      // an answer came back: the probe is over
-	probeUntil time.Time // set by the first dispatch; see probeWindow
-	unanswered int       // dispatches whose answer has not been reported
-	seen       seen      // what was last reported through onChange
-	pass       uint64    // the group's dispatch pass it last held its lanes in
-	sent       uint64    // dispatches, for sharing
-	firstSeq   uint64    // the group's dispatch count at its first dispatch
-	share      sharing   // evidence that it shares the upstream's limit with others
+	ceil             *limit.Ceiling
+	learned          bool      // an answer came back: the first-answer window is over
+	firstAnswerUntil time.Time // set by the first dispatch; see firstAnswerWindow
+	unanswered       int       // dispatches whose answer has not been reported
+	seen             seen      // what was last reported through onChange
+	pass             uint64    // the group's dispatch pass it last held its lanes in
+	sent             uint64    // dispatches, for sharing
+	firstSeq         uint64    // the group's dispatch count at its first dispatch
+	share            sharing   // evidence that it shares the upstream's limit with others
 	// mergedInto is the limit this one was found to share, which its lanes
 	// draw on from then on; nil while it stands alone.
 	mergedInto *pool
@@ -64,7 +64,7 @@ func newPool(key string, cfg Config, sh limit.Shared) *pool {
 }
 
 // firstAnswerLocked holds a new limit's lanes to one request in flight
-// until its first answer, for at most probeWindow: a burst before
+// until its first answer, for at most firstAnswerWindow: a burst before
 // anything is known is what causes the first 429s. It reports whether a
 // dispatch may go, or else until when it may not. Requires the group's
 // mutex held.
@@ -73,8 +73,8 @@ func (l *pool) firstAnswerLocked(now time.Time) (time.Time, bool) {
 		l.learned = true // another replica's answer taught the limit
 	}
 	if !l.learned && l.unanswered > 0 {
-		if now.Before(l.probeUntil) {
-			return l.probeUntil, false
+		if now.Before(l.firstAnswerUntil) {
+			return l.firstAnswerUntil, false
 		}
 		l.learned = true // the first answer is slow; stop waiting for it
 	}
@@ -118,10 +118,10 @@ type seen struct {
 	concAt             time.Time
 }
 
-// probeWindow is how long a new group sends one request at a time while it
+// firstAnswerWindow is how long a new group sends one request at a time while it
 // waits for its first answer to learn what the upstream tells about its
 // limits. A burst before anything is known is what causes the first 429s.
-const probeWindow = time.Second
+const firstAnswerWindow = time.Second
 
 // trial is what a limit on trial keeps: the limits joined on it, and how
 // many of its refusals counted lately.

@@ -11,13 +11,13 @@ import (
 )
 
 // TestRefusalIsLearnedBeforeTheQueueMoves: the first answer of a new lane
-// ends its probe. When that answer is a refusal with a pause, the waiters
-// must see the pause, not the end of the probe alone (they used to be let
+// ends its first-answer window. When that answer is a refusal with a
+// pause, the waiters must see the pause, not the window's end alone (they used to be let
 // into the refusal, up to the whole concurrency limit).
 func TestRefusalIsLearnedBeforeTheQueueMoves(t *testing.T) {
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Path: "/v1/x"}, Config{Concurrency: 64, Clock: fc})
-	first := mustGet(t, acquireAsync(context.Background(), l)) // the probe
+	first := mustGet(t, acquireAsync(context.Background(), l)) // the first answer's
 	var chans []<-chan result
 	for i := 0; i < 5; i++ {
 		chans = append(chans, acquireAsync(context.Background(), l))
@@ -115,7 +115,7 @@ func TestCancelledWaitersOfAnEvictedLaneFreeItsGroup(t *testing.T) {
 	tb := NewTable(TableConfig{MaxLanes: 1, Lane: Config{Clock: fc}})
 	k := Key{CredentialHash: HashCredential("sk-a"), Path: "/v1/chat/completions", Model: "m"}
 	l := tb.laneFor(k)
-	pastProbe(l)
+	pastFirstAnswer(l)
 	pause(l, at(time.Hour)) // nothing goes: the requests only wait
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := acquireAsync(ctx, l)

@@ -353,12 +353,13 @@ func TestALaneWhoseTurnWasNextPassesItOnWhenItEmpties(t *testing.T) {
 	}
 }
 
-// TestAReplicasAnswerIsAskedForWhenTheProbeWouldHold: the probe asks
-// whether another replica has answered when it would hold a request, one
-// of its own being out; a word from elsewhere that no longer holds by
-// then (the store went away, or the answer is no longer recent) does not
-// end the probe, though it held before the first request went.
-func TestAReplicasAnswerIsAskedForWhenTheProbeWouldHold(t *testing.T) {
+// TestAReplicasAnswerIsAskedForWhenTheFirstAnswerWindowWouldHold: the
+// first-answer window asks whether another replica has answered when it
+// would hold a request, one of its own being out; a word from elsewhere
+// that no longer holds by then (the store went away, or the answer is no
+// longer recent) does not end the window, though it held before the
+// first request went.
+func TestAReplicasAnswerIsAskedForWhenTheFirstAnswerWindowWouldHold(t *testing.T) {
 	fc := clock.NewFake(t0)
 	cfg := Config{Concurrency: 4, MaxConcurrency: 4, Clock: fc}
 	var answered atomic.Bool
@@ -370,6 +371,6 @@ func TestAReplicasAnswerIsAskedForWhenTheProbeWouldHold(t *testing.T) {
 	answered.Store(false)
 	ch := acquireAsync(context.Background(), l)
 	mustBlock(t, ch)
-	fc.Advance(probeWindow)
+	fc.Advance(firstAnswerWindow)
 	mustGet(t, ch).release()
 }

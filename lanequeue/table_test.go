@@ -120,7 +120,7 @@ func TestLanesOfOneLimitGroupShareBudgets(t *testing.T) {
 	}
 	accept(s, headerparse.Limits{Requests: headerparse.Window{Limit: 10, Remaining: 1, HasRemaining: true, Reset: t0.Add(10 * time.Second)}})
 	s.release()
-	pastProbe(other)
+	pastFirstAnswer(other)
 	// The responses lane may send that one, not more.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -158,7 +158,7 @@ func TestBusyLaneEvictedKeepsItsGroupUntilIdle(t *testing.T) {
 	cred := HashCredential("sk-busy")
 	chat := Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "m"}
 	busy := tb.laneFor(chat)
-	pastProbe(busy)
+	pastFirstAnswer(busy)
 	s, err := busy.acquire(context.Background(), 1, High)
 	if err != nil {
 		t.Fatal(err)
@@ -270,13 +270,13 @@ type stallingShared struct {
 	release chan struct{}
 }
 
-func (s stallingShared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
+func (s stallingShared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
 	select {
 	case s.entered <- struct{}{}:
 	default:
 	}
 	<-s.release
-	return s.Memory.Admit(now, cost, probe)
+	return s.Memory.Admit(now, cost, alone)
 }
 
 func TestTableNotHeldUpByAGroupWaitingOnItsStore(t *testing.T) {
@@ -380,7 +380,7 @@ func TestZeroConfigTakesTheDocumentedDefaults(t *testing.T) {
 	// The limit never falls below the default minimum of 1.
 	fc := clock.NewFake(t0)
 	l := newLane(Key{Path: "/d"}, Config{Concurrency: 1, MaxConcurrency: 4, Clock: fc})
-	pastProbe(l)
+	pastFirstAnswer(l)
 	s := acquireN(t, l, 1)[0]
 	refuseConc(s)
 	wantLimit(t, l, 1)

@@ -18,11 +18,11 @@ type nowShared struct {
 	asked atomic.Int32
 }
 
-func (s *nowShared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
+func (s *nowShared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
 	if s.asked.Add(1) <= 50 {
 		return limit.Ticket{}, now, false
 	}
-	return s.Memory.Admit(now, cost, probe)
+	return s.Memory.Admit(now, cost, alone)
 }
 
 // TestADispatchThatLetsNobodyGoRunsAgainAMillisecondLater: a limit that

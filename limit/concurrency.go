@@ -20,21 +20,22 @@ type concurrency struct {
 	slowStart bool
 	acks      int // accepted answers at the limit since the last change
 	// refusedAt is the lowest level at which the upstream refused for
-	// concurrency; growing to it and past it takes probeAcks limits' worth
-	// of answers, so the limit still finds an upstream that allows more
-	// later. Every refusal at that level again doubles probeAcks; both are
-	// forgotten refusedMemory after the latest concurrency refusal.
+	// concurrency; growing back to it and past it takes regrowAcks limits'
+	// worth of answers, so the limit still finds an upstream that allows
+	// more later. Every refusal at that level again doubles regrowAcks;
+	// both are forgotten refusedMemory after the latest concurrency
+	// refusal.
 	refusedAt   int
-	probeAcks   int
+	regrowAcks  int
 	lastRefusal time.Time // the latest concurrency refusal
 	answerSecs  float64   // moving mean of accepted answers' time with a permit
 }
 
 const (
-	// minProbeAcks and maxProbeAcks bound how many limits' worth of
+	// minRegrowAcks and maxRegrowAcks bound how many limits' worth of
 	// accepted answers it takes to try again a level the upstream refused.
-	minProbeAcks = 10
-	maxProbeAcks = 80
+	minRegrowAcks = 10
+	maxRegrowAcks = 80
 	// refusedMemory is how long the refused level slows growth after the
 	// latest concurrency refusal.
 	refusedMemory = 30 * time.Second
@@ -44,7 +45,7 @@ const (
 
 func newConcurrency(cfg Config) concurrency {
 	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
-		slowStart: cfg.Limits.Concurrency == 0, probeAcks: minProbeAcks}
+		slowStart: cfg.Limits.Concurrency == 0, regrowAcks: minRegrowAcks}
 }
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }
@@ -60,10 +61,10 @@ func (c *concurrency) accepted(t *Ticket, now time.Time, out, little int) {
 	if c.refusedAt > 0 && now.Sub(c.lastRefusal) > refusedMemory {
 		// A refusal long ago (perhaps an overload that had nothing to do
 		// with this key) no longer holds growth back.
-		c.refusedAt, c.probeAcks = 0, minProbeAcks
+		c.refusedAt, c.regrowAcks = 0, minRegrowAcks
 	}
-	probing := c.refusedAt > 0 && c.limit+1 >= c.refusedAt
-	if c.limit < little && !probing {
+	regrowing := c.refusedAt > 0 && c.limit+1 >= c.refusedAt
+	if c.limit < little && !regrowing {
 		c.limit++
 		return
 	}
@@ -72,8 +73,8 @@ func (c *concurrency) accepted(t *Ticket, now time.Time, out, little int) {
 	switch {
 	case c.slowStart:
 		need = 2
-	case probing:
-		need *= c.probeAcks
+	case regrowing:
+		need *= c.regrowAcks
 	}
 	if c.acks >= need {
 		c.acks = 0
@@ -100,7 +101,7 @@ func (c *concurrency) refused(t *Ticket, now time.Time, out, least int, stated b
 	case c.refusedAt == 0 || level < c.refusedAt:
 		c.refusedAt = level
 	case level == c.refusedAt && c.limit >= level:
-		c.probeAcks = min(2*c.probeAcks, maxProbeAcks) // a probe failed again
+		c.regrowAcks = min(2*c.regrowAcks, maxRegrowAcks) // refused at the level again
 	}
 	next := c.limit - 1
 	if stated {

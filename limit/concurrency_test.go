@@ -60,21 +60,21 @@ func TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft(t *testing.T) {
 func TestRefusedLevelIsRememberedForAFullRefusedMemory(t *testing.T) {
 	full := Ticket{InFlight: 3, Limit: 4}
 	c := grownConc(4)
-	c.refusedAt = 5 // growing to 5 is a probe: it takes 4 × probeAcks answers
+	c.refusedAt = 5 // growing back to 5 takes 4 × regrowAcks answers
 	for range 4 {
 		c.accepted(&full, t0.Add(refusedMemory), 4, 0)
 	}
 	if c.limit != 4 || c.refusedAt != 5 {
-		t.Fatalf("at exactly refusedMemory: limit %d, refusedAt %d; want 4 and 5 (still a probe)", c.limit, c.refusedAt)
+		t.Fatalf("at exactly refusedMemory: limit %d, refusedAt %d; want 4 and 5 (still regrowing)", c.limit, c.refusedAt)
 	}
 	c = grownConc(4)
-	c.refusedAt, c.probeAcks = 5, 4*minProbeAcks
+	c.refusedAt, c.regrowAcks = 5, 4*minRegrowAcks
 	for range 4 {
 		c.accepted(&full, t0.Add(refusedMemory+time.Nanosecond), 4, 0)
 	}
-	if c.limit != 5 || c.refusedAt != 0 || c.probeAcks != minProbeAcks {
-		t.Fatalf("just after refusedMemory: limit %d, refusedAt %d, probeAcks %d; want 5, 0, %d",
-			c.limit, c.refusedAt, c.probeAcks, minProbeAcks)
+	if c.limit != 5 || c.refusedAt != 0 || c.regrowAcks != minRegrowAcks {
+		t.Fatalf("just after refusedMemory: limit %d, refusedAt %d, regrowAcks %d; want 5, 0, %d",
+			c.limit, c.refusedAt, c.regrowAcks, minRegrowAcks)
 	}
 }
 
@@ -156,27 +156,27 @@ func TestTheLimitNeverGrowsPastItsHighest(t *testing.T) {
 	}
 }
 
-// TestARefusalAtTheRefusedLevelAgainDoublesTheProbe: growing back to a
-// level refused before takes probeAcks limits' worth of answers; a
+// TestARefusalAtTheRefusedLevelAgainDoublesTheRegrowth: growing back to a
+// level refused before takes regrowAcks limits' worth of answers; a
 // refusal there again, while the limit reached it, doubles that, up to
-// maxProbeAcks; one at that level while the limit is under it (a request
+// maxRegrowAcks; one at that level while the limit is under it (a request
 // counted before the limit fell) does not.
-func TestARefusalAtTheRefusedLevelAgainDoublesTheProbe(t *testing.T) {
+func TestARefusalAtTheRefusedLevelAgainDoublesTheRegrowth(t *testing.T) {
 	atLevel5 := Ticket{InFlight: 4}
 	for _, tc := range []struct {
-		name         string
-		limit, probe int
-		want         int
+		name          string
+		limit, regrow int
+		want          int
 	}{
-		{"at the level", 5, minProbeAcks, 2 * minProbeAcks},
-		{"at the level, past half the most", 5, 6 * minProbeAcks, maxProbeAcks},
-		{"under the level", 4, minProbeAcks, minProbeAcks},
+		{"at the level", 5, minRegrowAcks, 2 * minRegrowAcks},
+		{"at the level, past half the most", 5, 6 * minRegrowAcks, maxRegrowAcks},
+		{"under the level", 4, minRegrowAcks, minRegrowAcks},
 	} {
 		c := grownConc(tc.limit)
-		c.refusedAt, c.probeAcks = 5, tc.probe
+		c.refusedAt, c.regrowAcks = 5, tc.regrow
 		c.refused(&atLevel5, t0, 5, 0, false)
-		if c.probeAcks != tc.want || c.refusedAt != 5 {
-			t.Errorf("%s: probeAcks %d, refused level %d; want %d, 5", tc.name, c.probeAcks, c.refusedAt, tc.want)
+		if c.regrowAcks != tc.want || c.refusedAt != 5 {
+			t.Errorf("%s: regrowAcks %d, refused level %d; want %d, 5", tc.name, c.regrowAcks, c.refusedAt, tc.want)
 		}
 	}
 }

@@ -48,7 +48,11 @@
 // measured rate and now and then probes above it for a short spell,
 // followed by as long a spell below: a probe that meets no refusal raises
 // the rate. Words (a hint, Retry-After, "too many concurrent requests")
-// only make it converge sooner.
+// only make it converge sooner. ("Probe" means this, sending above what
+// the upstream was seen to admit, everywhere in this package: the pace's
+// probe cycle, and a fixed window sending one more than its allowance.
+// A budget is a window of requests or tokens, stated by headers or
+// learned from refusals.)
 //
 // # Replicas
 //

@@ -224,7 +224,7 @@ func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
 	s.win.ended(t.Seq)
 }
 
-func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
+func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time, bool) {
 	if now.Before(s.pausedUntil) {
 		return Ticket{}, s.pausedUntil, false
 	}
@@ -244,7 +244,7 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 		}
 		s.stepProbe(now)
 	}
-	at, ok, room, paced := s.pace.admit(now, cost, probe, !windowed)
+	at, ok, room, paced := s.pace.admit(now, cost, alone, !windowed)
 	if !ok {
 		if s.pace.fromRefusals && !at.IsZero() {
 			s.held = now

@@ -319,12 +319,12 @@ func (m mark) plus(cost int64) mark {
 func (p *pacer) totals() mark { return mark{requests: p.requests.sent, tokens: p.tokens.sent} }
 
 // admit combines both budgets: the later of their times, and "wait for an
-// answer" (zero time) when either can only learn more from one; with probe
-// set, that case lets the request go to find out. room reports whether a
+// answer" (zero time) when either can only learn more from one; with alone
+// set (no answer awaited), that case lets the request go to find out. room reports whether a
 // budget learned from headers had room for the request. learned says
 // whether a request pace learned from refusals holds (a window's
 // allowance goes without it).
-func (p *pacer) admit(now time.Time, cost int64, probe, learned bool) (at time.Time, ok, room, paced bool) {
+func (p *pacer) admit(now time.Time, cost int64, alone, learned bool) (at time.Time, ok, room, paced bool) {
 	ra, rok := time.Time{}, true
 	if learned || !p.fromRefusals {
 		ra, rok = p.requests.admit(now, 1)
@@ -343,12 +343,12 @@ func (p *pacer) admit(now time.Time, cost int64, probe, learned bool) (at time.T
 		at = time.Time{}
 	case ra.IsZero() || ta.After(ra):
 		// A budget that waits for a time goes first: only then can the
-		// other one's "wait for an answer" let a probe through.
+		// other one's "wait for an answer" let a lone request through.
 		at = ta
 	default:
 		at = ra
 	}
-	return at, at.IsZero() && probe, false, false
+	return at, at.IsZero() && alone, false, false
 }
 
 // take charges a dispatch of cost tokens.

@@ -89,7 +89,7 @@ func TestRefusalNeverRaisesConcurrency(t *testing.T) {
 
 // TestOneOverloadDoesNotCrippleGrowth: a 529 while one request was out
 // once pinned the refused level at 1 for good, making every later step up
-// a slow probe (about 5,000 answers from 1 back to 32). Now it costs one
+// slow regrowth (about 5,000 answers from 1 back to 32). Now it costs one
 // step, and the refused level is forgotten after refusedMemory.
 func TestOneOverloadDoesNotCrippleGrowth(t *testing.T) {
 	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 1024}.WithDefaults())
@@ -109,10 +109,10 @@ func TestOneOverloadDoesNotCrippleGrowth(t *testing.T) {
 	}
 }
 
-// TestABudgetWaitingForATimeHoldsAProbeBack: one budget can only learn
-// more from an answer, the other refills at a known time; the request waits
-// for that time instead of going as a probe.
-func TestABudgetWaitingForATimeHoldsAProbeBack(t *testing.T) {
+// TestABudgetWaitingForATimeHoldsALoneRequestBack: one budget can only
+// learn more from an answer, the other refills at a known time; a request
+// with no answer awaited waits for that time instead of going to find out.
+func TestABudgetWaitingForATimeHoldsALoneRequestBack(t *testing.T) {
 	var p pacer
 	p.observe(headerparse.Limits{
 		Requests: headerparse.Window{Remaining: 0, HasRemaining: true},                                      // exhausted, no limit or reset

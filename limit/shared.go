@@ -18,10 +18,11 @@ type Shared interface {
 	// pause is over, a concurrency permit is free and the budgets allow
 	// it. If so it takes the permit, charges the budgets and returns the
 	// dispatch's ticket. If not, at is when to ask again; a zero at means
-	// that only an answer or a returned permit can change the answer. With
-	// probe set, budgets that can only learn more from an answer let the
-	// request go to find out.
-	Admit(now time.Time, cost int64, probe bool) (t Ticket, at time.Time, ok bool)
+	// that only an answer or a returned permit can change the answer.
+	// alone says that no earlier dispatch of the group awaits its answer:
+	// then budgets that can only learn more from an answer let the request
+	// go to find out.
+	Admit(now time.Time, cost int64, alone bool) (t Ticket, at time.Time, ok bool)
 	// Learn folds one answer to t's dispatch into the state: the pause,
 	// the budgets and the concurrency limit. It may mark t (Accepted). It
 	// may decline the report's pause when what it learned holds the group

@@ -258,11 +258,12 @@ func TestARateRefusalWithRoomKeepsTheConcurrency(t *testing.T) {
 	}
 }
 
-// TestASharedProbeWaitsForABudgetWithARefillTime: a budget that can only
-// learn from an answer (requests: none left, no reset) beside one that
-// refills at a known time (tokens): the shared admission waits for the
-// refill instead of letting a probe through, as the in-process one does.
-func TestASharedProbeWaitsForABudgetWithARefillTime(t *testing.T) {
+// TestASharedLoneRequestWaitsForABudgetWithARefillTime: a budget that can
+// only learn from an answer (requests: none left, no reset) beside one
+// that refills at a known time (tokens): the shared admission waits for
+// the refill instead of letting a lone request through, as the
+// in-process one does.
+func TestASharedLoneRequestWaitsForABudgetWithARefillTime(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	st := newStore(t, srv.url(), time.Minute)

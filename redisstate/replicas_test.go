@@ -36,11 +36,11 @@ func sleepRedis(t *testing.T, url string, d time.Duration) <-chan struct{} {
 	// The server is asleep once a ping from another connection goes
 	// unanswered: a fixed pause here was not enough on a loaded machine,
 	// where the dial for DEBUG SLEEP can take longer.
-	probe := redis.NewClient(&redis.Options{Addr: st.rdb.Options().Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-	defer probe.Close()
+	pinger := redis.NewClient(&redis.Options{Addr: st.rdb.Options().Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer pinger.Close()
 	for end := time.Now().Add(5 * time.Second); ; {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		err := probe.Ping(ctx).Err()
+		err := pinger.Ping(ctx).Err()
 		cancel()
 		if err != nil {
 			break
@@ -273,7 +273,7 @@ func TestPermitsTakenWhileAwayAreCountedAtRejoin(t *testing.T) {
 // Until some replica has learned from an answer, only one replica's first
 // request goes; the others go once an answer is learned, without waiting
 // for one of their own (issue 18, item 5).
-func TestOneReplicaProbesFirst(t *testing.T) {
+func TestOneReplicaSendsFirst(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
 	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
@@ -281,10 +281,10 @@ func TestOneReplicaProbesFirst(t *testing.T) {
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	first, _, ok := sa.Admit(time.Now(), 1, true)
 	if !ok {
-		t.Fatal("the first probe was refused")
+		t.Fatal("the first request was refused")
 	}
 	if _, _, ok := sb.Admit(time.Now(), 1, true); ok {
-		t.Fatal("a second replica probed beside the first, before any answer")
+		t.Fatal("a second replica sent beside the first, before any answer")
 	}
 	if sb.(*shared).AnsweredElsewhere() {
 		t.Fatal("answered elsewhere before any answer")

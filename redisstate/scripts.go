@@ -167,7 +167,7 @@ end
 // group's dispatches in the last second, all replicas (0 unless
 // admitted).
 var admitScript = newScript(admitArgs{}, lib, admitLib, `
-local now, cost, probe = clock(), tonumber(args.cost), args.probe == '1'
+local now, cost, alone = clock(), tonumber(args.cost), args.alone == '1'
 local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, clock() - tonumber(args.age), tonumber(args.keyttl)
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
 local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
@@ -184,13 +184,13 @@ local function reply(ok, at, rsent, tsent, room, paced, pausedUntil)
 end
 if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
 -- Until some replica has learned from an answer, one replica's first
--- request goes alone, fleet-wide, for at most the probe window (1s): N
--- replicas starting together do not each send theirs blind.
-if probe and answered == 0 and r.known ~= 1 and t.known ~= 1 then
+-- request goes alone, fleet-wide, for at most the first-answer window
+-- (1s): N replicas starting together do not each send theirs blind.
+if alone and answered == 0 and r.known ~= 1 and t.known ~= 1 then
   local first = num(redis.call('HGET', KEYS[1], 'first'), 0)
   if now - first > 60000 then
     redis.call('HSET', KEYS[1], 'first', now)
-  elseif now - first < ${probeWindow} and out > 0 then
+  elseif now - first < ${firstAnswerWindow} and out > 0 then
     return reply(0, 0, 0, 0, 0, 0, 0)
   end
 end
@@ -203,9 +203,9 @@ if not windowed then rok, rat = admit(r, now, 1 + older) end
 local tok, tat = admit(t, now, cost + oldercost)
 if not (rok and tok) then
   -- A budget that waits for a time goes first; only when none does can a
-  -- probe go to learn what the budgets that wait for an answer hold.
+  -- lone request go to learn what the budgets that wait for an answer hold.
   local at = math.max(rat, tat)
-  if not (at == 0 and probe) then return reply(0, at, 0, 0, 0, 0, 0) end
+  if not (at == 0 and alone) then return reply(0, at, 0, 0, 0, 0, 0) end
 end
 local room, paced = 0, 0
 if rok and tok and (r.known == 1 and r.syn == 0 or t.known == 1) then room = 1 end
@@ -409,10 +409,10 @@ func newScript(args any, parts ...string) script {
 // timings no Go code has (listed, each with why, in luaLocal in
 // scripts_test.go).
 const (
-	// probeWindow: until some replica learned from an answer, the
+	// firstAnswerWindow: until some replica learned from an answer, the
 	// group's first request goes alone, fleet-wide, for at most this
-	// long, as one process's does (lanequeue's probeWindow).
-	probeWindow = time.Second
+	// long, as one process's does (lanequeue's firstAnswerWindow).
+	firstAnswerWindow = time.Second
 	// startSpread: see spread (limit's startSpread).
 	startSpread = 2
 	// levelMemory: the counts by level halve once they pass it
@@ -430,16 +430,16 @@ const (
 
 // sharedNumbers are the numbers a script's text names as ${name}.
 var sharedNumbers = map[string]int64{
-	"probeWindow":     probeWindow.Milliseconds(),
-	"startSpread":     startSpread,
-	"levelMemory":     levelMemory,
-	"maxWaitSeconds":  maxWaitSeconds,
-	"replyScale":      replyScale,
-	"leftCounted":     int64(leftCounted),
-	"leftCapped":      int64(leftCapped),
-	"answerUncounted": int64(answerUncounted),
-	"answerAdmitted":  int64(answerAdmitted),
-	"answerRefused":   int64(answerRefused),
+	"firstAnswerWindow": firstAnswerWindow.Milliseconds(),
+	"startSpread":       startSpread,
+	"levelMemory":       levelMemory,
+	"maxWaitSeconds":    maxWaitSeconds,
+	"replyScale":        replyScale,
+	"leftCounted":       int64(leftCounted),
+	"leftCapped":        int64(leftCapped),
+	"answerUncounted":   int64(answerUncounted),
+	"answerAdmitted":    int64(answerAdmitted),
+	"answerRefused":     int64(answerRefused),
 }
 
 // replyLists are the Lua lists a script's text names as ${name} for the

@@ -56,10 +56,10 @@ func newShared(st *Store, group string, cfg limit.Config) *shared {
 		raise: base + ":raise", levels: base + ":levels"}
 }
 
-func (s *shared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
+func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
 	s.st.ask(now)
 	if !s.st.up.Load() {
-		return s.localAdmit(now, cost, probe)
+		return s.localAdmit(now, cost, alone)
 	}
 	s.share = nil
 	if p := s.local.PausedUntil(); now.Before(p) {
@@ -86,7 +86,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, tim
 	// go with the admission: this replica's own returns never hold back
 	// its next request.
 	returned := s.st.takeReturns(s.leases)
-	args := admitArgs{Cost: cost, Probe: probe, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
+	args := admitArgs{Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
 		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
 		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Returned: returned}
 	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, argv(args)...).Int64Slice()
@@ -102,7 +102,7 @@ func (s *shared) Admit(now time.Time, cost int64, probe bool) (limit.Ticket, tim
 		for _, l := range returned {
 			s.st.returnLater(l, s.leases)
 		}
-		return s.localAdmit(now, cost, probe)
+		return s.localAdmit(now, cost, alone)
 	}
 	return s.admitted(now, cost, lease, rep)
 }
@@ -156,7 +156,7 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 // localAdmit admits from the local limits while Redis is away, within
 // this replica's share of the last shared limits, counting the permits
 // still out that Redis gave: the upstream sees those too.
-func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (limit.Ticket, time.Time, bool) {
+func (s *shared) localAdmit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
 	v := s.local.View(now)
 	if n := s.st.sharers(now); s.share == nil || s.share.n != n {
 		// Made when Redis goes, and made again, carrying what the old
@@ -173,7 +173,7 @@ func (s *shared) localAdmit(now time.Time, cost int64, probe bool) (limit.Ticket
 	if at, ok := s.share.admit(now, cost); !ok {
 		return limit.Ticket{}, at, false
 	}
-	t, at, ok := s.local.Admit(now, cost, probe)
+	t, at, ok := s.local.Admit(now, cost, alone)
 	if ok {
 		s.share.take(now, cost)
 		if n := s.st.sharers(now); n > 1 {

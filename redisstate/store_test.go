@@ -58,8 +58,8 @@ func (s *server) start() {
 		if err == nil {
 			return
 		}
-		// Another test's server took the port between the free-port
-		// probe and this bind: a first start moves to another port; a
+		// Another test's server took the port between the search for a
+		// free one and this bind: a first start moves to another port; a
 		// restart must have its own.
 		if s.started || try == 4 {
 			s.t.Fatal(err)

@@ -28,7 +28,7 @@ import (
 // admitArgs are admitScript's arguments.
 type admitArgs struct {
 	Cost     int64  `lua:"cost"`  // the request's estimated tokens
-	Probe    bool   `lua:"probe"` // it may go to learn what the budgets hold
+	Alone    bool   `lua:"alone"` // no answer awaited: it may go to learn what the budgets hold
 	Lease    string `lua:"lease"` // the permit's name
 	LeaseTTL int64  `lua:"ttl"`   // ms
 	Replica  string `lua:"replica"`

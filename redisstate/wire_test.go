@@ -25,13 +25,13 @@ func TestArgsAreLaidOutAsTheScriptReadsThem(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("argv(learnArgs) =\n%#v\nwant\n%#v", got, want)
 	}
-	got = argv(admitArgs{Cost: 7, Probe: true, Lease: "l", Returned: []string{"a", "b"}})
+	got = argv(admitArgs{Cost: 7, Alone: true, Lease: "l", Returned: []string{"a", "b"}})
 	want = []any{int64(7), 1, "l", int64(0), "", int64(0), int64(0), int64(0), int64(0), int64(0), 0, "a", "b"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("argv(admitArgs) =\n%#v\nwant\n%#v", got, want)
 	}
 	prologue := argsPrologue(reflect.TypeFor[admitArgs]())
-	wantLua := "local args = {cost = ARGV[1], probe = ARGV[2], lease = ARGV[3], ttl = ARGV[4], replica = ARGV[5], age = ARGV[6], " +
+	wantLua := "local args = {cost = ARGV[1], alone = ARGV[2], lease = ARGV[3], ttl = ARGV[4], replica = ARGV[5], age = ARGV[6], " +
 		"keyttl = ARGV[7], defaultClimit = ARGV[8], maxClimit = ARGV[9], slowStart = ARGV[10], windowed = ARGV[11], " +
 		"returned = {unpack(ARGV, 12)}}\n"
 	if prologue != wantLua {
