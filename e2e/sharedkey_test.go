@@ -20,15 +20,15 @@ import (
 // behind the proxy, uses the same key at full speed, so the upstream turns
 // the proxy's requests away more often than LLMPROXY_MAX_RETRIES (2 here)
 // allows. Those 429s are absorbed by waiting, bounded by each request's
-// budget and not by the retry count: every proxied request gets a 200 within
-// its budget, and some needed more re-sends than the retry limit.
+// deadline and not by the retry count: every proxied request gets a 200
+// before its deadline, and some needed more re-sends than the retry limit.
 func TestRefusalsFromASecondClientDoNotUseUpRetries(t *testing.T) {
 	const (
 		key         = "sk-shared-key"
 		requests    = 150
 		concurrency = 20
 		maxRetries  = 2
-		budget      = 15 * time.Second
+		maxWait     = 15 * time.Second
 		body        = `{"model":"gpt-shared","messages":[{"role":"user","content":"question"}]}`
 	)
 	s := newStack(t, mockupstream.Config{RPM: 1200, RequestBurst: 4, Latency: 5 * time.Millisecond},
@@ -79,7 +79,7 @@ func TestRefusalsFromASecondClientDoNotUseUpRetries(t *testing.T) {
 		req, _ := http.NewRequest("POST", s.front.URL+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+key)
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Stainless-Timeout", strconv.Itoa(int(budget/time.Second)))
+		req.Header.Set("X-Stainless-Timeout", strconv.Itoa(int(maxWait/time.Second)))
 		sent := time.Now()
 		resp, err := hc.Do(req)
 		if err != nil {
@@ -96,8 +96,8 @@ func TestRefusalsFromASecondClientDoNotUseUpRetries(t *testing.T) {
 		switch {
 		case resp.StatusCode != http.StatusOK:
 			return fmt.Errorf("status %d after %d retries in %v: %.200s", resp.StatusCode, n, took.Round(time.Millisecond), b)
-		case took > budget:
-			return fmt.Errorf("200 after %v, past its %v budget", took.Round(time.Millisecond), budget)
+		case took > maxWait:
+			return fmt.Errorf("200 after %v, past its %v deadline", took.Round(time.Millisecond), maxWait)
 		}
 		return nil
 	})

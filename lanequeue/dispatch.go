@@ -252,8 +252,8 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 
 // refuseLateLocked gives up the wait of every waiter on lim whose deadline
 // falls before at, the earliest lim lets the next of them go: nobody
-// behind it goes sooner, so they would only sit out their budget for an
-// error. Each is taken out of the queue and told why. Requires g.mu held.
+// behind it goes sooner, so they would only wait until their deadline for
+// an error. Each is taken out of the queue and told why. Requires g.mu held.
 func (g *group) refuseLateLocked(lim *pool, at time.Time) {
 	paused := !lim.shared.PausedUntil().Before(at)
 	for l, next := g.turns.first, (*Lane)(nil); l != nil; l = next {

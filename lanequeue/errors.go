@@ -11,15 +11,16 @@ import (
 var (
 	// ErrQueueFull: the lane already has Config.MaxQueue waiters.
 	ErrQueueFull = errors.New("lanequeue: queue full")
-	// ErrBudgetExceeded: the request's deadline passed, or falls before the
-	// lane's pause ends, so waiting cannot help.
-	ErrBudgetExceeded = errors.New("lanequeue: request budget exceeded")
+	// ErrDeadlineExceeded: the request's deadline passed, or falls before
+	// the lane's pause ends, so waiting cannot help. Its text says
+	// "budget", the word clients see for a request's deadline.
+	ErrDeadlineExceeded = errors.New("lanequeue: request budget exceeded")
 )
 
 // WaitError is the error of a request that the group cannot send before
 // its deadline: a pause or the pacing holds the queue until At, after it.
 // It is returned at once rather than after the whole wait; it matches
-// ErrBudgetExceeded with errors.Is.
+// ErrDeadlineExceeded with errors.Is.
 type WaitError struct {
 	At     time.Time // the earliest the group may send again
 	Paused bool      // a pause holds it (else the pacing)
@@ -33,11 +34,11 @@ func (e *WaitError) Error() string {
 	return "lanequeue: " + why + " holds the lane until " + e.At.Format(time.RFC3339Nano) + ", after the request's deadline"
 }
 
-func (e *WaitError) Is(target error) bool { return target == ErrBudgetExceeded }
+func (e *WaitError) Is(target error) bool { return target == ErrDeadlineExceeded }
 
-func budgetErr(err error) error {
+func deadlineErr(err error) error {
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: %w", ErrBudgetExceeded, err)
+		return fmt.Errorf("%w: %w", ErrDeadlineExceeded, err)
 	}
 	return err
 }

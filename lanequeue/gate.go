@@ -215,7 +215,7 @@ func (m *modelGate) enter(ctx context.Context, model string) (leave func(), err 
 		}
 	}
 	m.mu.Unlock()
-	return nil, budgetErr(ctx.Err())
+	return nil, deadlineErr(ctx.Err())
 }
 
 func (m *modelGate) leaver() func() {

@@ -266,8 +266,8 @@ func TestCapLineMovesOnWhenAGroupGivesUp(t *testing.T) {
 		if st := c.Stats(); st.Waiting != 2 {
 			t.Errorf("%d groups in line, want 2", st.Waiting)
 		}
-		if err := <-gaveUp; !errors.Is(err, ErrBudgetExceeded) {
-			t.Errorf("err = %v, want ErrBudgetExceeded", err)
+		if err := <-gaveUp; !errors.Is(err, ErrDeadlineExceeded) {
+			t.Errorf("err = %v, want ErrDeadlineExceeded", err)
 		}
 		sa.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
 		sa.release()
@@ -399,8 +399,8 @@ func TestModelGateWaiterThatGivesUp(t *testing.T) {
 		leaveA, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if _, err := g.enter(ctx, "b"); !errors.Is(err, ErrBudgetExceeded) {
-			t.Errorf("err = %v, want ErrBudgetExceeded", err)
+		if _, err := g.enter(ctx, "b"); !errors.Is(err, ErrDeadlineExceeded) {
+			t.Errorf("err = %v, want ErrDeadlineExceeded", err)
 		}
 		entered := make(chan struct{})
 		go func() {

@@ -171,7 +171,7 @@ func TestPausePastDeadlineFailsFast(t *testing.T) {
 	_, err := l.acquire(ctx, 1, High)
 	// At once: a WaitError at the pause's end, not the deadline passing.
 	var we *WaitError
-	if !errors.Is(err, ErrBudgetExceeded) || !errors.As(err, &we) || !we.Paused || !we.At.Equal(t0.Add(time.Hour)) ||
+	if !errors.Is(err, ErrDeadlineExceeded) || !errors.As(err, &we) || !we.Paused || !we.At.Equal(t0.Add(time.Hour)) ||
 		errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want a WaitError for the pause ending at t0+1h", err)
 	}
@@ -180,15 +180,15 @@ func TestPausePastDeadlineFailsFast(t *testing.T) {
 	}
 }
 
-func TestDeadlineWhileQueuedIsBudgetExceeded(t *testing.T) {
+func TestADeadlineWhileQueuedIsErrDeadlineExceeded(t *testing.T) {
 	l, _ := testLane(1, 100)
 	held := mustGet(t, acquireAsync(context.Background(), l))
 	defer held.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	_, err := l.acquire(ctx, 1, High)
-	if !errors.Is(err, ErrBudgetExceeded) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err = %v, want ErrBudgetExceeded wrapping DeadlineExceeded", err)
+	if !errors.Is(err, ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want ErrDeadlineExceeded wrapping DeadlineExceeded", err)
 	}
 	if q := l.State().Queued; q != 0 {
 		t.Fatalf("queued = %d, want 0", q)
@@ -346,8 +346,8 @@ func TestRefusalsAtArrivalAreCountedAsRejected(t *testing.T) {
 	pause(l, at(time.Minute))
 	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(30*time.Second))
 	defer cancel()
-	if err := mustFail(t, acquireAsync(ctx, l)); !errors.Is(err, ErrBudgetExceeded) {
-		t.Fatalf("acquire past its deadline's pause: %v, want ErrBudgetExceeded", err)
+	if err := mustFail(t, acquireAsync(ctx, l)); !errors.Is(err, ErrDeadlineExceeded) {
+		t.Fatalf("acquire past its deadline's pause: %v, want ErrDeadlineExceeded", err)
 	}
 	if got := l.State().Rejected; got != 3 {
 		t.Fatalf("after a pause refusal: rejected = %d, want 3", got)

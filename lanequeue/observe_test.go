@@ -304,7 +304,7 @@ func TestWaitPastTheDeadlineIsRefusedAtOnce(t *testing.T) {
 	s.release()
 	r := <-queued
 	var we *WaitError
-	if !errors.As(r.err, &we) || !we.At.Equal(at(time.Minute)) || we.Paused || !errors.Is(r.err, ErrBudgetExceeded) {
+	if !errors.As(r.err, &we) || !we.At.Equal(at(time.Minute)) || we.Paused || !errors.Is(r.err, ErrDeadlineExceeded) {
 		t.Fatalf("queued waiter: %v, want a WaitError at the reset", r.err)
 	}
 	if st := l.State(); st.Queued != 1 || st.Rejected != 1 {

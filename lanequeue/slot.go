@@ -15,11 +15,11 @@ import (
 // queued low-priority one, except that one dispatch in LowShare goes to a
 // low-priority request while both wait. It returns ctx's error when the
 // client goes away (the waiter leaves the queue at once), ErrQueueFull
-// when the lane's queue is full, and ErrBudgetExceeded when ctx's deadline
+// when the lane's queue is full, and ErrDeadlineExceeded when ctx's deadline
 // passes or lies before the end of the pause.
 func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, budgetErr(err)
+		return nil, deadlineErr(err)
 	}
 	g := l.g
 	g.mu.Lock()
@@ -99,7 +99,7 @@ func (s *Slot) wait(ctx context.Context) error {
 	if refused != nil {
 		return fmt.Errorf("lane %s: %w", l.id, refused)
 	}
-	return budgetErr(ctx.Err())
+	return deadlineErr(ctx.Err())
 }
 
 // WaitRetry gives back the slot's permit, waits `after` (a delay for this
@@ -121,7 +121,7 @@ func (s *Slot) WaitRetry(ctx context.Context, after time.Duration) error {
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	if err := sleep(ctx, g.clock, after); err != nil {
-		return budgetErr(err)
+		return deadlineErr(err)
 	}
 
 	g.mu.Lock()

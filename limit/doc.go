@@ -51,8 +51,9 @@
 // only make it converge sooner. ("Probe" means this, sending above what
 // the upstream was seen to admit, everywhere in this package: the pace's
 // probe cycle, and a fixed window sending one more than its allowance.
-// A budget is a window of requests or tokens, stated by headers or
-// learned from refusals.)
+// A budget is one of the upstream's windows, of requests or of tokens,
+// stated by its headers or paced from its refusals; a request's time to
+// wait is its deadline, lanequeue's and proxy's.)
 //
 // # Replicas
 //

@@ -12,14 +12,14 @@ import (
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
-// attempt makes one upstream attempt bounded by the budget until the answer's
+// attempt makes one upstream attempt bounded by deadline until the answer's
 // headers arrive; after that only the client's own cancellation and Stop end
-// it. The budget is serve's context: it ends at the request's deadline, when
+// it. deadline is serve's context: it ends at the request's deadline, when
 // the client goes and at Stop.
-func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (upstream.Result, *attemptWatch, bool) {
+func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request) (upstream.Result, *attemptWatch, bool) {
 	actx, cancel := context.WithCancel(r.Context())
 	a := &attemptWatch{p: p, cancel: cancel}
-	a.unwatch = context.AfterFunc(budget, a.budgetDone)
+	a.unwatch = context.AfterFunc(deadline, a.deadlineDone)
 	// Built as http.NewRequestWithContext builds it, without parsing the
 	// URL the proxy already has, or a header map it replaces.
 	out := (&http.Request{
@@ -48,22 +48,23 @@ func (p *Proxy) attempt(budget context.Context, r *http.Request, req *request) (
 	return res, a, late
 }
 
-// attemptWatch ends an attempt: when the budget ends before the answer's
+// attemptWatch ends an attempt: when the deadline comes before the answer's
 // headers arrive (timedOut), and at Stop, before or after them.
 type attemptWatch struct {
 	p        *Proxy
 	cancel   context.CancelFunc // cancels the attempt's context
 	mu       sync.Mutex
 	headers  bool        // the answer's headers arrived
-	timedOut bool        // the budget ended first
+	timedOut bool        // the deadline came first
 	unwatch  func() bool // stops the AfterFunc in force
-	ended    bool        // end ran: budgetDone, if it runs late, registers nothing
+	ended    bool        // end ran: deadlineDone, if it runs late, registers nothing
 }
 
-// budgetDone runs when the budget ends. Before the headers it cuts the
-// attempt. After them it cuts it at Stop; the request's deadline alone
-// does not end an answer under way, which is then watched for Stop only.
-func (a *attemptWatch) budgetDone() {
+// deadlineDone runs when attempt's deadline context ends. Before the
+// headers it cuts the attempt. After them it cuts it at Stop; the
+// request's deadline alone does not end an answer under way, which is
+// then watched for Stop only.
+func (a *attemptWatch) deadlineDone() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	switch {
@@ -79,7 +80,7 @@ func (a *attemptWatch) budgetDone() {
 }
 
 // end stops watching and cancels the attempt's context; the answer's
-// body is done with. A budgetDone already started and waiting for the
+// body is done with. A deadlineDone already started and waiting for the
 // lock finds ended, so no watch on Stop outlives the attempt. Safe to
 // call more than once.
 func (a *attemptWatch) end() {
@@ -149,7 +150,7 @@ func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result,
 		return
 	}
 	setLLMHeaders(w.Header(), req)
-	err := fail(failBudget, why)
+	err := fail(failDeadline, why)
 	if res.Err != nil {
 		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
 	}

@@ -145,14 +145,14 @@ func BenchmarkServeHTTPLeastProxy(b *testing.B) {
 
 // maxAllocsPerRequest is the most allocations BenchmarkServeHTTP may
 // make per request, its harness's included (see
-// TestServeHTTPAllocatesWithinItsBudget).
+// TestServeHTTPAllocatesAtMostMaxAllocsPerRequest).
 const maxAllocsPerRequest = 48
 
-// TestServeHTTPAllocatesWithinItsBudget holds the hot path to its
-// allocation budget: a chat through the whole handler, as
+// TestServeHTTPAllocatesAtMostMaxAllocsPerRequest holds the hot path to
+// its allocations: a chat through the whole handler, as
 // BenchmarkServeHTTP sends it, makes at most maxAllocsPerRequest. CI runs
 // it without the race detector, which allocates on its own.
-func TestServeHTTPAllocatesWithinItsBudget(t *testing.T) {
+func TestServeHTTPAllocatesAtMostMaxAllocsPerRequest(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector allocates on its own; CI runs this test without it")
 	}
@@ -175,8 +175,8 @@ func TestServeHTTPAllocatesWithinItsBudget(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	mallocs = after.Mallocs - before.Mallocs
 	perRequest := float64(mallocs / runs) // whole ones, as testing.AllocsPerRun counts
-	t.Logf("%.2f allocations per request (budget %d)", perRequest, maxAllocsPerRequest)
+	t.Logf("%.2f allocations per request (at most %d)", perRequest, maxAllocsPerRequest)
 	if perRequest > maxAllocsPerRequest {
-		t.Errorf("%.2f allocations per request, over the budget of %d: see go test -bench BenchmarkServeHTTP -memprofile", perRequest, maxAllocsPerRequest)
+		t.Errorf("%.2f allocations per request, over the most of %d: see go test -bench BenchmarkServeHTTP -memprofile", perRequest, maxAllocsPerRequest)
 	}
 }

@@ -51,7 +51,7 @@ type decision struct {
 
 // tally counts what a request's attempts so far have met. Only failures
 // use up maxRetries: a refusal the lane absorbs by waiting is bounded by
-// the request's budget, however many there are.
+// the request's deadline, however many there are.
 type tally struct {
 	failures    int // 5xx, 408 and connection errors; checked against maxRetries
 	refusals    int // rate and concurrency 429s in a row, up to the latest answer

@@ -35,7 +35,7 @@ func TestDecide(t *testing.T) {
 		name       string
 		res        upstream.Result
 		tries      tally
-		budget     time.Duration
+		deadline   time.Duration // after now
 		action     action
 		verdict    limit.Verdict
 		wait       time.Duration
@@ -61,7 +61,7 @@ func TestDecide(t *testing.T) {
 		{"unreachable after refusals is retried", unreachable, tally{refusals: 5}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
 		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), tally{}, time.Hour, giveUp, limit.RateRefused, 0, false},
 		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), tally{}, time.Hour, retry, limit.RateRefused, time.Minute, true},
-		{"wait past the budget", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, limit.RateRefused, 0, false},
+		{"wait past the deadline", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, limit.RateRefused, 0, false},
 	}
 	// The reasons a client reads when the proxy gives up count what happened.
 	if d := decide(unreachable, tally{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
@@ -73,7 +73,7 @@ func TestDecide(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := decide(tt.res, tt.tries, pol, now, now.Add(tt.budget), 0)
+			d := decide(tt.res, tt.tries, pol, now, now.Add(tt.deadline), 0)
 			if d.action != tt.action || d.verdict != tt.verdict || d.wait != tt.wait || d.pauseGroup != tt.pauseGroup {
 				t.Fatalf("got %v %v wait %v pause %v (%s); want %v %v wait %v pause %v",
 					d.action, d.verdict, d.wait, d.pauseGroup, d.why, tt.action, tt.verdict, tt.wait, tt.pauseGroup)
@@ -104,7 +104,7 @@ func times(n int, res ...upstream.Result) []upstream.Result {
 
 // TestDecideCountsFailuresNotRefusals plays a request's answers in order,
 // carrying what decide counted from one to the next and advancing the clock
-// by each wait: refusals absorbed by waiting are bounded by the budget
+// by each wait: refusals absorbed by waiting are bounded by the deadline
 // alone, failures by maxRetries.
 func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 	start := time.Unix(2_000_000, 0)
@@ -115,11 +115,11 @@ func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 	failed := func(code int) upstream.Result { return answered(code, upstream.Retryable, headerparse.KindOther) }
 	unreachable := upstream.Result{Err: errors.New("dial tcp: connection refused"), Outcome: upstream.Retryable, Unreachable: true}
 	tests := []struct {
-		name    string
-		answers []upstream.Result // the last one is decided on with action and why
-		budget  time.Duration
-		action  action
-		why     string
+		name     string
+		answers  []upstream.Result // the last one is decided on with action and why
+		deadline time.Duration     // after start
+		action   action
+		why      string
 	}{
 		{"50 absorbed 429s then a 200", append(times(50, rate), ok), 10 * time.Minute, pass, ""},
 		{"30 concurrency 429s then a 200", append(times(30, conc), ok), 10 * time.Minute, pass, ""},
@@ -142,13 +142,13 @@ func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 			now, counted := start, tally{}
 			last := len(tt.answers) - 1
 			for i, res := range tt.answers[:last] {
-				d := decide(res, counted, pol, now, start.Add(tt.budget), 0.5)
+				d := decide(res, counted, pol, now, start.Add(tt.deadline), 0.5)
 				if d.action != retry {
 					t.Fatalf("answer %d of %d: %v (%s), want retry", i+1, len(tt.answers), d.action, d.why)
 				}
 				counted, now = d.next, now.Add(d.wait)
 			}
-			d := decide(tt.answers[last], counted, pol, now, start.Add(tt.budget), 0.5)
+			d := decide(tt.answers[last], counted, pol, now, start.Add(tt.deadline), 0.5)
 			if d.action != tt.action || !strings.Contains(d.why, tt.why) {
 				t.Fatalf("last answer: %v (%q), want %v (%q); counted %+v", d.action, d.why, tt.action, tt.why, counted)
 			}
@@ -172,8 +172,8 @@ func TestReplyFor(t *testing.T) {
 		retryAfter time.Duration
 	}{
 		{"queue full", lanequeue.ErrQueueFull, 429, "queue_full", false, time.Second},
-		{"budget from the lane", lanequeue.ErrBudgetExceeded, 504, "budget_exceeded", true, 0},
-		{"budget from the proxy", fail(failBudget, "x"), 504, "budget_exceeded", true, 0},
+		{"deadline from the lane", lanequeue.ErrDeadlineExceeded, 504, "budget_exceeded", true, 0},
+		{"deadline from the proxy", fail(failDeadline, "x"), 504, "budget_exceeded", true, 0},
 		{"unreachable", fail(failUnreachable, "x"), 502, "upstream_unreachable", true, 0},
 		{"too large", fail(failTooLarge, "x"), 413, "request_too_large", true, 0},
 		{"body read", fail(failBodyRead, "x"), 400, "body_read_error", false, 0},
@@ -181,8 +181,8 @@ func TestReplyFor(t *testing.T) {
 		{"absolute URI", fail(failAbsoluteURI, "x"), 400, "absolute_uri", false, 0},
 		{"anything else", errors.New("boom"), 500, "internal_error", false, 0},
 		{"shutting down", errShutdown, 503, "shutting_down", false, time.Second},
-		{"pacing past the budget", fmt.Errorf("lane x: %w", &lanequeue.WaitError{At: replyNow.Add(42 * time.Second)}), 429, "wait_exceeds_budget", true, 42 * time.Second},
-		{"pause past the budget", &lanequeue.WaitError{At: replyNow.Add(1500 * time.Millisecond), Paused: true}, 429, "wait_exceeds_budget", true, 1500 * time.Millisecond},
+		{"pacing past the deadline", fmt.Errorf("lane x: %w", &lanequeue.WaitError{At: replyNow.Add(42 * time.Second)}), 429, "wait_exceeds_budget", true, 42 * time.Second},
+		{"pause past the deadline", &lanequeue.WaitError{At: replyNow.Add(1500 * time.Millisecond), Paused: true}, 429, "wait_exceeds_budget", true, 1500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -36,7 +36,7 @@ type failKind uint8
 const (
 	failInternal failKind = iota
 	failQueueFull
-	failBudget
+	failDeadline
 	failUnreachable
 	failTooLarge
 	failBodyRead
@@ -70,16 +70,17 @@ type errorReply struct {
 var replies = map[failKind]errorReply{
 	failInternal:    {status: http.StatusInternalServerError, typ: "server_error", code: "internal_error", shutdownWins: true},
 	failQueueFull:   {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: time.Second, shutdownWins: true},
-	failBudget:      {status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", noRetry: true, shutdownWins: true},
+	failDeadline:    {status: http.StatusGatewayTimeout, typ: "timeout_error", code: "budget_exceeded", noRetry: true, shutdownWins: true},
 	failUnreachable: {status: http.StatusBadGateway, typ: "upstream_error", code: "upstream_unreachable", noRetry: true, shutdownWins: true},
 	failTooLarge:    {status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large", noRetry: true},
 	failBodyRead:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "body_read_error"},
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
 	failBadPriority: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_priority", noRetry: true},
-	// The upstream's own limits hold the lane past the request's budget:
-	// the client learns at once when to come back, instead of after its
-	// whole budget; its SDK must not retry sooner on its own.
+	// The upstream's own limits hold the lane past the request's deadline:
+	// the client learns at once when to come back, instead of at its
+	// deadline; its SDK must not retry sooner on its own. (Clients know
+	// a request's deadline as its budget: the codes and messages say so.)
 	failWaitTooLong: {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "wait_exceeds_budget", noRetry: true, shutdownWins: true},
 	// Another replica, or this one restarted, can take the retry.
 	failShutdown: {status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retryAfter: time.Second},
@@ -112,8 +113,8 @@ func replyFor(err error, now time.Time) errorReply {
 			msg: why + " holds this key's requests past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry after Retry-After"}
 	case errors.Is(err, lanequeue.ErrQueueFull):
 		f = &failure{kind: failQueueFull, msg: err.Error() + " (LLMPROXY_MAX_QUEUE); retry later"}
-	case errors.Is(err, lanequeue.ErrBudgetExceeded):
-		f = &failure{kind: failBudget, msg: "request budget ran out (LLMPROXY_MAX_WAIT or the client's timeout): " + err.Error()}
+	case errors.Is(err, lanequeue.ErrDeadlineExceeded):
+		f = &failure{kind: failDeadline, msg: "request budget ran out (LLMPROXY_MAX_WAIT or the client's timeout): " + err.Error()}
 	default:
 		f = &failure{kind: failInternal, msg: "internal error"}
 	}

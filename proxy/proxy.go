@@ -69,7 +69,7 @@ type Config struct {
 	// taken just before each call; zero = no cap.
 	GlobalConcurrency int
 	MaxRetries        int           // retries of failures (5xx, 408, connection errors), not of absorbed 429s; zero = none, as LLMPROXY_MAX_RETRIES=0 (DefaultMaxRetries is cmd's default)
-	MaxWait           time.Duration // a request's whole budget (queue + retries); zero = 10m
+	MaxWait           time.Duration // a request's whole wait, its deadline (queue + retries); zero = 10m
 	MaxRetryAfter     time.Duration // longer upstream hints are not waited for; zero = 2m
 	MaxBodyBytes      int64         // larger bodies get 413; zero = 512 MiB
 	// MemoryBodyBytes is the largest body held in memory; a larger one

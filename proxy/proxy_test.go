@@ -429,7 +429,7 @@ func TestCredentialNeverLogged(t *testing.T) {
 	}
 }
 
-func TestStainlessTimeoutShortensBudget(t *testing.T) {
+func TestStainlessTimeoutShortensTheDeadline(t *testing.T) {
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "5")
 		w.WriteHeader(429)

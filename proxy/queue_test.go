@@ -60,11 +60,11 @@ func TestFullLaneQueueIs429QueueFull(t *testing.T) {
 	}
 }
 
-// TestBudgetRunOutWhileQueuedIs504NoRetry: a request whose budget (here the
+// TestADeadlineWhileQueuedIs504NoRetry: a request whose deadline (here the
 // SDK's own timeout) ends while it waits behind a slow one gets 504
 // budget_exceeded with x-should-retry: false, leaves the queue, and never
 // reaches the upstream.
-func TestBudgetRunOutWhileQueuedIs504NoRetry(t *testing.T) {
+func TestADeadlineWhileQueuedIs504NoRetry(t *testing.T) {
 	h, release, arrived, first := oneSlotTaken(t)
 	defer release()
 	resp := h.post("/v1/chat/completions", `{"model":"m","who":"second"}`, "X-Stainless-Timeout", "1")
@@ -76,7 +76,7 @@ func TestBudgetRunOutWhileQueuedIs504NoRetry(t *testing.T) {
 		t.Errorf("x-should-retry %q, want false", resp.Header.Get("X-Should-Retry"))
 	}
 	if q := laneQueued(h.proxy, "m"); q != 0 {
-		t.Errorf("queued %d after the budget ran out, want 0", q)
+		t.Errorf("queued %d after the deadline passed, want 0", q)
 	}
 	release()
 	if s := <-first; s != 200 {
@@ -84,7 +84,7 @@ func TestBudgetRunOutWhileQueuedIs504NoRetry(t *testing.T) {
 	}
 	select {
 	case body := <-arrived:
-		t.Fatalf("the upstream got %s after its budget ran out", body)
+		t.Fatalf("the upstream got %s after its deadline passed", body)
 	default:
 	}
 }
@@ -176,10 +176,10 @@ func TestQueuedClientThatHangsUpLeavesTheQueue(t *testing.T) {
 	}
 }
 
-// TestBudgetFollowsTheSDKsTimeoutWhenItIsShorter: X-Stainless-Timeout
-// shortens the request's budget below LLMPROXY_MAX_WAIT; a timeout of
-// zero, negative, unreadable or longer than the budget leaves it as it is.
-func TestBudgetFollowsTheSDKsTimeoutWhenItIsShorter(t *testing.T) {
+// TestTheDeadlineFollowsTheSDKsTimeoutWhenItIsShorter: X-Stainless-Timeout
+// brings the request's deadline before LLMPROXY_MAX_WAIT's; a timeout of
+// zero, negative, unreadable or longer than MAX_WAIT leaves it as it is.
+func TestTheDeadlineFollowsTheSDKsTimeoutWhenItIsShorter(t *testing.T) {
 	p := &Proxy{cfg: Config{MaxWait: 10 * time.Minute}}
 	now := time.Unix(1_000_000, 0)
 	for v, want := range map[string]time.Duration{
@@ -198,7 +198,7 @@ func TestBudgetFollowsTheSDKsTimeoutWhenItIsShorter(t *testing.T) {
 			r.Header.Set("X-Stainless-Timeout", v)
 		}
 		if got := p.deadline(r, now).Sub(now); got != want {
-			t.Errorf("X-Stainless-Timeout %q: budget %v, want %v", v, got, want)
+			t.Errorf("X-Stainless-Timeout %q: wait %v, want %v", v, got, want)
 		}
 	}
 }

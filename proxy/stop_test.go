@@ -62,11 +62,11 @@ func TestStopAnswersQueuedAndWaitingRequests(t *testing.T) {
 	}
 }
 
-// TestPacingPastTheBudgetIsAnswered429AtOnce: after the upstream says its
-// window is empty until a reset a minute away, a request with a 2 s budget
+// TestPacingPastTheDeadlineIsAnswered429AtOnce: after the upstream says its
+// window is empty until a reset a minute away, a request with a 2 s deadline
 // gets 429 wait_exceeds_budget within moments, with Retry-After at the
-// reset and x-should-retry: false, instead of a 504 after its budget.
-func TestPacingPastTheBudgetIsAnswered429AtOnce(t *testing.T) {
+// reset and x-should-retry: false, instead of a 504 at its deadline.
+func TestPacingPastTheDeadlineIsAnswered429AtOnce(t *testing.T) {
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Ratelimit-Limit-Requests", "1")
 		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
@@ -85,7 +85,7 @@ func TestPacingPastTheBudgetIsAnswered429AtOnce(t *testing.T) {
 		t.Fatalf("Retry-After %q, want the reset about 60 s away", resp.Header.Get("Retry-After"))
 	}
 	if took >= 2*time.Second {
-		t.Fatalf("the answer took %v: the budget was sat out", took)
+		t.Fatalf("the answer took %v: the deadline was sat out", took)
 	}
 }
 
@@ -100,7 +100,7 @@ func TestShutdownWinsOverWhatWaitingOrTheUpstreamFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for kind, want := range map[failKind]bool{
-		failInternal: true, failQueueFull: true, failBudget: true, failUnreachable: true, failWaitTooLong: true,
+		failInternal: true, failQueueFull: true, failDeadline: true, failUnreachable: true, failWaitTooLong: true,
 		failTooLarge: false, failBodyRead: false, failMethod: false, failAbsoluteURI: false, failBadPriority: false,
 		failAdminToken: false,
 	} {

@@ -117,10 +117,10 @@ func TestUsageMeterHoldsAtMostFourMiB(t *testing.T) {
 	}
 }
 
-// TestStopCutsAStreamThatOutlivedItsBudget: an answer still streaming when
-// the request's budget has run out goes on (the deadline alone does not
+// TestStopCutsAStreamThatOutlivedItsDeadline: an answer still streaming
+// when the request's deadline has passed goes on (the deadline alone does not
 // end it), and Stop then cuts it at once.
-func TestStopCutsAStreamThatOutlivedItsBudget(t *testing.T) {
+func TestStopCutsAStreamThatOutlivedItsDeadline(t *testing.T) {
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		readAllQuiet(r)
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -135,7 +135,7 @@ func TestStopCutsAStreamThatOutlivedItsBudget(t *testing.T) {
 	br := bufio.NewReader(resp.Body)
 	for start := time.Now(); time.Since(start) < 600*time.Millisecond; {
 		if _, err := br.ReadString('\n'); err != nil {
-			t.Fatalf("the stream ended %v in, past its 250 ms budget but before Stop: %v", time.Since(start), err)
+			t.Fatalf("the stream ended %v in, past its 250 ms deadline but before Stop: %v", time.Since(start), err)
 		}
 	}
 	h.proxy.Stop()
@@ -150,6 +150,6 @@ func TestStopCutsAStreamThatOutlivedItsBudget(t *testing.T) {
 			t.Fatal("the stream ended cleanly at Stop, want it cut")
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("Stop did not cut a stream that outlived its budget")
+		t.Fatal("Stop did not cut a stream that outlived its deadline")
 	}
 }

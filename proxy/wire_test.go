@@ -83,11 +83,11 @@ func TestARequestGoesUpInOneWrite(t *testing.T) {
 	}
 }
 
-// TestALateBudgetEndLeavesNoWatchOnStop: when the budget's end reaches an
+// TestALateDeadlineLeavesNoWatchOnStop: when the deadline's end reaches an
 // attempt's watch only after the attempt ended (the watch runs in a
 // goroutine of its own), it registers nothing on Stop: each such
 // registration would live as long as the process.
-func TestALateBudgetEndLeavesNoWatchOnStop(t *testing.T) {
+func TestALateDeadlineLeavesNoWatchOnStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p, err := New(Config{})
 		if err != nil {
@@ -96,7 +96,7 @@ func TestALateBudgetEndLeavesNoWatchOnStop(t *testing.T) {
 		var cancels atomic.Int32
 		a := &attemptWatch{p: p, cancel: func() { cancels.Add(1) }, unwatch: func() bool { return false }, headers: true}
 		a.end()
-		a.budgetDone() // late, after end
+		a.deadlineDone() // late, after end
 		p.Stop()
 		synctest.Wait()
 		if n := cancels.Load(); n != 1 {

@@ -181,7 +181,7 @@ func (c *config) checkDurations() error {
 		val  time.Duration
 		min  time.Duration // 0: any positive value
 	}{
-		// Shorter budgets and bounds fail requests before any upstream
+		// Shorter waits and bounds fail requests before any upstream
 		// could answer, and Retry-After hints come in whole seconds.
 		{"MAX_WAIT", c.MaxWait, time.Second}, {"MAX_RETRY_AFTER", c.MaxRetryAfter, time.Second},
 		{"BODY_TIMEOUT", c.BodyTimeout, time.Second},

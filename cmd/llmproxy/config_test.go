@@ -80,7 +80,7 @@ func TestRoutesNamedLikeAPIVersionsAreRefused(t *testing.T) {
 	}
 }
 
-// TestDurationsHaveUsableFloors: budgets so short that every request would
+// TestDurationsHaveUsableFloors: waits so short that every request would
 // fail at once are refused at start.
 func TestDurationsHaveUsableFloors(t *testing.T) {
 	for _, tc := range []struct{ env, val, want string }{
