@@ -224,3 +224,31 @@ func TestTheGroupTellsItsSharedOfEachEventOnce(t *testing.T) {
 		t.Fatalf("then one never sent: %d refunds, %d settles, %d returns in all; want 1, 1, 2", c.refunds, c.settles, c.returns)
 	}
 }
+
+// TestARetrysTicketIsToldOfAsNew: the once-only marks belong to the
+// ticket the slot holds; a retry's dispatch takes a new one, whose
+// settle and return the Shared hears of though the first attempt's
+// charge and permit went back already.
+func TestARetrysTicketIsToldOfAsNew(t *testing.T) {
+	var c *countingShared
+	tb := NewTable(TableConfig{Shared: func(_ string, cfg limit.Config) limit.Shared {
+		c = &countingShared{Memory: limit.NewMemory(cfg)}
+		return c
+	}})
+	s, err := tb.Acquire(context.Background(), Request{Path: "/v1/chat/completions", Model: "m", Cost: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Report(limit.Report{Verdict: limit.NotSent}) // refunded
+	if err := s.WaitRetry(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if c.refunds != 1 || c.returns != 1 {
+		t.Fatalf("the first attempt: %d refunds, %d returns; want 1, 1", c.refunds, c.returns)
+	}
+	s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
+	s.Done(200, "ok", 5)
+	if c.refunds != 1 || c.settles != 1 || c.returns != 2 {
+		t.Fatalf("after the retry's answer: %d refunds, %d settles, %d returns in all; want 1, 1, 2", c.refunds, c.settles, c.returns)
+	}
+}

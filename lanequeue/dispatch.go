@@ -101,39 +101,36 @@ func (g *group) dequeueLocked(s *Slot) {
 	}
 }
 
-// The group keeps each ticket's bookkeeping, so that a Shared is told of
+// The slot keeps its ticket's bookkeeping, so that a Shared is told of
 // each event once: a charge given back (refundLocked), the tokens an
 // answer used (settleLocked, never after a refund), a permit given back
 // (returnLocked). Each goes to the limit that gave the ticket, and
 // requires g.mu held.
 
 func (g *group) refundLocked(s *Slot) {
-	t := &s.ticket
-	if t.Refunded {
+	if s.refunded {
 		return
 	}
-	s.lim.shared.Refund(t)
-	t.Refunded = true
+	s.lim.shared.Refund(&s.ticket)
+	s.refunded = true
 }
 
 func (g *group) settleLocked(s *Slot, usedTokens int64) {
-	t := &s.ticket
-	if t.Refunded {
+	if s.refunded {
 		return
 	}
-	s.lim.shared.Settle(t, usedTokens)
+	s.lim.shared.Settle(&s.ticket, usedTokens)
 	if s.lim.ceil != nil {
-		s.lim.ceil.Settle(t.Cost, usedTokens)
+		s.lim.ceil.Settle(s.ticket.Cost, usedTokens)
 	}
 }
 
 func (g *group) returnLocked(s *Slot, now time.Time) {
-	t := &s.ticket
-	if t.Returned {
+	if s.returned {
 		return
 	}
-	s.lim.shared.Return(t, now)
-	t.Returned = true
+	s.lim.shared.Return(&s.ticket, now)
+	s.returned = true
 }
 
 // returnPermitLocked gives back the permit of a slot that holds one.
@@ -226,7 +223,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	g.dequeueLocked(s)
 	s.phase = phaseSent
 	s.capped = g.cap != nil
-	s.ticket, s.lim = t, lim
+	s.ticket, s.lim, s.refunded, s.returned = t, lim, false, false
 	g.sent++
 	lim.sent++
 	if lim.trial != nil {

@@ -144,12 +144,15 @@ type Slot struct {
 	// ready is closed when a wait is granted or refused; made only when
 	// the wait has to block (see waitLocked), so a request that goes at
 	// once makes no channel. signalled: it was granted or refused.
-	ready      chan struct{}
-	signalled  bool
-	ticket     limit.Ticket // the latest dispatch
-	lastStatus int          // status of the latest reported answer
-	retry      bool         // waiting again after an answer
-	refused    *WaitError   // set when the group gave up the wait (and signalled it)
+	ready     chan struct{}
+	signalled bool
+	ticket    limit.Ticket // the latest dispatch
+	// refunded and returned: the ticket's charge and its permit went back
+	// (refundLocked, returnLocked); a new ticket clears them.
+	refunded, returned bool
+	lastStatus         int        // status of the latest reported answer
+	retry              bool       // waiting again after an answer
+	refused            *WaitError // set when the group gave up the wait (and signalled it)
 
 	counted bool   // Done was called; the slot's goroutine only
 	leave   func() // leaves the route's model gate; nil: none

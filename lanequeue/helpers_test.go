@@ -48,8 +48,10 @@ func pause(l *Lane, until time.Time) {
 	l.g.mu.Lock()
 	defer l.g.mu.Unlock()
 	// An answer that never reached the upstream teaches nothing but its
-	// pause.
-	l.drawsOn().shared.Learn(&limit.Ticket{Settled: true}, limit.Report{Verdict: limit.NotSent, PauseUntil: until}, l.g.clock.Now())
+	// pause; its ticket went at a number in flight no dispatch reached, so
+	// settling it counts no pending dispatch down.
+	t := limit.Ticket{Level: math.MaxInt}
+	l.drawsOn().shared.Learn(&t, limit.Report{Verdict: limit.NotSent, PauseUntil: until}, l.g.clock.Now())
 }
 
 // pastFirstAnswer ends the lane group's first-answer window: tests of

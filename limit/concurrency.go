@@ -121,7 +121,7 @@ func (c *concurrency) returned(t *Ticket, now time.Time) {
 // answered feeds an accepted answer's time with its permit into the mean
 // answer time.
 func (c *concurrency) answered(t *Ticket, now time.Time) {
-	if !t.Accepted {
+	if !t.accepted {
 		return
 	}
 	d := now.Sub(t.Dispatched).Seconds()

@@ -18,9 +18,6 @@ type Ticket struct {
 	Limit            int  // the concurrency limit when it went
 	Room             bool // a budget learned from headers had room for it
 	Paced            bool // a pace learned from refusals had room for it
-	Accepted         bool // its answer was accepted
-	Refunded         bool // its charge was given back
-	Returned         bool // its permit was given back
 	// Lease names the permit when a shared store outside this process
 	// gave it; empty for the in-process state. Such a store gives and
 	// takes back its own permits (see Memory.NoteDispatch, NoteReturn).
@@ -39,13 +36,17 @@ type Ticket struct {
 	// Probe: it went while the learned pace probed above the admitted
 	// rate.
 	Probe bool
-	// Settled: its answer was learned from, or none will come.
-	Settled bool
 	// Level is the number in flight it went at, itself included, less
 	// the permits held by refused requests (not in flight upstream).
 	Level int
-	// HoldsRefused: it was refused and still holds its permit.
-	HoldsRefused bool
+
+	// Memory's own account of the dispatch, kept with it because a
+	// Shared kept elsewhere hands Memory the same ticket (see
+	// Memory.NoteReturn): what its answer was and where its permit is.
+	accepted     bool // its answer was accepted
+	settled      bool // its answer was learned from, or none will come
+	holdsRefused bool // it was refused and still holds its permit
+	returned     bool // its permit was given back
 }
 
 // View is what Shared shows of itself.

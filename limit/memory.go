@@ -215,11 +215,7 @@ func (s *Memory) judgeAgain(now time.Time) {
 // NoteReturn records the end of an answer whose permit another store gave,
 // for the mean answer time; Memory's own permit count is not touched.
 func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
-	s.settle(t) // an answer nobody reported
-	if t.HoldsRefused {
-		t.HoldsRefused = false
-		s.refusedHolding--
-	}
+	s.ended(t)
 	s.conc.answered(t, now)
 	s.win.ended(t.Seq)
 }
@@ -290,16 +286,16 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 			// A closure: the upstream refuses whatever the group sends
 			// until its window's boundary. The windows hold the group;
 			// the refusal says nothing of a pace or a concurrency.
-			if refusal && !t.Returned && !t.HoldsRefused {
-				t.HoldsRefused = true
+			if refusal && !t.returned && !t.holdsRefused {
+				t.holdsRefused = true
 				s.refusedHolding++
 			}
 			s.pace.observe(r.Limits, t, now)
 			return
 		}
 	}
-	if refusal && !t.Returned && !t.HoldsRefused {
-		t.HoldsRefused = true
+	if refusal && !t.returned && !t.holdsRefused {
+		t.holdsRefused = true
 		s.refusedHolding++
 	}
 	if refusal {
@@ -333,7 +329,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool) {
 	switch r.Verdict {
 	case Accepted:
-		t.Accepted = true
+		t.accepted = true
 		s.learn.lastAccepted = now
 		s.learn.admits.add(t.Dispatched)
 		if s.learn.replySecs == 0 {
@@ -540,7 +536,7 @@ func (s *Memory) hintPace(hint time.Duration, t *Ticket, now time.Time) float64 
 func (s *Memory) taken(t *Ticket, now time.Time) float64 {
 	n, span := s.learn.admits.recent(now)
 	out := s.outNow(t) - s.refusedHolding - 1
-	if t.HoldsRefused {
+	if t.holdsRefused {
 		out++ // counted among those holding already
 	}
 	return float64(n+max(out, 0)) / span
@@ -614,8 +610,8 @@ func (s *Memory) pauseFor(r Report) {
 
 // settle ends t's count as pending, once.
 func (s *Memory) settle(t *Ticket) {
-	if !t.Settled {
-		t.Settled = true
+	if !t.settled {
+		t.settled = true
 		s.learn.settled(t.Level)
 	}
 }
@@ -635,13 +631,20 @@ func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 }
 
 func (s *Memory) Return(t *Ticket, now time.Time) {
-	s.settle(t) // an answer nobody reported
-	if t.HoldsRefused {
-		t.HoldsRefused = false
-		s.refusedHolding--
-	}
+	s.ended(t)
 	s.conc.returned(t, now)
 	s.win.ended(t.Seq)
+}
+
+// ended settles t, whose permit went back, and takes it off the count of
+// refused requests holding theirs.
+func (s *Memory) ended(t *Ticket) {
+	s.settle(t) // an answer nobody reported
+	t.returned = true
+	if t.holdsRefused {
+		t.holdsRefused = false
+		s.refusedHolding--
+	}
 }
 
 // PausedUntil is the end of the pause, or of a window's closure whose

@@ -362,3 +362,51 @@ func TestSharedLevelsReplaceEveryLocalCount(t *testing.T) {
 		t.Errorf("at maxLevel %v admitted and %v refused, want the shared 9", l.admitted[maxLevel], l.refusedAt[maxLevel])
 	}
 }
+
+// TestARefusalHoldsItsPermitUntilItGoesBack: a refused request that still
+// holds its permit is not in flight upstream, so the next dispatch's level
+// leaves it out until the permit goes back (Return, or NoteReturn for a
+// permit another store gave); a refusal learned only after its permit
+// went back holds nothing.
+func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
+	overload := Report{Status: 503, Verdict: Overloaded, Limits: headerparse.Limits{Requests: win(100, 50, at(time.Minute))}}
+	// Each way of dispatching: the first dispatch's ticket, and the level
+	// of the next with out permits out.
+	inProcess := func(m *Memory) (*Ticket, func(out int) int, func(*Ticket)) {
+		first := admitted(t, m, t0, 1)
+		admitted(t, m, t0, 1) // another, still out
+		return first, func(int) int { return admitted(t, m, t0, 1).Level }, func(tk *Ticket) { m.Return(tk, t0) }
+	}
+	elsewhere := func(m *Memory) (*Ticket, func(out int) int, func(*Ticket)) {
+		seq, level, _ := m.NoteDispatch(t0, 0, 0, 0)
+		m.NoteDispatch(t0, 1, 0, 0)
+		next := func(out int) int {
+			_, level, _ := m.NoteDispatch(t0, out, 0, 0)
+			return level
+		}
+		return &Ticket{Seq: seq, Level: level, Dispatched: t0}, next, func(tk *Ticket) { m.NoteReturn(tk, t0) }
+	}
+	for _, c := range []struct {
+		name     string
+		dispatch func(*Memory) (*Ticket, func(out int) int, func(*Ticket))
+	}{{"in process", inProcess}, {"elsewhere", elsewhere}} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+		refused, next, giveBack := c.dispatch(m)
+		m.Learn(refused, overload, t0)
+		if level := next(2); level != 2 {
+			t.Errorf("%s: the next dispatch went at %d with the refused one holding its permit, want 2 (it and the other)", c.name, level)
+		}
+		giveBack(refused)
+		if level := next(2); level != 3 {
+			t.Errorf("%s: the next dispatch went at %d once the refused permit went back, want 3", c.name, level)
+		}
+
+		m = NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+		refused, next, giveBack = c.dispatch(m)
+		giveBack(refused)
+		m.Learn(refused, overload, t0)
+		if level := next(1); level != 2 {
+			t.Errorf("%s: the next dispatch went at %d after a refusal learned once its permit went back, want 2", c.name, level)
+		}
+	}
+}

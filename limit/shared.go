@@ -24,10 +24,11 @@ type Shared interface {
 	// go to find out.
 	Admit(now time.Time, cost int64, alone bool) (t Ticket, at time.Time, ok bool)
 	// Learn folds one answer to t's dispatch into the state: the pause,
-	// the budgets and the concurrency limit. It may mark t (Accepted). It
-	// may decline the report's pause when what it learned holds the group
-	// better (a refusal by an upstream that admits other requests, with
-	// no wait named for a rate): PausedUntil tells what it took.
+	// the budgets and the concurrency limit. It may note in t what its
+	// later calls on t need. It may decline the report's pause when what
+	// it learned holds the group better (a refusal by an upstream that
+	// admits other requests, with no wait named for a rate): PausedUntil
+	// tells what it took.
 	Learn(t *Ticket, r Report, now time.Time)
 	// Refund gives back what t's dispatch charged to the budgets, when it
 	// never reached the upstream (the group calls it after Learn of a
