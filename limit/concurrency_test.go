@@ -11,17 +11,17 @@ import (
 // a refused one's permit stops counting when it is given back.
 func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
 	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-	seq, level, _ := s.NoteDispatch(t0, 3, 100, 0)
-	if seq != 100 || level != 4 {
-		t.Fatalf("seq %d level %d, want the fleet's 100 and 3 out + itself = 4", seq, level)
+	tk := s.NoteDispatch(t0, 3, 100, 0)
+	if tk.Seq != 100 || tk.Level != 4 || tk.InFlight != 3 || !tk.Dispatched.Equal(t0) {
+		t.Fatalf("seq %d level %d, %d out, at %v; want the fleet's 100, 3 out + itself = 4, 3, t0", tk.Seq, tk.Level, tk.InFlight, tk.Dispatched)
 	}
-	tk := Ticket{Dispatched: t0, Level: level, Seq: seq, Lease: "l1"}
+	tk.Lease = "l1"
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, t0)
-	if _, level, _ := s.NoteDispatch(t0, 3, 101, 0); level != 3 {
+	if level := s.NoteDispatch(t0, 3, 101, 0).Level; level != 3 {
 		t.Fatalf("level %d beside a refused permit still held, want 3", level)
 	}
 	s.NoteReturn(&tk, t0)
-	if _, level, _ := s.NoteDispatch(t0, 3, 102, 0); level != 4 {
+	if level := s.NoteDispatch(t0, 3, 102, 0).Level; level != 4 {
 		t.Fatalf("level %d after the refused permit came back, want 4", level)
 	}
 	if n, _ := s.pace.recent.recent(t0); n != 3 {

@@ -86,8 +86,7 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 			if c.held {
 				l.NoteHeld(now)
 			}
-			_, _, probe := l.NoteDispatch(now, 0, uint64(i+1), 0)
-			sawProbe = sawProbe || probe
+			sawProbe = sawProbe || l.NoteDispatch(now, 0, uint64(i+1), 0).Probe
 			if l.learn.phase == probeUp {
 				l.NoteRaiser(c.raiser)
 			} else {

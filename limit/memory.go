@@ -58,11 +58,12 @@ func NewMemory(cfg Config) *Memory {
 // sent the running count of the group's dispatches, all replicas
 // together, right after it (0: not known); lastSecond the group's
 // dispatches in the second up to now, all replicas, this one included (0:
-// not known). It returns the dispatch's number, the number in flight it
-// went at, and whether it goes in a probe of the pace learned from
-// refusals, for the ticket. The probe
+// not known). It returns the dispatch's ticket as far as Memory knows it:
+// when it went, the permits out beside it, its number, the number in
+// flight it went at, and whether it goes in a probe of the pace learned
+// from refusals; the store fills in what it charged and gave. The probe
 // cycle moves on here, as Admit moves it for the group's own admissions.
-func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond int) (seq uint64, level int, probe bool) {
+func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond int) Ticket {
 	s.stepProbe(now)
 	// Dispatches of the other replicas since this one's last count toward
 	// the group's sending rate too (at most a meter's worth at once); at
@@ -76,13 +77,13 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 	}
 	s.fleetSent = max(s.fleetSent, sent)
 	s.pace.recent.addN(now, int(n))
-	seq = s.learn.dispatched()
+	seq := s.learn.dispatched()
 	if sent > seq {
 		// Numbered in the group's count, so that the dispatches admitted
 		// between two refusals are all the replicas'.
 		s.learn.seq, seq = sent, sent
 	}
-	level = out - s.refusedHolding + 1
+	level := out - s.refusedHolding + 1
 	s.learn.noteSent(level)
 	if s.knockNext {
 		s.knockNext = false
@@ -90,7 +91,7 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 	} else {
 		s.win.dispatched(now)
 	}
-	return seq, level, s.pace.fromRefusals && s.learn.phase == probeUp
+	return Ticket{Dispatched: now, InFlight: out, Seq: seq, Level: level, Probe: s.pace.fromRefusals && s.learn.phase == probeUp}
 }
 
 // WindowGate tells a Shared kept elsewhere whether the group's fixed window

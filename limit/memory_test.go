@@ -378,13 +378,10 @@ func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
 		return first, func(int) int { return admitted(t, m, t0, 1).Level }, func(tk *Ticket) { m.Return(tk, t0) }
 	}
 	elsewhere := func(m *Memory) (*Ticket, func(out int) int, func(*Ticket)) {
-		seq, level, _ := m.NoteDispatch(t0, 0, 0, 0)
+		first := m.NoteDispatch(t0, 0, 0, 0)
 		m.NoteDispatch(t0, 1, 0, 0)
-		next := func(out int) int {
-			_, level, _ := m.NoteDispatch(t0, out, 0, 0)
-			return level
-		}
-		return &Ticket{Seq: seq, Level: level, Dispatched: t0}, next, func(tk *Ticket) { m.NoteReturn(tk, t0) }
+		next := func(out int) int { return m.NoteDispatch(t0, out, 0, 0).Level }
+		return &first, next, func(tk *Ticket) { m.NoteReturn(tk, t0) }
 	}
 	for _, c := range []struct {
 		name     string

@@ -145,12 +145,12 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	seq, level, probe := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)), rep.lastSecond)
+	t := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)), rep.lastSecond)
 	s.out++
 	s.remoteOut++
-	return limit.Ticket{Dispatched: now, Cost: cost, Requests: float64(rep.reqSent), Tokens: float64(rep.tokSent),
-		InFlight: rep.out, Limit: rep.limits.concurrency, Room: rep.room, Paced: rep.paced, Lease: lease, Seq: seq,
-		Level: level, Probe: probe, Refusals: rep.refusals + 1}, time.Time{}, true
+	t.Cost, t.Requests, t.Tokens, t.Limit = cost, float64(rep.reqSent), float64(rep.tokSent), rep.limits.concurrency
+	t.Room, t.Paced, t.Lease, t.Refusals = rep.room, rep.paced, lease, rep.refusals+1
+	return t, time.Time{}, true
 }
 
 // localAdmit admits from the local limits while Redis is away, within
