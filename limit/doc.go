@@ -60,7 +60,7 @@
 // Memory is the in-process state of a group. A Shared kept elsewhere
 // (redisstate) admits from state every replica shares and hands Memory the
 // group's evidence: every replica's dispatches (NoteDispatch), whether the
-// upstream admitted any (NoteAccepted), the counts by level (ShareLevels),
-// the pace the others learned and their refusals (NoteFleet), so that
-// what each replica learns is about the group as the upstream sees it.
+// upstream admitted any, the pace the others learned and their refusals
+// (NoteFleet), the counts by level (ShareLevels), so that what each
+// replica learns is about the group as the upstream sees it.
 package limit

@@ -107,17 +107,11 @@ func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, windowed bool) {
 	return at, ok, s.win.pacing()
 }
 
-// NoteAccepted records that the upstream accepted a request of the group
-// sent elsewhere, answered at at (zero: none): the upstream is live.
-func (s *Memory) NoteAccepted(at time.Time) {
-	if at.After(s.learn.lastAccepted) {
-		s.learn.lastAccepted = at
-	}
-}
-
 // NoteFleet records, at now, what the store kept elsewhere says of the
-// group: the request pace the replicas learned from refusals (0: none),
-// and the refusals every replica learned from so far. The other replicas
+// group: when the upstream last accepted a request of it sent elsewhere
+// (zero: never; the upstream is live then), the request pace the
+// replicas learned from refusals (0: none), and the refusals every
+// replica learned from so far. The other replicas
 // send at this one's probe when it holds the raise lease, so a refusal
 // anywhere ends the probe, unclean. A replica refused for the first time
 // starts from the fleet's pace when it is lower than what the group was
@@ -125,7 +119,10 @@ func (s *Memory) NoteAccepted(at time.Time) {
 // under any pace the guess would send, instead of finding it again with
 // refusals of its own. (Only a refusal lowers the fleet's pace, so a
 // replica never follows its own.)
-func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
+func (s *Memory) NoteFleet(accepted time.Time, pace float64, refusals uint64, now time.Time) {
+	if accepted.After(s.learn.lastAccepted) {
+		s.learn.lastAccepted = accepted
+	}
 	if pace != s.fleetPace {
 		s.fleetPace, s.fleetPaceAt = pace, now
 	}

@@ -122,16 +122,15 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	s.st.sawClock(rep.redisNow)
 	s.out, s.climit, s.paused = rep.out, rep.limits.concurrency, rep.paused
 	s.answered = rep.answered
-	// The upstream is live when it admits any replica's requests: a
-	// replica whose own first answer is a refusal does not take it for
-	// an outage (and pause the fleet for it).
-	s.local.NoteAccepted(rep.accepted)
 	s.seeLimits(rep.limits, rep.paceFromRefusals)
 	fleetPace := 0.0
 	if rep.paceFromRefusals {
 		fleetPace = rep.limits.reqRate
 	}
-	s.local.NoteFleet(fleetPace, rep.refusals, now)
+	// The upstream is live when it admits any replica's requests: a
+	// replica whose own first answer is a refusal does not take it for
+	// an outage (and pause the fleet for it).
+	s.local.NoteFleet(rep.accepted, fleetPace, rep.refusals, now)
 	if !rep.ok {
 		at := rep.retryAt
 		if at.IsZero() {
