@@ -1,6 +1,9 @@
 package limit
 
-import "strconv"
+import (
+	"math"
+	"strconv"
+)
 
 // RateFrom says where a group's request pace comes from. Code compares
 // the values; String is what /lanes, the logs and the dashboard show.
@@ -67,24 +70,27 @@ var pauseReasonText = [...]string{"", "rate_limited", "overloaded", "retry", "wi
 func (p pauseReason) String() string { return shown(p, pauseReasonText[:]) }
 
 // concurrencyFrom says where a group's concurrency limit comes from
-// (View.ConcurrencyFrom): concurrencyGrown, concurrencyNamed, or, above
-// zero, the number in flight the upstream's refusals showed is too many.
-// String is what /lanes and the logs show.
+// (View.ConcurrencyFrom): the start grown by answers (concurrencyGrown),
+// the upstream's words (concurrencyNamed), or, above zero, the number in
+// flight the upstream's refusals showed is too many. String is what
+// /lanes and the logs show.
 type concurrencyFrom int
 
 const (
-	concurrencyGrown concurrencyFrom = 0  // the start, grown by answers
-	concurrencyNamed concurrencyFrom = -1 // the upstream's words named concurrency
+	concurrencyGrown concurrencyFrom = 0
+	// concurrencyNamed sits below every number in flight.
+	concurrencyNamed concurrencyFrom = math.MinInt
 )
 
 func (c concurrencyFrom) String() string {
-	switch {
-	case c == concurrencyGrown:
-		return ""
-	case c == concurrencyNamed:
-		return "words"
-	case c > 0:
+	if c > 0 {
 		return "refusals at " + strconv.Itoa(int(c)) + " in flight"
+	}
+	if c == concurrencyNamed {
+		return "words"
+	}
+	if c == concurrencyGrown {
+		return ""
 	}
 	return "unknown"
 }

@@ -34,7 +34,7 @@ func TestProvenanceShowsAsBefore(t *testing.T) {
 	}
 	for c, want := range map[concurrencyFrom]string{
 		concurrencyGrown: "", concurrencyNamed: "words", 1: "refusals at 1 in flight", 12: "refusals at 12 in flight",
-		concurrencyNamed - 1: "unknown",
+		concurrencyNamed + 1: "unknown", -1: "unknown",
 	} {
 		if got := c.String(); got != want {
 			t.Errorf("concurrencyFrom(%d) shows %q, want %q", c, got, want)
