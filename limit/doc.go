@@ -48,7 +48,9 @@
 // measured rate and now and then probes above it for a short spell,
 // followed by as long a spell below: a probe that meets no refusal raises
 // the rate. Words (a hint, Retry-After, "too many concurrent requests")
-// only make it converge sooner.
+// only make it converge sooner. The learner (behaviour.go) alone moves
+// the admitted rate; the concurrency controller (concurrency.go) alone
+// moves its limit and ends its slow start.
 //
 // # Replicas
 //

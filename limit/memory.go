@@ -109,11 +109,7 @@ func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, windowed bool) {
 
 // NoteAccepted records that the upstream accepted a request of the group
 // sent elsewhere, answered at at (zero: none): the upstream is live.
-func (s *Memory) NoteAccepted(at time.Time) {
-	if at.After(s.learn.lastAccepted) {
-		s.learn.lastAccepted = at
-	}
-}
+func (s *Memory) NoteAccepted(at time.Time) { s.learn.acceptedElsewhere(at) }
 
 // NoteFleet records, at now, what the store kept elsewhere says of the
 // group: the request pace the replicas learned from refusals (0: none),
@@ -129,22 +125,7 @@ func (s *Memory) NoteFleet(pace float64, refusals uint64, now time.Time) {
 	if pace != s.fleetPace {
 		s.fleetPace, s.fleetPaceAt = pace, now
 	}
-	l := &s.learn
-	refusedSince := refusals > l.fleetRefused
-	l.fleetRefused = max(l.fleetRefused, refusals)
-	if !s.pace.fromRefusals {
-		return
-	}
-	changed := false
-	if refusedSince && l.phase == probeUp {
-		l.phase, l.phaseUntil = probeDown, now.Add(probeLength(l.estimate))
-		changed = true
-	}
-	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
-		l.estimate, l.from = pace, rateReplicas
-		changed = true
-	}
-	if changed {
+	if s.learn.fleetSaid(pace, refusals, s.pace.fromRefusals, now) {
 		s.pace.setFromRefusals(s.pacing(), now)
 	}
 }
@@ -163,11 +144,7 @@ func (s *Memory) NoteHeld(now time.Time) {
 // replica at a time raise a pace learned from refusals: a probe made
 // without it reached no upstream, and does not raise the estimate when it
 // ends. The latest word during the up phase counts.
-func (s *Memory) NoteRaiser(holds bool) {
-	if s.learn.phase == probeUp {
-		s.learn.probeUnseen = !holds
-	}
-}
+func (s *Memory) NoteRaiser(holds bool) { s.learn.raiser(holds) }
 
 // stepProbe moves the probe cycle on at now, pacing by the phase it is in.
 func (s *Memory) stepProbe(now time.Time) {
@@ -183,18 +160,7 @@ func (s *Memory) stepProbe(now time.Time) {
 // alone to tell a concurrency limit from a rate. A group paced from
 // refusals judges its bound again at once.
 func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
-	l := &s.learn
-	n := min(max(len(admitted), len(refused)), maxLevel+1)
-	l.growLevels(max(n-1, 1))
-	for i := range l.admitted {
-		l.admitted[i], l.refusedAt[i] = 0, 0
-		if i < len(admitted) && i < n {
-			l.admitted[i] = admitted[i]
-		}
-		if i < len(refused) && i < n {
-			l.refusedAt[i] = refused[i]
-		}
-	}
+	s.learn.shareLevels(admitted, refused)
 	s.judgeAgain(now)
 }
 
@@ -304,10 +270,8 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 		s.refusedHolding++
 	}
 	if refusal {
-		s.conc.slowStart = false // the upstream said no: no more doubling
-		if t.Probe {
-			s.learn.probeHit = true
-		}
+		s.conc.endSlowStart() // the upstream said no: no more doubling
+		s.learn.refusedInProbe(t)
 	}
 	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {
 		// Nothing but the upstream's behaviour tells the limit.
@@ -335,11 +299,7 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 	switch r.Verdict {
 	case Accepted:
 		t.Accepted = true
-		s.learn.lastAccepted = now
-		s.learn.admits.add(t.Dispatched)
-		if s.learn.replySecs == 0 {
-			s.learn.replySecs = now.Sub(t.Dispatched).Seconds()
-		}
+		s.learn.accepted(t, now)
 		// Admissions at the levels below the refusals can settle the
 		// bound after the refusals came.
 		s.judgeAgain(now)
@@ -351,8 +311,7 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 			s.conc.refused(t, now, s.outNow(t), s.floor(), false)
 		}
 	case ConcurrencyRefused:
-		s.learn.named = true
-		s.learn.refused(t.Seq, t.Dispatched, t.Refusals)
+		s.learn.namedConcurrency(t)
 		s.conc.refused(t, now, s.outNow(t), 0, true)
 	case Overloaded:
 		s.conc.refused(t, now, s.outNow(t), 0, false)
@@ -367,28 +326,17 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	l := &s.learn
 	level := t.Level
-	l.lastRefused = now
 	s.learnAt = now
 	if !l.live(now) {
 		s.refusedWhileDown(t, r, now)
-		l.heldUntil = clock.Later(l.heldUntil, r.PauseUntil)
 		return true
 	}
-	s.estimateOnRefusal(t, r, now)
-	if l.phaseUntil.IsZero() {
-		// Cruise before the first probe; soon, while the rate is a guess.
-		l.phaseUntil = now.Add(l.cruise())
-		if l.guess() {
-			l.phaseUntil = now.Add(guessCruise)
-		}
-	}
+	l.refusedLive(t, s.refusalEvidence(t, r, now), now)
 	if !l.reached(level) {
 		// Nothing went through at this number in flight or above: slow
 		// start overshot. Until the counts tell a rate from a
-		// concurrency, go back to what went through, but not under the
-		// configured start (a rate limit's first refusals come at any
-		// level; Little's law needs the room for long answers).
-		s.conc.limit = min(s.conc.limit, max(level-1, s.conc.start, s.floor()))
+		// concurrency, go back to what went through.
+		s.conc.overshot(level, s.floor())
 	}
 	l.classify()
 	if l.concurrencyBound() {
@@ -415,109 +363,25 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 }
 
 // refusedWhileDown learns from a refusal when nothing was admitted
-// lately: an outage or a closed door, not a limit to measure. The
-// refusal's pause (its hint, or a backoff) holds the group.
+// lately: an outage or a closed door, not a limit to measure (see
+// learner.refusedDown). The refusal's pause (its hint, or a backoff)
+// holds the group.
 func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
-	l := &s.learn
-	l.refused(t.Seq, t.Dispatched, t.Refusals)
 	if r.Verdict == Overloaded {
 		s.conc.refused(t, now, s.outNow(t), 0, false)
 	}
-	if hp := s.hintPace(r.Hint, t, now); hp > 0 && !l.measured {
-		// A short hint still says how fast to go once it opens.
-		l.estimate, l.from = hp, rateHint
+	if s.learn.refusedDown(t, s.hintPace(r.Hint, t, now), r.PauseUntil, now) {
 		s.pace.setFromRefusals(s.pacing(), now)
 		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
 	}
 }
 
-// estimateOnRefusal moves the admitted rate on a refusal while the
-// upstream admits other requests: measured between refusals, guessed
-// from the sending rate at the first, cut while a guess, capped by a
-// short hint.
-func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
-	l := &s.learn
-	was := l.estimate
-
-	level := t.Level
-	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
-		// A refusal of the probe is expected, and what was admitted over
-		// the cycle includes the cruise under the limit, lost to a
-		// concurrency limit: it only raises a measured estimate. Elsewhere
-		// a refusal says the estimate is too high, and a guess takes any
-		// measurement: it takes the sample.
-		if !t.Probe || sample > l.estimate || l.guess() {
-			l.estimate, l.from, l.measured = sample, rateAdmitted, true
-		}
-		l.cut = now
-	} else if l.estimate == 0 {
-		// One refusal measures no rate yet. What the group has been
-		// sending is too fast; a short hint may say how fast is right.
-		l.estimate, l.from = s.pace.recent.rate(now), rateSending
-		if secs := s.conc.answerSecs; secs > 0 && !l.reached(level) {
-			// Refused at a number in flight nothing went through at: what
-			// did go through, over the answer time, is what it sustains
-			// (Little's law), if the number in flight is the bound.
-			l.estimate = max(l.estimate, float64(level-1)/secs)
-		}
-		if s.fleetPace > 0 && s.fleetPace < l.estimate {
-			// Other replicas learned a pace from their refusals already:
-			// it is lower than what the group was sending, and known.
-			l.estimate, l.from = s.fleetPace, rateReplicas
-			if t.Paced && t.Dispatched.After(s.fleetPaceAt) && !l.concurrencyBound() {
-				// And it was refused at that pace (sent after this replica
-				// saw it, so not at an older, faster one): as one process
-				// refused again at a pace not yet measured, slower. (Each
-				// replica's first refusal is a first guess of its own;
-				// without the cut the fleet needs a refusal per replica to
-				// slow down.)
-				l.estimate *= unmeasuredCut
-			}
-		}
-		n, _ := s.pace.recent.recent(now)
-		if hp := s.hintPace(r.Hint, t, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
-			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
-		}
-		l.cut = now
-	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
-		// Refused again at a pace not yet measured, at a number in flight
-		// the upstream admits: slower, once for the requests sent since
-		// the last change. Not before the upstream admitted one of them:
-		// one that counts refusals refuses all until its debt is paid,
-		// whatever the pace.
-		l.estimate *= unmeasuredCut
-		l.cut = now
-	}
-	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate && t.Dispatched.After(l.cut) {
-		// Refusals too close together to measure the rate still show what
-		// got through between them: a guess far above it (the whole of a
-		// limit other models share, a sending rate several times the
-		// limit) is cut to it at once rather than by unmeasuredCut a
-		// round. (One a little above it is left to the measurement: what
-		// gets through right after a refusal may be less than the refill,
-		// where refusals count against the limit.) Only for a request
-		// sent at the guess: those sent before it, refused close together,
-		// show an upstream's debt as much as its rate.
-		l.estimate = l.short
-		l.cut = now
-	}
-	if t.Probe && l.from == rateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
-		// The probe above a raise past the pace the clean probe ran at was
-		// refused: the raise went too far. Back to what ran clean, at
-		// once; staying at the raise until the refusals measure a rate
-		// overdraws an upstream that counts them. (A smaller raise is left
-		// to the measurement.)
-		l.estimate, l.raisedFrom = l.raisedFrom, 0
-		l.cut = now
-	}
-	if hp := s.hintPace(r.Hint, t, now); hp > 0 && hp < l.estimate {
-		// The wait for the next request is at most one request's worth of
-		// the refill: one per hint is as fast as the upstream can go.
-		l.estimate, l.from = hp, rateHint
-	}
-	if l.estimate < was {
-		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
-	}
+// refusalEvidence is what the group knows, besides the learner's counts,
+// as it learns from a refusal of t whose hint is r's.
+func (s *Memory) refusalEvidence(t *Ticket, r Report, now time.Time) refusalEvidence {
+	n, span := s.pace.recent.recent(now)
+	return refusalEvidence{sending: float64(n) / span, sent: n, answerSecs: s.conc.answerSecs,
+		hintPace: s.hintPace(r.Hint, t, now), fleetPace: s.fleetPace, fleetPaceAt: s.fleetPaceAt}
 }
 
 // hintPace is the pace a refusal's hint suggests (see hintPace), when it
@@ -550,14 +414,8 @@ func (s *Memory) taken(t *Ticket, now time.Time) float64 {
 // toConcurrency holds the group at the level below the one the upstream
 // refuses at, and paces it loosely: the number in flight is what binds.
 func (s *Memory) toConcurrency() {
-	l := &s.learn
-	if l.atLevel > 0 {
-		c := &s.conc
-		c.limit = min(c.limit, c.max, max(l.atLevel-1, c.min))
-		if c.refusedAt == 0 || l.atLevel < c.refusedAt {
-			c.refusedAt = l.atLevel
-		}
-		c.slowStart = false
+	if s.learn.atLevel > 0 {
+		s.conc.boundAt(s.learn.atLevel)
 	}
 	s.pace.setFromRefusals(s.pacing(), s.learnAt)
 }
@@ -600,9 +458,9 @@ func (s *Memory) floor() int {
 		if !s.learn.measured {
 			return 0 // a guess at the rate says nothing of what it needs
 		}
-		return ceilRate(s.learn.estimate*cruiseShare, s.conc.answerSecs)
+		return littleFloor(s.learn.estimate*cruiseShare, s.conc.answerSecs)
 	}
-	return s.pace.littleFloor(s.conc.answerSecs)
+	return littleFloor(s.pace.requests.effectiveRate(), s.conc.answerSecs)
 }
 
 // pauseFor takes r's pause, if it is longer than the current one.
