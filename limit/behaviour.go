@@ -506,7 +506,7 @@ func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now ti
 // refusedDown learns from a refusal of t while the upstream admitted
 // nothing lately: an outage or a closed door, not a limit to measure. The
 // group pauses until pausedUntil (the report's pause, which such a
-// refusal always takes, see Memory.behaved): refusals sent before it start no
+// refusal always takes, see groupPause): refusals sent before it start no
 // measurement that ends after it. A short hint (hintPace, 0: none) still
 // says how fast to go once it opens, while no rate was measured; it
 // reports whether the estimate took it.

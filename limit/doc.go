@@ -52,6 +52,14 @@
 // the admitted rate; the concurrency controller (concurrency.go) alone
 // moves its limit and ends its slow start.
 //
+// # Pauses
+//
+// An answer the proxy retries after may ask the group to pause
+// (Report.PauseUntil). Whether the group takes the pause is decided in
+// one place, groupPause (pause.go), from what learning from the answer
+// found: a fixed window's closure, or a refusal the learned pace or
+// concurrency limit holds the group for better, declines it.
+//
 // # Replicas
 //
 // Memory is the in-process state of a group. A Shared kept elsewhere

@@ -13,10 +13,9 @@ import (
 // redisstate): it hands Memory the answers to learn from and tells it of
 // the dispatches made elsewhere with NoteDispatch.
 type Memory struct {
-	pace        pacer
-	conc        concurrency
-	pausedUntil time.Time
-	pauseReason string
+	pace   pacer
+	conc   concurrency
+	paused pause // see groupPause
 	// Dispatches at one instant form a batch: each is marked as if sent
 	// first in it, since they reach the upstream in any order.
 	batchAt time.Time
@@ -192,8 +191,8 @@ func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
 }
 
 func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time, bool) {
-	if now.Before(s.pausedUntil) {
-		return Ticket{}, s.pausedUntil, false
+	if now.Before(s.paused.until) {
+		return Ticket{}, s.paused.until, false
 	}
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
@@ -240,9 +239,16 @@ func (s *Memory) Admit(now time.Time, cost int64, probe bool) (Ticket, time.Time
 
 func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
+	if p := groupPause(r, s.learnFrom(t, r, now)); p.until.After(s.paused.until) {
+		s.paused = p
+	}
+}
+
+// learnFrom folds r, the answer to t, into what the group knows, and
+// returns what it found that bears on r's pause (see groupPause).
+func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 	if r.Verdict == NotSent {
-		s.pauseFor(r)
-		return
+		return pauseEvidence{} // it never reached the upstream
 	}
 	refusal := r.Verdict.Refusal()
 	if r.Verdict != Failed {
@@ -262,7 +268,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 				s.refusedHolding++
 			}
 			s.pace.observe(r.Limits, t, now)
-			return
+			return pauseEvidence{closure: true}
 		}
 	}
 	if refusal && !t.Returned && !t.HoldsRefused {
@@ -275,12 +281,8 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	}
 	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {
 		// Nothing but the upstream's behaviour tells the limit.
-		if s.behaved(t, r, now) {
-			s.pauseFor(r)
-		}
-		return
+		return s.behaved(t, r, now)
 	}
-	s.pauseFor(r)
 	corrected := false
 	if r.Verdict == RateRefused {
 		// Before the refusal's own headers are read: they describe the
@@ -290,6 +292,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	}
 	s.pace.observe(r.Limits, t, now)
 	s.learnVerdict(t, r, now, corrected)
+	return pauseEvidence{}
 }
 
 // learnVerdict learns from r's verdict on t, an answer that told more than
@@ -319,17 +322,17 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 }
 
 // behaved learns from a refusal of an upstream whose headers say nothing,
-// and reports whether the group should take the refusal's pause. A
+// and returns what bears on the refusal's pause (see groupPause). A
 // refusal while the upstream is admitting other requests is about
-// capacity: the learned pace or concurrency limit holds the group, and a
-// pause would only idle it, unless the upstream named a wait for a rate.
-func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
+// capacity: the learned pace or concurrency limit holds the group.
+func (s *Memory) behaved(t *Ticket, r Report, now time.Time) pauseEvidence {
 	l := &s.learn
+	e := pauseEvidence{quiet: true, live: l.live(now)}
 	level := t.Level
 	s.learnAt = now
-	if !l.live(now) {
+	if !e.live {
 		s.refusedWhileDown(t, r, now)
-		return true
+		return e
 	}
 	l.refusedLive(t, s.refusalEvidence(t, r, now), now)
 	if !l.reached(level) {
@@ -345,7 +348,8 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		// below the level under the refusals.
 		s.conc.refused(t, now, s.outNow(t), max(l.atLevel-1, s.floor()), false)
 		s.toConcurrency()
-		return false
+		e.concurrencyBound = true
+		return e
 	}
 	s.pace.setFromRefusals(s.pacing(), now)
 	// The upstream's bucket is empty now: so is the pace's. A request sent
@@ -356,16 +360,12 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	if t.Dispatched.Before(l.cut) {
 		s.pace.requests.avail--
 	}
-	// A wait short enough to be a pace holds the group; a longer one
-	// (Retry-After in whole seconds) holds only the refused request,
-	// while the learned pace holds the rest.
-	return hintPace(r.Hint) > 0
+	return e
 }
 
 // refusedWhileDown learns from a refusal when nothing was admitted
 // lately: an outage or a closed door, not a limit to measure (see
-// learner.refusedDown). The refusal's pause (its hint, or a backoff)
-// holds the group.
+// learner.refusedDown).
 func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	if r.Verdict == Overloaded {
 		s.conc.refused(t, now, s.outNow(t), 0, false)
@@ -463,14 +463,6 @@ func (s *Memory) floor() int {
 	return littleFloor(s.pace.requests.effectiveRate(), s.conc.answerSecs)
 }
 
-// pauseFor takes r's pause, if it is longer than the current one.
-func (s *Memory) pauseFor(r Report) {
-	if r.PauseUntil.After(s.pausedUntil) {
-		s.pausedUntil = r.PauseUntil
-		s.pauseReason = r.Verdict.PauseReason()
-	}
-}
-
 // settle ends t's count as pending, once.
 func (s *Memory) settle(t *Ticket) {
 	if !t.Settled {
@@ -505,12 +497,12 @@ func (s *Memory) Return(t *Ticket, now time.Time) {
 
 // PausedUntil is the end of the pause, or of a window's closure whose
 // boundary the upstream stated.
-func (s *Memory) PausedUntil() time.Time { return clock.Later(s.pausedUntil, s.win.until()) }
+func (s *Memory) PausedUntil() time.Time { return clock.Later(s.paused.until, s.win.until()) }
 
 func (s *Memory) View(now time.Time) View {
 	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs}
-	if now.Before(s.pausedUntil) {
-		v.PausedUntil, v.PauseReason = s.pausedUntil, s.pauseReason
+	if now.Before(s.paused.until) {
+		v.PausedUntil, v.PauseReason = s.paused.until, s.paused.reason
 	}
 	if until := s.win.until(); now.Before(until) && until.After(v.PausedUntil) {
 		v.PausedUntil, v.PauseReason = until, "window"
