@@ -16,8 +16,9 @@ type concurrency struct {
 	start    int // the configured start
 	limit    int
 	inFlight int // permits out
-	// slowStart: no concurrency refusal yet; every second accepted answer
-	// that found the limit full raises it by one (×1.5 per answer time).
+	// slowStart: no refusal yet, and the concurrency is not configured
+	// (Limits.SlowStart); every second accepted answer that found the limit
+	// full raises it by one (×1.5 per answer time).
 	slowStart bool
 	acks      int // accepted answers at the limit since the last change
 	// refusedAt is the lowest level at which the upstream refused for
@@ -45,7 +46,7 @@ const (
 
 func newConcurrency(cfg Config) concurrency {
 	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
-		slowStart: cfg.Limits.Concurrency == 0, probeAcks: minProbeAcks}
+		slowStart: cfg.Limits.SlowStart(), probeAcks: minProbeAcks}
 }
 
 // littleFloor is the concurrency that rate (requests a second) needs for

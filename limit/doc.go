@@ -50,7 +50,8 @@
 // the rate. Words (a hint, Retry-After, "too many concurrent requests")
 // only make it converge sooner. The learner (behaviour.go) alone moves
 // the admitted rate; the concurrency controller (concurrency.go) alone
-// moves its limit and ends its slow start.
+// moves its limit and ends its slow start, which a group has unless its
+// concurrency is configured (Limits.SlowStart).
 //
 // # Pauses
 //
