@@ -1,8 +1,9 @@
 package limit
 
 import (
-	"math"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // learner reads an upstream's limit from status codes and timing alone
@@ -149,7 +150,7 @@ const (
 	guessCruise = time.Second
 	guessRaise  = 1.25 // and the raise of a clean probe then
 	// startSpread: before any limit is known, dispatches are at least
-	// 1/(startSpread × limit) of an answer time apart (see local.spread).
+	// 1/(startSpread × limit) of an answer time apart (see Memory.spread).
 	startSpread = 2.0
 	// maxHintPace is the longest hint taken as a pace: a wait of a second
 	// or more (Retry-After is in whole seconds) says when to try again,
@@ -403,6 +404,223 @@ func (l *learner) step(now time.Time, held bool) bool {
 	return true
 }
 
+// refusalEvidence is what the group knows, besides the learner's own
+// counts, as it learns from a refusal (see refusedLive).
+type refusalEvidence struct {
+	// sending is the group's sending rate lately (requests a second),
+	// over sent dispatches: every replica's, when a store kept elsewhere
+	// counts them.
+	sending float64
+	sent    int
+	// answerSecs is the mean answer time; 0 while none is known.
+	answerSecs float64
+	// hintPace is the pace the refusal's hint suggests (see
+	// Memory.hintPace); 0: none.
+	hintPace float64
+	// fleetPace is the pace the other replicas learned from refusals (0:
+	// none), and fleetPaceAt when it last changed (see Memory.NoteFleet).
+	fleetPace   float64
+	fleetPaceAt time.Time
+}
+
+// accepted notes an answer to t that the upstream accepted at now: the
+// upstream is live, and admitted t when it went.
+func (l *learner) accepted(t *Ticket, now time.Time) {
+	l.lastAccepted = now
+	l.admits.add(t.Dispatched)
+	if l.replySecs == 0 {
+		l.replySecs = now.Sub(t.Dispatched).Seconds()
+	}
+}
+
+// acceptedElsewhere notes that the upstream accepted a request of the
+// group sent elsewhere, answered at at (zero: none).
+func (l *learner) acceptedElsewhere(at time.Time) {
+	if at.After(l.lastAccepted) {
+		l.lastAccepted = at
+	}
+}
+
+// namedConcurrency notes a refusal of t that named the number in flight.
+func (l *learner) namedConcurrency(t *Ticket) {
+	l.named = true
+	l.refused(t.Seq, t.Dispatched, t.Refusals)
+}
+
+// refusedInProbe notes a refusal of t: one sent in the up phase makes the
+// probe unclean.
+func (l *learner) refusedInProbe(t *Ticket) {
+	if t.Probe {
+		l.probeHit = true
+	}
+}
+
+// raiser notes whether this replica holds the lease that lets one replica
+// at a time raise a pace learned from refusals (see Memory.NoteRaiser).
+func (l *learner) raiser(holds bool) {
+	if l.phase == probeUp {
+		l.probeUnseen = !holds
+	}
+}
+
+// shareLevels replaces the counts of answers by level with every
+// replica's (see Memory.ShareLevels).
+func (l *learner) shareLevels(admitted, refused []float64) {
+	n := min(max(len(admitted), len(refused)), maxLevel+1)
+	l.growLevels(max(n-1, 1))
+	for i := range l.admitted {
+		l.admitted[i], l.refusedAt[i] = 0, 0
+		if i < len(admitted) && i < n {
+			l.admitted[i] = admitted[i]
+		}
+		if i < len(refused) && i < n {
+			l.refusedAt[i] = refused[i]
+		}
+	}
+}
+
+// fleetSaid learns what the store kept elsewhere says of the group (see
+// Memory.NoteFleet): refusals, every replica's so far, and pace, the one
+// the replicas learned from refusals (0: none). Only a pace learned from
+// refusals (learning) moves. It reports whether the pace changed: a
+// refusal anywhere ends a probe, unclean, and a rate still a guess
+// follows the fleet's down when it is under any pace the guess sends.
+func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now time.Time) bool {
+	refusedSince := refusals > l.fleetRefused
+	l.fleetRefused = max(l.fleetRefused, refusals)
+	if !learning {
+		return false
+	}
+	changed := false
+	if refusedSince && l.phase == probeUp {
+		l.phase, l.phaseUntil = probeDown, now.Add(probeLength(l.estimate))
+		changed = true
+	}
+	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
+		l.estimate, l.from = pace, rateReplicas
+		changed = true
+	}
+	return changed
+}
+
+// refusedDown learns from a refusal of t while the upstream admitted
+// nothing lately: an outage or a closed door, not a limit to measure. The
+// group pauses until pausedUntil (the report's pause, which such a
+// refusal always takes, see groupPause): refusals sent before it start no
+// measurement that ends after it. A short hint (hintPace, 0: none) still
+// says how fast to go once it opens, while no rate was measured; it
+// reports whether the estimate took it.
+func (l *learner) refusedDown(t *Ticket, hintPace float64, pausedUntil, now time.Time) bool {
+	l.lastRefused = now
+	l.refused(t.Seq, t.Dispatched, t.Refusals)
+	l.heldUntil = clock.Later(l.heldUntil, pausedUntil)
+	if hintPace > 0 && !l.measured {
+		l.estimate, l.from = hintPace, rateHint
+		return true
+	}
+	return false
+}
+
+// refusedLive learns from a refusal of t while the upstream admits other
+// requests: the admitted rate moves (see estimateOnRefusal), and the
+// probe cycle starts with a cruise: soon, while the rate is a guess.
+func (l *learner) refusedLive(t *Ticket, e refusalEvidence, now time.Time) {
+	l.lastRefused = now
+	l.estimateOnRefusal(t, e, now)
+	if l.phaseUntil.IsZero() {
+		l.phaseUntil = now.Add(l.cruise())
+		if l.guess() {
+			l.phaseUntil = now.Add(guessCruise)
+		}
+	}
+}
+
+// estimateOnRefusal moves the admitted rate on a refusal while the
+// upstream admits other requests: measured between refusals, guessed
+// from the sending rate at the first, cut while a guess, capped by a
+// short hint.
+func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time) {
+	was := l.estimate
+	level := t.Level
+	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
+		// A refusal of the probe is expected, and what was admitted over
+		// the cycle includes the cruise under the limit, lost to a
+		// concurrency limit: it only raises a measured estimate. Elsewhere
+		// a refusal says the estimate is too high, and a guess takes any
+		// measurement: it takes the sample.
+		if !t.Probe || sample > l.estimate || l.guess() {
+			l.estimate, l.from, l.measured = sample, rateAdmitted, true
+		}
+		l.cut = now
+	} else if l.estimate == 0 {
+		// One refusal measures no rate yet. What the group has been
+		// sending is too fast; a short hint may say how fast is right.
+		l.estimate, l.from = e.sending, rateSending
+		if secs := e.answerSecs; secs > 0 && !l.reached(level) {
+			// Refused at a number in flight nothing went through at: what
+			// did go through, over the answer time, is what it sustains
+			// (Little's law), if the number in flight is the bound.
+			l.estimate = max(l.estimate, float64(level-1)/secs)
+		}
+		if e.fleetPace > 0 && e.fleetPace < l.estimate {
+			// Other replicas learned a pace from their refusals already:
+			// it is lower than what the group was sending, and known.
+			l.estimate, l.from = e.fleetPace, rateReplicas
+			if t.Paced && t.Dispatched.After(e.fleetPaceAt) && !l.concurrencyBound() {
+				// And it was refused at that pace (sent after this replica
+				// saw it, so not at an older, faster one): as one process
+				// refused again at a pace not yet measured, slower. (Each
+				// replica's first refusal is a first guess of its own;
+				// without the cut the fleet needs a refusal per replica to
+				// slow down.)
+				l.estimate *= unmeasuredCut
+			}
+		}
+		if hp := e.hintPace; hp > 0 && (hp < l.estimate || e.sent < minSampleAdmits) {
+			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
+		}
+		l.cut = now
+	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
+		// Refused again at a pace not yet measured, at a number in flight
+		// the upstream admits: slower, once for the requests sent since
+		// the last change. Not before the upstream admitted one of them:
+		// one that counts refusals refuses all until its debt is paid,
+		// whatever the pace.
+		l.estimate *= unmeasuredCut
+		l.cut = now
+	}
+	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate && t.Dispatched.After(l.cut) {
+		// Refusals too close together to measure the rate still show what
+		// got through between them: a guess far above it (the whole of a
+		// limit other models share, a sending rate several times the
+		// limit) is cut to it at once rather than by unmeasuredCut a
+		// round. (One a little above it is left to the measurement: what
+		// gets through right after a refusal may be less than the refill,
+		// where refusals count against the limit.) Only for a request
+		// sent at the guess: those sent before it, refused close together,
+		// show an upstream's debt as much as its rate.
+		l.estimate = l.short
+		l.cut = now
+	}
+	if t.Probe && l.from == rateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
+		// The probe above a raise past the pace the clean probe ran at was
+		// refused: the raise went too far. Back to what ran clean, at
+		// once; staying at the raise until the refusals measure a rate
+		// overdraws an upstream that counts them. (A smaller raise is left
+		// to the measurement.)
+		l.estimate, l.raisedFrom = l.raisedFrom, 0
+		l.cut = now
+	}
+	if hp := e.hintPace; hp > 0 && hp < l.estimate {
+		// The wait for the next request is at most one request's worth of
+		// the refill: one per hint is as fast as the upstream can go.
+		l.estimate, l.from = hp, rateHint
+	}
+	if l.estimate < was {
+		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
+	}
+}
+
 // live reports whether the upstream admitted a request lately.
 func (l *learner) live(now time.Time) bool {
 	return !l.lastAccepted.IsZero() && now.Sub(l.lastAccepted) < liveFor
@@ -415,13 +633,4 @@ func hintPace(hint time.Duration) float64 {
 		return 0
 	}
 	return 1 / hint.Seconds()
-}
-
-// ceilRate is the concurrency that rate needs for answers of secs (Little's
-// law), 0 when either is unknown.
-func ceilRate(rate, secs float64) int {
-	if rate <= 0 || secs <= 0 {
-		return 0
-	}
-	return int(math.Ceil(rate * secs))
 }

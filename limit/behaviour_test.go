@@ -620,14 +620,14 @@ func TestAtLevelTwoTheLevelBelowCountsOnce(t *testing.T) {
 	}
 }
 
-// TestCeilRate: Little's law, rounded up; 0 when either is unknown.
-func TestCeilRate(t *testing.T) {
+// TestLittleFloor: Little's law, rounded up; 0 when either is unknown.
+func TestLittleFloor(t *testing.T) {
 	for _, tt := range []struct {
 		rate, secs float64
 		want       int
 	}{{16, 0.5, 8}, {16.1, 0.5, 9}, {0, 1, 0}, {1, 0, 0}, {-1, 1, 0}, {1, -1, 0}} {
-		if got := ceilRate(tt.rate, tt.secs); got != tt.want {
-			t.Errorf("ceilRate(%v, %v) = %d, want %d", tt.rate, tt.secs, got, tt.want)
+		if got := littleFloor(tt.rate, tt.secs); got != tt.want {
+			t.Errorf("littleFloor(%v, %v) = %d, want %d", tt.rate, tt.secs, got, tt.want)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package limit
 
 import (
+	"math"
 	"time"
 )
 
@@ -15,8 +16,9 @@ type concurrency struct {
 	start    int // the configured start
 	limit    int
 	inFlight int // permits out
-	// slowStart: no concurrency refusal yet; every second accepted answer
-	// that found the limit full raises it by one (×1.5 per answer time).
+	// slowStart: no refusal yet, and the concurrency is not configured
+	// (Limits.SlowStart); every second accepted answer that found the limit
+	// full raises it by one (×1.5 per answer time).
 	slowStart bool
 	acks      int // accepted answers at the limit since the last change
 	// refusedAt is the lowest level at which the upstream refused for
@@ -45,7 +47,16 @@ const (
 
 func newConcurrency(cfg Config) concurrency {
 	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
-		slowStart: cfg.Limits.Concurrency == 0, regrowAcks: minRegrowAcks}
+		slowStart: cfg.Limits.SlowStart(), regrowAcks: minRegrowAcks}
+}
+
+// littleFloor is the concurrency that rate (requests a second) needs for
+// answers of secs (Little's law, rounded up), 0 when either is unknown.
+func littleFloor(rate, secs float64) int {
+	if rate <= 0 || secs <= 0 {
+		return 0
+	}
+	return int(math.Ceil(rate * secs))
 }
 
 func (c *concurrency) free() bool { return c.inFlight < c.limit }
@@ -110,6 +121,30 @@ func (c *concurrency) refused(t *Ticket, now time.Time, out, least int, stated b
 		next = min(next, level, out)
 	}
 	c.limit = min(c.limit, c.max, max(next, least, c.min))
+}
+
+// endSlowStart ends the slow start: the upstream said no, so the limit
+// grows no faster than by one a limit's worth of answers from now on.
+func (c *concurrency) endSlowStart() { c.slowStart = false }
+
+// overshot learns that nothing went through at level in flight or above
+// while the slow start grew the limit: it goes back to what went through,
+// but not under the configured start (a rate limit's first refusals come
+// at any level) nor floor (Little's law needs the room for long answers).
+func (c *concurrency) overshot(level, floor int) {
+	c.limit = min(c.limit, max(level-1, c.start, floor))
+}
+
+// boundAt learns that the upstream refuses at level in flight and above,
+// a concurrency limit: the limit holds the level below (within its
+// bounds), the lowest such level is remembered as refused, and the slow
+// start ends.
+func (c *concurrency) boundAt(level int) {
+	c.limit = min(c.limit, c.max, max(level-1, c.min))
+	if c.refusedAt == 0 || level < c.refusedAt {
+		c.refusedAt = level
+	}
+	c.slowStart = false
 }
 
 // returned takes back t's permit and notes its answer's time.

@@ -48,12 +48,23 @@
 // measured rate and now and then probes above it for a short spell,
 // followed by as long a spell below: a probe that meets no refusal raises
 // the rate. Words (a hint, Retry-After, "too many concurrent requests")
-// only make it converge sooner. ("Probe" means this, sending above what
+// only make it converge sooner. The learner (behaviour.go) alone moves
+// the admitted rate; the concurrency controller (concurrency.go) alone
+// moves its limit and ends its slow start, which a group has unless its
+// concurrency is configured (Limits.SlowStart). ("Probe" means this, sending above what
 // the upstream was seen to admit, everywhere in this package: the pace's
 // probe cycle, and a fixed window sending one more than its allowance.
 // A budget is one of the upstream's windows, of requests or of tokens,
 // stated by its headers or paced from its refusals; a request's time to
 // wait is its deadline, lanequeue's and proxy's.)
+//
+// # Pauses
+//
+// An answer the proxy retries after may ask the group to pause
+// (Report.PauseUntil). Whether the group takes the pause is decided in
+// one place, groupPause (pause.go), from what learning from the answer
+// found: a fixed window's closure, or a refusal the learned pace or
+// concurrency limit holds the group for better, declines it.
 //
 // # Replicas
 //

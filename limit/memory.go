@@ -12,10 +12,9 @@ import (
 // redisstate): it hands Memory the answers to learn from and tells it of
 // the dispatches made elsewhere with NoteDispatch.
 type Memory struct {
-	pace        pacer
-	conc        concurrency
-	pausedUntil time.Time
-	pauseReason pauseReason
+	pace   pacer
+	conc   concurrency
+	paused pause // see groupPause
 	// Dispatches at one instant form a batch: each is marked as if sent
 	// first in it, since they reach the upstream in any order.
 	batchAt time.Time
@@ -120,28 +119,11 @@ func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, windowed bool) {
 // refusals of its own. (Only a refusal lowers the fleet's pace, so a
 // replica never follows its own.)
 func (s *Memory) NoteFleet(accepted time.Time, pace float64, refusals uint64, now time.Time) {
-	if accepted.After(s.learn.lastAccepted) {
-		s.learn.lastAccepted = accepted
-	}
+	s.learn.acceptedElsewhere(accepted)
 	if pace != s.fleetPace {
 		s.fleetPace, s.fleetPaceAt = pace, now
 	}
-	l := &s.learn
-	refusedSince := refusals > l.fleetRefused
-	l.fleetRefused = max(l.fleetRefused, refusals)
-	if !s.pace.fromRefusals {
-		return
-	}
-	changed := false
-	if refusedSince && l.phase == probeUp {
-		l.phase, l.phaseUntil = probeDown, now.Add(probeLength(l.estimate))
-		changed = true
-	}
-	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
-		l.estimate, l.from = pace, rateReplicas
-		changed = true
-	}
-	if changed {
+	if s.learn.fleetSaid(pace, refusals, s.pace.fromRefusals, now) {
 		s.pace.setFromRefusals(s.pacing(), now)
 	}
 }
@@ -160,11 +142,7 @@ func (s *Memory) NoteHeld(now time.Time) {
 // replica at a time raise a pace learned from refusals: a probe made
 // without it reached no upstream, and does not raise the estimate when it
 // ends. The latest word during the up phase counts.
-func (s *Memory) NoteRaiser(holds bool) {
-	if s.learn.phase == probeUp {
-		s.learn.probeUnseen = !holds
-	}
-}
+func (s *Memory) NoteRaiser(holds bool) { s.learn.raiser(holds) }
 
 // stepProbe moves the probe cycle on at now, pacing by the phase it is in.
 func (s *Memory) stepProbe(now time.Time) {
@@ -180,18 +158,7 @@ func (s *Memory) stepProbe(now time.Time) {
 // alone to tell a concurrency limit from a rate. A group paced from
 // refusals judges its bound again at once.
 func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
-	l := &s.learn
-	n := min(max(len(admitted), len(refused)), maxLevel+1)
-	l.growLevels(max(n-1, 1))
-	for i := range l.admitted {
-		l.admitted[i], l.refusedAt[i] = 0, 0
-		if i < len(admitted) && i < n {
-			l.admitted[i] = admitted[i]
-		}
-		if i < len(refused) && i < n {
-			l.refusedAt[i] = refused[i]
-		}
-	}
+	s.learn.shareLevels(admitted, refused)
 	s.judgeAgain(now)
 }
 
@@ -219,8 +186,8 @@ func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
 }
 
 func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time, bool) {
-	if now.Before(s.pausedUntil) {
-		return Ticket{}, s.pausedUntil, false
+	if now.Before(s.paused.until) {
+		return Ticket{}, s.paused.until, false
 	}
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
@@ -267,9 +234,16 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 
 func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
+	if p := groupPause(r, s.learnFrom(t, r, now)); p.until.After(s.paused.until) {
+		s.paused = p
+	}
+}
+
+// learnFrom folds r, the answer to t, into what the group knows, and
+// returns what it found that bears on r's pause (see groupPause).
+func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 	if r.Verdict == NotSent {
-		s.pauseFor(r)
-		return
+		return pauseEvidence{} // it never reached the upstream
 	}
 	refusal := r.Verdict.Refusal()
 	if r.Verdict != Failed {
@@ -289,7 +263,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 				s.refusedHolding++
 			}
 			s.pace.observe(r.Limits, t, now)
-			return
+			return pauseEvidence{closure: true}
 		}
 	}
 	if refusal && !t.returned && !t.holdsRefused {
@@ -297,19 +271,13 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 		s.refusedHolding++
 	}
 	if refusal {
-		s.conc.slowStart = false // the upstream said no: no more doubling
-		if t.Probe {
-			s.learn.probeHit = true
-		}
+		s.conc.endSlowStart() // the upstream said no: no more doubling
+		s.learn.refusedInProbe(t)
 	}
 	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {
 		// Nothing but the upstream's behaviour tells the limit.
-		if s.behaved(t, r, now) {
-			s.pauseFor(r)
-		}
-		return
+		return s.behaved(t, r, now)
 	}
-	s.pauseFor(r)
 	corrected := false
 	if r.Verdict == RateRefused {
 		// Before the refusal's own headers are read: they describe the
@@ -319,6 +287,7 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	}
 	s.pace.observe(r.Limits, t, now)
 	s.learnVerdict(t, r, now, corrected)
+	return pauseEvidence{}
 }
 
 // learnVerdict learns from r's verdict on t, an answer that told more than
@@ -328,11 +297,7 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 	switch r.Verdict {
 	case Accepted:
 		t.accepted = true
-		s.learn.lastAccepted = now
-		s.learn.admits.add(t.Dispatched)
-		if s.learn.replySecs == 0 {
-			s.learn.replySecs = now.Sub(t.Dispatched).Seconds()
-		}
+		s.learn.accepted(t, now)
 		// Admissions at the levels below the refusals can settle the
 		// bound after the refusals came.
 		s.judgeAgain(now)
@@ -344,8 +309,7 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 			s.conc.refused(t, now, s.outNow(t), s.floor(), false)
 		}
 	case ConcurrencyRefused:
-		s.learn.named = true
-		s.learn.refused(t.Seq, t.Dispatched, t.Refusals)
+		s.learn.namedConcurrency(t)
 		s.conc.refused(t, now, s.outNow(t), 0, true)
 	case Overloaded:
 		s.conc.refused(t, now, s.outNow(t), 0, false)
@@ -353,35 +317,24 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 }
 
 // behaved learns from a refusal of an upstream whose headers say nothing,
-// and reports whether the group should take the refusal's pause. A
+// and returns what bears on the refusal's pause (see groupPause). A
 // refusal while the upstream is admitting other requests is about
-// capacity: the learned pace or concurrency limit holds the group, and a
-// pause would only idle it, unless the upstream named a wait for a rate.
-func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
+// capacity: the learned pace or concurrency limit holds the group.
+func (s *Memory) behaved(t *Ticket, r Report, now time.Time) pauseEvidence {
 	l := &s.learn
+	e := pauseEvidence{quiet: true, live: l.live(now)}
 	level := t.Level
-	l.lastRefused = now
 	s.learnAt = now
-	if !l.live(now) {
+	if !e.live {
 		s.refusedWhileDown(t, r, now)
-		l.heldUntil = clock.Later(l.heldUntil, r.PauseUntil)
-		return true
+		return e
 	}
-	s.estimateOnRefusal(t, r, now)
-	if l.phaseUntil.IsZero() {
-		// Cruise before the first probe; soon, while the rate is a guess.
-		l.phaseUntil = now.Add(l.cruise())
-		if l.guess() {
-			l.phaseUntil = now.Add(guessCruise)
-		}
-	}
+	l.refusedLive(t, s.refusalEvidence(t, r, now), now)
 	if !l.reached(level) {
 		// Nothing went through at this number in flight or above: slow
 		// start overshot. Until the counts tell a rate from a
-		// concurrency, go back to what went through, but not under the
-		// configured start (a rate limit's first refusals come at any
-		// level; Little's law needs the room for long answers).
-		s.conc.limit = min(s.conc.limit, max(level-1, s.conc.start, s.floor()))
+		// concurrency, go back to what went through.
+		s.conc.overshot(level, s.floor())
 	}
 	l.classify()
 	if l.concurrencyBound() {
@@ -390,7 +343,8 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 		// below the level under the refusals.
 		s.conc.refused(t, now, s.outNow(t), max(l.atLevel-1, s.floor()), false)
 		s.toConcurrency()
-		return false
+		e.concurrencyBound = true
+		return e
 	}
 	s.pace.setFromRefusals(s.pacing(), now)
 	// The upstream's bucket is empty now: so is the pace's. A request sent
@@ -401,116 +355,28 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	if t.Dispatched.Before(l.cut) {
 		s.pace.requests.avail--
 	}
-	// A wait short enough to be a pace holds the group; a longer one
-	// (Retry-After in whole seconds) holds only the refused request,
-	// while the learned pace holds the rest.
-	return hintPace(r.Hint) > 0
+	return e
 }
 
 // refusedWhileDown learns from a refusal when nothing was admitted
-// lately: an outage or a closed door, not a limit to measure. The
-// refusal's pause (its hint, or a backoff) holds the group.
+// lately: an outage or a closed door, not a limit to measure (see
+// learner.refusedDown).
 func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
-	l := &s.learn
-	l.refused(t.Seq, t.Dispatched, t.Refusals)
 	if r.Verdict == Overloaded {
 		s.conc.refused(t, now, s.outNow(t), 0, false)
 	}
-	if hp := s.hintPace(r.Hint, t, now); hp > 0 && !l.measured {
-		// A short hint still says how fast to go once it opens.
-		l.estimate, l.from = hp, rateHint
+	if s.learn.refusedDown(t, s.hintPace(r.Hint, t, now), r.PauseUntil, now) {
 		s.pace.setFromRefusals(s.pacing(), now)
 		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
 	}
 }
 
-// estimateOnRefusal moves the admitted rate on a refusal while the
-// upstream admits other requests: measured between refusals, guessed
-// from the sending rate at the first, cut while a guess, capped by a
-// short hint.
-func (s *Memory) estimateOnRefusal(t *Ticket, r Report, now time.Time) {
-	l := &s.learn
-	was := l.estimate
-
-	level := t.Level
-	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
-		// A refusal of the probe is expected, and what was admitted over
-		// the cycle includes the cruise under the limit, lost to a
-		// concurrency limit: it only raises a measured estimate. Elsewhere
-		// a refusal says the estimate is too high, and a guess takes any
-		// measurement: it takes the sample.
-		if !t.Probe || sample > l.estimate || l.guess() {
-			l.estimate, l.from, l.measured = sample, rateAdmitted, true
-		}
-		l.cut = now
-	} else if l.estimate == 0 {
-		// One refusal measures no rate yet. What the group has been
-		// sending is too fast; a short hint may say how fast is right.
-		l.estimate, l.from = s.pace.recent.rate(now), rateSending
-		if secs := s.conc.answerSecs; secs > 0 && !l.reached(level) {
-			// Refused at a number in flight nothing went through at: what
-			// did go through, over the answer time, is what it sustains
-			// (Little's law), if the number in flight is the bound.
-			l.estimate = max(l.estimate, float64(level-1)/secs)
-		}
-		if s.fleetPace > 0 && s.fleetPace < l.estimate {
-			// Other replicas learned a pace from their refusals already:
-			// it is lower than what the group was sending, and known.
-			l.estimate, l.from = s.fleetPace, rateReplicas
-			if t.Paced && t.Dispatched.After(s.fleetPaceAt) && !l.concurrencyBound() {
-				// And it was refused at that pace (sent after this replica
-				// saw it, so not at an older, faster one): as one process
-				// refused again at a pace not yet measured, slower. (Each
-				// replica's first refusal is a first guess of its own;
-				// without the cut the fleet needs a refusal per replica to
-				// slow down.)
-				l.estimate *= unmeasuredCut
-			}
-		}
-		n, _ := s.pace.recent.recent(now)
-		if hp := s.hintPace(r.Hint, t, now); hp > 0 && (hp < l.estimate || n < minSampleAdmits) {
-			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
-		}
-		l.cut = now
-	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
-		// Refused again at a pace not yet measured, at a number in flight
-		// the upstream admits: slower, once for the requests sent since
-		// the last change. Not before the upstream admitted one of them:
-		// one that counts refusals refuses all until its debt is paid,
-		// whatever the pace.
-		l.estimate *= unmeasuredCut
-		l.cut = now
-	}
-	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate && t.Dispatched.After(l.cut) {
-		// Refusals too close together to measure the rate still show what
-		// got through between them: a guess far above it (the whole of a
-		// limit other models share, a sending rate several times the
-		// limit) is cut to it at once rather than by unmeasuredCut a
-		// round. (One a little above it is left to the measurement: what
-		// gets through right after a refusal may be less than the refill,
-		// where refusals count against the limit.) Only for a request
-		// sent at the guess: those sent before it, refused close together,
-		// show an upstream's debt as much as its rate.
-		l.estimate = l.short
-		l.cut = now
-	}
-	if t.Probe && l.from == rateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
-		// The probe above a raise past the pace the clean probe ran at was
-		// refused: the raise went too far. Back to what ran clean, at
-		// once; staying at the raise until the refusals measure a rate
-		// overdraws an upstream that counts them. (A smaller raise is left
-		// to the measurement.)
-		l.estimate, l.raisedFrom = l.raisedFrom, 0
-		l.cut = now
-	}
-	if hp := s.hintPace(r.Hint, t, now); hp > 0 && hp < l.estimate {
-		// The wait for the next request is at most one request's worth of
-		// the refill: one per hint is as fast as the upstream can go.
-		l.estimate, l.from = hp, rateHint
-	}
-	if l.estimate < was {
-		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
-	}
+// refusalEvidence is what the group knows, besides the learner's counts,
+// as it learns from a refusal of t whose hint is r's.
+func (s *Memory) refusalEvidence(t *Ticket, r Report, now time.Time) refusalEvidence {
+	n, span := s.pace.recent.recent(now)
+	return refusalEvidence{sending: float64(n) / span, sent: n, answerSecs: s.conc.answerSecs,
+		hintPace: s.hintPace(r.Hint, t, now), fleetPace: s.fleetPace, fleetPaceAt: s.fleetPaceAt}
 }
 
 // hintPace is the pace a refusal's hint suggests (see hintPace), when it
@@ -543,14 +409,8 @@ func (s *Memory) taken(t *Ticket, now time.Time) float64 {
 // toConcurrency holds the group at the level below the one the upstream
 // refuses at, and paces it loosely: the number in flight is what binds.
 func (s *Memory) toConcurrency() {
-	l := &s.learn
-	if l.atLevel > 0 {
-		c := &s.conc
-		c.limit = min(c.limit, c.max, max(l.atLevel-1, c.min))
-		if c.refusedAt == 0 || l.atLevel < c.refusedAt {
-			c.refusedAt = l.atLevel
-		}
-		c.slowStart = false
+	if s.learn.atLevel > 0 {
+		s.conc.boundAt(s.learn.atLevel)
 	}
 	s.pace.setFromRefusals(s.pacing(), s.learnAt)
 }
@@ -593,17 +453,9 @@ func (s *Memory) floor() int {
 		if !s.learn.measured {
 			return 0 // a guess at the rate says nothing of what it needs
 		}
-		return ceilRate(s.learn.estimate*cruiseShare, s.conc.answerSecs)
+		return littleFloor(s.learn.estimate*cruiseShare, s.conc.answerSecs)
 	}
-	return s.pace.littleFloor(s.conc.answerSecs)
-}
-
-// pauseFor takes r's pause, if it is longer than the current one.
-func (s *Memory) pauseFor(r Report) {
-	if r.PauseUntil.After(s.pausedUntil) {
-		s.pausedUntil = r.PauseUntil
-		s.pauseReason = r.Verdict.PauseReason()
-	}
+	return littleFloor(s.pace.requests.effectiveRate(), s.conc.answerSecs)
 }
 
 // settle ends t's count as pending, once.
@@ -647,12 +499,12 @@ func (s *Memory) ended(t *Ticket) {
 
 // PausedUntil is the end of the pause, or of a window's closure whose
 // boundary the upstream stated.
-func (s *Memory) PausedUntil() time.Time { return clock.Later(s.pausedUntil, s.win.until()) }
+func (s *Memory) PausedUntil() time.Time { return clock.Later(s.paused.until, s.win.until()) }
 
 func (s *Memory) View(now time.Time) View {
 	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs}
-	if now.Before(s.pausedUntil) {
-		v.PausedUntil, v.PauseReason = s.pausedUntil, s.pauseReason
+	if now.Before(s.paused.until) {
+		v.PausedUntil, v.PauseReason = s.paused.until, s.paused.reason
 	}
 	if until := s.win.until(); now.Before(until) && until.After(v.PausedUntil) {
 		v.PausedUntil, v.PauseReason = until, pauseWindow

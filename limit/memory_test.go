@@ -294,7 +294,7 @@ func TestARefusedProbeMeasuringExactlyTheEstimateLeavesIt(t *testing.T) {
 		l.estimate, l.from, l.measured, l.sample, l.raisedFrom = 22, rateProbe, true, 23, 20
 		l.refused(1, t0, 0) // the refusal before, a second earlier
 		probe := Ticket{Seq: tc.seq, Dispatched: at(time.Second), Level: 1, Probe: true}
-		m.estimateOnRefusal(&probe, Report{Status: 429, Verdict: RateRefused}, at(time.Second))
+		l.estimateOnRefusal(&probe, refusalEvidence{}, at(time.Second))
 		if l.estimate != tc.want || l.from != tc.from {
 			t.Errorf("a refused probe numbered %d: estimate %v from %v, want %v from %v", tc.seq, l.estimate, l.from, tc.want, tc.from)
 		}

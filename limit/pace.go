@@ -502,13 +502,3 @@ func (p *pacer) setFromRefusals(rate float64, now time.Time) {
 	b.avail = math.Min(b.avail, b.limit)
 	b.resetAt = time.Time{}
 }
-
-// littleFloor is the concurrency that a learned request rate needs when
-// answers take answerSecs (Little's law), or 0 when either is unknown.
-func (p *pacer) littleFloor(answerSecs float64) int {
-	r := p.requests.effectiveRate()
-	if r <= 0 || answerSecs <= 0 {
-		return 0
-	}
-	return int(math.Ceil(r * answerSecs))
-}

@@ -131,7 +131,8 @@ end
 -- process's slow start spreads its own (startSpread): the first refusal
 -- comes back before the rest of a burst has gone. One time for every
 -- replica, so none waits on a gap longer than another's. on is 0 when
--- the replica's limits are configured (no slow start). A last dispatch
+-- the group does not start slow (its concurrency is configured: Go's
+-- limit.Limits.SlowStart decides, and admitArgs carries it). A last dispatch
 -- ahead of now (Redis' clock went back) counts as now. Returns when the
 -- next may go (0: now).
 local function spread(key, now, on, climit, known, rn)

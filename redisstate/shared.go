@@ -107,13 +107,14 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	return s.admitted(now, cost, lease, rep)
 }
 
-// slowStart is the admit script's slow-start flag (see its spread): 0
-// when the group's limits are configured, which has none.
+// slowStart is the admit script's slow-start flag (see its spread): 1
+// when the group starts slow, by the rule the in-process state follows
+// (limit.Limits.SlowStart), else 0.
 func (s *shared) slowStart() int {
-	if l := s.cfg.Limits; l.Concurrency > 0 || l.RPM > 0 || l.TPM > 0 {
-		return 0
+	if s.cfg.Limits.SlowStart() {
+		return 1
 	}
-	return 1
+	return 0
 }
 
 // admitted takes admitScript's reply rep for the request of cost and

@@ -37,7 +37,8 @@ type admitArgs struct {
 	KeyTTL        int64 `lua:"keyttl"`        // ms
 	DefaultClimit int   `lua:"defaultClimit"` // the concurrency limit while no replica said one
 	MaxClimit     int   `lua:"maxClimit"`
-	// SlowStart is 1 when the group has a slow start (see spread), else 0.
+	// SlowStart is 1 when the group starts slow (limit.Limits.SlowStart;
+	// see spread), else 0.
 	SlowStart int `lua:"slowStart"`
 	// Windowed: a fixed window's allowance paces the group, so the
 	// request budget neither holds nor is charged.

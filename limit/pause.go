@@ -1,0 +1,54 @@
+package limit
+
+import "time"
+
+// pause is a group's pause: until when, and why (View.PauseReason). The
+// zero pause is none.
+type pause struct {
+	until  time.Time
+	reason pauseReason
+}
+
+// pauseEvidence is what learning from a report found that bears on the
+// pause the report asks for (see groupPause).
+type pauseEvidence struct {
+	// closure: the fixed windows read the refusal as a closure; they hold
+	// the group until the window's boundary, whatever pace is asked.
+	closure bool
+	// quiet: a rate refusal or an overload from an upstream whose headers
+	// say nothing, learned from by its behaviour.
+	quiet bool
+	// live: the upstream admitted a request lately (see learner.live).
+	live bool
+	// concurrencyBound: after learning from the refusal, the state judges
+	// the number in flight to be what the upstream limits.
+	concurrencyBound bool
+}
+
+// groupPause decides whether the group takes the pause r asks for
+// (r.PauseUntil; the proxy asks for one when it retries after a verdict
+// that Pauses), from what learning from r found (e). It takes it, for
+// r's verdict's reason, unless what was learned holds the group better:
+//
+//   - a fixed window's closure: the windows hold the group until the
+//     boundary;
+//   - a quiet refusal while the upstream admits other requests is about
+//     capacity: the learned concurrency limit holds the group when the
+//     number in flight is the bound, else the learned pace does, and a
+//     pause would only idle it, unless the upstream named a wait short
+//     enough to be a pace (hintPace). A longer one (Retry-After is in
+//     whole seconds) holds only the refused request.
+//
+// A quiet refusal while the upstream admits nothing is an outage, not a
+// limit: the group takes the pause. It returns the zero pause when the
+// group takes none. (Memory takes a pause only when it ends later than
+// the one under way.)
+func groupPause(r Report, e pauseEvidence) pause {
+	switch {
+	case r.PauseUntil.IsZero(), e.closure:
+		return pause{}
+	case e.quiet && e.live && (e.concurrencyBound || hintPace(r.Hint) == 0):
+		return pause{}
+	}
+	return pause{until: r.PauseUntil, reason: r.Verdict.PauseReason()}
+}

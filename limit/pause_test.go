@@ -1,0 +1,73 @@
+package limit
+
+import (
+	"testing"
+	"time"
+)
+
+// TestGroupPause: every case of whether a group takes the pause a report
+// asks for, and for what reason.
+func TestGroupPause(t *testing.T) {
+	until := t0.Add(2 * time.Second)
+	ask := func(v Verdict, hint time.Duration) Report {
+		return Report{Status: 429, Verdict: v, Hint: hint, PauseUntil: until}
+	}
+	quietLive := pauseEvidence{quiet: true, live: true}
+	for _, tt := range []struct {
+		name   string
+		r      Report
+		e      pauseEvidence
+		reason pauseReason // the zero reason: no pause
+	}{
+		{"no pause asked", Report{Status: 429, Verdict: RateRefused}, pauseEvidence{}, notPaused},
+		{"no pause asked of an outage", Report{Status: 503, Verdict: Overloaded}, pauseEvidence{quiet: true}, notPaused},
+		{"not sent", Report{Verdict: NotSent, PauseUntil: until}, pauseEvidence{}, pauseRetry},
+		{"a rate refusal with headers", ask(RateRefused, 0), pauseEvidence{}, pauseRateLimited},
+		{"a long hint with headers", ask(RateRefused, 30*time.Second), pauseEvidence{}, pauseRateLimited},
+		{"an overload with headers", ask(Overloaded, 0), pauseEvidence{}, pauseOverloaded},
+		{"a concurrency refusal asked to pause", ask(ConcurrencyRefused, 0), pauseEvidence{}, pauseRetry},
+		{"a failure asked to pause", ask(Failed, 0), pauseEvidence{}, pauseRetry},
+		{"a window's closure holds the group", ask(RateRefused, 50*time.Millisecond), pauseEvidence{closure: true}, notPaused},
+		{"a quiet refusal of an upstream that admits nothing", ask(RateRefused, 0), pauseEvidence{quiet: true}, pauseRateLimited},
+		{"a quiet overload of an upstream that admits nothing", ask(Overloaded, 5*time.Second), pauseEvidence{quiet: true}, pauseOverloaded},
+		{"a quiet refusal while admitting, no hint: the pace holds", ask(RateRefused, 0), quietLive, notPaused},
+		{"a quiet refusal while admitting, a hint that is a pace", ask(RateRefused, 50*time.Millisecond), quietLive, pauseRateLimited},
+		{"a hint just under a second is a pace", ask(RateRefused, time.Second-time.Millisecond), quietLive, pauseRateLimited},
+		{"a hint of a second is not a pace", ask(RateRefused, time.Second), quietLive, notPaused},
+		{"a quiet overload while admitting, a short hint", ask(Overloaded, 100*time.Millisecond), quietLive, pauseOverloaded},
+		{"bound by concurrency: the limit holds, whatever the hint", ask(RateRefused, 50*time.Millisecond),
+			pauseEvidence{quiet: true, live: true, concurrencyBound: true}, notPaused},
+		{"bound by concurrency while the upstream admits nothing", ask(RateRefused, 0),
+			pauseEvidence{quiet: true, concurrencyBound: true}, pauseRateLimited},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := groupPause(tt.r, tt.e)
+			want := pause{}
+			if tt.reason != notPaused {
+				want = pause{until: tt.r.PauseUntil, reason: tt.reason}
+			}
+			if p != want {
+				t.Fatalf("groupPause = %+v, want %+v", p, want)
+			}
+		})
+	}
+}
+
+// TestLearnTakesOnlyALongerPause: Memory.Learn takes the pause groupPause
+// decides on when it ends later than the one under way, with its reason.
+func TestLearnTakesOnlyALongerPause(t *testing.T) {
+	m := NewMemory(Config{})
+	var tk [3]Ticket
+	for i := range tk {
+		tk[i], _, _ = m.Admit(t0, 1, true)
+	}
+	m.Learn(&tk[0], Report{Status: 503, Verdict: Overloaded, PauseUntil: at(2 * time.Second)}, t0)
+	m.Learn(&tk[1], Report{Verdict: NotSent, PauseUntil: at(time.Second)}, t0)
+	if v := m.View(t0); !v.PausedUntil.Equal(at(2*time.Second)) || v.PauseReason != pauseOverloaded {
+		t.Fatalf("paused until %v for %q, want the longer overload's, %v", v.PausedUntil, v.PauseReason, at(2*time.Second))
+	}
+	m.Learn(&tk[2], Report{Verdict: NotSent, PauseUntil: at(3 * time.Second)}, t0)
+	if v := m.View(t0); !v.PausedUntil.Equal(at(3*time.Second)) || v.PauseReason != pauseRetry {
+		t.Fatalf("paused until %v for %q, want %v for \"retry\"", v.PausedUntil, v.PauseReason, at(3*time.Second))
+	}
+}
