@@ -1,7 +1,6 @@
 package limit
 
 import (
-	"math"
 	"strconv"
 	"time"
 
@@ -404,10 +403,11 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	// before the pace last changed went faster than the pace allows: an
 	// upstream that counts refusals is owed it too, and sending before the
 	// debt is paid only deepens it.
-	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+	owe := 0.0
 	if t.Dispatched.Before(l.cut) {
-		s.pace.requests.avail--
+		owe = 1
 	}
+	s.pace.requests.drain(owe)
 	// A wait short enough to be a pace holds the group; a longer one
 	// (Retry-After in whole seconds) holds only the refused request,
 	// while the learned pace holds the rest.
@@ -427,7 +427,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 		// A short hint still says how fast to go once it opens.
 		l.estimate, l.from = hp, rateHint
 		s.pace.setFromRefusals(s.pacing(), now)
-		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+		s.pace.requests.drain(0)
 	}
 }
 

@@ -82,11 +82,10 @@ func TestScriptsHaveGosNumbers(t *testing.T) {
 	}
 	lq := goConsts(t, "lanequeue", "limit")
 	for name, ours := range map[string]constant.Value{
-		"probeWindow":    constant.MakeInt64(int64(probeWindow)),
-		"startSpread":    constant.MakeInt64(startSpread),
-		"levelMemory":    constant.MakeInt64(levelMemory),
-		"maxLevel":       constant.MakeInt64(maxLevel),
-		"maxWaitSeconds": constant.MakeInt64(maxWaitSeconds),
+		"probeWindow": constant.MakeInt64(int64(probeWindow)),
+		"startSpread": constant.MakeInt64(startSpread),
+		"levelMemory": constant.MakeInt64(levelMemory),
+		"maxLevel":    constant.MakeInt64(maxLevel),
 	} {
 		theirs, ok := lq[name]
 		if !ok || theirs.Kind() == constant.Unknown {
