@@ -262,7 +262,7 @@ func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
 		t.Fatal("held past the spread")
 	}
 	s.pace.setFromRefusals(1000, t0)
-	s.pace.requests.avail = 10
+	s.pace.requests.bucket.Set(s.pace.requests.bucket.At(), 10)
 	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
 		t.Fatal("the spread held a group that has a learned pace")
 	}
@@ -476,7 +476,7 @@ func TestProbeStartsOnlyWhenThePaceHeldRequestsWithinASecond(t *testing.T) {
 	s := quietLocal()
 	s.learn.estimate, s.learn.measured, s.learn.from = 1000, true, rateAdmitted
 	s.pace.setFromRefusals(s.pacing(), t0)
-	s.pace.requests.avail = 100
+	s.pace.requests.bucket.Set(s.pace.requests.bucket.At(), 100)
 	s.held = t0
 	s.learn.phaseUntil = t0
 	tk, _, _ := s.Admit(t0.Add(time.Second), 1, true)
@@ -756,8 +756,8 @@ func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
 	if !v.PausedUntil.IsZero() || !m.PausedUntil().IsZero() {
 		t.Fatalf("a concurrency-bound refusal paused the group until %v", m.PausedUntil())
 	}
-	if !near(m.pace.requests.rate, m.learn.estimate*concurrencyLoose) {
-		t.Fatalf("pace %v, want loose %v", m.pace.requests.rate, m.learn.estimate*concurrencyLoose)
+	if !near(m.pace.requests.bucket.Rate, m.learn.estimate*concurrencyLoose) {
+		t.Fatalf("pace %v, want loose %v", m.pace.requests.bucket.Rate, m.learn.estimate*concurrencyLoose)
 	}
 }
 

@@ -1,7 +1,6 @@
 package limit
 
 import (
-	"math"
 	"strings"
 	"testing"
 	"time"
@@ -11,56 +10,32 @@ import (
 
 // The token bucket's table of cases, testdata/bucket_cases.json, is shared
 // with redisstate, whose test runs the same file on the Lua budget on a real
-// Redis (redisstate/bucket_cases_test.go). Its types, checks and judging are
-// in internal/bucketcases; the format is documented in the file's "doc".
+// Redis (redisstate/bucket_cases_test.go), and with internal/bucket, whose
+// test runs it on the bucket the budget is built on. Its types, times,
+// checks and judging are in internal/bucketcases; the format is documented
+// in the file's "doc".
 
-// casesEpoch is the table's time 0.
-var casesEpoch = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+// budgetEngine is the budget as the table's steps drive it. A take
+// advances first, as the lane admits (which advances) before it takes.
+type budgetEngine struct{ b *budget }
 
-func casesTime(ms float64) time.Time {
-	return casesEpoch.Add(time.Duration(math.Round(ms * float64(time.Millisecond))))
+func (e budgetEngine) Advance(now time.Time) { e.b.advance(now) }
+func (e budgetEngine) Admit(now time.Time, cost float64) (time.Time, bool) {
+	return e.b.admit(now, cost)
 }
-
-func casesMs(at time.Time) float64 {
-	return float64(at.Sub(casesEpoch)) / float64(time.Millisecond)
-}
+func (e budgetEngine) Take(now time.Time, cost float64)    { e.b.advance(now); e.b.take(cost) }
+func (e budgetEngine) Refund(cost float64)                 { e.b.refund(cost) }
+func (e budgetEngine) Settle(estimate, used, mark float64) { e.b.settle(estimate, used, mark) }
+func (e budgetEngine) Avail() float64                      { return e.b.bucket.Level() }
 
 // runBucketCaseGo runs c on the Go budget and returns what did not meet
 // the expectations (with instead: as the xfail_on engine is known to give).
 func runBucketCaseGo(c bucketcases.Case, instead bool) []string {
-	b := &budget{known: c.Bucket.Known, limit: c.Bucket.Size, rate: c.Bucket.Rate,
-		avail: c.Bucket.Avail, at: casesTime(c.Bucket.At), seen: c.Bucket.Seen}
-	var bad []string
-	for i, s := range c.Steps {
-		now := casesTime(s.T)
-		ok, retry := false, 0.0
-		switch s.Op {
-		case "advance":
-			b.advance(now)
-		case "admit":
-			var at time.Time
-			at, ok = b.admit(now, s.Cost)
-			if !at.IsZero() {
-				retry = casesMs(at)
-			}
-		case "take":
-			// The lane admits (which advances) before it takes.
-			b.advance(now)
-			b.take(s.Cost)
-		case "giveback":
-			// Refund and settle take no time: they apply at the bucket's
-			// own, and what is left at t is what advancing then shows.
-			if s.Mark == nil {
-				b.refund(s.N)
-			} else {
-				b.settle(max(s.N, 0), max(-s.N, 0)+s.Used, *s.Mark)
-			}
-			b.advance(now)
-		}
-		where := s.Describe(i)
-		bad = append(bad, bucketcases.Check(where, s.Expect(instead), ok, retry, b.avail)...)
-	}
-	return bad
+	b := &budget{known: c.Bucket.Known, limit: c.Bucket.Size, seen: c.Bucket.Seen}
+	b.resized()
+	b.bucket.Rate = c.Bucket.Rate
+	b.bucket.Set(bucketcases.Time(c.Bucket.At), c.Bucket.Avail)
+	return bucketcases.Run(c, budgetEngine{b}, instead)
 }
 
 func TestBucketCasesGo(t *testing.T) {

@@ -1,10 +1,10 @@
 package limit
 
 import (
-	"math"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/bucket"
 )
 
 // Ceiling enforces a group's configured limits in front of its Shared
@@ -12,11 +12,10 @@ import (
 // token rate (TPM, a bucket of one second's worth). Guarded by the group's
 // mutex.
 type Ceiling struct {
-	lim      Limits
-	gapNext  time.Time // the earliest next start by MinGap
-	rpmNext  time.Time // the earliest next start by RPM
-	tokAvail float64   // tokens left at tokAt
-	tokAt    time.Time
+	lim     Limits
+	gapNext time.Time     // the earliest next start by MinGap
+	rpm     bucket.Spacer // starts by RPM
+	tok     bucket.Bucket // tokens by TPM (see sizeTokens)
 	// replaced: Limits.Start and the Shared state learned a limit of its
 	// own, which replaces RPM and TPM from then on.
 	replaced bool
@@ -37,7 +36,8 @@ const (
 // Ceiling returns the enforcement of l, starting full.
 func (l Limits) Ceiling() *Ceiling {
 	c := &Ceiling{lim: l, growth: 1}
-	c.tokAvail = c.tokCap()
+	c.sizeTokens()
+	c.tok.Set(time.Time{}, c.tok.Size)
 	return c
 }
 
@@ -50,18 +50,11 @@ func (c *Ceiling) rpmGap() time.Duration {
 	return time.Duration(float64(time.Minute) / (c.lim.RPM * c.growth))
 }
 
-func (c *Ceiling) tokRate() float64 { return c.lim.TPM * c.growth / 60 }
-
-// tokCap is the token bucket's size: one second's worth.
-func (c *Ceiling) tokCap() float64 { return max(c.tokRate(), 1) }
-
-func (c *Ceiling) refill(now time.Time) {
-	if !c.tokAt.IsZero() && now.After(c.tokAt) {
-		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+c.tokRate()*now.Sub(c.tokAt).Seconds())
-	}
-	if now.After(c.tokAt) {
-		c.tokAt = now
-	}
+// sizeTokens sets the token bucket to TPM at the present growth: a
+// second's worth, at least one token.
+func (c *Ceiling) sizeTokens() {
+	c.tok.Rate = c.lim.TPM * c.growth / 60
+	c.tok.Size = max(c.tok.Rate, 1)
 }
 
 // admit reports whether a request of cost tokens may start now, or else
@@ -77,13 +70,11 @@ func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 		at = clock.Later(at, c.gapNext)
 	}
 	if c.rpmOn() {
-		at = clock.Later(at, c.rpmNext)
+		at = clock.Later(at, c.rpm.Next())
 	}
 	if c.tpmOn() {
-		c.refill(now)
-		if need := math.Min(float64(cost), c.tokCap()); c.tokAvail < need {
-			secs := math.Min((need-c.tokAvail)/c.tokRate(), maxWaitSeconds)
-			at = clock.Later(at, now.Add(max(time.Duration(math.Ceil(secs*float64(time.Second))), time.Millisecond)))
+		if when, ok := c.tok.Admit(now, float64(cost)); !ok {
+			at = clock.Later(at, when)
 		}
 	}
 	if at.After(now) {
@@ -93,9 +84,11 @@ func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 				c.grownAt = now
 			case now.Sub(c.grownAt) >= startGrowEvery:
 				// Held back a while and nothing learned: the upstream has
-				// not refused the start's pace; try more.
+				// not refused the start's pace; try more. (The bucket was
+				// refilled to now above: the new rate counts from now.)
 				c.growth *= startGrowth
 				c.grownAt = now
+				c.sizeTokens()
 			}
 		}
 		return at, false
@@ -110,26 +103,21 @@ func (c *Ceiling) Take(now time.Time, cost int64) {
 		c.gapNext = now.Add(g)
 	}
 	if c.rpmOn() {
-		// Even spacing, kept in step with the plan when a timer fires a
-		// little late (up to a tenth of a gap), so the rate holds; an
-		// idle spell gives no burst.
-		g := c.rpmGap()
-		if c.rpmNext.IsZero() || now.Sub(c.rpmNext) > g/10 {
-			c.rpmNext = now
-		}
-		c.rpmNext = c.rpmNext.Add(g)
+		// Even spacing; an idle spell gives no burst.
+		c.rpm.Take(now, c.rpmGap())
 	}
 	if c.tpmOn() {
-		c.refill(now)
-		c.tokAvail -= math.Min(float64(cost), c.tokCap())
+		c.tok.Refill(now)
+		c.tok.Charge(float64(cost))
 	}
 }
 
 // Settle swaps what a request of estimate tokens was charged (Take charges
-// at most the bucket's size) for the tokens it used.
+// at most the bucket's size) for the tokens it used: an overrun is owed
+// from the next refill.
 func (c *Ceiling) Settle(estimate, used int64) {
 	if c.tpmOn() {
-		c.tokAvail = math.Min(c.tokCap(), c.tokAvail+math.Min(float64(estimate), c.tokCap())-float64(used))
+		c.tok.Settle(float64(estimate), float64(used))
 	}
 }
 

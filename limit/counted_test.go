@@ -24,7 +24,7 @@ func TestEveryRefusalOfAnOvershootIsOwed(t *testing.T) {
 	for i, d := range []time.Duration{20, 30, 40} {
 		tk := Ticket{Seq: uint64(i + 2), Dispatched: at(d * time.Millisecond), Level: i + 1}
 		s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, first)
-		if got, want := s.pace.requests.avail, -float64(i+1); !near(got, want) {
+		if got, want := s.pace.requests.bucket.Level(), -float64(i+1); !near(got, want) {
 			t.Fatalf("after %d refusals of requests sent before the first came back, the pace holds %v, want %v",
 				i+1, got, want)
 		}
@@ -36,14 +36,14 @@ func TestEveryRefusalOfAnOvershootIsOwed(t *testing.T) {
 	// empties it, and owes nothing more.
 	later := first.Add(2 * time.Second)
 	s.pace.requests.advance(later)
-	s.pace.requests.avail = 3
+	s.pace.requests.bucket.Set(s.pace.requests.bucket.At(), 3)
 	s.learn.estimate, s.learn.measured = 20, true                                  // no cut from this refusal
 	tk := Ticket{Seq: 5, Dispatched: later.Add(-100 * time.Millisecond), Level: 2} // nothing admitted since: no sample
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, later)
 	if s.learn.cut.Equal(later) {
 		t.Fatal("setup: the refusal of a request sent at the pace changed the estimate")
 	}
-	if got := s.pace.requests.avail; got != 0 {
+	if got := s.pace.requests.bucket.Level(); got != 0 {
 		t.Fatalf("a refusal of a request sent at the pace left the pace at %v, want 0", got)
 	}
 }

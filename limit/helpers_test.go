@@ -33,8 +33,17 @@ func quantizedBudget(t *testing.T) (*budget, time.Time) {
 	}
 	d := at(200 * time.Millisecond)
 	b.observe(win(1200, 15, d.Add(250*time.Millisecond)), 9, d, d)
-	if b.size() != 20 || !near(b.shown, 20) || !near(b.rate, 20) {
-		t.Fatalf("quantized: size %v, shown %v, rate %v; want 20, 20, 20", b.size(), b.shown, b.rate)
+	if b.size() != 20 || !near(b.shown, 20) || !near(b.bucket.Rate, 20) {
+		t.Fatalf("quantized: size %v, shown %v, rate %v; want 20, 20, 20", b.size(), b.shown, b.bucket.Rate)
 	}
 	return &b, d
+}
+
+// knownBudget is a budget learned to hold limit and refill at rate a
+// second.
+func knownBudget(limit, rate float64) budget {
+	b := budget{known: true, limit: limit}
+	b.resized()
+	b.bucket.Rate = rate
+	return b
 }

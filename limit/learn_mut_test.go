@@ -138,8 +138,8 @@ func TestAPastResetOfAFullWindowIsNotEarly(t *testing.T) {
 	var b budget
 	b.observe(win(10, 10, at(-time.Second)), 0, t0, t0)
 	b.observe(win(10, 5, at(2*time.Second)), 0, at(time.Second), at(time.Second))
-	if b.early != 0 || !near(b.rate, 5) {
-		t.Fatalf("early %v, rate %v; want no early reset and 5/s", b.early, b.rate)
+	if b.early != 0 || !near(b.bucket.Rate, 5) {
+		t.Fatalf("early %v, rate %v; want no early reset and 5/s", b.early, b.bucket.Rate)
 	}
 }
 
@@ -154,7 +154,7 @@ func TestAResetAheadOfItsDispatchWithinItsGrainIsNotEarly(t *testing.T) {
 	b.observe(w, 0, t0, t0)
 	d := at(time.Second)
 	b.observe(win(10, 5, d.Add(200*time.Millisecond)), 0, d, d)
-	if b.early != 0 || !near(b.rate, 5/0.2) {
-		t.Fatalf("early %v, rate %v; want no early reset and %v/s", b.early, b.rate, 5/0.2)
+	if b.early != 0 || !near(b.bucket.Rate, 5/0.2) {
+		t.Fatalf("early %v, rate %v; want no early reset and %v/s", b.early, b.bucket.Rate, 5/0.2)
 	}
 }

@@ -1,7 +1,6 @@
 package limit
 
 import (
-	"math"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
@@ -351,10 +350,11 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) pauseEvidence {
 	// before the pace last changed went faster than the pace allows: an
 	// upstream that counts refusals is owed it too, and sending before the
 	// debt is paid only deepens it.
-	s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+	owe := 0.0
 	if t.Dispatched.Before(l.cut) {
-		s.pace.requests.avail--
+		owe = 1
 	}
+	s.pace.requests.drain(owe)
 	return e
 }
 
@@ -367,7 +367,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	}
 	if s.learn.refusedDown(t, s.hintPace(r.Hint, t, now), r.PauseUntil, now) {
 		s.pace.setFromRefusals(s.pacing(), now)
-		s.pace.requests.avail = math.Min(s.pace.requests.avail, 0)
+		s.pace.requests.drain(0)
 	}
 }
 

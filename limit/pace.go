@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
+	"github.com/llmproxy/llmproxy/internal/bucket"
 )
 
 // budget models one upstream window (requests or tokens) as a token bucket:
@@ -12,15 +13,14 @@ import (
 // learned from the upstream's headers; until then the budget is unknown and
 // never holds anything back. Methods require the group's mutex held.
 type budget struct {
-	known   bool
-	limit   float64   // capacity
-	avail   float64   // what is left at `at`; negative when the lane owes
-	at      time.Time // when avail was true
-	rate    float64   // refill per second; 0 while unknown
+	known bool
+	limit float64 // capacity as the headers state it
+	// bucket is the window: its Size is size() (see resized), its Rate
+	// the refill per second, 0 while unknown.
+	bucket  bucket.Bucket
 	resetAt time.Time // when the upstream said the window is full again
 	sent    float64   // cost dispatched so far, for the correction below
 	seen    float64   // the largest dispatch total an answer has reported on
-	owed    float64   // an overrun settled since the last refill
 
 	// What refusals taught about the window (see contradicted).
 	capped       float64 // the window's size as the upstream enforces it; 0 = as stated
@@ -52,12 +52,16 @@ func (b *budget) size() float64 {
 	return b.limit
 }
 
+// resized keeps the bucket's size to the window's after limit or capped
+// changed.
+func (b *budget) resized() { b.bucket.Size = b.size() }
+
 // effectiveRate is the refill rate, 0 while unknown.
 func (b *budget) effectiveRate() float64 {
 	if !b.known {
 		return 0
 	}
-	return b.rate
+	return b.bucket.Rate
 }
 
 // advance refills the bucket up to now.
@@ -65,22 +69,13 @@ func (b *budget) advance(now time.Time) {
 	if !b.known {
 		return
 	}
-	// An overrun settled since the last refill is owed from the window as
-	// it is now: charged before the refill, the cap would forgive it.
-	defer func() { b.avail -= b.owed; b.owed = 0 }()
-	if !now.After(b.at) {
-		return
-	}
-	switch {
-	case b.rate > 0:
-		b.avail = math.Min(b.size(), b.avail+b.rate*now.Sub(b.at).Seconds())
-	case !b.resetAt.IsZero() && !now.Before(b.resetAt):
+	if b.bucket.Rate <= 0 && !b.resetAt.IsZero() && !now.Before(b.resetAt) && now.After(b.bucket.At()) {
 		// Without a known rate the reset is one event: the window is full
 		// once, then only an answer tells more.
-		b.avail = b.size()
+		b.bucket.Set(now, b.size())
 		b.resetAt = time.Time{}
 	}
-	b.at = now
+	b.bucket.Refill(now)
 }
 
 // admit reports whether cost fits now, or else when it will. A cost larger
@@ -92,18 +87,11 @@ func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 		return time.Time{}, true
 	}
 	b.advance(now)
-	need := b.charge(cost)
-	if b.avail >= need {
-		return time.Time{}, true
-	}
-	if b.rate > 0 {
-		secs := math.Min((need-b.avail)/b.rate, maxWaitSeconds)
-		return now.Add(max(time.Duration(math.Ceil(secs*float64(time.Second))), time.Millisecond)), false
-	}
-	if b.resetAt.After(now) {
+	at, ok := b.bucket.Admit(now, cost)
+	if !ok && at.IsZero() && b.resetAt.After(now) {
 		return b.resetAt, false
 	}
-	return time.Time{}, false
+	return at, ok
 }
 
 // take charges cost and returns the running total, which the request keeps
@@ -111,30 +99,15 @@ func (b *budget) admit(now time.Time, cost float64) (time.Time, bool) {
 func (b *budget) take(cost float64) float64 {
 	b.sent += cost
 	if b.known {
-		// A cost larger than the window is charged as the whole window, as
-		// admit let it go: more would stall the lane on a debt it never had.
-		b.avail -= b.charge(cost)
+		b.bucket.Charge(cost)
 	}
 	return b.sent
 }
 
-// charge is what a request of cost takes from the window: all of it, but
-// never more than the whole window when the window's size is known.
-func (b *budget) charge(cost float64) float64 {
-	if b.limit > 0 {
-		return math.Min(cost, b.size())
-	}
-	return cost
-}
-
-// maxWaitSeconds bounds one pacing wait (a day) so a tiny learned rate
-// cannot overflow a time.Duration.
-const maxWaitSeconds = 86400
-
 // refund gives back cost for a dispatch that never reached the upstream.
 func (b *budget) refund(cost float64) {
 	if b.known {
-		b.avail = math.Min(b.size(), b.avail+b.charge(cost))
+		b.bucket.Refund(cost)
 	}
 }
 
@@ -147,11 +120,13 @@ func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
 	if !b.known || sentAtDispatch > 0 && b.seen >= sentAtDispatch {
 		return
 	}
-	if d := b.charge(estimate) - actual; d >= 0 {
-		b.avail = math.Min(b.size(), b.avail+d)
-	} else {
-		b.owed -= d // taken at the next refill (see advance)
-	}
+	b.bucket.Settle(estimate, actual)
+}
+
+// drain empties the window, as a refusal shows the upstream's to be: what
+// is left goes, what is owed stays owed, and owe more is owed besides.
+func (b *budget) drain(owe float64) {
+	b.bucket.Set(b.bucket.At(), math.Min(b.bucket.Level(), 0)-owe)
 }
 
 // maxRateFactor bounds a believable refill: a full window per millisecond
@@ -180,6 +155,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	if w.HasRemaining && float64(w.Remaining) > b.limit {
 		b.limit = float64(w.Remaining)
 	}
+	b.resized()
 	if !w.HasRemaining {
 		return // a size alone gives nothing to count down from
 	}
@@ -187,11 +163,11 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	remaining := float64(w.Remaining)
 	if b.capped > 0 && remaining+1 > b.capped {
 		b.capped = remaining + 1 // the upstream shows more room than refusals did
+		b.resized()
 	}
 	b.maxRemaining = math.Max(b.maxRemaining, remaining)
 	b.seen = math.Max(b.seen, sentAtDispatch)
-	b.avail = math.Min(b.size(), remaining-math.Max(0, b.sent-sentAtDispatch))
-	b.at = now
+	b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, b.sent-sentAtDispatch)))
 	// The reset is counted from the dispatch; seen from now it may be later
 	// by the answer's latency, so only trust it from then. A reset is a
 	// time on the upstream's clock, to its grain: one already past when
@@ -215,7 +191,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	b.lastLeft, b.lastSecs = remaining, reset.Sub(dispatched).Seconds()
 	b.learnRate()
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
-		b.rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
+		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
 		b.correctable() {
 		// shown is the refill at a correction: a window already corrected
 		// keeps the one it was corrected with.
@@ -267,7 +243,7 @@ func (b *budget) learnRate() {
 			r = math.Max(r, b.shown)
 		}
 		if r > 0 && r <= b.size()*maxRateFactor {
-			b.rate = r
+			b.bucket.Rate = r
 		}
 	}
 }
@@ -283,7 +259,8 @@ func (b *budget) correct() bool {
 	}
 	ev := b.maxRemaining + 1
 	b.capped = ev
-	b.avail = math.Min(b.avail, ev)
+	b.resized()
+	b.bucket.Set(b.bucket.At(), math.Min(b.bucket.Level(), ev))
 	b.learnRate()
 	return true
 }
@@ -423,7 +400,7 @@ func (b *budget) view() BudgetView {
 	if !b.known {
 		return BudgetView{}
 	}
-	return BudgetView{Known: true, Limit: b.size(), Available: b.avail, PerSecond: b.rate}
+	return BudgetView{Known: true, Limit: b.size(), Available: b.bucket.Level(), PerSecond: b.bucket.Rate}
 }
 
 // meter counts events per second over the last meterSeconds seconds.
@@ -493,12 +470,13 @@ func (p *pacer) setFromRefusals(rate float64, now time.Time) {
 	b := &p.requests
 	b.advance(now)
 	if !p.fromRefusals {
-		b.avail, b.at = 0, now
+		b.bucket.Set(now, 0)
 	}
 	p.fromRefusals = true
 	b.known = true
-	b.rate = rate
+	b.bucket.Rate = rate
 	b.limit = math.Max(1, rate*burstSeconds)
-	b.avail = math.Min(b.avail, b.limit)
+	b.resized()
+	b.bucket.Set(b.bucket.At(), math.Min(b.bucket.Level(), b.limit))
 	b.resetAt = time.Time{}
 }

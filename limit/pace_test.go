@@ -32,7 +32,7 @@ func TestBudgetUnknownAdmitsEverything(t *testing.T) {
 		}
 		b.take(cost)
 	}
-	if b.known || b.avail != 0 {
+	if b.known || b.bucket.Level() != 0 {
 		t.Fatalf("take changed an unknown budget: %+v", b)
 	}
 	if b.sent != 1+1e6+1e12 {
@@ -62,8 +62,8 @@ func TestBudgetAdmitWaitsAtLearnedRate(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := learnedBudget(tt.w)
-			if !near(b.rate, tt.wantRate) {
-				t.Fatalf("rate = %v/s, want %v/s", b.rate, tt.wantRate)
+			if !near(b.bucket.Rate, tt.wantRate) {
+				t.Fatalf("rate = %v/s, want %v/s", b.bucket.Rate, tt.wantRate)
 			}
 			got, ok := b.admit(t0, tt.cost)
 			if ok != tt.wantOK {
@@ -88,8 +88,8 @@ func TestBudgetAdmitWaitsAtLearnedRate(t *testing.T) {
 func TestBudgetRefillCapsAtLimit(t *testing.T) {
 	b := learnedBudget(win(10, 0, at(time.Second)))
 	b.advance(at(time.Hour))
-	if b.avail != 10 {
-		t.Fatalf("avail after an hour = %v, want the limit 10", b.avail)
+	if b.bucket.Level() != 10 {
+		t.Fatalf("avail after an hour = %v, want the limit 10", b.bucket.Level())
 	}
 	// A long idle time allows one window's burst, not more.
 	now := at(time.Hour)
@@ -114,8 +114,8 @@ func TestBudgetCostLargerThanLimitGoesOnceFull(t *testing.T) {
 		t.Fatal("not admitted once the window is full")
 	}
 	b.take(25)
-	if !near(b.avail, 0) {
-		t.Fatalf("avail = %v, want 0: a cost beyond the window is charged as the whole window", b.avail)
+	if !near(b.bucket.Level(), 0) {
+		t.Fatalf("avail = %v, want 0: a cost beyond the window is charged as the whole window", b.bucket.Level())
 	}
 	got, ok = b.admit(at(time.Second), 1)
 	want := at(time.Second).Add(time.Second / 6)
@@ -145,13 +145,13 @@ func TestBudgetObserveSubtractsLaterDispatches(t *testing.T) {
 				marks[i] = b.take(c)
 			}
 			b.observe(win(10000, tt.remaining, at(time.Minute)), marks[tt.observed], t0, t0)
-			if !near(b.avail, tt.want) {
-				t.Fatalf("avail = %v, want %v", b.avail, tt.want)
+			if !near(b.bucket.Level(), tt.want) {
+				t.Fatalf("avail = %v, want %v", b.bucket.Level(), tt.want)
 			}
 			// Once known, dispatches are charged at once.
 			b.take(50)
-			if !near(b.avail, tt.want-50) {
-				t.Fatalf("avail after take(50) = %v, want %v", b.avail, tt.want-50)
+			if !near(b.bucket.Level(), tt.want-50) {
+				t.Fatalf("avail after take(50) = %v, want %v", b.bucket.Level(), tt.want-50)
 			}
 		})
 	}
@@ -172,22 +172,22 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 	}
 	// Read as 2 s after the dispatch (a second early, a second's grain):
 	// 10 requests over 2 s.
-	if !near(b.rate, 5) {
-		t.Fatalf("rate %v, want 5/s", b.rate)
+	if !near(b.bucket.Rate, 5) {
+		t.Fatalf("rate %v, want 5/s", b.bucket.Rate)
 	}
 	// A later reset stated a second after its dispatch is read 2 s after
 	// it too: 5 missing over 2 s, not over 1.
 	w = win(10, 5, at(2*time.Second))
 	w.ResetGrain = time.Second
 	b.observe(w, 0, at(time.Second), at(time.Second))
-	if !near(b.rate, 2.5) {
-		t.Fatalf("rate %v after an honest-looking reset, want 2.5/s", b.rate)
+	if !near(b.bucket.Rate, 2.5) {
+		t.Fatalf("rate %v after an honest-looking reset, want 2.5/s", b.bucket.Rate)
 	}
 	// A reset on time, with no early one before it, is believed.
 	var honest budget
 	honest.observe(win(10, 0, at(time.Second)), 0, t0, t0)
-	if !near(honest.rate, 10) {
-		t.Fatalf("rate %v of an honest reset, want 10/s", honest.rate)
+	if !near(honest.bucket.Rate, 10) {
+		t.Fatalf("rate %v of an honest reset, want 10/s", honest.bucket.Rate)
 	}
 }
 
@@ -207,8 +207,8 @@ func TestBudgetRateNotLearned(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := learnedBudget(tt.w)
-			if b.rate != 0 {
-				t.Fatalf("rate = %v, want none learned", b.rate)
+			if b.bucket.Rate != 0 {
+				t.Fatalf("rate = %v, want none learned", b.bucket.Rate)
 			}
 			b.take(float64(tt.w.Remaining))
 			now := at(time.Millisecond)
@@ -225,8 +225,8 @@ func TestBudgetRateNotLearned(t *testing.T) {
 			if _, ok := b.admit(tt.wantAt, 1); !ok {
 				t.Fatal("not admitted at the reset")
 			}
-			if b.avail != float64(tt.w.Limit) {
-				t.Fatalf("avail at the reset = %v, want the full window %d", b.avail, tt.w.Limit)
+			if b.bucket.Level() != float64(tt.w.Limit) {
+				t.Fatalf("avail at the reset = %v, want the full window %d", b.bucket.Level(), tt.w.Limit)
 			}
 			// The reset refills once; the next window's reset is unknown.
 			b.take(float64(tt.w.Limit))
@@ -241,8 +241,8 @@ func TestBudgetRateNotLearned(t *testing.T) {
 func TestBudgetKeepsLearnedRateWhenObservationTellsNone(t *testing.T) {
 	b := learnedBudget(win(10, 0, at(time.Second)))
 	b.observe(win(10, 10, at(2*time.Second)), b.sent, t0, t0)
-	if !near(b.rate, 10) {
-		t.Fatalf("rate = %v, want the learned 10/s kept", b.rate)
+	if !near(b.bucket.Rate, 10) {
+		t.Fatalf("rate = %v, want the learned 10/s kept", b.bucket.Rate)
 	}
 }
 
@@ -263,13 +263,13 @@ func TestBudgetRejectsAbsurdRate(t *testing.T) {
 			var b budget
 			if tt.prior > 0 {
 				b.observe(win(10, 0, at(time.Duration(float64(10)/tt.prior*float64(time.Second)))), 0, t0, t0)
-				if !near(b.rate, tt.prior) {
-					t.Fatalf("prior rate = %v", b.rate)
+				if !near(b.bucket.Rate, tt.prior) {
+					t.Fatalf("prior rate = %v", b.bucket.Rate)
 				}
 			}
 			b.observe(win(10, 0, at(tt.reset)), 0, t0, t0)
-			if !near(b.rate, tt.wantRate) {
-				t.Fatalf("rate = %v/s, want %v/s", b.rate, tt.wantRate)
+			if !near(b.bucket.Rate, tt.wantRate) {
+				t.Fatalf("rate = %v/s, want %v/s", b.bucket.Rate, tt.wantRate)
 			}
 		})
 	}
@@ -332,9 +332,9 @@ func TestBudgetSettle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b := learnedBudget(win(1000, 500, at(10*time.Second)))
 			want := tt.run(b)
-			b.advance(b.at) // what the next look sees: an overrun is owed from then
-			if !near(b.avail, want) {
-				t.Fatalf("avail = %v, want %v", b.avail, want)
+			b.advance(b.bucket.At()) // what the next look sees: an overrun is owed from then
+			if !near(b.bucket.Level(), want) {
+				t.Fatalf("avail = %v, want %v", b.bucket.Level(), want)
 			}
 		})
 	}
@@ -342,7 +342,7 @@ func TestBudgetSettle(t *testing.T) {
 		var b budget
 		m := b.take(100)
 		b.settle(100, 10, m)
-		if b.known || b.avail != 0 {
+		if b.known || b.bucket.Level() != 0 {
 			t.Fatalf("budget changed: %+v", b)
 		}
 	})
@@ -356,21 +356,21 @@ func TestBudgetRefund(t *testing.T) {
 		t.Fatal("admitted with nothing left")
 	}
 	b.refund(1)
-	if b.avail != 1 {
-		t.Fatalf("avail after refund = %v, want 1", b.avail)
+	if b.bucket.Level() != 1 {
+		t.Fatalf("avail after refund = %v, want 1", b.bucket.Level())
 	}
 	if _, ok := b.admit(t0, 1); !ok {
 		t.Fatal("refunded request not admitted")
 	}
 	b.advance(at(time.Hour))
 	b.refund(5)
-	if b.avail != 10 {
-		t.Fatalf("avail = %v, want a refund capped at the limit 10", b.avail)
+	if b.bucket.Level() != 10 {
+		t.Fatalf("avail = %v, want a refund capped at the limit 10", b.bucket.Level())
 	}
 
 	var unknown budget
 	unknown.refund(5)
-	if unknown.known || unknown.avail != 0 {
+	if unknown.known || unknown.bucket.Level() != 0 {
 		t.Fatalf("refund changed an unknown budget: %+v", unknown)
 	}
 }
@@ -424,8 +424,8 @@ func TestBudgetRateAndResetAnchoredAtDispatch(t *testing.T) {
 	var b budget
 	m := b.take(1)
 	b.observe(win(10, 0, at(time.Second)), m, t0, at(500*time.Millisecond))
-	if !near(b.rate, 10) {
-		t.Fatalf("rate = %v/s, want 10/s measured from the dispatch", b.rate)
+	if !near(b.bucket.Rate, 10) {
+		t.Fatalf("rate = %v/s, want 10/s measured from the dispatch", b.bucket.Rate)
 	}
 	if want := at(1500 * time.Millisecond); !b.resetAt.Equal(want) {
 		t.Fatalf("resetAt = +%v, want +%v (trusted only after the answer's latency)", b.resetAt.Sub(t0), want.Sub(t0))
@@ -446,11 +446,11 @@ func TestBudgetLimitOnlyWindowDoesNotPace(t *testing.T) {
 
 func TestBudgetRefundGivesBackOnlyWhatWasCharged(t *testing.T) {
 	b := learnedBudget(win(10, 5, at(time.Second)))
-	before := b.avail
+	before := b.bucket.Level()
 	b.take(40) // charged as the whole window: 10
 	b.refund(40)
-	if !near(b.avail, before) {
-		t.Fatalf("avail = %v after take+refund, want %v", b.avail, before)
+	if !near(b.bucket.Level(), before) {
+		t.Fatalf("avail = %v after take+refund, want %v", b.bucket.Level(), before)
 	}
 }
 
@@ -490,8 +490,8 @@ func TestHeadersAreNotOverstatedWhenTheShownRefillIsWithinATwentiethOfTheirRate(
 	}
 	d := at(500 * time.Millisecond)
 	b.observe(win(600, 100, d.Add(50*time.Second)), 3, d, d)
-	if b.size() != 600 || b.capped != 0 || !near(b.rate, 10) {
-		t.Fatalf("size %v, capped %v, rate %v; want 600 uncorrected at 10/s", b.size(), b.capped, b.rate)
+	if b.size() != 600 || b.capped != 0 || !near(b.bucket.Rate, 10) {
+		t.Fatalf("size %v, capped %v, rate %v; want 600 uncorrected at 10/s", b.size(), b.capped, b.bucket.Rate)
 	}
 }
 
@@ -503,8 +503,8 @@ func TestCorrectedWindowPacesAtTheRefillItShowed(t *testing.T) {
 	b.take(1)
 	next := d.Add(50 * time.Millisecond)
 	b.observe(win(1200, 0, next.Add(10*time.Second)), 10, next, next) // arithmetic: 20 in 10 s
-	if !near(b.rate, 20) {
-		t.Fatalf("rate = %v, want the 20/s shown at the correction, not 2/s", b.rate)
+	if !near(b.bucket.Rate, 20) {
+		t.Fatalf("rate = %v, want the 20/s shown at the correction, not 2/s", b.bucket.Rate)
 	}
 }
 
@@ -517,8 +517,8 @@ func TestCorrectedWindowKeepsTheRefillOfItsCorrection(t *testing.T) {
 	for i := range 2 {
 		next := d.Add(time.Duration(i+1) * 300 * time.Millisecond)
 		b.observe(win(1200, 0, next.Add(10*time.Second)), 9, next, next) // nothing refilled, reset 10 s away
-		if !near(b.rate, 20) || !near(b.shown, 20) {
-			t.Fatalf("answer %d: rate %v, shown %v; want the 20/s of the correction", i+1, b.rate, b.shown)
+		if !near(b.bucket.Rate, 20) || !near(b.shown, 20) {
+			t.Fatalf("answer %d: rate %v, shown %v; want the 20/s of the correction", i+1, b.bucket.Rate, b.shown)
 		}
 	}
 }
@@ -531,8 +531,8 @@ func TestLiftedCorrectionPacesByTheHeadersAgain(t *testing.T) {
 	b.take(1)
 	next := d.Add(50 * time.Millisecond)
 	b.observe(win(1200, 1199, next.Add(time.Minute)), 10, next, next)
-	if b.size() != 1200 || !near(b.rate, 1.0/60) {
-		t.Fatalf("size %v, rate %v; want 1200 at 1/60 per second", b.size(), b.rate)
+	if b.size() != 1200 || !near(b.bucket.Rate, 1.0/60) {
+		t.Fatalf("size %v, rate %v; want 1200 at 1/60 per second", b.size(), b.bucket.Rate)
 	}
 }
 
@@ -584,8 +584,8 @@ func TestWindowThatShowedHalfItsSizeIsNotOverstated(t *testing.T) {
 // millisecond away for a whole window is still believed.
 func TestAWindowPerMillisecondIsTheFastestBelievableRate(t *testing.T) {
 	b := learnedBudget(win(10, 0, at(time.Millisecond)))
-	if !near(b.rate, 10*maxRateFactor) {
-		t.Fatalf("rate = %v/s, want %v/s", b.rate, 10*maxRateFactor)
+	if !near(b.bucket.Rate, 10*maxRateFactor) {
+		t.Fatalf("rate = %v/s, want %v/s", b.bucket.Rate, 10*maxRateFactor)
 	}
 }
 
@@ -621,7 +621,7 @@ func TestRefusalCorrectsEveryBudgetWhenItsHeadersShowNoneExhausted(t *testing.T)
 // than half the headers' rate.
 func TestSendingAtExactlyHalfTheLearnedRateIsNotUnderUse(t *testing.T) {
 	var p pacer
-	p.requests = budget{known: true, rate: 10, limit: 10}
+	p.requests = knownBudget(10, 10)
 	for range 5 {
 		p.recent.add(t0)
 	}
@@ -678,8 +678,8 @@ func TestHeadersExactlyTwentyTimesTheShownRefillAreNotYetOverstated(t *testing.T
 	b.take(1)
 	d := at(time.Second)
 	b.observe(win(1200, 100, d.Add(55*time.Second)), 2, d, d) // 1 refilled in 1 s
-	if b.size() != 1200 || b.capped != 0 || !near(b.rate, 20) {
-		t.Fatalf("size %v, capped %v, rate %v; want 1200 uncorrected at 20/s", b.size(), b.capped, b.rate)
+	if b.size() != 1200 || b.capped != 0 || !near(b.bucket.Rate, 20) {
+		t.Fatalf("size %v, capped %v, rate %v; want 1200 uncorrected at 20/s", b.size(), b.capped, b.bucket.Rate)
 	}
 }
 

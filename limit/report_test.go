@@ -48,8 +48,8 @@ func TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal(t *testing.T)
 				b.take(1)
 			}
 			b.observe(tt.second, 9, at(200*time.Millisecond), at(200*time.Millisecond))
-			if b.size() != tt.wantSize || b.rate > tt.wantRateAtMostOrNear+0.01 || b.rate < tt.wantRateAtMostOrNear-0.01 {
-				t.Fatalf("size %v rate %v; want %v, %v", b.size(), b.rate, tt.wantSize, tt.wantRateAtMostOrNear)
+			if b.size() != tt.wantSize || b.bucket.Rate > tt.wantRateAtMostOrNear+0.01 || b.bucket.Rate < tt.wantRateAtMostOrNear-0.01 {
+				t.Fatalf("size %v rate %v; want %v, %v", b.size(), b.bucket.Rate, tt.wantSize, tt.wantRateAtMostOrNear)
 			}
 		})
 	}
@@ -60,7 +60,7 @@ func TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal(t *testing.T)
 // its full rate looked under-used.
 func TestMeterReadsRatesAboveItsSampleCount(t *testing.T) {
 	var p pacer
-	p.requests = budget{known: true, rate: 100, limit: 100}
+	p.requests = knownBudget(100, 100)
 	now := t0
 	for range 200 { // 100 a second
 		now = now.Add(10 * time.Millisecond)

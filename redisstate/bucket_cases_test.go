@@ -12,8 +12,9 @@ import (
 	"github.com/llmproxy/llmproxy/internal/bucketcases"
 )
 
-// The token bucket's table of cases, shared with the Go budget's test
-// (lanequeue/bucket_cases_test.go): the same file, run here on lib's Lua
+// The token bucket's table of cases, shared with the Go bucket's and
+// budget's tests (internal/bucket/cases_test.go,
+// limit/bucket_cases_test.go): the same file, run here on lib's Lua
 // budget on a real Redis. The format is documented in the file's "doc"; its
 // types, checks and judging are in internal/bucketcases.
 

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/bucket"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -27,11 +28,8 @@ type share struct {
 	n           int // the replicas it is 1/n for
 	concurrency int
 	gap         time.Duration // between two requests; 0: no bound
-	next        time.Time
-	tokRate     float64 // per second; 0: no bound
-	tokSize     float64
-	tokAvail    float64
-	tokAt       time.Time
+	requests    bucket.Spacer
+	tokens      bucket.Bucket // Rate 0: no bound
 }
 
 // newShare is 1/n of last, each figure falling back on what the local
@@ -56,7 +54,7 @@ func newShare(last limits, v limit.View, n int) *share {
 		tokRate, tokSize = v.Tokens.PerSecond, v.Tokens.Limit
 	}
 	if tokRate > 0 {
-		sh.tokRate, sh.tokSize = tokRate/float64(n), math.Max(tokSize/float64(n), 1)
+		sh.tokens.Rate, sh.tokens.Size = tokRate/float64(n), math.Max(tokSize/float64(n), 1)
 	}
 	return sh
 }
@@ -67,22 +65,20 @@ func (sh *share) carry(old *share) {
 	if old == nil {
 		return
 	}
-	sh.next = old.next
-	sh.tokAvail, sh.tokAt = math.Min(old.tokAvail, sh.tokSize), old.tokAt
+	sh.requests = old.requests
+	sh.tokens.Set(old.tokens.At(), math.Min(old.tokens.Level(), sh.tokens.Size))
 }
 
 // admit says whether a request costing cost tokens fits the share at
 // now, and if not when it will.
 func (sh *share) admit(now time.Time, cost int64) (time.Time, bool) {
 	at := now
-	if sh.gap > 0 && now.Before(sh.next) {
-		at = sh.next
+	if sh.gap > 0 {
+		at = clock.Later(at, sh.requests.Next())
 	}
-	if sh.tokRate > 0 {
-		sh.refill(now)
-		if need := math.Min(float64(cost), sh.tokSize); sh.tokAvail < need {
-			wait := time.Duration((need - sh.tokAvail) / sh.tokRate * float64(time.Second))
-			at = clock.Later(at, now.Add(max(wait, time.Millisecond)))
+	if sh.tokens.Rate > 0 {
+		if when, ok := sh.tokens.Admit(now, float64(cost)); !ok {
+			at = clock.Later(at, when)
 		}
 	}
 	if at.After(now) {
@@ -94,20 +90,10 @@ func (sh *share) admit(now time.Time, cost int64) (time.Time, bool) {
 // take charges one request of cost tokens at now.
 func (sh *share) take(now time.Time, cost int64) {
 	if sh.gap > 0 {
-		sh.next = clock.Later(sh.next, now).Add(sh.gap)
+		sh.requests.Take(now, sh.gap)
 	}
-	if sh.tokRate > 0 {
-		sh.refill(now)
-		sh.tokAvail -= math.Min(float64(cost), sh.tokSize)
-	}
-}
-
-func (sh *share) refill(now time.Time) {
-	if sh.tokAt.IsZero() {
-		sh.tokAt = now
-	}
-	if now.After(sh.tokAt) {
-		sh.tokAvail = math.Min(sh.tokSize, sh.tokAvail+sh.tokRate*now.Sub(sh.tokAt).Seconds())
-		sh.tokAt = now
+	if sh.tokens.Rate > 0 {
+		sh.tokens.Refill(now)
+		sh.tokens.Charge(float64(cost))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/bucket"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -41,11 +42,11 @@ func TestAShareFallsBackOnTheLocalViewForWhatRedisNeverSaid(t *testing.T) {
 		{name: "an unknown local request rate is no bound", v: limit.View{Concurrency: 2, Requests: limit.BudgetView{PerSecond: 5}}, n: 1,
 			want: share{concurrency: 2}},
 		{name: "local token bucket when Redis gave none", v: limit.View{Concurrency: 2, Tokens: known(1000, 100)}, n: 2,
-			want: share{concurrency: 1, tokRate: 50, tokSize: 500}},
+			want: share{concurrency: 1, tokens: bucket.Bucket{Rate: 50, Size: 500}}},
 		{name: "Redis' token bucket wins", last: limits{concurrency: 2, tokRate: 10, tokSize: 600}, v: limit.View{Tokens: known(1000, 100)}, n: 3,
-			want: share{concurrency: 1, tokRate: 10.0 / 3, tokSize: 200}},
+			want: share{concurrency: 1, tokens: bucket.Bucket{Rate: 10.0 / 3, Size: 200}}},
 		{name: "a bucket holds at least one token", last: limits{concurrency: 2, tokRate: 1, tokSize: 1}, n: 4,
-			want: share{concurrency: 1, tokRate: 0.25, tokSize: 1}},
+			want: share{concurrency: 1, tokens: bucket.Bucket{Rate: 0.25, Size: 1}}},
 		{name: "an unknown local token rate is no bound", v: limit.View{Concurrency: 2, Tokens: limit.BudgetView{Limit: 100, PerSecond: 5}}, n: 1,
 			want: share{concurrency: 2}},
 	}
@@ -193,24 +194,39 @@ func TestAShareMadeAgainCarriesWhatWasUsed(t *testing.T) {
 	old.take(now, 150) // next request in 0.5 s; tokens 0 - 150
 	sh := newShare(limits{concurrency: 6, reqRate: 6, tokRate: 600, tokSize: 600}, limit.View{}, 1)
 	sh.carry(old)
-	if !sh.next.Equal(old.next) || sh.next.IsZero() {
-		t.Fatalf("next request at %v, want the old share's %v", sh.next, old.next)
+	if !sh.requests.Next().Equal(old.requests.Next()) || sh.requests.Next().IsZero() {
+		t.Fatalf("next request at %v, want the old share's %v", sh.requests.Next(), old.requests.Next())
 	}
-	if sh.tokAvail != old.tokAvail || !sh.tokAt.Equal(old.tokAt) {
-		t.Fatalf("tokens %v at %v, want the old share's %v at %v", sh.tokAvail, sh.tokAt, old.tokAvail, old.tokAt)
+	if sh.tokens.Level() != old.tokens.Level() || !sh.tokens.At().Equal(old.tokens.At()) {
+		t.Fatalf("tokens %v at %v, want the old share's %v at %v", sh.tokens.Level(), sh.tokens.At(), old.tokens.Level(), old.tokens.At())
 	}
 	if _, ok := sh.admit(now, 1); ok {
 		t.Fatal("the share made again admitted at once what the old one had just spent")
 	}
-	big := &share{tokSize: 10, tokAvail: 50}
+	big := &share{tokens: bucket.Bucket{Size: 10}}
+	big.tokens.Set(now, 50)
 	small := newShare(limits{concurrency: 6, tokRate: 30, tokSize: 30}, limit.View{}, 3) // window 10
 	small.carry(big)
-	if small.tokAvail != 10 {
-		t.Fatalf("carried %v tokens into a window of %v", small.tokAvail, small.tokSize)
+	if small.tokens.Level() != 10 {
+		t.Fatalf("carried %v tokens into a window of %v", small.tokens.Level(), small.tokens.Size)
 	}
 	fresh := newShare(limits{concurrency: 6, reqRate: 6}, limit.View{}, 1)
 	fresh.carry(nil)
-	if !fresh.next.IsZero() {
+	if !fresh.requests.Next().IsZero() {
 		t.Fatal("a share made from nothing carries a next request time")
+	}
+}
+
+// TestAShareWithoutATokenBoundSpendsNoTokens: tokens a share without a
+// token rate let go are spent from no bucket, so a share made again with
+// one starts from nothing spent, not from their debt.
+func TestAShareWithoutATokenBoundSpendsNoTokens(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	old := newShare(limits{concurrency: 6, reqRate: 6}, limit.View{}, 1)
+	old.take(now, 500)
+	sh := newShare(limits{concurrency: 6, tokRate: 600, tokSize: 600}, limit.View{}, 1)
+	sh.carry(old)
+	if got := sh.tokens.Level(); got != 0 {
+		t.Fatalf("the share made again holds %v tokens, want 0: the old one had no bucket to spend from", got)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/internal/bucket"
 )
 
 // The scripts keep a limit group's shared state in these keys:
@@ -37,8 +39,8 @@ import (
 // own deadlines. Replicas send durations (a pause's length, a waiter's
 // age) and read times back against the `now` each script returns.
 
-// lib holds the budget arithmetic the scripts share: the Go budget's
-// advance, admit and take, on a hash.
+// lib holds the budget arithmetic the scripts share: the Go bucket's
+// (internal/bucket) Refill, Admit and Charge, on a hash.
 const lib = `
 local function num(v, d) if v == false or v == nil then return d end return tonumber(v) end
 local function clock()
@@ -404,8 +406,8 @@ func newScript(args any, parts ...string) script {
 // Numbers the scripts share with Go. A script's text names one as
 // ${name} and has it from these constants (see sharedNumbers), and those
 // that the in-process state has too are its constants' values (lanequeue's
-// and limit's):
-// TestScriptsHaveGosNumbers holds both to it. The numbers a script writes
+// and limit's, which TestScriptsHaveGosNumbers holds both to, or the Go
+// bucket's, which a constant here is made of). The numbers a script writes
 // as they are are its own: units (1000 ms in a second), steps, and
 // timings no Go code has (listed, each with why, in luaLocal in
 // scripts_test.go).
@@ -421,9 +423,9 @@ const (
 	// counts may carry (limit's maxLevel).
 	levelMemory = 512
 	maxLevel    = 4096
-	// maxWaitSeconds bounds one pacing wait (limit's maxWaitSeconds,
+	// maxWaitSeconds bounds one pacing wait (the Go bucket's MaxWait,
 	// a day): a tiny rate asks again then.
-	maxWaitSeconds = 86400
+	maxWaitSeconds = int64(bucket.MaxWait / time.Second)
 	// replyScale: a reply carries a rate, or a count by level, as an
 	// integer replyScale times it.
 	replyScale = 1000

@@ -86,7 +86,6 @@ func TestScriptsHaveGosNumbers(t *testing.T) {
 		"startSpread":       constant.MakeInt64(startSpread),
 		"levelMemory":       constant.MakeInt64(levelMemory),
 		"maxLevel":          constant.MakeInt64(maxLevel),
-		"maxWaitSeconds":    constant.MakeInt64(maxWaitSeconds),
 	} {
 		theirs, ok := lq[name]
 		if !ok || theirs.Kind() == constant.Unknown {

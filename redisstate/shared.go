@@ -165,7 +165,7 @@ func (s *shared) localAdmit(now time.Time, cost int64, alone bool) (limit.Ticket
 		s.share = newShare(s.shareLimits(), v, n)
 		s.share.carry(old)
 		s.st.log.Debug("redis away or slow: the group uses its share of the shared limits", "replicas", n,
-			"concurrency", s.share.concurrency, "gap", s.share.gap, "tokens_per_second", s.share.tokRate)
+			"concurrency", s.share.concurrency, "gap", s.share.gap, "tokens_per_second", s.share.tokens.Rate)
 	}
 	if v.InFlight+s.remoteOut >= min(v.Concurrency, s.share.concurrency) {
 		return limit.Ticket{}, time.Time{}, false // a return dispatches again

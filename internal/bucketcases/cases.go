@@ -1,9 +1,10 @@
 // Package bucketcases reads and judges the token bucket's table of cases,
-// limit/testdata/bucket_cases.json, which two tests run: limit's on
-// the Go budget and redisstate's on the Lua budget on a real Redis. It holds
-// what those tests share (the table's types, its checks, how a step's result
-// is compared and how a case is judged); each keeps the code that runs a
-// case on its own engine.
+// limit/testdata/bucket_cases.json, which three tests run: internal/bucket's
+// on the Go bucket, limit's on the header budget built on it, and
+// redisstate's on the Lua budget on a real Redis. It holds what those tests
+// share (the table's types, its times, its checks, how a step's result is
+// compared and how a case is judged); each keeps the code that runs a case
+// on its own engine.
 //
 // Only tests use this package, so it may import "testing".
 package bucketcases
@@ -16,6 +17,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 // file is the table: the format is documented in its "doc".
@@ -156,6 +158,20 @@ func Load(t testing.TB, path string) []Case {
 	return f.Cases
 }
 
+// epoch is the table's time 0.
+var epoch = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Time is the time ms milliseconds after the table's time 0, to the
+// nearest nanosecond.
+func Time(ms float64) time.Time {
+	return epoch.Add(time.Duration(math.Round(ms * float64(time.Millisecond))))
+}
+
+// Ms is t in milliseconds from the table's time 0.
+func Ms(t time.Time) float64 {
+	return float64(t.Sub(epoch)) / float64(time.Millisecond)
+}
+
 // nearAvail compares what is left: within 1e-9, relative to the larger.
 func nearAvail(got, want float64) bool {
 	return math.Abs(got-want) <= 1e-9*math.Max(1, math.Max(math.Abs(got), math.Abs(want)))
@@ -179,6 +195,58 @@ func Check(where string, e Expect, ok bool, retry, avail float64) []string {
 		return []string{fmt.Sprintf("%s: retry %.6f, want %.6f", where, retry, *e.Retry)}
 	}
 	return nil
+}
+
+// Engine is a bucket in Go, as the table's steps drive it.
+type Engine interface {
+	// Advance refills the bucket to now.
+	Advance(now time.Time)
+	// Admit reports whether cost fits at now, or else when it will (the
+	// zero time: nothing but an answer can tell).
+	Admit(now time.Time, cost float64) (time.Time, bool)
+	// Take charges cost at now, as after an admit.
+	Take(now time.Time, cost float64)
+	// Refund gives back what a charge of cost took.
+	Refund(cost float64)
+	// Settle swaps what a cost of estimate was charged for what it used,
+	// unless an answer's count covered its dispatch, at mark.
+	Settle(estimate, used, mark float64)
+	// Avail is what the bucket holds.
+	Avail() float64
+}
+
+// Run runs c's steps on e, a bucket in c's starting state, and returns
+// what did not meet the expectations (with instead: as the xfail_on
+// engine is known to give).
+func Run(c Case, e Engine, instead bool) []string {
+	var bad []string
+	for i, s := range c.Steps {
+		now := Time(s.T)
+		ok, retry := false, 0.0
+		switch s.Op {
+		case "advance":
+			e.Advance(now)
+		case "admit":
+			var at time.Time
+			at, ok = e.Admit(now, s.Cost)
+			if !at.IsZero() {
+				retry = Ms(at)
+			}
+		case "take":
+			e.Take(now, s.Cost)
+		case "giveback":
+			// Refund and settle take no time: they apply at the bucket's
+			// own, and what is left at t is what advancing then shows.
+			if s.Mark == nil {
+				e.Refund(s.N)
+			} else {
+				e.Settle(max(s.N, 0), max(-s.N, 0)+s.Used, *s.Mark)
+			}
+			e.Advance(now)
+		}
+		bad = append(bad, Check(s.Describe(i), s.Expect(instead), ok, retry, e.Avail())...)
+	}
+	return bad
 }
 
 // Judge fails t unless c's outcome on engine ("go" or "lua") is as the

@@ -38,7 +38,7 @@ import (
 const gremlins = "github.com/go-gremlins/gremlins/cmd/gremlins@v0.6.0"
 
 // corePackages are the packages the thresholds hold for: the data path.
-var corePackages = []string{"backoff", "headerparse", "upstream", "lanequeue", "limit", "tokens", "proxy", "redisstate"}
+var corePackages = []string{"backoff", "headerparse", "upstream", "lanequeue", "limit", "tokens", "proxy", "redisstate", "internal/bucket"}
 
 // minEfficacy is the lowest test efficacy, in percent, a package may have.
 const minEfficacy = 90.0
@@ -101,7 +101,7 @@ func main() {
 
 	var results []result
 	for _, pkg := range pkgs {
-		out := filepath.Join(tmp, pkg+".json")
+		out := resultFile(tmp, pkg)
 		start := time.Now()
 		cmd := gremlinsCmd(root, pkg, out, *workers, *coefficient, *diff, os.Environ())
 		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
@@ -251,11 +251,18 @@ func readResult(pkg string, rd io.Reader) (result, error) {
 	return r, nil
 }
 
+// resultFile is where pkg's gremlins JSON goes in dir: PKG.json, a
+// package under another's folder (internal/bucket) named with a dash
+// (internal-bucket.json).
+func resultFile(dir, pkg string) string {
+	return filepath.Join(dir, strings.ReplaceAll(pkg, "/", "-")+".json")
+}
+
 // readResults reads dir/PKG.json for each of pkgs that has one.
 func readResults(dir string, pkgs []string) ([]result, error) {
 	var results []result
 	for _, pkg := range pkgs {
-		f, err := os.Open(filepath.Join(dir, pkg+".json"))
+		f, err := os.Open(resultFile(dir, pkg))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}

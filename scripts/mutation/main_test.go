@@ -95,9 +95,21 @@ func TestSurvivorLinesNeedAReason(t *testing.T) {
 
 func TestTouchedKeepsChangedPackages(t *testing.T) {
 	// A test file changed alone has no line to mutate.
-	got := touched(corePackages, []string{"proxy/serve.go", "README.md", "lanequeue/testdata/x", "e2e/core_test.go", "tokens/usage_test.go", "backoff/backoff.go"})
-	if strings.Join(got, ",") != "backoff,proxy" {
+	got := touched(corePackages, []string{"proxy/serve.go", "README.md", "lanequeue/testdata/x", "e2e/core_test.go", "tokens/usage_test.go", "backoff/backoff.go",
+		"internal/bucket/spacer.go", "internal/bucketcases/cases.go"})
+	if strings.Join(got, ",") != "backoff,proxy,internal/bucket" {
 		t.Fatalf("touched = %v", got)
+	}
+}
+
+// TestAPackageInAFolderHasItsResultInTheRunsDirectory: gremlins writes
+// its JSON where the tool says, which for internal/bucket must not be a
+// folder of the run's directory that nobody made.
+func TestAPackageInAFolderHasItsResultInTheRunsDirectory(t *testing.T) {
+	for pkg, want := range map[string]string{"proxy": "/tmp/run/proxy.json", "internal/bucket": "/tmp/run/internal-bucket.json"} {
+		if got := resultFile("/tmp/run", pkg); got != want {
+			t.Errorf("resultFile(%q) = %q, want %q", pkg, got, want)
+		}
 	}
 }
 
