@@ -140,6 +140,55 @@ func newStore(t *testing.T, url string, lease time.Duration) *Store {
 	return st
 }
 
+// newFakeStore is a store on url, as newStore, whose clock is replica
+// and whose scripts run on redis instead of Redis' own clock
+// (Config.redisClock): the test moves time for the replica and for the
+// shared state itself, to the millisecond, and no load on the machine
+// moves either. Most tests give the same fake clock for both.
+func newFakeStore(t *testing.T, url string, replica, redis *clock.Fake) *Store {
+	t.Helper()
+	st, err := New(Config{URL: url, LeaseTTL: time.Minute, Clock: replica, redisClock: redis})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// fakeStores are n stores on url on the one fake clock fc (see
+// newFakeStore).
+func fakeStores(t *testing.T, url string, fc *clock.Fake, n int) []*Store {
+	t.Helper()
+	stores := make([]*Store, n)
+	for i := range stores {
+		stores[i] = newFakeStore(t, url, fc, fc)
+	}
+	return stores
+}
+
+// fakeStart is where the tests' fake clocks start: a fixed day, so that a
+// failure reads the same on every run.
+var fakeStart = time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+
+// admitOn admits one request of cost 1 on sh at fc's now, moving fc to
+// each time the group says to ask again, at most tries times; the clock
+// moves only as far as the limits make it wait.
+func admitOn(t *testing.T, fc *clock.Fake, sh limit.Shared, tries int) limit.Ticket {
+	t.Helper()
+	for range tries {
+		tk, at, ok := sh.Admit(fc.Now(), 1, false)
+		if ok {
+			return tk
+		}
+		if at.IsZero() {
+			t.Fatalf("refused at %v with no time to ask again", fc.Now().Sub(fakeStart))
+		}
+		fc.Set(at)
+	}
+	t.Fatalf("not admitted after %d tries, at %v", tries, fc.Now().Sub(fakeStart))
+	return limit.Ticket{}
+}
+
 var groupCfg = limit.Config{Concurrency: 2, MinConcurrency: 1, MaxConcurrency: 2}
 
 func admit(t *testing.T, sh limit.Shared) (limit.Ticket, time.Time, bool) {
@@ -388,5 +437,51 @@ func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) 
 	want := float64(now.UnixMilli() + 5000)
 	if d := score - want; d < -2000 || d > 2000 {
 		t.Fatalf("lease renewed to expire %.0f ms from Redis' now + TTL", d)
+	}
+}
+
+// TestTheScriptsRunOnTheClockGivenForRedis: a store given a clock for
+// Redis runs every script at that clock's time, not at Redis' TIME, and
+// reads the times the scripts return on its own clock through the offset,
+// to the millisecond: a replica an hour behind Redis learns the offset of
+// an hour, writes its leases to expire a lease TTL on Redis' clock (at
+// admission and at renewal), and a pause it takes ends on the other
+// replica's clock when it asked.
+func TestTheScriptsRunOnTheClockGivenForRedis(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	redisClock := clock.NewFake(fakeStart)
+	behind := clock.NewFake(fakeStart.Add(-time.Hour))
+	a, b := newFakeStore(t, srv.url(), behind, redisClock), newFakeStore(t, srv.url(), redisClock, redisClock)
+	sa, sb := a.Shared("g", groupCfg).(*shared), b.Shared("g", groupCfg)
+	tk, _, ok := sa.Admit(behind.Now(), 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	if off := a.clockOffset.Load(); off != time.Hour.Milliseconds() {
+		t.Fatalf("a learned Redis' clock %d ms ahead of its own, want an hour", off)
+	}
+	expiry := func() int64 {
+		t.Helper()
+		score, err := a.rdb.ZScore(context.Background(), sa.leases, tk.Lease).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(score)
+	}
+	if got, want := expiry(), fakeStart.Add(time.Minute).UnixMilli(); got != want {
+		t.Fatalf("the lease expires %d ms from Redis' now plus its TTL", got-want)
+	}
+	redisClock.Advance(10 * time.Second)
+	behind.Advance(10 * time.Second)
+	if err := a.renew(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := expiry(), fakeStart.Add(10*time.Second+time.Minute).UnixMilli(); got != want {
+		t.Fatalf("the renewed lease expires %d ms from Redis' now plus its TTL", got-want)
+	}
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: behind.Now().Add(2 * time.Second)}, behind.Now())
+	if _, at, ok := sb.Admit(redisClock.Now(), 1, false); ok || !at.Equal(redisClock.Now().Add(2*time.Second)) {
+		t.Fatalf("b: admitted %v, asks again %v from now; want paused 2s", ok, at.Sub(redisClock.Now()))
 	}
 }
