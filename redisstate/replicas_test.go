@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
 	"github.com/redis/go-redis/v9"
 )
@@ -89,6 +90,9 @@ func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 // A Redis whose recent calls are slower than Config.Slow at the 99th
 // percentile sends the replica local, where its requests do not wait on
 // Redis; it shares again once a ping answers within the bound (item 3).
+// That fast calls keep it shared, whatever their number, is
+// TestTookGoesLocalOnlyPastSlow's: here a loaded machine could make one
+// of them slow.
 func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 	srv := startServer(t, debugCommand...)
 	a, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second, Slow: DefaultSlow}) // below the cutoff: only slow
@@ -97,28 +101,20 @@ func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 	}
 	defer a.Close()
 	sa := a.Shared("g", limit.Config{Concurrency: 64, MaxConcurrency: 64})
-	for range 31 { // fast calls
-		tk, _, ok := admit(t, sa)
-		if !ok {
-			t.Fatal("admit")
-		}
-		sa.Return(&tk, time.Now())
-	}
-	a.flush()
-	if a.Status() != "ok" {
-		t.Fatal("degraded by fast calls")
-	}
-	awake := sleepRedis(t, srv.url(), 300*time.Millisecond)
+	// The first call waits for Redis to wake, the 32nd tells the p99.
+	awake := sleepRedis(t, srv.url(), time.Second)
 	var slow limit.Ticket
 	for i := 0; a.Status() == "ok" && i < 40; i++ {
-		tk, _, ok := admit(t, sa)
-		if !ok {
+		if i > 0 {
+			sa.Return(&slow, time.Now())
+		}
+		var ok bool
+		if slow, _, ok = admit(t, sa); !ok {
 			t.Fatal("admit")
 		}
-		slow = tk
 	}
 	if a.Status() != "degraded" {
-		t.Fatal("a replica whose calls took 300ms (bound 50ms) still waits on Redis")
+		t.Fatal("a replica whose call took most of a second (bound 50ms) still waits on Redis")
 	}
 	<-awake
 	before := counterValue(a, "admit")
@@ -536,21 +532,24 @@ func TestEveryReplicasRefusalsAreCounted(t *testing.T) {
 func TestAReplicasFirstGuessIsTheGroupsSendingRate(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
 	cfg := limit.Config{Concurrency: 16, MaxConcurrency: 16}
-	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	for i := range 12 {
-		tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
+	sa, sb := st[0].Shared("g", cfg), st[1].Shared("g", cfg)
+	for i := range 12 { // 12 in 0.55 s, then b's
+		tk := admitOn(t, fc, sa, 1)
 		if i == 0 {
-			sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
-			sa.Return(&tk, time.Now())
+			sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
+			sa.Return(&tk, fc.Now())
 		}
+		fc.Advance(50 * time.Millisecond)
 	}
-	tk := admitWithin(t, sb, 5*time.Second)
-	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
-	v := sb.View(time.Now())
-	if v.Learned != "refusals" || v.AdmittedRate < 8 {
-		t.Fatalf("b learned %q at %.1f/s from its first refusal, want from refusals at about the group's 13/s", v.Learned, v.AdmittedRate)
+	tk := admitOn(t, fc, sb, 1)
+	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, fc.Now())
+	v := sb.View(fc.Now())
+	if v.Learned != "refusals" || v.RateFrom.String() != "sending rate" || v.AdmittedRate != 13 {
+		t.Fatalf("b learned %q at %.1f/s from %q at its first refusal, want from refusals at the group's 13/s, from \"sending rate\"",
+			v.Learned, v.AdmittedRate, v.RateFrom)
 	}
 }
 
@@ -571,29 +570,32 @@ func admitWithin(t *testing.T, sh limit.Shared, d time.Duration) limit.Ticket {
 
 // TestAReplicaFirstRefusedStartsFromThePaceOthersLearned: a replica
 // refused for the first time after another learned a pace from its own
-// refusals starts from that pace, not from what the group was sending.
+// refusals starts from that pace, not from what the group was sending
+// (faster: that is what the upstream refused).
 func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
 	cfg := limit.Config{Concurrency: 32, MaxConcurrency: 32}
-	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
+	sa, sb := st[0].Shared("g", cfg), st[1].Shared("g", cfg)
 	var last limit.Ticket
-	for i := range 20 {
-		last = admitWithin(t, sa, 5*time.Second)
+	for i := range 20 { // 20 in 0.95 s: the group's last second holds them all
+		last = admitOn(t, fc, sa, 1)
 		if i < 19 { // admitted one at a time: a refusal at one in flight is about the rate
-			sa.Learn(&last, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
-			sa.Return(&last, time.Now())
+			sa.Learn(&last, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
+			sa.Return(&last, fc.Now())
+			fc.Advance(50 * time.Millisecond)
 		}
 	}
-	sa.Learn(&last, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
-	fleet := sa.View(time.Now()).Requests.PerSecond
-	tk := admitWithin(t, sb, 5*time.Second)
-	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, time.Now())
-	// From a's pace; or, when the group's last second held fewer of a's
-	// dispatches (a loaded machine), from the lower sending rate.
-	v := sb.View(time.Now())
-	if v.AdmittedRate > fleet*1.01 || v.RateFrom.String() != "replicas" && v.RateFrom.String() != "sending rate" {
+	sa.Learn(&last, limit.Report{Status: 429, Verdict: limit.RateRefused}, fc.Now())
+	fleet := sa.View(fc.Now()).Requests.PerSecond
+	tk := admitOn(t, fc, sb, 100)
+	sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, fc.Now())
+	v := sb.View(fc.Now())
+	// (Refused at that pace, which b waited its turn for, it starts
+	// below it, as one process refused again at a pace not yet measured.)
+	if v.RateFrom.String() != "replicas" || v.AdmittedRate > fleet {
 		t.Fatalf("b's first refusal set %.1f/s from %q; want at most a's %.1f/s, from \"replicas\"", v.AdmittedRate, v.RateFrom, fleet)
 	}
 }
@@ -607,44 +609,47 @@ func TestAReplicaFirstRefusedStartsFromThePaceOthersLearned(t *testing.T) {
 func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 3)
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
-	sa, sb, sc := a.Shared("g", cfg), b.Shared("g", cfg), c.Shared("g", cfg)
-	first := admitWithin(t, sa, 5*time.Second)
-	first.Dispatched = time.Now().Add(-4 * time.Second) // its headers came 4 s after it went
-	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
+	sa, sb, sc := st[0].Shared("g", cfg), st[1].Shared("g", cfg), st[2].Shared("g", cfg)
+	first := admitOn(t, fc, sa, 1)
+	first.Dispatched = fc.Now().Add(-4 * time.Second) // its headers came 4 s after it went
+	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
 	const gap = 4 * time.Second / (2 * 8)
-	admitWithin(t, sb, 5*time.Second)
-	sent := time.Now()
-	_, at, ok := sc.Admit(time.Now(), 1, false)
-	if ok || at.IsZero() || at.Sub(sent) > gap+50*time.Millisecond {
-		t.Fatalf("c admitted %v right after b, or told to wait %v; want a wait of at most %v", ok, at.Sub(sent), gap)
+	admitOn(t, fc, sb, 2) // a gap after a's
+	if d := fc.Now().Sub(fakeStart); d != gap {
+		t.Fatalf("b went %v after a, want %v", d, gap)
 	}
-	admitWithin(t, sc, 5*time.Second)
-	// From b's admission in Redis, which came before sent; a loaded
-	// machine may have taken most of a gap to hand it back.
-	if took := time.Since(sent); took < gap/2 {
-		t.Errorf("c went %v after b, want about %v", took, gap)
+	b := fc.Now()
+	if _, at, ok := sc.Admit(b, 1, false); ok || !at.Equal(b.Add(gap)) {
+		t.Fatalf("c admitted %v right after b, or told to wait %v; want %v", ok, at.Sub(b), gap)
+	}
+	fc.Advance(gap - time.Millisecond)
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); ok {
+		t.Fatalf("c went %v after b, want %v", fc.Now().Sub(b), gap)
+	}
+	fc.Advance(time.Millisecond)
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); !ok {
+		t.Fatalf("c held back %v after b", gap)
 	}
 	// One gap for every replica, whatever its own answers took: a's first
 	// answer held its permit 8 s, twice its time to its headers, and a
 	// still waits the first answer's gap, no more.
 	sa.Return(&first, first.Dispatched.Add(8*time.Second))
-	time.Sleep(2 * gap) // past c's
-	admitWithin(t, sa, 5*time.Second)
-	sent = time.Now()
-	if _, at, ok := sa.Admit(time.Now(), 1, false); ok || at.Sub(sent) > gap+50*time.Millisecond {
-		t.Fatalf("a admitted %v, told to wait %v; want at most %v, the fleet's gap", ok, at.Sub(sent), gap)
+	admitOn(t, fc, sa, 2)
+	if _, at, ok := sa.Admit(fc.Now(), 1, false); ok || !at.Equal(fc.Now().Add(gap)) {
+		t.Fatalf("a admitted %v, told to wait %v; want %v, the fleet's gap", ok, at.Sub(fc.Now()), gap)
 	}
 
 	// Configured limits: no slow start, the admissions go back to back.
 	conf := limit.Config{Concurrency: 8, MaxConcurrency: 8, Limits: limit.Limits{Concurrency: 8, Start: true}}
-	ca, cb := a.Shared("h", conf), b.Shared("h", conf)
-	tk := admitWithin(t, ca, 5*time.Second)
-	tk.Dispatched = time.Now().Add(-4 * time.Second)
-	ca.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
+	ca, cb := st[0].Shared("h", conf), st[1].Shared("h", conf)
+	tk := admitOn(t, fc, ca, 1)
+	tk.Dispatched = fc.Now().Add(-4 * time.Second)
+	ca.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
 	for i := range 3 {
-		if _, _, ok := cb.Admit(time.Now(), 1, false); !ok {
+		if _, _, ok := cb.Admit(fc.Now(), 1, false); !ok {
 			t.Fatalf("configured group: admission %d held back", i+1)
 		}
 	}

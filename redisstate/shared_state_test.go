@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -421,9 +422,11 @@ func TestAFailedCallIsNotRetried(t *testing.T) {
 func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute).Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
-	b := newStore(t, srv.url(), time.Minute).Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
-	now := time.Now()
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	a := st[0].Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
+	b := st[1].Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
+	now := fc.Now()
 	for range 3 {
 		tk, _, ok := a.Admit(now, 1, false)
 		if !ok {
@@ -439,27 +442,32 @@ func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 9 * time.Second,
 		PauseUntil: now.Add(9 * time.Second)}, now)
 	a.Return(&tk, now)
-	// Suspected: held until the test, 1.25 s on, on both replicas.
-	if _, at, ok := a.Admit(now, 1, false); ok || at.Before(now.Add(time.Second)) {
-		t.Fatalf("the replica that was refused admits (%v) or holds only until %v", ok, at)
+	// Suspected: held until the test, on both replicas.
+	_, held, ok := a.Admit(now, 1, false)
+	if ok || held.Before(now.Add(time.Second)) {
+		t.Fatalf("the replica that was refused admits (%v) or holds only until %v", ok, held.Sub(now))
 	}
-	if _, at, ok := b.Admit(now.Add(10*time.Millisecond), 1, false); ok || at.Before(now.Add(time.Second)) {
-		t.Fatalf("the other replica admits (%v) or holds only until %v", ok, at)
+	fc.Advance(10 * time.Millisecond)
+	if _, at, ok := b.Admit(fc.Now(), 1, false); ok || !at.Equal(held) {
+		t.Fatalf("the other replica admits (%v) or holds until %v; want %v, the test's time", ok, at.Sub(now), held.Sub(now))
 	}
 	// The test, refused at the same instant: held until the boundary.
-	// (Redis keeps the pause on its own clock: wait for it.)
-	time.Sleep(time.Until(now.Add(1300 * time.Millisecond)))
-	test := time.Now()
+	fc.Set(held.Add(-time.Millisecond))
+	if _, _, ok := a.Admit(fc.Now(), 1, false); ok {
+		t.Fatalf("a test %v after the refusal, before its time", fc.Now().Sub(now))
+	}
+	fc.Set(held)
+	test := fc.Now()
 	tk, _, ok = a.Admit(test, 1, false)
 	if !ok {
-		t.Fatal("no test after 1.25 s")
+		t.Fatalf("no test after %v", test.Sub(now))
 	}
 	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 8 * time.Second,
 		PauseUntil: test.Add(8 * time.Second)}, test)
 	a.Return(&tk, test)
 	b.Admit(test, 1, false) // b's next reply brings the shared pause
-	if v := b.View(test); v.PausedUntil.Before(now.Add(8*time.Second)) || v.PauseReason != "shared" {
-		t.Fatalf("the other replica's view: paused until %v (%q), want the boundary about 9 s on", v.PausedUntil, v.PauseReason)
+	if v := b.View(test); !v.PausedUntil.Equal(now.Add(9*time.Second)) || v.PauseReason != "shared" {
+		t.Fatalf("the other replica's view: paused until %v (%q), want the boundary 9s on", v.PausedUntil.Sub(now), v.PauseReason)
 	}
 	if _, _, ok := b.Admit(test.Add(time.Second), 1, false); ok {
 		t.Fatal("the other replica admitted a request before the boundary")
