@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/limit"
 )
@@ -198,25 +199,27 @@ func TestAPauseLearnedWhileDegradedHoldsAfterTheRejoin(t *testing.T) {
 func TestAWaiterThatLeftLeavesNoPermitIdle(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 3)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
-	held, _, _ := sa.Admit(time.Now(), 1, false)
-	sb.Admit(time.Now(), 1, false) // b's waiter asks once, then its client goes away
-	time.Sleep(5 * time.Millisecond)
-	sc.Admit(time.Now(), 1, false)
-	sa.Return(&held, time.Now())
-	start := time.Now()
-	for {
-		if _, _, ok := sc.Admit(time.Now(), 1, false); ok {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	sa, sb, sc := st[0].Shared("g", one), st[1].Shared("g", one), st[2].Shared("g", one)
+	held := admitOn(t, fc, sa, 1)
+	asked := fc.Now()
+	sb.Admit(asked, 1, false) // b's waiter asks once, then its client goes away
+	fc.Advance(5 * time.Millisecond)
+	sc.Admit(fc.Now(), 1, false)
+	sa.Return(&held, fc.Now())
+	st[0].flush()
 	// A waiter that left is forgotten once it has not asked for 250 ms
-	// (it used to hold the permit back for a second).
-	if d := time.Since(start); d > 400*time.Millisecond {
-		t.Fatalf("the only permit sat free %v with c waiting", d.Round(time.Millisecond))
+	// (it used to hold the permit back for a second): until then it goes
+	// first, a millisecond later c has the permit.
+	fc.Set(asked.Add(250 * time.Millisecond))
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); ok {
+		t.Fatal("c went before b's waiter, which asked 250 ms ago")
+	}
+	fc.Advance(time.Millisecond)
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); !ok {
+		t.Fatalf("the only permit sat free with c waiting, %v after b's waiter last asked", fc.Now().Sub(asked))
 	}
 }
 
@@ -428,34 +431,34 @@ func TestASlowRedisCostsACallItsCutoff(t *testing.T) {
 func TestSkewedClocksDoNotRefillTwice(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart) // Redis' clock; the replicas' are 2 s either side of it
+	st := fakeStores(t, srv.url(), fc, 2)
 	cfg := limit.Config{Concurrency: 1024, MaxConcurrency: 1024}
-	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
-	start := time.Now()
-	tk, _, _ := sa.Admit(start, 1, false)
-	// Half of 100,000 left, full again in 30 s: 1,667 tokens a second.
-	lim := headerparse.Limits{Tokens: headerparse.Window{Limit: 100000, Remaining: 50000, HasRemaining: true, Reset: start.Add(30 * time.Second)}}
-	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim}, start)
-	sa.Return(&tk, start)
+	sa, sb := st[0].Shared("g", cfg), st[1].Shared("g", cfg)
+	start := fc.Now()
+	tk, _, _ := sa.Admit(start.Add(2*time.Second), 1, false)
+	// Half of 100,000 left, full again in 30 s: 1,666.7 tokens a second.
+	lim := headerparse.Limits{Tokens: headerparse.Window{Limit: 100000, Remaining: 50000, HasRemaining: true, Reset: start.Add(32 * time.Second)}}
+	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: lim}, start.Add(2*time.Second))
+	sa.Return(&tk, start.Add(2*time.Second))
 	admitted := 0.0
-	for time.Since(start) < time.Second {
+	for fc.Now().Sub(start) < time.Second {
 		for i, sh := range []limit.Shared{sa, sb} {
 			skew := 2 * time.Second
 			if i == 1 {
 				skew = -skew
 			}
-			if tk, _, ok := sh.Admit(time.Now().Add(skew), 1000, false); ok {
+			if tk, _, ok := sh.Admit(fc.Now().Add(skew), 1000, false); ok {
 				admitted += 1000
-				sh.Return(&tk, time.Now().Add(skew))
+				sh.Return(&tk, fc.Now().Add(skew))
 			}
 		}
+		fc.Advance(time.Millisecond)
 	}
-	// What was left, a second's refill, and one request's worth of slack.
-	if most := 50000 + 1667*time.Since(start).Seconds() + 1000; admitted > most {
-		t.Fatalf("admitted %.0f tokens in %v against 50,000 left refilling 1,667 a second (at most %.0f)",
-			admitted, time.Since(start).Round(time.Millisecond), most)
+	// What was left and a second's refill, in requests of 1,000: all of it.
+	if admitted != 51000 {
+		t.Fatalf("admitted %.0f tokens in a second against 50,000 left refilling 1,667 a second, want 51,000", admitted)
 	}
-	t.Logf("admitted %.0f tokens in %v", admitted, time.Since(start).Round(time.Millisecond))
 }
 
 // A replica a minute ahead that learns a 1 s pause pauses the others for
@@ -464,17 +467,18 @@ func TestSkewedClocksDoNotRefillTwice(t *testing.T) {
 func TestAReplicaAheadPausesOthersOnlyAsLongAsAsked(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	redisClock, aheadClock := clock.NewFake(fakeStart), clock.NewFake(fakeStart.Add(time.Minute))
+	a, b := newFakeStore(t, srv.url(), aheadClock, redisClock), newFakeStore(t, srv.url(), redisClock, redisClock)
 	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
-	ahead := time.Now().Add(time.Minute)
+	ahead := aheadClock.Now()
 	tk, _, _ := sa.Admit(ahead, 1, false)
 	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: ahead.Add(time.Second)}, ahead)
 	sa.Return(&tk, ahead)
-	_, at, ok := sb.Admit(time.Now(), 1, false)
+	_, at, ok := sb.Admit(redisClock.Now(), 1, false)
 	if ok {
 		t.Fatal("b was not paused")
 	}
-	if d := time.Until(at); d > 1100*time.Millisecond || d < 900*time.Millisecond {
+	if d := at.Sub(redisClock.Now()); d != time.Second {
 		t.Fatalf("b is paused for %v, want the 1 s asked", d)
 	}
 }

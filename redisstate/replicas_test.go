@@ -2,6 +2,7 @@ package redisstate
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -148,8 +149,14 @@ func heartbeatAll(stores ...*Store) {
 func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	stores := []*Store{newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)}
-	heartbeatAll(stores...)
+	fc := clock.NewFake(fakeStart)
+	stores := fakeStores(t, srv.url(), fc, 3)
+	for range 2 { // every store says it is alive and busy, then reads how many are
+		for _, st := range stores {
+			st.ask(fc.Now())
+			st.heartbeat(fc.Now())
+		}
+	}
 	conc := limit.Config{Concurrency: 6, MaxConcurrency: 6}
 	var perm, paced []limit.Shared
 	for _, st := range stores {
@@ -158,38 +165,29 @@ func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 		}
 		c, p := st.Shared("conc", conc), st.Shared("paced", conc)
 		perm, paced = append(perm, c), append(paced, p)
-		tk, _, ok := admit(t, c) // each has seen the shared limits
-		if !ok {
-			t.Fatal("admit")
-		}
-		c.Return(&tk, time.Now())
-		now := time.Now()
-		tk, _, ok = p.Admit(now, 1, false)
-		if !ok {
-			t.Fatal("admit")
-		}
-		p.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 60, 50)}, now)
-		p.Return(&tk, time.Now())
+		tk := admitOn(t, fc, c, 1) // each has seen the shared limits
+		c.Return(&tk, fc.Now())
+		tk = admitOn(t, fc, p, 1)
+		p.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(fc.Now(), 60, 50)}, fc.Now())
+		p.Return(&tk, fc.Now())
 		st.flush()
 	}
 	for i, p := range paced { // the shared limits as each last saw them
-		tk, _, ok := p.Admit(time.Now(), 1, false)
-		if !ok {
-			t.Fatal("admit")
-		}
-		p.Return(&tk, time.Now())
+		tk := admitOn(t, fc, p, 1)
+		p.Return(&tk, fc.Now())
 		stores[i].flush()
 	}
 	rate, err := strconv.ParseFloat(hget(t, stores[0], paced[0].(*shared).state, "r_rate"), 64)
 	if err != nil || rate <= 0 {
 		t.Fatalf("no shared request pace (%v)", err)
 	}
-	want := time.Duration(3 / rate * float64(time.Second))
+	// The rate as the replies carry it (in thousandths).
+	want := time.Duration(3 / (math.Floor(rate*replyScale) / replyScale) * float64(time.Second))
 	srv.stop()
 	for i, c := range perm {
 		n := 0
 		for range 6 {
-			if _, _, ok := c.Admit(time.Now(), 1, false); ok {
+			if _, _, ok := c.Admit(fc.Now(), 1, false); ok {
 				n++
 			}
 		}
@@ -201,7 +199,7 @@ func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 		}
 	}
 	for i, p := range paced {
-		now := time.Now()
+		now := fc.Now()
 		if _, _, ok := p.Admit(now, 1, false); !ok {
 			t.Fatalf("replica %d: no request at all while degraded", i)
 		}
@@ -209,7 +207,7 @@ func TestDegradedReplicasTakeTheirShare(t *testing.T) {
 		if ok {
 			t.Fatalf("replica %d sent two requests at once at a shared 1/s", i)
 		}
-		if gap := at.Sub(now); gap < want-100*time.Millisecond || gap > want+100*time.Millisecond {
+		if gap := at.Sub(now); gap < want-time.Millisecond || gap > want+time.Millisecond {
 			t.Fatalf("replica %d's next request at +%v, want +%v (a third of the shared %.3f/s)", i, gap, want, rate)
 		}
 	}

@@ -167,8 +167,9 @@ func fakeStores(t *testing.T, url string, fc *clock.Fake, n int) []*Store {
 }
 
 // fakeStart is where the tests' fake clocks start: a fixed day, so that a
-// failure reads the same on every run.
-var fakeStart = time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+// failure reads the same on every run, and years from the wall clock, so
+// that a time read from the wall clock by mistake shows.
+var fakeStart = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // admitOn admits one request of cost 1 on sh at fc's now, moving fc to
 // each time the group says to ask again, at most tries times; the clock
@@ -249,19 +250,20 @@ func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
 func TestAPauseIsShared(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
-	tk, _, _ := admit(t, sa)
-	until := time.Now().Add(time.Hour)
-	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, time.Now())
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	sa, sb := st[0].Shared("g", groupCfg), st[1].Shared("g", groupCfg)
+	tk := admitOn(t, fc, sa, 1)
+	until := fc.Now().Add(time.Hour)
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, fc.Now())
 	// The pause travels as a length on Redis' clock: its end on b is the
-	// same instant, give or take the calls' latency.
-	near := func(a, b time.Time) bool { d := a.Sub(b); return d > -50*time.Millisecond && d < 50*time.Millisecond }
-	_, at, ok := admit(t, sb)
-	if ok || !near(at, until) {
+	// same instant.
+	fc.Advance(10 * time.Millisecond)
+	_, at, ok := sb.Admit(fc.Now(), 1, false)
+	if ok || !at.Equal(until) {
 		t.Fatalf("replica b: ok %v, ask again at %v; want the pause's end %v", ok, at, until)
 	}
-	if p := sb.PausedUntil(); !near(p, until) {
+	if p := sb.PausedUntil(); !p.Equal(until) {
 		t.Fatalf("b's PausedUntil %v, want %v", p, until)
 	}
 }
@@ -310,23 +312,24 @@ func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
 func TestAReplicasOlderWaiterGoesFirst(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 3)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
-	held, _, _ := admit(t, sa)
-	if _, _, ok := admit(t, sb); ok { // b starts waiting
+	sa, sb, sc := st[0].Shared("g", one), st[1].Shared("g", one), st[2].Shared("g", one)
+	held := admitOn(t, fc, sa, 1)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); ok { // b starts waiting
 		t.Fatal("b admitted past the limit")
 	}
-	time.Sleep(5 * time.Millisecond)
-	if _, _, ok := admit(t, sc); ok { // c starts waiting later
+	fc.Advance(time.Millisecond)
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); ok { // c starts waiting later
 		t.Fatal("c admitted past the limit")
 	}
-	sa.Return(&held, time.Now())
-	a.flush()
-	if _, _, ok := admit(t, sc); ok {
+	sa.Return(&held, fc.Now())
+	st[0].flush()
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); ok {
 		t.Fatal("c went before b, which has waited longer")
 	}
-	if _, _, ok := admit(t, sb); !ok {
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); !ok {
 		t.Fatal("b, the oldest waiter, did not get the free permit")
 	}
 }
