@@ -52,7 +52,7 @@ func reqLimits(now time.Time, limit, remaining int64) headerparse.Limits {
 func TestALocalTicketAnsweredAfterTheRejoinDrainsNothing(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	a, b := newPausableStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
 	cfg := limit.Config{Concurrency: 64, MaxConcurrency: 64}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	// 600 requests went through Redis in the last minutes (global r_sent).
@@ -67,7 +67,7 @@ func TestALocalTicketAnsweredAfterTheRejoinDrainsNothing(t *testing.T) {
 	tk, _, _ := sb.Admit(now, 1, false)
 	sb.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: reqLimits(now, 1000, 900)}, now)
 	sb.Return(&tk, now)
-	blip(t, a, 400*time.Millisecond)
+	blip(t, a, time.Second)
 	local, _, ok := sa.Admit(time.Now(), 1, false) // times out -> local permit
 	if !ok || local.Lease != "" || a.Status() != "degraded" {
 		t.Fatalf("want a local permit while degraded: ok %v lease %q %s", ok, local.Lease, a.Status())
@@ -142,11 +142,11 @@ func TestAConcurrencyRefusalOutlivesAnotherReplicasAnswer(t *testing.T) {
 func TestAPermitReturnedDuringABlipIsFreeAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), 15*time.Second), newStore(t, srv.url(), 15*time.Second)
+	a, b := newPausableStore(t, srv.url(), 15*time.Second), newStore(t, srv.url(), 15*time.Second)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	sa, sb := a.Shared("g", one), b.Shared("g", one)
 	tk, _, _ := sa.Admit(time.Now(), 1, false)
-	blip(t, a, 300*time.Millisecond)
+	blip(t, a, time.Second)
 	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now()) // times out
 	sa.Return(&tk, time.Now())                                                    // degraded: no ZREM
 	waitUp(t, a)
@@ -180,10 +180,10 @@ func TestLeasesInFlightSurviveAFlush(t *testing.T) {
 func TestAPauseLearnedWhileDegradedHoldsAfterTheRejoin(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute)
+	a := newPausableStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
 	tk, _, _ := sa.Admit(time.Now(), 1, false)
-	blip(t, a, 300*time.Millisecond)
+	blip(t, a, time.Second)
 	until := time.Now().Add(time.Minute)
 	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, time.Now())
 	sa.Return(&tk, time.Now())
@@ -370,7 +370,7 @@ func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
 func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute)
+	a := newPausableStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", limit.Config{Concurrency: 1, MaxConcurrency: 1})
 	tk, _, ok := sa.Admit(time.Now(), 1, false)
 	if !ok {
@@ -384,7 +384,7 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 		sa.Return(&tk, time.Now())
 		group.Unlock()
 	}
-	blip(t, a, 400*time.Millisecond)
+	blip(t, a, time.Second)
 	group.Lock()
 	sa.Admit(time.Now(), 1, false) // times out: degraded
 	group.Unlock()
@@ -403,7 +403,7 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 // and admits from them (issue 18, item 3).
 func TestASlowRedisCostsACallItsCutoff(t *testing.T) {
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute)
+	a := newPausableStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", limit.Config{Concurrency: 4, MaxConcurrency: 4})
 	if _, _, ok := sa.Admit(time.Now(), 1, false); !ok {
 		t.Fatal("admit")
@@ -592,7 +592,7 @@ func TestALargeRequestIsNotStarvedBySmallOnesElsewhere(t *testing.T) {
 func TestPermitsOutThroughRedisCountWhileDegraded(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute)
+	a := newPausableStore(t, srv.url(), time.Minute)
 	sa := a.Shared("g", limit.Config{Concurrency: 2, MaxConcurrency: 2})
 	var out []limit.Ticket
 	for range 2 {
@@ -602,7 +602,7 @@ func TestPermitsOutThroughRedisCountWhileDegraded(t *testing.T) {
 		}
 		out = append(out, tk)
 	}
-	blip(t, a, 400*time.Millisecond)
+	blip(t, a, time.Second)
 	if _, _, ok := sa.Admit(time.Now(), 1, false); ok {
 		t.Fatal("degraded, the replica admitted a third request beside its 2 still out")
 	}

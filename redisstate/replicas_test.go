@@ -2,65 +2,113 @@ package redisstate
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"math"
+	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
-	"github.com/redis/go-redis/v9"
 )
 
-// debugCommand lets a test's server take DEBUG SLEEP.
-var debugCommand = []string{"--enable-debug-command", "local"}
+// slowRedis stands between the stores of a test and its redis-server,
+// holding every reply back for its delay (0: none): a Redis as slow as
+// the test says, and never faster, however loaded the machine is. (A
+// DEBUG SLEEP was found asleep by a ping's timeout, which a loaded machine
+// also gives, and ended when the server woke, whatever the test was
+// doing then.)
+type slowRedis struct {
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	delay   time.Duration
+	changed chan struct{} // closed when the delay changes
+}
 
-// sleepRedis blocks the server for d (DEBUG SLEEP) from a connection of
-// its own; the returned channel closes when the server is awake again.
-func sleepRedis(t *testing.T, url string, d time.Duration) <-chan struct{} {
+func startSlowRedis(t *testing.T, srv *server) *slowRedis {
 	t.Helper()
-	st, err := New(Config{URL: url, Timeout: d + 5*time.Second})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { st.Close() })
-	done := make(chan struct{})
+	p := &slowRedis{ln: ln, target: fmt.Sprintf("127.0.0.1:%d", srv.port), changed: make(chan struct{})}
+	var conns sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); conns.Wait() })
 	go func() {
-		defer close(done)
-		ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Second)
-		defer cancel()
-		c := st.rdb.Conn()
-		defer c.Close()
-		if err := c.Do(ctx, "DEBUG", "SLEEP", d.Seconds()).Err(); err != nil {
-			t.Errorf("DEBUG SLEEP: %v", err)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() { defer conns.Done(); p.forward(c) }()
 		}
 	}()
-	// The server is asleep once a ping from another connection goes
-	// unanswered: a fixed pause here was not enough on a loaded machine,
-	// where the dial for DEBUG SLEEP can take longer.
-	probe := redis.NewClient(&redis.Options{Addr: st.rdb.Options().Addr, MaxRetries: -1, ContextTimeoutEnabled: true})
-	defer probe.Close()
-	for end := time.Now().Add(5 * time.Second); ; {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		err := probe.Ping(ctx).Err()
-		cancel()
-		if err != nil {
-			break
+	return p
+}
+
+func (p *slowRedis) url() string { return "redis://" + p.ln.Addr().String() + "/0" }
+
+// hold makes every reply wait d from its arrival before it goes on,
+// those already waiting included.
+func (p *slowRedis) hold(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = d
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// wait holds a reply that came at since for the delay.
+func (p *slowRedis) wait(since time.Time) {
+	for {
+		p.mu.Lock()
+		left, changed := time.Until(since.Add(p.delay)), p.changed
+		p.mu.Unlock()
+		if left <= 0 {
+			return
 		}
-		if time.Now().After(end) {
-			t.Fatal("the server never went to sleep")
+		select {
+		case <-time.After(left):
+		case <-changed:
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	return done
+}
+
+// forward joins the client c to the server, holding each reply back.
+func (p *slowRedis) forward(c net.Conn) {
+	defer c.Close()
+	s, err := net.Dial("tcp", p.target)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	go func() { _, _ = io.Copy(s, c); s.Close() }()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := s.Read(buf)
+		if n > 0 {
+			p.wait(time.Now())
+			if _, err := c.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // Giving a permit back does not wait for Redis: a request that ended is
 // not held up by a slow Redis; the writer sends the return once Redis
 // answers (issue 18, item 3).
 func TestAReturnDoesNotWaitForRedis(t *testing.T) {
-	srv := startServer(t, debugCommand...)
-	a, err := New(Config{URL: srv.url(), Timeout: 5 * time.Second}) // a slow Redis, not a gone one
+	slow := startSlowRedis(t, startServer(t))
+	a, err := New(Config{URL: slow.url(), Timeout: time.Minute}) // a slow Redis, not a gone one
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +118,7 @@ func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 	if !ok {
 		t.Fatal("admit")
 	}
-	awake := sleepRedis(t, srv.url(), time.Second)
+	slow.hold(time.Minute)
 	returned := make(chan struct{})
 	go func() {
 		sa.Return(&tk, time.Now())
@@ -78,10 +126,13 @@ func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 	}()
 	select {
 	case <-returned:
-	case <-awake:
-		t.Fatal("Return waited for Redis to wake up")
+	case <-time.After(30 * time.Second):
+		t.Fatal("Return waited for Redis")
 	}
-	<-awake
+	if n := counterValue(a, "return"); n != 0 {
+		t.Fatalf("%v returns answered while Redis holds its replies", n)
+	}
+	slow.hold(0)
 	a.flush()
 	if n, err := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); err != nil || n != 0 {
 		t.Fatalf("%d leases in Redis after the return was sent (%v), want 0", n, err)
@@ -95,29 +146,31 @@ func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 // TestTookGoesLocalOnlyPastSlow's: here a loaded machine could make one
 // of them slow.
 func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
-	srv := startServer(t, debugCommand...)
-	a, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second, Slow: DefaultSlow}) // below the cutoff: only slow
+	slow := startSlowRedis(t, startServer(t))
+	a, err := New(Config{URL: slow.url(), Timeout: 10 * time.Second, Slow: DefaultSlow}) // below the cutoff: only slow
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	sa := a.Shared("g", limit.Config{Concurrency: 64, MaxConcurrency: 64})
-	// The first call waits for Redis to wake, the 32nd tells the p99.
-	awake := sleepRedis(t, srv.url(), time.Second)
-	var slow limit.Ticket
+	// The first call takes 300 ms, the 32nd tells the p99.
+	slow.hold(300 * time.Millisecond)
+	var last limit.Ticket
 	for i := 0; a.Status() == "ok" && i < 40; i++ {
+		if i == 1 {
+			slow.hold(0)
+		}
 		if i > 0 {
-			sa.Return(&slow, time.Now())
+			sa.Return(&last, time.Now())
 		}
 		var ok bool
-		if slow, _, ok = admit(t, sa); !ok {
+		if last, _, ok = admit(t, sa); !ok {
 			t.Fatal("admit")
 		}
 	}
 	if a.Status() != "degraded" {
-		t.Fatal("a replica whose call took most of a second (bound 50ms) still waits on Redis")
+		t.Fatal("a replica whose call took 300ms (bound 50ms) still waits on Redis")
 	}
-	<-awake
 	before := counterValue(a, "admit")
 	tk, _, ok := admit(t, sa)
 	if !ok || tk.Lease != "" {
@@ -127,7 +180,7 @@ func TestASlowRedisSendsTheReplicaLocal(t *testing.T) {
 		t.Fatalf("%v admissions through Redis while local", after-before)
 	}
 	sa.Return(&tk, time.Now())
-	sa.Return(&slow, time.Now())
+	sa.Return(&last, time.Now())
 	waitUp(t, a) // pings answer fast again
 }
 

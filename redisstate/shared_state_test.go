@@ -326,24 +326,23 @@ func TestAPermitTakenWhileAwayIsCountedAfterTheRejoin(t *testing.T) {
 // hold up every request.
 func TestASlowPingKeepsTheReplicaLocal(t *testing.T) {
 	t.Parallel()
-	srv := startServer(t, debugCommand...)
-	st, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second, Slow: DefaultSlow})
+	slow := startSlowRedis(t, startServer(t))
+	st, err := New(Config{URL: slow.url(), Timeout: 10 * time.Second, Slow: DefaultSlow})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	// Redis asleep for longer than a ping period: the next ping waits for
-	// it, at least 100ms. Long enough that the rejoin's first ping goes
-	// while it sleeps on a loaded machine too (at 650ms it once went
-	// after, answered at once, and the replica rightly rejoined).
-	awake := sleepRedis(t, srv.url(), 1500*time.Millisecond)
+	// Every ping answers, 100 ms late: two rejoin periods, and more, with
+	// the replica local throughout.
+	slow.hold(100 * time.Millisecond)
 	st.failed("test", errString("gone for a moment"))
-	<-awake
-	for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(3 * minRejoinWait); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if st.Status() == "ok" {
 			t.Fatal("the replica rejoined on a ping slower than Slow")
 		}
 	}
+	slow.hold(0)
+	waitUp(t, st) // and a ping in time brings it back
 }
 
 // countScriptRuns starts counting, on the server at url, the runs of the

@@ -126,13 +126,28 @@ func (s *server) stop() {
 }
 
 // newStore is a store on url with lease TTL lease that never goes local
-// for slowness (Slow zero): on a loaded machine (CI runs every package at
-// once, under -race) calls can pass the 50 ms bound and send a test's
-// replica local when what it tests is the shared path. The tests of
-// slowness set Slow themselves.
+// for slowness (Slow zero) nor for a call cut off (a cutoff of 10 s): on a
+// loaded machine (CI runs every package at once, under -race) calls can
+// pass the 50 ms bound, or the 250 ms cutoff, and send a test's replica
+// local when what it tests is the shared path. The tests of slowness set
+// Slow themselves; those of a Redis gone for a moment take a
+// newPausableStore.
 func newStore(t *testing.T, url string, lease time.Duration) *Store {
 	t.Helper()
-	st, err := New(Config{URL: url, LeaseTTL: lease})
+	return storeOn(t, Config{URL: url, LeaseTTL: lease, Timeout: 10 * time.Second})
+}
+
+// newPausableStore is a store as newStore, but for the default cutoff
+// (250 ms): a blip of a second sends it local at its next call.
+func newPausableStore(t *testing.T, url string, lease time.Duration) *Store {
+	t.Helper()
+	return storeOn(t, Config{URL: url, LeaseTTL: lease})
+}
+
+// storeOn is a store of cfg, closed when the test ends.
+func storeOn(t *testing.T, cfg Config) *Store {
+	t.Helper()
+	st, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,12 +162,7 @@ func newStore(t *testing.T, url string, lease time.Duration) *Store {
 // moves either. Most tests give the same fake clock for both.
 func newFakeStore(t *testing.T, url string, replica, redis *clock.Fake) *Store {
 	t.Helper()
-	st, err := New(Config{URL: url, LeaseTTL: time.Minute, Clock: replica, redisClock: redis})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return st
+	return storeOn(t, Config{URL: url, LeaseTTL: time.Minute, Timeout: 10 * time.Second, Clock: replica, redisClock: redis})
 }
 
 // fakeStores are n stores on url on the one fake clock fc (see
