@@ -281,26 +281,19 @@ func TestAPauseIsShared(t *testing.T) {
 func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	const lease = MinLeaseTTL
-	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
-		t.Fatal("a's admit refused")
-	}
-	a.Close() // dies holding the permit: no return, no renewal
-	sb := b.Shared("g", one)
-	if _, _, ok := admit(t, sb); ok {
+	admitOn(t, fc, st[0].Shared("g", one), 1)
+	st[0].Close() // dies holding the permit: no return, no renewal
+	sb := st[1].Shared("g", one)
+	fc.Advance(st[0].cfg.LeaseTTL - time.Millisecond)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); ok {
 		t.Fatal("b took a permit still leased to a")
 	}
-	deadline := time.Now().Add(lease + 2*time.Second)
-	for {
-		if _, _, ok := admit(t, sb); ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a's lease never expired")
-		}
-		time.Sleep(50 * time.Millisecond)
+	fc.Advance(time.Millisecond)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); !ok {
+		t.Fatal("a's lease did not expire at its TTL")
 	}
 }
 
