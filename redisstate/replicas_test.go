@@ -37,7 +37,7 @@ func startSlowRedis(t *testing.T, srv *server) *slowRedis {
 	}
 	p := &slowRedis{ln: ln, target: fmt.Sprintf("127.0.0.1:%d", srv.port), changed: make(chan struct{})}
 	var conns sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	t.Cleanup(func() { p.hold(0); ln.Close(); conns.Wait() })
 	go func() {
 		for {
 			c, err := ln.Accept()

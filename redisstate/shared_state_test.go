@@ -242,24 +242,42 @@ func TestTheUpGaugeFollowsTheStatus(t *testing.T) {
 
 // TestAHeartbeatCountsAReplicaStartedLater: leases held or not and
 // however long their TTL, a replica says it is alive and reads how many
-// are, soon after it starts and every heartbeatEvery after that.
+// are, when it starts, an eighth of heartbeatEvery after, then twice as
+// long each time up to heartbeatEvery: one that starts soon after it is
+// counted at its first beat; one that starts later, within heartbeatEvery.
 func TestAHeartbeatCountsAReplicaStartedLater(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Hour) // no renewal in the test's time
+	fc := clock.NewFake(fakeStart)
+	a := newFakeStore(t, srv.url(), fc, fc)
 	if n := a.Replicas(); n != 1 {
 		t.Fatalf("a alone counts %d replicas", n)
 	}
-	// Its first heartbeats come a quarter second apart, then twice as
-	// long each time up to heartbeatEvery: one that starts soon after is
-	// counted within half a second; one that starts later, within
-	// heartbeatEvery (and a bit).
-	b := newStore(t, srv.url(), time.Hour)
-	waitCount(t, a, 2, 600*time.Millisecond)
-	time.Sleep(heartbeatEvery)
-	b.Close()
-	newStore(t, srv.url(), time.Hour)
-	waitCount(t, a, 3, heartbeatEvery+300*time.Millisecond)
+	b := newFakeStore(t, srv.url(), fc, fc)
+	// The beats' times from a's start, and how many replicas a counts at
+	// each: c starts between the third beat and the fourth.
+	const e = heartbeatEvery / 8
+	for i, beat := range []struct {
+		at    time.Duration
+		count int
+	}{{e, 2}, {3 * e, 2}, {7 * e, 2}, {15 * e, 3}, {23 * e, 3}} {
+		fc.Set(fakeStart.Add(beat.at - time.Millisecond))
+		if i == 3 {
+			b.Close()
+			newFakeStore(t, srv.url(), fc, fc)
+		}
+		if n := counterValue(a, "heartbeat"); n != float64(i+1) {
+			t.Fatalf("%d heartbeats %v after the start, want %d", int(n), beat.at-time.Millisecond, i+1)
+		}
+		fc.Set(fakeStart.Add(beat.at))
+		for deadline := time.Now().Add(10 * time.Second); counterValue(a, "heartbeat") != float64(i+2) || a.Replicas() != beat.count; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%v after the start: %v heartbeats, %d replicas counted; want %d and %d",
+					beat.at, counterValue(a, "heartbeat"), a.Replicas(), i+2, beat.count)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
 
 // waitCount waits up to within for st to count n replicas.

@@ -64,8 +64,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Clock is the replica's clock, the one its lanes run on; nil = the
 	// wall clock. The times the store writes or compares with its lanes'
-	// (lease expiries, heartbeats, Redis' clock offset) are read from it;
-	// its timers, and the latency of its calls, are the wall clock's.
+	// (lease expiries, heartbeats, Redis' clock offset) are read from it,
+	// and the renewal and the heartbeat run on its timers; the rejoin
+	// pings' timers, and the latency of its calls, are the wall clock's.
 	Clock clock.Clock
 	// redisClock, tests only, stands in for Redis' clock: the scripts run
 	// at its time instead of reading TIME, so a test on a fake clock
