@@ -418,11 +418,7 @@ func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) {
 	srv := startServer(t)
 	fc := clock.NewFake(time.Now().Add(-time.Hour))
-	st, err := New(Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Clock: fc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storeOn(t, Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Timeout: 10 * time.Second, Clock: fc}) // never local for a loaded machine
 	sh := st.Shared("g", limit.Config{Concurrency: 2, MaxConcurrency: 2}).(*shared)
 	tk, _, ok := sh.Admit(fc.Now(), 1, false)
 	if !ok {
