@@ -162,15 +162,14 @@ func TestAPermitReturnedDuringABlipIsFreeAfterTheRejoin(t *testing.T) {
 func TestLeasesInFlightSurviveAFlush(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	const lease = MinLeaseTTL
-	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	a, b := st[0], st[1]
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	if _, _, ok := a.Shared("g", one).Admit(time.Now(), 1, false); !ok {
-		t.Fatal("admit")
-	}
+	admitOn(t, fc, a.Shared("g", one), 1)
 	a.rdb.FlushAll(context.Background())
-	time.Sleep(3 * lease)
-	if _, _, ok := b.Shared("g", one).Admit(time.Now(), 1, false); ok {
+	renewAfter(t, fc, a, a.cfg.LeaseTTL/3)
+	if _, _, ok := b.Shared("g", one).Admit(fc.Now(), 1, false); ok {
 		t.Fatal("a still streams its answer (held, renewed), yet b got a second permit of a limit of 1")
 	}
 }
@@ -297,17 +296,19 @@ func tokLimits(now time.Time, limit, remaining int64) headerparse.Limits {
 func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart) // no refill between the reads
+	a := newFakeStore(t, srv.url(), fc, fc)
 	sa := a.Shared("g", limit.Config{Concurrency: 64, MaxConcurrency: 64})
-	now := time.Now()
+	now := fc.Now()
 	tk, _, _ := sa.Admit(now, 100, false)
 	sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 100000, 50000)}, now)
 	sa.Return(&tk, now)
 	// first (estimated 1,000 tokens) goes, then second; second's answer
 	// says 40,000 are left: the upstream's count, first's real use in it.
-	first, _, _ := sa.Admit(time.Now(), 1000, false)
-	second, _, _ := sa.Admit(time.Now(), 1000, false)
-	now = time.Now()
+	fc.Advance(time.Second)
+	now = fc.Now()
+	first, _, _ := sa.Admit(now, 1000, false)
+	second, _, _ := sa.Admit(now, 1000, false)
 	sa.Learn(&second, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 100000, 40000)}, now)
 	sa.Return(&second, now)
 	avail := func() float64 {
@@ -319,20 +320,20 @@ func TestSettleAfterALaterAnswersCountCreditsNothing(t *testing.T) {
 	}
 	before := avail()
 	// first used only 10 of its 1,000: already in the upstream's 40,000.
-	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
+	sa.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
 	sa.Settle(&first, 10)
-	sa.Return(&first, time.Now())
+	sa.Return(&first, now)
 	after := avail()
-	if after-before > 100 { // a refill of a few ms aside
+	if after != before {
 		t.Fatalf("t_avail %.0f before settling first, %.0f after: 990 tokens credited twice", before, after)
 	}
 	// An estimate settled with no later count credits back as before:
 	// 1,000 charged, 990 back.
-	third, _, _ := sa.Admit(time.Now(), 1000, false)
+	third, _, _ := sa.Admit(now, 1000, false)
 	sa.Settle(&third, 10)
-	sa.Return(&third, time.Now())
-	if got := avail(); got < after-10-100 || got > after-10+100 {
-		t.Fatalf("t_avail %.0f after third, want about %.0f (its unused 990 back)", got, after-10)
+	sa.Return(&third, now)
+	if got := avail(); got != after-10 {
+		t.Fatalf("t_avail %.0f after third, want %.0f (its unused 990 back)", got, after-10)
 	}
 }
 

@@ -300,15 +300,29 @@ func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	const lease = MinLeaseTTL
-	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	a, b := st[0], st[1]
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
-		t.Fatal("a's admit refused")
+	admitOn(t, fc, a.Shared("g", one), 1)
+	for range 7 { // a long answer, past two TTLs: a keeps renewing (every third of the TTL)
+		renewAfter(t, fc, a, a.cfg.LeaseTTL/3)
 	}
-	time.Sleep(5 * lease / 2) // a long answer: a keeps renewing (every third of the TTL)
-	if _, _, ok := admit(t, b.Shared("g", one)); ok {
+	if _, _, ok := b.Shared("g", one).Admit(fc.Now(), 1, false); ok {
 		t.Fatal("b took the permit of an answer a still streams")
+	}
+}
+
+// renewAfter moves fc on by d, a renewal period of st's, and waits (on
+// the wall clock, for the store's loop) until st has renewed its leases.
+func renewAfter(t *testing.T, fc *clock.Fake, st *Store, d time.Duration) {
+	t.Helper()
+	n := counterValue(st, "renew")
+	fc.Advance(d)
+	for deadline := time.Now().Add(10 * time.Second); counterValue(st, "renew") == n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal %v on", d)
+		}
 	}
 }
 
