@@ -223,7 +223,7 @@ func (cfg Config) withDefaults() Config {
 }
 
 // now is the replica's time of day, from the injected clock (durations
-// of calls and timers use the wall clock).
+// of calls, and the rejoin pings' timers, use the wall clock).
 func (s *Store) now() time.Time { return s.cfg.Clock.Now() }
 
 // scriptNow is the time a script is to run at (ms, its args' Now): 0,
