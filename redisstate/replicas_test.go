@@ -26,7 +26,8 @@ type slowRedis struct {
 	target  string
 	mu      sync.Mutex
 	delay   time.Duration
-	changed chan struct{} // closed when the delay changes
+	changed chan struct{}         // closed when the delay changes
+	clients map[net.Conn]struct{} // nil once the test ended
 }
 
 func startSlowRedis(t *testing.T, srv *server) *slowRedis {
@@ -35,17 +36,34 @@ func startSlowRedis(t *testing.T, srv *server) *slowRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &slowRedis{ln: ln, target: fmt.Sprintf("127.0.0.1:%d", srv.port), changed: make(chan struct{})}
-	var conns sync.WaitGroup
-	t.Cleanup(func() { p.hold(0); ln.Close(); conns.Wait() })
+	p := &slowRedis{ln: ln, target: fmt.Sprintf("127.0.0.1:%d", srv.port), changed: make(chan struct{}),
+		clients: map[net.Conn]struct{}{}}
+	// The test's end closes every connection, those of a store the test
+	// left open too (a failed New), so that no forward is left waiting.
+	t.Cleanup(func() {
+		p.hold(0)
+		ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for c := range p.clients {
+			c.Close()
+		}
+		p.clients = nil
+	})
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			conns.Add(1)
-			go func() { defer conns.Done(); p.forward(c) }()
+			p.mu.Lock()
+			if p.clients == nil {
+				c.Close()
+			} else {
+				p.clients[c] = struct{}{}
+			}
+			p.mu.Unlock()
+			go p.forward(c)
 		}
 	}()
 	return p
