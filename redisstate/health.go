@@ -5,7 +5,7 @@ package redisstate
 // calls whose 99th percentile is past Config.Slow, take it local at once
 // (failed, took); loop pings, backing off, until Redis answers in time,
 // and rejoin brings it back. loop also keeps the leases renewed and the
-// heartbeat going, up or not.
+// heartbeat going, up or not, on the replica's clock (Config.Clock).
 
 import (
 	"errors"
@@ -13,6 +13,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 func (s *Store) setUp(up bool) {
@@ -40,16 +42,19 @@ func (s *Store) failed(op string, err error) {
 // loop renews the leases this replica holds and, while degraded, pings
 // until Redis answers.
 func (s *Store) loop() {
-	renew := time.NewTicker(s.cfg.LeaseTTL / 3)
-	defer renew.Stop()
+	// The renewal and the heartbeat write times of the replica's clock,
+	// and run on its timers; the rejoin pings time Redis' answers, and
+	// run on the wall clock's.
+	renew, beat := make(chan struct{}, 1), make(chan struct{}, 1)
+	renewing := s.after(s.cfg.LeaseTTL/3, renew)
 	// The heartbeat says the replica is alive and reads how many are:
 	// often, so that replicas started together soon count each other
-	// (a degraded replica's share divides by that count): at first
-	// every quarter second, then twice as long each time, up to
-	// heartbeatEvery.
+	// (a degraded replica's share divides by that count): at first an
+	// eighth of heartbeatEvery after the start, then twice as long each
+	// time, up to heartbeatEvery.
 	every := heartbeatEvery / 8
-	beat := time.NewTimer(every)
-	defer beat.Stop()
+	beating := s.after(every, beat)
+	defer func() { renewing.Stop(); beating.Stop() }()
 	// Rejoin attempts back off while Redis answers pings but keeps failing
 	// calls (read-only, out of memory, no EVAL): no flapping every 500 ms.
 	wait := minRejoinWait
@@ -60,19 +65,20 @@ func (s *Store) loop() {
 		select {
 		case <-s.stop:
 			return
-		case <-renew.C:
+		case <-renew:
 			// Held leases are renewed while the replica is local too:
 			// Redis may only be slow, and then its other replicas count
 			// them still.
+			renewing = s.after(s.cfg.LeaseTTL/3, renew)
 			_ = s.renew()
-		case <-beat.C:
+		case <-beat:
+			every = min(2*every, heartbeatEvery)
+			beating = s.after(every, beat)
 			// A replica local because Redis is slow still beats: the
 			// busy count its share divides by must stay current.
 			if s.up.Load() || s.slow.Load() {
 				s.heartbeat(s.now())
 			}
-			every = min(2*every, heartbeatEvery)
-			beat.Reset(every)
 		case <-ping.C:
 			if !s.up.Load() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
@@ -92,6 +98,17 @@ func (s *Store) loop() {
 			ping.Reset(wait)
 		}
 	}
+}
+
+// after sends on c, which holds one, once d has passed on the replica's
+// clock; a send c has no room for is dropped, as a ticker drops a tick.
+func (s *Store) after(d time.Duration, c chan struct{}) clock.Timer {
+	return s.cfg.Clock.AfterFunc(d, func() {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	})
 }
 
 // rejoin brings the replica back to the shared state: permits given back

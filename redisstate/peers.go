@@ -21,7 +21,7 @@ func (s *Store) heartbeat(now time.Time) {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	busy := now.UnixNano()-s.asked.Load() < int64(heartbeatEvery)
-	args := heartbeatArgs{Replica: s.replica, Busy: busy, Window: busyWindow.Milliseconds()}
+	args := heartbeatArgs{Now: s.scriptNow(), Replica: s.replica, Busy: busy, Window: busyWindow.Milliseconds()}
 	res, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas", s.cfg.Prefix + "busy"}, argv(args)...).Int64Slice()
 	s.commands.WithLabelValues("heartbeat").Inc()
 	var rep heartbeatWire

@@ -37,13 +37,20 @@ import (
 // Times are milliseconds on Redis' clock (TIME): the one clock every
 // replica shares, so a replica whose clock is off moves nothing but its
 // own deadlines. Replicas send durations (a pause's length, a waiter's
-// age) and read times back against the `now` each script returns.
+// age) and read times back against the `now` each script returns. A
+// test may stand a clock of its own in for Redis' (Config.redisClock):
+// every script's args.now is then its time, and TIME is not read.
 
 // lib holds the budget arithmetic the scripts share: the Go bucket's
 // (internal/bucket) Refill, Admit and Charge, on a hash.
 const lib = `
 local function num(v, d) if v == false or v == nil then return d end return tonumber(v) end
-local function clock()
+-- clock is the time the script runs at (ms): Redis' own (TIME), or, when
+-- positive, given (args.now), the clock a test stands in for Redis' (see
+-- Config.redisClock).
+local function clock(given)
+  local at = tonumber(given)
+  if at > 0 then return at end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
@@ -170,8 +177,8 @@ end
 // group's dispatches in the last second, all replicas (0 unless
 // admitted).
 var admitScript = newScript(admitArgs{}, lib, admitLib, `
-local now, cost, alone = clock(), tonumber(args.cost), args.alone == '1'
-local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, clock() - tonumber(args.age), tonumber(args.keyttl)
+local now, cost, alone = clock(args.now), tonumber(args.cost), args.alone == '1'
+local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, now - tonumber(args.age), tonumber(args.keyttl)
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
 local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(args.defaultClimit), tonumber(args.maxClimit))
@@ -317,7 +324,7 @@ end
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it.
 var learnScript = newScript(learnArgs{}, lib, learnLib, `
-local now, keyttl, pause = clock(), tonumber(args.keyttl), tonumber(args.pause)
+local now, keyttl, pause = clock(args.now), tonumber(args.keyttl), tonumber(args.pause)
 local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
 if pause > 0 then paused = math.max(paused, now + pause) end
 redis.call('HSET', KEYS[1], 'paused', paused)
@@ -353,7 +360,7 @@ return reply
 // was sent; when an answer's count already covered that dispatch
 // (t_seen), the tokens are not given back. Returns 1, which nothing reads.
 var giveBackScript = newScript(giveBackArgs{}, lib, `
-local now, mark = clock(), tonumber(args.mark or '0')
+local now, mark = clock(args.now), tonumber(args.mark or '0')
 for _, x in ipairs({{'r_', tonumber(args.requests), 0}, {'t_', tonumber(args.tokens), tonumber(args.used or '0')}}) do
   local b = budget(KEYS[1], x[1], now)
   local counted = mark > 0 and num(redis.call('HGET', KEYS[1], x[1]..'seen'), 0) >= mark
@@ -373,7 +380,7 @@ return 1
 // replicas were alive in the last minute and how many others were busy
 // within the window.
 var heartbeatScript = newScript(heartbeatArgs{}, lib, `
-local now = clock()
+local now = clock(args.now)
 redis.call('ZADD', KEYS[1], now, args.replica)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
 redis.call('PEXPIRE', KEYS[1], 120000)

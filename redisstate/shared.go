@@ -86,7 +86,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	// go with the admission: this replica's own returns never hold back
 	// its next request.
 	returned := s.st.takeReturns(s.leases)
-	args := admitArgs{Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
+	args := admitArgs{Now: s.st.scriptNow(), Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
 		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
 		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Returned: returned}
 	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, argv(args)...).Int64Slice()
@@ -289,7 +289,7 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 	}
 	// The pause travels as a length: a replica's clock moves only its own
 	// deadlines.
-	return learnArgs{KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), Pause: max(pause.Sub(now).Milliseconds(), 0), Climit: v.Concurrency,
+	return learnArgs{Now: s.st.scriptNow(), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), Pause: max(pause.Sub(now).Milliseconds(), 0), Climit: v.Concurrency,
 		Replica: s.st.replica, Req: newBudgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests),
 		Tok: newBudgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens), Lowered: v.ConcurrencyLowered, Level: t.Level,
 		Kind: kind, ConcurrencyBound: v.Bound == limit.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply}

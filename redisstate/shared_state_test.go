@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -127,27 +128,28 @@ func TestAWaiterAskingAgainWithinASecondKeepsItsPlace(t *testing.T) {
 		gap   time.Duration
 		bGoes bool // b's waiter is older than c's
 	}{{time.Second, true}, {time.Second + time.Millisecond, false}} {
-		a, b, cst := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+		fc := clock.NewFake(fakeStart)
+		st := fakeStores(t, srv.url(), fc, 3)
 		one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 		group := "g" + c.gap.String()
-		sa, sb, sc := a.Shared(group, one), b.Shared(group, one), cst.Shared(group, one)
-		held, _, _ := admit(t, sa)
-		t0 := time.Now()
+		sa, sb, sc := st[0].Shared(group, one), st[1].Shared(group, one), st[2].Shared(group, one)
+		held := admitOn(t, fc, sa, 1)
+		t0 := fc.Now()
 		if _, _, ok := sb.Admit(t0, 1, false); ok { // b starts waiting
 			t.Fatal("b admitted past the limit")
 		}
-		time.Sleep(5 * time.Millisecond)
-		if _, _, ok := admit(t, sc); ok { // c starts waiting later
+		fc.Advance(time.Millisecond)
+		if _, _, ok := sc.Admit(fc.Now(), 1, false); ok { // c starts waiting later
 			t.Fatal("c admitted past the limit")
 		}
-		time.Sleep(5 * time.Millisecond) // c's ask is older than b's next, to the ms
+		fc.Advance(time.Millisecond) // Redis' clock: c's ask is older than b's next
 		// b asks again, its clock c.gap after its first ask.
 		if _, _, ok := sb.Admit(t0.Add(c.gap), 1, false); ok {
 			t.Fatal("b admitted past the limit")
 		}
-		sa.Return(&held, time.Now())
-		a.flush()
-		if _, _, ok := admit(t, sc); ok == c.bGoes {
+		sa.Return(&held, fc.Now())
+		st[0].flush()
+		if _, _, ok := sc.Admit(fc.Now(), 1, false); ok == c.bGoes {
 			t.Fatalf("b asked again %v after its first ask: c admitted %v, want %v", c.gap, ok, !c.bGoes)
 		}
 	}
@@ -159,9 +161,10 @@ func TestAWaiterAskingAgainWithinASecondKeepsItsPlace(t *testing.T) {
 func TestASettleGivesBackTheUnusedTokens(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	st := newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := newFakeStore(t, srv.url(), fc, fc)
 	sh := st.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 8})
-	now := time.Now()
+	now := fc.Now()
 	tk, _, _ := sh.Admit(now, 1, false)
 	sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted, Limits: tokLimits(now, 1_000_000, 500_000)}, now)
 	sh.Return(&tk, now)
@@ -173,24 +176,17 @@ func TestASettleGivesBackTheUnusedTokens(t *testing.T) {
 		return v
 	}
 	for _, used := range []int64{400, 5000} {
-		tk, _, ok := sh.Admit(time.Now(), 1000, false)
+		fc.Advance(time.Second) // the window refills before the admission, not between the reads
+		tk, _, ok := sh.Admit(fc.Now(), 1000, false)
 		if !ok {
 			t.Fatal("admit")
 		}
-		from := time.Now()
 		before := avail()
 		sh.Settle(&tk, used)
-		sh.Return(&tk, time.Now())
-		got := avail()
-		// Aside from what the window refilled meanwhile (about 17 tokens
-		// a millisecond; a loaded machine's writer may take a while).
-		rate, err := strconv.ParseFloat(hget(t, st, sh.(*shared).state, "t_rate"), 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		refill := rate * time.Since(from).Seconds()
-		if want := before + float64(1000-used); got < want-200 || got > want+200+refill {
-			t.Fatalf("used %d of 1000: t_avail %.0f after the settle, %.0f before, %.0f refilled; want about %.0f", used, got, before, refill, want)
+		sh.Return(&tk, fc.Now())
+		st.flush()
+		if got, want := avail(), before+float64(1000-used); got != want {
+			t.Fatalf("used %d of 1000: t_avail %.0f after the settle, %.0f before; want %.0f", used, got, before, want)
 		}
 	}
 }
@@ -246,24 +242,42 @@ func TestTheUpGaugeFollowsTheStatus(t *testing.T) {
 
 // TestAHeartbeatCountsAReplicaStartedLater: leases held or not and
 // however long their TTL, a replica says it is alive and reads how many
-// are, soon after it starts and every heartbeatEvery after that.
+// are, when it starts, an eighth of heartbeatEvery after, then twice as
+// long each time up to heartbeatEvery: one that starts soon after it is
+// counted at its first beat; one that starts later, within heartbeatEvery.
 func TestAHeartbeatCountsAReplicaStartedLater(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Hour) // no renewal in the test's time
+	fc := clock.NewFake(fakeStart)
+	a := newFakeStore(t, srv.url(), fc, fc)
 	if n := a.Replicas(); n != 1 {
 		t.Fatalf("a alone counts %d replicas", n)
 	}
-	// Its first heartbeats come a quarter second apart, then twice as
-	// long each time up to heartbeatEvery: one that starts soon after is
-	// counted within half a second; one that starts later, within
-	// heartbeatEvery (and a bit).
-	b := newStore(t, srv.url(), time.Hour)
-	waitCount(t, a, 2, 600*time.Millisecond)
-	time.Sleep(heartbeatEvery)
-	b.Close()
-	newStore(t, srv.url(), time.Hour)
-	waitCount(t, a, 3, heartbeatEvery+300*time.Millisecond)
+	b := newFakeStore(t, srv.url(), fc, fc)
+	// The beats' times from a's start, and how many replicas a counts at
+	// each: c starts between the third beat and the fourth.
+	const e = heartbeatEvery / 8
+	for i, beat := range []struct {
+		at    time.Duration
+		count int
+	}{{e, 2}, {3 * e, 2}, {7 * e, 2}, {15 * e, 3}, {23 * e, 3}} {
+		fc.Set(fakeStart.Add(beat.at - time.Millisecond))
+		if i == 3 {
+			b.Close()
+			newFakeStore(t, srv.url(), fc, fc)
+		}
+		if n := counterValue(a, "heartbeat"); n != float64(i+1) {
+			t.Fatalf("%d heartbeats %v after the start, want %d", int(n), beat.at-time.Millisecond, i+1)
+		}
+		fc.Set(fakeStart.Add(beat.at))
+		for deadline := time.Now().Add(10 * time.Second); counterValue(a, "heartbeat") != float64(i+2) || a.Replicas() != beat.count; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%v after the start: %v heartbeats, %d replicas counted; want %d and %d",
+					beat.at, counterValue(a, "heartbeat"), a.Replicas(), i+2, beat.count)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
 
 // waitCount waits up to within for st to count n replicas.
@@ -283,11 +297,7 @@ func waitCount(t *testing.T, st *Store, n int, within time.Duration) {
 func TestANeverSlowStoreRejoinsWhenRedisAnswers(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	st, err := New(Config{URL: srv.url()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storeOn(t, Config{URL: srv.url(), Timeout: 10 * time.Second}) // a ping a loaded machine slows still answers
 	srv.stop()
 	admit(t, st.Shared("g", groupCfg))
 	if st.Status() != "degraded" {
@@ -330,24 +340,23 @@ func TestAPermitTakenWhileAwayIsCountedAfterTheRejoin(t *testing.T) {
 // hold up every request.
 func TestASlowPingKeepsTheReplicaLocal(t *testing.T) {
 	t.Parallel()
-	srv := startServer(t, debugCommand...)
-	st, err := New(Config{URL: srv.url(), Timeout: 2 * time.Second, Slow: DefaultSlow})
+	slow := startSlowRedis(t, startServer(t))
+	st, err := New(Config{URL: slow.url(), Timeout: 10 * time.Second, Slow: DefaultSlow})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	// Redis asleep for longer than a ping period: the next ping waits for
-	// it, at least 100ms. Long enough that the rejoin's first ping goes
-	// while it sleeps on a loaded machine too (at 650ms it once went
-	// after, answered at once, and the replica rightly rejoined).
-	awake := sleepRedis(t, srv.url(), 1500*time.Millisecond)
+	// Every ping answers, 100 ms late: two rejoin periods, and more, with
+	// the replica local throughout.
+	slow.hold(100 * time.Millisecond)
 	st.failed("test", errString("gone for a moment"))
-	<-awake
-	for end := time.Now().Add(150 * time.Millisecond); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+	for end := time.Now().Add(3 * minRejoinWait); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if st.Status() == "ok" {
 			t.Fatal("the replica rejoined on a ping slower than Slow")
 		}
 	}
+	slow.hold(0)
+	waitUp(t, st) // and a ping in time brings it back
 }
 
 // countScriptRuns starts counting, on the server at url, the runs of the
@@ -421,9 +430,11 @@ func TestAFailedCallIsNotRetried(t *testing.T) {
 func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a := newStore(t, srv.url(), time.Minute).Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
-	b := newStore(t, srv.url(), time.Minute).Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
-	now := time.Now()
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	a := st[0].Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
+	b := st[1].Shared("w", limit.Config{Concurrency: 8, MaxConcurrency: 8})
+	now := fc.Now()
 	for range 3 {
 		tk, _, ok := a.Admit(now, 1, false)
 		if !ok {
@@ -439,27 +450,32 @@ func TestAWindowsClosureHoldsTheFleet(t *testing.T) {
 	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 9 * time.Second,
 		PauseUntil: now.Add(9 * time.Second)}, now)
 	a.Return(&tk, now)
-	// Suspected: held until the test, 1.25 s on, on both replicas.
-	if _, at, ok := a.Admit(now, 1, false); ok || at.Before(now.Add(time.Second)) {
-		t.Fatalf("the replica that was refused admits (%v) or holds only until %v", ok, at)
+	// Suspected: held until the test, on both replicas.
+	_, held, ok := a.Admit(now, 1, false)
+	if ok || held.Before(now.Add(time.Second)) {
+		t.Fatalf("the replica that was refused admits (%v) or holds only until %v", ok, held.Sub(now))
 	}
-	if _, at, ok := b.Admit(now.Add(10*time.Millisecond), 1, false); ok || at.Before(now.Add(time.Second)) {
-		t.Fatalf("the other replica admits (%v) or holds only until %v", ok, at)
+	fc.Advance(10 * time.Millisecond)
+	if _, at, ok := b.Admit(fc.Now(), 1, false); ok || !at.Equal(held) {
+		t.Fatalf("the other replica admits (%v) or holds until %v; want %v, the test's time", ok, at.Sub(now), held.Sub(now))
 	}
 	// The test, refused at the same instant: held until the boundary.
-	// (Redis keeps the pause on its own clock: wait for it.)
-	time.Sleep(time.Until(now.Add(1300 * time.Millisecond)))
-	test := time.Now()
+	fc.Set(held.Add(-time.Millisecond))
+	if _, _, ok := a.Admit(fc.Now(), 1, false); ok {
+		t.Fatalf("a test %v after the refusal, before its time", fc.Now().Sub(now))
+	}
+	fc.Set(held)
+	test := fc.Now()
 	tk, _, ok = a.Admit(test, 1, false)
 	if !ok {
-		t.Fatal("no test after 1.25 s")
+		t.Fatalf("no test after %v", test.Sub(now))
 	}
 	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 8 * time.Second,
 		PauseUntil: test.Add(8 * time.Second)}, test)
 	a.Return(&tk, test)
 	b.Admit(test, 1, false) // b's next reply brings the shared pause
-	if v := b.View(test); v.PausedUntil.Before(now.Add(8*time.Second)) || v.PauseReason.String() != "shared" {
-		t.Fatalf("the other replica's view: paused until %v (%q), want the boundary about 9 s on", v.PausedUntil, v.PauseReason)
+	if v := b.View(test); !v.PausedUntil.Equal(now.Add(9*time.Second)) || v.PauseReason.String() != "shared" {
+		t.Fatalf("the other replica's view: paused until %v (%q), want the boundary 9s on", v.PausedUntil.Sub(now), v.PauseReason)
 	}
 	if _, _, ok := b.Admit(test.Add(time.Second), 1, false); ok {
 		t.Fatal("the other replica admitted a request before the boundary")

@@ -64,9 +64,15 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Clock is the replica's clock, the one its lanes run on; nil = the
 	// wall clock. The times the store writes or compares with its lanes'
-	// (lease expiries, heartbeats, Redis' clock offset) are read from it;
-	// its timers, and the latency of its calls, are the wall clock's.
+	// (lease expiries, heartbeats, Redis' clock offset) are read from it,
+	// and the renewal and the heartbeat run on its timers; the rejoin
+	// pings' timers, and the latency of its calls, are the wall clock's.
 	Clock clock.Clock
+	// redisClock, tests only, stands in for Redis' clock: the scripts run
+	// at its time instead of reading TIME, so a test on a fake clock
+	// drives the shared state as it drives its lanes, and no load on the
+	// machine moves either. nil = Redis' TIME.
+	redisClock clock.Clock
 }
 
 // Store is one replica's connection to the shared state.
@@ -217,8 +223,17 @@ func (cfg Config) withDefaults() Config {
 }
 
 // now is the replica's time of day, from the injected clock (durations
-// of calls and timers use the wall clock).
+// of calls, and the rejoin pings' timers, use the wall clock).
 func (s *Store) now() time.Time { return s.cfg.Clock.Now() }
+
+// scriptNow is the time a script is to run at (ms, its args' Now): 0,
+// Redis' own clock, but in a test that stands a clock in for it.
+func (s *Store) scriptNow() int64 {
+	if s.cfg.redisClock == nil {
+		return 0
+	}
+	return s.cfg.redisClock.Now().UnixMilli()
+}
 
 // unstarted is a store on rdb with its metrics registered, not yet
 // started.

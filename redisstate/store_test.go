@@ -126,18 +126,78 @@ func (s *server) stop() {
 }
 
 // newStore is a store on url with lease TTL lease that never goes local
-// for slowness (Slow zero): on a loaded machine (CI runs every package at
-// once, under -race) calls can pass the 50 ms bound and send a test's
-// replica local when what it tests is the shared path. The tests of
-// slowness set Slow themselves.
+// for slowness (Slow zero) nor for a call cut off (a cutoff of 10 s): on a
+// loaded machine (CI runs every package at once, under -race) calls can
+// pass the 50 ms bound, or the 250 ms cutoff, and send a test's replica
+// local when what it tests is the shared path. The tests of slowness set
+// Slow themselves; those of a Redis gone for a moment take a
+// newPausableStore.
 func newStore(t *testing.T, url string, lease time.Duration) *Store {
 	t.Helper()
-	st, err := New(Config{URL: url, LeaseTTL: lease})
+	return storeOn(t, Config{URL: url, LeaseTTL: lease, Timeout: 10 * time.Second})
+}
+
+// newPausableStore is a store as newStore, but for the default cutoff
+// (250 ms): a blip of a second sends it local at its next call.
+func newPausableStore(t *testing.T, url string, lease time.Duration) *Store {
+	t.Helper()
+	return storeOn(t, Config{URL: url, LeaseTTL: lease})
+}
+
+// storeOn is a store of cfg, closed when the test ends.
+func storeOn(t *testing.T, cfg Config) *Store {
+	t.Helper()
+	st, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
 	return st
+}
+
+// newFakeStore is a store on url, as newStore, whose clock is replica
+// and whose scripts run on redis instead of Redis' own clock
+// (Config.redisClock): the test moves time for the replica and for the
+// shared state itself, to the millisecond, and no load on the machine
+// moves either. Most tests give the same fake clock for both.
+func newFakeStore(t *testing.T, url string, replica, redis *clock.Fake) *Store {
+	t.Helper()
+	return storeOn(t, Config{URL: url, LeaseTTL: time.Minute, Timeout: 10 * time.Second, Clock: replica, redisClock: redis})
+}
+
+// fakeStores are n stores on url on the one fake clock fc (see
+// newFakeStore).
+func fakeStores(t *testing.T, url string, fc *clock.Fake, n int) []*Store {
+	t.Helper()
+	stores := make([]*Store, n)
+	for i := range stores {
+		stores[i] = newFakeStore(t, url, fc, fc)
+	}
+	return stores
+}
+
+// fakeStart is where the tests' fake clocks start: a fixed day, so that a
+// failure reads the same on every run, and years from the wall clock, so
+// that a time read from the wall clock by mistake shows.
+var fakeStart = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// admitOn admits one request of cost 1 on sh at fc's now, moving fc to
+// each time the group says to ask again, at most tries times; the clock
+// moves only as far as the limits make it wait.
+func admitOn(t *testing.T, fc *clock.Fake, sh limit.Shared, tries int) limit.Ticket {
+	t.Helper()
+	for range tries {
+		tk, at, ok := sh.Admit(fc.Now(), 1, false)
+		if ok {
+			return tk
+		}
+		if at.IsZero() {
+			t.Fatalf("refused at %v with no time to ask again", fc.Now().Sub(fakeStart))
+		}
+		fc.Set(at)
+	}
+	t.Fatalf("not admitted after %d tries, at %v", tries, fc.Now().Sub(fakeStart))
+	return limit.Ticket{}
 }
 
 var groupCfg = limit.Config{Concurrency: 2, MinConcurrency: 1, MaxConcurrency: 2}
@@ -200,19 +260,20 @@ func TestABudgetLearnedByOneReplicaBindsTheOther(t *testing.T) {
 func TestAPauseIsShared(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
-	sa, sb := a.Shared("g", groupCfg), b.Shared("g", groupCfg)
-	tk, _, _ := admit(t, sa)
-	until := time.Now().Add(time.Hour)
-	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, time.Now())
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	sa, sb := st[0].Shared("g", groupCfg), st[1].Shared("g", groupCfg)
+	tk := admitOn(t, fc, sa, 1)
+	until := fc.Now().Add(time.Hour)
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: until}, fc.Now())
 	// The pause travels as a length on Redis' clock: its end on b is the
-	// same instant, give or take the calls' latency.
-	near := func(a, b time.Time) bool { d := a.Sub(b); return d > -50*time.Millisecond && d < 50*time.Millisecond }
-	_, at, ok := admit(t, sb)
-	if ok || !near(at, until) {
+	// same instant.
+	fc.Advance(10 * time.Millisecond)
+	_, at, ok := sb.Admit(fc.Now(), 1, false)
+	if ok || !at.Equal(until) {
 		t.Fatalf("replica b: ok %v, ask again at %v; want the pause's end %v", ok, at, until)
 	}
-	if p := sb.PausedUntil(); !near(p, until) {
+	if p := sb.PausedUntil(); !p.Equal(until) {
 		t.Fatalf("b's PausedUntil %v, want %v", p, until)
 	}
 }
@@ -220,64 +281,72 @@ func TestAPauseIsShared(t *testing.T) {
 func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	const lease = MinLeaseTTL
-	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
-		t.Fatal("a's admit refused")
-	}
-	a.Close() // dies holding the permit: no return, no renewal
-	sb := b.Shared("g", one)
-	if _, _, ok := admit(t, sb); ok {
+	admitOn(t, fc, st[0].Shared("g", one), 1)
+	st[0].Close() // dies holding the permit: no return, no renewal
+	sb := st[1].Shared("g", one)
+	fc.Advance(st[0].cfg.LeaseTTL - time.Millisecond)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); ok {
 		t.Fatal("b took a permit still leased to a")
 	}
-	deadline := time.Now().Add(lease + 2*time.Second)
-	for {
-		if _, _, ok := admit(t, sb); ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a's lease never expired")
-		}
-		time.Sleep(50 * time.Millisecond)
+	fc.Advance(time.Millisecond)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); !ok {
+		t.Fatal("a's lease did not expire at its TTL")
 	}
 }
 
 func TestLeasesOfALiveReplicaAreRenewed(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	const lease = MinLeaseTTL
-	a, b := newStore(t, srv.url(), lease), newStore(t, srv.url(), lease)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	a, b := st[0], st[1]
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	if _, _, ok := admit(t, a.Shared("g", one)); !ok {
-		t.Fatal("a's admit refused")
+	admitOn(t, fc, a.Shared("g", one), 1)
+	for range 7 { // a long answer, past two TTLs: a keeps renewing (every third of the TTL)
+		renewAfter(t, fc, a, a.cfg.LeaseTTL/3)
 	}
-	time.Sleep(5 * lease / 2) // a long answer: a keeps renewing (every third of the TTL)
-	if _, _, ok := admit(t, b.Shared("g", one)); ok {
+	if _, _, ok := b.Shared("g", one).Admit(fc.Now(), 1, false); ok {
 		t.Fatal("b took the permit of an answer a still streams")
+	}
+}
+
+// renewAfter moves fc on by d, a renewal period of st's, and waits (on
+// the wall clock, for the store's loop) until st has renewed its leases.
+func renewAfter(t *testing.T, fc *clock.Fake, st *Store, d time.Duration) {
+	t.Helper()
+	n := counterValue(st, "renew")
+	fc.Advance(d)
+	for deadline := time.Now().Add(10 * time.Second); counterValue(st, "renew") == n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal %v on", d)
+		}
 	}
 }
 
 func TestAReplicasOlderWaiterGoesFirst(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b, c := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 3)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
-	sa, sb, sc := a.Shared("g", one), b.Shared("g", one), c.Shared("g", one)
-	held, _, _ := admit(t, sa)
-	if _, _, ok := admit(t, sb); ok { // b starts waiting
+	sa, sb, sc := st[0].Shared("g", one), st[1].Shared("g", one), st[2].Shared("g", one)
+	held := admitOn(t, fc, sa, 1)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); ok { // b starts waiting
 		t.Fatal("b admitted past the limit")
 	}
-	time.Sleep(5 * time.Millisecond)
-	if _, _, ok := admit(t, sc); ok { // c starts waiting later
+	fc.Advance(time.Millisecond)
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); ok { // c starts waiting later
 		t.Fatal("c admitted past the limit")
 	}
-	sa.Return(&held, time.Now())
-	a.flush()
-	if _, _, ok := admit(t, sc); ok {
+	sa.Return(&held, fc.Now())
+	st[0].flush()
+	if _, _, ok := sc.Admit(fc.Now(), 1, false); ok {
 		t.Fatal("c went before b, which has waited longer")
 	}
-	if _, _, ok := admit(t, sb); !ok {
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); !ok {
 		t.Fatal("b, the oldest waiter, did not get the free permit")
 	}
 }
@@ -363,11 +432,7 @@ func TestAZeroConfigTakesTheDefaults(t *testing.T) {
 func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) {
 	srv := startServer(t)
 	fc := clock.NewFake(time.Now().Add(-time.Hour))
-	st, err := New(Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Clock: fc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := storeOn(t, Config{URL: srv.url(), LeaseTTL: 5 * time.Second, Timeout: 10 * time.Second, Clock: fc}) // never local for a loaded machine
 	sh := st.Shared("g", limit.Config{Concurrency: 2, MaxConcurrency: 2}).(*shared)
 	tk, _, ok := sh.Admit(fc.Now(), 1, false)
 	if !ok {
@@ -388,5 +453,51 @@ func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) 
 	want := float64(now.UnixMilli() + 5000)
 	if d := score - want; d < -2000 || d > 2000 {
 		t.Fatalf("lease renewed to expire %.0f ms from Redis' now + TTL", d)
+	}
+}
+
+// TestTheScriptsRunOnTheClockGivenForRedis: a store given a clock for
+// Redis runs every script at that clock's time, not at Redis' TIME, and
+// reads the times the scripts return on its own clock through the offset,
+// to the millisecond: a replica an hour behind Redis learns the offset of
+// an hour, writes its leases to expire a lease TTL on Redis' clock (at
+// admission and at renewal), and a pause it takes ends on the other
+// replica's clock when it asked.
+func TestTheScriptsRunOnTheClockGivenForRedis(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	redisClock := clock.NewFake(fakeStart)
+	behind := clock.NewFake(fakeStart.Add(-time.Hour))
+	a, b := newFakeStore(t, srv.url(), behind, redisClock), newFakeStore(t, srv.url(), redisClock, redisClock)
+	sa, sb := a.Shared("g", groupCfg).(*shared), b.Shared("g", groupCfg)
+	tk, _, ok := sa.Admit(behind.Now(), 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	if off := a.clockOffset.Load(); off != time.Hour.Milliseconds() {
+		t.Fatalf("a learned Redis' clock %d ms ahead of its own, want an hour", off)
+	}
+	expiry := func() int64 {
+		t.Helper()
+		score, err := a.rdb.ZScore(context.Background(), sa.leases, tk.Lease).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(score)
+	}
+	if got, want := expiry(), fakeStart.Add(time.Minute).UnixMilli(); got != want {
+		t.Fatalf("the lease expires %d ms from Redis' now plus its TTL", got-want)
+	}
+	redisClock.Advance(10 * time.Second)
+	behind.Advance(10 * time.Second)
+	if err := a.renew(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := expiry(), fakeStart.Add(10*time.Second+time.Minute).UnixMilli(); got != want {
+		t.Fatalf("the renewed lease expires %d ms from Redis' now plus its TTL", got-want)
+	}
+	sa.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: behind.Now().Add(2 * time.Second)}, behind.Now())
+	if _, at, ok := sb.Admit(redisClock.Now(), 1, false); ok || !at.Equal(redisClock.Now().Add(2*time.Second)) {
+		t.Fatalf("b: admitted %v, asks again %v from now; want paused 2s", ok, at.Sub(redisClock.Now()))
 	}
 }

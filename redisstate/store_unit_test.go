@@ -45,6 +45,40 @@ func TestLatenciesTellTheP99EveryEighthCallFromTheThirtySecond(t *testing.T) {
 	}
 }
 
+// TestTookGoesLocalOnlyPastSlow: calls faster than Slow keep the replica
+// shared however many there are; one slower among the recent ones sends
+// it local (for slowness) when the next 8th call tells the p99, not
+// before; a failed call is not timed (failed takes it local itself). The
+// calls' times are set, not waited for: a fast one is microseconds
+// against a bound of an hour, a slow one two hours.
+func TestTookGoesLocalOnlyPastSlow(t *testing.T) {
+	t.Parallel()
+	st, err := unstarted(Config{Slow: time.Hour}.withDefaults(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.setUp(true)
+	fast, slow := func() time.Time { return time.Now() }, func() time.Time { return time.Now().Add(-2 * time.Hour) }
+	for i := 1; i <= 40; i++ {
+		st.took(fast(), nil)
+	}
+	st.took(slow(), errors.New("failed")) // not timed
+	if st.Status() != "ok" {
+		t.Fatal("40 fast calls and a failed one sent the replica local")
+	}
+	st.took(slow(), nil) // the 41st timed call
+	for i := 42; i < 48; i++ {
+		st.took(fast(), nil)
+		if st.Status() != "ok" {
+			t.Fatalf("local at call %d; the p99 is told at the 48th", i)
+		}
+	}
+	st.took(fast(), nil)
+	if st.Status() != "degraded" || !st.slow.Load() {
+		t.Fatalf("a call of two hours among 48 left the replica %s (slow %v); want local for slowness", st.Status(), st.slow.Load())
+	}
+}
+
 // TestTakeReturnsTakesOneKeysLeasesAtMost64: an admission takes the
 // returns of its own group only, at most 64 at a time; the others stay.
 func TestTakeReturnsTakesOneKeysLeasesAtMost64(t *testing.T) {

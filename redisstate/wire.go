@@ -27,6 +27,9 @@ import (
 
 // admitArgs are admitScript's arguments.
 type admitArgs struct {
+	// Now is the time the script runs at (ms); 0: Redis' own (TIME).
+	// Only a test's store sends one (see Store.scriptNow).
+	Now      int64  `lua:"now"`
 	Cost     int64  `lua:"cost"`  // the request's estimated tokens
 	Alone    bool   `lua:"alone"` // no answer awaited: it may go to learn what the budgets hold
 	Lease    string `lua:"lease"` // the permit's name
@@ -50,6 +53,7 @@ type admitArgs struct {
 
 // learnArgs are learnScript's arguments.
 type learnArgs struct {
+	Now     int64  `lua:"now"`    // see admitArgs.Now
 	KeyTTL  int64  `lua:"keyttl"` // ms
 	Pause   int64  `lua:"pause"`  // the pause's length from now (ms; 0: none)
 	Climit  int    `lua:"climit"` // the replica's concurrency limit
@@ -114,6 +118,7 @@ func newBudgetArgs(b limit.BudgetView, syn bool, mode leftMode, value, mark floa
 
 // giveBackArgs are giveBackScript's arguments.
 type giveBackArgs struct {
+	Now      int64   `lua:"now"` // see admitArgs.Now
 	Requests float64 `lua:"requests"`
 	Tokens   float64 `lua:"tokens"`
 	// Mark, when positive, is a settle's: the tokens' running total when
@@ -126,6 +131,7 @@ type giveBackArgs struct {
 
 // heartbeatArgs are heartbeatScript's arguments.
 type heartbeatArgs struct {
+	Now     int64  `lua:"now"` // see admitArgs.Now
 	Replica string `lua:"replica"`
 	// Busy: the replica had requests to admit since its last heartbeat.
 	Busy   bool  `lua:"busy"`

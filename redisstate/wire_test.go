@@ -14,11 +14,11 @@ import (
 // slice, last, takes the rest.
 func TestArgsAreLaidOutAsTheScriptReadsThem(t *testing.T) {
 	t.Parallel()
-	got := argv(learnArgs{KeyTTL: 600_000, Pause: 250, Climit: 8, Replica: "r1",
+	got := argv(learnArgs{Now: 1_700_000_000_000, KeyTTL: 600_000, Pause: 250, Climit: 8, Replica: "r1",
 		Req:  budgetArgs{Known: true, Syn: true, Size: 5, Rate: 2.5, Mode: leftCapped, Value: 0, Mark: 41},
 		Tok:  budgetArgs{Known: true, Size: 6000, Rate: 100, Mode: leftCounted, Value: 5000, Mark: 900},
 		Kind: answerRefused, Level: 3, ConcurrencyBound: true, Reply: 120})
-	want := []any{int64(600_000), int64(250), int64(8), "r1",
+	want := []any{int64(1_700_000_000_000), int64(600_000), int64(250), int64(8), "r1",
 		1, 1, 5.0, 2.5, int64(2), 0.0, 41.0,
 		1, 0, 6000.0, 100.0, int64(1), 5000.0, 900.0,
 		0, int64(3), int64(2), 1, 0, int64(120)}
@@ -26,19 +26,19 @@ func TestArgsAreLaidOutAsTheScriptReadsThem(t *testing.T) {
 		t.Errorf("argv(learnArgs) =\n%#v\nwant\n%#v", got, want)
 	}
 	got = argv(admitArgs{Cost: 7, Alone: true, Lease: "l", Returned: []string{"a", "b"}})
-	want = []any{int64(7), 1, "l", int64(0), "", int64(0), int64(0), int64(0), int64(0), int64(0), 0, "a", "b"}
+	want = []any{int64(0), int64(7), 1, "l", int64(0), "", int64(0), int64(0), int64(0), int64(0), int64(0), 0, "a", "b"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("argv(admitArgs) =\n%#v\nwant\n%#v", got, want)
 	}
 	prologue := argsPrologue(reflect.TypeFor[admitArgs]())
-	wantLua := "local args = {cost = ARGV[1], alone = ARGV[2], lease = ARGV[3], ttl = ARGV[4], replica = ARGV[5], age = ARGV[6], " +
-		"keyttl = ARGV[7], defaultClimit = ARGV[8], maxClimit = ARGV[9], slowStart = ARGV[10], windowed = ARGV[11], " +
-		"returned = {unpack(ARGV, 12)}}\n"
+	wantLua := "local args = {now = ARGV[1], cost = ARGV[2], alone = ARGV[3], lease = ARGV[4], ttl = ARGV[5], replica = ARGV[6], age = ARGV[7], " +
+		"keyttl = ARGV[8], defaultClimit = ARGV[9], maxClimit = ARGV[10], slowStart = ARGV[11], windowed = ARGV[12], " +
+		"returned = {unpack(ARGV, 13)}}\n"
 	if prologue != wantLua {
 		t.Errorf("admitScript's prologue =\n%s\nwant\n%s", prologue, wantLua)
 	}
-	if p := argsPrologue(reflect.TypeFor[learnArgs]()); !strings.Contains(p, "req = {known = ARGV[5], syn = ARGV[6],") ||
-		!strings.Contains(p, "tok = {known = ARGV[12],") || !strings.HasSuffix(p, "reply = ARGV[24]}\n") {
+	if p := argsPrologue(reflect.TypeFor[learnArgs]()); !strings.Contains(p, "req = {known = ARGV[6], syn = ARGV[7],") ||
+		!strings.Contains(p, "tok = {known = ARGV[13],") || !strings.HasSuffix(p, "reply = ARGV[25]}\n") {
 		t.Errorf("learnScript's prologue = %s", p)
 	}
 }

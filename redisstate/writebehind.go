@@ -203,7 +203,7 @@ func (s *Store) write() {
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
 		start := time.Now()
-		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
+		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Now: s.scriptNow(), Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
 		s.took(start, err)
