@@ -78,6 +78,12 @@ type windows struct {
 	allowance          int
 	lengthLo, lengthHi time.Duration
 	full               int
+	// oddLo, oddHi: a reading of the length at odds with the known one,
+	// held until the next reading agrees with it (oddHi 0: none). One
+	// window whose first request went late (a loaded machine, a window
+	// aligned to the clock) reads short; it teaches neither the length
+	// nor the allowance.
+	oddLo, oddHi time.Duration
 	// climb counts the probing windows in a row that admitted all they
 	// sent; lastExtra is what the window that ended last sent past the
 	// allowance (see extra).
@@ -463,6 +469,7 @@ func (w *windows) next(now time.Time) {
 // sent in it already (the knock that found it open), and the closure's span
 // teaches the window's length.
 func (w *windows) reopen(at time.Time, used int) {
+	odd := false
 	if !w.prevOpened.IsZero() {
 		// The boundary lies after the last refused knock (or the known
 		// lo) and at or before at.
@@ -470,18 +477,21 @@ func (w *windows) reopen(at time.Time, used int) {
 		if w.lo.After(lo) {
 			lo = w.lo
 		}
-		hi, low := at.Sub(w.prevOpened), max(lo.Sub(w.prevOpened), 0)
-		if w.lengthHi <= 0 || hi <= w.lengthLo || low >= w.lengthHi {
-			w.lengthLo, w.lengthHi = low, hi // the first reading, or one at odds
-		} else {
-			w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
-		}
+		odd = !w.readLength(max(lo.Sub(w.prevOpened), 0), at.Sub(w.prevOpened))
 	}
 	if !w.known {
 		w.hinted = w.stated // how the shape was learned, for the view
 	}
 	w.closed, w.known = false, true
 	w.knock = 0
+	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
+	if used > 0 {
+		w.opened = at // the knock that found it open
+	}
+	if odd {
+		w.lastExtra = 0
+		return
+	}
 	// What the window that ended admitted, its late answers counted, is
 	// the allowance.
 	if w.lastExtra > 0 {
@@ -492,10 +502,28 @@ func (w *windows) reopen(at time.Time, used int) {
 		w.lastExtra = 0
 	}
 	w.allowance = max(w.prevAdmitted, 1)
-	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
-	if used > 0 {
-		w.opened = at // the knock that found it open
+}
+
+// readLength learns from one reading of the window's length, (low, hi],
+// and reports whether it counts: the first reading, one that overlaps the
+// known length (which narrows to where both agree), or the second of two
+// in a row at odds with it that agree with each other (which replace it:
+// the upstream's window changed). A single reading at odds is held.
+func (w *windows) readLength(low, hi time.Duration) bool {
+	overlaps := func(lo2, hi2 time.Duration) bool { return hi2 > 0 && hi > lo2 && low < hi2 }
+	switch {
+	case w.lengthHi <= 0:
+		w.lengthLo, w.lengthHi = low, hi
+	case overlaps(w.lengthLo, w.lengthHi):
+		w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
+	case overlaps(w.oddLo, w.oddHi):
+		w.lengthLo, w.lengthHi = max(w.oddLo, low), min(w.oddHi, hi)
+	default:
+		w.oddLo, w.oddHi = low, hi
+		return false
 	}
+	w.oddLo, w.oddHi = 0, 0
+	return true
 }
 
 func (w *windows) view() *windowView {

@@ -214,23 +214,58 @@ func TestOverlappingLengthReadingsNarrowTheLength(t *testing.T) {
 	}
 }
 
-// TestAReadingEndingWhereTheKnownLengthBeginsReplacesIt: (8 s, 9 s] and
-// (9 s, 10 s] share no length: the readings are at odds and the latest
-// replaces the known one, rather than narrowing it to nothing.
-func TestAReadingEndingWhereTheKnownLengthBeginsReplacesIt(t *testing.T) {
-	w := reading(9*time.Second, 10*time.Second, 8*time.Second, 9*time.Second)
-	if w.lengthLo != 8*time.Second || w.lengthHi != 9*time.Second {
-		t.Fatalf("length (%v, %v], want the latest reading (8s, 9s]", w.lengthLo, w.lengthHi)
+// again reopens w, reopened a moment ago at t0+past, once more by a knock
+// that finds a new reading (low, hi] of a window that admitted admitted.
+func again(w windows, past, low, hi time.Duration, admitted int) windows {
+	w.closed, w.prevOpened, w.prevAdmitted = true, t0.Add(past), admitted
+	w.lastKnock = w.prevOpened.Add(low)
+	w.reopen(w.prevOpened.Add(hi), 1)
+	return w
+}
+
+// TestAReadingAtOddsWithTheKnownLengthIsHeld: (8 s, 9 s] and (10 s, 11 s]
+// share no length with (9 s, 10 s]: one such reading (a window whose first
+// request went late) changes neither the length nor the allowance, whose
+// window it was.
+func TestAReadingAtOddsWithTheKnownLengthIsHeld(t *testing.T) {
+	for _, r := range [][2]time.Duration{{8 * time.Second, 9 * time.Second}, {10 * time.Second, 11 * time.Second}} {
+		w := windows{closed: true, known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second,
+			prevOpened: t0, prevAdmitted: 2, lastKnock: t0.Add(r[0])}
+		w.reopen(t0.Add(r[1]), 1)
+		if w.lengthLo != 9*time.Second || w.lengthHi != 10*time.Second || w.allowance != 5 {
+			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want (9s, 10s] and 5 held", r, w.lengthLo, w.lengthHi, w.allowance)
+		}
+		if w.closed || w.used != 1 || !w.opened.Equal(t0.Add(r[1])) {
+			t.Fatalf("after the reading %v the window is not open from the knock: closed %v, used %d, opened %v", r, w.closed, w.used, w.opened)
+		}
 	}
 }
 
-// TestAReadingStartingWhereTheKnownLengthEndsReplacesIt: (10 s, 11 s] and
-// (9 s, 10 s] share no length: the readings are at odds and the latest
-// replaces the known one, rather than narrowing it to nothing.
-func TestAReadingStartingWhereTheKnownLengthEndsReplacesIt(t *testing.T) {
-	w := reading(9*time.Second, 10*time.Second, 10*time.Second, 11*time.Second)
-	if w.lengthLo != 10*time.Second || w.lengthHi != 11*time.Second {
-		t.Fatalf("length (%v, %v], want the latest reading (10s, 11s]", w.lengthLo, w.lengthHi)
+// TestTwoReadingsAtOddsThatAgreeReplaceTheLength: the upstream's window
+// changed: a second reading in a row at odds with the known length, that
+// agrees with the first, replaces it with where the two agree, and the
+// allowance with what the window admitted.
+func TestTwoReadingsAtOddsThatAgreeReplaceTheLength(t *testing.T) {
+	w := reading(9*time.Second, 10*time.Second, 5*time.Second, 6*time.Second)
+	w = again(w, 20*time.Second, 5500*time.Millisecond, 6500*time.Millisecond, 3)
+	if w.lengthLo != 5500*time.Millisecond || w.lengthHi != 6*time.Second || w.allowance != 3 {
+		t.Fatalf("length (%v, %v], allowance %d; want (5.5s, 6s] and 3", w.lengthLo, w.lengthHi, w.allowance)
+	}
+}
+
+// TestAReadingThatAgreesWithTheKnownLengthDropsTheOneHeld: a reading at
+// odds, then one that agrees with the known length: the first is dropped,
+// so a later reading at odds is held again rather than taken as the
+// second of two.
+func TestAReadingThatAgreesWithTheKnownLengthDropsTheOneHeld(t *testing.T) {
+	w := reading(9*time.Second, 10*time.Second, 5*time.Second, 6*time.Second)
+	w = again(w, 20*time.Second, 9500*time.Millisecond, 10500*time.Millisecond, 4)
+	if w.lengthLo != 9500*time.Millisecond || w.lengthHi != 10*time.Second || w.allowance != 4 {
+		t.Fatalf("length (%v, %v], allowance %d; want (9.5s, 10s] and 4", w.lengthLo, w.lengthHi, w.allowance)
+	}
+	w = again(w, 40*time.Second, 5500*time.Millisecond, 6500*time.Millisecond, 3)
+	if w.lengthLo != 9500*time.Millisecond || w.lengthHi != 10*time.Second || w.allowance != 4 {
+		t.Fatalf("a reading at odds after one that agreed: length (%v, %v], allowance %d; want (9.5s, 10s] and 4 held", w.lengthLo, w.lengthHi, w.allowance)
 	}
 }
 
