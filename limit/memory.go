@@ -376,9 +376,10 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) bool {
 	}
 	s.estimateOnRefusal(t, r, now)
 	if l.phaseUntil.IsZero() {
-		// Cruise before the first probe; soon, while the rate is a guess.
+		// Cruise before the first probe; soon, while the rate is a guess
+		// or a hint's (see learner.step).
 		l.phaseUntil = now.Add(l.cruise())
-		if l.guess() {
+		if !l.measured {
 			l.phaseUntil = now.Add(guessCruise)
 		}
 	}
