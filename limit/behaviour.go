@@ -528,8 +528,10 @@ func (l *learner) refusedLive(t *Ticket, e refusalEvidence, now time.Time) {
 	l.lastRefused = now
 	l.estimateOnRefusal(t, e, now)
 	if l.phaseUntil.IsZero() {
+		// Cruise before the first probe; soon, while the rate is a guess
+		// or a hint's (see step).
 		l.phaseUntil = now.Add(l.cruise())
-		if l.guess() {
+		if !l.measured {
 			l.phaseUntil = now.Add(guessCruise)
 		}
 	}

@@ -330,6 +330,23 @@ func TestARateFromAHintIsProbedSoonButRaisedAsMeasured(t *testing.T) {
 	}
 }
 
+// TestAFirstRefusalsHintPaceIsProbedSoon: a first refusal whose hint
+// sets the pace (10/s from 100 ms) starts the probe cycle after
+// guessCruise, not after a measured rate's cruise (60 requests, 6 s): a
+// window's boundary read as a pace is found out within seconds.
+func TestAFirstRefusalsHintPaceIsProbedSoon(t *testing.T) {
+	s := quietLocal()
+	tk, _, _ := s.Admit(t0, 1, true)
+	now := at(time.Millisecond)
+	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 100 * time.Millisecond}, now)
+	if s.learn.from != rateHint || s.learn.measured {
+		t.Fatalf("rig: the pace is %v from %v (measured %v), want the hint's", s.learn.estimate, s.learn.from, s.learn.measured)
+	}
+	if want := now.Add(guessCruise); !s.learn.phaseUntil.Equal(want) {
+		t.Fatalf("first probe at %v, want %v (guessCruise after the refusal)", s.learn.phaseUntil.Sub(t0), want.Sub(t0))
+	}
+}
+
 // cleanProbe runs one probe cycle of l from t0, up and down with no
 // refusal, and returns when it ended.
 func cleanProbe(l *learner) time.Time {

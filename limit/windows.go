@@ -78,6 +78,20 @@ type windows struct {
 	allowance          int
 	lengthLo, lengthHi time.Duration
 	full               int
+	// oddLo, oddHi: a reading of the length at odds with the known one,
+	// held until the next reading agrees with it (oddHi 0: none). One
+	// window whose first request went late (a loaded machine, a window
+	// aligned to the clock) reads short; it teaches neither the length
+	// nor the allowance.
+	oddLo, oddHi time.Duration
+	// lengthFirst: the known length is the reading of the group's first
+	// window alone (see readLength).
+	lengthFirst bool
+	// guessed: the running window opened on a knock admitted where no
+	// hint named a boundary (prevGuessed: the window that ended did). An
+	// allowance learned short lets a knock through before the boundary:
+	// see reopen.
+	guessed, prevGuessed bool
 	// climb counts the probing windows in a row that admitted all they
 	// sent; lastExtra is what the window that ended last sent past the
 	// allowance (see extra).
@@ -122,6 +136,10 @@ const (
 	// hintTrust is how long hints shown to move with the clock are not
 	// read as boundaries.
 	hintTrust = time.Minute
+	// lengthSlack: a reading of a window's length off the known one by
+	// less than a lengthSlack-th of it agrees with it; one further off is
+	// held until the next agrees with it (see readLength).
+	lengthSlack = 8
 )
 
 // gate decides whether the group may dispatch at now: ok with knock set
@@ -170,8 +188,8 @@ func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool)
 // load lighter than the allowance never spends one.
 func (w *windows) roll(now time.Time) {
 	if w.known && w.lengthHi > 0 && !w.opened.IsZero() && !now.Before(w.opened.Add(w.lengthHi)) {
-		w.prevStart, w.prevOpened, w.prevAdmitted = w.start, w.opened, w.admitted
-		w.start, w.opened, w.used, w.admitted = now, time.Time{}, 0, 0
+		w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
+		w.start, w.opened, w.used, w.admitted, w.guessed = now, time.Time{}, 0, 0, false
 	}
 }
 
@@ -400,12 +418,12 @@ func (w *windows) close(since time.Time, stated bool) {
 	w.runFrom, w.run = time.Time{}, 0
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen).
-	w.prevStart, w.prevOpened, w.prevAdmitted = w.start, w.opened, w.admitted
+	w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
 	w.lastExtra = w.extra()
 	w.full++
 	// Until it opens again, whatever was sent up to the closure's start
 	// (at that instant too) belongs to the window that ended.
-	w.start, w.opened, w.used, w.admitted = since.Add(1), time.Time{}, 0, 0
+	w.start, w.opened, w.used, w.admitted, w.guessed = since.Add(1), time.Time{}, 0, 0, false
 }
 
 // state narrows the stated boundary with a hint naming r, to grain.
@@ -463,25 +481,42 @@ func (w *windows) next(now time.Time) {
 // sent in it already (the knock that found it open), and the closure's span
 // teaches the window's length.
 func (w *windows) reopen(at time.Time, used int) {
+	if w.prevGuessed && w.prevAdmitted*2 < w.allowance {
+		// The window that ended opened on a knock and was refused before
+		// it admitted half its allowance: the knock went before the
+		// boundary, on what an allowance learned short had left. What
+		// that window admitted belonged to the one before.
+		w.allowance += w.prevAdmitted
+		w.prevGuessed, w.lastExtra = false, 0
+		w.open(at, used)
+		return
+	}
+	odd := false
 	if !w.prevOpened.IsZero() {
 		// The boundary lies after the last refused knock (or the known
-		// lo) and at or before at.
+		// lo) and at or before at; the window that ended began at the
+		// boundary before (a reopen), whose first request may have gone
+		// later (a loaded machine; a window aligned to the clock began
+		// at the boundary all the same), or at its first request (the
+		// group's first window, or a roll).
+		from := w.prevOpened
+		if !w.prevStart.IsZero() {
+			from = w.prevStart
+		}
 		lo := w.lastKnock
 		if w.lo.After(lo) {
 			lo = w.lo
 		}
-		hi, low := at.Sub(w.prevOpened), max(lo.Sub(w.prevOpened), 0)
-		if w.lengthHi <= 0 || hi <= w.lengthLo || low >= w.lengthHi {
-			w.lengthLo, w.lengthHi = low, hi // the first reading, or one at odds
-		} else {
-			w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
-		}
+		odd = !w.readLength(max(lo.Sub(from), 0), at.Sub(from), w.prevStart.IsZero())
 	}
 	if !w.known {
 		w.hinted = w.stated // how the shape was learned, for the view
 	}
-	w.closed, w.known = false, true
-	w.knock = 0
+	w.open(at, used)
+	if odd {
+		w.lastExtra = 0
+		return
+	}
 	// What the window that ended admitted, its late answers counted, is
 	// the allowance.
 	if w.lastExtra > 0 {
@@ -492,10 +527,46 @@ func (w *windows) reopen(at time.Time, used int) {
 		w.lastExtra = 0
 	}
 	w.allowance = max(w.prevAdmitted, 1)
+}
+
+// open starts the window at at, with used sent in it already (the knock
+// that found it open, which a hint may have named the boundary for).
+func (w *windows) open(at time.Time, used int) {
+	w.guessed = used > 0 && !(w.stated && w.confirmed)
+	w.closed, w.known = false, true
+	w.knock = 0
 	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
 	if used > 0 {
 		w.opened = at // the knock that found it open
 	}
+}
+
+// readLength learns from one reading of the window's length, (low, hi],
+// and reports whether it counts: a reading that overlaps the known length
+// narrows it to where both agree; the first reading, one that follows
+// only the first (first: the reading of the group's first window, which
+// began wherever its first request fell, anywhere in a window aligned to
+// the clock), one off the known length by less than a lengthSlack-th of
+// it (dispatches go a few milliseconds late), and the second of two in a
+// row off it that agree with each other (the upstream's window changed)
+// replace it. A single reading further off is held.
+func (w *windows) readLength(low, hi time.Duration, first bool) bool {
+	near := func(lo2, hi2 time.Duration) bool {
+		slack := hi2 / lengthSlack
+		return hi2 > 0 && hi > lo2-slack && low < hi2+slack
+	}
+	switch {
+	case w.lengthHi > 0 && hi > w.lengthLo && low < w.lengthHi:
+		w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
+	case w.lengthHi <= 0 || w.lengthFirst || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi):
+		w.lengthLo, w.lengthHi = low, hi
+	default:
+		w.oddLo, w.oddHi = low, hi
+		return false
+	}
+	w.lengthFirst = first
+	w.oddLo, w.oddHi = 0, 0
+	return true
 }
 
 func (w *windows) view() *windowView {

@@ -199,7 +199,7 @@ func TestATestNamingAnInstantInsideTheIntervalAgrees(t *testing.T) {
 // low after the window's first request, the admitted one hi after it.
 func reading(lengthLo, lengthHi, low, hi time.Duration) windows {
 	w := windows{closed: true, known: true, allowance: 5, lengthLo: lengthLo, lengthHi: lengthHi,
-		prevOpened: t0, prevAdmitted: 5, lastKnock: t0.Add(low)}
+		prevStart: t0, prevOpened: t0, prevAdmitted: 5, lastKnock: t0.Add(low)}
 	w.reopen(t0.Add(hi), 1)
 	return w
 }
@@ -214,23 +214,74 @@ func TestOverlappingLengthReadingsNarrowTheLength(t *testing.T) {
 	}
 }
 
-// TestAReadingEndingWhereTheKnownLengthBeginsReplacesIt: (8 s, 9 s] and
-// (9 s, 10 s] share no length: the readings are at odds and the latest
-// replaces the known one, rather than narrowing it to nothing.
-func TestAReadingEndingWhereTheKnownLengthBeginsReplacesIt(t *testing.T) {
-	w := reading(9*time.Second, 10*time.Second, 8*time.Second, 9*time.Second)
-	if w.lengthLo != 8*time.Second || w.lengthHi != 9*time.Second {
-		t.Fatalf("length (%v, %v], want the latest reading (8s, 9s]", w.lengthLo, w.lengthHi)
+// again reopens w, reopened a moment ago at t0+past, once more by a knock
+// that finds a new reading (low, hi] of a window that admitted admitted.
+func again(w windows, past, low, hi time.Duration, admitted int) windows {
+	w.closed, w.prevStart, w.prevOpened, w.prevAdmitted = true, t0.Add(past), t0.Add(past), admitted
+	w.lastKnock = w.prevOpened.Add(low)
+	w.reopen(w.prevOpened.Add(hi), 1)
+	return w
+}
+
+// TestAReadingAtOddsWithTheKnownLengthIsHeld: (6 s, 7 s] and (12 s, 13 s]
+// are further than an eighth of 10 s from (9 s, 10 s]: one such reading (a
+// window whose first request went late) changes neither the length nor
+// the allowance, whose window it was.
+func TestAReadingAtOddsWithTheKnownLengthIsHeld(t *testing.T) {
+	for _, r := range [][2]time.Duration{{6 * time.Second, 7 * time.Second}, {12 * time.Second, 13 * time.Second}} {
+		w := windows{closed: true, known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second,
+			prevStart: t0, prevOpened: t0, prevAdmitted: 2, lastKnock: t0.Add(r[0])}
+		w.reopen(t0.Add(r[1]), 1)
+		if w.lengthLo != 9*time.Second || w.lengthHi != 10*time.Second || w.allowance != 5 {
+			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want (9s, 10s] and 5 held", r, w.lengthLo, w.lengthHi, w.allowance)
+		}
+		if w.closed || w.used != 1 || !w.opened.Equal(t0.Add(r[1])) {
+			t.Fatalf("after the reading %v the window is not open from the knock: closed %v, used %d, opened %v", r, w.closed, w.used, w.opened)
+		}
 	}
 }
 
-// TestAReadingStartingWhereTheKnownLengthEndsReplacesIt: (10 s, 11 s] and
-// (9 s, 10 s] share no length: the readings are at odds and the latest
-// replaces the known one, rather than narrowing it to nothing.
-func TestAReadingStartingWhereTheKnownLengthEndsReplacesIt(t *testing.T) {
-	w := reading(9*time.Second, 10*time.Second, 10*time.Second, 11*time.Second)
-	if w.lengthLo != 10*time.Second || w.lengthHi != 11*time.Second {
-		t.Fatalf("length (%v, %v], want the latest reading (10s, 11s]", w.lengthLo, w.lengthHi)
+// TestAReadingALittleOffTheKnownLengthReplacesIt: (8 s, 9 s] and (10 s,
+// 11 s] share no length with (9 s, 10 s], but are within an eighth of it:
+// dispatches that went a little late, not another window. The latest
+// reading replaces the known one, rather than narrowing it to nothing,
+// and the allowance is what the window admitted.
+func TestAReadingALittleOffTheKnownLengthReplacesIt(t *testing.T) {
+	for _, r := range [][2]time.Duration{{8 * time.Second, 9 * time.Second}, {10 * time.Second, 11 * time.Second}} {
+		w := windows{closed: true, known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second,
+			prevStart: t0, prevOpened: t0, prevAdmitted: 6, lastKnock: t0.Add(r[0])}
+		w.reopen(t0.Add(r[1]), 1)
+		if w.lengthLo != r[0] || w.lengthHi != r[1] || w.allowance != 6 {
+			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want the reading and 6", r, w.lengthLo, w.lengthHi, w.allowance)
+		}
+	}
+}
+
+// TestTwoReadingsAtOddsThatAgreeReplaceTheLength: the upstream's window
+// changed: a second reading in a row at odds with the known length, that
+// agrees with the first, replaces it, and the allowance with what the
+// window admitted.
+func TestTwoReadingsAtOddsThatAgreeReplaceTheLength(t *testing.T) {
+	w := reading(9*time.Second, 10*time.Second, 5*time.Second, 6*time.Second)
+	w = again(w, 20*time.Second, 5500*time.Millisecond, 6500*time.Millisecond, 3)
+	if w.lengthLo != 5500*time.Millisecond || w.lengthHi != 6500*time.Millisecond || w.allowance != 3 {
+		t.Fatalf("length (%v, %v], allowance %d; want the latest reading (5.5s, 6.5s] and 3", w.lengthLo, w.lengthHi, w.allowance)
+	}
+}
+
+// TestAReadingThatAgreesWithTheKnownLengthDropsTheOneHeld: a reading at
+// odds, then one that agrees with the known length: the first is dropped,
+// so a later reading at odds is held again rather than taken as the
+// second of two.
+func TestAReadingThatAgreesWithTheKnownLengthDropsTheOneHeld(t *testing.T) {
+	w := reading(9*time.Second, 10*time.Second, 5*time.Second, 6*time.Second)
+	w = again(w, 20*time.Second, 9500*time.Millisecond, 10500*time.Millisecond, 4)
+	if w.lengthLo != 9500*time.Millisecond || w.lengthHi != 10*time.Second || w.allowance != 4 {
+		t.Fatalf("length (%v, %v], allowance %d; want (9.5s, 10s] and 4", w.lengthLo, w.lengthHi, w.allowance)
+	}
+	w = again(w, 40*time.Second, 5500*time.Millisecond, 6500*time.Millisecond, 3)
+	if w.lengthLo != 9500*time.Millisecond || w.lengthHi != 10*time.Second || w.allowance != 4 {
+		t.Fatalf("a reading at odds after one that agreed: length (%v, %v], allowance %d; want (9.5s, 10s] and 4 held", w.lengthLo, w.lengthHi, w.allowance)
 	}
 }
 
@@ -478,5 +529,72 @@ func TestLateAnswersCountTowardTheWindowThatEnded(t *testing.T) {
 	}
 	if sent != 2 {
 		t.Fatalf("%d went after the knock, want 2 (3 a window, the knock among them)", sent)
+	}
+}
+
+// TestALateFirstRequestDoesNotShortenTheLength: a window that opened at a
+// boundary (a reopen) whose first request went 600 ms late (a loaded
+// machine) reads its length from the boundary, 1 s, not from the request.
+func TestALateFirstRequestDoesNotShortenTheLength(t *testing.T) {
+	w := windows{closed: true, known: true, allowance: 5, prevStart: t0, prevOpened: t0.Add(600 * time.Millisecond),
+		prevAdmitted: 5, lastKnock: t0.Add(990 * time.Millisecond)}
+	w.reopen(t0.Add(time.Second), 1)
+	if w.lengthLo != 990*time.Millisecond || w.lengthHi != time.Second {
+		t.Fatalf("length (%v, %v], want (990ms, 1s] from the boundary that opened the window", w.lengthLo, w.lengthHi)
+	}
+}
+
+// TestTheFirstWindowsLengthGivesWayToTheNext: the group's first window
+// began wherever its first request fell (784 ms before the boundary of a
+// 1 s window aligned to the clock): the next window's reading, far off
+// it, replaces it rather than being held.
+func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
+	w := windows{closed: true, allowance: 5, prevOpened: t0, prevAdmitted: 19, lastKnock: t0.Add(780 * time.Millisecond)}
+	w.reopen(t0.Add(784*time.Millisecond), 1)
+	if w.lengthHi != 784*time.Millisecond || !w.lengthFirst {
+		t.Fatalf("rig: length (%v, %v], first %v", w.lengthLo, w.lengthHi, w.lengthFirst)
+	}
+	w = again(w, 784*time.Millisecond, 990*time.Millisecond, time.Second, 20)
+	if w.lengthLo != 990*time.Millisecond || w.lengthHi != time.Second || w.lengthFirst || w.allowance != 20 {
+		t.Fatalf("length (%v, %v], first %v, allowance %d; want (990ms, 1s] and 20 from the second window",
+			w.lengthLo, w.lengthHi, w.lengthFirst, w.allowance)
+	}
+}
+
+// TestAKnockLetThroughByAShortAllowanceIsNoBoundary: a window learned as
+// 19 of an upstream's 20 closes after 19, and its knock at the boundary a
+// wrong length predicts is admitted, as the 20th. The window it seemed to
+// open is refused at once, having admitted the knock alone: when the
+// boundary the hints name reopens the group, the allowance is 20 and the
+// length is not read from the false start.
+func TestAKnockLetThroughByAShortAllowanceIsNoBoundary(t *testing.T) {
+	r := &winRig{t: t, w: windows{known: true, allowance: 19, lengthLo: 783 * time.Millisecond, lengthHi: 784 * time.Millisecond,
+		start: t0, prevStart: t0.Add(-time.Second), prevOpened: t0.Add(-time.Second)}}
+	end := r.burst(t0, 19)
+	if r.send(end) != nil || !r.w.closed {
+		t.Fatal("rig: the group did not close on its allowance")
+	}
+	at, _, _ := r.w.gate(end, true)
+	k := r.send(at)
+	if k == nil || !at.Before(t0.Add(time.Second)) {
+		t.Fatalf("rig: no knock before the real boundary (at %v)", at.Sub(t0))
+	}
+	r.w.accepted(k, at)
+	if r.w.closed || !r.w.guessed {
+		t.Fatalf("rig: the admitted knock did not open a window (closed %v, guessed %v)", r.w.closed, r.w.guessed)
+	}
+	// The next request is refused, naming the real boundary.
+	over := r.send(at.Add(time.Millisecond))
+	boundary := t0.Add(time.Second)
+	now := at.Add(2 * time.Millisecond)
+	if over == nil || !r.w.refused(over, boundary.Sub(now), true, 20, now) { // the upstream took 20 a second
+		t.Fatal("rig: the refusal after the false start was not the windows'")
+	}
+	r.knockThrough(now, boundary, true)
+	if r.w.closed || r.w.allowance != 20 {
+		t.Fatalf("closed %v, allowance %d; want open with 20", r.w.closed, r.w.allowance)
+	}
+	if r.w.lengthLo != 783*time.Millisecond || r.w.lengthHi != 784*time.Millisecond {
+		t.Fatalf("length (%v, %v], want (783ms, 784ms] untouched by the false start", r.w.lengthLo, r.w.lengthHi)
 	}
 }

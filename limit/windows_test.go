@@ -51,6 +51,41 @@ func (r *winRig) refuse(t *Ticket, hint time.Duration, now time.Time) bool {
 	return r.w.refused(t, hint, hint > 0, 0, now)
 }
 
+// knockThrough drives a closure's knocks from now: each refused before
+// boundary (with a Retry-After in whole seconds to it, when stated), the
+// first at or after it admitted. It returns how many knocks went.
+func (r *winRig) knockThrough(now, boundary time.Time, stated bool) int {
+	knocks := 0
+	for r.w.closed {
+		at, _, _ := r.w.gate(now, true)
+		if at.IsZero() {
+			r.t.Fatalf("held at %v with no knock time", now)
+		}
+		now = at
+		k := r.send(now)
+		if k == nil {
+			if r.w.closed {
+				r.t.Fatalf("held at %v with no knock", now)
+			}
+			break
+		}
+		knocks++
+		if knocks > 40 {
+			r.t.Fatalf("%d knocks and still closed at %v", knocks, now)
+		}
+		if now.Before(boundary) {
+			hint := time.Duration(0)
+			if stated {
+				hint = boundary.Sub(now).Round(time.Second) + time.Second
+			}
+			r.refuse(k, hint, now)
+			continue
+		}
+		r.w.accepted(k, now)
+	}
+	return knocks
+}
+
 // TestStatedWindow: a refusal naming a wait of seconds after a burst
 // suspects a window closing to that instant; a test 1.25 s later refused
 // at the same instant confirms it, and the group holds until it as a
@@ -87,46 +122,48 @@ func TestStatedWindow(t *testing.T) {
 		t.Fatalf("after the test: confirmed %v, boundary in (%v, %v], held until %v", r.w.confirmed, r.w.lo, r.w.hi, r.w.until())
 	}
 	// Knocks step through (lo, hi]; refused ones move lo.
-	var knocks int
-	for {
-		at, _, _ := r.w.gate(now, true)
-		now = at
-		k := r.send(now)
-		if k == nil {
-			if r.w.closed {
-				t.Fatalf("held at %v with no knock", now)
-			}
-			break
-		}
-		knocks++
-		if now.Before(boundary) {
-			r.refuse(k, boundary.Sub(now).Round(time.Second)+time.Second, now)
-			continue
-		}
-		r.w.accepted(k, now)
-		break
-	}
-	if r.w.closed || knocks > knockSteps+1 {
+	if knocks := r.knockThrough(now, boundary, true); r.w.closed || knocks > knockSteps+1 {
 		t.Fatalf("closed %v after %d knocks", r.w.closed, knocks)
 	}
 	if late := r.w.start.Sub(boundary); late < 0 || late > 250*time.Millisecond {
 		t.Fatalf("reopened %v after the boundary, want within 250ms", late)
 	}
-	if !r.w.known || r.w.allowance != 200 || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second {
-		t.Fatalf("known %v allowance %d length (%v, %v]", r.w.known, r.w.allowance, r.w.lengthLo, r.w.lengthHi)
+	// The group's first window began wherever its first request fell: the
+	// length it teaches holds until the next window's reading.
+	if !r.w.known || r.w.allowance != 200 || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || !r.w.lengthFirst {
+		t.Fatalf("known %v allowance %d length (%v, %v] first %v, want 200 and about 10 s from the first window",
+			r.w.known, r.w.allowance, r.w.lengthLo, r.w.lengthHi, r.w.lengthFirst)
 	}
 	// The next window: its allowance goes at once, then the group closes
-	// without a refusal and knocks at the boundary the length predicts.
+	// without a refusal, and knocks find the boundary that ends it.
 	start := r.w.start
 	end = r.burst(start, 199) // the knock that reopened it was the first
+	if r.send(end) != nil || !r.w.closed {
+		t.Fatal("a request past the allowance went")
+	}
+	boundary = boundary.Add(10 * time.Second)
+	r.knockThrough(end, boundary, true)
+	if late := r.w.start.Sub(boundary); late < 0 || late > time.Second {
+		t.Fatalf("the second window reopened %v after its boundary", late)
+	}
+	if r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || r.w.lengthFirst {
+		t.Fatalf("length (%v, %v] (first %v) after the second window, want about 10 s", r.w.lengthLo, r.w.lengthHi, r.w.lengthFirst)
+	}
+	// The third: the group closes when its allowance is spent, and knocks
+	// at the boundary the length predicts.
+	start = r.w.start
+	end = r.burst(start, 199)
 	if r.send(end) != nil {
 		t.Fatal("a request past the allowance went")
 	}
 	if !r.w.closed || r.w.stated || r.w.hi.IsZero() {
 		t.Fatalf("after the allowance: closed %v stated %v predicted (%v, %v]", r.w.closed, r.w.stated, r.w.lo, r.w.hi)
 	}
+	if d := r.w.hi.Sub(start); d < 9*time.Second || d > 11*time.Second {
+		t.Fatalf("predicted boundary %v after the window's start, want about 10 s", d)
+	}
 	v := r.w.view()
-	if s := v.String(); !strings.HasPrefix(s, "window of 200 per 10") {
+	if s := v.String(); !strings.HasPrefix(s, "window of 200 per 1") || !strings.HasSuffix(s, "s, learned from refusals whose waits end at one boundary") {
 		t.Fatalf("view %q", s)
 	}
 }
@@ -199,31 +236,30 @@ func TestSilentWindow(t *testing.T) {
 		}
 		now = now.Add(200 * time.Millisecond)
 	}
-	knocks := 0
-	for r.w.closed {
-		at, _, _ := r.w.gate(now, true)
-		if at.IsZero() {
-			t.Fatal("a silent closure with no knock time")
-		}
-		now = at
-		k := r.send(now)
-		if k == nil {
-			t.Fatalf("no knock at %v", now)
-		}
-		knocks++
-		if now.Before(boundary) {
-			r.refuse(k, 0, now)
-		} else {
-			r.w.accepted(k, now)
-		}
-	}
+	knocks := r.knockThrough(now, boundary, false)
 	late := r.w.start.Sub(boundary)
 	if knocks > 30 || late < 0 || late > time.Second {
 		t.Fatalf("%d knocks, reopened %v after the boundary", knocks, late)
 	}
-	// The next window: the first refusal closes it, predicting the
-	// boundary a length after the window's first request.
+	if !r.w.known || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || !r.w.lengthFirst {
+		t.Fatalf("after the group's first window: known %v, length (%v, %v], first %v; want about 10 s from the first window",
+			r.w.known, r.w.lengthLo, r.w.lengthHi, r.w.lengthFirst)
+	}
+	// The second window: its refusals close it at once, and the knocks
+	// at the boundary the first window's length predicts find it.
 	start := r.w.start
+	end = r.burst(start.Add(time.Millisecond), 199)
+	if over := r.send(end); over != nil && !r.refuse(over, 0, end) || !r.w.closed {
+		t.Fatal("a known window's allowance spent or refused did not close it at once")
+	}
+	boundary = start.Add(10 * time.Second)
+	r.knockThrough(end, boundary, false)
+	if r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second {
+		t.Fatalf("length (%v, %v] after the second window, want about 10 s", r.w.lengthLo, r.w.lengthHi)
+	}
+	// The third: the first refusal closes it, predicting the boundary a
+	// length after the window's first request.
+	start = r.w.start
 	end = r.burst(start.Add(time.Millisecond), 199)
 	over := r.send(end)
 	if over == nil {
