@@ -23,7 +23,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	g := l.g
 	g.mu.Lock()
 	if s.phase != phaseSent {
-		held = holds(r, l.drawsOn().shared.PausedUntil(), nil)
+		held = holdsRetry(r, l.drawsOn().shared.PausedUntil(), nil)
 		g.mu.Unlock()
 		return held // reported already, or released
 	}
@@ -68,7 +68,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	if g.onChange != nil {
 		changes = g.changesLocked(l, lim, r, v, now, changes, shared)
 	}
-	held = holds(r, lim.shared.PausedUntil(), func() limit.Bound { return lim.shared.View(now).Bound })
+	held = holdsRetry(r, lim.shared.PausedUntil(), func() limit.Bound { return lim.shared.View(now).Bound })
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	for _, c := range changes {
@@ -117,14 +117,14 @@ func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, 
 	return out
 }
 
-// holds reports whether the group holds the retry of an answer reported
+// holdsRetry reports whether the group holds the retry of an answer reported
 // as r, which asks for a pause until r.PauseUntil (zero: none): the group
 // is paused until then or later (pausedUntil, after it learned from r),
 // or r is a refusal that asked for a pause and the group's state says the
 // number in flight is the bound, so its concurrency limit holds the retry
 // until a permit frees. bound reads the state's bound when that is asked
 // (nil: it is not; the report was made already).
-func holds(r limit.Report, pausedUntil time.Time, bound func() limit.Bound) bool {
+func holdsRetry(r limit.Report, pausedUntil time.Time, bound func() limit.Bound) bool {
 	if !pausedUntil.Before(r.PauseUntil) {
 		return true
 	}

@@ -232,7 +232,7 @@ func TestWhoHoldsARetry(t *testing.T) {
 		if c.noBound {
 			bound = nil
 		}
-		got := holds(limit.Report{Verdict: c.verdict, PauseUntil: c.pauseUntil}, c.pausedUntil, bound)
+		got := holdsRetry(limit.Report{Verdict: c.verdict, PauseUntil: c.pauseUntil}, c.pausedUntil, bound)
 		if got != c.want {
 			t.Errorf("%s: held %v, want %v", c.name, got, c.want)
 		}
