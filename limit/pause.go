@@ -44,10 +44,10 @@ type pauseEvidence struct {
 // group takes none. (Memory takes a pause only when it ends later than
 // the one under way.)
 func groupPause(r Report, e pauseEvidence) pause {
-	switch {
-	case r.PauseUntil.IsZero(), e.closure:
+	if r.PauseUntil.IsZero() || e.closure {
 		return pause{}
-	case e.quiet && e.live && (e.concurrencyBound || hintPace(r.Hint) == 0):
+	}
+	if e.quiet && e.live && (e.concurrencyBound || hintPace(r.Hint) == 0) {
 		return pause{}
 	}
 	return pause{until: r.PauseUntil, reason: r.Verdict.PauseReason()}

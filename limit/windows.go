@@ -555,12 +555,12 @@ func (w *windows) readLength(low, hi time.Duration, first bool) bool {
 		slack := hi2 / lengthSlack
 		return hi2 > 0 && hi > lo2-slack && low < hi2+slack
 	}
-	switch {
-	case w.lengthHi > 0 && hi > w.lengthLo && low < w.lengthHi:
+	overlaps := w.lengthHi > 0 && hi > w.lengthLo && low < w.lengthHi
+	if overlaps {
 		w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
-	case w.lengthHi <= 0 || w.lengthFirst || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi):
+	} else if w.lengthHi <= 0 || w.lengthFirst || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi) {
 		w.lengthLo, w.lengthHi = low, hi
-	default:
+	} else {
 		w.oddLo, w.oddHi = low, hi
 		return false
 	}

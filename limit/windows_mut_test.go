@@ -598,3 +598,39 @@ func TestAKnockLetThroughByAShortAllowanceIsNoBoundary(t *testing.T) {
 		t.Fatalf("length (%v, %v], want (783ms, 784ms] untouched by the false start", r.w.lengthLo, r.w.lengthHi)
 	}
 }
+
+// TestAReadingAnEighthOffIsHeld: the slack is strict: with a known length
+// of (9 s, 10 s], a reading ending exactly an eighth of 10 s below its
+// start (7.75 s), or starting exactly an eighth above its end (11.25 s),
+// is held, while one a millisecond inside replaces it.
+func TestAReadingAnEighthOffIsHeld(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		low, hi time.Duration
+		held    bool
+	}{
+		{7 * time.Second, 7750 * ms, true},
+		{7 * time.Second, 7751 * ms, false},
+		{11250 * ms, 12 * time.Second, true},
+		{11249 * ms, 12 * time.Second, false},
+	} {
+		w := windows{lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+		counted := w.readLength(c.low, c.hi, false)
+		if counted == c.held || c.held != (w.lengthHi == 10*time.Second) {
+			t.Errorf("reading (%v, %v]: counted %v, length now (%v, %v]; want held %v", c.low, c.hi, counted, w.lengthLo, w.lengthHi, c.held)
+		}
+	}
+}
+
+// TestAKnockWindowThatAdmittedHalfItsAllowanceWasAWindow: a window opened
+// by a knock that admitted exactly half its allowance before a refusal is
+// read as a window (its allowance and length), not as a knock let through
+// early.
+func TestAKnockWindowThatAdmittedHalfItsAllowanceWasAWindow(t *testing.T) {
+	w := windows{closed: true, known: true, allowance: 20, lengthLo: 990 * time.Millisecond, lengthHi: time.Second,
+		prevStart: t0, prevOpened: t0, prevAdmitted: 10, prevGuessed: true, lastKnock: t0.Add(995 * time.Millisecond)}
+	w.reopen(t0.Add(time.Second), 1)
+	if w.allowance != 10 || w.lengthLo != 995*time.Millisecond {
+		t.Fatalf("allowance %d, length (%v, %v]; want 10 and (995ms, 1s] read from the window", w.allowance, w.lengthLo, w.lengthHi)
+	}
+}
