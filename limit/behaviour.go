@@ -44,7 +44,6 @@ type learner struct {
 	lastAccepted time.Time // the latest accepted answer
 	admits       meter     // admitted dispatches, by when they went
 	replySecs    float64   // the first accepted answer's time to its headers
-	lastRefused  time.Time // the latest refusal learned from
 	cut          time.Time // when the estimate last changed on a refusal
 	// heldUntil is the end of the latest pause taken while the upstream
 	// admitted nothing lately: refusals sent before it start no
@@ -55,8 +54,7 @@ type learner struct {
 	// The probe cycle: cruise, then up for probeUp, then down as long.
 	phase      probePhase
 	phaseUntil time.Time
-	probeFrom  time.Time // start of the latest up phase
-	probeHit   bool      // a request dispatched in it was refused
+	probeHit   bool // a request dispatched in it was refused
 	// probeUnseen: the probe's pace did not reach the upstream (another
 	// replica held the raise lease), so it cannot come back clean.
 	probeUnseen bool
@@ -335,13 +333,19 @@ func probeLength(r float64) time.Duration {
 	return max(probeSpan, time.Duration(probeRequests/((probeGain-1)*r)*float64(time.Second)))
 }
 
-// cruise is how long the group cruises between probes: cycleRequests at
-// the estimate, or, while the estimate was measured over few admissions
-// (off by up to one in that many), twice that many, so that a low one
-// is found out soon; at least probeEvery.
+// cruise is how long the group cruises between probes: guessCruise while
+// the rate is not measured (a guess is probed often, so that refusals
+// measure it or clean probes raise it soon; so is a hint's, which may be
+// a window's boundary read as a pace); else cycleRequests at the
+// estimate, or, while the estimate was measured over few admissions (off
+// by up to one in that many), twice that many, so that a low one is
+// found out soon; at least probeEvery.
 func (l *learner) cruise() time.Duration {
+	if !l.measured {
+		return guessCruise
+	}
 	n := float64(cycleRequests)
-	if l.measured && l.sample > 0 {
+	if l.sample > 0 {
 		n = min(n, 2*l.sample)
 	}
 	return max(probeEvery, time.Duration(n/l.estimate*float64(time.Second)))
@@ -367,7 +371,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 		if !held {
 			return false
 		}
-		l.phase, l.probeFrom, l.probeHit, l.probeUnseen = probeUp, now, false, false
+		l.phase, l.probeHit, l.probeUnseen = probeUp, false, false
 		l.probeMark = l.fleetRefused
 		l.phaseUntil = now.Add(probeLength(l.estimate))
 	case probeUp:
@@ -375,12 +379,6 @@ func (l *learner) step(now time.Time, held bool) bool {
 		l.phaseUntil = now.Add(probeLength(l.estimate))
 	case probeDown:
 		cruiseFor := l.cruise()
-		if !l.measured {
-			// A guessed rate is probed often, so that refusals measure
-			// it or clean probes raise it soon; so is one from a hint,
-			// which may have been a window's boundary read as a pace.
-			cruiseFor = guessCruise
-		}
 		if l.probeHit || l.probeUnseen || l.fleetRefused > l.probeMark {
 			l.streak = 0
 		} else {
@@ -510,8 +508,7 @@ func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now ti
 // measurement that ends after it. A short hint (hintPace, 0: none) still
 // says how fast to go once it opens, while no rate was measured; it
 // reports whether the estimate took it.
-func (l *learner) refusedDown(t *Ticket, hintPace float64, pausedUntil, now time.Time) bool {
-	l.lastRefused = now
+func (l *learner) refusedDown(t *Ticket, hintPace float64, pausedUntil time.Time) bool {
 	l.refused(t.Seq, t.Dispatched, t.Refusals)
 	l.heldUntil = clock.Later(l.heldUntil, pausedUntil)
 	if hintPace > 0 && !l.measured {
@@ -525,15 +522,9 @@ func (l *learner) refusedDown(t *Ticket, hintPace float64, pausedUntil, now time
 // requests: the admitted rate moves (see estimateOnRefusal), and the
 // probe cycle starts with a cruise: soon, while the rate is a guess.
 func (l *learner) refusedLive(t *Ticket, e refusalEvidence, now time.Time) {
-	l.lastRefused = now
 	l.estimateOnRefusal(t, e, now)
 	if l.phaseUntil.IsZero() {
-		// Cruise before the first probe; soon, while the rate is a guess
-		// or a hint's (see step).
-		l.phaseUntil = now.Add(l.cruise())
-		if !l.measured {
-			l.phaseUntil = now.Add(guessCruise)
-		}
+		l.phaseUntil = now.Add(l.cruise()) // before the first probe
 	}
 }
 

@@ -209,9 +209,12 @@ func TestProbesAreBoundedInRequests(t *testing.T) {
 	if d := probeLength(100); d != probeSpan {
 		t.Fatalf("up phase at 100/s lasts %v, want %v", d, probeSpan)
 	}
-	l := learner{estimate: 4}
+	l := learner{estimate: 4, measured: true}
 	if d := l.cruise(); d != 15*time.Second {
 		t.Fatalf("cruise at 4/s lasts %v, want 15s", d)
+	}
+	if d := (&learner{estimate: 4}).cruise(); d != guessCruise {
+		t.Fatalf("an unmeasured rate's cruise lasts %v, want %v", d, guessCruise)
 	}
 	l.estimate = 100
 	if d := l.cruise(); d != probeEvery {

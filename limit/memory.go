@@ -365,7 +365,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	if r.Verdict == Overloaded {
 		s.conc.refused(t, now, s.outNow(t), 0, false)
 	}
-	if s.learn.refusedDown(t, s.hintPace(r.Hint, t, now), r.PauseUntil, now) {
+	if s.learn.refusedDown(t, s.hintPace(r.Hint, t, now), r.PauseUntil) {
 		s.pace.setFromRefusals(s.pacing(), now)
 		s.pace.requests.drain(0)
 	}

@@ -487,7 +487,7 @@ func (w *windows) reopen(at time.Time, used int) {
 		// boundary, on what an allowance learned short had left. What
 		// that window admitted belonged to the one before.
 		w.allowance += w.prevAdmitted
-		w.prevGuessed, w.lastExtra = false, 0
+		w.lastExtra = 0
 		w.open(at, used)
 		return
 	}
@@ -569,6 +569,7 @@ func (w *windows) readLength(low, hi time.Duration, first bool) bool {
 	return true
 }
 
+// view is what the windows show; nil while nothing was learned.
 func (w *windows) view() *windowView {
 	if !w.known && !w.closed {
 		return nil
