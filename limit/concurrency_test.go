@@ -116,7 +116,7 @@ func TestLongAnswersGrowConcurrencyToRateTimesAnswerTime(t *testing.T) {
 		tickets[i] = tk
 	}
 	m.Learn(&tickets[1], Report{Status: 200, Verdict: Accepted, Limits: headerparse.Limits{Requests: win(4, 2, at(500*time.Millisecond))}}, t0)
-	if got := littleFloor(m.pace.requests.effectiveRate(), m.conc.answerSecs); got != 8 {
+	if got := m.floor(); got != 8 {
 		t.Fatalf("little floor = %d, want 8", got)
 	}
 	if got := m.View(t0).Concurrency; got != 3 {

@@ -133,8 +133,6 @@ type windowView struct {
 	ClosedUntil time.Time
 }
 
-// view is what the windows show; nil while nothing was learned.
-
 // String says what the group learned of its windows and from what: "window
 // of 200 per 10s, learned from refusals whose waits end at one boundary".
 func (v *windowView) String() string {

@@ -280,18 +280,6 @@ func TestAHeartbeatCountsAReplicaStartedLater(t *testing.T) {
 	}
 }
 
-// waitCount waits up to within for st to count n replicas.
-func waitCount(t *testing.T, st *Store, n int, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for st.Replicas() != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("still counts %d replicas after %v, want %d", st.Replicas(), within, n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestANeverSlowStoreRejoinsWhenRedisAnswers: with Slow zero (never
 // too slow) a degraded replica rejoins at the first ping that answers.
 func TestANeverSlowStoreRejoinsWhenRedisAnswers(t *testing.T) {

@@ -167,8 +167,8 @@ func Time(ms float64) time.Time {
 	return epoch.Add(time.Duration(math.Round(ms * float64(time.Millisecond))))
 }
 
-// Ms is t in milliseconds from the table's time 0.
-func Ms(t time.Time) float64 {
+// millis is t in milliseconds from the table's time 0.
+func millis(t time.Time) float64 {
 	return float64(t.Sub(epoch)) / float64(time.Millisecond)
 }
 
@@ -230,7 +230,7 @@ func Run(c Case, e Engine, instead bool) []string {
 			var at time.Time
 			at, ok = e.Admit(now, s.Cost)
 			if !at.IsZero() {
-				retry = Ms(at)
+				retry = millis(at)
 			}
 		case "take":
 			e.Take(now, s.Cost)
