@@ -408,10 +408,13 @@ func TestRouteLocalModels(t *testing.T) {
 					ms.Loads, ms.Swaps, ms.MaxModelsPresent, failures)
 				if !tc.local {
 					// The comparison: without the gate the server swaps
-					// models on most requests, and the run takes many
+					// models again and again, and the run takes many
 					// times the ideal. (Were it not so, the gate's figures
-					// above would show nothing.)
-					if ms.Swaps < n/2 || took < 5*ideal {
+					// above would show nothing.) How often depends on the
+					// order 300 goroutines reach their lanes: 125 to 272
+					// swaps in 60 runs, 125 on a loaded CI machine, so
+					// the bar sits well below the fewest seen.
+					if ms.Swaps < n/5 || took < 3*ideal {
 						t.Errorf("in arrival order %d swaps in %v: the comparison no longer shows the cost of swapping", ms.Swaps, took)
 					}
 					return
