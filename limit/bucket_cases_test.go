@@ -31,8 +31,8 @@ func (e budgetEngine) Avail() float64                      { return e.b.bucket.L
 // runBucketCaseGo runs c on the Go budget and returns what did not meet
 // the expectations (with instead: as the xfail_on engine is known to give).
 func runBucketCaseGo(c bucketcases.Case, instead bool) []string {
-	b := &budget{known: c.Bucket.Known, limit: c.Bucket.Size, seen: c.Bucket.Seen}
-	b.resized()
+	b := &budget{known: c.Bucket.Known, seen: c.Bucket.Seen}
+	b.resize(c.Bucket.Size, 0)
 	b.bucket.Rate = c.Bucket.Rate
 	b.bucket.Set(bucketcases.Time(c.Bucket.At), c.Bucket.Avail)
 	return bucketcases.Run(c, budgetEngine{b}, instead)

@@ -42,8 +42,8 @@ func quantizedBudget(t *testing.T) (*budget, time.Time) {
 // knownBudget is a budget learned to hold limit and refill at rate a
 // second.
 func knownBudget(limit, rate float64) budget {
-	b := budget{known: true, limit: limit}
-	b.resized()
+	b := budget{known: true}
+	b.resize(limit, 0)
 	b.bucket.Rate = rate
 	return b
 }

@@ -15,7 +15,7 @@ import (
 type budget struct {
 	known bool
 	limit float64 // capacity as the headers state it
-	// bucket is the window: its Size is size() (see resized), its Rate
+	// bucket is the window: its Size is size() (see resize), its Rate
 	// the refill per second, 0 while unknown.
 	bucket  bucket.Bucket
 	resetAt time.Time // when the upstream said the window is full again
@@ -52,9 +52,16 @@ func (b *budget) size() float64 {
 	return b.limit
 }
 
-// resized keeps the bucket's size to the window's after limit or capped
-// changed.
-func (b *budget) resized() { b.bucket.Size = b.size() }
+// resize sets the window's size as the headers state it (limit) and as
+// refusals showed the upstream enforces it (capped; 0: as stated), and
+// holds the bucket to it: its Size, and no more in it than fits.
+func (b *budget) resize(limit, capped float64) {
+	b.limit, b.capped = limit, capped
+	b.bucket.Size = b.size()
+	if b.bucket.Level() > b.bucket.Size {
+		b.bucket.Set(b.bucket.At(), b.bucket.Size)
+	}
+}
 
 // effectiveRate is the refill rate, 0 while unknown.
 func (b *budget) effectiveRate() float64 {
@@ -149,21 +156,21 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		return
 	}
 	b.advance(now)
+	limit := b.limit
 	if w.Limit > 0 {
-		b.limit = float64(w.Limit)
+		limit = float64(w.Limit)
 	}
-	if w.HasRemaining && float64(w.Remaining) > b.limit {
-		b.limit = float64(w.Remaining)
+	if w.HasRemaining && float64(w.Remaining) > limit {
+		limit = float64(w.Remaining)
 	}
-	b.resized()
+	b.resize(limit, b.capped)
 	if !w.HasRemaining {
 		return // a size alone gives nothing to count down from
 	}
 	b.known = true
 	remaining := float64(w.Remaining)
 	if b.capped > 0 && remaining+1 > b.capped {
-		b.capped = remaining + 1 // the upstream shows more room than refusals did
-		b.resized()
+		b.resize(b.limit, remaining+1) // the upstream shows more room than refusals did
 	}
 	b.maxRemaining = math.Max(b.maxRemaining, remaining)
 	b.seen = math.Max(b.seen, sentAtDispatch)
@@ -257,10 +264,7 @@ func (b *budget) correct() bool {
 	if !b.correctable() {
 		return false
 	}
-	ev := b.maxRemaining + 1
-	b.capped = ev
-	b.resized()
-	b.bucket.Set(b.bucket.At(), math.Min(b.bucket.Level(), ev))
+	b.resize(b.limit, b.maxRemaining+1)
 	b.learnRate()
 	return true
 }
@@ -475,8 +479,6 @@ func (p *pacer) setFromRefusals(rate float64, now time.Time) {
 	p.fromRefusals = true
 	b.known = true
 	b.bucket.Rate = rate
-	b.limit = math.Max(1, rate*burstSeconds)
-	b.resized()
-	b.bucket.Set(b.bucket.At(), math.Min(b.bucket.Level(), b.limit))
+	b.resize(math.Max(1, rate*burstSeconds), b.capped)
 	b.resetAt = time.Time{}
 }

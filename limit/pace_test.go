@@ -696,3 +696,27 @@ func TestWindowWhoseShownSizeReachesHalfIsNotOverstated(t *testing.T) {
 		t.Fatalf("size %v, capped %v; want 600 uncorrected", b.size(), b.capped)
 	}
 }
+
+// TestACorrectedWindowHoldsNoMoreThanItsSize: a window stated as 1,200
+// that never showed more than 19 left is corrected to 20: however long it
+// then idles, it holds 20, not 1,200; shown 29 left later, it holds 30.
+func TestACorrectedWindowHoldsNoMoreThanItsSize(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
+	if !b.correct() {
+		t.Fatal("not corrected")
+	}
+	if b.bucket.Level() > 20 {
+		t.Fatalf("holds %v right after the correction to 20", b.bucket.Level())
+	}
+	b.advance(at(time.Hour))
+	if b.bucket.Level() != 20 {
+		t.Fatalf("holds %v after an hour idle, want the corrected size 20", b.bucket.Level())
+	}
+	now := at(time.Hour)
+	b.observe(win(1200, 29, now.Add(time.Second)), 0, now, now)
+	b.advance(at(2 * time.Hour))
+	if b.bucket.Level() != 30 {
+		t.Fatalf("holds %v after 29 shown left and an hour idle, want 30", b.bucket.Level())
+	}
+}
