@@ -116,8 +116,15 @@ const (
 	// the upstream, so some admissions show at levels above its limit.)
 	minRepeated = 3
 	// minSampleAdmits: a rate measured over fewer admissions is off by
-	// more than an eighth (the bucket's part-token at either end).
-	minSampleAdmits = 8
+	// more than a sixth (the bucket's part-token at either end, and the
+	// one counted off to err slow). Long streams whose answer times vary
+	// meet their first refusals close together: measured over 8, the
+	// rate came out 12 % low and the climb back cost the run 1.15× the
+	// ideal (1.11× over 12; docs/benchmarks.md, streams-jitter).
+	minSampleAdmits = 12
+	// minSendingSample: a sending rate over fewer dispatches says little
+	// (a hint may seed the rate instead).
+	minSendingSample = 8
 	// cruiseShare is the share of the admitted rate sent while cruising:
 	// a little under it, so the upstream's bucket does not sit empty.
 	cruiseShare = 0.97
@@ -569,7 +576,7 @@ func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time)
 				l.estimate *= unmeasuredCut
 			}
 		}
-		if hp := e.hintPace; hp > 0 && (hp < l.estimate || e.sent < minSampleAdmits) {
+		if hp := e.hintPace; hp > 0 && (hp < l.estimate || e.sent < minSendingSample) {
 			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
 		}
 		l.cut = now

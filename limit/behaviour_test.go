@@ -72,6 +72,21 @@ func TestRefusalsCloseTogetherMeasureNothing(t *testing.T) {
 	}
 }
 
+// TestElevenAdmissionsMeasureNoRate: eleven admissions between two
+// refusals 2 s apart measure no rate yet; measured over so few, a rate
+// is off by up to a sixth, and a climb back from one that low costs a
+// run of long streams a tenth of its time (see minSampleAdmits).
+func TestElevenAdmissionsMeasureNoRate(t *testing.T) {
+	var l learner
+	l.refused(1, t0, 0)
+	if r := l.refused(13, at(2*time.Second), 0); r != 0 {
+		t.Fatalf("measured %v/s from the 11 admitted between dispatches 1 and 13", r)
+	}
+	if r := l.refused(15, at(2*time.Second), 0); !near(r, 5.5) {
+		t.Fatalf("measured %v/s from dispatches 2 to 14 less 13, 12 admitted in 2s, want 5.5 (one fewer, over 2s)", r)
+	}
+}
+
 // TestRateIsMeasuredOverTheLatestRefusalsOnly: refusals older than
 // refusalSpan, or beyond refusalMemory, no longer count.
 func TestRateIsMeasuredOverTheLatestRefusalsOnly(t *testing.T) {
@@ -560,7 +575,7 @@ func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
 	}
 }
 
-// TestHintSeedsWhenTooFewWereSent: with fewer than minSampleAdmits sent,
+// TestHintSeedsWhenTooFewWereSent: with fewer than minSendingSample sent,
 // a hint beats the sending rate even when it is faster.
 func TestHintSeedsWhenTooFewWereSent(t *testing.T) {
 	s := quietLocal()

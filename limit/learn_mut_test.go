@@ -71,12 +71,12 @@ func TestBareRefusalsOverASecondCloseASilentWindow(t *testing.T) {
 }
 
 // TestAHintEqualToTheSendingRateDoesNotClaimTheSeed: with enough sent
-// (minSampleAdmits), the first refusal seeds the rate from what the group
+// (minSendingSample), the first refusal seeds the rate from what the group
 // was sending; a hint that says exactly that rate leaves it the source.
 func TestAHintEqualToTheSendingRateDoesNotClaimTheSeed(t *testing.T) {
 	s := quietLocal()
 	var tk Ticket
-	for i := range minSampleAdmits {
+	for i := range minSendingSample {
 		var ok bool
 		if tk, _, ok = s.Admit(t0, 1, true); !ok {
 			t.Fatalf("dispatch %d was held", i+1)
