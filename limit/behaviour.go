@@ -542,7 +542,8 @@ func (l *learner) refusedLive(t *Ticket, e refusalEvidence, now time.Time) {
 func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time) {
 	was := l.estimate
 	level := t.Level
-	if sample := l.refused(t.Seq, t.Dispatched, t.Refusals); sample > 0 {
+	sample := l.refused(t.Seq, t.Dispatched, t.Refusals)
+	if sample > 0 {
 		// A refusal of the probe is expected, and what was admitted over
 		// the cycle includes the cruise under the limit, lost to a
 		// concurrency limit: it only raises a measured estimate. Elsewhere
@@ -611,9 +612,12 @@ func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time)
 		l.estimate, l.raisedFrom = l.raisedFrom, 0
 		l.cut = now
 	}
-	if hp := e.hintPace; hp > 0 && hp < l.estimate {
+	if hp := e.hintPace; hp > 0 && hp < l.estimate && sample <= hp {
 		// The wait for the next request is at most one request's worth of
 		// the refill: one per hint is as fast as the upstream can go.
+		// Unless the refusals just measured the upstream admitting faster
+		// than that: then the hint was no refill's (a fixed window's end,
+		// a moment away) and the measurement stands.
 		l.estimate, l.from = hp, rateHint
 	}
 	if l.estimate < was {

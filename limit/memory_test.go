@@ -407,3 +407,28 @@ func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
 		}
 	}
 }
+
+// TestAHintSlowerThanTheMeasuredRateIsNoRefill: a refusal whose hint
+// paces 8 a second, while the refusals around it measured 20 a second
+// admitted, is not a bucket's refill (at most one request's worth of it):
+// the upstream admitted more than one per hint, so the hint named a
+// window's end a moment away, and the measurement stands. Without a
+// measurement at that refusal, the same hint caps the rate.
+func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
+	m := quietLocal()
+	l := &m.learn
+	l.estimate, l.from, l.measured = 30, rateAdmitted, true
+	l.refused(1, t0, 0)
+	tk := Ticket{Seq: 23, Dispatched: at(time.Second), Level: 1}
+	l.estimateOnRefusal(&tk, refusalEvidence{hintPace: 8}, at(time.Second))
+	if l.estimate != 20 || l.from != rateAdmitted {
+		t.Fatalf("estimate %v from %v, want the 20/s measured (21 admitted less one, over 1 s)", l.estimate, l.from)
+	}
+	m = quietLocal()
+	l = &m.learn
+	l.estimate, l.from, l.measured = 30, rateAdmitted, true
+	l.estimateOnRefusal(&tk, refusalEvidence{hintPace: 8}, at(time.Second))
+	if l.estimate != 8 || l.from != rateHint {
+		t.Fatalf("estimate %v from %v after a refusal that measured nothing, want the hint's 8", l.estimate, l.from)
+	}
+}
