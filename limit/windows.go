@@ -96,6 +96,9 @@ type windows struct {
 	// sent; lastExtra is what the window that ended last sent past the
 	// allowance (see extra).
 	climb, lastExtra int
+	// counted: the allowance is what the window that ended admitted, so
+	// its answers that come late still add to it (see reopen).
+	counted bool
 	// hinted: the shape was learned from a closure the upstream's hints
 	// stated (else from knocks).
 	hinted bool
@@ -275,6 +278,11 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 		w.admitted++
 	case !d.Before(w.prevStart):
 		w.prevAdmitted++ // an answer to the window that ended, come late
+		if w.counted && !w.closed && w.prevAdmitted > w.allowance {
+			// The reopen took what that window admitted as the
+			// allowance before this answer came: it is one more.
+			w.allowance = w.prevAdmitted
+		}
 	}
 }
 
@@ -296,7 +304,11 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		return false // nothing was ever admitted: an outage or a closed door, not a window
 	}
 	switch {
-	case long:
+	case long || hasHint && w.known:
+		// A wait longer than a pace points at a boundary; in a window
+		// whose shape is known, any wait does: a refusal says its
+		// allowance is spent (an allowance read from a first window
+		// that spanned a boundary is too large).
 		w.close(d, true)
 		w.state(now.Add(hint), grainOf(hint))
 		w.confirmed = w.known
@@ -389,7 +401,7 @@ func boundary(hint time.Duration, admits float64) bool {
 	if hint > longHint && hint > grain {
 		return true
 	}
-	return grain < time.Second && hint >= minSplit && admits*hint.Seconds() > maxHintAdmits
+	return grain < time.Second && hint >= minSplit && admits*hint.Seconds() >= maxHintAdmits
 }
 
 // grainOf is the precision of a hint: whole seconds when it is one.
@@ -487,7 +499,7 @@ func (w *windows) reopen(at time.Time, used int) {
 		// boundary, on what an allowance learned short had left. What
 		// that window admitted belonged to the one before.
 		w.allowance += w.prevAdmitted
-		w.lastExtra = 0
+		w.lastExtra, w.counted = 0, false
 		w.open(at, used)
 		return
 	}
@@ -513,6 +525,7 @@ func (w *windows) reopen(at time.Time, used int) {
 		w.hinted = w.stated // how the shape was learned, for the view
 	}
 	w.open(at, used)
+	w.counted = !odd
 	if odd {
 		w.lastExtra = 0
 		return

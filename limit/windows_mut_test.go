@@ -78,18 +78,22 @@ func TestAMillisecondHintOfMinSplitCanBeABoundary(t *testing.T) {
 	}
 }
 
-// TestAHintWorthExactlyMaxHintAdmitsIsAPace: a millisecond hint is a pace
-// while the upstream admitted at most maxHintAdmits requests a hint
-// lately; one request more a hint makes it a boundary.
-func TestAHintWorthExactlyMaxHintAdmitsIsAPace(t *testing.T) {
+// TestAHintWorthMaxHintAdmitsIsABoundary: a millisecond hint is a pace
+// while the upstream admitted fewer than maxHintAdmits requests a hint
+// lately, and a boundary from maxHintAdmits on: 100 ms while a 1 s window
+// of 20 admits 20 a second is its end, not a 10/s bucket's refill.
+func TestAHintWorthMaxHintAdmitsIsABoundary(t *testing.T) {
 	hint := 500 * time.Millisecond
-	at := maxHintAdmits / hint.Seconds() // exactly maxHintAdmits a hint
-	if boundary(hint, at) {
-		t.Errorf("boundary(%v, %v/s) = true: %d requests a hint is a pace", hint, at, maxHintAdmits)
+	under := (maxHintAdmits - 0.1) / hint.Seconds()
+	if boundary(hint, under) {
+		t.Errorf("boundary(%v, %v/s) = true: under %d requests a hint is a pace", hint, under, maxHintAdmits)
 	}
-	over := (maxHintAdmits + 1) / hint.Seconds()
-	if !boundary(hint, over) {
-		t.Errorf("boundary(%v, %v/s) = false: %d requests a hint is a boundary", hint, over, maxHintAdmits+1)
+	at := maxHintAdmits / hint.Seconds() // exactly maxHintAdmits a hint
+	if !boundary(hint, at) {
+		t.Errorf("boundary(%v, %v/s) = false: %d requests a hint is a boundary", hint, at, maxHintAdmits)
+	}
+	if !boundary(100*time.Millisecond, 20) {
+		t.Error("a 100 ms hint while 20 a second are admitted is a pace")
 	}
 }
 
@@ -424,9 +428,9 @@ func TestRequestsStillOutCountAsTakenWhenAHintIsJudged(t *testing.T) {
 	if got, want := burst(0).hintPace(hint, &tk, refusedAt), 1/hint.Seconds(); !near(got, want) {
 		t.Fatalf("a %v hint with nothing out gave a pace of %v/s, want %v", hint, got, want)
 	}
-	// Nor is the refused request itself: 20 taken make 140 ms under three
-	// requests' worth, a pace.
-	short := 140 * time.Millisecond
+	// Nor is the refused request itself: 20 taken make 97 ms under two
+	// requests' worth, a pace (21 would make it a boundary).
+	short := 97 * time.Millisecond
 	if got, want := burst(20).hintPace(short, &tk, refusedAt), 1/short.Seconds(); !near(got, want) {
 		t.Fatalf("a %v hint with 20 out gave a pace of %v/s, want %v: the refused one counted as taken", short, got, want)
 	}
@@ -632,5 +636,74 @@ func TestAKnockWindowThatAdmittedHalfItsAllowanceWasAWindow(t *testing.T) {
 	w.reopen(t0.Add(time.Second), 1)
 	if w.allowance != 10 || w.lengthLo != 995*time.Millisecond {
 		t.Fatalf("allowance %d, length (%v, %v]; want 10 and (995ms, 1s] read from the window", w.allowance, w.lengthLo, w.lengthHi)
+	}
+}
+
+// TestAnswersAfterTheReopenStillAddToTheAllowance: a window of 20 whose
+// last three answers come after the boundary reopened it (they went in
+// its last 200 ms, one answer time before it) takes 17 as the allowance
+// at the reopen, then 20 as those answers come in; the window that opens
+// sends 20, so the knock at the boundary after it is not the 20th of a
+// window still open.
+func TestAnswersAfterTheReopenStillAddToTheAllowance(t *testing.T) {
+	r := &winRig{t: t, w: windows{known: true, allowance: 20, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
+	var late []*Ticket
+	for i := range 20 {
+		tk := r.send(at(time.Duration(i) * 40 * time.Millisecond))
+		if i < 17 {
+			r.w.accepted(tk, tk.Dispatched)
+		} else {
+			late = append(late, tk)
+		}
+	}
+	if r.send(at(800*time.Millisecond)) != nil || !r.w.closed {
+		t.Fatal("a window of 20 did not close once 20 went")
+	}
+	k := r.send(at(time.Second))
+	if k == nil {
+		t.Fatal("no knock at the boundary")
+	}
+	r.w.accepted(k, at(time.Second))
+	if r.w.closed || r.w.allowance != 17 {
+		t.Fatalf("after the knock: closed %v, allowance %d; want open, 17 (the answers in so far)", r.w.closed, r.w.allowance)
+	}
+	for _, tk := range late {
+		r.w.accepted(tk, at(time.Second+100*time.Millisecond))
+	}
+	if r.w.allowance != 20 {
+		t.Fatalf("allowance %d after the window's last answers came, want 20", r.w.allowance)
+	}
+	sent := 1 // the knock
+	for r.send(at(time.Second+150*time.Millisecond)) != nil {
+		sent++
+	}
+	if sent != 20 {
+		t.Fatalf("the window after sent %d, want 20", sent)
+	}
+}
+
+// TestAShortHintInAKnownWindowClosesItAtTheHint: once the shape is known,
+// a refusal in a window whose allowance was read too large (a first window
+// that spanned a boundary) closes it at once, to the instant its hint
+// names, however short the hint: the rest of the allowance is not sent
+// into refusals. Before the shape is known the same hint is a pace.
+func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
+	r := &winRig{t: t, w: windows{known: true, allowance: 34, lengthLo: 1449 * time.Millisecond,
+		lengthHi: 1450 * time.Millisecond, lastAdmit: t0}}
+	now := r.burst(t0, 20)
+	tk := r.send(now)
+	if !r.refuse(tk, 800*time.Millisecond, now) || !r.w.closed {
+		t.Fatal("a refusal with an 800 ms hint in a known window did not close it")
+	}
+	if r.send(now.Add(time.Millisecond)) != nil {
+		t.Fatal("sent on in a window refused")
+	}
+	if at, _, _ := r.w.gate(now.Add(time.Millisecond), true); at.After(now.Add(800*time.Millisecond)) || at.Before(now) {
+		t.Fatalf("next knock at %v, want by the hint's instant %v", at.Sub(t0), (now.Add(800 * time.Millisecond)).Sub(t0))
+	}
+	u := &winRig{t: t, w: windows{lastAdmit: t0}}
+	now = u.burst(t0, 20)
+	if u.refuse(u.send(now), 40*time.Millisecond, now) || u.w.closed {
+		t.Fatal("a 40 ms hint closed a group whose shape is not known")
 	}
 }

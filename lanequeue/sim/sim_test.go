@@ -49,6 +49,9 @@ type cell struct {
 	// targets: makespan ÷ ideal and the upstream's refusals as a share of
 	// its requests.
 	ratio, refusals float64
+	// start is how far past a whole second of the bubble's clock the run
+	// starts; zero: startOffset.
+	start time.Duration
 }
 
 // speak makes cfg explain itself as sp. Concurrency-only upstreams with
@@ -273,7 +276,11 @@ func simulate(t *testing.T, c cell) result {
 	synctest.Test(t, func(t *testing.T) {
 		// A real clock is rarely on a whole second when a run starts: the
 		// bubble's is, at midnight.
-		time.Sleep(startOffset)
+		offset := c.start
+		if offset == 0 {
+			offset = startOffset
+		}
+		time.Sleep(offset)
 		mock := mockupstream.NewInProcess(c.mock)
 		defer mock.Close()
 		u, _ := url.Parse(mock.URL())
@@ -424,6 +431,37 @@ func TestSim(t *testing.T) {
 			}
 			if m := refused[runs/2]; m > c.refusals {
 				t.Errorf("median %.1f%% of upstream requests refused, target %g%%", m, c.refusals)
+			}
+		})
+	}
+}
+
+// TestSimClockPhases: a window aligned to the clock meets the run wherever
+// in a window the run starts, and the phase decides what the group's first
+// refusal says (a 100 ms wait to the end of a 1 s window read as a 10/s
+// pace cost 1.15-1.8×; a first window that spanned a boundary, read as
+// one, overdrew the next by its excess). Each aligned cell runs once at
+// ten phases, 100 ms apart, each held to its targets.
+func TestSimClockPhases(t *testing.T) {
+	if raceBuild {
+		t.Skip("see raceBuild")
+	}
+	for _, c := range cells() {
+		if !c.mock.WindowAligned {
+			continue
+		}
+		t.Run(c.name, func(t *testing.T) {
+			for i := range 10 {
+				c.start = 50*time.Millisecond + time.Duration(i)*100*time.Millisecond
+				r := simulate(t, c)
+				t.Logf("%-28s from %v past a second: %.2f×, %.1f%% refused", c.name, c.start, r.ratio(), r.refusedPct())
+				if r.failures > 0 {
+					t.Errorf("from %v: %d client failures; first: %s", c.start, r.failures, r.firstFail)
+				}
+				if r.ratio() > c.ratio || r.refusedPct() > c.refusals {
+					t.Errorf("from %v past a second: %.2f× the ideal, %.1f%% refused; targets %.2f×, %g%%",
+						c.start, r.ratio(), r.refusedPct(), c.ratio, c.refusals)
+				}
 			}
 		})
 	}
