@@ -162,10 +162,16 @@ const (
 	// not how fast.
 	maxHintPace = time.Second
 	// maxHintAdmits: a hint is a pace while the upstream admitted fewer
-	// than this many requests a hint lately (a bucket's hint is one
-	// request's refill, and a burst it held may double what it admits).
-	// A 100 ms wait while a 1 s window of 20 admitted 20 a second is the
-	// window's end: read as a 10/s pace, it cost a run 1.15-1.5×.
+	// than this many requests a hint lately (a bucket's hint is at most
+	// one request's refill), and from this many on it names a window's
+	// end: a 100-150 ms wait while a 1 s window of 20 admitted 20 a
+	// second, read as a 7-10/s pace, cost a run 1.15-1.5×. A bucket
+	// right after a burst it held, while its admissions and the requests
+	// still out count double its rate, reads as a window too: the test
+	// request does not tell the two apart at millisecond hints, and the
+	// group paces by windows of what it admits, which holds such a
+	// bucket at its rate (the simulator's and loadbench's hint cells
+	// kept their figures).
 	maxHintAdmits = 2
 )
 
@@ -614,13 +620,19 @@ func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time)
 		l.estimate, l.raisedFrom = l.raisedFrom, 0
 		l.cut = now
 	}
-	if hp := e.hintPace; hp > 0 && hp < l.estimate && sample <= hp {
+	if hp := e.hintPace; hp > 0 && hp < l.estimate {
 		// The wait for the next request is at most one request's worth of
 		// the refill: one per hint is as fast as the upstream can go.
 		// Unless the refusals just measured the upstream admitting faster
 		// than that: then the hint was no refill's (a fixed window's end,
-		// a moment away) and the measurement stands.
-		l.estimate, l.from = hp, rateHint
+		// a moment away), and the measurement caps the rate instead.
+		if sample > hp {
+			if sample < l.estimate {
+				l.estimate, l.from, l.measured = sample, rateAdmitted, true
+			}
+		} else {
+			l.estimate, l.from = hp, rateHint
+		}
 	}
 	if l.estimate < was {
 		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes

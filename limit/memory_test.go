@@ -424,6 +424,17 @@ func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
 	if l.estimate != 20 || l.from != rateAdmitted {
 		t.Fatalf("estimate %v from %v, want the 20/s measured (21 admitted less one, over 1 s)", l.estimate, l.from)
 	}
+	// A refused probe does not take a measurement under a measured
+	// estimate; the hint is still no refill, and the measurement caps.
+	m = quietLocal()
+	l = &m.learn
+	l.estimate, l.from, l.measured = 30, rateProbe, true
+	l.refused(1, t0, 0)
+	probe := Ticket{Seq: 23, Dispatched: at(time.Second), Level: 1, Probe: true}
+	l.estimateOnRefusal(&probe, refusalEvidence{hintPace: 8}, at(time.Second))
+	if l.estimate != 20 || l.from != rateAdmitted {
+		t.Fatalf("a refused probe: estimate %v from %v, want the 20/s measured", l.estimate, l.from)
+	}
 	m = quietLocal()
 	l = &m.learn
 	l.estimate, l.from, l.measured = 30, rateAdmitted, true

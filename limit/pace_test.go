@@ -709,6 +709,12 @@ func TestACorrectedWindowHoldsNoMoreThanItsSize(t *testing.T) {
 	if b.bucket.Level() > 20 {
 		t.Fatalf("holds %v right after the correction to 20", b.bucket.Level())
 	}
+	full := knownBudget(1200, 20)
+	full.bucket.Set(t0, 1200)
+	full.resize(1200, 20)
+	if full.bucket.Level() != 20 {
+		t.Fatalf("a full window of 1,200 resized to 20 holds %v, want 20 at once", full.bucket.Level())
+	}
 	b.advance(at(time.Hour))
 	if b.bucket.Level() != 20 {
 		t.Fatalf("holds %v after an hour idle, want the corrected size 20", b.bucket.Level())

@@ -17,8 +17,9 @@ import (
 // A closure is a span in which the upstream refuses whatever the group
 // sends. It is read two ways:
 //
-//   - Stated: a refusal names a wait longer than a pace (hint > longHint).
-//     The wait points at an instant; a window's refusals all point at its
+//   - Stated: a refusal names a wait longer than a pace (see boundary),
+//     or, once the shape is known, any wait at all. The wait points at an
+//     instant; a window's refusals all point at its
 //     boundary, while a bucket's (or a gateway's constant Retry-After) move
 //     with the clock. One test request a gap later tells them apart: refused
 //     at the same instant, the closure is real and the boundary lies within
@@ -110,7 +111,7 @@ type windows struct {
 const (
 	// longHint: a hint longer than this (and than one grain, for whole
 	// seconds: Retry-After: 1 is any wait up to a second) points at a
-	// boundary, not a pace.
+	// boundary, not a pace, before the shape is known (see refused).
 	longHint = time.Second
 	// testGap is how long after a suspected closure's first refusal its
 	// test goes, by the grain of its hints: far enough apart that hints
@@ -193,6 +194,7 @@ func (w *windows) roll(now time.Time) {
 	if w.known && w.lengthHi > 0 && !w.opened.IsZero() && !now.Before(w.opened.Add(w.lengthHi)) {
 		w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
 		w.start, w.opened, w.used, w.admitted, w.guessed = now, time.Time{}, 0, 0, false
+		w.counted = false // no closure ended the window: what it admitted is no allowance
 	}
 }
 
@@ -278,7 +280,7 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 		w.admitted++
 	case !d.Before(w.prevStart):
 		w.prevAdmitted++ // an answer to the window that ended, come late
-		if w.counted && !w.closed && w.prevAdmitted > w.allowance {
+		if w.counted && w.prevAdmitted > w.allowance {
 			// The reopen took what that window admitted as the
 			// allowance before this answer came: it is one more.
 			w.allowance = w.prevAdmitted
@@ -304,11 +306,12 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		return false // nothing was ever admitted: an outage or a closed door, not a window
 	}
 	switch {
-	case long || hasHint && w.known:
+	case long || hasHint && w.known && !now.Before(w.moving):
 		// A wait longer than a pace points at a boundary; in a window
-		// whose shape is known, any wait does: a refusal says its
-		// allowance is spent (an allowance read from a first window
-		// that spanned a boundary is too large).
+		// whose shape is known, any wait does (Retry-After: 1 to
+		// within its second): a refusal says its allowance is spent
+		// (an allowance read from a first window that spanned a
+		// boundary is too large).
 		w.close(d, true)
 		w.state(now.Add(hint), grainOf(hint))
 		w.confirmed = w.known
@@ -394,8 +397,9 @@ func (w *windows) refusedClosed(t *Ticket, hint time.Duration, hasHint, long boo
 // boundary reports whether a hint names a window's boundary rather than a
 // pace, while the upstream admits admits requests a second: it is longer
 // than a pace (and than its grain: Retry-After: 1 is any wait up to a
-// second), or, precise to the millisecond, far longer than one request's
-// refill at what the upstream admits (a bucket's hint is about that).
+// second), or, precise to the millisecond, maxHintAdmits requests' worth
+// or more at what the upstream admits (a bucket's hint is at most one
+// request's refill).
 func boundary(hint time.Duration, admits float64) bool {
 	grain := grainOf(hint)
 	if hint > longHint && hint > grain {
@@ -431,7 +435,7 @@ func (w *windows) close(since time.Time, stated bool) {
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen).
 	w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
-	w.lastExtra = w.extra()
+	w.lastExtra, w.counted = w.extra(), false
 	w.full++
 	// Until it opens again, whatever was sent up to the closure's start
 	// (at that instant too) belongs to the window that ended.

@@ -684,26 +684,70 @@ func TestAnswersAfterTheReopenStillAddToTheAllowance(t *testing.T) {
 
 // TestAShortHintInAKnownWindowClosesItAtTheHint: once the shape is known,
 // a refusal in a window whose allowance was read too large (a first window
-// that spanned a boundary) closes it at once, to the instant its hint
-// names, however short the hint: the rest of the allowance is not sent
-// into refusals. Before the shape is known the same hint is a pace.
+// that spanned a boundary) closes it at once, stated and confirmed, until
+// the instant its hint names, however short the hint (800 ms, or
+// Retry-After: 1 to within its second): the rest of the allowance is not
+// sent into refusals. Before the shape is known a 40 ms hint is a pace,
+// and so is any hint while hints are known to move with the clock.
 func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
-	r := &winRig{t: t, w: windows{known: true, allowance: 34, lengthLo: 1449 * time.Millisecond,
-		lengthHi: 1450 * time.Millisecond, lastAdmit: t0}}
-	now := r.burst(t0, 20)
-	tk := r.send(now)
-	if !r.refuse(tk, 800*time.Millisecond, now) || !r.w.closed {
-		t.Fatal("a refusal with an 800 ms hint in a known window did not close it")
+	known := func() *winRig {
+		return &winRig{t: t, w: windows{known: true, allowance: 34, lengthLo: 1449 * time.Millisecond,
+			lengthHi: 1450 * time.Millisecond, lastAdmit: t0}}
 	}
-	if r.send(now.Add(time.Millisecond)) != nil {
-		t.Fatal("sent on in a window refused")
-	}
-	if at, _, _ := r.w.gate(now.Add(time.Millisecond), true); at.After(now.Add(800*time.Millisecond)) || at.Before(now) {
-		t.Fatalf("next knock at %v, want by the hint's instant %v", at.Sub(t0), (now.Add(800 * time.Millisecond)).Sub(t0))
+	for _, hint := range []time.Duration{800 * time.Millisecond, time.Second} {
+		r := known()
+		now := r.burst(t0, 20)
+		if !r.refuse(r.send(now), hint, now) || !r.w.closed || !r.w.stated || !r.w.confirmed {
+			t.Fatalf("a %v hint in a known window: closed %v, stated %v, confirmed %v; want all",
+				hint, r.w.closed, r.w.stated, r.w.confirmed)
+		}
+		if until := r.w.until(); !until.Equal(now.Add(hint)) {
+			t.Fatalf("a %v hint holds the group until %v, want its instant %v", hint, until.Sub(t0), now.Add(hint).Sub(t0))
+		}
+		if r.send(now.Add(time.Millisecond)) != nil {
+			t.Fatalf("a %v hint: sent on in a window refused", hint)
+		}
 	}
 	u := &winRig{t: t, w: windows{lastAdmit: t0}}
-	now = u.burst(t0, 20)
+	now := u.burst(t0, 20)
 	if u.refuse(u.send(now), 40*time.Millisecond, now) || u.w.closed {
 		t.Fatal("a 40 ms hint closed a group whose shape is not known")
+	}
+	m := known()
+	m.w.moving = t0.Add(time.Minute)
+	now = m.burst(t0, 20)
+	if m.refuse(m.send(now), 800*time.Millisecond, now) || m.w.closed {
+		t.Fatal("an 800 ms hint closed a known window while hints are known to move with the clock")
+	}
+}
+
+// TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance: late answers to the
+// window that ended add to the allowance only while it is what a reopen
+// took as the allowance: not once a new closure began (its window's
+// answers are the next reopen's to count), nor after a roll (a window no
+// closure ended, counted from its first request, may span a boundary).
+func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
+	late := func(w *windows, sent time.Time, n int) {
+		for i := range n {
+			w.accepted(&Ticket{Seq: uint64(100 + i), Dispatched: sent}, sent.Add(time.Second))
+		}
+	}
+	w := windows{known: true, allowance: 5, counted: true, start: at(time.Second), prevStart: t0,
+		lengthLo: 999 * time.Millisecond, lengthHi: time.Second}
+	late(&w, at(500*time.Millisecond), 6)
+	if w.allowance != 6 {
+		t.Fatalf("allowance %d after 6 answers to the reopened window, want 6", w.allowance)
+	}
+	w.close(at(1500*time.Millisecond), false)
+	late(&w, at(1200*time.Millisecond), 8)
+	if w.allowance != 6 {
+		t.Fatalf("allowance %d after answers to a window a new closure ended, want 6 until it reopens", w.allowance)
+	}
+	r := windows{known: true, allowance: 5, counted: true, start: t0, opened: t0,
+		lengthLo: 999 * time.Millisecond, lengthHi: time.Second}
+	r.roll(at(1100 * time.Millisecond))
+	late(&r, at(500*time.Millisecond), 8)
+	if r.allowance != 5 {
+		t.Fatalf("allowance %d after answers to a rolled window, want 5", r.allowance)
 	}
 }

@@ -195,8 +195,9 @@ func TestHintsThatMoveWithTheClock(t *testing.T) {
 }
 
 // TestShortHintsAreBoundariesOnlyWhenFarFromARefill: a millisecond hint is
-// a window's boundary only when far longer than one request's refill at
-// what the upstream admits; Retry-After: 1 is never one.
+// a window's boundary only when worth maxHintAdmits requests or more at
+// what the upstream admits; Retry-After: 1 is never one before the shape
+// is known.
 func TestShortHintsAreBoundariesOnlyWhenFarFromARefill(t *testing.T) {
 	for _, c := range []struct {
 		hint   time.Duration
