@@ -412,34 +412,32 @@ func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
 // paces 8 a second, while the refusals around it measured 20 a second
 // admitted, is not a bucket's refill (at most one request's worth of it):
 // the upstream admitted more than one per hint, so the hint named a
-// window's end a moment away, and the measurement stands. Without a
-// measurement at that refusal, the same hint caps the rate.
+// window's end a moment away, and the measurement caps the rate, also
+// when a refused probe did not take it. Without a measurement at that
+// refusal, the same hint caps the rate.
 func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
-	m := quietLocal()
-	l := &m.learn
-	l.estimate, l.from, l.measured = 30, rateAdmitted, true
-	l.refused(1, t0, 0)
-	tk := Ticket{Seq: 23, Dispatched: at(time.Second), Level: 1}
-	l.estimateOnRefusal(&tk, refusalEvidence{hintPace: 8}, at(time.Second))
-	if l.estimate != 20 || l.from != rateAdmitted {
-		t.Fatalf("estimate %v from %v, want the 20/s measured (21 admitted less one, over 1 s)", l.estimate, l.from)
-	}
-	// A refused probe does not take a measurement under a measured
-	// estimate; the hint is still no refill, and the measurement caps.
-	m = quietLocal()
-	l = &m.learn
-	l.estimate, l.from, l.measured = 30, rateProbe, true
-	l.refused(1, t0, 0)
-	probe := Ticket{Seq: 23, Dispatched: at(time.Second), Level: 1, Probe: true}
-	l.estimateOnRefusal(&probe, refusalEvidence{hintPace: 8}, at(time.Second))
-	if l.estimate != 20 || l.from != rateAdmitted {
-		t.Fatalf("a refused probe: estimate %v from %v, want the 20/s measured", l.estimate, l.from)
-	}
-	m = quietLocal()
-	l = &m.learn
-	l.estimate, l.from, l.measured = 30, rateAdmitted, true
-	l.estimateOnRefusal(&tk, refusalEvidence{hintPace: 8}, at(time.Second))
-	if l.estimate != 8 || l.from != rateHint {
-		t.Fatalf("estimate %v from %v after a refusal that measured nothing, want the hint's 8", l.estimate, l.from)
+	for _, c := range []struct {
+		name     string
+		from     RateFrom
+		probe    bool
+		measured bool // a refusal a second before: 21 admitted less one, over 1 s
+		want     float64
+		wantFrom RateFrom
+	}{
+		{"a refusal", rateAdmitted, false, true, 20, rateAdmitted},
+		{"a refused probe", rateProbe, true, true, 20, rateAdmitted},
+		{"nothing measured", rateAdmitted, false, false, 8, rateHint},
+	} {
+		m := quietLocal()
+		l := &m.learn
+		l.estimate, l.from, l.measured = 30, c.from, true
+		if c.measured {
+			l.refused(1, t0, 0)
+		}
+		tk := Ticket{Seq: 23, Dispatched: at(time.Second), Level: 1, Probe: c.probe}
+		l.estimateOnRefusal(&tk, refusalEvidence{hintPace: 8}, at(time.Second))
+		if l.estimate != c.want || l.from != c.wantFrom {
+			t.Errorf("%s: estimate %v from %v, want %v from %v", c.name, l.estimate, l.from, c.want, c.wantFrom)
+		}
 	}
 }
