@@ -427,6 +427,12 @@ func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
 		{"a refusal", rateAdmitted, false, true, 20, rateAdmitted},
 		{"a refused probe", rateProbe, true, true, 20, rateAdmitted},
 		{"nothing measured", rateAdmitted, false, false, 8, rateHint},
+		// A refused probe (which leaves a measured estimate above the
+		// measurement) measuring exactly one per hint (17 admitted less
+		// one, over 2 s): a refill's pace, the hint's.
+		{"a measurement equal to the hint", rateProbe, true, true, 8, rateHint},
+		// A refused probe measuring exactly the estimate changes nothing.
+		{"a refused probe measuring the estimate", rateProbe, true, true, 20, rateProbe},
 	} {
 		m := quietLocal()
 		l := &m.learn
@@ -435,6 +441,12 @@ func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
 			l.refused(1, t0, 0)
 		}
 		tk := Ticket{Seq: 23, Dispatched: at(time.Second), Level: 1, Probe: c.probe}
+		switch c.name {
+		case "a measurement equal to the hint":
+			tk = Ticket{Seq: 19, Dispatched: at(2 * time.Second), Level: 1, Probe: true}
+		case "a refused probe measuring the estimate":
+			l.estimate = 20
+		}
 		l.estimateOnRefusal(&tk, refusalEvidence{hintPace: 8}, at(time.Second))
 		if l.estimate != c.want || l.from != c.wantFrom {
 			t.Errorf("%s: estimate %v from %v, want %v from %v", c.name, l.estimate, l.from, c.want, c.wantFrom)
