@@ -79,11 +79,9 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
-	"path"
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -93,8 +91,8 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
-	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -165,43 +163,6 @@ func (t target) String() string {
 	return fmt.Sprintf("≤%g× / ≤%g %%", t.ratio, t.pct)
 }
 
-// shape is an upstream's limits and the load sent to it.
-type shape struct {
-	name string
-	mock mockupstream.Config
-	// rate is what the upstream allows, in requests per second.
-	rate float64
-	// n and c are the default requests and client concurrency.
-	n, c int
-	// stream makes the client ask for streamed answers and read them to
-	// the end.
-	stream bool
-	// anthropic drives /v1/messages with the Anthropic SDK instead of
-	// /v1/chat/completions with the OpenAI one.
-	anthropic bool
-	// concurrency marks the shape bound by requests in flight, where
-	// headers speech is Retry-After alone.
-	concurrency bool
-	// speeches are the speeches the shape runs with.
-	speeches []string
-	// configure, when set, changes the proxy's configuration: the shapes
-	// of routes that know their limits.
-	configure func(*proxy.Config)
-	// model names request i's model; nil: one model for all.
-	model func(i int) string
-	// ideal, when set, is the time the upstream allows for n requests
-	// (else n ÷ rate).
-	ideal func(n int) time.Duration
-}
-
-// cell is a shape with a speech: one row of the matrix.
-type cell struct {
-	shape
-	name string // shape/speech
-}
-
-const maxTokens = 100
-
 var (
 	showFailures int
 	traceLanes   bool
@@ -225,220 +186,6 @@ func traceStates(p *proxy.Proxy, mock *mockupstream.Server, stop <-chan struct{}
 				v.RateFrom, v.Bound, v.PauseReason, v.Shape, st.RateLimited, st.Requests)
 		}
 	}
-}
-
-// prompt is the same size for every request, so each costs the same tokens.
-func prompt(i int) string { return fmt.Sprintf("question %06d", i) }
-
-// costPerRequest is what the mock charges a request against TPM: its
-// prompt-token rule (ceil(chars/4) + 3 per message) plus max_tokens.
-func costPerRequest() int64 {
-	return int64((len(prompt(0))+3)/4+3) + maxTokens
-}
-
-// shapes lists every shape. latency and rps shape short, quantized and tpm;
-// streams and concurrency have fixed figures, chosen so that the limit that
-// binds is the one they are named after.
-func shapes(latency time.Duration, rps float64) []shape {
-	rpm := int(rps * 60)
-	tpm := int64(rps * 60 * float64(costPerRequest()))
-	all := []string{"headers", "hint", "silent"}
-	with503 := []string{"headers", "hint", "silent", "silent-503"}
-	only := []string{"headers"}
-
-	// 4 requests a second, each streamed over about 1.8 s: the answers
-	// outlast the refill, so several are always in flight.
-	streams := mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
-	// No rate limit, only a cap of 8 answers in flight per key: at most
-	// the cap ÷ one answer's time = 16 requests a second.
-	capped := mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond}
-	// The headers say rps×60 a minute, but a burst over one second's worth
-	// is refused.
-	quantized := mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}
-
-	return append([]shape{
-		{name: "short", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps, n: 400, c: 50, speeches: with503},
-		{name: "streams", mock: streams, rate: 4, n: 120, c: 30, stream: true, speeches: all},
-		{name: "streams-anthropic", mock: streams, rate: 4, n: 120, c: 30, stream: true, anthropic: true, speeches: only},
-		{name: "concurrency", mock: capped, rate: float64(capped.MaxInFlight) / capped.Latency.Seconds(),
-			n: 200, c: 50, concurrency: true, speeches: with503},
-		{name: "quantized", mock: quantized, rate: rps, n: 400, c: 50, speeches: all},
-		{name: "quantized-anthropic", mock: quantized, rate: rps, n: 400, c: 50, anthropic: true, speeches: only},
-		{name: "tpm", mock: mockupstream.Config{TPM: tpm, RPM: rpm * 10, Latency: latency}, rate: rps, n: 400, c: 50, speeches: all},
-		// A route configured at 600 RPM (LLMPROXY_ROUTE_DEFAULT_RPM=600) in
-		// front of an upstream that allows 6,000 and, with headers, says
-		// so.
-		{name: "configured", mock: mockupstream.Config{RPM: 6000, Latency: latency}, rate: 10, n: 300, c: 50,
-			speeches: []string{"headers", "silent"}, configure: func(c *proxy.Config) {
-				c.Default.Limits = limit.Limits{RPM: 600}
-			}},
-		// A local model server (one model at a time, 2 s to load one, 4
-		// served at once, 200 ms answers) behind a route marked local
-		// (LLMPROXY_ROUTE_DEFAULT_LOCAL=true, _CONCURRENCY=4), and an eval
-		// interleaving three models, all queued at once.
-		{name: "local", mock: mockupstream.Config{ModelLoad: 2 * time.Second, LocalParallel: 4, Latency: latency},
-			n: 300, c: 300, speeches: []string{"interleaved"},
-			configure: func(c *proxy.Config) {
-				c.Default = proxy.RouteSettings{Local: true, Limits: limit.Limits{Concurrency: 4}}
-			},
-			model: func(i int) string { return []string{"llama", "qwen", "mistral"}[i%3] },
-			ideal: func(n int) time.Duration { return 3*2*time.Second + time.Duration(n)*latency/4 }},
-	}, shapeCells(latency, rps)...)
-}
-
-// windowIdeal is the time fixed windows of allowance allow for n requests
-// answered in latency: each window's allowance sent at its start, the
-// last window's answers after it began.
-func windowIdeal(allowance int, length, latency time.Duration) func(n int) time.Duration {
-	return func(n int) time.Duration {
-		return time.Duration((n+allowance-1)/allowance-1)*length + latency
-	}
-}
-
-// shapeCells are issue 31's shapes, in the rps and latency of short.
-func shapeCells(latency time.Duration, rps float64) []shape {
-	rpm := int(rps * 60)
-	window := mockupstream.Config{RPM: rpm, Window: 10 * time.Second, Latency: latency}
-	perWindow := rpm / 6
-	aligned := window
-	aligned.WindowAligned = true
-	own := mockupstream.Config{RPM: rpm, Latency: latency, PerModel: true}
-	sizes := own
-	sizes.ModelRPM = map[string]int{"gpt-b": 300}
-	quantized := mockupstream.Config{RPM: rpm, Latency: latency, QuantizedHeaders: true}
-	down, ahead, behind := quantized, quantized, quantized
-	down.ResetRoundDown = true
-	ahead.ClockAhead = time.Second
-	behind.ClockAhead, behind.ResetRoundDown = -time.Second, true
-	four := func(i int) string { return []string{"gpt-a", "gpt-b", "gpt-c", "gpt-d"}[i%4] }
-	return []shape{
-		{name: "window", mock: window, rate: rps, n: 600, c: 50, ideal: windowIdeal(perWindow, 10*time.Second, latency),
-			speeches: []string{"retry-after", "gemini", "silent", "ietf"}},
-		{name: "window-aligned", mock: aligned, rate: rps, n: 600, c: 50, ideal: windowIdeal(perWindow, 10*time.Second, latency),
-			speeches: []string{"retry-after"}},
-		// Azure's 1 s windows, aligned to the clock, refusals counted.
-		{name: "window-1s", mock: mockupstream.Config{RPM: rpm, Window: time.Second, WindowAligned: true, CountRefused: true, Latency: latency},
-			rate: rps, n: 400, c: 50, ideal: windowIdeal(rpm/60, time.Second, latency), speeches: []string{"azure"}},
-		// 60 s windows of 300, over two windows.
-		{name: "window-60s", mock: mockupstream.Config{RPM: 300, Window: time.Minute, Latency: latency}, rate: 5, n: 600, c: 50,
-			ideal: windowIdeal(300, time.Minute, latency), speeches: []string{"retry-after"}},
-		{name: "shared-models", mock: mockupstream.Config{RPM: rpm, Latency: latency}, rate: rps, n: 400, c: 50, model: four,
-			speeches: []string{"headers", "silent"}},
-		{name: "own-models", mock: own, rate: 4 * rps, n: 400, c: 50, model: four, speeches: []string{"headers", "silent"}},
-		// Two models with limits of their own, 20 and 5 a second, asked
-		// in that proportion (both bound) or alike (the smaller bound).
-		{name: "own-models-uneven", mock: sizes, rate: rps + 5, n: 400, c: 50, speeches: []string{"silent"},
-			model: func(i int) string { return []string{"gpt-a", "gpt-a", "gpt-a", "gpt-a", "gpt-b"}[i%5] }},
-		{name: "own-models-sizes", mock: sizes, rate: 10, n: 400, c: 50, speeches: []string{"silent"},
-			model: func(i int) string { return []string{"gpt-a", "gpt-b"}[i%2] }},
-		{name: "anthropic-rounded-down", mock: down, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
-		{name: "anthropic-clock-ahead", mock: ahead, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
-		{name: "anthropic-clock-behind", mock: behind, rate: rps, n: 400, c: 50, anthropic: true, speeches: []string{"headers"}},
-		{name: "counted", mock: mockupstream.Config{RPM: rpm, Latency: latency, CountRefused: true}, rate: rps, n: 400, c: 50,
-			speeches: []string{"silent"}},
-		{name: "tpm-quantized", mock: mockupstream.Config{TPM: int64(rps * 60 * float64(costPerRequest())), RPM: rpm * 10, Latency: latency,
-			QuantizedHeaders: true}, rate: rps, n: 400, c: 50, speeches: []string{"headers"}},
-		{name: "streams-jitter", mock: mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10,
-			ChunkDelay: 200 * time.Millisecond, LatencyJitter: 50 * time.Millisecond}, rate: 4, n: 120, c: 30, stream: true,
-			speeches: []string{"silent"}},
-	}
-}
-
-// speak sets the mock's switches for a speech.
-func speak(cfg *mockupstream.Config, speech string, concurrency bool) {
-	switch speech {
-	case "headers":
-		if concurrency {
-			cfg.NoLimitHeaders, cfg.NoHint, cfg.ConcurrencyUnnamed = true, true, true
-		}
-	case "hint":
-		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.ConcurrencyUnnamed = true, true, true
-	case "interleaved": // the local shape's only speech: it says nothing of limits
-	case "silent", "silent-503":
-		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.NoHint, cfg.ConcurrencyUnnamed = true, true, true, true
-		if speech == "silent-503" {
-			cfg.RefusalStatus = http.StatusServiceUnavailable
-		}
-	case "retry-after": // Retry-After alone, in whole seconds
-		cfg.NoLimitHeaders, cfg.NoHint, cfg.ConcurrencyUnnamed, cfg.RetryAfterSeconds = true, true, true, true
-	case "gemini": // Gemini's RetryInfo retryDelay in the body alone
-		cfg.NoLimitHeaders, cfg.NoRetryAfter, cfg.HintForm, cfg.ConcurrencyUnnamed = true, true, "gemini", true
-	case "azure": // Azure's "retry after N seconds" in the body, Retry-After and retry-after-ms
-		cfg.NoLimitHeaders, cfg.HintForm, cfg.ConcurrencyUnnamed = true, "azure", true
-	case "ietf": // the IETF draft's RateLimit-* fields, Retry-After in whole seconds
-		cfg.HeaderForm, cfg.NoHint, cfg.ConcurrencyUnnamed, cfg.RetryAfterSeconds = "ietf", true, true, true
-	default:
-		panic("loadbench: unknown speech " + speech)
-	}
-}
-
-// cells is the whole matrix, shape by shape.
-func cells(latency time.Duration, rps float64) []cell {
-	var cs []cell
-	for _, sh := range shapes(latency, rps) {
-		for _, speech := range sh.speeches {
-			c := cell{shape: sh, name: sh.name + "/" + speech}
-			speak(&c.mock, speech, sh.concurrency)
-			cs = append(cs, c)
-		}
-	}
-	return cs
-}
-
-// pick returns the cells list names, a comma-separated list of names,
-// prefixes ending in "/" and globs, in the list's order without repeats; an
-// empty list picks them all.
-func pick(all []cell, list string) ([]cell, error) {
-	if strings.TrimSpace(list) == "" {
-		return all, nil
-	}
-	var picked []cell
-	seen := make(map[string]bool)
-	for _, item := range strings.Split(list, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		if _, err := path.Match(item, ""); err != nil {
-			return nil, fmt.Errorf("bad pattern %q: %v", item, err)
-		}
-		found := false
-		for _, c := range all {
-			if !matches(item, c.name) {
-				continue
-			}
-			found = true
-			if !seen[c.name] {
-				seen[c.name] = true
-				picked = append(picked, c)
-			}
-		}
-		if !found {
-			return nil, fmt.Errorf("no cell matches %q; cells: %s", item, strings.Join(names(all), ", "))
-		}
-	}
-	return picked, nil
-}
-
-// matches reports whether pattern (a name, a prefix ending in "/", a glob,
-// or "*") picks the cell name.
-func matches(pattern, name string) bool {
-	switch {
-	case pattern == "*":
-		return true
-	case strings.HasSuffix(pattern, "/"):
-		return strings.HasPrefix(name, pattern)
-	}
-	ok, _ := path.Match(pattern, name)
-	return ok
-}
-
-func names(cs []cell) []string {
-	var ns []string
-	for _, c := range cs {
-		ns = append(ns, c.name)
-	}
-	return ns
 }
 
 // result is one run of one cell.
@@ -467,8 +214,8 @@ func (r result) pct429() float64 {
 func main() {
 	n := flag.Int("n", 0, "requests per run, for every cell (default: each cell's own)")
 	c := flag.Int("c", 0, "client concurrency, for every cell (default: each cell's own)")
-	rps := flag.Float64("rps", 20, "upstream limit of the short, quantized and tpm shapes, requests per second (tpm: the same rate in tokens)")
-	latency := flag.Duration("latency", 200*time.Millisecond, "upstream latency per request of the short, quantized and tpm shapes")
+	rps := flag.Float64("rps", benchcells.DefaultRPS, "upstream limit of the short, quantized and tpm shapes, requests per second (tpm: the same rate in tokens)")
+	latency := flag.Duration("latency", benchcells.DefaultLatency, "upstream latency per request of the short, quantized and tpm shapes")
 	only := flag.String("scenario", "", "comma-separated cells to run: names, prefixes ending in / and globs such as short/* or */silent (default all)")
 	direct := flag.Bool("direct", true, "also send the load straight to the upstream with the SDK's default retries, once per cell")
 	runs := flag.Int("runs", 1, "runs of each cell through the proxy, each with a fresh mock and proxy; the table shows the range")
@@ -482,7 +229,7 @@ func main() {
 		os.Exit(2)
 	}
 
-	picked, err := pick(cells(*latency, *rps), *only)
+	picked, err := benchcells.Pick(benchcells.Cells(*latency, *rps), func(c benchcells.Cell) string { return c.Name }, *only, "cell")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadbench:", err)
 		os.Exit(2)
@@ -493,9 +240,9 @@ func main() {
 		for i := range picked {
 			switch f.Name {
 			case "n":
-				picked[i].n = *n
+				picked[i].N = *n
 			case "c":
-				picked[i].c = *c
+				picked[i].C = *c
 			}
 		}
 	})
@@ -508,9 +255,9 @@ func main() {
 		for range *runs {
 			proxied = append(proxied, run(sc, "proxy", *timeout))
 		}
-		rows = append(rows, row{cell: sc.name, mode: "proxy", runs: proxied})
+		rows = append(rows, row{cell: sc.Name, mode: "proxy", runs: proxied})
 		if *direct {
-			rows = append(rows, row{cell: sc.name, mode: "direct", runs: []result{run(sc, "direct", *timeout)}})
+			rows = append(rows, row{cell: sc.Name, mode: "direct", runs: []result{run(sc, "direct", *timeout)}})
 		}
 	}
 	printTable(os.Stdout, rows)
@@ -520,9 +267,9 @@ func main() {
 	}
 }
 
-func run(sc cell, mode string, timeout time.Duration) result {
-	n, c := sc.n, sc.c
-	mock := mockupstream.New(sc.mock)
+func run(sc benchcells.Cell, mode string, timeout time.Duration) result {
+	n, c := sc.N, sc.C
+	mock := mockupstream.New(sc.Mock)
 	defer mock.Close()
 	openaiBase, anthropicBase := mock.URL()+"/v1", mock.URL()
 	if mode == "proxy" {
@@ -536,8 +283,8 @@ func run(sc cell, mode string, timeout time.Duration) result {
 			Transport:  tr,
 			Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
 		}
-		if sc.configure != nil {
-			sc.configure(&cfg)
+		if sc.Configure != nil {
+			sc.Configure(&cfg)
 		}
 		p, err := proxy.New(cfg)
 		if err != nil {
@@ -555,17 +302,19 @@ func run(sc cell, mode string, timeout time.Duration) result {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c * 2}}
 	defer hc.CloseIdleConnections()
 	var ask func(ctx context.Context, i int) (*http.Response, error)
-	if sc.anthropic {
+	if sc.Anthropic {
 		client := anthropic.NewClient(aoption.WithBaseURL(anthropicBase), aoption.WithAPIKey("sk-ant-loadbench"), aoption.WithHTTPClient(hc))
-		ask = func(ctx context.Context, i int) (*http.Response, error) { return message(ctx, client, i, sc.stream) }
+		ask = func(ctx context.Context, i int) (*http.Response, error) {
+			return benchcells.Message(ctx, client, i, sc.Stream)
+		}
 	} else {
 		client := openai.NewClient(option.WithBaseURL(openaiBase), option.WithAPIKey("sk-loadbench"), option.WithHTTPClient(hc))
 		model := func(int) string { return "gpt-bench" }
-		if sc.model != nil {
-			model = sc.model
+		if sc.Model != nil {
+			model = sc.Model
 		}
 		ask = func(ctx context.Context, i int) (*http.Response, error) {
-			return chat(ctx, client, i, model(i), sc.stream)
+			return benchcells.Chat(ctx, client, i, model(i), sc.Stream)
 		}
 	}
 
@@ -589,7 +338,7 @@ func run(sc cell, mode string, timeout time.Duration) result {
 			if err != nil {
 				failures++
 				if failures <= showFailures {
-					reportFailure(sc.name, mode, err)
+					reportFailure(sc.Name, mode, err)
 				}
 				return
 			}
@@ -602,8 +351,8 @@ func run(sc cell, mode string, timeout time.Duration) result {
 	makespan := time.Since(start)
 	st := mock.Stats()
 	r := result{
-		cell: sc.name, mode: mode, n: n, c: c, makespan: makespan,
-		ideal:    idealOf(sc, n),
+		cell: sc.Name, mode: mode, n: n, c: c, makespan: makespan,
+		ideal:    sc.IdealOf(n),
 		failures: failures, upstreamRequests: st.Requests, upstream429: st.RateLimited,
 	}
 	if len(waits) > 0 {
@@ -613,14 +362,6 @@ func run(sc cell, mode string, timeout time.Duration) result {
 		r.queueP99 = waits[min(len(waits)-1, len(waits)*99/100)]
 	}
 	return r
-}
-
-// idealOf is the time the cell's upstream allows for n requests.
-func idealOf(sc cell, n int) time.Duration {
-	if sc.ideal != nil {
-		return sc.ideal(n)
-	}
-	return time.Duration(float64(n) / sc.rate * float64(time.Second))
 }
 
 // reportFailure prints one client failure with what the SDK kept of it.
@@ -635,78 +376,6 @@ func reportFailure(cell, mode string, err error) {
 	default:
 		fmt.Fprintln(os.Stderr, "failure:", cell, mode, err)
 	}
-}
-
-// chat sends request i with the OpenAI SDK, reads the whole answer and
-// returns the response whose headers carry the proxy's queue wait.
-func chat(ctx context.Context, client openai.Client, i int, model string, stream bool) (*http.Response, error) {
-	params := openai.ChatCompletionNewParams{
-		Model:     model,
-		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt(i))},
-		MaxTokens: openai.Int(maxTokens),
-	}
-	var resp *http.Response
-	if !stream {
-		_, err := client.Chat.Completions.New(ctx, params, option.WithResponseInto(&resp))
-		return resp, err
-	}
-
-	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-	s := client.Chat.Completions.NewStreaming(ctx, params, option.WithResponseInto(&resp))
-	defer s.Close()
-	var usage bool
-	for s.Next() {
-		usage = usage || s.Current().Usage.TotalTokens > 0
-	}
-	if err := s.Err(); err != nil {
-		return resp, err
-	}
-	// The SDK ends a stream cut short without [DONE] quietly; the usage
-	// chunk, the last before [DONE], shows the answer arrived whole.
-	if !usage {
-		return resp, errors.New("stream ended before its usage chunk")
-	}
-	return resp, nil
-}
-
-// message sends request i to /v1/messages with the Anthropic SDK and reads
-// the whole answer, like chat.
-func message(ctx context.Context, client anthropic.Client, i int, stream bool) (*http.Response, error) {
-	params := anthropic.MessageNewParams{
-		Model:     "claude-bench",
-		MaxTokens: maxTokens,
-		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(prompt(i)))},
-	}
-	var resp *http.Response
-	if !stream {
-		msg, err := client.Messages.New(ctx, params, aoption.WithResponseInto(&resp))
-		if err == nil && (len(msg.Content) == 0 || msg.Usage.OutputTokens == 0) {
-			err = errors.New("message without content or usage")
-		}
-		return resp, err
-	}
-
-	s := client.Messages.NewStreaming(ctx, params, aoption.WithResponseInto(&resp))
-	defer s.Close()
-	var usage, stopped bool
-	for s.Next() {
-		switch ev := s.Current().AsAny().(type) {
-		case anthropic.MessageDeltaEvent:
-			usage = usage || ev.Usage.OutputTokens > 0
-		case anthropic.MessageStopEvent:
-			stopped = true
-		}
-	}
-	if err := s.Err(); err != nil {
-		return resp, err
-	}
-	// As with chat: a stream cut short may end without an error, and only
-	// message_delta's usage and message_stop, the last events, show it
-	// arrived whole.
-	if !usage || !stopped {
-		return resp, fmt.Errorf("stream ended early (message_delta usage %v, message_stop %v)", usage, stopped)
-	}
-	return resp, nil
 }
 
 // row is a cell's runs in one mode.
