@@ -1,9 +1,9 @@
 package main
 
-// The client side: N chat requests at client concurrency C, each sent to
-// the next live replica in turn, with the OpenAI Go SDK as loadbench sends
-// them, but with the SDK's retries off so that every answer but a whole
-// 200 shows.
+// The client side: N requests at client concurrency C, each sent to the
+// next live replica in turn, with the OpenAI or the Anthropic Go SDK as
+// loadbench sends them (e2e/internal/benchcells), but with the SDK's
+// retries off so that every answer but a whole 200 shows.
 
 import (
 	"context"
@@ -14,25 +14,28 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go"
+	aoption "github.com/anthropics/anthropic-sdk-go/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
+
+	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 )
 
-const maxTokens = 100
-
-// apiKey is what the clients send; it is never printed.
-const apiKey = "sk-replicabench"
-
-// prompt is the same size for every request, as in loadbench.
-func prompt(i int) string { return fmt.Sprintf("question %06d", i) }
+// The API keys the clients send; they are never printed.
+const (
+	apiKey          = "sk-replicabench"
+	anthropicAPIKey = "sk-ant-replicabench"
+)
 
 // targets hands out the replicas round-robin; drop takes one out of the
 // turn.
 type targets struct {
-	clients []openai.Client
-	mu      sync.Mutex
-	live    []int
-	next    int
+	clients   []openai.Client
+	anthropic []anthropic.Client // through each replica's /anthropic route
+	mu        sync.Mutex
+	live      []int
+	next      int
 }
 
 func newTargets(hc *http.Client, addrs []string) *targets {
@@ -44,9 +47,27 @@ func newTargets(hc *http.Client, addrs []string) *targets {
 			option.WithHTTPClient(hc),
 			option.WithMaxRetries(0),
 		))
+		t.anthropic = append(t.anthropic, anthropic.NewClient(
+			aoption.WithBaseURL("http://"+a+"/anthropic"),
+			aoption.WithAPIKey(anthropicAPIKey),
+			aoption.WithHTTPClient(hc),
+			aoption.WithMaxRetries(0),
+		))
 		t.live = append(t.live, i)
 	}
 	return t
+}
+
+// send sends request i of sc to replica target and reads the whole answer;
+// nil only for a whole 200 answer.
+func (t *targets) send(ctx context.Context, sc *scenario, target, i int) error {
+	var err error
+	if sc.anthropic {
+		_, err = benchcells.Message(ctx, t.anthropic[target], i, sc.stream)
+	} else {
+		_, err = benchcells.Chat(ctx, t.clients[target], i, sc.modelOf(i), sc.stream)
+	}
+	return err
 }
 
 func (t *targets) pick() int {
@@ -101,10 +122,10 @@ func (l *loadRun) waitCompleted(ctx context.Context, k int) bool {
 
 // runLoad sends n requests, at most c at a time, each bounded by
 // reqTimeout and by ctx, and returns their outcomes once all have ended.
-func runLoad(ctx context.Context, l *loadRun, ts *targets, c int, stream bool, reqTimeout time.Duration) []outcome {
+func runLoad(ctx context.Context, l *loadRun, ts *targets, sc *scenario, reqTimeout time.Duration) []outcome {
 	defer close(l.done)
 	outs := make([]outcome, l.n)
-	sem := make(chan struct{}, c)
+	sem := make(chan struct{}, sc.c)
 	var wg sync.WaitGroup
 	for i := range l.n {
 		select {
@@ -125,7 +146,7 @@ func runLoad(ctx context.Context, l *loadRun, ts *targets, c int, stream bool, r
 			rctx, cancel := context.WithTimeout(ctx, reqTimeout)
 			defer cancel()
 			o := outcome{target: target, start: time.Now()}
-			o.err = chat(rctx, ts.clients[target], i, stream)
+			o.err = ts.send(rctx, sc, target, i)
 			o.end = time.Now()
 			outs[i] = o
 			l.completed.Add(1)
@@ -135,53 +156,16 @@ func runLoad(ctx context.Context, l *loadRun, ts *targets, c int, stream bool, r
 	return outs
 }
 
-// chat sends request i and reads the whole answer; nil only for a 200
-// that carries a choice (a stream: read to its usage chunk).
-func chat(ctx context.Context, client openai.Client, i int, stream bool) error {
-	params := chatParams(i, stream)
-	if !stream {
-		c, err := client.Chat.Completions.New(ctx, params)
-		if err == nil && len(c.Choices) == 0 {
-			err = errors.New("200 without a choice")
-		}
-		return err
-	}
-	s := client.Chat.Completions.NewStreaming(ctx, params)
-	defer s.Close()
-	var usage bool
-	for s.Next() {
-		usage = usage || s.Current().Usage.TotalTokens > 0
-	}
-	if err := s.Err(); err != nil {
-		return err
-	}
-	// A stream cut short may end quietly; the usage chunk, the last before
-	// [DONE], shows the answer arrived whole.
-	if !usage {
-		return errors.New("stream ended before its usage chunk")
-	}
-	return nil
-}
-
-// chatParams is request i, as loadbench sends it.
-func chatParams(i int, stream bool) openai.ChatCompletionNewParams {
-	params := openai.ChatCompletionNewParams{
-		Model:     "gpt-bench",
-		Messages:  []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt(i))},
-		MaxTokens: openai.Int(maxTokens),
-	}
-	if stream {
-		params.StreamOptions = openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)}
-	}
-	return params
-}
-
 // describe is a failure in a line: the status and error type the SDK kept,
 // never the request's headers.
 func describe(err error) string {
 	var oErr *openai.Error
-	if errors.As(err, &oErr) {
+	var aErr *anthropic.Error
+	switch {
+	case errors.As(err, &oErr):
 		return fmt.Sprintf("status %d %s", oErr.StatusCode, oErr.Message)
+	case errors.As(err, &aErr):
+		return fmt.Sprintf("status %d %s", aErr.StatusCode, aErr.Type())
 	}
 	return err.Error()
 }

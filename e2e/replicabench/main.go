@@ -5,66 +5,70 @@
 // It builds ./cmd/llmproxy once, starts the mock upstream (e2e/mockupstream)
 // in process and, for each run, a fresh mock, a fresh redis-server (Debian's
 // redis-server, no persistence) and fresh llmproxy processes, all on
-// 127.0.0.1. The client (the OpenAI Go SDK with its retries off, streams
-// read to the end) sends each request to the next replica in turn; a
+// 127.0.0.1. The client (the OpenAI Go SDK, or the Anthropic one for the
+// Anthropic cells, with its retries off, streams read to the end) sends each request to the next replica in turn; a
 // request is lost if it gets anything but a whole 200 answer.
 //
 //	short           chats; the upstream allows 20 req/s (one second's
 //	                burst) and 8 in flight, answers in 100 ms, and says so in
 //	                limit headers and Retry-After; 450 at client concurrency 50
-//	streams         loadbench's streams/headers cell: 4 req/s, streams of
-//	                about 1.8 s; 120 at 30
-//	concurrency     loadbench's concurrency/headers cell: 8 in flight, 0.5 s
-//	                answers, Retry-After alone; 200 at 50 (ideal 16/s)
 //	silent          short chats against a silent upstream: 20 req/s and 8
 //	                in flight, refused with a bare 429 (no limit headers, no
 //	                Retry-After, no hint); 300 at 50
-//	silent-concurrency  concurrency, silent: no Retry-After either
-//	silent-streams  streams, silent: 4 req/s, streams of about 1.8 s, a
-//	                bare 429; 120 at 30
-//	window          10 s windows of 200 counted from each window's first
-//	                request, refused with Retry-After in whole seconds
-//	                alone; 600 at 50 (ideal: three windows' allowance at
-//	                their starts, 20.2 s)
-//	anthropic       Anthropic's headers stating 1,200 RPM while 20 a second
-//	                is enforced, resets in whole seconds rounded down; 400
-//	                at 50
+//	shape/speech    every cell of e2e/loadbench (its shapes and speeches,
+//	                e2e/internal/benchcells, at loadbench's default -rps and
+//	                -latency), the same upstream and load: short/headers …
+//	                short/silent-503, streams/*, streams-anthropic/headers,
+//	                concurrency/*, quantized/*, quantized-anthropic/headers,
+//	                tpm/*, and issue 31's window/*, window-aligned,
+//	                window-1s, window-60s, shared-models, own-models*,
+//	                anthropic-*, counted, tpm-quantized and streams-jitter;
+//	                the Anthropic cells on /anthropic/v1/messages with the
+//	                Anthropic Go SDK. All but configured/* and local/*,
+//	                which are routes configured in the proxy rather than
+//	                what an upstream says
 //	redis-slow      short, while Redis stalls (DEBUG SLEEP 0.2) every 600 ms
 //	redis-killed    short with 360 requests; redis-server is SIGKILLed a
 //	                third of the way through and started again, empty, on
 //	                the same port two thirds of the way through
-//	replica-killed  streams; one replica (lease TTL -lease-ttl) is SIGKILLed
-//	                a third of the way through and gets no new requests; its
-//	                cut requests are counted apart, and the time until Redis
-//	                stops counting its permits (its leases expire) is shown
+//	replica-killed  streams/headers; one replica (lease TTL -lease-ttl) is
+//	                SIGKILLed a third of the way through and gets no new
+//	                requests; its cut requests are counted apart, and the
+//	                time until Redis stops counting its permits (its leases
+//	                expire) is shown
 //
-// short, streams, concurrency, the silent rows, window and anthropic run through one proxy (no Redis) and
-// through three replicas; the others through three replicas only, compared
-// with the one-proxy row of their load (short or streams) when that ran.
+// short, silent and the loadbench cells run through one proxy (no Redis)
+// and through three replicas; the others through three replicas only,
+// compared with the one-proxy row of their load (short or streams/headers)
+// when that ran. -scenario takes names, prefixes ending in "/" and globs as
+// loadbench's does ('*/*' is every loadbench cell).
 //
 //	go run ./e2e/replicabench                                  # every row
 //	go run ./e2e/replicabench -scenario short,redis-killed     # the CI subset
-//	go run ./e2e/replicabench -scenario streams -runs 3 -v
+//	go run ./e2e/replicabench -scenario '*/*' -markdown        # every loadbench cell
+//	go run ./e2e/replicabench -scenario 'streams/headers' -runs 3 -v
 //
 // makespan/ideal compares the wall time of the load with N ÷ the rate the
 // upstream allows (replica-killed: the answers the upstream admitted ÷ the
 // rate, as the requests queued on the dead replica never reach it). 429s
 // are the upstream's refusals (from the mock's counters) as a share of the
-// requests that reached it; Δ pts is that share minus the one-proxy row's. Each row shows its target and whether it
-// was met: streams through three replicas within 1.1× the ideal and 2 points
-// of one proxy's refusals, no request lost; redis-killed at most 10 %
-// refused, none lost; replica-killed none lost on the survivors, the dead
-// replica's permits free within the lease TTL, and 2 points; the others as
-// good as one proxy (no more lost, makespan/ideal at most 0.05 more, 2
-// points). Targets are reported only: the exit status is non-zero only when
-// the harness fails (a build, redis-server or a replica that will not
-// start) or is interrupted. Under the table, notes give each run's events
-// and what the replicas showed: in flight over all of them and their
-// concurrency limits (/lanes every 250 ms), live leases in Redis, Redis
-// calls that failed. Each run's line goes to stderr as it ends, with the
-// first failures; -v adds the replicas' Redis log lines and their /lanes
-// after each run. Each run is bounded by -timeout and each
-// request by -request-timeout; every child is killed at exit.
+// requests that reached it; Δ pts is that share minus the one-proxy row's.
+// Each row shows its target and whether it was met: streams/headers
+// through three replicas within 1.1× the ideal, as one proxy, no request
+// lost; redis-killed at most 10 % refused, none lost; replica-killed none
+// lost on the survivors, the dead replica's permits free within the lease
+// TTL, and 2 points; the others as good as one proxy (no more lost,
+// makespan/ideal at most 0.05 more, 2 points). -markdown also prints a line
+// a row with one proxy's figures and the replicas' side by side. Targets
+// are reported only: the exit status is non-zero only when the harness
+// fails (a build, redis-server or a replica that will not start) or is
+// interrupted. Under the table, notes give each run's events and what the
+// replicas showed: in flight over all of them and their concurrency limits
+// (/lanes every 250 ms), live leases in Redis, Redis calls that failed.
+// Each run's line goes to stderr as it ends, with the first failures; -v
+// adds the replicas' Redis log lines and their /lanes after each run. Each
+// run is bounded by -timeout and each request by -request-timeout; every
+// child is killed at exit.
 package main
 
 import (
@@ -73,6 +77,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -87,6 +92,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 )
 
@@ -107,14 +113,15 @@ func main() { os.Exit(realMain()) }
 
 func realMain() int {
 	var o options
-	only := flag.String("scenario", "", "comma-separated rows: short, streams, concurrency, silent, silent-concurrency, silent-streams, window, anthropic, redis-slow, redis-killed, replica-killed (default all)")
+	only := flag.String("scenario", "", "comma-separated rows: names, prefixes ending in / and globs as loadbench's -scenario ('*/*' is every loadbench cell; default all)")
+	markdown := flag.Bool("markdown", false, "also print one line a row, one proxy and the replicas side by side, as a Markdown table")
 	flag.IntVar(&o.runs, "runs", 1, "runs of each row; the table shows each run and the median")
 	flag.BoolVar(&o.verbose, "v", false, "print progress, the replicas' Redis and lane-change log lines and the first failures of each run")
 	flag.IntVar(&o.replicas, "replicas", 3, "replicas in the shared rows")
 	leaseTTL := flag.Duration("lease-ttl", 3*time.Second, "LLMPROXY_REDIS_LEASE_TTL of replica-killed (the other rows keep the default)")
 	flag.DurationVar(&o.timeout, "timeout", 2*time.Minute, "bound on each run's load")
-	flag.DurationVar(&o.reqTimeout, "request-timeout", time.Minute, "bound on each request")
-	deadline := flag.Duration("deadline", 30*time.Minute, "bound on the whole command")
+	flag.DurationVar(&o.reqTimeout, "request-timeout", 90*time.Second, "bound on each request (window-60s/retry-after queues some for a minute)")
+	deadline := flag.Duration("deadline", 2*time.Hour, "bound on the whole command")
 	flag.StringVar(&o.bin, "bin", "", "an llmproxy binary to use instead of building ./cmd/llmproxy")
 	flag.Func("replica-env", "NAME=value for every replica of the shared rows (repeatable), e.g. LLMPROXY_REDIS_SLOW=0", func(v string) error {
 		if !strings.HasPrefix(v, "LLMPROXY_") || !strings.Contains(v, "=") {
@@ -188,7 +195,7 @@ func realMain() int {
 					break
 				}
 				g.runs = append(g.runs, r)
-				fmt.Fprintf(os.Stderr, "%-14s ×%d run %d: %d/%d ok, %d lost, %d cut, makespan %.2fs, upstream %d requests %d 429s; took %.1fs\n",
+				fmt.Fprintf(os.Stderr, "%-30s ×%d run %d: %d/%d ok, %d lost, %d cut, makespan %.2fs, upstream %d requests %d 429s; took %.1fs\n",
 					sc.name, n, run, r.ok, r.n, r.lost, r.cut, r.makespan.Seconds(), r.upReq, r.up429, r.took.Seconds())
 			}
 			if len(g.runs) > 0 {
@@ -201,6 +208,10 @@ func realMain() int {
 	}
 	fmt.Println()
 	printTable(os.Stdout, groups)
+	if *markdown {
+		fmt.Println()
+		printMarkdown(os.Stdout, groups)
+	}
 	switch {
 	case failed:
 		return 1
@@ -222,33 +233,14 @@ type quiet struct{}
 
 func (quiet) Printf(context.Context, string, ...any) {}
 
-// pick returns the scenarios list names, in the table's order.
+// pick returns the rows list names (names, prefixes ending in "/" and
+// globs, as loadbench's -scenario; "all" or "" is every row), in the list's
+// order.
 func pick(all []*scenario, list string) ([]*scenario, error) {
-	if strings.TrimSpace(list) == "" || strings.TrimSpace(list) == "all" {
-		return all, nil
+	if strings.TrimSpace(list) == "all" {
+		list = ""
 	}
-	want := map[string]bool{}
-	for _, item := range strings.Split(list, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		if !slices.ContainsFunc(all, func(s *scenario) bool { return s.name == item }) {
-			var names []string
-			for _, s := range all {
-				names = append(names, s.name)
-			}
-			return nil, fmt.Errorf("no row %q; rows: %s", item, strings.Join(names, ", "))
-		}
-		want[item] = true
-	}
-	var picked []*scenario
-	for _, s := range all {
-		if want[s.name] {
-			picked = append(picked, s)
-		}
-	}
-	return picked, nil
+	return benchcells.Pick(all, func(s *scenario) string { return s.name }, list, "row")
 }
 
 // result is one run of one row.
@@ -316,7 +308,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	}
 	sampled := make(chan string, 1)
 	go func() { sampled <- sampleLanes(runCtx, env.load.done, reps, env.rdb) }()
-	outs := runLoad(runCtx, env.load, env.ts, sc.c, sc.stream, o.reqTimeout)
+	outs := runLoad(runCtx, env.load, env.ts, sc, o.reqTimeout)
 	res.makespan = time.Since(env.start)
 	duringErr := <-duringDone
 	if s := <-sampled; s != "" {
@@ -659,12 +651,12 @@ func judge(sc *scenario, replicas int, v vals, base *vals) (text, met string) {
 		}
 		return text, yes(v.lost <= base.lost && v.ratio <= base.ratio+0.05 && v.pct <= base.pct+2)
 	case streamsTarget:
-		text = fmt.Sprintf("≤%g×, Δ ≤ +%g pts, 0 lost", t.ratio, t.points)
+		text = fmt.Sprintf("≤%g×, ×ideal ≤ +0.05, Δ ≤ +%g pts, 0 lost", t.ratio, t.points)
 		ok := v.ratio <= t.ratio && v.lost == 0
 		if base == nil {
-			return text, yes(ok) + " (Δ unchecked: no 1-proxy " + sc.base + " row)"
+			return text, yes(ok) + " (as 1 proxy unchecked: no 1-proxy " + sc.base + " row)"
 		}
-		return text, yes(ok && v.pct <= base.pct+t.points)
+		return text, yes(ok && v.ratio <= base.ratio+0.05 && v.pct <= base.pct+t.points)
 	case refusedTarget:
 		return fmt.Sprintf("≤%g %% refused, 0 lost", t.pct), yes(v.pct <= t.pct && v.lost == 0)
 	case replicaKilledTarget:
@@ -736,4 +728,56 @@ func printTable(w io.Writer, groups []group) {
 			fmt.Fprintln(w, n)
 		}
 	}
+}
+
+// printMarkdown prints a line a row, its one-proxy figures (or "–") and
+// the replicas' side by side: ×ideal and 429 % (the range over the runs),
+// requests lost, the target and whether the medians met it.
+func printMarkdown(w io.Writer, groups []group) {
+	solo, shared := map[string]group{}, map[string]group{}
+	var order []*scenario
+	for _, g := range groups {
+		if g.replicas == 1 {
+			solo[g.sc.name] = g
+			continue
+		}
+		shared[g.sc.name] = g
+		order = append(order, g.sc)
+	}
+	replicas := "replicas"
+	if len(order) > 0 {
+		replicas = fmt.Sprintf("%d replicas", shared[order[0].name].replicas)
+	}
+	fmt.Fprintf(w, "| row | load | 1 proxy | %s | target | met |\n|---|---|---|---|---|---|\n", replicas)
+	for _, sc := range order {
+		g := shared[sc.name]
+		one, oneText := (*vals)(nil), "–"
+		if b, ok := solo[sc.base]; ok {
+			m := b.medians()
+			one = &m
+			if sc.base == sc.name {
+				oneText = b.figures()
+			}
+		}
+		text, met := judge(sc, g.replicas, g.medians(), one)
+		fmt.Fprintf(w, "| %s | %d at C %d | %s | %s | %s | %s |\n", sc.name, sc.n, sc.c, oneText, g.figures(), text, met)
+	}
+}
+
+// figures is the group's ×ideal, 429 % of upstream requests and requests
+// lost, each the range over its runs.
+func (g group) figures() string {
+	span := func(f func(vals) float64, format string) string {
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for _, r := range g.runs {
+			v := f(valsOf(r))
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		if a, b := fmt.Sprintf(format, lo), fmt.Sprintf(format, hi); a != b {
+			return a + "–" + b
+		}
+		return fmt.Sprintf(format, lo)
+	}
+	return fmt.Sprintf("%s×, %s %%, %s lost", span(func(v vals) float64 { return v.ratio }, "%.2f"),
+		span(func(v vals) float64 { return v.pct }, "%.1f"), span(func(v vals) float64 { return v.lost }, "%g"))
 }

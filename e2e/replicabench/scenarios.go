@@ -8,11 +8,13 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 )
 
@@ -30,6 +32,11 @@ type scenario struct {
 	ideal  time.Duration
 	n, c   int
 	stream bool
+	// anthropic sends /v1/messages with the Anthropic SDK (through the
+	// replicas' /anthropic route) instead of chat completions.
+	anthropic bool
+	// model names request i's model; nil: "gpt-bench" for all.
+	model func(i int) string
 	// solo: also run through one proxy without Redis.
 	solo bool
 	// leaseTTL, when set, is the replicas' LLMPROXY_REDIS_LEASE_TTL.
@@ -66,58 +73,58 @@ func (e *runEnv) since() string {
 	return fmt.Sprintf("%.1fs", time.Since(e.start).Seconds())
 }
 
-// The upstreams. short: a 20 req/s bucket with a one-second burst and 8 in
-// flight, 100 ms answers, limit headers and Retry-After (the mock's
-// default speech). streams: loadbench's streams cell, 4 req/s and about
-// 1.8 s a stream. concurrency: loadbench's concurrency/headers cell, no
-// rate limit, 8 in flight, 0.5 s answers, Retry-After alone.
+// The upstreams of the rows that are not loadbench's. short: a 20 req/s
+// bucket with a one-second burst and 8 in flight, 100 ms answers, limit
+// headers and Retry-After (the mock's default speech). silent: the same
+// limits, refused with a bare 429.
 var (
-	shortMock       = mockupstream.Config{RPM: 1200, MaxInFlight: 8, Latency: 100 * time.Millisecond}
-	streamsMock     = mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond}
-	concurrencyMock = mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond,
-		NoLimitHeaders: true, NoHint: true, ConcurrencyUnnamed: true}
-	// The silent rows: the same limits, refused with a bare 429.
+	shortMock  = mockupstream.Config{RPM: 1200, MaxInFlight: 8, Latency: 100 * time.Millisecond}
 	silentMock = mockupstream.Config{RPM: 1200, MaxInFlight: 8, Latency: 100 * time.Millisecond,
 		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
-	silentConcurrencyMock = mockupstream.Config{MaxInFlight: 8, Latency: 500 * time.Millisecond,
-		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
-	silentStreamsMock = mockupstream.Config{RPM: 240, Latency: 200 * time.Millisecond, StreamChunks: 10, ChunkDelay: 200 * time.Millisecond,
-		NoLimitHeaders: true, NoRetryAfter: true, NoHint: true, ConcurrencyUnnamed: true}
-	// The shapes of issue 31. window: 10 s windows of 200 (1,200 RPM),
-	// counted from each window's first request, refusals saying only
-	// Retry-After in whole seconds, 200 ms answers (loadbench's
-	// window/retry-after). anthropic: Anthropic's headers stating 1,200
-	// RPM while 20 a second is enforced, resets in whole seconds rounded
-	// down (loadbench's anthropic-rounded-down/headers, on the chat path).
-	windowMock = mockupstream.Config{RPM: 1200, Window: 10 * time.Second, Latency: 200 * time.Millisecond,
-		NoLimitHeaders: true, NoHint: true, ConcurrencyUnnamed: true, RetryAfterSeconds: true}
-	anthropicMock = mockupstream.Config{RPM: 1200, Latency: 200 * time.Millisecond, QuantizedHeaders: true,
-		HeaderForm: "anthropic", ResetRoundDown: true}
 )
 
-// scenarios lists every row in the order they run.
+// scenarios lists every row in the order they run: short and silent, every
+// dialect cell of loadbench, then what goes wrong with Redis or a replica.
 func scenarios(leaseTTL time.Duration) []*scenario {
 	asOne := target{kind: asOneProxy}
-	return []*scenario{
+	rows := []*scenario{
 		{name: "short", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, solo: true, target: asOne},
-		{name: "streams", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true, solo: true,
-			target: target{kind: streamsTarget, ratio: 1.1, points: 2}},
-		{name: "concurrency", base: "concurrency", mock: concurrencyMock, rate: 8 / 0.5, n: 200, c: 50, solo: true, target: asOne},
 		{name: "silent", base: "silent", mock: silentMock, rate: 20, n: 300, c: 50, solo: true, target: asOne},
-		{name: "silent-concurrency", base: "silent-concurrency", mock: silentConcurrencyMock, rate: 8 / 0.5, n: 200, c: 50,
-			solo: true, target: asOne},
-		{name: "silent-streams", base: "silent-streams", mock: silentStreamsMock, rate: 4, n: 120, c: 30, stream: true,
-			solo: true, target: asOne},
-		{name: "window", base: "window", mock: windowMock, rate: 20, n: 600, c: 50, solo: true, target: asOne,
-			ideal: 2*10*time.Second + 200*time.Millisecond},
-		{name: "anthropic", base: "anthropic", mock: anthropicMock, rate: 20, n: 400, c: 50, solo: true, target: asOne},
-		{name: "redis-slow", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, during: slowRedis, target: asOne},
-		{name: "redis-killed", base: "short", mock: shortMock, rate: 20, n: 360, c: 50, during: killRedis,
-			target: target{kind: refusedTarget, pct: 10}},
-		{name: "replica-killed", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true,
-			leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
-			target: target{kind: replicaKilledTarget, points: 2}},
 	}
+	dialects := dialectRows()
+	rows = append(rows, dialects...)
+	streams := *dialects[slices.IndexFunc(dialects, func(s *scenario) bool { return s.name == "streams/headers" })]
+	return append(rows,
+		&scenario{name: "redis-slow", base: "short", mock: shortMock, rate: 20, n: 450, c: 50, during: slowRedis, target: asOne},
+		&scenario{name: "redis-killed", base: "short", mock: shortMock, rate: 20, n: 360, c: 50, during: killRedis,
+			target: target{kind: refusedTarget, pct: 10}},
+		&scenario{name: "replica-killed", base: streams.name, mock: streams.mock, rate: streams.rate, n: streams.n, c: streams.c,
+			stream: true, leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
+			target: target{kind: replicaKilledTarget, points: 2}},
+	)
+}
+
+// dialectRows are loadbench's cells (e2e/internal/benchcells) at its
+// default figures, each the same upstream and load as there, through one
+// proxy and through the replicas, as good as one proxy; all but the cells
+// of routes configured in the proxy (configured, local), which are about
+// the route, not what the upstream says. streams/headers also keeps the
+// streams target it had as the row "streams".
+func dialectRows() []*scenario {
+	var rows []*scenario
+	for _, cell := range benchcells.Cells(benchcells.DefaultLatency, benchcells.DefaultRPS) {
+		if cell.Configure != nil {
+			continue
+		}
+		sc := &scenario{name: cell.Name, base: cell.Name, mock: cell.Mock, rate: cell.Rate, ideal: cell.IdealOf(cell.N),
+			n: cell.N, c: cell.C, stream: cell.Stream, anthropic: cell.Anthropic, model: cell.Model, solo: true,
+			target: target{kind: asOneProxy}}
+		if sc.name == "streams/headers" {
+			sc.target = target{kind: streamsTarget, ratio: 1.1, points: 2}
+		}
+		rows = append(rows, sc)
+	}
+	return rows
 }
 
 // victim is the replica replica-killed kills.
@@ -189,7 +196,7 @@ func killRedis(e *runEnv) error {
 func findVictim(e *runEnv) error {
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
-	params := chatParams(0, true)
+	params := benchcells.ChatParams(0, "gpt-bench", true)
 	s := e.ts.clients[victim].Chat.Completions.NewStreaming(ctx, params)
 	defer s.Close()
 	deadline := time.Now().Add(time.Second)
@@ -312,4 +319,12 @@ func liveLeases(ctx context.Context, rdb *redis.Client) ([]string, int, error) {
 		members = append(members, ms...)
 	}
 	return members, len(keys), nil
+}
+
+// modelOf is request i's model.
+func (sc *scenario) modelOf(i int) string {
+	if sc.model != nil {
+		return sc.model(i)
+	}
+	return "gpt-bench"
 }
