@@ -297,6 +297,16 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 		}
 	}
 
+	if w := sc.mock.Window; w > 0 && sc.mock.WindowAligned {
+		// Windows aligned to the clock: the load starts just after a
+		// boundary, where the ideal puts it, so that one proxy and the
+		// replicas meet the same phase; from another, the first window is
+		// part of one and the makespan moves by up to a window.
+		select {
+		case <-time.After(time.Until(time.Now().Truncate(w).Add(w + 20*time.Millisecond))):
+		case <-runCtx.Done():
+		}
+	}
 	before := mock.Stats()
 	env.load = &loadRun{n: sc.n, done: make(chan struct{})}
 	duringDone := make(chan error, 1)
