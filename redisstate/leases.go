@@ -20,7 +20,13 @@ func (s *Store) renew() error {
 	s.mu.Lock()
 	held := make(map[string]string, len(s.leases))
 	for l, k := range s.leases {
-		held[l] = k
+		// A permit taken locally whose lease the writer has yet to add:
+		// the writer adds it. Written here, it would stay in Redis if
+		// given back before the writer sent it (returnLater then drops
+		// it, as never sent) until it expired.
+		if _, pending := s.adds[l]; !pending {
+			held[l] = k
+		}
 	}
 	s.mu.Unlock()
 	if len(held) == 0 {
@@ -49,6 +55,10 @@ func (s *Store) renew() error {
 	s.took(start, err)
 	if err != nil {
 		s.failed("renew", err)
+		// The renewal may have reached Redis in part (a cluster's live
+		// nodes, a pipeline cut short): leases given back meanwhile are
+		// removed again, now or at the rejoin.
+		_ = s.removeReturned(held)
 		return err
 	}
 	return s.removeReturned(held)

@@ -65,11 +65,11 @@ func (s *Store) flushAdds() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for l, k := range adds {
-		_, held := s.leases[l]
-		switch {
-		case err != nil && held:
-			s.adds[l] = k // try again
-		case err == nil && !held:
+		// A call that failed may have reached Redis in part (a cluster's
+		// live nodes, a pipeline cut short): a lease still held is no
+		// longer pending but renewed (renew puts back what Redis lacks),
+		// and one given back is removed, as one that did reach it.
+		if _, held := s.leases[l]; !held {
 			s.returns[l] = k // returned while on its way: remove it again
 		}
 	}
