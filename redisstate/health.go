@@ -8,11 +8,14 @@ package redisstate
 // heartbeat going, up or not, on the replica's clock (Config.Clock).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmproxy/llmproxy/clock"
 )
@@ -82,6 +85,7 @@ func (s *Store) loop() {
 		case <-ping.C:
 			if !s.up.Load() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
+				s.reloadSlots()
 				ctx, cancel := s.ctx()
 				start := time.Now()
 				err := s.rdb().Ping(ctx).Err()
@@ -100,6 +104,18 @@ func (s *Store) loop() {
 			}
 			ping.Reset(wait)
 		}
+	}
+}
+
+// reloadSlots has a cluster client read again which node serves which
+// slot, in the background: go-redis reads it again on MOVED, and a minute
+// on, but not when the node it sends to is gone, and a primary that
+// failed over to its replica is gone. Without it a replica stays local
+// for up to a minute after the failover, its rejoins sent to the dead
+// node.
+func (s *Store) reloadSlots() {
+	if c, ok := s.rdb().(*redis.ClusterClient); ok {
+		c.ReloadState(context.Background())
 	}
 }
 

@@ -64,23 +64,25 @@ func StartCluster(opt Options) (*Cluster, error) {
 	return c, nil
 }
 
+// Addrs are the live nodes' addresses (host:port).
+func (c *Cluster) Addrs() []string {
+	var a []string
+	for _, n := range c.Nodes {
+		if n.Alive() {
+			a = append(a, n.Addr())
+		}
+	}
+	return a
+}
+
 // URL is a redis:// URL of the first live node with every other live
 // node as a further seed (?addr=).
 func (c *Cluster) URL() string {
-	var u string
-	for _, n := range c.Nodes {
-		if !n.Alive() {
-			continue
-		}
-		if u == "" {
-			u = "redis://" + n.Addr()
-		} else if !strings.Contains(u, "?") {
-			u += "?addr=" + n.Addr()
-		} else {
-			u += "&addr=" + n.Addr()
-		}
+	a := c.Addrs()
+	if len(a) == 0 {
+		return ""
 	}
-	return u
+	return "redis://" + a[0] + "?addr=" + strings.Join(a[1:], "&addr=")
 }
 
 // WaitOK waits, at most timeout, until every live node says
