@@ -373,3 +373,104 @@ func TestComposeMatchesTheBinary(t *testing.T) {
 		}
 	}
 }
+
+// The checks above catch what they are for: the Sentinel/TLS example,
+// clean as shipped, with one mistake made at a time.
+func TestPodChecksCatchMistakes(t *testing.T) {
+	const file = "kubernetes/llmproxy-redis-sentinel-tls.yaml"
+	b := readBinary(t)
+	deployment := func() map[string]any {
+		for _, doc := range yamlFiles(t)[file] {
+			if doc["kind"] == "Deployment" {
+				return doc // decoded afresh: each case changes its own
+			}
+		}
+		t.Fatalf("%s: no Deployment", file)
+		return nil
+	}
+	container := func(doc map[string]any) map[string]any {
+		for _, c := range list(podSpec(doc)["containers"]) {
+			if m, _ := c.(map[string]any); m["name"] == "llmproxy" {
+				return m
+			}
+		}
+		t.Fatalf("%s: no llmproxy container", file)
+		return nil
+	}
+	// setEnv sets (value) or removes (nil) a variable.
+	setEnv := func(doc map[string]any, name string, value any) {
+		c := container(doc)
+		env := slices.DeleteFunc(list(c["env"]), func(e any) bool { return get(e, "name") == name })
+		if value != nil {
+			env = append(env, map[string]any{"name": name, "value": value})
+		}
+		c["env"] = env
+	}
+	withEnv := func(name string, value any) func(map[string]any) {
+		return func(d map[string]any) { setEnv(d, name, value) }
+	}
+	volume := func(doc map[string]any, name string) map[string]any {
+		for _, v := range list(podSpec(doc)["volumes"]) {
+			if m, _ := v.(map[string]any); m["name"] == name {
+				return m
+			}
+		}
+		t.Fatalf("%s: no volume %s", file, name)
+		return nil
+	}
+	if p := b.podProblems(deployment()); len(p) > 0 {
+		t.Fatalf("%s as shipped: %v", file, p)
+	}
+	for _, tc := range []struct {
+		mistake string
+		change  func(map[string]any)
+		want    string
+	}{
+		{"a misspelt variable", func(d map[string]any) {
+			setEnv(d, "LLMPROXY_REDIS_PASSWORD_FILE", nil)
+			setEnv(d, "LLMPROXY_REDIS_PASSWORDFILE", "/etc/llmproxy/redis-auth/password")
+		}, "LLMPROXY_REDIS_PASSWORDFILE is not a variable llmproxy reads"},
+		{"the password file's Secret not mounted", func(d map[string]any) {
+			c := container(d)
+			c["volumeMounts"] = slices.DeleteFunc(list(c["volumeMounts"]), func(m any) bool { return get(m, "name") == "redis-auth" })
+		}, "LLMPROXY_REDIS_PASSWORD_FILE=/etc/llmproxy/redis-auth/password: no volume mounted there"},
+		{"the password file elsewhere than the mount", withEnv("LLMPROXY_REDIS_PASSWORD_FILE", "/etc/redis/password"), "LLMPROXY_REDIS_PASSWORD_FILE=/etc/redis/password: no volume mounted there"},
+		{"the password from an emptyDir", func(d map[string]any) {
+			v := volume(d, "redis-auth")
+			delete(v, "secret")
+			v["emptyDir"] = map[string]any{}
+		}, `volume "redis-auth" is not a Secret`},
+		{"the client key from a ConfigMap", func(d map[string]any) {
+			v := volume(d, "redis-tls")
+			v["configMap"], v["secret"] = v["secret"], nil
+		}, `LLMPROXY_REDIS_KEY=/etc/llmproxy/redis-tls/tls.key: volume "redis-tls" is not a Secret`},
+		{"the Secret's items without the password", func(d map[string]any) {
+			s := get(volume(d, "redis-auth"), "secret").(map[string]any)
+			s["items"] = slices.DeleteFunc(list(s["items"]), func(i any) bool { return get(i, "path") == "password" })
+		}, `has no item "password"`},
+		{"the files the user cannot read", func(d map[string]any) {
+			delete(podSpec(d)["securityContext"].(map[string]any), "fsGroup")
+		}, "not readable by the container's user"},
+		{"a grace shorter than the shutdown timeout", func(d map[string]any) {
+			podSpec(d)["terminationGracePeriodSeconds"] = 25
+		}, "terminationGracePeriodSeconds 25s"},
+		{"a grace without room for the preStop sleep", withEnv("LLMPROXY_SHUTDOWN_TIMEOUT", "40s"), "terminationGracePeriodSeconds 45s, not more than the preStop sleep 5s + LLMPROXY_SHUTDOWN_TIMEOUT 40s"},
+		{"no preStop sleep", func(d map[string]any) { delete(container(d), "lifecycle") }, "no preStop sleep"},
+		{"Recreate", func(d map[string]any) {
+			d["spec"].(map[string]any)["strategy"] = map[string]any{"type": "Recreate"}
+		}, "strategy Recreate"},
+		{"the password in the URL", withEnv("LLMPROXY_REDIS_URL", "rediss://llmproxy:hunter2@redis.redis.svc.cluster.local:26379"), "LLMPROXY_REDIS_URL holds a password"},
+		{"sentinel mode without a master", withEnv("LLMPROXY_REDIS_SENTINEL_MASTER", nil), "sentinel without LLMPROXY_REDIS_SENTINEL_MASTER"},
+		{"a CA without TLS", withEnv("LLMPROXY_REDIS_URL", "redis://llmproxy@redis.redis.svc.cluster.local:26379"), "LLMPROXY_REDIS_CA set, but LLMPROXY_REDIS_URL is not rediss://"},
+		{"a client certificate without its key", withEnv("LLMPROXY_REDIS_KEY", nil), "needs both LLMPROXY_REDIS_CERT and LLMPROXY_REDIS_KEY"},
+	} {
+		t.Run(tc.mistake, func(t *testing.T) {
+			d := deployment()
+			tc.change(d)
+			p := b.podProblems(d)
+			if !slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, tc.want) }) {
+				t.Errorf("want a problem saying %q, got %q", tc.want, p)
+			}
+		})
+	}
+}
