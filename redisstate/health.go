@@ -84,8 +84,11 @@ func (s *Store) loop() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
 				start := time.Now()
-				err := s.rdb.Ping(ctx).Err()
+				err := s.rdb().Ping(ctx).Err()
 				cancel()
+				if err == nil && !s.detect() {
+					err = errors.New("no answer to INFO")
+				}
 				// A ping slower than the bound leaves the replica local:
 				// Redis is there but would hold up every request.
 				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
