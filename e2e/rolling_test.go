@@ -10,13 +10,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/e2e/fleetstate"
 	"github.com/llmproxy/llmproxy/e2e/front"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 )
@@ -241,35 +241,11 @@ func startKnownReplica(t *testing.T, rdb *redis.Client, name, bin, upstream stri
 	return r, id
 }
 
-// redisKeys lists the keys that match pattern.
-func redisKeys(rdb *redis.Client, pattern string) ([]string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	var keys []string
-	iter := rdb.Scan(ctx, 0, pattern, 100).Iterator()
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	return keys, iter.Err()
-}
-
-// fleet is the members of the fleet's set of live replicas (their ids).
+// fleet is the ids in the fleet's set of live replicas.
 func fleet(rdb *redis.Client) ([]string, error) {
-	keys, err := redisKeys(rdb, "*replicas")
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var members []string
-	for _, k := range keys {
-		ms, err := rdb.ZRange(ctx, k, 0, -1).Result()
-		if err != nil {
-			return nil, err
-		}
-		members = append(members, ms...)
-	}
-	return members, nil
+	return fleetstate.Replicas(ctx, rdb)
 }
 
 func fleetHas(rdb *redis.Client, id string) (bool, error) {
@@ -277,28 +253,11 @@ func fleetHas(rdb *redis.Client, id string) (bool, error) {
 	return slices.Contains(members, id), err
 }
 
-// leasesOf counts the leases in Redis, over every limit group, that
-// replica id took: their members start with the id and a dash.
+// leasesOf counts the leases in Redis that replica id took.
 func leasesOf(rdb *redis.Client, id string) (int, error) {
-	keys, err := redisKeys(rdb, "*:leases")
-	if err != nil {
-		return 0, err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	n := 0
-	for _, k := range keys {
-		ms, err := rdb.ZRange(ctx, k, 0, -1).Result()
-		if err != nil {
-			return 0, err
-		}
-		for _, m := range ms {
-			if strings.HasPrefix(m, id+"-") {
-				n++
-			}
-		}
-	}
-	return n, nil
+	return fleetstate.LeasesOf(ctx, rdb, id)
 }
 
 // TestDrainCutShortReturnsPermits: a replica whose drain runs out of time
