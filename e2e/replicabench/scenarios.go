@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,6 +42,9 @@ type scenario struct {
 	setup  func(*runEnv) error
 	during func(*runEnv) error
 	target target
+	// rolling: the load goes through a front (rolling.go), and runs
+	// without during too, the row's baseline.
+	rolling bool
 }
 
 // runEnv is what setup and during work with.
@@ -49,6 +53,7 @@ type runEnv struct {
 	sc    *scenario
 	redis *redisServer
 	rdb   *redis.Client
+	mu    sync.Mutex // guards reps, which a restart changes (rolling.go)
 	reps  []*replica
 	ts    *targets
 	load  *loadRun
@@ -117,6 +122,8 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 		{name: "replica-killed", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true,
 			leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
 			target: target{kind: replicaKilledTarget, points: 2}},
+		{name: "rolling-restart", base: "rolling-restart", mock: shortMock, rate: 20, n: 450, c: 50, rolling: true, during: rollReplicas,
+			target: target{kind: rollingTarget}},
 	}
 }
 
