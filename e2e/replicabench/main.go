@@ -45,6 +45,12 @@
 //	go run ./e2e/replicabench                                  # every row
 //	go run ./e2e/replicabench -scenario short,redis-killed     # the CI subset
 //	go run ./e2e/replicabench -scenario streams -runs 3 -v
+//	go run ./e2e/replicabench -fleet 10,30                     # how far one Redis carries
+//
+// -fleet replaces the rows with another measure, described in fleet.go:
+// that many replicas on one redis-server against an unlimited upstream,
+// and the same without Redis: admissions per second, Redis' commands,
+// round trips and CPU per request, and the p99 Redis adds to a request.
 //
 // makespan/ideal compares the wall time of the load with N ÷ the rate the
 // upstream allows (replica-killed: the answers the upstream admitted ÷ the
@@ -124,6 +130,7 @@ func realMain() int {
 		return nil
 	})
 	flag.StringVar(&o.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH, else /usr/bin/redis-server)")
+	fleet := fleetFlags(flag.CommandLine)
 	flag.Parse()
 	if o.runs < 1 || o.replicas < 2 {
 		fmt.Fprintln(os.Stderr, "replicabench: -runs must be at least 1 and -replicas at least 2")
@@ -167,6 +174,13 @@ func realMain() int {
 			return 1
 		}
 		o.logf("built llmproxy in %v", time.Since(began).Round(10*time.Millisecond))
+	}
+	if len(fleet.counts) > 0 {
+		if err := runFleet(ctx, o, fleet, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "replicabench -fleet:", err)
+			return 1
+		}
+		return 0
 	}
 
 	fmt.Printf("replicabench: %d row(s), %d run(s) each, %d replicas; %s/%s, %d CPUs\n",
@@ -278,7 +292,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	shared := n > 1
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()
-	rs, reps, stop, err := startFleet(o, sc, n, mock.URL(), &res)
+	rs, reps, stop, err := startFleet(o, sc, n, shared, mock.URL(), &res)
 	defer stop()
 	if err != nil {
 		return res, err
@@ -348,10 +362,10 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	return res, duringErr
 }
 
-// startFleet starts Redis (for more than one replica) and n replicas of
-// the proxy in front of upstream, ready; stop kills what it started, and
-// is to be called whether or not err is nil.
-func startFleet(o options, sc *scenario, n int, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
+// startFleet starts Redis (when shared) and n replicas of the proxy in
+// front of upstream, ready; stop kills what it started, and is to be
+// called whether or not err is nil.
+func startFleet(o options, sc *scenario, n int, shared bool, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
 	var extra []string
 	var kills []func()
 	stop = func() {
@@ -359,7 +373,7 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 			kills[i]()
 		}
 	}
-	if n > 1 {
+	if shared {
 		dir, err := os.MkdirTemp(o.tmp, "redis-")
 		if err != nil {
 			return nil, nil, stop, err
@@ -383,7 +397,7 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 		wg.Go(func() {
 			reps[i], errs[i] = startReplica(fmt.Sprintf("replica %d", i), o.bin, upstream, extra)
 			if errs[i] == nil {
-				errs[i] = reps[i].waitReady(n > 1, 15*time.Second)
+				errs[i] = reps[i].waitReady(shared, 15*time.Second)
 			}
 		})
 	}

@@ -1,0 +1,646 @@
+package main
+
+// The fleet mode (-fleet 10,30): how far one Redis carries. For each
+// replica count it starts that many replicas on one fresh redis-server in
+// front of an unlimited mock upstream (no limits, no latency: every
+// request is admitted at once, so what is measured is the proxy and
+// Redis), then the same replicas again without LLMPROXY_REDIS_URL, and
+// runs on each fleet, after a warm-up of a second:
+//
+//	through  a closed loop: -fleet-in-flight requests at a time over all
+//	         replicas, each request to the next replica in turn, for
+//	         -fleet-duration; admissions per second, and Redis' work per
+//	         request: commands (INFO commandstats, the commands scripts
+//	         call included), script runs, round trips (the replicas'
+//	         llmproxy_redis_commands_total), time in commands and CPU
+//	         (INFO cpu, used_cpu_user + used_cpu_sys)
+//	paced    -fleet-rate requests a second, sent on schedule whatever is
+//	         in flight, for -fleet-duration; each request's time, from
+//	         sending to the end of its answer
+//
+// The p99 Redis adds is the paced p99 with Redis minus the paced p99 of
+// the same number of replicas without it: the paced rate stays well under
+// what the machine serves, so it is the time of a request, not of a
+// queue. The proxy has no histogram of its Redis calls; its
+// llmproxy_queue_wait_seconds (arrival to the first upstream attempt, the
+// admission on Redis included) is shown beside it at its buckets'
+// resolution.
+//
+// Everything runs on this machine: the replicas, redis-server, the mock
+// and the load share its CPUs. Admissions per second are what the machine
+// serves, not what Redis could; Redis' CPU per request and its share of
+// the CPU are the figures that carry over, and the notes give every
+// party's CPU during the closed loop.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+)
+
+// fleetOptions are the -fleet flags.
+type fleetOptions struct {
+	counts   []int
+	duration time.Duration
+	inFlight int
+	rate     float64
+	keys     int
+}
+
+// fleetFlags registers the -fleet flags on fs.
+func fleetFlags(fs *flag.FlagSet) *fleetOptions {
+	fo := &fleetOptions{duration: 5 * time.Second, inFlight: 64, rate: 100, keys: 1}
+	fs.Func("fleet", "instead of the rows, how far one Redis carries: these replica counts (e.g. 10,30) on one redis-server, short chats against an unlimited upstream", func(v string) error {
+		fo.counts = nil
+		for _, item := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(item))
+			if err != nil || n < 1 {
+				return errors.New("want replica counts of at least 1, e.g. 10,30")
+			}
+			fo.counts = append(fo.counts, n)
+		}
+		return nil
+	})
+	fs.DurationVar(&fo.duration, "fleet-duration", fo.duration, "-fleet: length of each measured phase (the closed loop, the paced load), with and without Redis")
+	fs.IntVar(&fo.inFlight, "fleet-in-flight", fo.inFlight, "-fleet: requests in flight over all replicas in the closed loop")
+	fs.Float64Var(&fo.rate, "fleet-rate", fo.rate, "-fleet: requests per second of the paced load (the latencies)")
+	fs.IntVar(&fo.keys, "fleet-keys", fo.keys, "-fleet: API keys (limit groups) the requests are spread over")
+	return fo
+}
+
+func (fo *fleetOptions) check() error {
+	if fo.duration < 100*time.Millisecond || fo.inFlight < 1 || fo.rate <= 0 || fo.keys < 1 {
+		return errors.New("-fleet-duration must be at least 100ms, -fleet-in-flight, -fleet-rate and -fleet-keys positive")
+	}
+	return nil
+}
+
+// fleetRow is one replica count: the fleet on Redis and the same fleet
+// without it.
+type fleetRow struct {
+	n             int
+	shared, local fleetRun
+}
+
+// fleetRun is one fleet's phases and what Redis, the replicas and this
+// process did in each.
+type fleetRun struct {
+	through, paced         phase
+	throughCost, pacedCost snapDelta
+	notes                  []string
+}
+
+// phase is one load: its answers' times and its failures.
+type phase struct {
+	ok, failed, skipped int
+	wall                time.Duration
+	lat                 []time.Duration // of the answered requests, sorted
+	firstErr            string
+}
+
+func (p phase) perSecond() float64 {
+	if p.wall <= 0 {
+		return 0
+	}
+	return float64(p.ok) / p.wall.Seconds()
+}
+
+// quantile is the q-th quantile of the answered requests' times; 0 if
+// none.
+func (p phase) quantile(q float64) time.Duration {
+	if len(p.lat) == 0 {
+		return 0
+	}
+	k := int(math.Ceil(q*float64(len(p.lat)))) - 1
+	return p.lat[min(max(k, 0), len(p.lat)-1)]
+}
+
+// runFleet measures each replica count of fo, on Redis and without it,
+// and writes the tables to w; progress goes to stderr.
+func runFleet(ctx context.Context, o options, fo *fleetOptions, w io.Writer) error {
+	if err := fo.check(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "replicabench -fleet %s: -fleet-duration %v, -fleet-in-flight %d, -fleet-rate %g, -fleet-keys %d; %s/%s, %d CPUs\n",
+		joinInts(fo.counts), fo.duration, fo.inFlight, fo.rate, fo.keys, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	var rows []fleetRow
+	defer func() { printFleet(w, fo, rows) }()
+	for _, n := range fo.counts {
+		row := fleetRow{n: n}
+		for _, shared := range []bool{true, false} {
+			began := time.Now()
+			fr, err := fleetOnce(ctx, o, fo, n, shared)
+			if err != nil {
+				return fmt.Errorf("%d replicas, %s: %w", n, redisOrNot(shared), err)
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			fmt.Fprintf(os.Stderr, "fleet ×%d %s: %.0f admissions/s (%d answered, %d failed), paced p99 %v; took %.1fs\n",
+				n, redisOrNot(shared), fr.through.perSecond(), fr.through.ok, fr.through.failed,
+				fr.paced.quantile(0.99).Round(10*time.Microsecond), time.Since(began).Seconds())
+			if shared {
+				row.shared = fr
+			} else {
+				row.local = fr
+			}
+		}
+		rows = append(rows, row)
+	}
+	return nil
+}
+
+func redisOrNot(shared bool) string {
+	if shared {
+		return "with Redis"
+	}
+	return "without Redis"
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// fleetOnce starts n replicas (on a fresh redis-server when shared) in
+// front of a fresh unlimited mock and runs the warm-up, the closed loop
+// and the paced load on them.
+func fleetOnce(ctx context.Context, o options, fo *fleetOptions, n int, shared bool) (fleetRun, error) {
+	var fr fleetRun
+	mock := mockupstream.New(mockupstream.Config{}) // no limits, answers at once
+	defer mock.Close()
+	var res result // startFleet notes the replicas' extra environment here
+	rs, reps, stop, err := startFleet(o, &scenario{}, n, shared, mock.URL(), &res)
+	defer stop()
+	if err != nil {
+		return fr, err
+	}
+	fr.notes = res.notes
+	var rdb *redis.Client
+	if shared {
+		rdb = redis.NewClient(&redis.Options{Addr: rs.addr(), DialTimeout: time.Second,
+			ReadTimeout: 2 * time.Second, WriteTimeout: time.Second, MaxRetries: -1})
+		defer rdb.Close()
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: fo.inFlight} // no Proxy: loopback, never through one
+	defer tr.CloseIdleConnections()
+	load := &fleetLoad{client: &http.Client{Transport: tr, Timeout: o.reqTimeout}, keys: fo.keys}
+	for _, r := range reps {
+		load.addrs = append(load.addrs, r.addr)
+	}
+
+	if warm := load.closed(ctx, fo.inFlight, min(time.Second, fo.duration)); warm.ok == 0 {
+		return fr, fmt.Errorf("no request answered in the warm-up (%d failed): %s", warm.failed, warm.firstErr)
+	}
+	before, err := takeSnap(ctx, rdb, reps)
+	if err != nil {
+		return fr, err
+	}
+	fr.through = load.closed(ctx, fo.inFlight, fo.duration)
+	mid, err := takeSnap(ctx, rdb, reps)
+	if err != nil {
+		return fr, err
+	}
+	fr.paced = load.paced(ctx, fo.rate, fo.duration, 4*fo.inFlight)
+	after, err := takeSnap(ctx, rdb, reps)
+	if err != nil {
+		return fr, err
+	}
+	fr.throughCost, fr.pacedCost = mid.minus(before), after.minus(mid)
+	if shared {
+		for i, r := range reps {
+			if lv, err := r.lanes(); err == nil && lv.Redis != "ok" {
+				fr.notes = append(fr.notes, fmt.Sprintf("replica %d says redis %q as the load ends", i, lv.Redis))
+			}
+		}
+	}
+	return fr, nil
+}
+
+// ---- the load ----
+
+// fleetLoad sends short chats to the replicas in turn.
+type fleetLoad struct {
+	client *http.Client
+	addrs  []string
+	keys   int
+	next   atomic.Uint64
+}
+
+// fleetKey is the API key of limit group k; it is never printed.
+func fleetKey(k int) string { return fmt.Sprintf("sk-fleetbench-%d", k) }
+
+// one sends the next request and reads its answer to the end: its time,
+// or why it failed (anything but a 200).
+func (l *fleetLoad) one(ctx context.Context) (time.Duration, error) {
+	i := l.next.Add(1) - 1
+	n := uint64(len(l.addrs))
+	body := fmt.Appendf(nil, `{"model":"gpt-bench","messages":[{"role":"user","content":%q}],"max_tokens":%d}`, prompt(int(i%1e6)), maxTokens)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+l.addrs[i%n]+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+fleetKey(int((i/n)%uint64(l.keys))))
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	took := time.Since(start)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return took, err
+}
+
+// tally collects a phase's answers from several goroutines.
+type tally struct {
+	mu sync.Mutex
+	p  phase
+}
+
+func (t *tally) add(d time.Duration, err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err != nil {
+		t.p.failed++
+		if t.p.firstErr == "" {
+			t.p.firstErr = err.Error()
+		}
+		return
+	}
+	t.p.ok++
+	t.p.lat = append(t.p.lat, d)
+}
+
+func (t *tally) done(start time.Time) phase {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.p.wall = time.Since(start)
+	slices.Sort(t.p.lat)
+	return t.p
+}
+
+// closed keeps inFlight requests going until d has passed; those under
+// way then are waited for.
+func (l *fleetLoad) closed(ctx context.Context, inFlight int, d time.Duration) phase {
+	var t tally
+	start := time.Now()
+	end := start.Add(d)
+	var wg sync.WaitGroup
+	for range inFlight {
+		wg.Go(func() {
+			for ctx.Err() == nil && time.Now().Before(end) {
+				t.add(l.one(ctx))
+			}
+		})
+	}
+	wg.Wait()
+	return t.done(start)
+}
+
+// paced sends rate requests a second for d, each at its time whatever is
+// in flight; one that would make more than most in flight is not sent
+// (counted as skipped).
+func (l *fleetLoad) paced(ctx context.Context, rate float64, d time.Duration, most int) phase {
+	var t tally
+	sem := make(chan struct{}, most)
+	var wg sync.WaitGroup
+	start := time.Now()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	skipped := 0
+	n := int(rate * d.Seconds())
+	for k := 0; k < n && ctx.Err() == nil; k++ {
+		at := start.Add(time.Duration(float64(k) / rate * float64(time.Second)))
+		if wait := time.Until(at); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				continue
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			skipped++
+			continue
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			t.add(l.one(ctx))
+		})
+	}
+	wg.Wait()
+	p := t.done(start)
+	p.skipped = skipped
+	return p
+}
+
+// ---- what Redis, the replicas and this process did ----
+
+// snap is what a moment's counters said.
+type snap struct {
+	at              time.Time
+	redisCPU        float64          // s, used_cpu_user + used_cpu_sys
+	calls, usec     map[string]int64 // INFO commandstats, by command
+	trips           map[string]float64
+	failures        float64
+	wait            map[string]float64 // llmproxy_queue_wait_seconds buckets, by le, all replicas
+	repCPU, selfCPU float64            // s, from /proc
+}
+
+// snapDelta is what happened between two snaps.
+type snapDelta snap
+
+var (
+	cmdstatRE = regexp.MustCompile(`^cmdstat_([^:]+):calls=(\d+),usec=(\d+)`)
+	leRE      = regexp.MustCompile(`le="([^"]+)"`)
+	opRE      = regexp.MustCompile(`op="([^"]+)"`)
+)
+
+// takeSnap reads Redis' INFO (rdb nil: no Redis) and every replica's
+// /metrics and CPU time.
+func takeSnap(ctx context.Context, rdb *redis.Client, reps []*replica) (snap, error) {
+	s := snap{at: time.Now(), calls: map[string]int64{}, usec: map[string]int64{}, trips: map[string]float64{}, wait: map[string]float64{}}
+	if rdb != nil {
+		info, err := rdb.Info(ctx, "commandstats", "cpu").Result()
+		if err != nil {
+			return s, fmt.Errorf("INFO commandstats cpu: %w", err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			line = strings.TrimSpace(line)
+			if m := cmdstatRE.FindStringSubmatch(line); m != nil {
+				s.calls[m[1]], _ = strconv.ParseInt(m[2], 10, 64)
+				s.usec[m[1]], _ = strconv.ParseInt(m[3], 10, 64)
+				continue
+			}
+			k, v, ok := strings.Cut(line, ":")
+			if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+				f, _ := strconv.ParseFloat(v, 64)
+				s.redisCPU += f
+			}
+		}
+		delete(s.calls, "info") // this command's own
+		delete(s.usec, "info")
+	}
+	for i, r := range reps {
+		series, ok := r.metricSeries("llmproxy_redis_commands_total")
+		if !ok {
+			return s, fmt.Errorf("replica %d: /metrics did not answer", i)
+		}
+		for labels, v := range series {
+			op := "?"
+			if m := opRE.FindStringSubmatch(labels); m != nil {
+				op = m[1]
+			}
+			s.trips[op] += v
+		}
+		if v, ok := r.metric("llmproxy_redis_failures_total"); ok {
+			s.failures += v
+		}
+		buckets, _ := r.metricSeries("llmproxy_queue_wait_seconds_bucket")
+		for labels, v := range buckets {
+			if m := leRE.FindStringSubmatch(labels); m != nil {
+				s.wait[m[1]] += v
+			}
+		}
+		s.repCPU += procCPU(strconv.Itoa(r.cmd.Process.Pid))
+	}
+	s.selfCPU = procCPU("self")
+	return s, nil
+}
+
+func (s snap) minus(b snap) snapDelta {
+	d := snapDelta{at: s.at, redisCPU: s.redisCPU - b.redisCPU, failures: s.failures - b.failures,
+		repCPU: s.repCPU - b.repCPU, selfCPU: s.selfCPU - b.selfCPU,
+		calls: map[string]int64{}, usec: map[string]int64{}, trips: map[string]float64{}, wait: map[string]float64{}}
+	for k, v := range s.calls {
+		if c := v - b.calls[k]; c > 0 {
+			d.calls[k], d.usec[k] = c, s.usec[k]-b.usec[k]
+		}
+	}
+	for k, v := range s.trips {
+		if t := v - b.trips[k]; t > 0 {
+			d.trips[k] = t
+		}
+	}
+	for k, v := range s.wait {
+		d.wait[k] = v - b.wait[k]
+	}
+	return d
+}
+
+// procCPU is the user and system CPU time, in seconds, of process pid
+// ("self": this one) from /proc/<pid>/stat, in the kernel's USER_HZ of
+// 100 ticks a second; 0 where there is no /proc.
+func procCPU(pid string) float64 {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses and may
+	// hold spaces: state is the first, utime the 12th, stime the 13th.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return (u + s) / 100
+}
+
+func sumInt(m map[string]int64) (t int64) {
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+func sumFloat(m map[string]float64) (t float64) {
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// scriptRuns counts the calls that ran a script.
+func (d snapDelta) scriptRuns() int64 {
+	return d.calls["evalsha"] + d.calls["eval"] + d.calls["evalsha_ro"] + d.calls["eval_ro"] + d.calls["fcall"]
+}
+
+// waitP99 is the bucket of llmproxy_queue_wait_seconds that holds the
+// 99th percentile ("≤ 5ms"), or "–" without samples.
+func (d snapDelta) waitP99() string {
+	total := d.wait["+Inf"]
+	if total <= 0 {
+		return "–"
+	}
+	type bucket struct {
+		le    float64
+		count float64
+	}
+	var bs []bucket
+	for k, v := range d.wait {
+		if le, err := strconv.ParseFloat(k, 64); err == nil && !math.IsInf(le, 1) {
+			bs = append(bs, bucket{le, v})
+		}
+	}
+	slices.SortFunc(bs, func(a, b bucket) int { return cmpFloat(a.le, b.le) })
+	for _, b := range bs {
+		if b.count >= 0.99*total {
+			return "≤ " + (time.Duration(b.le * float64(time.Second))).String()
+		}
+	}
+	return "> " + (time.Duration(bs[len(bs)-1].le * float64(time.Second))).String()
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// ---- the tables ----
+
+// ms is d in milliseconds with two decimals.
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+// perRequest is x per answered request of p, "–" without any.
+func perRequest(x float64, p phase, format string) string {
+	if p.ok == 0 {
+		return "–"
+	}
+	return fmt.Sprintf(format, x/float64(p.ok))
+}
+
+// printFleet writes the two tables and the notes.
+func printFleet(w io.Writer, fo *fleetOptions, rows []fleetRow) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\nClosed loop: %d requests in flight over all replicas, each to the next replica, for %v; %d key(s); an unlimited upstream answering at once.\n\n",
+		fo.inFlight, fo.duration, fo.keys)
+	fmt.Fprintln(w, "| replicas | admissions/s without Redis | admissions/s with Redis | Redis commands/request (script runs) | round trips/request | Redis µs in commands/request | Redis CPU ms/1,000 requests | Redis CPU, % of a core | requests/s one Redis core serves |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		th, c := r.shared.through, r.shared.throughCost
+		perCore := "–"
+		if c.redisCPU > 0 {
+			perCore = fmt.Sprintf("%.0f", float64(th.ok)/c.redisCPU)
+		}
+		fmt.Fprintf(w, "| %d | %.0f | %.0f | %s (%s) | %s | %s | %s | %.0f %% | %s |\n", r.n,
+			r.local.through.perSecond(), th.perSecond(),
+			perRequest(float64(sumInt(c.calls)), th, "%.2f"), perRequest(float64(c.scriptRuns()), th, "%.2f"),
+			perRequest(sumFloat(c.trips), th, "%.2f"), perRequest(float64(sumInt(c.usec)), th, "%.1f"),
+			perRequest(c.redisCPU*1e6, th, "%.0f"), 100*c.redisCPU/th.wall.Seconds(), perCore)
+	}
+	fmt.Fprintf(w, "\nPaced: %g requests/s for %v; a request's time is from sending it to the end of its answer (ms).\n\n", fo.rate, fo.duration)
+	fmt.Fprintln(w, "| replicas | p50 without Redis | p50 with Redis | p99 without Redis | p99 with Redis | p99 Redis adds | proxy queue wait p99 without / with Redis |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	for _, r := range rows {
+		l, s := r.local.paced, r.shared.paced
+		fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %+.2f | %s / %s |\n", r.n,
+			ms(l.quantile(0.5)), ms(s.quantile(0.5)), ms(l.quantile(0.99)), ms(s.quantile(0.99)),
+			float64(s.quantile(0.99)-l.quantile(0.99))/float64(time.Millisecond),
+			r.local.pacedCost.waitP99(), r.shared.pacedCost.waitP99())
+	}
+	fmt.Fprintf(w, "\nNotes (CPU shares are of one core; this machine has %d, so %d %% is all of it):\n", runtime.NumCPU(), 100*runtime.NumCPU())
+	for _, r := range rows {
+		for _, note := range fleetNotes(r) {
+			fmt.Fprintf(w, "- %d replicas: %s\n", r.n, note)
+		}
+	}
+}
+
+// fleetNotes are a row's CPU, breakdowns and anything that went wrong.
+func fleetNotes(r fleetRow) []string {
+	var notes []string
+	cpu := func(fr fleetRun) string {
+		secs := fr.through.wall.Seconds()
+		s := fmt.Sprintf("replicas %.0f %%, this process (load and mock upstream) %.0f %%",
+			100*fr.throughCost.repCPU/secs, 100*fr.throughCost.selfCPU/secs)
+		if fr.throughCost.redisCPU > 0 {
+			s = fmt.Sprintf("redis-server %.0f %%, ", 100*fr.throughCost.redisCPU/secs) + s
+		}
+		return s
+	}
+	notes = append(notes, fmt.Sprintf("CPU in the closed loop with Redis: %s; without: %s", cpu(r.shared), cpu(r.local)))
+	th, c := r.shared.through, r.shared.throughCost
+	if th.ok > 0 {
+		var ops, cmds []string
+		for _, op := range sortedKeys(c.trips) {
+			ops = append(ops, fmt.Sprintf("%s %.3f", op, c.trips[op]/float64(th.ok)))
+		}
+		for _, cmd := range sortedKeys(c.calls) {
+			cmds = append(cmds, fmt.Sprintf("%s %.3f", cmd, float64(c.calls[cmd])/float64(th.ok)))
+		}
+		notes = append(notes, fmt.Sprintf("per request, round trips by op: %s; Redis commands: %s (%d requests)",
+			strings.Join(ops, ", "), strings.Join(cmds, ", "), th.ok))
+	}
+	for _, f := range []struct {
+		name string
+		fr   fleetRun
+	}{{"with Redis", r.shared}, {"without Redis", r.local}} {
+		for _, p := range []struct {
+			name string
+			p    phase
+		}{{"closed loop", f.fr.through}, {"paced", f.fr.paced}} {
+			if p.p.failed > 0 {
+				notes = append(notes, fmt.Sprintf("%s, %s: %d requests failed, the first: %s", f.name, p.name, p.p.failed, p.p.firstErr))
+			}
+			if p.p.skipped > 0 {
+				notes = append(notes, fmt.Sprintf("%s, %s: %d requests not sent (too many in flight)", f.name, p.name, p.p.skipped))
+			}
+		}
+		for _, n := range f.fr.notes {
+			notes = append(notes, f.name+": "+n)
+		}
+	}
+	if fails := r.shared.throughCost.failures + r.shared.pacedCost.failures; fails > 0 {
+		notes = append(notes, fmt.Sprintf("%.0f Redis calls failed or were too slow (LLMPROXY_REDIS_SLOW): the replicas used local limits for a while, and the figures above understate Redis' work", fails))
+	}
+	return notes
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
