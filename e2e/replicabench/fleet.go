@@ -1,36 +1,39 @@
 package main
 
 // The fleet mode (-fleet 10,30): how far one Redis carries. For each
-// replica count it starts that many replicas on one fresh redis-server in
-// front of an unlimited mock upstream (no limits, no latency: every
-// request is admitted at once, so what is measured is the proxy and
-// Redis), then the same replicas again without LLMPROXY_REDIS_URL, and
-// runs on each fleet, after a warm-up of a second:
+// replica count N it starts, in front of one unlimited mock upstream (no
+// limits, no latency: every request is admitted at once, so what is
+// measured is the proxy and Redis), N replicas on one fresh redis-server
+// and N more without LLMPROXY_REDIS_URL, all with
+// LLMPROXY_LANE_CONCURRENCY=-fleet-concurrency so that no group's
+// concurrency limit holds requests back, and after a warm-up of a second
+// on each fleet runs:
 //
-//	through  a closed loop: -fleet-in-flight requests at a time over all
-//	         replicas, each request to the next replica in turn, for
-//	         -fleet-duration; admissions per second, and Redis' work per
-//	         request: commands (INFO commandstats, the commands scripts
-//	         call included), script runs, round trips (the replicas'
-//	         llmproxy_redis_commands_total), time in commands and CPU
-//	         (INFO cpu, used_cpu_user + used_cpu_sys)
-//	paced    -fleet-rate requests a second, sent on schedule whatever is
-//	         in flight, for -fleet-duration; each request's time, from
-//	         sending to the end of its answer
+//	closed loop  on each fleet in turn: -fleet-in-flight requests at a
+//	             time, each to the next replica, for -fleet-duration;
+//	             admissions per second, and Redis' work per request:
+//	             commands (INFO commandstats, the commands scripts call
+//	             included), script runs, the time Redis spent in them,
+//	             round trips (the replicas' llmproxy_redis_commands_total)
+//	             and CPU (INFO cpu, used_cpu_user + used_cpu_sys)
+//	paced        on both fleets at once, -fleet-rate requests a second to
+//	             each, alternately, sent on schedule whatever is in flight,
+//	             for -fleet-duration: each request's time, from sending to
+//	             the end of its answer
 //
-// The p99 Redis adds is the paced p99 with Redis minus the paced p99 of
-// the same number of replicas without it: the paced rate stays well under
-// what the machine serves, so it is the time of a request, not of a
-// queue. The proxy has no histogram of its Redis calls; its
+// The p99 Redis adds is the paced p99 with Redis minus that without it:
+// the paced rate stays well under what the machine serves, so it is the
+// time of a request, not of a queue, and the two fleets share each
+// moment's noise. The proxy has no histogram of its Redis calls; its
 // llmproxy_queue_wait_seconds (arrival to the first upstream attempt, the
-// admission on Redis included) is shown beside it at its buckets'
+// admission on Redis included) is shown beside, at its buckets'
 // resolution.
 //
 // Everything runs on this machine: the replicas, redis-server, the mock
 // and the load share its CPUs. Admissions per second are what the machine
-// serves, not what Redis could; Redis' CPU per request and its share of
-// the CPU are the figures that carry over, and the notes give every
-// party's CPU during the closed loop.
+// serves, not what Redis could; Redis' CPU per request and its share of a
+// core are the figures that carry over, and the notes give every party's
+// CPU during the closed loops.
 
 import (
 	"bytes"
@@ -63,11 +66,13 @@ type fleetOptions struct {
 	inFlight int
 	rate     float64
 	keys     int
+	// concurrency is the replicas' LLMPROXY_LANE_CONCURRENCY, 0 = theirs.
+	concurrency int
 }
 
 // fleetFlags registers the -fleet flags on fs.
 func fleetFlags(fs *flag.FlagSet) *fleetOptions {
-	fo := &fleetOptions{duration: 5 * time.Second, inFlight: 64, rate: 100, keys: 1}
+	fo := &fleetOptions{duration: 5 * time.Second, inFlight: 64, rate: 100, keys: 1, concurrency: 1024}
 	fs.Func("fleet", "instead of the rows, how far one Redis carries: these replica counts (e.g. 10,30) on one redis-server, short chats against an unlimited upstream", func(v string) error {
 		fo.counts = nil
 		for _, item := range strings.Split(v, ",") {
@@ -83,12 +88,13 @@ func fleetFlags(fs *flag.FlagSet) *fleetOptions {
 	fs.IntVar(&fo.inFlight, "fleet-in-flight", fo.inFlight, "-fleet: requests in flight over all replicas in the closed loop")
 	fs.Float64Var(&fo.rate, "fleet-rate", fo.rate, "-fleet: requests per second of the paced load (the latencies)")
 	fs.IntVar(&fo.keys, "fleet-keys", fo.keys, "-fleet: API keys (limit groups) the requests are spread over")
+	fs.IntVar(&fo.concurrency, "fleet-concurrency", fo.concurrency, "-fleet: LLMPROXY_LANE_CONCURRENCY of every replica, with Redis and without (0: the default, 8, which a fleet on Redis grows slowly: the closed loop then measures that limit, not Redis)")
 	return fo
 }
 
 func (fo *fleetOptions) check() error {
-	if fo.duration < 100*time.Millisecond || fo.inFlight < 1 || fo.rate <= 0 || fo.keys < 1 {
-		return errors.New("-fleet-duration must be at least 100ms, -fleet-in-flight, -fleet-rate and -fleet-keys positive")
+	if fo.duration < 100*time.Millisecond || fo.inFlight < 1 || fo.rate <= 0 || fo.keys < 1 || fo.concurrency < 0 {
+		return errors.New("-fleet-duration must be at least 100ms, -fleet-in-flight, -fleet-rate and -fleet-keys positive, -fleet-concurrency not negative")
 	}
 	return nil
 }
@@ -139,30 +145,24 @@ func runFleet(ctx context.Context, o options, fo *fleetOptions, w io.Writer) err
 	if err := fo.check(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "replicabench -fleet %s: -fleet-duration %v, -fleet-in-flight %d, -fleet-rate %g, -fleet-keys %d; %s/%s, %d CPUs\n",
-		joinInts(fo.counts), fo.duration, fo.inFlight, fo.rate, fo.keys, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	fmt.Fprintf(w, "replicabench -fleet %s: -fleet-duration %v, -fleet-in-flight %d, -fleet-rate %g, -fleet-keys %d, -fleet-concurrency %d; %s/%s, %d CPUs\n",
+		joinInts(fo.counts), fo.duration, fo.inFlight, fo.rate, fo.keys, fo.concurrency, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	var rows []fleetRow
 	defer func() { printFleet(w, fo, rows) }()
 	for _, n := range fo.counts {
-		row := fleetRow{n: n}
-		for _, shared := range []bool{true, false} {
-			began := time.Now()
-			fr, err := fleetOnce(ctx, o, fo, n, shared)
-			if err != nil {
-				return fmt.Errorf("%d replicas, %s: %w", n, redisOrNot(shared), err)
-			}
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			fmt.Fprintf(os.Stderr, "fleet ×%d %s: %.0f admissions/s (%d answered, %d failed), paced p99 %v; took %.1fs\n",
-				n, redisOrNot(shared), fr.through.perSecond(), fr.through.ok, fr.through.failed,
-				fr.paced.quantile(0.99).Round(10*time.Microsecond), time.Since(began).Seconds())
-			if shared {
-				row.shared = fr
-			} else {
-				row.local = fr
-			}
+		began := time.Now()
+		row, err := fleetRowOnce(ctx, o, fo, n)
+		if err != nil {
+			return fmt.Errorf("%d replicas: %w", n, err)
 		}
+		for _, f := range []struct {
+			name string
+			fr   fleetRun
+		}{{"with Redis", row.shared}, {"without Redis", row.local}} {
+			fmt.Fprintf(os.Stderr, "fleet ×%d %s: %.0f admissions/s (%d answered, %d failed), paced p99 %v\n",
+				n, f.name, f.fr.through.perSecond(), f.fr.through.ok, f.fr.through.failed, f.fr.paced.quantile(0.99).Round(10*time.Microsecond))
+		}
+		fmt.Fprintf(os.Stderr, "fleet ×%d took %.1fs\n", n, time.Since(began).Seconds())
 		rows = append(rows, row)
 	}
 	return nil
@@ -183,59 +183,118 @@ func joinInts(ns []int) string {
 	return strings.Join(s, ",")
 }
 
-// fleetOnce starts n replicas (on a fresh redis-server when shared) in
-// front of a fresh unlimited mock and runs the warm-up, the closed loop
-// and the paced load on them.
-func fleetOnce(ctx context.Context, o options, fo *fleetOptions, n int, shared bool) (fleetRun, error) {
-	var fr fleetRun
+// fleet is one set of running replicas and the load that drives them.
+type fleet struct {
+	shared bool
+	rdb    *redis.Client // nil without Redis
+	reps   []*replica
+	load   *fleetLoad
+	run    fleetRun
+}
+
+// fleetRowOnce starts, in front of one fresh unlimited mock, n replicas
+// on a fresh redis-server and n more without Redis; warms both up; runs
+// the closed loop on each in turn, then the paced load on both at once,
+// each request to the other fleet than the last, so that both see the
+// same moments of a machine they share with everything else.
+func fleetRowOnce(ctx context.Context, o options, fo *fleetOptions, n int) (fleetRow, error) {
+	row := fleetRow{n: n}
 	mock := mockupstream.New(mockupstream.Config{}) // no limits, answers at once
 	defer mock.Close()
-	var res result // startFleet notes the replicas' extra environment here
-	rs, reps, stop, err := startFleet(o, &scenario{}, n, shared, mock.URL(), &res)
-	defer stop()
-	if err != nil {
-		return fr, err
+	var env []string
+	if fo.concurrency > 0 {
+		env = append(env, "LLMPROXY_LANE_CONCURRENCY="+strconv.Itoa(fo.concurrency))
 	}
-	fr.notes = res.notes
-	var rdb *redis.Client
-	if shared {
-		rdb = redis.NewClient(&redis.Options{Addr: rs.addr(), DialTimeout: time.Second,
-			ReadTimeout: 2 * time.Second, WriteTimeout: time.Second, MaxRetries: -1})
-		defer rdb.Close()
+	var fleets []*fleet
+	for _, shared := range []bool{true, false} {
+		var res result // startFleet notes the replicas' extra environment here
+		rs, reps, stop, err := startFleet(o, &scenario{env: env}, n, shared, mock.URL(), &res)
+		defer stop()
+		if err != nil {
+			return row, fmt.Errorf("%s: %w", redisOrNot(shared), err)
+		}
+		f := &fleet{shared: shared, reps: reps, run: fleetRun{notes: res.notes}}
+		if shared {
+			f.rdb = redis.NewClient(&redis.Options{Addr: rs.addr(), DialTimeout: time.Second,
+				ReadTimeout: 2 * time.Second, WriteTimeout: time.Second, MaxRetries: -1})
+			defer f.rdb.Close()
+		}
+		tr := &http.Transport{MaxIdleConnsPerHost: fo.inFlight} // no Proxy: loopback, never through one
+		defer tr.CloseIdleConnections()
+		f.load = &fleetLoad{client: &http.Client{Transport: tr, Timeout: o.reqTimeout}, keys: fo.keys}
+		for _, r := range reps {
+			f.load.addrs = append(f.load.addrs, r.addr)
+		}
+		fleets = append(fleets, f)
 	}
-	tr := &http.Transport{MaxIdleConnsPerHost: fo.inFlight} // no Proxy: loopback, never through one
-	defer tr.CloseIdleConnections()
-	load := &fleetLoad{client: &http.Client{Transport: tr, Timeout: o.reqTimeout}, keys: fo.keys}
-	for _, r := range reps {
-		load.addrs = append(load.addrs, r.addr)
+	for _, f := range fleets {
+		if warm := f.load.closed(ctx, fo.inFlight, min(time.Second, fo.duration)); warm.ok == 0 {
+			return row, fmt.Errorf("%s: no request answered in the warm-up (%d failed): %s", redisOrNot(f.shared), warm.failed, warm.firstErr)
+		}
 	}
-
-	if warm := load.closed(ctx, fo.inFlight, min(time.Second, fo.duration)); warm.ok == 0 {
-		return fr, fmt.Errorf("no request answered in the warm-up (%d failed): %s", warm.failed, warm.firstErr)
+	for _, f := range fleets {
+		before, err := takeSnap(ctx, f.rdb, f.reps)
+		if err != nil {
+			return row, err
+		}
+		f.run.through = f.load.closed(ctx, fo.inFlight, fo.duration)
+		after, err := takeSnap(ctx, f.rdb, f.reps)
+		if err != nil {
+			return row, err
+		}
+		f.run.throughCost = after.minus(before)
+		if s := limitsShown(f.reps); s != "" {
+			f.run.notes = append(f.run.notes, s)
+		}
 	}
-	before, err := takeSnap(ctx, rdb, reps)
-	if err != nil {
-		return fr, err
+	befores := make([]snap, len(fleets))
+	loads := make([]*fleetLoad, len(fleets))
+	for i, f := range fleets {
+		var err error
+		if befores[i], err = takeSnap(ctx, f.rdb, f.reps); err != nil {
+			return row, err
+		}
+		loads[i] = f.load
 	}
-	fr.through = load.closed(ctx, fo.inFlight, fo.duration)
-	mid, err := takeSnap(ctx, rdb, reps)
-	if err != nil {
-		return fr, err
-	}
-	fr.paced = load.paced(ctx, fo.rate, fo.duration, 4*fo.inFlight)
-	after, err := takeSnap(ctx, rdb, reps)
-	if err != nil {
-		return fr, err
-	}
-	fr.throughCost, fr.pacedCost = mid.minus(before), after.minus(mid)
-	if shared {
-		for i, r := range reps {
-			if lv, err := r.lanes(); err == nil && lv.Redis != "ok" {
-				fr.notes = append(fr.notes, fmt.Sprintf("replica %d says redis %q as the load ends", i, lv.Redis))
+	paced := pacedLoad(ctx, loads, fo.rate, fo.duration, 4*fo.inFlight)
+	for i, f := range fleets {
+		after, err := takeSnap(ctx, f.rdb, f.reps)
+		if err != nil {
+			return row, err
+		}
+		f.run.paced, f.run.pacedCost = paced[i], after.minus(befores[i])
+		if f.shared {
+			for k, r := range f.reps {
+				if lv, err := r.lanes(); err == nil && lv.Redis != "ok" {
+					f.run.notes = append(f.run.notes, fmt.Sprintf("replica %d says redis %q as the load ends", k, lv.Redis))
+				}
 			}
 		}
 	}
-	return fr, nil
+	row.shared, row.local = fleets[0].run, fleets[1].run
+	return row, ctx.Err()
+}
+
+// limitsShown is the range of concurrency limits the replicas' lanes
+// show, in a line ("" if none answered).
+func limitsShown(reps []*replica) string {
+	lo, hi := -1, -1
+	for _, r := range reps {
+		lv, err := r.lanes()
+		if err != nil {
+			continue
+		}
+		for _, l := range lv.Lanes {
+			if lo < 0 || l.Concurrency < lo {
+				lo = l.Concurrency
+			}
+			hi = max(hi, l.Concurrency)
+		}
+	}
+	if hi < 0 {
+		return ""
+	}
+	return fmt.Sprintf("concurrency limits the replicas' lanes show after the closed loop: %d–%d", lo, hi)
 }
 
 // ---- the load ----
@@ -323,21 +382,22 @@ func (l *fleetLoad) closed(ctx context.Context, inFlight int, d time.Duration) p
 	return t.done(start)
 }
 
-// paced sends rate requests a second for d, each at its time whatever is
-// in flight; one that would make more than most in flight is not sent
-// (counted as skipped).
-func (l *fleetLoad) paced(ctx context.Context, rate float64, d time.Duration, most int) phase {
-	var t tally
+// pacedLoad sends rate requests a second to each of loads for d, in
+// turn, each at its time whatever is in flight; one that would make more
+// than most in flight (all loads together) is not sent (counted as
+// skipped). It returns each load's phase.
+func pacedLoad(ctx context.Context, loads []*fleetLoad, rate float64, d time.Duration, most int) []phase {
+	ts := make([]tally, len(loads))
+	skipped := make([]int, len(loads))
 	sem := make(chan struct{}, most)
 	var wg sync.WaitGroup
 	start := time.Now()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	skipped := 0
-	n := int(rate * d.Seconds())
+	every := time.Duration(float64(time.Second) / (rate * float64(len(loads))))
+	n := int(rate*d.Seconds()) * len(loads)
 	for k := 0; k < n && ctx.Err() == nil; k++ {
-		at := start.Add(time.Duration(float64(k) / rate * float64(time.Second)))
-		if wait := time.Until(at); wait > 0 {
+		if wait := time.Until(start.Add(time.Duration(k) * every)); wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-timer.C:
@@ -345,21 +405,25 @@ func (l *fleetLoad) paced(ctx context.Context, rate float64, d time.Duration, mo
 				continue
 			}
 		}
+		i := k % len(loads)
 		select {
 		case sem <- struct{}{}:
 		default:
-			skipped++
+			skipped[i]++
 			continue
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			t.add(l.one(ctx))
+			ts[i].add(loads[i].one(ctx))
 		})
 	}
 	wg.Wait()
-	p := t.done(start)
-	p.skipped = skipped
-	return p
+	phases := make([]phase, len(loads))
+	for i := range ts {
+		phases[i] = ts[i].done(start)
+		phases[i].skipped = skipped[i]
+	}
+	return phases
 }
 
 // ---- what Redis, the replicas and this process did ----
@@ -498,6 +562,13 @@ func (d snapDelta) scriptRuns() int64 {
 	return d.calls["evalsha"] + d.calls["eval"] + d.calls["evalsha_ro"] + d.calls["eval_ro"] + d.calls["fcall"]
 }
 
+// scriptUsec is the time Redis spent running scripts, the commands they
+// call included (commandstats counts those twice: in the script's time
+// and in their own).
+func (d snapDelta) scriptUsec() int64 {
+	return d.usec["evalsha"] + d.usec["eval"] + d.usec["evalsha_ro"] + d.usec["eval_ro"] + d.usec["fcall"]
+}
+
 // waitP99 is the bucket of llmproxy_queue_wait_seconds that holds the
 // 99th percentile ("≤ 5ms"), or "–" without samples.
 func (d snapDelta) waitP99() string {
@@ -554,7 +625,7 @@ func printFleet(w io.Writer, fo *fleetOptions, rows []fleetRow) {
 	}
 	fmt.Fprintf(w, "\nClosed loop: %d requests in flight over all replicas, each to the next replica, for %v; %d key(s); an unlimited upstream answering at once.\n\n",
 		fo.inFlight, fo.duration, fo.keys)
-	fmt.Fprintln(w, "| replicas | admissions/s without Redis | admissions/s with Redis | Redis commands/request (script runs) | round trips/request | Redis µs in commands/request | Redis CPU ms/1,000 requests | Redis CPU, % of a core | requests/s one Redis core serves |")
+	fmt.Fprintln(w, "| replicas | admissions/s without Redis | admissions/s with Redis | Redis commands/request (script runs) | round trips/request | Redis µs in scripts/request | Redis CPU ms/1,000 requests | Redis CPU, % of a core | requests/s one Redis core serves |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		th, c := r.shared.through, r.shared.throughCost
@@ -565,10 +636,10 @@ func printFleet(w io.Writer, fo *fleetOptions, rows []fleetRow) {
 		fmt.Fprintf(w, "| %d | %.0f | %.0f | %s (%s) | %s | %s | %s | %.0f %% | %s |\n", r.n,
 			r.local.through.perSecond(), th.perSecond(),
 			perRequest(float64(sumInt(c.calls)), th, "%.2f"), perRequest(float64(c.scriptRuns()), th, "%.2f"),
-			perRequest(sumFloat(c.trips), th, "%.2f"), perRequest(float64(sumInt(c.usec)), th, "%.1f"),
+			perRequest(sumFloat(c.trips), th, "%.2f"), perRequest(float64(c.scriptUsec()), th, "%.1f"),
 			perRequest(c.redisCPU*1e6, th, "%.0f"), 100*c.redisCPU/th.wall.Seconds(), perCore)
 	}
-	fmt.Fprintf(w, "\nPaced: %g requests/s for %v; a request's time is from sending it to the end of its answer (ms).\n\n", fo.rate, fo.duration)
+	fmt.Fprintf(w, "\nPaced: %g requests/s to each fleet, both at once, for %v; a request's time is from sending it to the end of its answer (ms).\n\n", fo.rate, fo.duration)
 	fmt.Fprintln(w, "| replicas | p50 without Redis | p50 with Redis | p99 without Redis | p99 with Redis | p99 Redis adds | proxy queue wait p99 without / with Redis |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
 	for _, r := range rows {
@@ -598,7 +669,7 @@ func fleetNotes(r fleetRow) []string {
 		}
 		return s
 	}
-	notes = append(notes, fmt.Sprintf("CPU in the closed loop with Redis: %s; without: %s", cpu(r.shared), cpu(r.local)))
+	notes = append(notes, fmt.Sprintf("CPU in the closed loop with Redis: %s; without: %s (the other fleet idle)", cpu(r.shared), cpu(r.local)))
 	th, c := r.shared.through, r.shared.throughCost
 	if th.ok > 0 {
 		var ops, cmds []string

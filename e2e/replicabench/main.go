@@ -390,6 +390,7 @@ func startFleet(o options, sc *scenario, n int, shared bool, upstream string, re
 			res.notes = append(res.notes, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
 		}
 	}
+	extra = append(extra, sc.env...)
 	reps = make([]*replica, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup

@@ -34,6 +34,8 @@ type scenario struct {
 	solo bool
 	// leaseTTL, when set, is the replicas' LLMPROXY_REDIS_LEASE_TTL.
 	leaseTTL time.Duration
+	// env is more environment for every replica, shared or alone.
+	env []string
 	// killsReplica: the row kills a replica and shows its cut requests
 	// and when its permits came back.
 	killsReplica bool
