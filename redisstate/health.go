@@ -8,11 +8,15 @@ package redisstate
 // heartbeat going, up or not, on the replica's clock (Config.Clock).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmproxy/llmproxy/clock"
 )
@@ -84,8 +88,11 @@ func (s *Store) loop() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
 				start := time.Now()
-				err := s.rdb.Ping(ctx).Err()
+				err := s.answers(ctx)
 				cancel()
+				if err == nil && !s.detect() {
+					err = errors.New("no answer to INFO")
+				}
 				// A ping slower than the bound leaves the replica local:
 				// Redis is there but would hold up every request.
 				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
@@ -98,6 +105,30 @@ func (s *Store) loop() {
 			ping.Reset(wait)
 		}
 	}
+}
+
+// answers is nil when Redis answers a ping; a cluster must also say its
+// slots are all served: while a failed primary's replica is not yet
+// promoted, the groups on it would fail again at once.
+func (s *Store) answers(ctx context.Context) error {
+	c, ok := s.rdb().(*redis.ClusterClient)
+	if !ok {
+		return s.rdb().Ping(ctx).Err()
+	}
+	info, err := c.ClusterInfo(ctx).Result()
+	var reply redis.Error
+	if errors.As(err, &reply) { // not allowed to ask (an ACL): a ping will do
+		return c.Ping(ctx).Err()
+	}
+	if err == nil && !strings.Contains(info, "cluster_state:ok") {
+		err = errors.New("the cluster does not serve every slot yet")
+	}
+	if err != nil {
+		// The client's map of slots to nodes is stale, or empty: it is
+		// read again for the next try.
+		c.ReloadState(ctx)
+	}
+	return err
 }
 
 // after sends on c, which holds one, once d has passed on the replica's

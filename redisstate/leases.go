@@ -34,7 +34,7 @@ func (s *Store) renew() error {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	start := time.Now()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		keys := map[string]bool{}
 		for l, k := range held {
 			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
@@ -72,7 +72,7 @@ func (s *Store) removeReturned(held map[string]string) error {
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, l := range gone {
 			p.ZRem(ctx, held[l], l)
 		}

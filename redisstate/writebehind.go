@@ -53,7 +53,7 @@ func (s *Store) flushAdds() bool {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	start := time.Now()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range adds {
 			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
 			p.PExpire(ctx, k, max(s.cfg.KeyTTL, s.cfg.LeaseTTL))
@@ -89,7 +89,7 @@ func (s *Store) flushReturns() bool {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	start := time.Now()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range returns {
 			p.ZRem(ctx, k, l)
 		}
@@ -203,7 +203,7 @@ func (s *Store) write() {
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
 		start := time.Now()
-		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Now: s.scriptNow(), Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
+		err := giveBackScript.Run(ctx, s.rdb(), []string{g.state}, argv(giveBackArgs{Now: s.scriptNow(), Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
 		s.took(start, err)

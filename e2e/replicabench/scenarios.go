@@ -300,7 +300,7 @@ func liveLeases(ctx context.Context, rdb *redis.Client) ([]string, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	keys, err := rdb.Keys(ctx, "llmproxy:v1:*:leases").Result()
+	keys, err := rdb.Keys(ctx, "llmproxy:v2:*:leases").Result()
 	if err != nil {
 		return nil, 0, err
 	}
