@@ -57,6 +57,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/internal/redistest"
 )
 
 // fleetOptions are the -fleet flags.
@@ -68,6 +69,9 @@ type fleetOptions struct {
 	keys     int
 	// concurrency is the replicas' LLMPROXY_LANE_CONCURRENCY, 0 = theirs.
 	concurrency int
+	// cluster: the shared fleet is on a Redis Cluster of three primaries
+	// with a replica each, not on one redis-server.
+	cluster bool
 }
 
 // fleetFlags registers the -fleet flags on fs.
@@ -88,6 +92,7 @@ func fleetFlags(fs *flag.FlagSet) *fleetOptions {
 	fs.IntVar(&fo.inFlight, "fleet-in-flight", fo.inFlight, "-fleet: requests in flight over all replicas in the closed loop")
 	fs.Float64Var(&fo.rate, "fleet-rate", fo.rate, "-fleet: requests per second of the paced load (the latencies)")
 	fs.IntVar(&fo.keys, "fleet-keys", fo.keys, "-fleet: API keys (limit groups) the requests are spread over")
+	fs.BoolVar(&fo.cluster, "cluster", false, "-fleet: the replicas with Redis are on a Redis Cluster of three primaries with a replica each (redis-cli --cluster create) instead of one redis-server")
 	fs.IntVar(&fo.concurrency, "fleet-concurrency", fo.concurrency, "-fleet: LLMPROXY_LANE_CONCURRENCY of every replica, with Redis and without (0: the default, 8, which a fleet on Redis grows slowly: the closed loop then measures that limit, not Redis)")
 	return fo
 }
@@ -145,8 +150,8 @@ func runFleet(ctx context.Context, o options, fo *fleetOptions, w io.Writer) err
 	if err := fo.check(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "replicabench -fleet %s: -fleet-duration %v, -fleet-in-flight %d, -fleet-rate %g, -fleet-keys %d, -fleet-concurrency %d; %s/%s, %d CPUs\n",
-		joinInts(fo.counts), fo.duration, fo.inFlight, fo.rate, fo.keys, fo.concurrency, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	fmt.Fprintf(w, "replicabench -fleet %s: -fleet-duration %v, -fleet-in-flight %d, -fleet-rate %g, -fleet-keys %d, -fleet-concurrency %d, -cluster=%t; %s/%s, %d CPUs\n",
+		joinInts(fo.counts), fo.duration, fo.inFlight, fo.rate, fo.keys, fo.concurrency, fo.cluster, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	var rows []fleetRow
 	defer func() { printFleet(w, fo, rows) }()
 	for _, n := range fo.counts {
@@ -186,7 +191,7 @@ func joinInts(ns []int) string {
 // fleet is one set of running replicas and the load that drives them.
 type fleet struct {
 	shared bool
-	rdb    *redis.Client // nil without Redis
+	redis  *redisNodes // nil without Redis
 	reps   []*replica
 	load   *fleetLoad
 	run    fleetRun
@@ -205,20 +210,35 @@ func fleetRowOnce(ctx context.Context, o options, fo *fleetOptions, n int) (flee
 	if fo.concurrency > 0 {
 		env = append(env, "LLMPROXY_LANE_CONCURRENCY="+strconv.Itoa(fo.concurrency))
 	}
+	sc := &scenario{env: env}
+	var cluster *redistest.Cluster
+	if fo.cluster {
+		var err error
+		if cluster, err = redistest.StartCluster(redistest.Options{}); err != nil {
+			return row, err
+		}
+		defer cluster.Stop()
+		sc.redisURL = cluster.URL()
+	}
 	var fleets []*fleet
 	for _, shared := range []bool{true, false} {
 		var res result // startFleet notes the replicas' extra environment here
-		rs, reps, stop, err := startFleet(o, &scenario{env: env}, n, shared, mock.URL(), &res)
+		rs, reps, stop, err := startFleet(o, sc, n, shared, mock.URL(), &res)
 		defer stop()
 		if err != nil {
 			return row, fmt.Errorf("%s: %w", redisOrNot(shared), err)
 		}
 		f := &fleet{shared: shared, reps: reps, run: fleetRun{notes: res.notes}}
-		if shared {
-			f.rdb = redis.NewClient(&redis.Options{Addr: rs.addr(), DialTimeout: time.Second,
-				ReadTimeout: 2 * time.Second, WriteTimeout: time.Second, MaxRetries: -1})
-			defer f.rdb.Close()
+		switch {
+		case shared && cluster != nil:
+			f.redis, err = clusterNodes(cluster)
+		case shared:
+			f.redis = &redisNodes{primaries: []*redis.Client{nodeClient(rs.addr())}}
 		}
+		if err != nil {
+			return row, err
+		}
+		defer f.redis.close()
 		tr := &http.Transport{MaxIdleConnsPerHost: fo.inFlight} // no Proxy: loopback, never through one
 		defer tr.CloseIdleConnections()
 		f.load = &fleetLoad{client: &http.Client{Transport: tr, Timeout: o.reqTimeout}, keys: fo.keys}
@@ -233,12 +253,12 @@ func fleetRowOnce(ctx context.Context, o options, fo *fleetOptions, n int) (flee
 		}
 	}
 	for _, f := range fleets {
-		before, err := takeSnap(ctx, f.rdb, f.reps)
+		before, err := takeSnap(ctx, f.redis, f.reps)
 		if err != nil {
 			return row, err
 		}
 		f.run.through = f.load.closed(ctx, fo.inFlight, fo.duration)
-		after, err := takeSnap(ctx, f.rdb, f.reps)
+		after, err := takeSnap(ctx, f.redis, f.reps)
 		if err != nil {
 			return row, err
 		}
@@ -251,14 +271,14 @@ func fleetRowOnce(ctx context.Context, o options, fo *fleetOptions, n int) (flee
 	loads := make([]*fleetLoad, len(fleets))
 	for i, f := range fleets {
 		var err error
-		if befores[i], err = takeSnap(ctx, f.rdb, f.reps); err != nil {
+		if befores[i], err = takeSnap(ctx, f.redis, f.reps); err != nil {
 			return row, err
 		}
 		loads[i] = f.load
 	}
 	paced := pacedLoad(ctx, loads, fo.rate, fo.duration, 4*fo.inFlight)
 	for i, f := range fleets {
-		after, err := takeSnap(ctx, f.rdb, f.reps)
+		after, err := takeSnap(ctx, f.redis, f.reps)
 		if err != nil {
 			return row, err
 		}
@@ -431,7 +451,9 @@ func pacedLoad(ctx context.Context, loads []*fleetLoad, rate float64, d time.Dur
 // snap is what a moment's counters said.
 type snap struct {
 	at              time.Time
-	redisCPU        float64          // s, used_cpu_user + used_cpu_sys
+	redisCPU        float64          // s, used_cpu_user + used_cpu_sys, all primaries
+	nodeCPU         []float64        // s, each primary's
+	replicaCPU      float64          // s, a cluster's replicas'
 	calls, usec     map[string]int64 // INFO commandstats, by command
 	trips           map[string]float64
 	failures        float64
@@ -448,30 +470,95 @@ var (
 	opRE      = regexp.MustCompile(`op="([^"]+)"`)
 )
 
-// takeSnap reads Redis' INFO (rdb nil: no Redis) and every replica's
-// /metrics and CPU time.
-func takeSnap(ctx context.Context, rdb *redis.Client, reps []*replica) (snap, error) {
+// redisNodes are the Redis servers a fleet shares: one, or a cluster's
+// primaries (which serve the requests) and replicas (which copy them).
+type redisNodes struct {
+	primaries, replicas []*redis.Client
+}
+
+func nodeClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second,
+		ReadTimeout: 2 * time.Second, WriteTimeout: time.Second, MaxRetries: -1, PoolSize: 2})
+}
+
+// clusterNodes are c's nodes as its slots are served now.
+func clusterNodes(c *redistest.Cluster) (*redisNodes, error) {
+	primaries, err := c.Primaries()
+	if err != nil {
+		return nil, err
+	}
+	rn := &redisNodes{}
+	for _, node := range c.Nodes {
+		if slices.Contains(primaries, node) {
+			rn.primaries = append(rn.primaries, nodeClient(node.Addr()))
+		} else {
+			rn.replicas = append(rn.replicas, nodeClient(node.Addr()))
+		}
+	}
+	return rn, nil
+}
+
+func (rn *redisNodes) close() {
+	if rn == nil {
+		return
+	}
+	for _, c := range append(rn.primaries, rn.replicas...) {
+		c.Close()
+	}
+}
+
+// nodeInfo is what one node's INFO commandstats and cpu say: calls and
+// time by command (without this INFO's own), and CPU seconds.
+func nodeInfo(ctx context.Context, c *redis.Client) (calls, usec map[string]int64, cpu float64, err error) {
+	info, err := c.Info(ctx, "commandstats", "cpu").Result()
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("INFO commandstats cpu of %s: %w", c.Options().Addr, err)
+	}
+	calls, usec = map[string]int64{}, map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if m := cmdstatRE.FindStringSubmatch(line); m != nil {
+			calls[m[1]], _ = strconv.ParseInt(m[2], 10, 64)
+			usec[m[1]], _ = strconv.ParseInt(m[3], 10, 64)
+			continue
+		}
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
+			f, _ := strconv.ParseFloat(v, 64)
+			cpu += f
+		}
+	}
+	for _, own := range []string{"info", "replconf"} { // this INFO, and a cluster's replication
+		delete(calls, own)
+		delete(usec, own)
+	}
+	return calls, usec, cpu, nil
+}
+
+// takeSnap reads the Redis nodes' INFO (rn nil: no Redis) and every
+// replica's /metrics and CPU time.
+func takeSnap(ctx context.Context, rn *redisNodes, reps []*replica) (snap, error) {
 	s := snap{at: time.Now(), calls: map[string]int64{}, usec: map[string]int64{}, trips: map[string]float64{}, wait: map[string]float64{}}
-	if rdb != nil {
-		info, err := rdb.Info(ctx, "commandstats", "cpu").Result()
-		if err != nil {
-			return s, fmt.Errorf("INFO commandstats cpu: %w", err)
-		}
-		for _, line := range strings.Split(info, "\n") {
-			line = strings.TrimSpace(line)
-			if m := cmdstatRE.FindStringSubmatch(line); m != nil {
-				s.calls[m[1]], _ = strconv.ParseInt(m[2], 10, 64)
-				s.usec[m[1]], _ = strconv.ParseInt(m[3], 10, 64)
-				continue
+	if rn != nil {
+		for _, c := range rn.primaries {
+			calls, usec, cpu, err := nodeInfo(ctx, c)
+			if err != nil {
+				return s, err
 			}
-			k, v, ok := strings.Cut(line, ":")
-			if ok && (k == "used_cpu_user" || k == "used_cpu_sys") {
-				f, _ := strconv.ParseFloat(v, 64)
-				s.redisCPU += f
+			for k, v := range calls {
+				s.calls[k] += v
+				s.usec[k] += usec[k]
 			}
+			s.redisCPU += cpu
+			s.nodeCPU = append(s.nodeCPU, cpu)
 		}
-		delete(s.calls, "info") // this command's own
-		delete(s.usec, "info")
+		for _, c := range rn.replicas {
+			_, _, cpu, err := nodeInfo(ctx, c)
+			if err != nil {
+				return s, err
+			}
+			s.replicaCPU += cpu
+		}
 	}
 	for i, r := range reps {
 		series, ok := r.metricSeries("llmproxy_redis_commands_total")
@@ -501,9 +588,14 @@ func takeSnap(ctx context.Context, rdb *redis.Client, reps []*replica) (snap, er
 }
 
 func (s snap) minus(b snap) snapDelta {
-	d := snapDelta{at: s.at, redisCPU: s.redisCPU - b.redisCPU, failures: s.failures - b.failures,
+	d := snapDelta{at: s.at, redisCPU: s.redisCPU - b.redisCPU, replicaCPU: s.replicaCPU - b.replicaCPU, failures: s.failures - b.failures,
 		repCPU: s.repCPU - b.repCPU, selfCPU: s.selfCPU - b.selfCPU,
 		calls: map[string]int64{}, usec: map[string]int64{}, trips: map[string]float64{}, wait: map[string]float64{}}
+	for i, v := range s.nodeCPU {
+		if i < len(b.nodeCPU) {
+			d.nodeCPU = append(d.nodeCPU, v-b.nodeCPU[i])
+		}
+	}
 	for k, v := range s.calls {
 		if c := v - b.calls[k]; c > 0 {
 			d.calls[k], d.usec[k] = c, s.usec[k]-b.usec[k]
@@ -623,8 +715,12 @@ func printFleet(w io.Writer, fo *fleetOptions, rows []fleetRow) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nClosed loop: %d requests in flight over all replicas, each to the next replica, for %v; %d key(s); an unlimited upstream answering at once.\n\n",
-		fo.inFlight, fo.duration, fo.keys)
+	where := "one redis-server"
+	if fo.cluster {
+		where = "a Redis Cluster of three primaries with a replica each (Redis' figures: the primaries' together)"
+	}
+	fmt.Fprintf(w, "\nClosed loop: %d requests in flight over all replicas, each to the next replica, for %v; %d key(s); an unlimited upstream answering at once; Redis: %s.\n\n",
+		fo.inFlight, fo.duration, fo.keys, where)
 	fmt.Fprintln(w, "| replicas | admissions/s without Redis | admissions/s with Redis | Redis commands/request (script runs) | round trips/request | Redis µs in scripts/request | Redis CPU ms/1,000 requests | Redis CPU, % of a core | requests/s one Redis core serves |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
@@ -662,10 +758,19 @@ func fleetNotes(r fleetRow) []string {
 	var notes []string
 	cpu := func(fr fleetRun) string {
 		secs := fr.through.wall.Seconds()
-		s := fmt.Sprintf("replicas %.0f %%, this process (load and mock upstream) %.0f %%",
+		s := fmt.Sprintf("llmproxy replicas %.0f %%, this process (load and mock upstream) %.0f %%",
 			100*fr.throughCost.repCPU/secs, 100*fr.throughCost.selfCPU/secs)
-		if fr.throughCost.redisCPU > 0 {
-			s = fmt.Sprintf("redis-server %.0f %%, ", 100*fr.throughCost.redisCPU/secs) + s
+		c := fr.throughCost
+		switch {
+		case len(c.nodeCPU) > 1:
+			each := make([]string, len(c.nodeCPU))
+			for i, v := range c.nodeCPU {
+				each[i] = fmt.Sprintf("%.0f %%", 100*v/secs)
+			}
+			s = fmt.Sprintf("the cluster's primaries %.0f %% (each: %s), its Redis replicas %.0f %%, ",
+				100*c.redisCPU/secs, strings.Join(each, ", "), 100*c.replicaCPU/secs) + s
+		case c.redisCPU > 0:
+			s = fmt.Sprintf("redis-server %.0f %%, ", 100*c.redisCPU/secs) + s
 		}
 		return s
 	}

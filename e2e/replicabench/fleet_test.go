@@ -3,24 +3,24 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmproxy/llmproxy/internal/redistest"
 )
 
 // TestFleetTiny runs the fleet mode small (two replicas, one-second
-// phases) and reads the figures it prints back from its tables: requests
-// went through with and without Redis, and Redis did work for each one.
+// phases), on one redis-server and on a Redis Cluster, and reads the
+// figures it prints back from its tables: requests went through with and
+// without Redis, and Redis did work for each one.
 func TestFleetTiny(t *testing.T) {
+	redistest.Need(t, "redis-server")
 	redisBin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv("LLMPROXY_E2E_REQUIRE_REDIS") == "1" {
-			t.Fatal("redis-server not found on PATH (LLMPROXY_E2E_REQUIRE_REDIS=1)")
-		}
-		t.Skip("redis-server not found on PATH; install it (e.g. apt-get install redis-server) to run the fleet benchmark")
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -28,18 +28,29 @@ func TestFleetTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := options{bin: bin, redisBin: redisBin, tmp: t.TempDir(), reqTimeout: 10 * time.Second}
-	fo := &fleetOptions{counts: []int{2}, duration: time.Second, inFlight: 8, rate: 50, keys: 1}
-	var out bytes.Buffer
-	if err := runFleet(ctx, o, fo, &out); err != nil {
-		t.Fatalf("runFleet: %v\n%s", err, out.String())
+	for _, cluster := range []bool{false, true} {
+		t.Run(map[bool]string{false: "standalone", true: "cluster"}[cluster], func(t *testing.T) {
+			if cluster {
+				redistest.Need(t, "redis-cli")
+			}
+			o := options{bin: bin, redisBin: redisBin, tmp: t.TempDir(), reqTimeout: 10 * time.Second}
+			fo := &fleetOptions{counts: []int{2}, duration: time.Second, inFlight: 8, rate: 50, keys: 1, concurrency: 64, cluster: cluster}
+			var out bytes.Buffer
+			if err := runFleet(ctx, o, fo, &out); err != nil {
+				t.Fatalf("runFleet: %v\n%s", err, out.String())
+			}
+			checkFleetOutput(t, out.String(), cluster)
+		})
 	}
-	text := out.String()
-	t.Log(text)
+}
 
+// checkFleetOutput checks the figures of the two-replica row.
+func checkFleetOutput(t *testing.T, text string, cluster bool) {
+	t.Helper()
+	t.Log(text)
 	through := tableRow(t, text, "admissions/s with Redis", "2")
 	for _, col := range []string{"admissions/s without Redis", "admissions/s with Redis", "round trips/request",
-		"Redis CPU ms/1,000 requests", "requests/s one Redis core serves"} {
+		"Redis µs in scripts/request", "Redis CPU ms/1,000 requests", "requests/s one Redis core serves"} {
 		if v := number(t, through[col]); v <= 0 {
 			t.Errorf("%s = %v, want > 0", col, v)
 		}
@@ -59,8 +70,12 @@ func TestFleetTiny(t *testing.T) {
 	if p50, p99 := number(t, paced["p50 with Redis"]), number(t, paced["p99 with Redis"]); p99 < p50 {
 		t.Errorf("p99 with Redis %v ms below its p50 %v ms", p99, p50)
 	}
-	if !strings.Contains(text, "CPU in the closed loop with Redis: redis-server") {
-		t.Errorf("no CPU note for the closed loop with Redis in:\n%s", text)
+	want := "CPU in the closed loop with Redis: redis-server"
+	if cluster {
+		want = "CPU in the closed loop with Redis: the cluster's primaries"
+	}
+	if !strings.Contains(text, want) {
+		t.Errorf("no %q in:\n%s", want, text)
 	}
 }
 

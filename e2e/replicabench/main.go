@@ -132,6 +132,10 @@ func realMain() int {
 	flag.StringVar(&o.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH, else /usr/bin/redis-server)")
 	fleet := fleetFlags(flag.CommandLine)
 	flag.Parse()
+	if fleet.cluster && len(fleet.counts) == 0 {
+		fmt.Fprintln(os.Stderr, "replicabench: -cluster goes with -fleet")
+		return 2
+	}
 	if o.runs < 1 || o.replicas < 2 {
 		fmt.Fprintln(os.Stderr, "replicabench: -runs must be at least 1 and -replicas at least 2")
 		return 2
@@ -362,9 +366,9 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	return res, duringErr
 }
 
-// startFleet starts Redis (when shared) and n replicas of the proxy in
-// front of upstream, ready; stop kills what it started, and is to be
-// called whether or not err is nil.
+// startFleet starts Redis (when shared, unless sc names one) and n
+// replicas of the proxy in front of upstream, ready; stop kills what it
+// started, and is to be called whether or not err is nil.
 func startFleet(o options, sc *scenario, n int, shared bool, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
 	var extra []string
 	var kills []func()
@@ -374,15 +378,19 @@ func startFleet(o options, sc *scenario, n int, shared bool, upstream string, re
 		}
 	}
 	if shared {
-		dir, err := os.MkdirTemp(o.tmp, "redis-")
-		if err != nil {
-			return nil, nil, stop, err
+		url := sc.redisURL
+		if url == "" {
+			dir, err := os.MkdirTemp(o.tmp, "redis-")
+			if err != nil {
+				return nil, nil, stop, err
+			}
+			if rs, err = startRedis(o.redisBin, dir); err != nil {
+				return nil, nil, stop, err
+			}
+			kills = append(kills, rs.kill)
+			url = rs.url()
 		}
-		if rs, err = startRedis(o.redisBin, dir); err != nil {
-			return nil, nil, stop, err
-		}
-		kills = append(kills, rs.kill)
-		extra = append(extra, "LLMPROXY_REDIS_URL="+rs.url())
+		extra = append(extra, "LLMPROXY_REDIS_URL="+url)
 		extra = append(extra, o.env...)
 		res.notes = append(res.notes, o.env...)
 		if sc.leaseTTL > 0 {
