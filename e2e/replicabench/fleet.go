@@ -29,6 +29,19 @@ package main
 // admission on Redis included) is shown beside, at its buckets'
 // resolution.
 //
+// With -cluster the fleet with Redis is on a Redis Cluster of three
+// primaries with a replica each (internal/redistest); Redis' figures are
+// the primaries' together, and the notes split the CPU by node: one
+// key's group lives in one slot, so one primary does its work.
+//
+// Each group's Redis round trips (admit, learn, settle) run one at a
+// time on a replica, so with one key a replica admits at most one
+// request per three round trips; -fleet-keys spreads the load over more
+// groups. A replica whose Redis calls' p99 passes LLMPROXY_REDIS_SLOW
+// (50 ms) goes local for a while, as on a loaded machine it may: the
+// notes count those calls, and -replica-env LLMPROXY_REDIS_SLOW=0 keeps
+// every request on Redis.
+//
 // Everything runs on this machine: the replicas, redis-server, the mock
 // and the load share its CPUs. Admissions per second are what the machine
 // serves, not what Redis could; Redis' CPU per request and its share of a

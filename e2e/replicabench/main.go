@@ -46,11 +46,13 @@
 //	go run ./e2e/replicabench -scenario short,redis-killed     # the CI subset
 //	go run ./e2e/replicabench -scenario streams -runs 3 -v
 //	go run ./e2e/replicabench -fleet 10,30                     # how far one Redis carries
+//	go run ./e2e/replicabench -fleet 10,30 -cluster            # the same on a Redis Cluster
 //
 // -fleet replaces the rows with another measure, described in fleet.go:
-// that many replicas on one redis-server against an unlimited upstream,
-// and the same without Redis: admissions per second, Redis' commands,
-// round trips and CPU per request, and the p99 Redis adds to a request.
+// that many replicas on one redis-server (-cluster: a Redis Cluster of
+// three primaries) against an unlimited upstream, and the same without
+// Redis: admissions per second, Redis' commands, round trips and CPU per
+// request, and the p99 Redis adds to a request.
 //
 // makespan/ideal compares the wall time of the load with N ÷ the rate the
 // upstream allows (replica-killed: the answers the upstream admitted ÷ the
