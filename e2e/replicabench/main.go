@@ -50,6 +50,14 @@
 //	go run ./e2e/replicabench                                  # every row
 //	go run ./e2e/replicabench -scenario short,redis-killed     # the CI subset
 //	go run ./e2e/replicabench -scenario streams -runs 3 -v
+//	go run ./e2e/replicabench -fleet 10,30                     # how far one Redis carries
+//	go run ./e2e/replicabench -fleet 10,30 -cluster            # the same on a Redis Cluster
+//
+// -fleet replaces the rows with another measure, described in fleet.go:
+// that many replicas on one redis-server (-cluster: a Redis Cluster of
+// three primaries) against an unlimited upstream, and the same without
+// Redis: admissions per second, Redis' commands, round trips and CPU per
+// request, and the p99 Redis adds to a request.
 //
 // makespan/ideal compares the wall time of the load with N ÷ the rate the
 // upstream allows (replica-killed: the answers the upstream admitted ÷ the
@@ -132,7 +140,12 @@ func realMain() int {
 		return nil
 	})
 	flag.StringVar(&o.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH, else /usr/bin/redis-server)")
+	fleet := fleetFlags(flag.CommandLine)
 	flag.Parse()
+	if fleet.cluster && len(fleet.counts) == 0 {
+		fmt.Fprintln(os.Stderr, "replicabench: -cluster goes with -fleet")
+		return 2
+	}
 	if o.runs < 1 || o.replicas < 2 {
 		fmt.Fprintln(os.Stderr, "replicabench: -runs must be at least 1 and -replicas at least 2")
 		return 2
@@ -175,6 +188,13 @@ func realMain() int {
 			return 1
 		}
 		o.logf("built llmproxy in %v", time.Since(began).Round(10*time.Millisecond))
+	}
+	if len(fleet.counts) > 0 {
+		if err := runFleet(ctx, o, fleet, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "replicabench -fleet:", err)
+			return 1
+		}
+		return 0
 	}
 
 	fmt.Printf("replicabench: %d row(s), %d run(s) each, %d replicas; %s/%s, %d CPUs\n",
@@ -283,7 +303,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 	shared := n > 1
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()
-	rs, reps, stop, err := startFleet(o, sc, n, mock.URL(), &res)
+	rs, reps, stop, err := startFleet(o, sc, n, shared, mock.URL(), &res)
 	defer stop()
 	if err != nil {
 		return res, err
@@ -369,10 +389,10 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 	return res, duringErr
 }
 
-// startFleet starts Redis (for more than one replica) and n replicas of
-// the proxy in front of upstream, ready; stop kills what it started, and
-// is to be called whether or not err is nil.
-func startFleet(o options, sc *scenario, n int, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
+// startFleet starts Redis (when shared, unless sc names one) and n
+// replicas of the proxy in front of upstream, ready; stop kills what it
+// started, and is to be called whether or not err is nil.
+func startFleet(o options, sc *scenario, n int, shared bool, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
 	var extra []string
 	var kills []func()
 	stop = func() {
@@ -380,16 +400,20 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 			kills[i]()
 		}
 	}
-	if n > 1 {
-		dir, err := os.MkdirTemp(o.tmp, "redis-")
-		if err != nil {
-			return nil, nil, stop, err
+	if shared {
+		url := sc.redisURL
+		if url == "" {
+			dir, err := os.MkdirTemp(o.tmp, "redis-")
+			if err != nil {
+				return nil, nil, stop, err
+			}
+			if rs, err = startRedis(o.redisBin, dir); err != nil {
+				return nil, nil, stop, err
+			}
+			kills = append(kills, rs.kill)
+			url = rs.url()
 		}
-		if rs, err = startRedis(o.redisBin, dir); err != nil {
-			return nil, nil, stop, err
-		}
-		kills = append(kills, rs.kill)
-		extra = append(extra, "LLMPROXY_REDIS_URL="+rs.url())
+		extra = append(extra, "LLMPROXY_REDIS_URL="+url)
 		extra = append(extra, o.env...)
 		res.notes = append(res.notes, o.env...)
 		if sc.leaseTTL > 0 {
@@ -403,6 +427,7 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 			extra = append(extra, "LLMPROXY_SHUTDOWN_TIMEOUT=30s")
 		}
 	}
+	extra = append(extra, sc.env...)
 	reps = make([]*replica, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -410,7 +435,7 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 		wg.Go(func() {
 			reps[i], errs[i] = startReplica(fmt.Sprintf("replica %d", i), o.bin, upstream, extra)
 			if errs[i] == nil {
-				errs[i] = reps[i].waitReady(n > 1, 15*time.Second)
+				errs[i] = reps[i].waitReady(shared, 15*time.Second)
 			}
 		})
 	}

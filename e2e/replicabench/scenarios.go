@@ -35,6 +35,11 @@ type scenario struct {
 	solo bool
 	// leaseTTL, when set, is the replicas' LLMPROXY_REDIS_LEASE_TTL.
 	leaseTTL time.Duration
+	// env is more environment for every replica, shared or alone.
+	env []string
+	// redisURL, when set, is the Redis the shared replicas use instead of
+	// a fresh redis-server of their own.
+	redisURL string
 	// killsReplica: the row kills a replica and shows its cut requests
 	// and when its permits came back.
 	killsReplica bool
