@@ -22,13 +22,14 @@ import (
 // commands the store sends and those its scripts run. In a cluster the
 // client also reads which node serves which slot (CLUSTER SLOTS) and,
 // once, the server's table of commands (COMMAND; refused, it routes by
-// the first argument all the same, and the server logs it), and
+// the first argument all the same, and the server logs it), the store
+// asks CLUSTER INFO whether every slot is served before it rejoins, and
 // the store's auto mode asks INFO whether the server is a cluster node
 // (without INFO it takes the server for a standalone one). HELLO and
 // AUTH, at each new connection, need no rule.
 const proxyACL = "~llmproxy:* resetchannels -@all +ping +info +evalsha +eval +zadd +zrem +pexpire " +
 	"+time +get +set +hget +hset +hsetnx +hmget +hgetall +hdel +hexists +hincrby +hincrbyfloat " +
-	"+zcard +zscore +zremrangebyscore +cluster|slots +command"
+	"+zcard +zscore +zremrangebyscore +cluster|slots +cluster|info +command"
 
 // exercise runs through two stores of cfg what the store does on the
 // proxy's path: admissions through Redis, a budget learned from headers

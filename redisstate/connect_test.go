@@ -1,18 +1,22 @@
 package redisstate
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestTheURLAndFilesBecomeTheClientsOptions: the URL's hosts and addr
@@ -83,4 +87,44 @@ func selfSignedPEM(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// TestAClusterRejoinsOnceEverySlotIsServed: a degraded replica on a
+// cluster does not take a node's pong for the cluster's health: while
+// some slot has no primary (one failed, its replica not yet promoted) it
+// stays local, and it rejoins once every slot is served.
+func TestAClusterRejoinsOnceEverySlotIsServed(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, "--cluster-enabled", "yes")
+	st, err := New(Config{URL: srv.url(), Mode: ModeCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	node := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.port)})
+	defer node.Close()
+	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 9999).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := st.answers(ctx)
+		if err != nil && strings.Contains(err.Error(), "every slot") {
+			break // the node answers, and says slots 10000-16383 are not served
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a cluster missing slots answers %v, want that it does not serve every slot", err)
+		}
+	}
+	if st.Status() != "degraded" {
+		t.Fatalf("status %s while slots are not served", st.Status())
+	}
+	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 10000, 16383).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); st.Status() != "ok"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not shared 10 s after every slot was served: %v", st.answers(ctx))
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,10 +86,9 @@ func (s *Store) loop() {
 		case <-ping.C:
 			if !s.up.Load() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
-				s.reloadSlots()
 				ctx, cancel := s.ctx()
 				start := time.Now()
-				err := s.rdb().Ping(ctx).Err()
+				err := s.answers(ctx)
 				cancel()
 				if err == nil && !s.detect() {
 					err = errors.New("no answer to INFO")
@@ -107,16 +107,31 @@ func (s *Store) loop() {
 	}
 }
 
-// reloadSlots has a cluster client read again which node serves which
-// slot, in the background: go-redis reads it again on MOVED, and a minute
-// on, but not when the node it sends to is gone, and a primary that
-// failed over to its replica is gone. Without it a replica stays local
-// for up to a minute after the failover, its rejoins sent to the dead
-// node.
-func (s *Store) reloadSlots() {
-	if c, ok := s.rdb().(*redis.ClusterClient); ok {
-		c.ReloadState(context.Background())
+// answers is nil when Redis answers a ping; a cluster must also say its
+// slots are all served: while a failed primary's replica is not yet
+// promoted, the groups on it would fail again at once.
+func (s *Store) answers(ctx context.Context) error {
+	c, ok := s.rdb().(*redis.ClusterClient)
+	if !ok {
+		return s.rdb().Ping(ctx).Err()
 	}
+	// The client's map of slots to nodes is read again (in the
+	// background, for the next call), whatever the answer: go-redis reads
+	// it again on MOVED, and a minute on, but not when the node it sends
+	// to is gone, and a primary that failed over to its replica is gone.
+	// Read again only on an error here, the map taken while the failover
+	// was under way stayed, and every rejoin went to the dead node for a
+	// minute (TestAClusterPrimaryKilledMidRunFailsOverToItsReplica).
+	c.ReloadState(ctx)
+	info, err := c.ClusterInfo(ctx).Result()
+	var reply redis.Error
+	if errors.As(err, &reply) { // not allowed to ask (an ACL): a ping will do
+		return c.Ping(ctx).Err()
+	}
+	if err == nil && !strings.Contains(info, "cluster_state:ok") {
+		err = errors.New("the cluster does not serve every slot yet")
+	}
+	return err
 }
 
 // after sends on c, which holds one, once d has passed on the replica's

@@ -181,10 +181,13 @@ func New(cfg Config) (*Store, error) {
 	s.undecided.Store(mode == ModeAuto)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	err = s.rdb().Ping(ctx).Err()
-	cancel()
 	if err == nil && !s.detect() {
 		err = errors.New("no answer to INFO")
 	}
+	if err == nil {
+		err = s.answers(ctx) // a cluster serves every slot
+	}
+	cancel()
 	if err != nil {
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,6 +35,11 @@ type scenario struct {
 	solo bool
 	// leaseTTL, when set, is the replicas' LLMPROXY_REDIS_LEASE_TTL.
 	leaseTTL time.Duration
+	// env is more environment for every replica, shared or alone.
+	env []string
+	// redisURL, when set, is the Redis the shared replicas use instead of
+	// a fresh redis-server of their own.
+	redisURL string
 	// killsReplica: the row kills a replica and shows its cut requests
 	// and when its permits came back.
 	killsReplica bool
@@ -41,6 +47,9 @@ type scenario struct {
 	setup  func(*runEnv) error
 	during func(*runEnv) error
 	target target
+	// rolling: the load goes through a front (rolling.go), and runs
+	// without during too, the row's baseline.
+	rolling bool
 }
 
 // runEnv is what setup and during work with.
@@ -49,6 +58,7 @@ type runEnv struct {
 	sc    *scenario
 	redis *redisServer
 	rdb   *redis.Client
+	mu    sync.Mutex // guards reps, which a restart changes (rolling.go)
 	reps  []*replica
 	ts    *targets
 	load  *loadRun
@@ -117,6 +127,8 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 		{name: "replica-killed", base: "streams", mock: streamsMock, rate: 4, n: 120, c: 30, stream: true,
 			leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
 			target: target{kind: replicaKilledTarget, points: 2}},
+		{name: "rolling-restart", base: "rolling-restart", mock: shortMock, rate: 20, n: 450, c: 50, rolling: true, during: rollReplicas,
+			target: target{kind: rollingTarget}},
 	}
 }
 
