@@ -157,6 +157,9 @@ func TestTheStoreWorksAsAnACLUserLimitedToItsKeysAndCommands(t *testing.T) {
 	if ok || !strings.Contains(said, "WRONGPASS") {
 		t.Fatalf("a wrong password: shared %v, want local and WRONGPASS in the log:\n%s", ok, said)
 	}
+	if _, ready, _ := strings.Cut(said, "\nReady: "); !strings.Contains(ready, "WRONGPASS") {
+		t.Errorf("with a wrong password, Ready (/readyz's reason) does not say why: %q", ready)
+	}
 	if strings.Contains(said, pw) {
 		t.Fatalf("the right password in what a wrong one logged:\n%s", said)
 	}

@@ -35,12 +35,21 @@ func (s *Store) setUp(up bool) {
 
 // failed notes a failed call: the replica goes local until a ping answers.
 func (s *Store) failed(op string, err error) {
+	s.why(err)
 	s.failures.Inc()
 	s.slow.Store(op == "slow")
 	if s.up.Swap(false) {
 		s.upGauge.Set(0)
 		s.log.Warn("redis call failed; lanes use local limits until it answers again", "op", op, "err", err.Error())
 	}
+}
+
+// why keeps err as the latest reason Redis is not shared, for Ready. The
+// client's errors name addresses and what the server said (WRONGPASS, a
+// certificate it could not verify), never a password.
+func (s *Store) why(err error) {
+	msg := err.Error()
+	s.whyNot.Store(&msg)
 }
 
 // loop renews the leases this replica holds and, while degraded, pings
@@ -97,6 +106,9 @@ func (s *Store) loop() {
 				// Redis is there but would hold up every request.
 				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
 					err = errors.New("slow")
+				}
+				if err != nil {
+					s.why(err)
 				}
 				if err == nil && s.rejoin() {
 					rejoined = time.Now()

@@ -129,7 +129,8 @@ type Store struct {
 	asked         atomic.Int64
 	busySince     atomic.Int64 // when the current run of requests to admit began (unix ns)
 	latency       latencies
-	slow          atomic.Bool // the last failure was slowness, not an error
+	slow          atomic.Bool            // the last failure was slowness, not an error
+	whyNot        atomic.Pointer[string] // the latest failure's reason
 	upGauge       prometheus.Gauge
 	replicasGauge prometheus.Gauge
 	commands      *prometheus.CounterVec // op
@@ -189,6 +190,7 @@ func New(cfg Config) (*Store, error) {
 	}
 	cancel()
 	if err != nil {
+		s.why(err)
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {
 		s.heartbeat(s.now())
@@ -304,11 +306,15 @@ func (s *Store) Status() string {
 	return "degraded"
 }
 
-// Ready reports nil while Redis is shared, else why not; the proxy stays
-// ready either way (fail-open).
+// Ready reports nil while Redis is shared, else why not, with the latest
+// failure's reason (a refused connection, WRONGPASS, a certificate not
+// trusted); the proxy stays ready either way (fail-open).
 func (s *Store) Ready() error {
 	if s.up.Load() {
 		return nil
+	}
+	if why := s.whyNot.Load(); why != nil {
+		return errors.New("redis unreachable: lanes use local limits (" + *why + ")")
 	}
 	return errors.New("redis unreachable: lanes use local limits")
 }

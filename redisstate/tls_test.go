@@ -36,7 +36,7 @@ func connectsOrSays(t *testing.T, cfg Config, password string) (bool, string) {
 	if err := st.Ready(); err != nil {
 		ready = err.Error()
 	}
-	said := out.String() + ready
+	said := out.String() + "\nReady: " + ready
 	if strings.Contains(said, password) {
 		t.Errorf("the password is in the store's log or Ready:\n%s", said)
 	}
@@ -65,6 +65,9 @@ func TestTLSWithTheCAFile(t *testing.T) {
 	ok, said := connectsOrSays(t, Config{URL: url}, pw)
 	if ok || !strings.Contains(said, "certificate signed by unknown authority") {
 		t.Fatalf("without the CA: shared %v, want local and a log saying the certificate is not trusted:\n%s", ok, said)
+	}
+	if _, ready, _ := strings.Cut(said, "\nReady: "); !strings.Contains(ready, "certificate signed by unknown authority") {
+		t.Errorf("without the CA, Ready (/readyz's reason) does not say why: %q", ready)
 	}
 	if ok, said := connectsOrSays(t, Config{URL: strings.Replace(url, "rediss://", "redis://", 1)}, pw); ok {
 		t.Fatalf("plain text to a TLS port shared:\n%s", said)
