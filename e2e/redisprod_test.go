@@ -7,6 +7,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -169,5 +172,111 @@ func TestFleetFollowsASentinelFailover(t *testing.T) {
 	}
 	if n := groupNode(t, []*redistest.Server{s.Node(now)}); n == nil {
 		t.Error("the new primary holds no state of the group")
+	}
+}
+
+// documentedACL is the ACL line docs/replicas.md gives operators, with
+// password in place of PASSWORD.
+func documentedACL(t *testing.T, password string) string {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/replicas.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(doc), "\n") {
+		if strings.HasPrefix(line, "user llmproxy on >PASSWORD ") {
+			return strings.Replace(line, "PASSWORD", password, 1)
+		}
+	}
+	t.Fatal("docs/replicas.md gives no line `user llmproxy on >PASSWORD …`")
+	return ""
+}
+
+// TestTLSAndTheDocumentedACLFromOutside: replicas of the binary reach a
+// Redis that speaks TLS only and asks for a client certificate, as the
+// user docs/replicas.md's ACL line makes, its password in a file (a
+// mounted secret). They share, and the server's ACL log stays empty. A
+// replica given a wrong password stays up on local limits, and /readyz
+// says why. Neither password is in any replica's log, /lanes, /readyz,
+// /metrics or `llmproxy status`.
+func TestTLSAndTheDocumentedACLFromOutside(t *testing.T) {
+	redistest.Need(t, "redis-server")
+	const password, wrongPassword = "Sekr1t-acl-7d41e", "Wr0ng-acl-22c9a"
+	dir := t.TempDir()
+	tl, err := redistest.NewTLS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := redistest.Start(redistest.Options{TLS: tl, ClientCerts: true, Password: "admin-" + password,
+		ACL: []string{documentedACL(t, password)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	pwFile, wrongFile := filepath.Join(dir, "password"), filepath.Join(dir, "wrong")
+	for f, pw := range map[string]string{pwFile: password + "\n", wrongFile: wrongPassword + "\n"} {
+		if err := os.WriteFile(f, []byte(pw), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := func(file string) []string {
+		return []string{"LLMPROXY_REDIS_URL=rediss://llmproxy@" + srv.Addr(), "LLMPROXY_REDIS_PASSWORD_FILE=" + file,
+			"LLMPROXY_REDIS_CA=" + tl.CA, "LLMPROXY_REDIS_CERT=" + tl.ClientCert, "LLMPROXY_REDIS_KEY=" + tl.ClientKey}
+	}
+	bin := llmproxyBinary(t)
+	mock := startMockUpstream(t, mockupstream.Config{RPM: 6000})
+	reps := startReplicas(t, 2, bin, mock.URL(), env(pwFile)...)
+	waitRedisOK(t, reps)
+	load := chatLoad{targets: reps, perReplica: 20, concurrency: 5, timeout: time.Minute}
+	for i, outs := range load.start(t, loadClient(t)).wait() {
+		if sent, failed, first := failures(outs); failed > 0 {
+			t.Errorf("%s: %d of %d requests failed; first: %q", reps[i].name, failed, sent, first)
+		}
+	}
+	wrong := startReplica(t, "wrong password", bin, mock.URL(), env(wrongFile)...)
+	err = pollAdmin(10*time.Second, func() error {
+		code, body, err := wrong.adminGet("/readyz")
+		if err == nil && (code != 200 || !strings.Contains(string(body), "degraded") || !strings.Contains(string(body), "WRONGPASS")) {
+			err = fmt.Errorf("/readyz %d %s", code, body)
+		}
+		return err
+	})
+	if err != nil {
+		t.Errorf("a replica with a wrong password: %v; want 200, degraded, and WRONGPASS as the reason", err)
+	}
+	cl := srv.Client()
+	defer cl.Close()
+	// The wrong password's failed logins are in the server's ACL log; a
+	// command or key the documented user may not use would be too.
+	log, err := cl.Do(context.Background(), "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range log {
+		if entry := fmt.Sprint(e); !strings.Contains(entry, "reason auth ") {
+			t.Errorf("the server refused the documented user: %s", lastChars(entry, 300))
+		}
+	}
+	for _, r := range append(reps, wrong) {
+		seen := []string{"stderr: " + r.stderr.String()}
+		for _, path := range []string{"/lanes", "/readyz", "/metrics"} {
+			_, body, err := r.adminGet(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen = append(seen, path+": "+string(body))
+		}
+		out, err := exec.Command(bin, "status", "-admin", r.admin).CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: llmproxy status: %v: %s", r.name, err, out)
+		}
+		seen = append(seen, "llmproxy status: "+string(out))
+		for _, s := range seen {
+			for _, pw := range []string{password, wrongPassword} {
+				if strings.Contains(s, pw) {
+					t.Errorf("%s: a password in %s", r.name, lastChars(s, 400))
+				}
+			}
+		}
 	}
 }
