@@ -171,6 +171,28 @@ func redisHost(t *testing.T, where, raw string) string {
 	return u.Hostname()
 }
 
+// redisHosts checks a LLMPROXY_REDIS_URL value and returns its host names:
+// the URL's and those of its addr=host:port parameters (more cluster seeds
+// or Sentinels).
+func redisHosts(t *testing.T, where, raw string) []string {
+	t.Helper()
+	host := redisHost(t, where, raw)
+	if host == "" {
+		return nil
+	}
+	hosts := []string{host}
+	u, _ := url.Parse(raw)
+	for _, a := range u.Query()["addr"] {
+		h, _, err := net.SplitHostPort(a)
+		if err != nil || h == "" {
+			t.Errorf("%s: LLMPROXY_REDIS_URL addr=%q is not host:port", where, a)
+			continue
+		}
+		hosts = append(hosts, h)
+	}
+	return hosts
+}
+
 func TestCompose(t *testing.T) {
 	docs := yamlFiles(t)[composeFile]
 	if len(docs) != 1 {
@@ -383,8 +405,12 @@ func TestKubernetes(t *testing.T) {
 				}
 			}
 			if raw, ok := env["LLMPROXY_REDIS_URL"]; ok {
-				if host := redisHost(t, c.where, str(get(raw, "value"))); host != "" && !services[host] {
-					t.Errorf("%s: LLMPROXY_REDIS_URL host %q is not a Service in %s", c.where, host, path)
+				for _, host := range redisHosts(t, c.where, str(get(raw, "value"))) {
+					// A Service of the file, or one of another namespace
+					// by its cluster DNS name (a Redis installed apart).
+					if !services[host] && !strings.Contains(host, ".svc") {
+						t.Errorf("%s: LLMPROXY_REDIS_URL host %q is neither a Service in %s nor <service>.<namespace>.svc", c.where, host, path)
+					}
 				}
 			}
 		}
@@ -407,12 +433,18 @@ func TestKubernetes(t *testing.T) {
 			}
 		}
 
-		// Every Service selects the pods of some workload in the file.
+		// Every Service and PodDisruptionBudget selects the pods of some
+		// workload in the file.
 		for _, doc := range docs {
-			if str(doc["kind"]) != "Service" {
+			var sel map[string]any
+			switch str(doc["kind"]) {
+			case "Service":
+				sel, _ = get(doc, "spec", "selector").(map[string]any)
+			case "PodDisruptionBudget":
+				sel, _ = get(doc, "spec", "selector", "matchLabels").(map[string]any)
+			default:
 				continue
 			}
-			sel, _ := get(doc, "spec", "selector").(map[string]any)
 			if !slices.ContainsFunc(podLabels, func(l map[string]any) bool {
 				for k, v := range sel {
 					if l[k] != v {
@@ -421,7 +453,7 @@ func TestKubernetes(t *testing.T) {
 				}
 				return len(sel) > 0
 			}) {
-				t.Errorf("%s: Service %s selects no pod template (selector %v)", path, str(get(doc, "metadata", "name")), sel)
+				t.Errorf("%s: %s %s selects no pod template (selector %v)", path, str(doc["kind"]), str(get(doc, "metadata", "name")), sel)
 			}
 		}
 	}

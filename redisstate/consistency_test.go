@@ -18,14 +18,14 @@ import (
 
 func hget(t *testing.T, st *Store, key, f string) string {
 	st.flush() // what was given back is in Redis
-	v, _ := st.rdb.HGet(context.Background(), key, f).Result()
+	v, _ := st.rdb().HGet(context.Background(), key, f).Result()
 	return v
 }
 
 // Redis slow for a moment (CLIENT PAUSE) -> degraded; state survives.
 func blip(t *testing.T, st *Store, d time.Duration) {
 	t.Helper()
-	if err := st.rdb.Do(context.Background(), "CLIENT", "PAUSE", d.Milliseconds(), "ALL").Err(); err != nil {
+	if err := st.rdb().Do(context.Background(), "CLIENT", "PAUSE", d.Milliseconds(), "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -152,7 +152,7 @@ func TestAPermitReturnedDuringABlipIsFreeAfterTheRejoin(t *testing.T) {
 	waitUp(t, a)
 	time.Sleep(time.Second)
 	if _, at, ok := sb.Admit(time.Now(), 1, false); !ok {
-		n, _ := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result()
+		n, _ := a.rdb().ZCard(context.Background(), sa.(*shared).leases).Result()
 		t.Fatalf("1 s after rejoin, with nothing in flight, b is refused (leases in redis: %d, next ask %v)", n, time.Until(at))
 	}
 }
@@ -167,7 +167,7 @@ func TestLeasesInFlightSurviveAFlush(t *testing.T) {
 	a, b := st[0], st[1]
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	admitOn(t, fc, a.Shared("g", one), 1)
-	a.rdb.FlushAll(context.Background())
+	a.rdb().FlushAll(context.Background())
 	renewAfter(t, fc, a, a.cfg.LeaseTTL/3)
 	if _, _, ok := b.Shared("g", one).Admit(fc.Now(), 1, false); ok {
 		t.Fatal("a still streams its answer (held, renewed), yet b got a second permit of a limit of 1")
@@ -358,7 +358,7 @@ func TestALeaseReturnedDuringRenewalStaysReturned(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.renewCopied = nil
-	if n, _ := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); n != 0 {
+	if n, _ := a.rdb().ZCard(context.Background(), sa.(*shared).leases).Result(); n != 0 {
 		t.Fatalf("%d leases counted after the only one was returned", n)
 	}
 	if _, _, ok := sa.Admit(time.Now(), 1, false); !ok {
@@ -395,7 +395,7 @@ func TestAReturnDuringRejoinReachesRedis(t *testing.T) {
 	}
 	waitUp(t, a)
 	a.rejoinHook = nil
-	if n, _ := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); n != 0 {
+	if n, _ := a.rdb().ZCard(context.Background(), sa.(*shared).leases).Result(); n != 0 {
 		t.Fatalf("%d leases counted after the only one was returned during the rejoin", n)
 	}
 }

@@ -151,7 +151,7 @@ func TestAFailedAnswerCountsAtNoLevel(t *testing.T) {
 	if st.Status() != "ok" {
 		t.Fatal("a learn call with no level degraded the store")
 	}
-	levels, err := st.rdb.HGetAll(context.Background(), sh.(*shared).levels).Result()
+	levels, err := st.rdb().HGetAll(context.Background(), sh.(*shared).levels).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestAFailedAnswerCountsAtNoLevel(t *testing.T) {
 		t.Fatal("admit")
 	}
 	sh.Learn(&tk2, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
-	if levels, _ := st.rdb.HGetAll(context.Background(), sh.(*shared).levels).Result(); len(levels) == 0 {
+	if levels, _ := st.rdb().HGetAll(context.Background(), sh.(*shared).levels).Result(); len(levels) == 0 {
 		t.Fatal("an accepted answer did not count in the shared levels")
 	}
 }

@@ -8,11 +8,15 @@ package redisstate
 // heartbeat going, up or not, on the replica's clock (Config.Clock).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmproxy/llmproxy/clock"
 )
@@ -31,12 +35,21 @@ func (s *Store) setUp(up bool) {
 
 // failed notes a failed call: the replica goes local until a ping answers.
 func (s *Store) failed(op string, err error) {
+	s.why(err)
 	s.failures.Inc()
 	s.slow.Store(op == "slow")
 	if s.up.Swap(false) {
 		s.upGauge.Set(0)
 		s.log.Warn("redis call failed; lanes use local limits until it answers again", "op", op, "err", err.Error())
 	}
+}
+
+// why keeps err as the latest reason Redis is not shared, for Ready. The
+// client's errors name addresses and what the server said (WRONGPASS, a
+// certificate it could not verify), never a password.
+func (s *Store) why(err error) {
+	msg := err.Error()
+	s.whyNot.Store(&msg)
 }
 
 // loop renews the leases this replica holds and, while degraded, pings
@@ -84,12 +97,18 @@ func (s *Store) loop() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
 				start := time.Now()
-				err := s.rdb.Ping(ctx).Err()
+				err := s.answers(ctx)
 				cancel()
+				if err == nil && !s.detect() {
+					err = errors.New("no answer to INFO")
+				}
 				// A ping slower than the bound leaves the replica local:
 				// Redis is there but would hold up every request.
 				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
 					err = errors.New("slow")
+				}
+				if err != nil {
+					s.why(err)
 				}
 				if err == nil && s.rejoin() {
 					rejoined = time.Now()
@@ -98,6 +117,33 @@ func (s *Store) loop() {
 			ping.Reset(wait)
 		}
 	}
+}
+
+// answers is nil when Redis answers a ping; a cluster must also say its
+// slots are all served: while a failed primary's replica is not yet
+// promoted, the groups on it would fail again at once.
+func (s *Store) answers(ctx context.Context) error {
+	c, ok := s.rdb().(*redis.ClusterClient)
+	if !ok {
+		return s.rdb().Ping(ctx).Err()
+	}
+	// The client's map of slots to nodes is read again (in the
+	// background, for the next call), whatever the answer: go-redis reads
+	// it again on MOVED, and a minute on, but not when the node it sends
+	// to is gone, and a primary that failed over to its replica is gone.
+	// Read again only on an error here, the map taken while the failover
+	// was under way stayed, and every rejoin went to the dead node for a
+	// minute (TestAClusterPrimaryKilledMidRunFailsOverToItsReplica).
+	c.ReloadState(ctx)
+	info, err := c.ClusterInfo(ctx).Result()
+	var reply redis.Error
+	if errors.As(err, &reply) { // not allowed to ask (an ACL): a ping will do
+		return c.Ping(ctx).Err()
+	}
+	if err == nil && !strings.Contains(info, "cluster_state:ok") {
+		err = errors.New("the cluster does not serve every slot yet")
+	}
+	return err
 }
 
 // after sends on c, which holds one, once d has passed on the replica's

@@ -20,7 +20,13 @@ func (s *Store) renew() error {
 	s.mu.Lock()
 	held := make(map[string]string, len(s.leases))
 	for l, k := range s.leases {
-		held[l] = k
+		// A permit taken locally whose lease the writer has yet to add:
+		// the writer adds it. Written here, it would stay in Redis if
+		// given back before the writer sent it (returnLater then drops
+		// it, as never sent) until it expired.
+		if _, pending := s.adds[l]; !pending {
+			held[l] = k
+		}
 	}
 	s.mu.Unlock()
 	if len(held) == 0 {
@@ -34,7 +40,7 @@ func (s *Store) renew() error {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	start := time.Now()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		keys := map[string]bool{}
 		for l, k := range held {
 			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
@@ -49,6 +55,10 @@ func (s *Store) renew() error {
 	s.took(start, err)
 	if err != nil {
 		s.failed("renew", err)
+		// The renewal may have reached Redis in part (a cluster's live
+		// nodes, a pipeline cut short): leases given back meanwhile are
+		// removed again, now or at the rejoin.
+		_ = s.removeReturned(held)
 		return err
 	}
 	return s.removeReturned(held)
@@ -72,7 +82,7 @@ func (s *Store) removeReturned(held map[string]string) error {
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, l := range gone {
 			p.ZRem(ctx, held[l], l)
 		}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 type lockedBuffer struct {
@@ -57,23 +59,25 @@ func TestClientLogLinesGoThroughSlogAtDebug(t *testing.T) {
 	t.Log(out.String()[:min(len(out.String()), 600)])
 }
 
-// TestAClusterNodeIsWarnedAbout: pointed at a Redis Cluster node, which it
-// does not support, the store says so once at start; a standalone Redis
-// gets no such line.
-func TestAClusterNodeIsWarnedAbout(t *testing.T) {
+// TestAClusterNodeIsDetected: in auto mode, a store pointed at a Redis
+// Cluster node takes a cluster client (and says so once); at a standalone
+// server, or told it is standalone, it keeps the one it has.
+func TestAClusterNodeIsDetected(t *testing.T) {
 	for _, tc := range []struct {
-		args []string
-		warn bool
-	}{{[]string{"--cluster-enabled", "yes"}, true}, {nil, false}} {
+		args    []string
+		mode    string
+		cluster bool
+	}{{[]string{"--cluster-enabled", "yes"}, "", true}, {[]string{"--cluster-enabled", "yes"}, ModeStandalone, false}, {nil, "", false}} {
 		srv := startServer(t, tc.args...)
 		var out lockedBuffer
-		st, err := New(Config{URL: srv.url(), Logger: slog.New(slog.NewTextHandler(&out, nil))})
+		st, err := New(Config{URL: srv.url(), Mode: tc.mode, Logger: slog.New(slog.NewTextHandler(&out, nil))})
 		if err != nil {
 			t.Fatal(err)
 		}
+		_, isCluster := st.rdb().(*redis.ClusterClient)
 		st.Close()
-		if got := strings.Contains(out.String(), "Redis Cluster node, which is not supported"); got != tc.warn {
-			t.Errorf("cluster %v: warned %v:\n%s", tc.warn, got, out.String())
+		if said := strings.Count(out.String(), "redis is a cluster"); isCluster != tc.cluster || said != map[bool]int{true: 1}[tc.cluster] {
+			t.Errorf("%v, mode %q: cluster client %v, said so %d times:\n%s", tc.args, tc.mode, isCluster, said, out.String())
 		}
 	}
 }

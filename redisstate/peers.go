@@ -22,7 +22,7 @@ func (s *Store) heartbeat(now time.Time) {
 	defer cancel()
 	busy := now.UnixNano()-s.asked.Load() < int64(heartbeatEvery)
 	args := heartbeatArgs{Now: s.scriptNow(), Replica: s.replica, Busy: busy, Window: busyWindow.Milliseconds()}
-	res, err := heartbeatScript.Run(ctx, s.rdb, []string{s.cfg.Prefix + "replicas", s.cfg.Prefix + "busy"}, argv(args)...).Int64Slice()
+	res, err := heartbeatScript.Run(ctx, s.rdb(), s.fleetKeys(), argv(args)...).Int64Slice()
 	s.commands.WithLabelValues("heartbeat").Inc()
 	var rep heartbeatWire
 	if err == nil {
@@ -33,6 +33,12 @@ func (s *Store) heartbeat(now time.Time) {
 		s.busyPeers.Store(max(rep.Busy, 0))
 		s.replicasGauge.Set(float64(rep.Alive))
 	}
+}
+
+// fleetKeys are the sets of replicas alive and busy, in one hash slot
+// (the braces): the heartbeat's script writes both.
+func (s *Store) fleetKeys() []string {
+	return []string{s.cfg.Prefix + "{fleet}replicas", s.cfg.Prefix + "{fleet}busy"}
 }
 
 // ask notes that the replica has a request to admit at now: busy, and

@@ -152,7 +152,7 @@ func TestAReturnDoesNotWaitForRedis(t *testing.T) {
 	}
 	slow.hold(0)
 	a.flush()
-	if n, err := a.rdb.ZCard(context.Background(), sa.(*shared).leases).Result(); err != nil || n != 0 {
+	if n, err := a.rdb().ZCard(context.Background(), sa.(*shared).leases).Result(); err != nil || n != 0 {
 		t.Fatalf("%d leases in Redis after the return was sent (%v), want 0", n, err)
 	}
 }
@@ -383,7 +383,7 @@ func learnWindowAfter(t *testing.T, st *Store, sh *shared, replica string, syn, 
 	t.Helper()
 	args := learnArgs{KeyTTL: st.cfg.KeyTTL.Milliseconds(), Climit: 8, Replica: replica,
 		Req: budgetArgs{Known: true, Syn: syn, Size: size, Rate: rate}, Kind: answerUncounted, Refusal: refused}
-	res, err := learnScript.Run(context.Background(), st.rdb, []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, argv(args)...).Int64Slice()
+	res, err := learnScript.Run(context.Background(), st.rdb(), []string{sh.state, sh.leases, sh.climits, sh.raise, sh.levels}, argv(args)...).Int64Slice()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,7 +89,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	args := admitArgs{Now: s.st.scriptNow(), Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
 		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
 		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Returned: returned}
-	res, err := admitScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.waiting, s.climits}, argv(args)...).Int64Slice()
+	res, err := admitScript.Run(ctx, s.st.rdb(), []string{s.state, s.leases, s.waiting, s.climits}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
 	var rep admitReply
@@ -217,7 +217,7 @@ func (s *shared) Learn(t *limit.Ticket, r limit.Report, now time.Time) {
 	ctx, cancel := s.st.ctx()
 	defer cancel()
 	start := time.Now()
-	res, err := learnScript.Run(ctx, s.st.rdb, []string{s.state, s.leases, s.climits, s.raise, s.levels}, argv(args)...).Int64Slice()
+	res, err := learnScript.Run(ctx, s.st.rdb(), []string{s.state, s.leases, s.climits, s.raise, s.levels}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("learn").Inc()
 	s.st.took(start, err)
 	var rep learnReply

@@ -207,7 +207,7 @@ func TestLeasesExpireOnRedisClock(t *testing.T) {
 	st.addLater("counted", "k2")
 	st.flush()
 	for _, c := range []struct{ key, lease string }{{"k1", "renewed"}, {"k2", "counted"}} {
-		score, err := st.rdb.ZScore(ctx, c.key, c.lease).Result()
+		score, err := st.rdb().ZScore(ctx, c.key, c.lease).Result()
 		if err != nil {
 			t.Fatalf("lease %s: %v", c.lease, err)
 		}
@@ -263,7 +263,7 @@ func TestAHeartbeatCountsAReplicaStartedLater(t *testing.T) {
 	}{{e, 2}, {3 * e, 2}, {7 * e, 2}, {15 * e, 3}, {23 * e, 3}} {
 		fc.Set(fakeStart.Add(beat.at - time.Millisecond))
 		if i == 3 {
-			b.Close()
+			b.die()
 			newFakeStore(t, srv.url(), fc, fc)
 		}
 		if n := counterValue(a, "heartbeat"); n != float64(i+1) {
@@ -318,7 +318,7 @@ func TestAPermitTakenWhileAwayIsCountedAfterTheRejoin(t *testing.T) {
 	if !ok || tk.Lease == "" {
 		t.Fatalf("admit after the rejoin: ok %v lease %q", ok, tk.Lease)
 	}
-	if n, err := st.rdb.ZCard(context.Background(), sh.(*shared).leases).Result(); err != nil || n != 2 {
+	if n, err := st.rdb().ZCard(context.Background(), sh.(*shared).leases).Result(); err != nil || n != 2 {
 		t.Fatalf("Redis counts %d permits (%v), want the one from while away and the new one", n, err)
 	}
 }
@@ -396,7 +396,7 @@ func TestAFailedCallIsNotRetried(t *testing.T) {
 	srv := startServer(t, "--replicaof", "127.0.0.1", "1") // read-only, its primary never answers
 	st := newStore(t, srv.url(), time.Minute)
 	sh := st.Shared("g", groupCfg)
-	if err := admitScript.Load(context.Background(), st.rdb).Err(); err != nil { // EVALSHA finds it
+	if err := admitScript.Load(context.Background(), st.rdb()).Err(); err != nil { // EVALSHA finds it
 		t.Fatal(err)
 	}
 	runs := countScriptRuns(t, srv.url(), admitScript.Hash())

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,9 +33,27 @@ import (
 
 // Config shapes a Store. Zero fields take the documented defaults.
 type Config struct {
-	// URL is a redis:// or rediss:// URL (required).
+	// URL is a redis:// or rediss:// URL (required):
+	// redis[s]://[user[:password]@]host[:port][/db], with more cluster
+	// seeds or Sentinels as repeated addr=host:port parameters.
 	URL string
-	// Prefix starts every key; zero = "llmproxy:v1:". The version changes
+	// Mode is how the URL's servers are reached: ModeStandalone,
+	// ModeCluster (a Redis Cluster; its hosts are seeds), ModeSentinel
+	// (its hosts are Sentinels, which name the primary SentinelMaster), or
+	// zero or ModeAuto: sentinel when SentinelMaster is set, else cluster
+	// when the server says it is a cluster node, else standalone.
+	Mode string
+	// SentinelMaster is the name the Sentinels know the primary by.
+	SentinelMaster string
+	// PasswordFile, when set, holds the password (it replaces the URL's),
+	// read again at every new connection: a rotated secret is picked up.
+	// SentinelPasswordFile holds the Sentinels' own, when they ask for one.
+	PasswordFile, SentinelPasswordFile string
+	// CAFile holds the PEM certificates a rediss:// server's must chain
+	// to (zero: the system's); CertFile and KeyFile, both or neither, a
+	// client certificate for a server that asks for one.
+	CAFile, CertFile, KeyFile string
+	// Prefix starts every key; zero = "llmproxy:v2:". The version changes
 	// when the keys' layout does.
 	Prefix string
 	// LeaseTTL is how long a permit stays counted without its replica
@@ -77,10 +94,14 @@ type Config struct {
 
 // Store is one replica's connection to the shared state.
 type Store struct {
-	cfg     Config
-	rdb     *redis.Client
-	replica string
-	log     *slog.Logger
+	cfg    Config
+	opts   *redis.UniversalOptions
+	client atomic.Pointer[redis.UniversalClient]
+	// undecided: Mode auto, and the server has not yet said whether it is
+	// a cluster node (detect).
+	undecided atomic.Bool
+	replica   string
+	log       *slog.Logger
 
 	up  atomic.Bool
 	seq atomic.Uint64
@@ -108,7 +129,8 @@ type Store struct {
 	asked         atomic.Int64
 	busySince     atomic.Int64 // when the current run of requests to admit began (unix ns)
 	latency       latencies
-	slow          atomic.Bool // the last failure was slowness, not an error
+	slow          atomic.Bool            // the last failure was slowness, not an error
+	whyNot        atomic.Pointer[string] // the latest failure's reason
 	upGauge       prometheus.Gauge
 	replicasGauge prometheus.Gauge
 	commands      *prometheus.CounterVec // op
@@ -133,7 +155,7 @@ func New(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	opt, _ := redis.ParseURL(cfg.URL) // Validate parsed it
+	opt, _ := cfg.options() // Validate built them
 	cfg = cfg.withDefaults()
 	// go-redis logs its own retries and dial failures (a dozen a second
 	// while Redis is down) to stderr in a format of its own; they go
@@ -148,17 +170,29 @@ func New(cfg Config) (*Store, error) {
 	// Each call's context (Timeout) bounds the whole call, its reads and
 	// writes included, not only the wait for a connection.
 	opt.ContextTimeoutEnabled = true
-	s, err := unstarted(cfg, redis.NewClient(opt))
+	// No CLIENT SETINFO at each connection: one command less for an ACL
+	// to allow.
+	opt.DisableIdentity = true
+	mode := cfg.mode()
+	s, err := unstarted(cfg, dial(opt, mode))
 	if err != nil {
 		return nil, err
 	}
+	s.opts = opt
+	s.undecided.Store(mode == ModeAuto)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-	err = s.rdb.Ping(ctx).Err()
+	err = s.rdb().Ping(ctx).Err()
+	if err == nil && !s.detect() {
+		err = errors.New("no answer to INFO")
+	}
+	if err == nil {
+		err = s.answers(ctx) // a cluster serves every slot
+	}
 	cancel()
 	if err != nil {
+		s.why(err)
 		s.log.Warn("redis unreachable at start; lanes use local limits until it answers", "err", err.Error())
 	} else {
-		s.warnIfCluster()
 		s.heartbeat(s.now())
 		s.setUp(true)
 	}
@@ -178,11 +212,15 @@ const (
 
 // Validate reports, as a *setting.Error, a URL given that is not a
 // redis:// or rediss:// one (its value never quoted: it may hold a
-// password), a lease TTL under MinLeaseTTL or a negative slowness bound.
+// password), a mode, password file or certificate that cannot be used, a
+// lease TTL under MinLeaseTTL or a negative slowness bound.
 func (cfg Config) Validate() error {
+	if cfg.URL != "" {
+		if _, err := cfg.options(); err != nil {
+			return err
+		}
+	}
 	switch {
-	case cfg.URL != "" && !validURL(cfg.URL):
-		return setting.Bad("redisstate", "URL", "not a usable redis:// or rediss:// URL (the value is not shown: it may hold a password)")
 	case cfg.LeaseTTL < 0 || cfg.LeaseTTL > 0 && cfg.LeaseTTL < MinLeaseTTL:
 		return setting.Bad("redisstate", "LeaseTTL", fmt.Sprintf("%v is below the minimum %v", cfg.LeaseTTL, MinLeaseTTL))
 	case cfg.Slow < 0:
@@ -191,15 +229,10 @@ func (cfg Config) Validate() error {
 	return nil
 }
 
-func validURL(u string) bool {
-	_, err := redis.ParseURL(u)
-	return err == nil
-}
-
 // withDefaults is cfg with every unset field at its default.
 func (cfg Config) withDefaults() Config {
 	if cfg.Prefix == "" {
-		cfg.Prefix = "llmproxy:v1:"
+		cfg.Prefix = "llmproxy:v2:"
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = DefaultLeaseTTL
@@ -237,11 +270,11 @@ func (s *Store) scriptNow() int64 {
 
 // unstarted is a store on rdb with its metrics registered, not yet
 // started.
-func unstarted(cfg Config, rdb *redis.Client) (*Store, error) {
+func unstarted(cfg Config, rdb redis.UniversalClient) (*Store, error) {
 	var id [6]byte
 	_, _ = rand.Read(id[:])
 	s := &Store{
-		cfg: cfg, rdb: rdb, replica: hex.EncodeToString(id[:]), log: cfg.Logger,
+		cfg: cfg, replica: hex.EncodeToString(id[:]), log: cfg.Logger,
 		leases: map[string]string{}, returns: map[string]string{}, adds: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
 		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -253,6 +286,7 @@ func unstarted(cfg Config, rdb *redis.Client) (*Store, error) {
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmproxy_redis_failures_total", Help: "Redis calls that failed or timed out; each makes the replica use local limits until Redis answers again."}),
 	}
+	s.client.Store(&rdb)
 	if cfg.Registerer != nil {
 		for _, c := range []prometheus.Collector{s.upGauge, s.replicasGauge, s.commands, s.failures} {
 			if err := cfg.Registerer.Register(c); err != nil {
@@ -261,19 +295,6 @@ func unstarted(cfg Config, rdb *redis.Client) (*Store, error) {
 		}
 	}
 	return s, nil
-}
-
-// warnIfCluster says, once at start, that a Redis Cluster node is not
-// supported: the client talks to the one node of the URL and does not
-// follow MOVED, so groups whose keys live on other nodes fail over to
-// local limits.
-func (s *Store) warnIfCluster() {
-	ctx, cancel := s.ctx()
-	defer cancel()
-	info, err := s.rdb.Info(ctx, "cluster").Result()
-	if err == nil && strings.Contains(info, "cluster_enabled:1") {
-		s.log.Warn("LLMPROXY_REDIS_URL is a Redis Cluster node, which is not supported: groups whose keys another node holds use local limits; use a standalone Redis (or a primary with replicas)")
-	}
 }
 
 // Status is "ok" while the replica shares state, "degraded" while it uses
@@ -285,26 +306,62 @@ func (s *Store) Status() string {
 	return "degraded"
 }
 
-// Ready reports nil while Redis is shared, else why not; the proxy stays
-// ready either way (fail-open).
+// Ready reports nil while Redis is shared, else why not, with the latest
+// failure's reason (a refused connection, WRONGPASS, a certificate not
+// trusted); the proxy stays ready either way (fail-open).
 func (s *Store) Ready() error {
 	if s.up.Load() {
 		return nil
+	}
+	if why := s.whyNot.Load(); why != nil {
+		return errors.New("redis unreachable: lanes use local limits (" + *why + ")")
 	}
 	return errors.New("redis unreachable: lanes use local limits")
 }
 
 // Close stops the background work and the connection, once the permits
 // given back and the budgets' give-backs still waiting have been sent.
-// Leases still held expire on their own.
+// The leases still held are removed, and the replica leaves the fleet's
+// counts: a clean shutdown hands its permits and its share to the other
+// replicas at once, not after the lease TTL and the heartbeats' minute.
 func (s *Store) Close() error {
 	err := errors.New("redisstate: closed twice")
 	s.closing.Do(func() {
 		close(s.stop)
 		<-s.done
-		err = s.rdb.Close()
+		s.leave()
+		err = s.rdb().Close()
 	})
 	return err
+}
+
+// leave removes from Redis the leases this replica still holds or has
+// yet to return, and the replica from the fleet's sets, in one round
+// trip; a Redis that does not answer leaves them to expire.
+func (s *Store) leave() {
+	s.mu.Lock()
+	gone := make(map[string]string, len(s.leases)+len(s.returns))
+	for _, m := range []map[string]string{s.leases, s.returns} {
+		for l, k := range m {
+			gone[l] = k
+		}
+	}
+	s.mu.Unlock()
+	ctx, cancel := s.ctx()
+	defer cancel()
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
+		for l, k := range gone {
+			p.ZRem(ctx, k, l)
+		}
+		for _, k := range s.fleetKeys() {
+			p.ZRem(ctx, k, s.replica)
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("leave").Inc()
+	if err != nil {
+		s.log.Warn("redis did not take this replica's leave; its permits expire with their leases", "err", err.Error())
+	}
 }
 
 // sawClock notes Redis' clock (ms) from a reply just received.

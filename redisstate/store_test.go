@@ -278,6 +278,48 @@ func TestAPauseIsShared(t *testing.T) {
 	}
 }
 
+// die stops s as a replica that was killed does: no more renewals or
+// heartbeats, and nothing handed back.
+func (s *Store) die() {
+	s.closing.Do(func() {
+		close(s.stop)
+		<-s.done
+		_ = s.rdb().Close()
+	})
+}
+
+// TestACleanCloseHandsItsPermitsAndShareBack: a replica closed while it
+// holds permits (requests cut at the end of a drain) removes their leases
+// at once, not a lease TTL later, and leaves the fleet: the others count
+// it gone at their next heartbeat, not a minute later.
+func TestACleanCloseHandsItsPermitsAndShareBack(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	two := limit.Config{Concurrency: 2, MaxConcurrency: 2}
+	sa, sb := st[0].Shared("g", two), st[1].Shared("g", two)
+	admitOn(t, fc, sa, 1)
+	admitOn(t, fc, sa, 1)
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); ok {
+		t.Fatal("b took a third permit of two")
+	}
+	if n := st[1].Replicas(); n != 2 {
+		t.Fatalf("b counts %d replicas before a closes, want 2", n)
+	}
+	st[0].Close()
+	if n, err := st[1].rdb().ZCard(context.Background(), sa.(*shared).leases).Result(); err != nil || n != 0 {
+		t.Fatalf("%d leases (%v) left in Redis by a clean close", n, err)
+	}
+	if _, _, ok := sb.Admit(fc.Now(), 1, false); !ok {
+		t.Fatal("b waits for permits a handed back at its close")
+	}
+	st[1].heartbeat(fc.Now())
+	if n := st[1].Replicas(); n != 1 {
+		t.Errorf("b counts %d replicas after a left, want 1", n)
+	}
+}
+
 func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
@@ -285,7 +327,7 @@ func TestLeasesOfADeadReplicaExpire(t *testing.T) {
 	st := fakeStores(t, srv.url(), fc, 2)
 	one := limit.Config{Concurrency: 1, MaxConcurrency: 1}
 	admitOn(t, fc, st[0].Shared("g", one), 1)
-	st[0].Close() // dies holding the permit: no return, no renewal
+	st[0].die() // holding the permit: no return, no renewal
 	sb := st[1].Shared("g", one)
 	fc.Advance(st[0].cfg.LeaseTTL - time.Millisecond)
 	if _, _, ok := sb.Admit(fc.Now(), 1, false); ok {
@@ -442,11 +484,11 @@ func TestARenewedLeaseExpiresOnRedisClockWhateverTheReplicasClock(t *testing.T) 
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	score, err := st.rdb.ZScore(ctx, sh.leases, tk.Lease).Result()
+	score, err := st.rdb().ZScore(ctx, sh.leases, tk.Lease).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	now, err := st.rdb.Time(ctx).Result()
+	now, err := st.rdb().Time(ctx).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +521,7 @@ func TestTheScriptsRunOnTheClockGivenForRedis(t *testing.T) {
 	}
 	expiry := func() int64 {
 		t.Helper()
-		score, err := a.rdb.ZScore(context.Background(), sa.leases, tk.Lease).Result()
+		score, err := a.rdb().ZScore(context.Background(), sa.leases, tk.Lease).Result()
 		if err != nil {
 			t.Fatal(err)
 		}

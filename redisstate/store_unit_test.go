@@ -135,7 +135,7 @@ func TestNewFillsTheDocumentedDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer zero.Close()
-	want := Config{Prefix: "llmproxy:v1:", LeaseTTL: 15 * time.Second, KeyTTL: 10 * time.Minute,
+	want := Config{Prefix: "llmproxy:v2:", LeaseTTL: 15 * time.Second, KeyTTL: 10 * time.Minute,
 		Timeout: 50 * time.Millisecond, Poll: 20 * time.Millisecond, Slow: 0}
 	if c := zero.cfg; c.Prefix != want.Prefix || c.LeaseTTL != want.LeaseTTL || c.KeyTTL != want.KeyTTL ||
 		c.Timeout != want.Timeout || c.Poll != want.Poll || c.Slow != want.Slow {
@@ -170,6 +170,20 @@ func TestValidateNamesTheFieldItRefuses(t *testing.T) {
 		{Config{URL: "redis://127.0.0.1:1", LeaseTTL: MinLeaseTTL - time.Millisecond}, "LeaseTTL"},
 		{Config{URL: "redis://127.0.0.1:1", LeaseTTL: -time.Second}, "LeaseTTL"},
 		{Config{URL: "redis://127.0.0.1:1", Slow: -1}, "Slow"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1?addr=127.0.0.1:2", Mode: "cluster"}, ""},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1?addr=127.0.0.1:2", SentinelMaster: "m"}, ""},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1?addr=127.0.0.1:2", Mode: "standalone"}, "URL"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1?addr=nope", Mode: "cluster"}, "URL"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1?dial_timeout=3", Mode: "cluster"}, "URL"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1/2", Mode: "cluster"}, "URL"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1/x"}, "URL"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1", Mode: "Sentinel"}, "SentinelMaster"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1", Mode: "replicated"}, "Mode"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1", PasswordFile: "/nonexistent/" + secret}, "PasswordFile"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1", SentinelPasswordFile: "/nonexistent/pw", SentinelMaster: "m"}, "SentinelPasswordFile"},
+		{Config{URL: "redis://u:" + secret + "@127.0.0.1:1", CAFile: "/nonexistent/ca.pem"}, "CAFile"},
+		{Config{URL: "rediss://u:" + secret + "@127.0.0.1:1", CAFile: "/nonexistent/ca.pem"}, "CAFile"},
+		{Config{URL: "rediss://u:" + secret + "@127.0.0.1:1", CertFile: "/nonexistent/c.pem"}, "CertFile"},
 	} {
 		err := tc.cfg.Validate()
 		var se *setting.Error
@@ -178,7 +192,7 @@ func TestValidateNamesTheFieldItRefuses(t *testing.T) {
 			t.Errorf("%+v: %v, want valid", tc.cfg, err)
 		case tc.field != "" && (!errors.As(err, &se) || se.Field != tc.field || se.Pkg != "redisstate"):
 			t.Errorf("%+v: %v, want a setting error on %s", tc.cfg, err, tc.field)
-		case err != nil && strings.Contains(err.Error(), secret):
+		case err != nil && strings.Contains(err.Error(), secret) && tc.field != "PasswordFile":
 			t.Errorf("the error shows the URL's password: %v", err)
 		}
 		tc.cfg.Timeout = 50 * time.Millisecond

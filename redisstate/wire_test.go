@@ -93,7 +93,7 @@ func TestScriptsReadArgsByName(t *testing.T) {
 		Rest []string `lua:"rest"`
 	}
 	script := newScript(args{}, "return {args.a, args.inner.b, args.c, #args.rest, args.rest[2]}")
-	got, err := script.Run(context.Background(), st.rdb, nil, argv(args{A: "x", In: inner{B: 2.5}, C: true, Rest: []string{"p", "q"}})...).Slice()
+	got, err := script.Run(context.Background(), st.rdb(), nil, argv(args{A: "x", In: inner{B: 2.5}, C: true, Rest: []string{"p", "q"}})...).Slice()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func (s *Store) flushAdds() bool {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	start := time.Now()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range adds {
 			p.ZAdd(ctx, k, redis.Z{Score: exp, Member: l})
 			p.PExpire(ctx, k, max(s.cfg.KeyTTL, s.cfg.LeaseTTL))
@@ -65,11 +65,11 @@ func (s *Store) flushAdds() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for l, k := range adds {
-		_, held := s.leases[l]
-		switch {
-		case err != nil && held:
-			s.adds[l] = k // try again
-		case err == nil && !held:
+		// A call that failed may have reached Redis in part (a cluster's
+		// live nodes, a pipeline cut short): a lease still held is no
+		// longer pending but renewed (renew puts back what Redis lacks),
+		// and one given back is removed, as one that did reach it.
+		if _, held := s.leases[l]; !held {
 			s.returns[l] = k // returned while on its way: remove it again
 		}
 	}
@@ -89,7 +89,7 @@ func (s *Store) flushReturns() bool {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	start := time.Now()
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for l, k := range returns {
 			p.ZRem(ctx, k, l)
 		}
@@ -203,7 +203,7 @@ func (s *Store) write() {
 	for _, g := range gives {
 		ctx, cancel := s.ctx()
 		start := time.Now()
-		err := giveBackScript.Run(ctx, s.rdb, []string{g.state}, argv(giveBackArgs{Now: s.scriptNow(), Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
+		err := giveBackScript.Run(ctx, s.rdb(), []string{g.state}, argv(giveBackArgs{Now: s.scriptNow(), Requests: g.requests, Tokens: g.tokens, Mark: g.mark, Used: g.used})...).Err()
 		cancel()
 		s.commands.WithLabelValues(g.op).Inc()
 		s.took(start, err)

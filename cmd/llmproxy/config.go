@@ -27,36 +27,43 @@ const envPrefix = "LLMPROXY_"
 // `llmproxy -h` prints; its envDefault is the default (also in
 // config.example.env and the README).
 type config struct {
-	Addr               string        `env:"ADDR" envDefault:"127.0.0.1:8080" help:"proxy listener"`
-	AdminAddr          string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui; empty = off"`
-	AdminToken         string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open"`
-	Upstream           string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
-	Routes             string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
-	MaxRetries         int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
-	MaxWait            time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout can shorten it); at least 1s"`
-	MaxRetryAfter      time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
-	MaxQueue           int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
-	MaxBodyBytes       int64         `env:"MAX_BODY_BYTES" envDefault:"536870912" help:"larger request bodies get 413"`
-	MemoryBodyBytes    int64         `env:"MEMORY_BODY_BYTES" envDefault:"1048576" help:"larger request bodies are spooled to a file in LLMPROXY_SPOOL_DIR, not held in memory"`
-	SpoolDir           string        `env:"SPOOL_DIR" help:"where large request bodies are spooled; empty = the system's temporary directory"`
-	MaxSpoolBytes      int64         `env:"MAX_SPOOL_BYTES" envDefault:"2147483648" help:"all spooled request bodies at once; past it new requests get 429 queue_full"`
-	MaxBufferedBytes   int64         `env:"MAX_BUFFERED_BYTES" envDefault:"268435456" help:"all request bodies held at once (queued, retried, in flight); past it new requests get 429 queue_full"`
-	BodyTimeout        time.Duration `env:"BODY_TIMEOUT" envDefault:"60s" help:"a request's whole body must arrive within this, else 400 body_read_error; at least 1s"`
-	IdleTimeout        time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"a client's keep-alive connection idle this long is closed (both listeners)"`
-	LaneConcurrency    int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit, moved into [MIN, MAX]; it grows by half each answer time until the upstream refuses for concurrency"`
-	LaneMinConcurrency int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
-	LaneMaxConcurrency int           `env:"LANE_MAX_CONCURRENCY" envDefault:"1024" help:"highest concurrency limit of a lane"`
-	MaxLanes           int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
-	LaneIdleTTL        time.Duration `env:"LANE_IDLE_TTL" envDefault:"10m" help:"a lane idle this long is dropped"`
-	ClientRateLimitHdr string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`
-	RedisURL           string        `env:"REDIS_URL" help:"redis:// or rediss:// URL: replicas share their lanes' limits through it (unset: this process only)"`
-	RedisLeaseTTL      time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted; at least 1s"`
-	RedisSlow          time.Duration `env:"REDIS_SLOW" envDefault:"50ms" help:"with Redis: a replica whose recent calls take longer than this (99th percentile) uses its share of the limits locally until Redis is fast again; 0 = never"`
-	LogLevel           string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
-	LogFormat          string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
-	GlobalConcurrency  int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`
-	Pprof              bool          `env:"PPROF" envDefault:"false" help:"true: the admin listener serves Go's runtime profiles under /debug/pprof/ (behind LLMPROXY_ADMIN_TOKEN), mutex and block profiles included; they cost some speed"`
-	ShutdownTimeout    time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
+	Addr                      string        `env:"ADDR" envDefault:"127.0.0.1:8080" help:"proxy listener"`
+	AdminAddr                 string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui; empty = off"`
+	AdminToken                string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open"`
+	Upstream                  string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
+	Routes                    string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
+	MaxRetries                int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
+	MaxWait                   time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout can shorten it); at least 1s"`
+	MaxRetryAfter             time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
+	MaxQueue                  int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
+	MaxBodyBytes              int64         `env:"MAX_BODY_BYTES" envDefault:"536870912" help:"larger request bodies get 413"`
+	MemoryBodyBytes           int64         `env:"MEMORY_BODY_BYTES" envDefault:"1048576" help:"larger request bodies are spooled to a file in LLMPROXY_SPOOL_DIR, not held in memory"`
+	SpoolDir                  string        `env:"SPOOL_DIR" help:"where large request bodies are spooled; empty = the system's temporary directory"`
+	MaxSpoolBytes             int64         `env:"MAX_SPOOL_BYTES" envDefault:"2147483648" help:"all spooled request bodies at once; past it new requests get 429 queue_full"`
+	MaxBufferedBytes          int64         `env:"MAX_BUFFERED_BYTES" envDefault:"268435456" help:"all request bodies held at once (queued, retried, in flight); past it new requests get 429 queue_full"`
+	BodyTimeout               time.Duration `env:"BODY_TIMEOUT" envDefault:"60s" help:"a request's whole body must arrive within this, else 400 body_read_error; at least 1s"`
+	IdleTimeout               time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"a client's keep-alive connection idle this long is closed (both listeners)"`
+	LaneConcurrency           int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit, moved into [MIN, MAX]; it grows by half each answer time until the upstream refuses for concurrency"`
+	LaneMinConcurrency        int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
+	LaneMaxConcurrency        int           `env:"LANE_MAX_CONCURRENCY" envDefault:"1024" help:"highest concurrency limit of a lane"`
+	MaxLanes                  int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
+	LaneIdleTTL               time.Duration `env:"LANE_IDLE_TTL" envDefault:"10m" help:"a lane idle this long is dropped"`
+	ClientRateLimitHdr        string        `env:"CLIENT_RATELIMIT_HEADERS" envDefault:"strip" help:"strip: clients do not see the upstream's x-ratelimit-* headers (their own throttling would slow the run); pass: forward them"`
+	RedisURL                  string        `env:"REDIS_URL" help:"redis:// or rediss:// URL: replicas share their lanes' limits through it (unset: this process only)"`
+	RedisMode                 string        `env:"REDIS_MODE" envDefault:"auto" help:"with Redis: standalone, cluster (the URL's hosts are seeds), sentinel (they are Sentinels), or auto: sentinel when REDIS_SENTINEL_MASTER is set, else cluster when the server is a cluster node"`
+	RedisSentinelMaster       string        `env:"REDIS_SENTINEL_MASTER" help:"with Sentinels: the name they know the primary by"`
+	RedisPasswordFile         string        `env:"REDIS_PASSWORD_FILE" help:"a file holding Redis' password (a mounted secret), read at every new connection; replaces the URL's"`
+	RedisSentinelPasswordFile string        `env:"REDIS_SENTINEL_PASSWORD_FILE" help:"a file holding the Sentinels' own password, when they ask for one"`
+	RedisCA                   string        `env:"REDIS_CA" help:"with rediss://: a PEM file of the certificates the server's must chain to (unset: the system's)"`
+	RedisCert                 string        `env:"REDIS_CERT" help:"with rediss://: a PEM client certificate, for a server that asks for one (with REDIS_KEY)"`
+	RedisKey                  string        `env:"REDIS_KEY" help:"with rediss://: the client certificate's PEM private key"`
+	RedisLeaseTTL             time.Duration `env:"REDIS_LEASE_TTL" envDefault:"15s" help:"with Redis: how long a concurrency slot of a replica that died stays counted; at least 1s"`
+	RedisSlow                 time.Duration `env:"REDIS_SLOW" envDefault:"50ms" help:"with Redis: a replica whose recent calls take longer than this (99th percentile) uses its share of the limits locally until Redis is fast again; 0 = never"`
+	LogLevel                  string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
+	LogFormat                 string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
+	GlobalConcurrency         int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`
+	Pprof                     bool          `env:"PPROF" envDefault:"false" help:"true: the admin listener serves Go's runtime profiles under /debug/pprof/ (behind LLMPROXY_ADMIN_TOKEN), mutex and block profiles included; they cost some speed"`
+	ShutdownTimeout           time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
 
 	upstreamURL *url.URL
 	routes      []proxy.Route
@@ -225,6 +232,9 @@ var ownedBy = map[string]string{
 	"lanequeue.Concurrency": "LANE_CONCURRENCY", "lanequeue.MinConcurrency": "LANE_MIN_CONCURRENCY",
 	"lanequeue.MaxConcurrency": "LANE_MAX_CONCURRENCY", "lanequeue.MaxQueue": "MAX_QUEUE",
 	"redisstate.URL": "REDIS_URL", "redisstate.LeaseTTL": "REDIS_LEASE_TTL", "redisstate.Slow": "REDIS_SLOW",
+	"redisstate.Mode": "REDIS_MODE", "redisstate.SentinelMaster": "REDIS_SENTINEL_MASTER",
+	"redisstate.PasswordFile": "REDIS_PASSWORD_FILE", "redisstate.SentinelPasswordFile": "REDIS_SENTINEL_PASSWORD_FILE",
+	"redisstate.CAFile": "REDIS_CA", "redisstate.CertFile": "REDIS_CERT", "redisstate.KeyFile": "REDIS_KEY",
 }
 
 // checkOwned asks each package that owns settings whether it can use

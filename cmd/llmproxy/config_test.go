@@ -241,7 +241,13 @@ func TestAPackagesErrorNamesTheVariables(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"LLMPROXY_REDIS_URL": "http://u:secret@127.0.0.1"},
-			"LLMPROXY_REDIS_URL: not a usable redis:// or rediss:// URL (the value is not shown: it may hold a password)"},
+			"LLMPROXY_REDIS_URL: the scheme is not redis:// or rediss:// (the value is not shown: it may hold a password)"},
+		{map[string]string{"LLMPROXY_REDIS_URL": "redis://u:secret@127.0.0.1", "LLMPROXY_REDIS_MODE": "sentinel"},
+			"LLMPROXY_REDIS_SENTINEL_MASTER: missing: sentinel mode needs the name the Sentinels know the primary by"},
+		{map[string]string{"LLMPROXY_REDIS_URL": "redis://u:secret@127.0.0.1", "LLMPROXY_REDIS_CA": "/nonexistent/ca.pem"},
+			"LLMPROXY_REDIS_CA: set, but the URL is redis://; TLS is rediss://"},
+		{map[string]string{"LLMPROXY_REDIS_URL": "rediss://u:secret@127.0.0.1", "LLMPROXY_REDIS_PASSWORD_FILE": "/nonexistent/pw"},
+			"LLMPROXY_REDIS_PASSWORD_FILE: cannot read /nonexistent/pw: no such file or directory"},
 		{map[string]string{"LLMPROXY_ROUTES": "Routes=https://a.example,Routes=https://b.example"},
 			`LLMPROXY_ROUTES: route "Routes" given twice`},
 		{map[string]string{"LLMPROXY_LANE_MIN_CONCURRENCY": "10", "LLMPROXY_LANE_MAX_CONCURRENCY": "5"},

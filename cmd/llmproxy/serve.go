@@ -98,7 +98,7 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		sc.Logger, sc.Registerer = log, reg
 		store, err := redisstate.New(sc)
 		if err != nil {
-			return nil, health, closeStore, errors.New("LLMPROXY_REDIS_URL: not usable (the value is not shown: it may hold a password)")
+			return nil, health, closeStore, named(err)
 		}
 		closeStore = func() { store.Close() }
 		lanes.Shared = store.Shared
@@ -130,7 +130,10 @@ func laneConfig(cfg config) lanequeue.TableConfig {
 // storeConfig is the Redis store's settings from cfg (no logger or
 // registry yet).
 func storeConfig(cfg config) redisstate.Config {
-	return redisstate.Config{URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: cfg.RedisSlow}
+	return redisstate.Config{URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: cfg.RedisSlow,
+		Mode: cfg.RedisMode, SentinelMaster: cfg.RedisSentinelMaster,
+		PasswordFile: cfg.RedisPasswordFile, SentinelPasswordFile: cfg.RedisSentinelPasswordFile,
+		CAFile: cfg.RedisCA, CertFile: cfg.RedisCert, KeyFile: cfg.RedisKey}
 }
 
 // proxyConfig is proxy.Config from cfg.

@@ -36,6 +36,11 @@
 //	                requests; its cut requests are counted apart, and the
 //	                time until Redis stops counting its permits (its leases
 //	                expire) is shown
+//	rolling-restart short, through a front (e2e/front: round robin over the
+//	                ready replicas, the next on a refused connection), once
+//	                as it is ("/steady") and once while the replicas are
+//	                restarted one after another (SIGTERM, drain, a new
+//	                process on the same ports and Redis); see rolling.go
 //
 // short, silent and the loadbench cells run through one proxy (no Redis)
 // and through three replicas; the others through three replicas only,
@@ -47,6 +52,14 @@
 //	go run ./e2e/replicabench -scenario short,redis-killed     # the CI subset
 //	go run ./e2e/replicabench -scenario '*/*' -markdown        # every loadbench cell
 //	go run ./e2e/replicabench -scenario 'streams/headers' -runs 3 -v
+//	go run ./e2e/replicabench -fleet 10,30                     # how far one Redis carries
+//	go run ./e2e/replicabench -fleet 10,30 -cluster            # the same on a Redis Cluster
+//
+// -fleet replaces the rows with another measure, described in fleet.go:
+// that many replicas on one redis-server (-cluster: a Redis Cluster of
+// three primaries) against an unlimited upstream, and the same without
+// Redis: admissions per second, Redis' commands, round trips and CPU per
+// request, and the p99 Redis adds to a request.
 //
 // makespan/ideal compares the wall time of the load with N ÷ the rate the
 // upstream allows (replica-killed: the answers the upstream admitted ÷ the
@@ -57,7 +70,9 @@
 // through three replicas within 1.1× the ideal, as one proxy, no request
 // lost; redis-killed at most 10 % refused, none lost; replica-killed none
 // lost on the survivors, the dead replica's permits free within the lease
-// TTL, and 2 points; the others as good as one proxy (no more lost,
+// TTL, and 2 points; rolling-restart at most 1.05× the time of its run
+// without restarts, 2 points over that run's refusals, none lost; the
+// others as good as one proxy (no more lost,
 // makespan/ideal at most 0.05 more, 2 points). -markdown also prints a line
 // a row with one proxy's figures and the replicas' side by side. Targets
 // are reported only: the exit status is non-zero only when the harness
@@ -92,6 +107,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/e2e/front"
 	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 )
@@ -131,7 +147,12 @@ func realMain() int {
 		return nil
 	})
 	flag.StringVar(&o.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH, else /usr/bin/redis-server)")
+	fleet := fleetFlags(flag.CommandLine)
 	flag.Parse()
+	if fleet.cluster && len(fleet.counts) == 0 {
+		fmt.Fprintln(os.Stderr, "replicabench: -cluster goes with -fleet")
+		return 2
+	}
 	if o.runs < 1 || o.replicas < 2 {
 		fmt.Fprintln(os.Stderr, "replicabench: -runs must be at least 1 and -replicas at least 2")
 		return 2
@@ -175,20 +196,23 @@ func realMain() int {
 		}
 		o.logf("built llmproxy in %v", time.Since(began).Round(10*time.Millisecond))
 	}
+	if len(fleet.counts) > 0 {
+		if err := runFleet(ctx, o, fleet, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "replicabench -fleet:", err)
+			return 1
+		}
+		return 0
+	}
 
 	fmt.Printf("replicabench: %d row(s), %d run(s) each, %d replicas; %s/%s, %d CPUs\n",
 		len(picked), o.runs, o.replicas, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	var groups []group
 	failed := false
 	for _, sc := range picked {
-		counts := []int{o.replicas}
-		if sc.solo {
-			counts = []int{1, o.replicas}
-		}
-		for _, n := range counts {
-			g := group{sc: sc, replicas: n}
+		for _, g := range variants(sc, o.replicas) {
+			n := g.replicas
 			for run := 1; run <= o.runs && !failed && ctx.Err() == nil; run++ {
-				r, err := runOnce(ctx, o, sc, n, run)
+				r, err := runOnce(ctx, o, sc, n, run, g.steady)
 				if err != nil {
 					fmt.Fprintf(os.Stderr, "replicabench: %s ×%d run %d: %v\n", sc.name, n, run, err)
 					failed = true
@@ -196,7 +220,7 @@ func realMain() int {
 				}
 				g.runs = append(g.runs, r)
 				fmt.Fprintf(os.Stderr, "%-30s ×%d run %d: %d/%d ok, %d lost, %d cut, makespan %.2fs, upstream %d requests %d 429s; took %.1fs\n",
-					sc.name, n, run, r.ok, r.n, r.lost, r.cut, r.makespan.Seconds(), r.upReq, r.up429, r.took.Seconds())
+					g.label(), n, run, r.ok, r.n, r.lost, r.cut, r.makespan.Seconds(), r.upReq, r.up429, r.took.Seconds())
 			}
 			if len(g.runs) > 0 {
 				groups = append(groups, g)
@@ -259,8 +283,9 @@ type result struct {
 	notes, lostExamples []string
 }
 
-// runOnce runs sc once through n proxies (one: no Redis).
-func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, error) {
+// runOnce runs sc once through n proxies (one: no Redis); steady: without
+// its during.
+func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bool) (result, error) {
 	began := time.Now()
 	res := result{sc: sc, replicas: n, run: run, n: sc.n, c: sc.c, victim: -1,
 		ideal: time.Duration(float64(sc.n) / sc.rate * float64(time.Second))}
@@ -270,7 +295,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	shared := n > 1
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()
-	rs, reps, stop, err := startFleet(o, sc, n, mock.URL(), &res)
+	rs, reps, stop, err := startFleet(o, sc, n, shared, mock.URL(), &res)
 	defer stop()
 	if err != nil {
 		return res, err
@@ -282,7 +307,20 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	for i, r := range reps {
 		addrs[i] = r.addr
 	}
+	var fr *front.Server
+	if sc.rolling {
+		if fr, err = startFront(reps); err != nil {
+			return res, err
+		}
+		defer fr.Close()
+		addrs = []string{fr.Addr()}
+	}
 	env := &runEnv{sc: sc, redis: rs, reps: reps, ts: newTargets(&http.Client{Transport: tr}, addrs), res: &res}
+	defer func() { // the processes that replaced some of reps
+		for _, r := range env.replicas() {
+			r.kill()
+		}
+	}()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	env.ctx = runCtx
@@ -311,13 +349,13 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 	env.load = &loadRun{n: sc.n, done: make(chan struct{})}
 	duringDone := make(chan error, 1)
 	env.start = time.Now()
-	if shared && sc.during != nil {
+	if shared && sc.during != nil && !steady {
 		go func() { duringDone <- sc.during(env) }()
 	} else {
 		duringDone <- nil
 	}
 	sampled := make(chan string, 1)
-	go func() { sampled <- sampleLanes(runCtx, env.load.done, reps, env.rdb) }()
+	go func() { sampled <- sampleLanes(runCtx, env.load.done, env.replicas, env.rdb) }()
 	outs := runLoad(runCtx, env.load, env.ts, sc, o.reqTimeout)
 	res.makespan = time.Since(env.start)
 	duringErr := <-duringDone
@@ -333,27 +371,30 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int) (result, 
 		res.ideal = time.Duration(float64(after.OK-before.OK) / sc.rate * float64(time.Second))
 	}
 	res.tally(outs, env.start)
+	if fr != nil {
+		res.noteFront(fr)
+	}
 	if runCtx.Err() != nil && ctx.Err() == nil {
 		res.notes = append(res.notes, fmt.Sprintf("the run hit -timeout %v", o.timeout))
 	}
 	if shared {
-		res.noteRedis(reps)
+		res.noteRedis(env.replicas())
 	}
 	for _, ex := range res.lostExamples {
 		fmt.Fprintf(os.Stderr, "  %s ×%d run %d lost: %s\n", sc.name, n, run, ex)
 	}
 	if o.verbose {
-		printReplicas(reps, shared, env.start)
+		printReplicas(env.replicas(), shared, env.start)
 		printUpstream(before, after, env.start)
 	}
 	res.took = time.Since(began)
 	return res, duringErr
 }
 
-// startFleet starts Redis (for more than one replica) and n replicas of
-// the proxy in front of upstream, ready; stop kills what it started, and
-// is to be called whether or not err is nil.
-func startFleet(o options, sc *scenario, n int, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
+// startFleet starts Redis (when shared, unless sc names one) and n
+// replicas of the proxy in front of upstream, ready; stop kills what it
+// started, and is to be called whether or not err is nil.
+func startFleet(o options, sc *scenario, n int, shared bool, upstream string, res *result) (rs *redisServer, reps []*replica, stop func(), err error) {
 	var extra []string
 	var kills []func()
 	stop = func() {
@@ -361,23 +402,34 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 			kills[i]()
 		}
 	}
-	if n > 1 {
-		dir, err := os.MkdirTemp(o.tmp, "redis-")
-		if err != nil {
-			return nil, nil, stop, err
+	if shared {
+		url := sc.redisURL
+		if url == "" {
+			dir, err := os.MkdirTemp(o.tmp, "redis-")
+			if err != nil {
+				return nil, nil, stop, err
+			}
+			if rs, err = startRedis(o.redisBin, dir); err != nil {
+				return nil, nil, stop, err
+			}
+			kills = append(kills, rs.kill)
+			url = rs.url()
 		}
-		if rs, err = startRedis(o.redisBin, dir); err != nil {
-			return nil, nil, stop, err
-		}
-		kills = append(kills, rs.kill)
-		extra = append(extra, "LLMPROXY_REDIS_URL="+rs.url())
+		extra = append(extra, "LLMPROXY_REDIS_URL="+url)
 		extra = append(extra, o.env...)
 		res.notes = append(res.notes, o.env...)
 		if sc.leaseTTL > 0 {
 			extra = append(extra, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
 			res.notes = append(res.notes, "LLMPROXY_REDIS_LEASE_TTL="+sc.leaseTTL.String())
 		}
+		if sc.rolling {
+			// The binary's default, as Kubernetes' grace period: a drain
+			// under this load can take longer than the 5s the other rows
+			// set.
+			extra = append(extra, "LLMPROXY_SHUTDOWN_TIMEOUT=30s")
+		}
 	}
+	extra = append(extra, sc.env...)
 	reps = make([]*replica, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -385,7 +437,7 @@ func startFleet(o options, sc *scenario, n int, upstream string, res *result) (r
 		wg.Go(func() {
 			reps[i], errs[i] = startReplica(fmt.Sprintf("replica %d", i), o.bin, upstream, extra)
 			if errs[i] == nil {
-				errs[i] = reps[i].waitReady(n > 1, 15*time.Second)
+				errs[i] = reps[i].waitReady(shared, 15*time.Second)
 			}
 		})
 	}
@@ -421,7 +473,7 @@ func (res *result) tally(outs []outcome, start time.Time) {
 			}
 		}
 	}
-	if n > 1 {
+	if n > 1 && !res.sc.rolling { // through a front, the replica is not known
 		// When each replica's last answer came: the round-robin gives
 		// each its count, so the slowest replica sets the makespan.
 		last := make([]float64, n)
@@ -436,7 +488,7 @@ func (res *result) tally(outs []outcome, start time.Time) {
 		}
 		res.notes = append(res.notes, "last answer by replica: "+strings.Join(parts, ", "))
 	}
-	if res.lost > 0 && n > 1 && slices.ContainsFunc(lostBy, func(k int) bool { return k > 0 }) {
+	if res.lost > 0 && n > 1 && !res.sc.rolling && slices.ContainsFunc(lostBy, func(k int) bool { return k > 0 }) {
 		res.notes = append(res.notes, fmt.Sprintf("lost by replica: %v", lostBy))
 	}
 }
@@ -514,7 +566,7 @@ func printReplicas(reps []*replica, shared bool, start time.Time) {
 // sampleLanes reads every live replica's /lanes each 250 ms until done
 // closes, and sums up what they had in flight and the concurrency limits
 // they showed; with rdb, also the leases out in Redis.
-func sampleLanes(ctx context.Context, done <-chan struct{}, reps []*replica, rdb *redis.Client) string {
+func sampleLanes(ctx context.Context, done <-chan struct{}, reps func() []*replica, rdb *redis.Client) string {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	var samples, sum, most int
@@ -542,7 +594,7 @@ func sampleLanes(ctx context.Context, done <-chan struct{}, reps []*replica, rdb
 			}
 		}
 		total, ok := 0, true
-		for _, r := range reps {
+		for _, r := range reps() {
 			if r.exited() {
 				continue
 			}
@@ -571,7 +623,16 @@ func sampleLanes(ctx context.Context, done <-chan struct{}, reps []*replica, rdb
 type group struct {
 	sc       *scenario
 	replicas int
+	steady   bool // a rolling row's run without its restarts
 	runs     []result
+}
+
+// label is the row's name as the table shows it.
+func (g group) label() string {
+	if g.steady {
+		return g.sc.name + "/steady"
+	}
+	return g.sc.name
 }
 
 // vals is what a table line shows: one run's figures, or the medians.
@@ -630,6 +691,7 @@ const (
 	streamsTarget
 	refusedTarget
 	replicaKilledTarget
+	rollingTarget
 )
 
 // target is what a shared row should reach.
@@ -645,6 +707,9 @@ type target struct {
 func judge(sc *scenario, replicas int, v vals, base *vals) (text, met string) {
 	if replicas == 1 {
 		return "baseline", "-"
+	}
+	if sc.target.kind == rollingTarget {
+		return judgeRolling(v, base)
 	}
 	yes := func(ok bool) string {
 		if ok {
@@ -684,7 +749,7 @@ func judge(sc *scenario, replicas int, v vals, base *vals) (text, met string) {
 func printTable(w io.Writer, groups []group) {
 	bases := map[string]vals{}
 	for _, g := range groups {
-		if g.replicas == 1 {
+		if g.replicas == 1 || g.steady {
 			bases[g.sc.name] = g.medians()
 		}
 	}
@@ -696,7 +761,7 @@ func printTable(w io.Writer, groups []group) {
 			base = &b
 		}
 		delta := "-"
-		if base != nil && g.replicas > 1 {
+		if base != nil && g.replicas > 1 && !g.steady {
 			delta = fmt.Sprintf("%+.1f", v.pct-base.pct)
 		}
 		cut, back := "-", "-"
@@ -710,8 +775,11 @@ func printTable(w io.Writer, groups []group) {
 			}
 		}
 		text, met := judge(g.sc, g.replicas, v, base)
+		if g.steady {
+			text, met = "baseline: no restarts", "-"
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%g\t%g\t%s\t%.2fs\t%.2fs\t%.2f×\t%g\t%g\t%.1f%%\t%s\t%s\t%.1fs\t %s\t%s\t\n",
-			g.sc.name, g.replicas, run, g.sc.n, g.sc.c, v.ok, v.lost, cut, v.makespan, v.ideal, v.ratio,
+			g.label(), g.replicas, run, g.sc.n, g.sc.c, v.ok, v.lost, cut, v.makespan, v.ideal, v.ratio,
 			v.upReq, v.up429, v.pct, delta, back, v.took, text, met)
 	}
 	for _, g := range groups {
@@ -740,14 +808,14 @@ func printTable(w io.Writer, groups []group) {
 	}
 }
 
-// printMarkdown prints a line a row, its one-proxy figures (or "–") and
-// the replicas' side by side: ×ideal and 429 % (the range over the runs),
+// printMarkdown prints a line a row, its one-proxy figures (or "–"; a
+// rolling row's run without restarts) and the replicas' side by side: ×ideal and 429 % (the range over the runs),
 // requests lost, the target and whether the medians met it.
 func printMarkdown(w io.Writer, groups []group) {
 	solo, shared := map[string]group{}, map[string]group{}
 	var order []*scenario
 	for _, g := range groups {
-		if g.replicas == 1 {
+		if g.replicas == 1 || g.steady {
 			solo[g.sc.name] = g
 			continue
 		}
@@ -765,7 +833,10 @@ func printMarkdown(w io.Writer, groups []group) {
 		if b, ok := solo[sc.base]; ok {
 			m := b.medians()
 			one = &m
-			if sc.base == sc.name {
+			switch {
+			case b.steady:
+				oneText = "– (without restarts: " + b.figures() + ")"
+			case sc.base == sc.name:
 				oneText = b.figures()
 			}
 		}

@@ -470,12 +470,22 @@ func (r *replica) readyOnce(shared bool) error {
 
 // metric is the sum of the samples of name on /metrics.
 func (r *replica) metric(name string) (float64, bool) {
+	series, ok := r.metricSeries(name)
+	var sum float64
+	for _, v := range series {
+		sum += v
+	}
+	return sum, ok && len(series) > 0
+}
+
+// metricSeries is each sample of name on /metrics, by its labels as
+// written (`{op="admit"}`, "" for none); false if /metrics did not answer.
+func (r *replica) metricSeries(name string) (map[string]float64, bool) {
 	code, body, err := r.adminGet("/metrics")
 	if err != nil || code != http.StatusOK {
-		return 0, false
+		return nil, false
 	}
-	var sum float64
-	found := false
+	series := map[string]float64{}
 	for _, line := range strings.Split(string(body), "\n") {
 		if !strings.HasPrefix(line, name) {
 			continue
@@ -484,16 +494,16 @@ func (r *replica) metric(name string) (float64, bool) {
 		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
 			continue
 		}
-		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		end := strings.LastIndexByte(rest, '}') + 1
+		fields := strings.Fields(rest[end:])
 		if len(fields) == 0 {
 			continue
 		}
 		if v, err := strconv.ParseFloat(fields[0], 64); err == nil {
-			sum += v
-			found = true
+			series[rest[:end]] += v
 		}
 	}
-	return sum, found
+	return series, true
 }
 
 // lanesSummary is what /lanes says of each lane's limits and pauses, in a

@@ -10,6 +10,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -41,6 +42,11 @@ type scenario struct {
 	solo bool
 	// leaseTTL, when set, is the replicas' LLMPROXY_REDIS_LEASE_TTL.
 	leaseTTL time.Duration
+	// env is more environment for every replica, shared or alone.
+	env []string
+	// redisURL, when set, is the Redis the shared replicas use instead of
+	// a fresh redis-server of their own.
+	redisURL string
 	// killsReplica: the row kills a replica and shows its cut requests
 	// and when its permits came back.
 	killsReplica bool
@@ -48,6 +54,9 @@ type scenario struct {
 	setup  func(*runEnv) error
 	during func(*runEnv) error
 	target target
+	// rolling: the load goes through a front (rolling.go), and runs
+	// without during too, the row's baseline.
+	rolling bool
 }
 
 // runEnv is what setup and during work with.
@@ -56,6 +65,7 @@ type runEnv struct {
 	sc    *scenario
 	redis *redisServer
 	rdb   *redis.Client
+	mu    sync.Mutex // guards reps, which a restart changes (rolling.go)
 	reps  []*replica
 	ts    *targets
 	load  *loadRun
@@ -101,6 +111,8 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 		&scenario{name: "replica-killed", base: streams.name, mock: streams.mock, rate: streams.rate, n: streams.n, c: streams.c,
 			stream: true, leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
 			target: target{kind: replicaKilledTarget, points: 2}},
+		&scenario{name: "rolling-restart", base: "rolling-restart", mock: shortMock, rate: 20, n: 450, c: 50, rolling: true, during: rollReplicas,
+			target: target{kind: rollingTarget}},
 	)
 }
 
@@ -305,7 +317,7 @@ func liveLeases(ctx context.Context, rdb *redis.Client) ([]string, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	keys, err := rdb.Keys(ctx, "llmproxy:v1:*:leases").Result()
+	keys, err := rdb.Keys(ctx, "llmproxy:v2:*:leases").Result()
 	if err != nil {
 		return nil, 0, err
 	}

@@ -1,0 +1,130 @@
+package redisstate
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestTheURLAndFilesBecomeTheClientsOptions: the URL's hosts and addr
+// parameters are the seeds or Sentinels, in order; its user and password
+// the data nodes'; a password file replaces the URL's and is read again
+// at each new connection (a rotated secret), its line end trimmed, and
+// keeps the last one read while the file is away; the Sentinels' own
+// comes from theirs; rediss:// trusts the CA file's certificates.
+func TestTheURLAndFilesBecomeTheClientsOptions(t *testing.T) {
+	dir := t.TempDir()
+	pw, spw, ca := filepath.Join(dir, "pw"), filepath.Join(dir, "spw"), filepath.Join(dir, "ca.pem")
+	write := func(f, s string) {
+		t.Helper()
+		if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(pw, "first\n")
+	write(spw, "sentinels\r\n")
+	write(ca, selfSignedPEM(t))
+	cfg := Config{URL: "rediss://proxy:inurl@10.0.0.1:26379/3?addr=10.0.0.2:26379&addr=[::1]:26380",
+		SentinelMaster: "main", PasswordFile: pw, SentinelPasswordFile: spw, CAFile: ca}
+	o, err := cfg.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(o.Addrs, ","); got != "10.0.0.1:26379,10.0.0.2:26379,[::1]:26380" {
+		t.Errorf("addresses %s", got)
+	}
+	if o.DB != 3 || o.MasterName != "main" || o.Username != "proxy" || o.SentinelPassword != "sentinels" {
+		t.Errorf("db %d, master %q, user %q, sentinels' password %q", o.DB, o.MasterName, o.Username, o.SentinelPassword)
+	}
+	if o.TLSConfig == nil || o.TLSConfig.RootCAs == nil || o.TLSConfig.ServerName != "10.0.0.1" {
+		t.Fatalf("TLS %+v: want the CA file's pool and the URL's host", o.TLSConfig)
+	}
+	if u, p := o.CredentialsProvider(); u != "proxy" || p != "first" {
+		t.Errorf("credentials %q %q, want the file's password, not the URL's", u, p)
+	}
+	write(pw, "second")
+	if _, p := o.CredentialsProvider(); p != "second" {
+		t.Errorf("after the secret's rotation: %q", p)
+	}
+	os.Remove(pw)
+	if _, p := o.CredentialsProvider(); p != "second" {
+		t.Errorf("with the file away: %q, want the last one read", p)
+	}
+	if cfg.mode() != ModeSentinel {
+		t.Errorf("auto with a Sentinel master is %s", cfg.mode())
+	}
+	plain, err := Config{URL: "redis://127.0.0.1"}.options()
+	if err != nil || plain.Addrs[0] != "127.0.0.1:6379" || plain.TLSConfig != nil || plain.CredentialsProvider != nil {
+		t.Errorf("redis://127.0.0.1: %+v, %v", plain, err)
+	}
+}
+
+// selfSignedPEM is a throwaway CA certificate, PEM-encoded.
+func selfSignedPEM(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// TestAClusterRejoinsOnceEverySlotIsServed: a degraded replica on a
+// cluster does not take a node's pong for the cluster's health: while
+// some slot has no primary (one failed, its replica not yet promoted) it
+// stays local, and it rejoins once every slot is served.
+func TestAClusterRejoinsOnceEverySlotIsServed(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t, "--cluster-enabled", "yes")
+	st, err := New(Config{URL: srv.url(), Mode: ModeCluster})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	node := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.port)})
+	defer node.Close()
+	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 9999).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := st.answers(ctx)
+		if err != nil && strings.Contains(err.Error(), "every slot") {
+			break // the node answers, and says slots 10000-16383 are not served
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a cluster missing slots answers %v, want that it does not serve every slot", err)
+		}
+	}
+	if st.Status() != "degraded" {
+		t.Fatalf("status %s while slots are not served", st.Status())
+	}
+	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 10000, 16383).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); st.Status() != "ok"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not shared 10 s after every slot was served: %v", st.answers(ctx))
+		}
+	}
+}
