@@ -229,10 +229,16 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	if lim.trial != nil {
 		lim.sentOnTrialLocked(l.lim)
 	}
-	if lim.firstSeq == 0 {
-		lim.firstSeq = g.sent
+	s.groupSent, s.limSent, s.fleet = g.sent, lim.sent, t.GroupSeq > 0
+	if s.fleet {
+		// Replicas sharing the state count every replica's dispatches:
+		// what another limit of the group sent, as the upstream saw it.
+		s.groupSent, s.limSent = t.GroupSeq, t.Seq
+		g.fleet = true
 	}
-	s.groupSent, s.limSent = g.sent, lim.sent
+	if lim.firstSeq == 0 {
+		lim.firstSeq = s.groupSent
+	}
 	l.inFlight++
 	if !s.retry {
 		l.stats.admitted++

@@ -46,7 +46,11 @@ type group struct {
 	// the current one is marked with it.
 	pass uint64
 	// sent counts the group's dispatches, every limit's (see sharing).
-	sent     uint64
+	sent uint64
+	// fleet: replicas share the group's state (a dispatch's ticket came
+	// with every replica's counts). Limits they find they share are
+	// then named by what every replica can agree on (see mergeLocked).
+	fleet    bool
 	timer    clock.Timer
 	timerAt  time.Time
 	timerGen uint64
@@ -127,8 +131,10 @@ type Slot struct {
 	// granted (guarded by the group's mutex).
 	lim *pool
 	// limSent and groupSent are lim's and the group's dispatch counts
-	// right after its latest dispatch (see sharing).
+	// right after its latest dispatch (see sharing): every replica's when
+	// fleet (a store shared by replicas counted them), else this one's.
 	limSent, groupSent uint64
+	fleet              bool
 	seq                uint64 // arrival order, kept across retries
 	prio               Priority
 	capped             bool  // holds a place of the global cap; guarded by the group's mutex

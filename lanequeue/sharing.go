@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/llmproxy/llmproxy/headerparse"
 )
@@ -41,9 +42,15 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window) bool {
 }
 
 // mergeLocked makes the limits in with one, for why: the one made first
-// takes the others' lanes and models. Requires g.mu and g.limMu held.
+// takes the others' lanes and models; among replicas that share the
+// state, the one whose key sorts first, so that every replica that finds
+// the same limits shared paces them on one shared state, whatever order
+// its own lanes came in. Requires g.mu and g.limMu held.
 func (g *group) mergeLocked(with []*pool, why string) {
 	slices.SortFunc(with, func(a, b *pool) int { return a.seq - b.seq })
+	if g.fleet {
+		slices.SortFunc(with, func(a, b *pool) int { return strings.Compare(a.key, b.key) })
+	}
 	into := with[0]
 	for _, o := range with[1:] {
 		o.mergedInto = into

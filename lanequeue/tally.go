@@ -30,6 +30,8 @@ type sharing struct {
 	// stated is the request limit the headers state: limits found
 	// sharing state the same.
 	stated int64
+	// read: an answer was read (n may be 0 again since).
+	read bool
 }
 
 // tally is one answer read: when its request went, what it said was
@@ -41,6 +43,7 @@ type tally struct {
 	remaining          int64
 	limSent, groupSent uint64
 	inFlight           int
+	fleet              bool // the counts are every replica's (Slot.fleet)
 }
 
 // shareBases is how many earlier answers a reading is compared with.
@@ -72,13 +75,19 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 		return false
 	}
 	now := tally{dispatched: s.ticket.Dispatched, remaining: w.Remaining,
-		limSent: s.limSent, groupSent: s.groupSent, inFlight: s.ticket.InFlight}
-	isFirst := sh.n == 0
+		limSent: s.limSent, groupSent: s.groupSent, inFlight: s.ticket.InFlight, fleet: s.fleet}
+	if sh.n > 0 && sh.bases[sh.n-1].fleet != now.fleet {
+		// Counts of another kind (Redis went away, or came back): not
+		// comparable; read on from this answer.
+		sh.n = 0
+	}
+	isFirst := !sh.read
+	sh.read = true
 	if isFirst && w.Limit > 0 {
 		// Nothing sent, nothing in flight.
 		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1
 	}
-	if !isFirst && !now.dispatched.After(sh.bases[sh.n-1].dispatched) {
+	if sh.n > 0 && !now.dispatched.After(sh.bases[sh.n-1].dispatched) {
 		return false // an answer to an earlier request, come late
 	}
 	var excess, others float64

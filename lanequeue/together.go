@@ -114,7 +114,13 @@ func (g *group) joinLocked(with []*pool) {
 		}
 	}
 	if t == nil {
-		key := with[0].key + "\x00" + refusedTogether
+		key := with[0].key
+		if g.fleet { // a name every replica that joins these agrees on
+			for _, r := range with {
+				key = min(key, r.key)
+			}
+		}
+		key += "\x00" + refusedTogether
 		t = newPool(key, g.cfg, g.newShared(key, g.cfg.limitConfig()))
 		t.learned, t.sharedBy, t.trial = true, refusedTogether, &trial{}
 	}

@@ -29,6 +29,11 @@ type Ticket struct {
 	// replicas', when a store kept elsewhere counts them), for measuring
 	// the rate admitted between refusals.
 	Seq uint64
+	// GroupSeq numbers the dispatch among those of every limit of its
+	// lanes' group (every model of one route and credential), all
+	// replicas', when a store kept elsewhere counts them; 0: not counted
+	// (one process counts its own).
+	GroupSeq uint64
 	// Refusals is one more than the refusals of the group learned before
 	// it went, all replicas together, when a store kept elsewhere counts
 	// them; 0 when not counted (one process counts its own).

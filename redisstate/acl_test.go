@@ -28,7 +28,7 @@ import (
 // (without INFO it takes the server for a standalone one). HELLO and
 // AUTH, at each new connection, need no rule.
 const proxyACL = "~llmproxy:* resetchannels -@all +ping +info +evalsha +eval +zadd +zrem +pexpire " +
-	"+time +get +set +hget +hset +hsetnx +hmget +hgetall +hdel +hexists +hincrby +hincrbyfloat " +
+	"+time +get +set +hget +hset +hsetnx +hmget +hgetall +hdel +hexists +hincrby +hincrbyfloat +incr " +
 	"+zcard +zscore +zremrangebyscore +cluster|slots +cluster|info +command"
 
 // exercise runs through two stores of cfg what the store does on the

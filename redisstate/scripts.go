@@ -33,6 +33,11 @@ import (
 //	        refusals (one at a time), for 10 s after its last raise
 //	levels  hash: a<level>, r<level>: every replica's answers admitted and
 //	        refused by the number in flight they went at; n their total
+//	sent    string (one per lanes' group, every limit of it): the group's
+//	        dispatches, every replica's
+//
+// A limit's keys and its group's count share the group's hash tag, so a
+// Redis Cluster keeps them in one slot.
 //
 // Times are milliseconds on Redis' clock (TIME): the one clock every
 // replica shares, so a replica whose clock is off moves nothing but its
@@ -168,7 +173,8 @@ local function countDispatch(key, now)
 end
 `
 
-// admitScript: KEYS state, leases, waiting, climits; args admitArgs.
+// admitScript: KEYS state, leases, waiting, climits, gsent (the lanes'
+// group's count of dispatches, every limit of it); args admitArgs.
 // Returns admitWire: answered is 1 when a replica learned from an answer
 // in the last minute; rates are per second × replyScale; rsyn is 1 when
 // the request pace was learned from refusals; acc is when some replica
@@ -187,7 +193,7 @@ for _, l in ipairs(args.returned) do redis.call('ZREM', KEYS[2], l) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
 local r, t = budget(KEYS[1], 'r_', now), budget(KEYS[1], 't_', now)
-local lastsec = 0
+local lastsec, gsent = 0, 0
 local function reply(ok, at, rsent, tsent, room, paced, pausedUntil)
   local rrate, tsize, trate, rsize, rsyn = math.floor(r.rate * ${replyScale}), math.floor(t.size), math.floor(t.rate * ${replyScale}), math.floor(r.size), r.syn
   return ${admitReply}
@@ -224,6 +230,8 @@ if r.known == 1 and not windowed then r.avail = r.avail - charge(r, 1) end
 if t.known == 1 then t.avail = t.avail - charge(t, cost) end
 r.sent, t.sent = r.sent + 1, t.sent + cost
 lastsec = countDispatch(KEYS[1], now)
+gsent = redis.call('INCR', KEYS[5])
+redis.call('PEXPIRE', KEYS[5], keyttl)
 save(KEYS[1], 'r_', r)
 save(KEYS[1], 't_', t)
 redis.call('ZADD', KEYS[2], now + ttl, lease)

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/llmproxy/llmproxy/limit"
@@ -19,7 +20,7 @@ type shared struct {
 	local                           *limit.Memory
 	cfg                             limit.Config
 	state, leases, waiting, climits string
-	raise, levels                   string
+	raise, levels, groupSent        string
 	out                             int       // permits out, all replicas, at the last reply
 	climit                          int       // the shared concurrency limit at the last reply
 	paused                          time.Time // the shared pause at the last reply
@@ -45,15 +46,29 @@ type shared struct {
 	localLeases []string
 }
 
-func newShared(st *Store, group string, cfg limit.Config) *shared {
-	sum := sha256.Sum256([]byte(group)) // the group key holds a credential hash: keep keys short
-	// The braces make a Redis Cluster keep a group's keys in one slot, as
-	// its scripts need.
-	base := st.cfg.Prefix + "{g:" + hex.EncodeToString(sum[:12]) + "}"
-
+func newShared(st *Store, key string, cfg limit.Config) *shared {
+	// Keys hold a credential hash: keep them short. The braces make a
+	// Redis Cluster keep the keys of every limit of a lanes' group in one
+	// slot: a script touches one limit's and the group's count.
+	group := sha256.Sum256([]byte(groupOf(key)))
+	sum := sha256.Sum256([]byte(key))
+	tag := st.cfg.Prefix + "{g:" + hex.EncodeToString(group[:12]) + "}"
+	base := tag + hex.EncodeToString(sum[:12])
 	return &shared{st: st, local: limit.NewMemory(cfg), cfg: cfg,
 		state: base + ":state", leases: base + ":leases", waiting: base + ":waiting", climits: base + ":climits",
-		raise: base + ":raise", levels: base + ":levels"}
+		raise: base + ":raise", levels: base + ":levels", groupSent: tag + ":sent"}
+}
+
+// groupOf is the lanes' group a limit key belongs to: lanequeue's keys
+// begin with the group's route and credential hash, each ended by a NUL
+// (lanequeue.Key); a key without them is a group of its own.
+func groupOf(key string) string {
+	route, rest, ok := strings.Cut(key, "\x00")
+	if !ok {
+		return key
+	}
+	cred, _, _ := strings.Cut(rest, "\x00")
+	return route + "\x00" + cred
 }
 
 func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
@@ -89,7 +104,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	args := admitArgs{Now: s.st.scriptNow(), Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
 		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
 		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Returned: returned}
-	res, err := admitScript.Run(ctx, s.st.rdb(), []string{s.state, s.leases, s.waiting, s.climits}, argv(args)...).Int64Slice()
+	res, err := admitScript.Run(ctx, s.st.rdb(), []string{s.state, s.leases, s.waiting, s.climits, s.groupSent}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
 	var rep admitReply
@@ -150,6 +165,7 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	s.remoteOut++
 	t.Cost, t.Requests, t.Tokens, t.Limit = cost, float64(rep.reqSent), float64(rep.tokSent), rep.limits.concurrency
 	t.Room, t.Paced, t.Lease, t.Refusals = rep.room, rep.paced, lease, rep.refusals+1
+	t.GroupSeq = rep.groupSent
 	return t, time.Time{}, true
 }
 

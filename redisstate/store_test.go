@@ -543,3 +543,51 @@ func TestTheScriptsRunOnTheClockGivenForRedis(t *testing.T) {
 		t.Fatalf("b: admitted %v, asks again %v from now; want paused 2s", ok, at.Sub(redisClock.Now()))
 	}
 }
+
+// TestAGroupsDispatchesAreCountedAcrossItsLimitsAndReplicas: every
+// limit of one lanes' group (one route and credential, any model) keeps
+// its keys in the group's hash slot, and each admission carries the
+// count of that limit's dispatches and of the whole group's, every
+// replica's: what lanequeue needs to tell, from one replica, that the
+// upstream's count fell by what other models sent elsewhere. Another
+// credential's group counts apart.
+func TestAGroupsDispatchesAreCountedAcrossItsLimitsAndReplicas(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
+	const modelA, modelB, other = "r\x00cred\x00gpt-a", "r\x00cred\x00gpt-b", "r\x00cred2\x00gpt-a"
+	steps := []struct {
+		st            *Store
+		key           string
+		seq, groupSeq uint64
+	}{
+		{a, modelA, 1, 1}, {b, modelB, 1, 2}, {b, modelA, 2, 3}, {a, other, 1, 1}, {a, modelB, 2, 4},
+	}
+	for i, s := range steps {
+		tk, _, ok := admit(t, s.st.Shared(s.key, cfg))
+		if !ok || tk.Seq != s.seq || tk.GroupSeq != s.groupSeq {
+			t.Fatalf("step %d (%q): ok %v, seq %d, group seq %d; want %d and %d", i, s.key, ok, tk.Seq, tk.GroupSeq, s.seq, s.groupSeq)
+		}
+	}
+	ctx := context.Background()
+	ka, kb := a.Shared(modelA, cfg).(*shared), a.Shared(modelB, cfg).(*shared)
+	var slots []int64
+	for _, k := range []string{ka.state, ka.leases, kb.state, kb.levels, ka.groupSent} {
+		slot, err := a.rdb().ClusterKeySlot(ctx, k).Result()
+		if err != nil {
+			// A standalone server has no CLUSTER KEYSLOT: the tag is
+			// checked by the text of the keys instead.
+			if !strings.Contains(k, ka.groupSent[:strings.Index(ka.groupSent, "}")+1]) {
+				t.Fatalf("%s lacks the group's tag %s", k, ka.groupSent)
+			}
+			continue
+		}
+		slots = append(slots, slot)
+	}
+	for _, s := range slots {
+		if s != slots[0] {
+			t.Fatalf("the group's keys in slots %v", slots)
+		}
+	}
+}

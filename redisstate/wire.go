@@ -257,6 +257,7 @@ type admitWire struct {
 	Accepted   int64 `lua:"acc"`
 	Refusals   int64 `lua:"rn"`
 	LastSecond int64 `lua:"lastsec"`
+	GroupSent  int64 `lua:"gsent"`
 }
 
 // admitReply is admitScript's reply, its times on this replica's clock.
@@ -287,6 +288,10 @@ type admitReply struct {
 	// lastSecond is the group's dispatches in the last second, all
 	// replicas, this one included (0 when refused).
 	lastSecond int
+	// groupSent counts the dispatches of every limit of the lanes' group
+	// (one credential and route, every model), all replicas, this one
+	// included (0 when refused).
+	groupSent uint64
 }
 
 // decodeAdmit reads admitScript's reply res at now.
@@ -301,7 +306,8 @@ func decodeAdmit(res []int64, now time.Time) (admitReply, error) {
 		room: w.Room == 1, paced: w.Paced == 1, paused: at(w.Paused), redisNow: w.Now, answered: w.Answered == 1,
 		limits: limits{concurrency: int(w.Climit), reqRate: float64(w.ReqRate) / replyScale, tokSize: float64(w.TokSize),
 			tokRate: float64(w.TokRate) / replyScale, reqSize: float64(w.ReqSize)},
-		paceFromRefusals: w.ReqSyn == 1, accepted: at(w.Accepted), refusals: uint64(max(w.Refusals, 0)), lastSecond: int(w.LastSecond)}, nil
+		paceFromRefusals: w.ReqSyn == 1, accepted: at(w.Accepted), refusals: uint64(max(w.Refusals, 0)), lastSecond: int(w.LastSecond),
+		groupSent: uint64(max(w.GroupSent, 0))}, nil
 }
 
 // learnWire is the head of learnScript's reply as it comes (times in ms
