@@ -293,6 +293,16 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 		res.ideal = sc.ideal
 	}
 	shared := n > 1
+	if shared && sc.failover != "" && !steady {
+		rig, err := startFailoverRig(sc.failover)
+		if err != nil {
+			return res, err
+		}
+		defer rig.stop()
+		c := *sc
+		c.redisURL, c.env, c.during = rig.url, append(slices.Clip(sc.env), rig.env...), killHolder(rig)
+		sc, res.sc = &c, &c
+	}
 	mock := mockupstream.New(sc.mock)
 	defer mock.Close()
 	rs, reps, stop, err := startFleet(o, sc, n, shared, mock.URL(), &res)
@@ -324,7 +334,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	env.ctx = runCtx
-	if shared {
+	if shared && rs != nil {
 		env.rdb = redis.NewClient(&redis.Options{Addr: rs.addr(), DialTimeout: time.Second,
 			ReadTimeout: time.Second, WriteTimeout: time.Second, MaxRetries: -1})
 		defer env.rdb.Close()
@@ -711,6 +721,9 @@ func judge(sc *scenario, replicas int, v vals, base *vals) (text, met string) {
 	if sc.target.kind == rollingTarget {
 		return judgeRolling(v, base)
 	}
+	if sc.failover != "" {
+		return judgeFailover(v, base)
+	}
 	yes := func(ok bool) string {
 		if ok {
 			return "yes"
@@ -777,6 +790,9 @@ func printTable(w io.Writer, groups []group) {
 		text, met := judge(g.sc, g.replicas, v, base)
 		if g.steady {
 			text, met = "baseline: no restarts", "-"
+			if g.sc.failover != "" {
+				text = "baseline: standalone Redis, nothing killed"
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%g\t%g\t%s\t%.2fs\t%.2fs\t%.2f×\t%g\t%g\t%.1f%%\t%s\t%s\t%.1fs\t %s\t%s\t\n",
 			g.label(), g.replicas, run, g.sc.n, g.sc.c, v.ok, v.lost, cut, v.makespan, v.ideal, v.ratio,
@@ -834,6 +850,8 @@ func printMarkdown(w io.Writer, groups []group) {
 			m := b.medians()
 			one = &m
 			switch {
+			case b.steady && sc.failover != "":
+				oneText = "– (standalone Redis, nothing killed: " + b.figures() + ")"
 			case b.steady:
 				oneText = "– (without restarts: " + b.figures() + ")"
 			case sc.base == sc.name:

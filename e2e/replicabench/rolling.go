@@ -32,7 +32,7 @@ func variants(sc *scenario, replicas int) []group {
 	switch {
 	case sc.solo:
 		return []group{{sc: sc, replicas: 1}, {sc: sc, replicas: replicas}}
-	case sc.rolling:
+	case sc.rolling || sc.failover != "":
 		return []group{{sc: sc, replicas: replicas, steady: true}, {sc: sc, replicas: replicas}}
 	}
 	return []group{{sc: sc, replicas: replicas}}

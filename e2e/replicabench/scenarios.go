@@ -57,6 +57,10 @@ type scenario struct {
 	// rolling: the load goes through a front (rolling.go), and runs
 	// without during too, the row's baseline.
 	rolling bool
+	// failover: the replicas share through a Redis Cluster or Sentinels
+	// (failover.go) whose node holding the group is killed; the row's
+	// baseline is the same load on a standalone Redis.
+	failover string
 }
 
 // runEnv is what setup and during work with.
@@ -111,6 +115,8 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 		&scenario{name: "replica-killed", base: streams.name, mock: streams.mock, rate: streams.rate, n: streams.n, c: streams.c,
 			stream: true, leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
 			target: target{kind: replicaKilledTarget, points: 2}},
+		&scenario{name: "cluster-killed", base: "cluster-killed", mock: shortMock, rate: 20, n: 360, c: 50, failover: clusterFailover},
+		&scenario{name: "sentinel-failover", base: "sentinel-failover", mock: shortMock, rate: 20, n: 360, c: 50, failover: sentinelFailover},
 		&scenario{name: "rolling-restart", base: "rolling-restart", mock: shortMock, rate: 20, n: 450, c: 50, rolling: true, during: rollReplicas,
 			target: target{kind: rollingTarget}},
 	)
