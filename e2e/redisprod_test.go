@@ -99,7 +99,7 @@ func groupNode(t *testing.T, nodes []*redistest.Server) *redistest.Server {
 	defer cancel()
 	for _, n := range nodes {
 		cl := n.Client()
-		keys, err := cl.Keys(ctx, "llmproxy:v2:{g:*}:state").Result()
+		keys, err := cl.Keys(ctx, "llmproxy:v2:{g:*}*:state").Result()
 		cl.Close()
 		if err == nil && len(keys) > 0 {
 			return n
