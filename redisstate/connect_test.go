@@ -107,10 +107,14 @@ func TestAClusterRejoinsOnceEverySlotIsServed(t *testing.T) {
 	if err := node.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 9999).Err(); err != nil {
 		t.Fatal(err)
 	}
+	cc := st.rdb().(*redis.ClusterClient)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// The node answers CLUSTER INFO (so the error is not the
+		// client's), and says slots 10000-16383 are not served.
+		_, infoErr := cc.ClusterInfo(ctx).Result()
 		err := st.answers(ctx)
-		if err != nil && strings.Contains(err.Error(), "every slot") {
-			break // the node answers, and says slots 10000-16383 are not served
+		if infoErr == nil && err != nil && strings.Contains(err.Error(), "every slot") {
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("a cluster missing slots answers %v, want that it does not serve every slot", err)
@@ -125,6 +129,63 @@ func TestAClusterRejoinsOnceEverySlotIsServed(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); st.Status() != "ok"; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not shared 10 s after every slot was served: %v", st.answers(ctx))
+		}
+	}
+}
+
+// TestAnAutoStoreStartedBeforeRedisFindsItsModeAndShares: a store in auto
+// mode whose Redis does not answer at start has not learned what kind of
+// server it is; once Redis answers, its rejoin asks, and it shares.
+func TestAnAutoStoreStartedBeforeRedisFindsItsModeAndShares(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	srv.stop()
+	st, err := New(Config{URL: srv.url(), Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.undecided.Load() || st.Status() != "degraded" {
+		t.Fatalf("undecided %v, status %s with Redis away", st.undecided.Load(), st.Status())
+	}
+	if st.detect() {
+		t.Fatal("detect says it settled the mode with Redis away")
+	}
+	srv.start()
+	for deadline := time.Now().Add(10 * time.Second); st.Status() != "ok"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not shared 10 s after Redis came up")
+		}
+	}
+	if st.undecided.Load() {
+		t.Error("shared, and the mode still undecided")
+	}
+}
+
+// TestUnusableSecretsAndCertificatesAreNamed: an empty password file, a
+// CA file without a certificate and a client certificate that does not
+// load are each refused with the field named and the file, never its
+// content.
+func TestUnusableSecretsAndCertificatesAreNamed(t *testing.T) {
+	dir := t.TempDir()
+	empty, junk := filepath.Join(dir, "empty"), filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(empty, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(junk, []byte("hunter2"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		cfg   Config
+		field string
+	}{
+		{Config{URL: "redis://127.0.0.1:1", PasswordFile: empty}, "PasswordFile"},
+		{Config{URL: "rediss://127.0.0.1:1", CAFile: junk}, "CAFile"},
+		{Config{URL: "rediss://127.0.0.1:1", CertFile: junk, KeyFile: junk}, "CertFile"},
+	} {
+		err := c.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.field) || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("%+v: %v; want an error naming %s and not the file's content", c.cfg, err, c.field)
 		}
 	}
 }

@@ -340,7 +340,7 @@ func (s *Store) Close() error {
 // trip; a Redis that does not answer leaves them to expire.
 func (s *Store) leave() {
 	s.mu.Lock()
-	gone := make(map[string]string, len(s.leases)+len(s.returns))
+	gone := map[string]string{}
 	for _, m := range []map[string]string{s.leases, s.returns} {
 		for l, k := range m {
 			gone[l] = k
