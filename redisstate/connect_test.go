@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"os"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/internal/setting"
 )
 
 // TestTheURLAndFilesBecomeTheClientsOptions: the URL's hosts and addr
@@ -182,10 +185,34 @@ func TestUnusableSecretsAndCertificatesAreNamed(t *testing.T) {
 		{Config{URL: "redis://127.0.0.1:1", PasswordFile: empty}, "PasswordFile"},
 		{Config{URL: "rediss://127.0.0.1:1", CAFile: junk}, "CAFile"},
 		{Config{URL: "rediss://127.0.0.1:1", CertFile: junk, KeyFile: junk}, "CertFile"},
+		{Config{URL: "redis://127.0.0.1:1", CertFile: junk, KeyFile: junk}, "CertFile"},
+		{Config{URL: "redis://127.0.0.1:1", CAFile: junk}, "CAFile"},
+		{Config{URL: "redis://"}, "URL"},
+		{Config{URL: "redis:opaque"}, "URL"},
 	} {
 		err := c.cfg.Validate()
-		if err == nil || !strings.Contains(err.Error(), c.field) || strings.Contains(err.Error(), "hunter2") {
+		var se *setting.Error
+		if !errors.As(err, &se) || se.Field != c.field || strings.Contains(err.Error(), "hunter2") {
 			t.Errorf("%+v: %v; want an error naming %s and not the file's content", c.cfg, err, c.field)
 		}
+	}
+}
+
+// TestAFailedRenewalTakesTheReplicaLocal: a renewal Redis does not take
+// (it went away while permits are held) is a failed call like any: the
+// replica goes local, and the renewal says so.
+func TestAFailedRenewalTakesTheReplicaLocal(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	if _, _, ok := admit(t, st.Shared("g", groupCfg)); !ok || st.Status() != "ok" {
+		t.Fatalf("admitted %v, status %s", ok, st.Status())
+	}
+	srv.stop()
+	if err := st.renew(); err == nil {
+		t.Fatal("a renewal with Redis away says it went through")
+	}
+	if st.Status() != "degraded" {
+		t.Errorf("status %s after a failed renewal, want degraded", st.Status())
 	}
 }
