@@ -89,12 +89,15 @@ func (cfg Config) options() (*redis.UniversalOptions, error) {
 			return nil, bad("URL", "the path is not a database number")
 		}
 	}
-	switch {
-	case mode == ModeStandalone && len(o.Addrs) > 1:
+	// Ifs, not a switch's cases: gremlins counts a case's condition as
+	// run by no test, and leaves its mutants untried.
+	if mode == ModeStandalone && len(o.Addrs) > 1 {
 		return nil, bad("URL", "more than one address is for a cluster's seeds or Sentinels, not a standalone server")
-	case mode == ModeCluster && o.DB != 0:
+	}
+	if mode == ModeCluster && o.DB != 0 {
 		return nil, bad("URL", "a Redis Cluster has only database 0")
-	case mode == ModeSentinel && cfg.SentinelMaster == "":
+	}
+	if mode == ModeSentinel && cfg.SentinelMaster == "" {
 		return nil, bad("SentinelMaster", "missing: sentinel mode needs the name the Sentinels know the primary by")
 	}
 	if u.User != nil {
@@ -214,18 +217,17 @@ func (s *Store) detect() bool {
 	info, err := s.rdb().Info(ctx, "cluster").Result()
 	cancel()
 	var reply redis.Error
-	switch {
-	case err != nil && !errors.As(err, &reply):
+	if err != nil && !errors.As(err, &reply) {
 		return false
-	case err == nil && strings.Contains(info, "cluster_enabled:1"):
+	}
+	// Not a cluster node, or one that will not say (an ACL without INFO):
+	// a standalone server, and the client stays.
+	if err == nil && strings.Contains(info, "cluster_enabled:1") {
 		old := s.rdb()
 		c := dial(s.opts, ModeCluster)
 		s.client.Store(&c)
 		_ = old.Close()
 		s.log.Info("redis is a cluster; following its nodes")
-	default:
-		// Not a cluster node, or one that will not say (an ACL without
-		// INFO): a standalone server.
 	}
 	s.undecided.Store(false)
 	return true
