@@ -47,10 +47,11 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window) bool {
 // the same limits shared paces them on one shared state, whatever order
 // its own lanes came in. Requires g.mu and g.limMu held.
 func (g *group) mergeLocked(with []*pool, why string) {
-	slices.SortFunc(with, func(a, b *pool) int { return a.seq - b.seq })
+	order := func(a, b *pool) int { return a.seq - b.seq }
 	if g.fleet {
-		slices.SortFunc(with, func(a, b *pool) int { return strings.Compare(a.key, b.key) })
+		order = func(a, b *pool) int { return strings.Compare(a.key, b.key) }
 	}
+	slices.SortFunc(with, order)
 	into := with[0]
 	for _, o := range with[1:] {
 		o.mergedInto = into
