@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/e2e/fleetstate"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/internal/redistest"
 )
@@ -99,9 +100,9 @@ func groupNode(t *testing.T, nodes []*redistest.Server) *redistest.Server {
 	defer cancel()
 	for _, n := range nodes {
 		cl := n.Client()
-		keys, err := cl.Keys(ctx, "llmproxy:v2:{g:*}*:state").Result()
+		holds, err := fleetstate.HoldsGroups(ctx, cl)
 		cl.Close()
-		if err == nil && len(keys) > 0 {
+		if err == nil && holds {
 			return n
 		}
 	}

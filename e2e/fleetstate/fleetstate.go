@@ -59,3 +59,11 @@ func LeasesOf(ctx context.Context, rdb redis.Cmdable, id string) (int, error) {
 	}
 	return n, nil
 }
+
+// HoldsGroups reports whether the node rdb holds the state of any limit
+// group (a key "llmproxy:v2:{g:<group>}<limit>:state"): on a cluster, the
+// primary whose slot a group's hash tag falls in.
+func HoldsGroups(ctx context.Context, rdb redis.Cmdable) (bool, error) {
+	ks, err := keys(ctx, rdb, "llmproxy:v2:{g:*}*:state")
+	return len(ks) > 0, err
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/llmproxy/llmproxy/e2e/fleetstate"
 	"github.com/llmproxy/llmproxy/internal/redistest"
 )
 
@@ -78,9 +79,9 @@ func (r *failoverRig) kill() (string, error) {
 	defer cancel()
 	for _, n := range primaries {
 		cl := n.Client()
-		keys, err := cl.Keys(ctx, "llmproxy:v2:{g:*}*:state").Result()
+		holds, err := fleetstate.HoldsGroups(ctx, cl)
 		cl.Close()
-		if err == nil && len(keys) > 0 {
+		if err == nil && holds {
 			return "cluster primary " + n.Addr() + " holding the group", n.Kill()
 		}
 	}
