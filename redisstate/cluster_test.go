@@ -39,7 +39,7 @@ func TestGroupsSpreadOverTheClusterPrimaries(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t)
 	a := storeOn(t, Config{URL: c.URL(), LeaseTTL: time.Minute, Timeout: 10 * time.Second})
-	b := storeOn(t, Config{URL: c.URL(), Mode: ModeCluster, LeaseTTL: time.Minute, Timeout: 10 * time.Second})
+	b := storeOn(t, Config{URL: c.URL(), Mode: modeCluster, LeaseTTL: time.Minute, Timeout: 10 * time.Second})
 	for name, st := range map[string]*Store{"auto": a, "cluster": b} {
 		if _, ok := st.rdb().(*redis.ClusterClient); !ok || st.Status() != "ok" {
 			t.Fatalf("%s: client %T, status %s; want a cluster client, shared", name, st.rdb(), st.Status())
@@ -123,7 +123,7 @@ func TestAClusterPrimaryKilledMidRunFailsOverToItsReplica(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t)
 	logger, out := capturedLog()
-	cfg := Config{URL: c.URL(), Mode: ModeCluster, LeaseTTL: 3 * time.Second, Timeout: time.Second, Logger: logger}
+	cfg := Config{URL: c.URL(), Mode: modeCluster, LeaseTTL: 3 * time.Second, Timeout: time.Second, Logger: logger}
 	t.Cleanup(func() {
 		if t.Failed() {
 			var lines []string

@@ -8,6 +8,7 @@ package redisstate
 // connection so a rotated one is picked up).
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -26,21 +27,21 @@ import (
 
 // The modes of Config.Mode.
 const (
-	ModeAuto       = "auto"
-	ModeStandalone = "standalone"
-	ModeCluster    = "cluster"
-	ModeSentinel   = "sentinel"
+	modeAuto       = "auto"
+	modeStandalone = "standalone"
+	modeCluster    = "cluster"
+	modeSentinel   = "sentinel"
 )
 
 // mode is the mode cfg names: Mode, or for auto (or none) sentinel when a
 // Sentinel master is named, else auto (the server will say).
 func (cfg Config) mode() string {
 	m := strings.ToLower(cfg.Mode)
-	if m == "" || m == ModeAuto {
+	if m == "" || m == modeAuto {
 		if cfg.SentinelMaster != "" {
-			return ModeSentinel
+			return modeSentinel
 		}
-		return ModeAuto
+		return modeAuto
 	}
 	return m
 }
@@ -52,7 +53,7 @@ func (cfg Config) options() (*redis.UniversalOptions, error) {
 	bad := func(field, problem string) error { return setting.Bad("redisstate", field, problem) }
 	mode := cfg.mode()
 	switch mode {
-	case ModeAuto, ModeStandalone, ModeCluster, ModeSentinel:
+	case modeAuto, modeStandalone, modeCluster, modeSentinel:
 	default:
 		return nil, bad("Mode", fmt.Sprintf("%q is not auto, standalone, cluster or sentinel", cfg.Mode))
 	}
@@ -91,13 +92,13 @@ func (cfg Config) options() (*redis.UniversalOptions, error) {
 	}
 	// Ifs, not a switch's cases: gremlins counts a case's condition as
 	// run by no test, and leaves its mutants untried.
-	if mode == ModeStandalone && len(o.Addrs) > 1 {
+	if mode == modeStandalone && len(o.Addrs) > 1 {
 		return nil, bad("URL", "more than one address is for a cluster's seeds or Sentinels, not a standalone server")
 	}
-	if mode == ModeCluster && o.DB != 0 {
+	if mode == modeCluster && o.DB != 0 {
 		return nil, bad("URL", "a Redis Cluster has only database 0")
 	}
-	if mode == ModeSentinel && cfg.SentinelMaster == "" {
+	if mode == modeSentinel && cfg.SentinelMaster == "" {
 		return nil, bad("SentinelMaster", "missing: sentinel mode needs the name the Sentinels know the primary by")
 	}
 	if u.User != nil {
@@ -198,39 +199,38 @@ func (cfg Config) tls(o *redis.UniversalOptions) error {
 // detect may replace by a cluster's).
 func dial(o *redis.UniversalOptions, mode string) redis.UniversalClient {
 	switch mode {
-	case ModeCluster:
+	case modeCluster:
 		return redis.NewClusterClient(o.Cluster())
-	case ModeSentinel:
+	case modeSentinel:
 		return redis.NewFailoverClient(o.Failover())
 	}
 	return redis.NewClient(o.Simple())
 }
 
 // detect settles an auto mode: a server that says it is a cluster node
-// gets a cluster client in place of the standalone one. False while the
-// server does not answer (the rejoin pings ask again).
-func (s *Store) detect() bool {
+// gets a cluster client in place of the standalone one. The error is the
+// client's while the server does not answer (the rejoin pings ask again);
+// nil once the mode is settled, or was never auto.
+func (s *Store) detect(ctx context.Context) error {
 	if !s.undecided.Load() {
-		return true
+		return nil
 	}
-	ctx, cancel := s.ctx()
 	info, err := s.rdb().Info(ctx, "cluster").Result()
-	cancel()
 	var reply redis.Error
 	if err != nil && !errors.As(err, &reply) {
-		return false
+		return err
 	}
 	// Not a cluster node, or one that will not say (an ACL without INFO):
 	// a standalone server, and the client stays.
 	if err == nil && strings.Contains(info, "cluster_enabled:1") {
 		old := s.rdb()
-		c := dial(s.opts, ModeCluster)
+		c := dial(s.opts, modeCluster)
 		s.client.Store(&c)
 		_ = old.Close()
 		s.log.Info("redis is a cluster; following its nodes")
 	}
 	s.undecided.Store(false)
-	return true
+	return nil
 }
 
 // rdb is the client the store talks through.

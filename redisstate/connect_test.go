@@ -2,15 +2,8 @@ package redisstate
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/llmproxy/llmproxy/internal/redistest"
 	"github.com/llmproxy/llmproxy/internal/setting"
 )
 
@@ -30,7 +24,7 @@ import (
 // comes from theirs; rediss:// trusts the CA file's certificates.
 func TestTheURLAndFilesBecomeTheClientsOptions(t *testing.T) {
 	dir := t.TempDir()
-	pw, spw, ca := filepath.Join(dir, "pw"), filepath.Join(dir, "spw"), filepath.Join(dir, "ca.pem")
+	pw, spw := filepath.Join(dir, "pw"), filepath.Join(dir, "spw")
 	write := func(f, s string) {
 		t.Helper()
 		if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
@@ -39,7 +33,11 @@ func TestTheURLAndFilesBecomeTheClientsOptions(t *testing.T) {
 	}
 	write(pw, "first\n")
 	write(spw, "sentinels\r\n")
-	write(ca, selfSignedPEM(t))
+	tl, err := redistest.NewTLS(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := tl.CA
 	cfg := Config{URL: "rediss://proxy:inurl@10.0.0.1:26379/3?addr=10.0.0.2:26379&addr=[::1]:26380",
 		SentinelMaster: "main", PasswordFile: pw, SentinelPasswordFile: spw, CAFile: ca}
 	o, err := cfg.options()
@@ -66,30 +64,13 @@ func TestTheURLAndFilesBecomeTheClientsOptions(t *testing.T) {
 	if _, p := o.CredentialsProvider(); p != "second" {
 		t.Errorf("with the file away: %q, want the last one read", p)
 	}
-	if cfg.mode() != ModeSentinel {
+	if cfg.mode() != modeSentinel {
 		t.Errorf("auto with a Sentinel master is %s", cfg.mode())
 	}
 	plain, err := Config{URL: "redis://127.0.0.1"}.options()
 	if err != nil || plain.Addrs[0] != "127.0.0.1:6379" || plain.TLSConfig != nil || plain.CredentialsProvider != nil {
 		t.Errorf("redis://127.0.0.1: %+v, %v", plain, err)
 	}
-}
-
-// selfSignedPEM is a throwaway CA certificate, PEM-encoded.
-func selfSignedPEM(t *testing.T) string {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
 
 // TestAClusterRejoinsOnceEverySlotIsServed: a degraded replica on a
@@ -99,7 +80,7 @@ func selfSignedPEM(t *testing.T) string {
 func TestAClusterRejoinsOnceEverySlotIsServed(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t, "--cluster-enabled", "yes")
-	st, err := New(Config{URL: srv.url(), Mode: ModeCluster})
+	st, err := New(Config{URL: srv.url(), Mode: modeCluster})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +132,8 @@ func TestAnAutoStoreStartedBeforeRedisFindsItsModeAndShares(t *testing.T) {
 	if !st.undecided.Load() || st.Status() != "degraded" {
 		t.Fatalf("undecided %v, status %s with Redis away", st.undecided.Load(), st.Status())
 	}
-	if st.detect() {
-		t.Fatal("detect says it settled the mode with Redis away")
+	if err := st.detect(context.Background()); err == nil || !st.undecided.Load() {
+		t.Fatalf("detect with Redis away: %v, undecided %v; want the client's error and the mode unsettled", err, st.undecided.Load())
 	}
 	srv.start()
 	for deadline := time.Now().Add(10 * time.Second); st.Status() != "ok"; time.Sleep(20 * time.Millisecond) {

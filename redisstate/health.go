@@ -97,11 +97,8 @@ func (s *Store) loop() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
 				ctx, cancel := s.ctx()
 				start := time.Now()
-				err := s.answers(ctx)
+				err := s.reachable(ctx)
 				cancel()
-				if err == nil && !s.detect() {
-					err = errors.New("no answer to INFO")
-				}
 				// A ping slower than the bound leaves the replica local:
 				// Redis is there but would hold up every request.
 				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
@@ -117,6 +114,16 @@ func (s *Store) loop() {
 			ping.Reset(wait)
 		}
 	}
+}
+
+// reachable is nil when Redis answers as the store needs it (answers),
+// in auto mode once the server said what kind it is (detect): the client
+// that follows is the one asked.
+func (s *Store) reachable(ctx context.Context) error {
+	if err := s.detect(ctx); err != nil {
+		return err
+	}
+	return s.answers(ctx)
 }
 
 // answers is nil when Redis answers a ping; a cluster must also say its

@@ -67,7 +67,7 @@ func TestAClusterNodeIsDetected(t *testing.T) {
 		args    []string
 		mode    string
 		cluster bool
-	}{{[]string{"--cluster-enabled", "yes"}, "", true}, {[]string{"--cluster-enabled", "yes"}, ModeStandalone, false}, {nil, "", false}} {
+	}{{[]string{"--cluster-enabled", "yes"}, "", true}, {[]string{"--cluster-enabled", "yes"}, modeStandalone, false}, {nil, "", false}} {
 		srv := startServer(t, tc.args...)
 		var out lockedBuffer
 		st, err := New(Config{URL: srv.url(), Mode: tc.mode, Logger: slog.New(slog.NewTextHandler(&out, nil))})

@@ -23,7 +23,7 @@ func TestTheStoresFollowASentinelFailover(t *testing.T) {
 	s, err := redistest.StartSentinel(master, redistest.Options{})
 	stopAtEnd(t, s, err)
 	stores := []*Store{
-		storeOn(t, Config{URL: s.URL(), Mode: ModeSentinel, SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: time.Second}),
+		storeOn(t, Config{URL: s.URL(), Mode: modeSentinel, SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: time.Second}),
 		storeOn(t, Config{URL: s.URL(), SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: time.Second}),
 	}
 	for _, st := range stores {

@@ -37,11 +37,11 @@ type Config struct {
 	// redis[s]://[user[:password]@]host[:port][/db], with more cluster
 	// seeds or Sentinels as repeated addr=host:port parameters.
 	URL string
-	// Mode is how the URL's servers are reached: ModeStandalone,
-	// ModeCluster (a Redis Cluster; its hosts are seeds), ModeSentinel
-	// (its hosts are Sentinels, which name the primary SentinelMaster), or
-	// zero or ModeAuto: sentinel when SentinelMaster is set, else cluster
-	// when the server says it is a cluster node, else standalone.
+	// Mode is how the URL's servers are reached: "standalone", "cluster"
+	// (a Redis Cluster; its hosts are seeds), "sentinel" (its hosts are
+	// Sentinels, which name the primary SentinelMaster), or "" or "auto":
+	// sentinel when SentinelMaster is set, else cluster when the server
+	// says it is a cluster node, else standalone.
 	Mode string
 	// SentinelMaster is the name the Sentinels know the primary by.
 	SentinelMaster string
@@ -179,15 +179,9 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.opts = opt
-	s.undecided.Store(mode == ModeAuto)
+	s.undecided.Store(mode == modeAuto)
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-	err = s.rdb().Ping(ctx).Err()
-	if err == nil && !s.detect() {
-		err = errors.New("no answer to INFO")
-	}
-	if err == nil {
-		err = s.answers(ctx) // a cluster serves every slot
-	}
+	err = s.reachable(ctx)
 	cancel()
 	if err != nil {
 		s.why(err)
