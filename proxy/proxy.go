@@ -99,6 +99,9 @@ type Config struct {
 	// under the limit.
 	PassRateLimitHeaders bool
 	Rand                 func() float64 // jitter source; nil = math/rand/v2
+	// Fleet shares the operators' changes (the admin endpoints') with
+	// the other replicas of the proxy; nil: this process only.
+	Fleet Fleet
 }
 
 // Proxy is the request handler plus its lane table and metrics.
@@ -124,6 +127,8 @@ type Proxy struct {
 	handler        http.Handler
 	// settings are each route's, by name ("" for the default upstream).
 	settings map[string]RouteSettings
+	// ops are the operators' changes in force (see operate.go).
+	ops operations
 }
 
 // New builds a proxy from cfg.
@@ -160,6 +165,10 @@ func New(cfg Config) (*Proxy, error) {
 	r.NotFound(p.routeHandler("", cfg.Upstream, ""))
 	r.MethodNotAllowed(p.routeHandler("", cfg.Upstream, ""))
 	p.handler = p.guard(r)
+	p.ops.routes = map[string]*routeOps{}
+	if cfg.Fleet != nil {
+		cfg.Fleet.WatchChanges(p.applyFleet)
+	}
 	return p, nil
 }
 
