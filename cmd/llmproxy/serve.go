@@ -93,6 +93,7 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		return nil
 	}}
 	closeStore = func() {}
+	var fleet proxy.Fleet // the operators' changes reach the other replicas through Redis
 	if cfg.RedisURL != "" {
 		sc := storeConfig(cfg)
 		sc.Logger, sc.Registerer = log, reg
@@ -104,8 +105,11 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		lanes.Shared = store.Shared
 		health.Degraded = store.Ready
 		health.Shared = store.Status
+		fleet = store
 	}
-	p, err = proxy.New(proxyConfig(cfg, lanes, log, reg))
+	pc := proxyConfig(cfg, lanes, log, reg)
+	pc.Fleet = fleet
+	p, err = proxy.New(pc)
 	if err != nil {
 		closeStore()
 		return nil, health, func() {}, err
