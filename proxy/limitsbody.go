@@ -3,7 +3,6 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -84,7 +83,7 @@ func parseLimits(body []byte, cur limit.Limits) (limit.Limits, error) {
 // perMinute reads an rpm or tpm: a number from 0 (none) to 1e12.
 func perMinute(raw json.RawMessage, null bool) (float64, error) {
 	var f float64
-	if !null && (json.Unmarshal(raw, &f) != nil || !(f >= 0) || f > 1e12 || math.IsInf(f, 0)) {
+	if !null && (json.Unmarshal(raw, &f) != nil || !(f >= 0) || f > 1e12) {
 		return 0, fmt.Errorf("%s is not a number from 0 (none) to 1e12", raw)
 	}
 	return f, nil

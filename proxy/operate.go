@@ -93,11 +93,11 @@ func (p *Proxy) operateRoutes(r chi.Router, open bool) {
 	r.Get("/admin/routes/{route}/limits", p.getLimits)
 	r.Group(func(r chi.Router) {
 		r.Use(func(next http.Handler) http.Handler { return mayWrite(next, open) })
-		r.Put("/admin/routes/{route}/limits", p.putLimits)
-		r.Delete("/admin/routes/{route}/limits", p.putLimits)
+		r.Put("/admin/routes/{route}/limits", p.putLimits(open))
+		r.Delete("/admin/routes/{route}/limits", p.putLimits(open))
 		for _, op := range []string{"hold", "release", "clear"} {
-			r.Post("/admin/routes/{route}/"+op, p.operateOn("route"))
-			r.Post("/admin/lanes/{lane}/"+op, p.operateOn("lane"))
+			r.Post("/admin/routes/{route}/"+op, p.operateOn("route", open))
+			r.Post("/admin/lanes/{lane}/"+op, p.operateOn("lane", open))
 		}
 	})
 }
@@ -147,16 +147,18 @@ func crossSite(r *http.Request) bool {
 
 // asker names who asked, as the log and /lanes say it: the first 8 hex
 // digits of the admin token's SHA-256 ("token:ab12cd34"; the login
-// cookie holds that sum), or "local" without a token. Never the token.
-func asker(r *http.Request) string {
+// cookie holds that sum), or "local" when no token guards the endpoints
+// (open). Never the token.
+func asker(r *http.Request, open bool) string {
+	if open {
+		return "local"
+	}
 	if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
 		sum := sha256.Sum256([]byte(strings.TrimSpace(cred)))
 		return "token:" + hex.EncodeToString(sum[:4])
 	}
-	if c, err := r.Cookie(adminCookie); err == nil && len(c.Value) >= 8 {
-		return "token:" + c.Value[:8]
-	}
-	return "local"
+	c, _ := r.Cookie(adminCookie) // the guard let the request in: it holds the sum
+	return "token:" + c.Value[:8]
 }
 
 // routeOf is the route {route} names, and whether there is one.
@@ -259,14 +261,19 @@ func (p *Proxy) getLimits(w http.ResponseWriter, r *http.Request) {
 const maxAdminBody = 64 << 10
 
 // putLimits sets a route's limits (PUT: the body's fields over those in
-// force) or sets them back to the route's own (DELETE).
-func (p *Proxy) putLimits(w http.ResponseWriter, r *http.Request) {
+// force) or sets them back to the route's own (DELETE); open: see
+// asker.
+func (p *Proxy) putLimits(open bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) { p.setLimits(w, r, open) }
+}
+
+func (p *Proxy) setLimits(w http.ResponseWriter, r *http.Request, open bool) {
 	route, ok := p.routeOf(r)
 	if !ok {
 		p.unknownRoute(w, r)
 		return
 	}
-	c := change{Op: "reset", By: asker(r), At: p.cfg.Clock.Now(), kind: lanequeue.OpLimits}
+	c := change{Op: "reset", By: asker(r, open), At: p.cfg.Clock.Now(), kind: lanequeue.OpLimits}
 	if r.Method == http.MethodPut {
 		body, err := readAdminBody(w, r)
 		if err != nil {
@@ -304,11 +311,11 @@ func readAdminBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 }
 
 // operateOn serves POST /admin/{what}s/{name}/{hold,release,clear}, what
-// being "route" or "lane".
-func (p *Proxy) operateOn(what string) http.HandlerFunc {
+// being "route" or "lane"; open: see asker.
+func (p *Proxy) operateOn(what string, open bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		op := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
-		c := change{Op: op, By: asker(r), At: p.cfg.Clock.Now(), kind: opKinds[op]}
+		c := change{Op: op, By: asker(r, open), At: p.cfg.Clock.Now(), kind: opKinds[op]}
 		name := chi.URLParam(r, what)
 		if what == "route" {
 			route, ok := p.routeOf(r)

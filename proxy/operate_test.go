@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // opsHarness is a proxy (h) before a counting upstream, with its admin
@@ -535,4 +537,100 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestRoutesListEveryRouteAndTheChangedOnes: /admin/routes lists every
+// route, the default first, with its own limits and what was changed;
+// /lanes' routes lists the changed ones by name.
+func TestRoutesListEveryRouteAndTheChangedOnes(t *testing.T) {
+	o := newOpsHarness(t, func(c *Config) {
+		u := mustParse(t, c.Upstream.String())
+		c.Routes = []Route{{Name: "zeta", URL: u}, {Name: "alpha", URL: u, Settings: RouteSettings{Limits: limitsOf(t, `{"tpm": 9000, "min_gap": "1m30s"}`)}}}
+	})
+	o.mustDo("POST", "/admin/routes/zeta/hold", "")
+	o.mustDo("PUT", "/admin/routes/alpha/limits", `{"concurrency": 2}`)
+	var all struct{ Routes []routeView }
+	if err := json.Unmarshal([]byte(o.mustDo("GET", "/admin/routes", "")), &all); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, r := range all.Routes {
+		names = append(names, r.Route)
+	}
+	if strings.Join(names, ",") != "default,alpha,zeta" {
+		t.Fatalf("routes listed %v, want default, alpha, zeta", names)
+	}
+	if a := all.Routes[1]; *a.Configured != (limitsJSON{TPM: 9000, MinGap: "1m30s", Mode: "ceiling"}) ||
+		*a.Limits != (limitsJSON{TPM: 9000, Concurrency: 2, MinGap: "1m30s", Mode: "ceiling"}) || a.Held != nil {
+		t.Fatalf("alpha: %+v %+v", a.Configured, a.Limits)
+	}
+	if z := all.Routes[2]; z.Held == nil || z.Set != nil {
+		t.Fatalf("zeta: %+v", z)
+	}
+	o.mustDo("PUT", "/admin/routes/alpha/limits", `{"concurrency": null}`)
+	if v := o.routeLimits("alpha"); v.Limits.Concurrency != 0 || v.Limits.TPM != 9000 {
+		t.Fatalf("alpha after concurrency null: %+v", v.Limits)
+	}
+	if l := o.lanes(); len(l.Routes) != 2 || l.Routes[0].Route != "alpha" || l.Routes[1].Route != "zeta" {
+		t.Fatalf("/lanes' routes: %+v", l.Routes)
+	}
+	if resp, _ := o.do("GET", "/admin/routes//limits", "", ""); resp.StatusCode != 404 {
+		t.Fatalf("a route with no name: %d", resp.StatusCode)
+	}
+	if resp, b := o.do("PUT", "/admin/routes/alpha/limits", `{"rpm": 1, "x": "`+strings.Repeat("a", maxAdminBody)+`"}`, ""); resp.StatusCode != 400 || !strings.Contains(b, "invalid_admin_request") {
+		t.Fatalf("a body past the bound: %d %s", resp.StatusCode, b)
+	}
+}
+
+// limitsOf is the limits a body sets over none.
+func limitsOf(t *testing.T, body string) limit.Limits {
+	t.Helper()
+	l, err := parseLimits([]byte(body), limit.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func mustParse(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestWithoutATokenEveryoneIsLocal: with no admin token, who asked is
+// "local", whatever the request carries.
+func TestWithoutATokenEveryoneIsLocal(t *testing.T) {
+	o := newOpsHarness(t, nil)
+	req, _ := http.NewRequest("POST", o.admin.URL+"/admin/routes/default/hold", nil)
+	req.Header.Set("Authorization", "Bearer anything")
+	req.AddCookie(&http.Cookie{Name: adminCookie, Value: "abcdef0123456789"})
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := readAll(t, resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(b, `"by": "local"`) {
+		t.Fatalf("%s", b)
+	}
+}
+
+func TestLimitsInWords(t *testing.T) {
+	for _, tc := range []struct {
+		l    limit.Limits
+		want string
+	}{
+		{limit.Limits{}, "none"},
+		{limit.Limits{RPM: 600}, "600 rpm, as ceiling"},
+		{limit.Limits{TPM: 90000, MinGap: 200 * time.Millisecond, Start: true}, "90000 tpm, min gap 200ms, as start"},
+		{limit.Limits{RPM: 1.5, Concurrency: 4}, "1.5 rpm, concurrency 4, as ceiling"},
+	} {
+		if got := describeLimits(tc.l); got != tc.want {
+			t.Errorf("%+v reads %q, want %q", tc.l, got, tc.want)
+		}
+	}
 }
