@@ -136,3 +136,42 @@ func TestChangesReachEveryReplica(t *testing.T) {
 		t.Fatalf("the changes expire in %v (%v), want about a minute", ttl, err)
 	}
 }
+
+// TestChangesWaitForRedis: a replica away from Redis when it starts
+// watching asks nothing, and its first poll once Redis is shared hands it
+// the changes in force as the first; a change it puts itself comes back
+// only when another replica changes that field again.
+func TestChangesWaitForRedis(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	cfg := Config{URL: srv.url(), Timeout: 10 * time.Second, ChangesEvery: 10 * time.Millisecond}
+	a, b := storeOn(t, cfg), storeOn(t, cfg)
+	if err := a.PutChange(context.Background(), "lane:ab:hold", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	b.up.Store(false)
+	type heard struct {
+		value string
+		first bool
+	}
+	got := make(chan heard, 10)
+	before := testutil.ToFloat64(b.commands.WithLabelValues("changes"))
+	b.WatchChanges(func(_, v string, first bool) { got <- heard{v, first} })
+	time.Sleep(50 * time.Millisecond)
+	if after := testutil.ToFloat64(b.commands.WithLabelValues("changes")); after != before || len(got) != 0 {
+		t.Fatalf("a replica away from Redis polled (%v → %v) or heard %d", before, after, len(got))
+	}
+	b.up.Store(true)
+	if h := <-got; h != (heard{"v1", true}) {
+		t.Fatalf("the first poll with Redis back heard %+v", h)
+	}
+	if err := b.PutChange(context.Background(), "lane:ab:hold", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.PutChange(context.Background(), "lane:ab:hold", "v3"); err != nil {
+		t.Fatal(err)
+	}
+	if h := <-got; h != (heard{"v3", false}) {
+		t.Fatalf("after its own v2 and another's v3 it heard %+v", h)
+	}
+}
