@@ -31,8 +31,9 @@ type Operation struct {
 type OpKind uint8
 
 const (
+	_ OpKind = iota // none
 	// OpLimits sets a route's configured limits (a route's only).
-	OpLimits OpKind = iota + 1
+	OpLimits
 	// OpHold holds the lanes: they dispatch nothing, their waiters wait
 	// (each until its deadline), until OpRelease.
 	OpHold
@@ -172,11 +173,9 @@ func (t *Table) OperateLane(id string, op Operation) error {
 	}
 	hold := t.laneHolds[id]
 	t.mu.Unlock()
-	switch {
-	case l == nil:
-	case op.Kind == OpClear:
+	if l != nil && op.Kind == OpClear {
 		l.clear(markOf(op))
-	default:
+	} else if l != nil {
 		l.hold(hold)
 	}
 	return nil
@@ -240,10 +239,10 @@ func (l *Lane) clear(m *mark) {
 // its route's, and what it is held by ("lane" or "route"); nil when
 // none. Requires the group's mutex held.
 func (l *Lane) heldLocked() (*mark, string) {
-	switch {
-	case l.held != nil:
+	if l.held != nil {
 		return l.held, "lane"
-	case l.g.held != nil:
+	}
+	if l.g.held != nil {
 		return l.g.held, "route"
 	}
 	return nil, ""

@@ -142,13 +142,13 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 
 // allowedAt is the methods the admin endpoint at path answers.
 func allowedAt(path string) string {
-	switch {
-	case strings.HasPrefix(path, "/admin/") && strings.HasSuffix(path, "/limits"):
-		return "GET, PUT, DELETE"
-	case strings.HasPrefix(path, "/admin/") && path != "/admin/routes":
-		return "POST"
+	if !strings.HasPrefix(path, "/admin/") || path == "/admin/routes" {
+		return "GET"
 	}
-	return "GET"
+	if strings.HasSuffix(path, "/limits") {
+		return "GET, PUT, DELETE"
+	}
+	return "POST"
 }
 
 // laneViews serves what the admin token guards: the metrics, the lanes and
