@@ -381,7 +381,8 @@ func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewher
 	p.log.Info(msg, attrs...)
 	if !elsewhere && p.cfg.Fleet != nil {
 		v, _ := json.Marshal(c)
-		if err := p.cfg.Fleet.PutChange(ctx, what+":"+name+":"+fleetField(c.kind), string(v)); err != nil {
+		// Made here already: a client gone does not keep it from the others.
+		if err := p.cfg.Fleet.PutChange(context.WithoutCancel(ctx), what+":"+name+":"+fleetField(c.kind), string(v)); err != nil {
 			p.log.Warn("admin change not shared with the other replicas", append(attrs, "err", err.Error())...)
 		}
 	}
@@ -427,7 +428,7 @@ func (p *Proxy) applyFleet(field, value string, first bool) {
 			err = fmt.Errorf("no route %q here", name)
 		}
 	}
-	if err == nil && what != "route" && what != "lane" {
+	if err == nil && what != "route" && (what != "lane" || !validLaneID(name)) {
 		err = fmt.Errorf("%q is not a route's or a lane's", field)
 	}
 	if err != nil {

@@ -506,6 +506,7 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 	for _, bad := range [][2]string{
 		{"route:nope:hold", mustJSON(t, change{Op: "hold"})},
 		{"key:x:hold", mustJSON(t, change{Op: "hold"})},
+		{"lane:XYZ:hold", mustJSON(t, change{Op: "hold"})},
 		{"route:default:hold", "{"},
 		{"route:default:hold", mustJSON(t, change{Op: "melt"})},
 		{"route:default:limits", mustJSON(t, change{Op: "limits"})},
@@ -513,8 +514,8 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 	} {
 		b.proxy.applyFleet(bad[0], bad[1], false)
 	}
-	if n := strings.Count(b.logs.String(), "another replica's admin change ignored"); n != 6 {
-		t.Errorf("%d changes it could not use logged, want 6:\n%s", n, b.logs.String())
+	if n := strings.Count(b.logs.String(), "another replica's admin change ignored"); n != 7 {
+		t.Errorf("%d changes it could not use logged, want 7:\n%s", n, b.logs.String())
 	}
 	if v := b.routeLimits("default"); v.Held != nil || v.Limits.RPM != 600 {
 		t.Fatalf("a change it could not use changed the route: %+v", v)

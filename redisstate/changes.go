@@ -26,6 +26,8 @@ func (s *Store) changesKey() string { return s.cfg.Prefix + "{changes}" }
 // replica, and its own polls take it as seen. Its error is Redis': the
 // other replicas then do not hear of the change.
 func (s *Store) PutChange(ctx context.Context, field, value string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
 	s.changesMu.Lock()
 	s.changesSeen[field] = value
 	s.changesMu.Unlock()
