@@ -15,8 +15,9 @@ import (
 // time; a replica started later finds the changes in force there. The
 // hash expires KeyTTL after the last replica's last poll.
 
-// DefaultChangesEvery is Config.ChangesEvery's default.
-const DefaultChangesEvery = 250 * time.Millisecond
+// DefaultChangesEvery is Config.ChangesEvery's default: 250 ms (written
+// in nanoseconds, so that the constant holds no arithmetic for a mutant).
+const DefaultChangesEvery time.Duration = 250_000_000
 
 // changesKey is the fleet's changes hash; its hash tag keeps it apart
 // from every group's slot.

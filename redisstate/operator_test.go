@@ -175,3 +175,14 @@ func TestChangesWaitForRedis(t *testing.T) {
 		t.Fatalf("after its own v2 and another's v3 it heard %+v", h)
 	}
 }
+
+// TestChangesArePolledEveryQuarterSecondByDefault: a zero ChangesEvery is
+// DefaultChangesEvery, 250 ms; one set is kept.
+func TestChangesArePolledEveryQuarterSecondByDefault(t *testing.T) {
+	if d := (Config{}).withDefaults().ChangesEvery; d != 250*time.Millisecond {
+		t.Fatalf("default %v, want 250ms", d)
+	}
+	if d := (Config{ChangesEvery: time.Millisecond}).withDefaults().ChangesEvery; d != time.Millisecond {
+		t.Fatalf("1ms set became %v", d)
+	}
+}
