@@ -29,9 +29,11 @@ func (s *Store) changesKey() string { return s.cfg.Prefix + "{changes}" }
 func (s *Store) PutChange(ctx context.Context, field, value string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
+	// A poll between the write and the note would read the old value
+	// as another replica's.
 	s.changesMu.Lock()
+	defer s.changesMu.Unlock()
 	s.changesSeen[field] = value
-	s.changesMu.Unlock()
 	key := s.changesKey()
 	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.HSet(ctx, key, field, value)
@@ -46,7 +48,7 @@ func (s *Store) PutChange(ctx context.Context, field, value string) error {
 // is new to this replica: those in force at once (first set: the changes
 // made before this replica started, or before Redis first answered it),
 // then every ChangesEvery until Close. apply runs on one goroutine, one
-// field at a time.
+// field at a time, and must not call PutChange.
 func (s *Store) WatchChanges(apply func(field, value string, first bool)) {
 	polled := s.pollChanges(apply, true)
 	s.watching.Add(1)
@@ -74,6 +76,8 @@ func (s *Store) pollChanges(apply func(field, value string, first bool), first b
 	if !s.up.Load() {
 		return false
 	}
+	s.changesMu.Lock()
+	defer s.changesMu.Unlock()
 	ctx, cancel := s.ctx()
 	defer cancel()
 	key := s.changesKey()
@@ -89,10 +93,8 @@ func (s *Store) pollChanges(apply func(field, value string, first bool), first b
 		return false
 	}
 	for field, value := range all.Val() {
-		s.changesMu.Lock()
 		seen, ok := s.changesSeen[field]
 		s.changesSeen[field] = value
-		s.changesMu.Unlock()
 		if !ok || seen != value {
 			apply(field, value, first)
 		}

@@ -142,7 +142,8 @@ type Store struct {
 	// copied the held leases, and in rejoin just before the store is up.
 	renewCopied, rejoinHook func()
 	// changesSeen are the fleet's changes as this replica last read or
-	// wrote them (see WatchChanges); watching counts its poller.
+	// wrote them (see WatchChanges); changesMu guards them, and orders
+	// the polls and the writes. watching counts the poller.
 	changesMu   sync.Mutex
 	changesSeen map[string]string
 	watching    sync.WaitGroup
