@@ -635,3 +635,39 @@ func TestLimitsInWords(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitsAtTheirBounds: the figures at the edges of what a change may
+// set are taken: 0 clears, the highest stands.
+func TestLimitsAtTheirBounds(t *testing.T) {
+	o := newOpsHarness(t, nil)
+	for _, tc := range []struct {
+		body string
+		want limitsJSON
+	}{
+		{`{"rpm": 1e12, "tpm": 0, "concurrency": 1000000, "min_gap": "24h"}`, limitsJSON{RPM: 1e12, Concurrency: 1000000, MinGap: "24h0m0s", Mode: "ceiling"}},
+		{`{"rpm": 0, "tpm": 1e12, "concurrency": 0, "min_gap": "0s", "mode": ""}`, limitsJSON{TPM: 1e12, Mode: "ceiling"}},
+	} {
+		var v routeView
+		if err := json.Unmarshal([]byte(o.mustDo("PUT", "/admin/routes/default/limits", tc.body)), &v); err != nil || *v.Limits != tc.want {
+			t.Errorf("%s: %+v (%v), want %+v", tc.body, v.Limits, err, tc.want)
+		}
+	}
+	for _, id := range []string{strings.Repeat("a", 64), "abcde"} {
+		if resp, b := o.do("POST", "/admin/lanes/"+id+"/hold", "", ""); resp.StatusCode != 404 {
+			t.Errorf("lane %s: %d %s, want 404: an ID of hex digits that no lane has", id, resp.StatusCode, b)
+		}
+	}
+}
+
+// TestLanesListNoRoutesUntilOneIsChanged: /lanes has "routes" only when
+// an operator changed one.
+func TestLanesListNoRoutesUntilOneIsChanged(t *testing.T) {
+	o := newOpsHarness(t, nil)
+	if b := o.mustDo("GET", "/lanes", ""); strings.Contains(b, `"routes"`) {
+		t.Fatalf("/lanes lists routes though none changed: %s", b)
+	}
+	o.mustDo("POST", "/admin/routes/default/hold", "")
+	if b := o.mustDo("GET", "/lanes", ""); !strings.Contains(b, `"routes"`) {
+		t.Fatalf("/lanes lists no routes though one is held: %s", b)
+	}
+}
