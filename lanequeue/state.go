@@ -92,6 +92,9 @@ type State struct {
 	// QueuedLow is how many of the group's waiters are low priority.
 	QueuedLow int       `json:"group_queued_low,omitempty"`
 	LastUsed  time.Time `json:"last_used"`
+	// Clients are the lane's clients, by name, once a request named one
+	// (x-llmproxy-client): they take turns within each priority class.
+	Clients []ClientState `json:"clients,omitempty"`
 }
 
 // State returns the lane's current state.
@@ -127,7 +130,8 @@ func (l *Lane) state(withHistory bool) State {
 	}
 	s.Shape = v.Window.String()
 	s.SharesLimitWith, s.SharedBecause = lim.sharedWith(l.key.Model)
-	s.QueuedLow = l.waiters[Low].Len()
+	s.QueuedLow = l.rounds[Low].queued
+	s.Clients = l.clientStates(now)
 	if v.Requests.Known {
 		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = v.Requests.Limit, v.Requests.Available, v.Requests.PerSecond
 	}
