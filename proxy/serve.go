@@ -18,6 +18,10 @@ import (
 // it is not sent upstream.
 const priorityHeader = "X-Llmproxy-Priority"
 
+// clientHeader names the client a request comes from (an eval, a user):
+// the clients of a lane take turns. It is not sent upstream.
+const clientHeader = "X-Llmproxy-Client"
+
 // request is one client request on its way through the proxy.
 type request struct {
 	route        string
