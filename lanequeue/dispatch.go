@@ -74,13 +74,17 @@ func (g *group) enqueueLocked(s *Slot) {
 	g.queuedBy[s.prio]++
 	q := &l.waiters[s.prio]
 	if s.retry {
+		ahead := 0
 		for at := q.Front(); at != nil; at = at.Next() {
 			if at.Value.(*Slot).seq > s.seq {
+				g.startWaitLocked(s, ahead)
 				s.elem = q.InsertBefore(s, at)
 				return
 			}
+			ahead++
 		}
 	}
+	g.startWaitLocked(s, q.Len())
 	s.elem = q.PushBack(s)
 }
 
@@ -163,8 +167,9 @@ func (g *group) forget() { g.forgotten(g) }
 func (g *group) dispatchLocked(now time.Time) {
 	g.pass++
 	var wake time.Time
-	hold := func(lim *pool, at time.Time) {
+	hold := func(lim *pool, at time.Time, why int) {
 		lim.pass = g.pass
+		lim.heldAt[why] = g.pass
 		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
 			wake = at
 		}
@@ -172,17 +177,18 @@ func (g *group) dispatchLocked(now time.Time) {
 	for s := g.headLocked(); s != nil; s = g.headLocked() {
 		lim := s.lane.drawsOn()
 		if at, ok := lim.firstAnswerLocked(now); !ok {
-			hold(lim, at)
+			hold(lim, at, limitConcurrency)
 			continue
 		}
 		if lim.ceil != nil {
 			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
 				g.refuseLateLocked(lim, at)
-				hold(lim, at)
+				hold(lim, at, limitPace)
 				continue
 			}
 		}
 		if g.cap != nil && !g.cap.take(&g.seat) {
+			g.capHeldAt = g.pass
 			return // in the cap's line: a freed place dispatches again
 		}
 		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
@@ -193,7 +199,7 @@ func (g *group) dispatchLocked(now time.Time) {
 			if !at.IsZero() {
 				g.refuseLateLocked(lim, at)
 			}
-			hold(lim, at) // a zero at: an answer or a returned permit dispatches again
+			hold(lim, at, refusedFor(lim, now, at)) // a zero at: an answer or a returned permit dispatches again
 			continue
 		}
 		g.grantLocked(now, s, lim, t)
@@ -224,6 +230,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	s.phase = phaseSent
 	s.capped = g.cap != nil
 	s.ticket, s.lim, s.refunded, s.returned = t, lim, false, false
+	s.held = g.heldLocked(s, lim)
 	g.sent++
 	lim.sent++
 	if lim.trial != nil {
