@@ -1,0 +1,62 @@
+package proxy
+
+import (
+	"net/http"
+
+	"github.com/llmproxy/llmproxy/internal/tracing"
+	"github.com/llmproxy/llmproxy/upstream"
+)
+
+// A request's trace (Config.Tracer, see internal/tracing) is req.trace,
+// nil without a Tracer; the calls below are made only with one, so that
+// a proxy without traces does none of their work.
+
+// providers is each route's gen_ai.provider.name, by its name ("" for
+// the default upstream).
+func providers(cfg Config) map[string]string {
+	m := map[string]string{"": tracing.ProviderName("", cfg.Upstream)}
+	for _, rt := range cfg.Routes {
+		m[rt.Name] = tracing.ProviderName(rt.Name, rt.URL)
+	}
+	return m
+}
+
+// describe tells req's trace what it asks for: model, of its route's
+// provider, by its path's operation.
+func (p *Proxy) describe(req *request, model string) {
+	req.trace.Describe(model, tracing.Operation(req.target.Path), p.providers[req.route])
+}
+
+// endWait ends the span of req's wait in its lane, which ended with err:
+// where it stood and why it waited when it was granted, else the error
+// code its client gets (client_gone when it left).
+func (p *Proxy) endWait(wait *tracing.Wait, r *http.Request, req *request, err error) {
+	q := tracing.Queued{Lane: req.laneID, Priority: req.priority.String()}
+	switch {
+	case err == nil:
+		w := req.slot.Waited()
+		q.Ahead, q.Reasons = w.Ahead, w.Reasons
+	case r.Context().Err() != nil:
+		q.Failure = string(OutcomeClientGone)
+	case p.stopping():
+		q.Failure = replies[failShutdown].code
+	default:
+		q.Failure = replyFor(err, p.cfg.Clock.Now()).code
+	}
+	wait.End(q)
+}
+
+// traceAnswer records on req's trace the latest attempt's answer, res,
+// and the decision d on it.
+func traceAnswer(req *request, res upstream.Result, d decision) {
+	status, id, errType := 0, "", ""
+	switch {
+	case res.Resp != nil:
+		status, id = res.Resp.StatusCode, req.upstreamID
+	case res.Unreachable:
+		errType = "unreachable"
+	case res.Err != nil:
+		errType = "transport_error"
+	}
+	req.trace.Answered(status, id, errType, d.verdict.String(), d.action.String(), d.wait)
+}
