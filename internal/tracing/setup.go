@@ -57,7 +57,23 @@ func Setup(ctx context.Context, environ map[string]string, version string, log *
 		log.Warn("traces: the OpenTelemetry SDK reports an error", "err", err)
 	}))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	protocol := "http/protobuf"
+	if grpc {
+		protocol = "grpc"
+	}
+	log.Info("exporting traces over OTLP", "protocol", protocol, "endpoint", endpoint(environ))
 	return New(tp), tp.Shutdown, nil
+}
+
+// endpoint is where the traces go, as the log line shows it: the traces
+// endpoint, else the general one, without a password.
+func endpoint(environ map[string]string) string {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if u, err := url.Parse(strings.TrimSpace(environ[name])); err == nil && u.Host != "" {
+			return u.Redacted()
+		}
+	}
+	return "the SDK's default (localhost)"
 }
 
 // exporting reads whether traces are exported, and over gRPC rather than
