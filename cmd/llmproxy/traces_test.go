@@ -77,12 +77,20 @@ func TestRunExportsTracesAndFlushesThemAtStop(t *testing.T) {
 	}
 }
 
-// TestTraceVariablesAreDocumented: -h, the README and config.example.env
-// each name every OpenTelemetry variable -h lists, and -h its default.
+// TestTraceVariablesAreDocumented: -h, docs/traces.md and
+// config.example.env each name every OpenTelemetry variable -h lists, and
+// -h its default; the README's Configuration names the endpoint.
 func TestTraceVariablesAreDocumented(t *testing.T) {
 	var help bytes.Buffer
 	printUsage(&help)
 	readme, err := readFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(readme, "| `OTEL_EXPORTER_OTLP_ENDPOINT` and the other standard `OTEL_*` |") {
+		t.Error("the README's Configuration lacks OTEL_EXPORTER_OTLP_ENDPOINT")
+	}
+	doc, err := readFile("../../docs/traces.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +102,8 @@ func TestTraceVariablesAreDocumented(t *testing.T) {
 		if !strings.Contains(help.String(), "  "+v.name+" ") || !strings.Contains(help.String(), "["+v.def+"]") {
 			t.Errorf("-h lacks %s [%s]", v.name, v.def)
 		}
-		if !strings.Contains(readme, "`"+v.name+"`") {
-			t.Errorf("the README's Traces lacks %s", v.name)
+		if !strings.Contains(doc, "| `"+v.name+"`") {
+			t.Errorf("docs/traces.md's Variables lacks %s", v.name)
 		}
 		if !strings.Contains(example, "# "+v.name+"=") {
 			t.Errorf("config.example.env lacks %s", v.name)
