@@ -176,12 +176,12 @@ func (m *modelGate) enter(ctx context.Context, model string) (leave func(), wait
 		m.arrSwaps++
 	}
 	m.lastArrive = model
-	switch {
-	case m.hasLoaded && m.loaded == model && !m.draining:
+	if m.hasLoaded && m.loaded == model && !m.draining {
 		m.inFlight++
 		m.mu.Unlock()
 		return m.leaver(), false, nil
-	case m.inFlight == 0 && m.waiting == 0:
+	}
+	if m.inFlight == 0 && m.waiting == 0 {
 		m.loadLocked(model, now)
 		m.inFlight++
 		m.mu.Unlock()

@@ -32,31 +32,36 @@ func (p *Proxy) describe(req *request, model string) {
 // code its client gets (client_gone when it left).
 func (p *Proxy) endWait(wait *tracing.Wait, r *http.Request, req *request, err error) {
 	q := tracing.Queued{Lane: req.laneID, Priority: req.priority.String()}
-	switch {
-	case err == nil:
+	if err == nil {
 		w := req.slot.Waited()
 		q.Ahead, q.Reasons = w.Ahead, w.Reasons
-	case r.Context().Err() != nil:
-		q.Failure = string(OutcomeClientGone)
-	case p.stopping():
-		q.Failure = replies[failShutdown].code
-	default:
-		q.Failure = replyFor(err, p.cfg.Clock.Now()).code
+	} else {
+		q.Failure = p.waitFailure(r, err)
 	}
 	wait.End(q)
+}
+
+// waitFailure is the error code a wait that ended with err gives its
+// client: none, as it left (client_gone); shutting_down once Stop was
+// called (a lane's every error gives way to it); else its answer's.
+func (p *Proxy) waitFailure(r *http.Request, err error) string {
+	if r.Context().Err() != nil {
+		return string(OutcomeClientGone)
+	}
+	if p.stopping() {
+		return replies[failShutdown].code
+	}
+	return replyFor(err, p.cfg.Clock.Now()).code
 }
 
 // traceAnswer records on req's trace the latest attempt's answer, res,
 // and the decision d on it.
 func traceAnswer(req *request, res upstream.Result, d decision) {
-	status, id, errType := 0, "", ""
-	switch {
-	case res.Resp != nil:
-		status, id = res.Resp.StatusCode, req.upstreamID
-	case res.Unreachable:
+	status, id, errType := 0, "", "transport_error" // no answer: a transport error
+	if res.Resp != nil {
+		status, id, errType = res.Resp.StatusCode, req.upstreamID, ""
+	} else if res.Unreachable {
 		errType = "unreachable"
-	case res.Err != nil:
-		errType = "transport_error"
 	}
 	req.trace.Answered(status, id, errType, d.verdict.String(), d.action.String(), d.wait)
 }

@@ -337,3 +337,32 @@ func TestTraceOfAnUnreachableUpstream(t *testing.T) {
 		checkAttrs(t, attempts[i], map[string]string{"llmproxy.action": "retry", "llmproxy.retry.wait_ms": want})
 	}
 }
+
+// TestTraceOfAnUpstreamThatHangsUp: an upstream that takes the
+// connection and closes it without an answer is a transport error, not
+// an unreachable one, in every attempt's span.
+func TestTraceOfAnUpstreamThatHangsUp(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}), func(c *Config) {
+		traced(rec)(c)
+		c.MaxRetries = 1
+	})
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+	readAll(t, resp.Body)
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("status %d, want 502", resp.StatusCode)
+	}
+	waitFor(t, func() bool { return len(spansNamed(rec, "POST /*")) == 1 })
+	attempts := spansNamed(rec, "chat m")
+	if len(attempts) != 2 {
+		t.Fatalf("%d attempt spans, want 2", len(attempts))
+	}
+	for _, a := range attempts {
+		checkAttrs(t, a, map[string]string{"error.type": "transport_error", "llmproxy.verdict": "not_sent"})
+	}
+}
