@@ -3,7 +3,10 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -365,4 +368,27 @@ func TestTraceOfAnUpstreamThatHangsUp(t *testing.T) {
 	for _, a := range attempts {
 		checkAttrs(t, a, map[string]string{"error.type": "transport_error", "llmproxy.verdict": "not_sent"})
 	}
+}
+
+// BenchmarkServeHTTPTraced is BenchmarkServeHTTP with every request
+// traced (sampled, batched, exported to nowhere): the cost of traces
+// when they are on.
+func BenchmarkServeHTTPTraced(b *testing.B) {
+	u, _ := url.Parse("http://upstream.test")
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	defer tp.Shutdown(context.Background())
+	p, err := New(Config{Upstream: u, Transport: cannedTransport{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Tracer: tracing.New(tp)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		c := newBenchClient()
+		for pb.Next() {
+			if status := c.send(p); status != 200 {
+				b.Fatalf("status %d", status)
+			}
+		}
+	})
 }
