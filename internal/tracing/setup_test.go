@@ -22,6 +22,8 @@ func TestExportingReadsTheSwitches(t *testing.T) {
 	}{
 		{"nothing set", nil, false, false, ""},
 		{"an endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": ep}, true, false, ""},
+		{"an https endpoint", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector.example:4318"}, true, false, ""},
+		{"an endpoint of another scheme", map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://collector.example"}, false, false, "OTEL_EXPORTER_OTLP_ENDPOINT"},
 		{"a traces endpoint", map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ep + "/v1/traces"}, true, false, ""},
 		{"the otlp exporter alone", map[string]string{"OTEL_TRACES_EXPORTER": "otlp"}, true, false, ""},
 		{"the otlp exporter in capitals", map[string]string{"OTEL_TRACES_EXPORTER": " OTLP "}, true, false, ""},
@@ -145,5 +147,25 @@ func TestSetupExportsOverEitherProtocolAndFlushesAtShutdown(t *testing.T) {
 				t.Errorf("resource %v, scope %q; want service %s v1.2.3 and scope %s", res, spans[0].Scope, tc.wantService, scope)
 			}
 		})
+	}
+}
+
+// TestEndpointAsLogged: the log line names the traces endpoint before the
+// general one, a URL with a host only, without its password.
+func TestEndpointAsLogged(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "http://c:4318"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": " https://t:443/v1/traces "}, "https://t:443/v1/traces"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "https://u:secret@c:4318"}, "https://u:xxxxx@c:4318"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://[::1", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}, "http://c:4318"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "/v1/traces"}, "the SDK's default (localhost)"},
+		{nil, "the SDK's default (localhost)"},
+	} {
+		if got := endpoint(tc.env); got != tc.want {
+			t.Errorf("endpoint(%v) = %q, want %q", tc.env, got, tc.want)
+		}
 	}
 }

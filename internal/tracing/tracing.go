@@ -290,11 +290,10 @@ func (rq *Request) End(status int, outcome string, retries int, broke string) {
 	if status > 0 {
 		rq.span.SetAttributes(semconv.HTTPResponseStatusCode(status))
 	}
-	switch {
-	case broke != "":
+	if broke != "" {
 		rq.span.SetAttributes(semconv.ErrorTypeKey.String(outcome))
 		rq.span.SetStatus(codes.Error, broke)
-	case status >= 500:
+	} else if status >= 500 {
 		rq.span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(status)))
 		rq.span.SetStatus(codes.Error, outcome)
 	}

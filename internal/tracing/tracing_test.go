@@ -389,3 +389,39 @@ func TestDescribeLeavesOutWhatIsNotKnown(t *testing.T) {
 		t.Errorf("gen_ai attributes %q, want the model's alone", genAI)
 	}
 }
+
+// TestStatusesMarkErrorsFromTheirBounds: an attempt's span is an error
+// from 400 up, the request's from 500 up; no status (0) is no attribute.
+func TestStatusesMarkErrorsFromTheirBounds(t *testing.T) {
+	for _, tc := range []struct {
+		attempt, request           int
+		attemptError, requestError bool
+	}{
+		{0, 0, true, false}, // no answer: the attempt names its transport error
+		{399, 499, false, false},
+		{400, 500, true, true},
+	} {
+		tr, rec := recorded()
+		rq := tr.Start(httptest.NewRequest("POST", "/v1/x", nil), "", "r")
+		rq.StartAttempt(httptest.NewRequest("POST", "http://up.test/v1/x", nil))
+		errType := ""
+		if tc.attempt == 0 {
+			errType = "transport_error"
+		}
+		rq.Answered(tc.attempt, "", errType, "failed", "give_up", 0)
+		rq.End(tc.request, "ok", 0, "")
+		for _, s := range []struct {
+			span      sdktrace.ReadOnlySpan
+			status    int
+			wantError bool
+		}{{byName(t, rec, "POST"), tc.attempt, tc.attemptError}, {byName(t, rec, "POST /*"), tc.request, tc.requestError}} {
+			code, has := attrs(s.span)["http.response.status_code"]
+			if has != (s.status > 0) || has && code != fmt.Sprint(s.status) {
+				t.Errorf("status %d: span %q has status attribute %q (%v)", s.status, s.span.Name(), code, has)
+			}
+			if (s.span.Status().Code == codes.Error) != s.wantError {
+				t.Errorf("status %d: span %q status %v, want an error %v", s.status, s.span.Name(), s.span.Status(), s.wantError)
+			}
+		}
+	}
+}
