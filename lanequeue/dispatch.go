@@ -24,10 +24,10 @@ func (g *group) offCap() {
 // queued is the number of waiters, every lane's.
 func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
 
-// headLocked is the waiter to dispatch next: the first in turn order,
-// from the lane whose turn it is, of the lanes whose limit was not held in
-// this pass; a high-priority one, unless low-priority ones have waited
-// through LowShare-1 high dispatches in a row. Requires g.mu held.
+// headLocked is the waiter to dispatch next: the head in turn order (see
+// Lane.head), from the lane whose turn it is, of the lanes whose limit was
+// not held in this pass; a high-priority one, unless low-priority ones have
+// waited through LowShare-1 high dispatches in a row. Requires g.mu held.
 func (g *group) headLocked() *Slot {
 	var hi, lo *Slot
 	start := g.next
@@ -36,11 +36,11 @@ func (g *group) headLocked() *Slot {
 	}
 	for l, n := start, g.turns.n; n > 0; n-- {
 		if l.drawsOn().pass != g.pass {
-			if f := l.waiters[High].Front(); hi == nil && f != nil {
-				hi = f.Value.(*Slot)
+			if hi == nil {
+				hi = l.head(High)
 			}
-			if f := l.waiters[Low].Front(); lo == nil && f != nil {
-				lo = f.Value.(*Slot)
+			if lo == nil {
+				lo = l.head(Low)
 			}
 			if hi != nil && lo != nil {
 				break
@@ -59,9 +59,9 @@ func (g *group) headLocked() *Slot {
 	return hi
 }
 
-// enqueueLocked puts s in its lane's queue: after every waiter that arrived
-// before it and before every one that arrived after it (a retry keeps its
-// place). Requires g.mu held.
+// enqueueLocked puts s in its lane's queue, in its client's (see
+// Lane.push): after every waiter that arrived before it and before every
+// one that arrived after it (a retry keeps its place). Requires g.mu held.
 func (g *group) enqueueLocked(s *Slot) {
 	s.phase = phaseQueued
 	s.ready, s.signalled = nil, false
@@ -72,28 +72,14 @@ func (g *group) enqueueLocked(s *Slot) {
 	l.queued++
 	l.queuedCost += s.cost
 	g.queuedBy[s.prio]++
-	q := &l.waiters[s.prio]
-	if s.retry {
-		ahead := 0
-		for at := q.Front(); at != nil; at = at.Next() {
-			if at.Value.(*Slot).seq > s.seq {
-				g.startWaitLocked(s, ahead)
-				s.elem = q.InsertBefore(s, at)
-				return
-			}
-			ahead++
-		}
-	}
-	g.startWaitLocked(s, q.Len())
-	s.elem = q.PushBack(s)
+	g.startWaitLocked(s, l.push(s))
 }
 
 // dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
 // held.
 func (g *group) dequeueLocked(s *Slot) {
 	l := s.lane
-	l.waiters[s.prio].Remove(s.elem)
-	s.elem = nil
+	l.remove(s)
 	l.queued--
 	l.queuedCost -= s.cost
 	g.queuedBy[s.prio]--
@@ -226,6 +212,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	}
 	l := s.lane
 	g.next = l.turnNext // the next lane's turn
+	l.granted(s)        // and, in the lane, the next client's
 	g.dequeueLocked(s)
 	s.phase = phaseSent
 	s.capped = g.cap != nil
@@ -271,16 +258,19 @@ func (g *group) refuseLateLocked(lim *pool, at time.Time) {
 		if l.drawsOn() != lim {
 			continue
 		}
-		for p := range l.waiters {
-			for e := l.waiters[p].Front(); e != nil; {
-				next := e.Next()
-				s := e.Value.(*Slot)
-				if !s.deadline.IsZero() && s.deadline.Before(at) {
-					g.dequeueLocked(s)
-					s.refused = &WaitError{At: at, Paused: paused}
-					s.signalLocked()
+		for p := range l.rounds {
+			for c, nextC := l.rounds[p].first, (*client)(nil); c != nil; c = nextC {
+				nextC = c.turn[p].next // before c may leave the round
+				for e := c.waiters[p].Front(); e != nil; {
+					next := e.Next()
+					s := e.Value.(*Slot)
+					if !s.deadline.IsZero() && s.deadline.Before(at) {
+						g.dequeueLocked(s)
+						s.refused = &WaitError{At: at, Paused: paused}
+						s.signalLocked()
+					}
+					e = next
 				}
-				e = next
 			}
 		}
 	}

@@ -5,8 +5,9 @@ import "time"
 // QueueWait is what a request met in its lane's queue, its latest wait
 // (Acquire's, or WaitRetry's): read by a trace once the wait is over.
 type QueueWait struct {
-	// Ahead is the number of waiters ahead of it in its lane's queue, at
-	// its priority, when it joined (0: it was first).
+	// Ahead is the number of waiters ahead of it in its queue when it
+	// joined (0: it was first): its client's at its priority, the lane's
+	// when it names no client (see Request.Client).
 	Ahead int
 	// Reasons says why it waited, in this order, each at most once:
 	// "model_gate" (a local route's server held another model), "pause"

@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"testing/synctest"
@@ -197,4 +198,47 @@ func TestWaitedNamesTheModelGate(t *testing.T) {
 	b := mustGet(t, got)
 	wantWaited(t, "the other model's request", b, 0, "model_gate")
 	b.Done(200, "ok", -1)
+}
+
+// TestWaitedCountsTheWaitersAheadInItsClientsQueue: a request naming a
+// client counts the waiters ahead of it in its client's queue, not the
+// other clients' it takes turns with.
+func TestWaitedCountsTheWaitersAheadInItsClientsQueue(t *testing.T) {
+	tb := NewTable(TableConfig{Lane: Config{Concurrency: 1, MinConcurrency: 1, MaxConcurrency: 1}})
+	r := Request{Credential: "sk-clients", Path: "/v1/chat/completions", Model: "m"}
+	key := NewKey("", "sk-clients", r.Path, "m")
+	pastFirstAnswer(tb.laneFor(key))
+	first, err := tb.Acquire(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]chan *Slot{}
+	for i, name := range []string{"a", "a", "b", "a"} {
+		id := fmt.Sprintf("%s%d", name, i)
+		got[id] = make(chan *Slot, 1)
+		go func() {
+			cr := r
+			cr.Client = name
+			s, err := tb.Acquire(context.Background(), cr)
+			if err != nil {
+				t.Error(err)
+			}
+			got[id] <- s
+		}()
+		waitFor(t, func() bool { return tb.laneFor(key).State().Queued == i+1 })
+	}
+	first.Done(200, "ok", -1)
+	for _, want := range []struct {
+		id    string
+		ahead int
+	}{{"a0", 0}, {"b2", 0}, {"a1", 1}, {"a3", 2}} {
+		var s *Slot
+		select {
+		case s = <-got[want.id]:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s was not granted", want.id)
+		}
+		wantWaited(t, want.id, s, want.ahead, "concurrency")
+		s.Done(200, "ok", -1)
+	}
 }

@@ -28,6 +28,7 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 		Header: upstream.OutboundHeader(r.Header), Body: http.NoBody,
 	}).WithContext(actx)
 	out.Header.Del(priorityHeader)
+	out.Header.Del(clientHeader)
 	out.Header["X-Llmproxy-Request-Id"] = req.idHeader() // to match the upstream's logs with ours
 	if req.upgrade {
 		// Hop-by-hop, so dropped above; the handshake needs them.

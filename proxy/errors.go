@@ -45,6 +45,7 @@ const (
 	failShutdown
 	failWaitTooLong
 	failBadPriority
+	failBadClient
 	failAdminToken
 	failNotReady
 	failNotFound
@@ -77,6 +78,7 @@ var replies = map[failKind]errorReply{
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
 	failBadPriority: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_priority", noRetry: true},
+	failBadClient:   {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_client", noRetry: true},
 	// The upstream's own limits hold the lane past the request's deadline:
 	// the client learns at once when to come back, instead of at its
 	// deadline; its SDK must not retry sooner on its own. (Clients know

@@ -19,6 +19,10 @@ import (
 // it is not sent upstream.
 const priorityHeader = "X-Llmproxy-Priority"
 
+// clientHeader names the client a request comes from (an eval, a user):
+// the clients of a lane take turns. It is not sent upstream.
+const clientHeader = "X-Llmproxy-Client"
+
 // request is one client request on its way through the proxy.
 type request struct {
 	route        string
@@ -145,7 +149,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	}
 	req.priority = lr.Priority
 	if req.trace != nil {
-		p.describe(req, lr.Model)
+		p.describe(req, lr)
 	}
 
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)

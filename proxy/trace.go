@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/llmproxy/llmproxy/internal/tracing"
+	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -21,10 +22,10 @@ func providers(cfg Config) map[string]string {
 	return m
 }
 
-// describe tells req's trace what it asks for: model, of its route's
-// provider, by its path's operation.
-func (p *Proxy) describe(req *request, model string) {
-	req.trace.Describe(model, tracing.Operation(req.target.Path), p.providers[req.route])
+// describe tells req's trace what it asks for, lr: its model, of its
+// route's provider, by its path's operation, for its client.
+func (p *Proxy) describe(req *request, lr lanequeue.Request) {
+	req.trace.Describe(lr.Model, tracing.Operation(req.target.Path), p.providers[req.route], lr.Client)
 }
 
 // endWait ends the span of req's wait in its lane, which ended with err:

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -120,7 +121,7 @@ func TestTraceOfARequestRefusedThenAnswered(t *testing.T) {
 	})
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
 	resp := h.post("/anthropic/v1/messages", `{"model":"claude-t","max_tokens":5,"messages":[]}`,
-		"Traceparent", "00-"+traceID+"-00f067aa0ba902b7-01", "X-Llmproxy-Priority", "low")
+		"Traceparent", "00-"+traceID+"-00f067aa0ba902b7-01", "X-Llmproxy-Priority", "low", "X-Llmproxy-Client", "eval-1")
 	readAll(t, resp.Body)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -133,11 +134,12 @@ func TestTraceOfARequestRefusedThenAnswered(t *testing.T) {
 	}
 	checkAttrs(t, server, map[string]string{"llmproxy.lane": resp.Header.Get("X-Llmproxy-Lane"), "llmproxy.priority": "low",
 		"llmproxy.route": "anthropic", "llmproxy.request_id": resp.Header.Get("X-Llmproxy-Request-Id"),
-		"llmproxy.outcome": "ok", "llmproxy.retries": "1", "http.response.status_code": "200",
+		"llmproxy.outcome": "ok", "llmproxy.retries": "1", "http.response.status_code": "200", "llmproxy.client": "eval-1",
 		"gen_ai.request.model": "claude-t", "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
 		"gen_ai.usage.input_tokens": "7", "gen_ai.usage.output_tokens": "3"})
 	wait := oneSpan(t, rec, "lane wait")
-	checkAttrs(t, wait, map[string]string{"llmproxy.lane": resp.Header.Get("X-Llmproxy-Lane"), "llmproxy.priority": "low", "llmproxy.wait.ahead": "0"})
+	checkAttrs(t, wait, map[string]string{"llmproxy.lane": resp.Header.Get("X-Llmproxy-Lane"), "llmproxy.priority": "low",
+		"llmproxy.wait.ahead": "0", "llmproxy.client": "eval-1"})
 	retryWait := oneSpan(t, rec, "retry wait")
 	// The pause, and after it maybe the pace the group's slow start
 	// spreads its requests by.
@@ -202,9 +204,9 @@ func TestTraceparentPassesUntouchedWithoutATracer(t *testing.T) {
 }
 
 // TestTraceOfWaitsThatEnd: a lane wait that ends without a slot names
-// why in its span: the lane's queue full, the client gone, the proxy
-// stopping; the request granted after them names the concurrency it
-// waited for and the waiters ahead of it.
+// why in its span: the lane's queue full, the client gone; the request
+// granted after them names the concurrency it waited for and the waiters
+// ahead of it.
 func TestTraceOfWaitsThatEnd(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	release := make(chan struct{})
@@ -270,36 +272,6 @@ func TestTraceOfWaitsThatEnd(t *testing.T) {
 		t.Errorf("lane waits by error.type %v, want %v", failures, want)
 	}
 
-	// Stop answers the request still waiting 503 shutting_down.
-	hold := make(chan struct{})
-	defer close(hold)
-	rec2 := tracetest.NewSpanRecorder()
-	h2 := newHarness(t, blockingUpstream(hold, arrived), func(c *Config) {
-		traced(rec2)(c)
-		c.Lanes.Lane = lanequeue.Config{Concurrency: 1, MaxConcurrency: 1}
-	})
-	for range 2 {
-		go func() {
-			resp := h2.post("/v1/chat/completions", `{"model":"m"}`)
-			readAll(t, resp.Body)
-			statuses <- resp.StatusCode
-		}()
-	}
-	waitFor(t, func() bool { s := h2.proxy.States(); return len(s) == 1 && s[0].Queued == 1 })
-	h2.proxy.Stop()
-	for range 2 {
-		<-statuses
-	}
-	waitFor(t, func() bool { return len(spansNamed(rec2, "POST /*")) == 2 })
-	var stopped int
-	for _, w := range spansNamed(rec2, "lane wait") {
-		if spanAttrs(w)["error.type"] == "shutting_down" {
-			stopped++
-		}
-	}
-	if stopped != 1 {
-		t.Errorf("%d lane waits ended shutting_down, want 1", stopped)
-	}
 	noSecretIn(t, rec)
 }
 
@@ -391,4 +363,30 @@ func BenchmarkServeHTTPTraced(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestWaitFailureNamesWhatTheClientGot: a failed wait's code is
+// client_gone when the client left, shutting_down once Stop was called
+// (whatever the lane said), else the code of the error the client gets.
+func TestWaitFailureNamesWhatTheClientGot(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	if got := p.waitFailure(r, lanequeue.ErrQueueFull); got != "queue_full" {
+		t.Errorf("a full queue: %q, want queue_full", got)
+	}
+	if got := p.waitFailure(r, lanequeue.ErrDeadlineExceeded); got != "budget_exceeded" {
+		t.Errorf("a deadline: %q, want budget_exceeded", got)
+	}
+	gone, leave := context.WithCancel(context.Background())
+	leave()
+	if got := p.waitFailure(r.WithContext(gone), lanequeue.ErrQueueFull); got != "client_gone" {
+		t.Errorf("a client that left: %q, want client_gone", got)
+	}
+	p.Stop()
+	if got := p.waitFailure(r, lanequeue.ErrDeadlineExceeded); got != "shutting_down" {
+		t.Errorf("after Stop: %q, want shutting_down", got)
+	}
 }

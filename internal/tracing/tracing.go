@@ -32,6 +32,7 @@ const (
 	attrRoute         = attribute.Key("llmproxy.route")
 	attrLane          = attribute.Key("llmproxy.lane")
 	attrPriority      = attribute.Key("llmproxy.priority")
+	attrClient        = attribute.Key("llmproxy.client")
 	attrOutcome       = attribute.Key("llmproxy.outcome")
 	attrRetries       = attribute.Key("llmproxy.retries")
 	attrAhead         = attribute.Key("llmproxy.wait.ahead")
@@ -67,6 +68,7 @@ type Request struct {
 	// genAI are the request's gen_ai.* attributes (see Describe), which
 	// each attempt span carries too, under attemptName.
 	genAI       []attribute.KeyValue
+	client      string // x-llmproxy-client's name; "" for none
 	attemptName string
 	attempts    int
 	open        *attempt // the latest attempt
@@ -105,12 +107,17 @@ func knownMethod(method string) string {
 
 // Describe notes what the request asks of which provider: its model
 // (gen_ai.request.model), its operation (gen_ai.operation.name, see
-// Operation) and its provider (gen_ai.provider.name, see ProviderName).
-// Empty ones are left out. The attempt spans are named after the
-// operation and the model, as the GenAI conventions name them.
-func (rq *Request) Describe(model, operation, provider string) {
+// Operation) and its provider (gen_ai.provider.name, see ProviderName);
+// and the client it names (llmproxy.client, on its waits too). Empty ones
+// are left out. The attempt spans are named after the operation and the
+// model, as the GenAI conventions name them.
+func (rq *Request) Describe(model, operation, provider, client string) {
 	if rq == nil {
 		return
+	}
+	rq.client = client
+	if client != "" {
+		rq.span.SetAttributes(attrClient.String(client))
 	}
 	for _, kv := range []attribute.KeyValue{semconv.GenAIRequestModelKey.String(model),
 		semconv.GenAIOperationNameKey.String(operation), semconv.GenAIProviderNameKey.String(provider)} {
@@ -153,7 +160,7 @@ func (rq *Request) StartWait(retry bool, backoff time.Duration) *Wait {
 type Queued struct {
 	Lane     string   // the lane's short hash, as x-llmproxy-lane shows it
 	Priority string   // high or low
-	Ahead    int      // waiters ahead of it when it joined
+	Ahead    int      // waiters ahead of it in its queue when it joined
 	Reasons  []string // why it waited (lanequeue.QueueWait's)
 	// Failure is the error code the wait ended the request with; "" when
 	// it was granted.
@@ -169,6 +176,9 @@ func (w *Wait) End(q Queued) {
 	lane := []attribute.KeyValue{attrLane.String(q.Lane), attrPriority.String(q.Priority)}
 	w.rq.span.SetAttributes(lane...)
 	w.span.SetAttributes(lane...)
+	if w.rq.client != "" {
+		w.span.SetAttributes(attrClient.String(w.rq.client))
+	}
 	w.span.SetAttributes(attrAhead.Int(q.Ahead))
 	if len(q.Reasons) > 0 {
 		w.span.SetAttributes(attrReasons.StringSlice(q.Reasons))

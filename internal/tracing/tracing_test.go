@@ -72,7 +72,7 @@ func TestARequestsSpansMakeOneTree(t *testing.T) {
 	r := httptest.NewRequest("POST", "/anthropic/v1/messages?key=sk-query", nil)
 	r.Header.Set("Traceparent", incoming)
 	rq := tr.Start(r, "anthropic", "req-1")
-	rq.Describe("claude-x", "chat", "anthropic")
+	rq.Describe("claude-x", "chat", "anthropic", "eval-7")
 	w := rq.StartWait(false, 0)
 	w.End(Queued{Lane: "abc123", Priority: "high", Ahead: 2, Reasons: []string{"pace", "concurrency"}})
 	var sent []string
@@ -100,13 +100,13 @@ func TestARequestsSpansMakeOneTree(t *testing.T) {
 		t.Errorf("server span's parent %v (kind %v), want the incoming span, remote", server.Parent(), server.SpanKind())
 	}
 	wantAttrs(t, server, map[string]string{"http.request.method": "POST", "url.path": "/anthropic/v1/messages", "http.route": "/anthropic/*",
-		"llmproxy.route": "anthropic", "llmproxy.request_id": "req-1", "llmproxy.lane": "abc123", "llmproxy.priority": "high",
+		"llmproxy.route": "anthropic", "llmproxy.request_id": "req-1", "llmproxy.lane": "abc123", "llmproxy.priority": "high", "llmproxy.client": "eval-7",
 		"gen_ai.request.model": "claude-x", "gen_ai.operation.name": "chat", "gen_ai.provider.name": "anthropic",
 		"gen_ai.usage.input_tokens": "12", "gen_ai.usage.output_tokens": "34",
 		"http.response.status_code": "200", "llmproxy.outcome": "ok", "llmproxy.retries": "1"})
 
 	wait := byName(t, rec, "lane wait")
-	wantAttrs(t, wait, map[string]string{"llmproxy.lane": "abc123", "llmproxy.priority": "high", "llmproxy.wait.ahead": "2",
+	wantAttrs(t, wait, map[string]string{"llmproxy.lane": "abc123", "llmproxy.priority": "high", "llmproxy.wait.ahead": "2", "llmproxy.client": "eval-7",
 		"llmproxy.wait.reasons": `["pace","concurrency"]`, "llmproxy.wait.retry": "false"})
 	retryWait := byName(t, rec, "retry wait")
 	wantAttrs(t, retryWait, map[string]string{"llmproxy.wait.reasons": `["pause"]`, "llmproxy.wait.retry": "true", "llmproxy.wait.backoff_ms": "0"})
@@ -200,7 +200,7 @@ func TestANewTraceWithoutAValidTraceparent(t *testing.T) {
 func TestAnAnswerThatBrokeOffMarksBothSpans(t *testing.T) {
 	tr, rec := recorded()
 	rq := tr.Start(httptest.NewRequest("POST", "/v1/chat/completions", nil), "", "req-3")
-	rq.Describe("gpt-x", "chat", "")
+	rq.Describe("gpt-x", "chat", "", "")
 	rq.StartAttempt(httptest.NewRequest("POST", "http://up.test/v1/chat/completions", nil))
 	rq.Answered(200, "", "", "accepted", "pass", 0)
 	rq.End(200, "upstream_cut", 0, "unexpected EOF")
@@ -241,7 +241,7 @@ func TestAWaitThatFailedIsAnError(t *testing.T) {
 func TestAStartedAttemptEndsTheOneBefore(t *testing.T) {
 	tr, rec := recorded()
 	rq := tr.Start(httptest.NewRequest("POST", "/v1/embeddings", nil), "", "req-5")
-	rq.Describe("", "embeddings", "openai")
+	rq.Describe("", "embeddings", "openai", "")
 	rq.StartAttempt(httptest.NewRequest("POST", "http://up.test/v1/embeddings", nil))
 	rq.StartAttempt(httptest.NewRequest("POST", "http://up.test/v1/embeddings", nil))
 	if n := len(rec.Ended()); n != 1 {
@@ -272,7 +272,7 @@ func TestNothingWithoutATracer(t *testing.T) {
 	if rq != nil {
 		t.Fatal("a nil Tracer started a request")
 	}
-	rq.Describe("m", "chat", "openai")
+	rq.Describe("m", "chat", "openai", "c")
 	w := rq.StartWait(false, 0)
 	if w != nil {
 		t.Fatal("a nil request started a wait")
@@ -376,7 +376,7 @@ func TestOperation(t *testing.T) {
 func TestDescribeLeavesOutWhatIsNotKnown(t *testing.T) {
 	tr, rec := recorded()
 	rq := tr.Start(httptest.NewRequest("POST", "/v1/x", nil), "", "r")
-	rq.Describe("m", "", "")
+	rq.Describe("m", "", "", "")
 	rq.End(200, "ok", 0, "")
 	got := attrs(byName(t, rec, "POST /*"))
 	var genAI []string
@@ -387,6 +387,9 @@ func TestDescribeLeavesOutWhatIsNotKnown(t *testing.T) {
 	}
 	if !slices.Equal(genAI, []string{"gen_ai.request.model"}) {
 		t.Errorf("gen_ai attributes %q, want the model's alone", genAI)
+	}
+	if _, ok := got["llmproxy.client"]; ok {
+		t.Error("a request naming no client has llmproxy.client")
 	}
 }
 
