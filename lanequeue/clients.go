@@ -101,8 +101,9 @@ func (l *Lane) leastRecentIdle() *client {
 // push puts s in its client's queue of its class, after every waiter that
 // arrived before it and before every one that arrived after it; a client
 // whose queue was empty joins the class's round last. A slot that names no
-// client is the lane's own.
-func (l *Lane) push(s *Slot) {
+// client is the lane's own. It returns the waiters ahead of s in that
+// queue.
+func (l *Lane) push(s *Slot) (ahead int) {
 	c := s.client
 	if c == nil {
 		c = &l.client
@@ -118,11 +119,14 @@ func (l *Lane) push(s *Slot) {
 		for at := q.Front(); at != nil; at = at.Next() {
 			if at.Value.(*Slot).seq > s.seq {
 				s.elem = q.InsertBefore(s, at)
-				return
+				return ahead
 			}
+			ahead++
 		}
 	}
+	ahead = q.Len()
 	s.elem = q.PushBack(s)
+	return ahead
 }
 
 // remove takes a waiting s out of its client's queue; a client left with no

@@ -75,7 +75,7 @@ func (g *group) enqueueLocked(s *Slot) {
 	l.queued++
 	l.queuedCost += s.cost
 	g.queuedBy[s.prio]++
-	l.push(s)
+	g.startWaitLocked(s, l.push(s))
 }
 
 // dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
@@ -156,8 +156,9 @@ func (g *group) forget() { g.forgotten(g) }
 func (g *group) dispatchLocked(now time.Time) {
 	g.pass++
 	var wake time.Time
-	hold := func(lim *pool, at time.Time) {
+	hold := func(lim *pool, at time.Time, why int) {
 		lim.pass = g.pass
+		lim.heldAt[why] = g.pass
 		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
 			wake = at
 		}
@@ -165,17 +166,18 @@ func (g *group) dispatchLocked(now time.Time) {
 	for s := g.headLocked(); s != nil; s = g.headLocked() {
 		lim := s.lane.drawsOn()
 		if at, ok := lim.firstAnswerLocked(now); !ok {
-			hold(lim, at)
+			hold(lim, at, limitConcurrency)
 			continue
 		}
 		if lim.ceil != nil {
 			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
 				g.refuseLateLocked(lim, at)
-				hold(lim, at)
+				hold(lim, at, limitPace)
 				continue
 			}
 		}
 		if g.cap != nil && !g.cap.take(&g.seat) {
+			g.capHeldAt = g.pass
 			return // in the cap's line: a freed place dispatches again
 		}
 		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
@@ -186,7 +188,7 @@ func (g *group) dispatchLocked(now time.Time) {
 			if !at.IsZero() {
 				g.refuseLateLocked(lim, at)
 			}
-			hold(lim, at) // a zero at: an answer or a returned permit dispatches again
+			hold(lim, at, refusedFor(lim, now, at)) // a zero at: an answer or a returned permit dispatches again
 			continue
 		}
 		g.grantLocked(now, s, lim, t)
@@ -218,6 +220,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	s.phase = phaseSent
 	s.capped = g.cap != nil
 	s.ticket, s.lim, s.refunded, s.returned = t, lim, false, false
+	s.held = g.heldLocked(s, lim)
 	g.sent++
 	lim.sent++
 	if lim.trial != nil {

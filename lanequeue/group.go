@@ -47,6 +47,9 @@ type group struct {
 	// pass numbers dispatch passes: a limit that held its lanes back in
 	// the current one is marked with it.
 	pass uint64
+	// capHeldAt is the latest pass the global cap held the group back in
+	// (see heldLocked).
+	capHeldAt uint64
 	// sent counts the group's dispatches, every limit's (see sharing).
 	sent uint64
 	// fleet: replicas share the group's state (a dispatch's ticket came
@@ -179,6 +182,13 @@ type Slot struct {
 	lastStatus         int        // status of the latest reported answer
 	retry              bool       // waiting again after an answer
 	refused            *WaitError // set when the group gave up the wait (and signalled it)
+
+	// Its latest wait (see Waited), set under the group's mutex as it
+	// joins the queue and as it is granted: the waiters ahead of it, the
+	// dispatch pass it joined in, what held it back.
+	ahead      int
+	joinedPass uint64
+	held       held
 
 	counted bool   // Done was called; the slot's goroutine only
 	leave   func() // leaves the route's model gate; nil: none

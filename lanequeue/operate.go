@@ -235,10 +235,10 @@ func (l *Lane) clear(m *mark) {
 	g.dispatchLocked(g.clock.Now())
 }
 
-// heldLocked is the hold that keeps the lane from dispatching, its own or
-// its route's, and what it is held by ("lane" or "route"); nil when
-// none. Requires the group's mutex held.
-func (l *Lane) heldLocked() (*mark, string) {
+// operatorHoldLocked is an operator's hold that keeps the lane from
+// dispatching, its own or its route's, and what it holds ("lane" or
+// "route"); nil when none. Requires the group's mutex held.
+func (l *Lane) operatorHoldLocked() (*mark, string) {
 	if l.held != nil {
 		return l.held, "lane"
 	}

@@ -47,6 +47,10 @@ type pool struct {
 	standing standing
 	// arrived counts the requests that came for its lanes.
 	arrived uint64
+	// heldAt is the group's latest dispatch pass it held its lanes back
+	// in for each reason, by limitPause, limitPace and limitConcurrency
+	// (see heldLocked).
+	heldAt [limitReasons]uint64
 	// cleared: an operator cleared what it learned, when and who (nil:
 	// never).
 	cleared *mark

@@ -90,7 +90,7 @@ func (s *Slot) wait(ctx context.Context) error {
 		l.stats.cancelled++
 	default:
 		g.dequeueLocked(s)
-		if held, _ := l.heldLocked(); held != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if held, _ := l.operatorHoldLocked(); held != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// Its deadline passed while an operator held the lane: it
 			// is answered as one whose pause outlasts it.
 			refused = &WaitError{Held: true}

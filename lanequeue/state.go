@@ -142,7 +142,7 @@ func (l *Lane) state(withHistory bool) State {
 	if lim.ceil != nil {
 		s.Configured = lim.ceil.View()
 	}
-	if h, what := l.heldLocked(); h != nil {
+	if h, what := l.operatorHoldLocked(); h != nil {
 		s.Held, s.HeldSince, s.HeldBy = what, h.at, h.by
 	}
 	s.RuntimeLimits = g.set

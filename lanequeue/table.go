@@ -231,9 +231,10 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	key := NewKey(r.Route, r.Credential, r.Path, r.Model)
 	l := t.laneFor(key)
 	var leave func()
+	var gated bool
 	if gate := t.gates[key.Route]; gate != nil {
 		var err error
-		if leave, err = gate.enter(ctx, key.Model); err != nil {
+		if leave, gated, err = gate.enter(ctx, key.Model); err != nil {
 			return &Slot{lane: l, phase: phaseDone}, err
 		}
 	}
@@ -245,6 +246,9 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 		return &Slot{lane: l, phase: phaseDone}, err
 	}
 	s.leave = leave
+	if gated {
+		s.held |= heldGate
+	}
 	return s, nil
 }
 

@@ -40,6 +40,7 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 		out.Body, out.ContentLength = b.reader(), b.size
 		out.GetBody = func() (io.ReadCloser, error) { return b.reader(), nil }
 	}
+	req.trace.StartAttempt(out) // its traceparent in out's header
 	res := upstream.Do(p.cfg.Transport, out, p.cfg.Clock.Now())
 	a.mu.Lock()
 	a.headers = true
@@ -108,6 +109,9 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
 		held := slot.Report(d.report(res, now))
+		if req.trace != nil {
+			traceAnswer(req, res, d)
+		}
 		switch {
 		case r.Context().Err() != nil:
 			res.Discard()
@@ -135,7 +139,12 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if d.pauseGroup && held {
 			after = 0 // the group holds the retry: its pause, or its concurrency limit
 		}
-		if err := slot.WaitRetry(ctx, after); err != nil {
+		wait := req.trace.StartWait(true, after)
+		err := slot.WaitRetry(ctx, after)
+		if wait != nil {
+			p.endWait(wait, r, req, err)
+		}
+		if err != nil {
 			p.refuse(w, r, req, err)
 			return
 		}

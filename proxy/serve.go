@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -45,6 +46,8 @@ type request struct {
 	id         string // x-llmproxy-request-id
 	upstreamID string // the upstream's own request id, from its latest answer
 	upgrade    bool   // a WebSocket handshake (see isUpgrade)
+	priority   lanequeue.Priority
+	trace      *tracing.Request // its trace; nil without Config.Tracer
 	// headerValues back the x-llmproxy-* header values (see
 	// headerValue), so that they cost no allocation of their own.
 	headerValues [headerCount]string
@@ -127,6 +130,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
 		deadline: p.deadline(r, now), id: newRequestID(), used: -1}
 	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
+	req.trace = p.cfg.Tracer.Start(r, route, req.id)
 	defer func() { p.finish(r, req) }()
 	if p.stopping() {
 		p.failRequest(w, req, errShutdown)
@@ -143,14 +147,22 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		p.failRequest(w, req, err)
 		return
 	}
+	req.priority = lr.Priority
+	if req.trace != nil {
+		p.describe(req, lr)
+	}
 
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
+	wait := req.trace.StartWait(false, 0)
 	req.slot, err = p.lanes.Acquire(ctx, lr)
 	req.laneID = req.slot.ID()
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
+	if wait != nil {
+		p.endWait(wait, r, req, err)
+	}
 	if err != nil {
 		p.refuse(w, r, req, err)
 		return
@@ -170,6 +182,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 	if req.slot != nil {
 		req.slot.Done(req.status, string(req.outcome), req.used)
 	}
+	req.trace.End(req.status, string(req.outcome), req.retries, req.cutErr)
 	level := slog.LevelDebug
 	if req.outcome == OutcomeUpstreamCut || req.outcome == OutcomeClientStalled || req.status >= 500 {
 		level = slog.LevelWarn
