@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/pacific"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -27,6 +28,7 @@ type failure struct {
 	kind       failKind
 	msg        string
 	retryAfter time.Duration // > 0: overrides the kind's Retry-After
+	status     int           // > 0: overrides the kind's status
 }
 
 func (f *failure) Error() string { return f.msg }
@@ -45,6 +47,9 @@ const (
 	failShutdown
 	failWaitTooLong
 	failBadPriority
+	failBadMaxWait
+	failBadRetry
+	failQuota
 	failAdminToken
 	failNotReady
 	failNotFound
@@ -77,6 +82,12 @@ var replies = map[failKind]errorReply{
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
 	failBadPriority: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_priority", noRetry: true},
+	failBadMaxWait:  {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_max_wait", noRetry: true},
+	failBadRetry:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_retry", noRetry: true},
+	// A quota the upstream said is spent, answered here without a call
+	// upstream: with the upstream's status (429 unless it used another),
+	// Retry-After when the renewal is known, and never retried by an SDK.
+	failQuota: {status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "quota_exhausted", noRetry: true},
 	// The upstream's own limits hold the lane past the request's deadline:
 	// the client learns at once when to come back, instead of at its
 	// deadline; its SDK must not retry sooner on its own. (Clients know
@@ -102,8 +113,11 @@ var errShutdown = fail(failShutdown, "the proxy is shutting down and stopped thi
 func replyFor(err error, now time.Time) errorReply {
 	var f *failure
 	var we *lanequeue.WaitError
+	var qe *lanequeue.QuotaError
 	switch {
 	case errors.As(err, &f):
+	case errors.As(err, &qe):
+		f = quotaFailure(qe, now)
 	case errors.As(err, &we):
 		why := "the upstream's rate limit, as the proxy paces it,"
 		if we.Paused {
@@ -123,7 +137,27 @@ func replyFor(err error, now time.Time) errorReply {
 	if f.retryAfter > 0 {
 		r.retryAfter = f.retryAfter
 	}
+	if f.status > 0 {
+		r.status = f.status
+	}
 	return r
+}
+
+// quotaFailure is the answer to a request its lane refused for a spent
+// quota, at now: the upstream's status, and when the quota renews, on
+// the clock and on the Pacific clock Google's quotas renew by, or that
+// this is not known.
+func quotaFailure(qe *lanequeue.QuotaError, now time.Time) *failure {
+	f := &failure{kind: failQuota, status: qe.Status}
+	const spent = "the upstream said this key's quota for this model is spent"
+	if qe.Until.IsZero() {
+		f.msg = spent + " and did not say when it renews; the proxy answers in its place and sends one request a minute upstream to see whether it has"
+		return f
+	}
+	f.retryAfter = max(qe.Until.Sub(now), time.Millisecond)
+	f.msg = spent + " until " + qe.Until.UTC().Format(time.RFC3339) + " (" + pacific.Clock(qe.Until, now) +
+		"); the proxy answers in its place until then"
+	return f
 }
 
 // writeFailure answers err as replyFor maps it and counts it for route;
