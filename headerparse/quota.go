@@ -44,13 +44,11 @@ const (
 // name none (a hard quota without a renewal is classify's).
 func renewalOf(f errorFields, status int) renewal {
 	message := strings.ToLower(f.message)
-	switch {
-	case strings.Contains(strings.ToLower(f.quotaIDs), "perday") || strings.Contains(message, "perday") ||
-		strings.Contains(message, "midnight pacific"):
+	if strings.Contains(strings.ToLower(f.quotaIDs), "perday") || strings.Contains(message, "perday") ||
+		strings.Contains(message, "midnight pacific") {
 		return renewsAtPacificMidnight
-	case strings.Contains(message, "per day ("):
-		return renewsAsHinted
-	case status == http.StatusForbidden && strings.Contains(message, "quota"):
+	}
+	if strings.Contains(message, "per day (") || status == http.StatusForbidden && strings.Contains(message, "quota") {
 		return renewsAsHinted
 	}
 	return renewsUnsaid
@@ -81,18 +79,20 @@ func QuotaOf(status int, h http.Header, e ErrorInfo, now time.Time) Quota {
 		return Quota{}
 	}
 	q := Quota{Spent: true}
-	switch {
-	case e.renewal == renewsAtPacificMidnight:
+	if e.renewal == renewsAtPacificMidnight {
 		q.Renews = pacific.NextMidnight(now)
-	case e.renewal == renewsAsHinted || apim:
-		if !hasWait || wait <= 0 {
-			wait, hasWait = e.RetryIn, e.HasRetryIn
-		}
-		if hasWait && wait > 0 {
-			q.Renews = now.Add(wait)
-		} else if w := Parse(h, now).Requests; w.Exhausted() && w.Reset.After(now) {
-			q.Renews = w.Reset
-		}
+		return q
+	}
+	if e.renewal != renewsAsHinted && !apim {
+		return q
+	}
+	if !hasWait || wait <= 0 {
+		wait, hasWait = e.RetryIn, e.HasRetryIn
+	}
+	if hasWait && wait > 0 {
+		q.Renews = now.Add(wait)
+	} else if w := Parse(h, now).Requests; w.Exhausted() && w.Reset.After(now) {
+		q.Renews = w.Reset
 	}
 	return q
 }

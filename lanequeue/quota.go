@@ -57,14 +57,18 @@ const (
 // began that went through (a status below 500) and spends none ends it.
 // It reports whether a hold began.
 func (q *quotaHold) learn(r limit.Report, dispatched, now time.Time) (began bool) {
-	switch {
-	case r.Quota.Spent && (r.Quota.Renews.IsZero() || r.Quota.Renews.After(now)):
+	if r.Quota.Spent {
+		if !r.Quota.Renews.IsZero() && !r.Quota.Renews.After(now) {
+			return false
+		}
 		began = q.since.IsZero()
 		*q = quotaHold{since: now, until: r.Quota.Renews, probeAt: now.Add(quotaProbeEvery), status: r.Status}
-	case !q.since.IsZero() && !r.Quota.Spent && r.Status > 0 && r.Status < 500 && dispatched.After(q.since):
+		return began
+	}
+	if !q.since.IsZero() && r.Status > 0 && r.Status < 500 && dispatched.After(q.since) {
 		*q = quotaHold{}
 	}
-	return began
+	return false
 }
 
 // check is what the hold lets the head waiter do at now; a hold whose
