@@ -24,10 +24,10 @@ func (g *group) offCap() {
 // queued is the number of waiters, every lane's.
 func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
 
-// headLocked is the waiter to dispatch next: the first in turn order,
-// from the lane whose turn it is, of the lanes whose limit was not held in
-// this pass; a high-priority one, unless low-priority ones have waited
-// through LowShare-1 high dispatches in a row. Requires g.mu held.
+// headLocked is the waiter to dispatch next: the head in turn order (see
+// Lane.head), from the lane whose turn it is, of the lanes whose limit was
+// not held in this pass; a high-priority one, unless low-priority ones have
+// waited through LowShare-1 high dispatches in a row. Requires g.mu held.
 func (g *group) headLocked() *Slot {
 	var hi, lo *Slot
 	start := g.next
@@ -36,11 +36,11 @@ func (g *group) headLocked() *Slot {
 	}
 	for l, n := start, g.turns.n; n > 0; n-- {
 		if l.drawsOn().pass != g.pass {
-			if f := l.waiters[High].Front(); hi == nil && f != nil {
-				hi = f.Value.(*Slot)
+			if hi == nil {
+				hi = l.head(High)
 			}
-			if f := l.waiters[Low].Front(); lo == nil && f != nil {
-				lo = f.Value.(*Slot)
+			if lo == nil {
+				lo = l.head(Low)
 			}
 			if hi != nil && lo != nil {
 				break
@@ -59,9 +59,9 @@ func (g *group) headLocked() *Slot {
 	return hi
 }
 
-// enqueueLocked puts s in its lane's queue: after every waiter that arrived
-// before it and before every one that arrived after it (a retry keeps its
-// place). Requires g.mu held.
+// enqueueLocked puts s in its lane's queue, in its client's (see
+// Lane.push): after every waiter that arrived before it and before every
+// one that arrived after it (a retry keeps its place). Requires g.mu held.
 func (g *group) enqueueLocked(s *Slot) {
 	s.phase = phaseQueued
 	s.ready, s.signalled = nil, false
@@ -72,24 +72,14 @@ func (g *group) enqueueLocked(s *Slot) {
 	l.queued++
 	l.queuedCost += s.cost
 	g.queuedBy[s.prio]++
-	q := &l.waiters[s.prio]
-	if s.retry {
-		for at := q.Front(); at != nil; at = at.Next() {
-			if at.Value.(*Slot).seq > s.seq {
-				s.elem = q.InsertBefore(s, at)
-				return
-			}
-		}
-	}
-	s.elem = q.PushBack(s)
+	g.startWaitLocked(s, l.push(s))
 }
 
 // dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
 // held.
 func (g *group) dequeueLocked(s *Slot) {
 	l := s.lane
-	l.waiters[s.prio].Remove(s.elem)
-	s.elem = nil
+	l.remove(s)
 	l.queued--
 	l.queuedCost -= s.cost
 	g.queuedBy[s.prio]--
@@ -163,8 +153,9 @@ func (g *group) forget() { g.forgotten(g) }
 func (g *group) dispatchLocked(now time.Time) {
 	g.pass++
 	var wake time.Time
-	hold := func(lim *pool, at time.Time) {
+	hold := func(lim *pool, at time.Time, why int) {
 		lim.pass = g.pass
+		lim.heldAt[why] = g.pass
 		if !at.IsZero() && (wake.IsZero() || at.Before(wake)) {
 			wake = at
 		}
@@ -175,17 +166,18 @@ func (g *group) dispatchLocked(now time.Time) {
 			continue
 		}
 		if at, ok := lim.firstAnswerLocked(now); !ok {
-			hold(lim, at)
+			hold(lim, at, limitConcurrency)
 			continue
 		}
 		if lim.ceil != nil {
 			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
 				g.refuseLateLocked(lim, at)
-				hold(lim, at)
+				hold(lim, at, limitPace)
 				continue
 			}
 		}
 		if g.cap != nil && !g.cap.take(&g.seat) {
+			g.capHeldAt = g.pass
 			return // in the cap's line: a freed place dispatches again
 		}
 		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
@@ -196,7 +188,7 @@ func (g *group) dispatchLocked(now time.Time) {
 			if !at.IsZero() {
 				g.refuseLateLocked(lim, at)
 			}
-			hold(lim, at) // a zero at: an answer or a returned permit dispatches again
+			hold(lim, at, refusedFor(lim, now, at)) // a zero at: an answer or a returned permit dispatches again
 			continue
 		}
 		g.grantLocked(now, s, lim, t)
@@ -223,10 +215,12 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	}
 	l := s.lane
 	g.next = l.turnNext // the next lane's turn
+	l.granted(s)        // and, in the lane, the next client's
 	g.dequeueLocked(s)
 	s.phase = phaseSent
 	s.capped = g.cap != nil
 	s.ticket, s.lim, s.refunded, s.returned = t, lim, false, false
+	s.held = g.heldLocked(s, lim)
 	g.sent++
 	lim.sent++
 	if lim.trial != nil {
@@ -280,16 +274,19 @@ func (g *group) refuseLocked(lim *pool, why func(*Slot) error) {
 		if l.drawsOn() != lim {
 			continue
 		}
-		for p := range l.waiters {
-			for e := l.waiters[p].Front(); e != nil; {
-				next := e.Next()
-				s := e.Value.(*Slot)
-				if err := why(s); err != nil {
-					g.dequeueLocked(s)
-					s.refused = err
-					s.signalLocked()
+		for p := range l.rounds {
+			for c, nextC := l.rounds[p].first, (*client)(nil); c != nil; c = nextC {
+				nextC = c.turn[p].next // before c may leave the round
+				for e := c.waiters[p].Front(); e != nil; {
+					next := e.Next()
+					s := e.Value.(*Slot)
+					if err := why(s); err != nil {
+						g.dequeueLocked(s)
+						s.refused = err
+						s.signalLocked()
+					}
+					e = next
 				}
-				e = next
 			}
 		}
 	}

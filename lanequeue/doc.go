@@ -1,4 +1,4 @@
-// Package lanequeue owns lanes: per-lane strict FIFO queues, the groups
+// Package lanequeue owns lanes: per-lane FIFO queues, the groups
 // of lanes that draw on one upstream limit, and the bounded table that
 // holds the lanes. Callers describe each answer in a limit.Report (a
 // status and a Verdict, the parsed rate-limit headers, a hint); the
@@ -19,4 +19,12 @@
 // made at a time taken from an injected clock; blocking happens outside
 // the lock. There is no ticker: when the head of the queue must wait for
 // time (a pause, the pace), the group arms one one-shot timer.
+//
+// # Clients
+//
+// Within a lane, requests that name their client (Request.Client) take
+// turns by client: one FIFO per client and priority, the clients with
+// waiters of a class served one request each in turn, a retry still ahead
+// of every later arrival of its class (clients.go). Requests that name none
+// are one client of their own, so a lane without names is one FIFO.
 package lanequeue

@@ -166,9 +166,9 @@ func newModelGate(fairness time.Duration, c clock.Clock) *modelGate {
 }
 
 // enter waits until a request for model may go to the server, or ctx is
-// done. leave must be called once the request's answer has ended (more
-// calls do nothing).
-func (m *modelGate) enter(ctx context.Context, model string) (leave func(), err error) {
+// done; waited says it did not enter at once. leave must be called once
+// the request's answer has ended (more calls do nothing).
+func (m *modelGate) enter(ctx context.Context, model string) (leave func(), waited bool, err error) {
 	m.mu.Lock()
 	now := m.clock.Now()
 	m.arrivals++
@@ -176,16 +176,16 @@ func (m *modelGate) enter(ctx context.Context, model string) (leave func(), err 
 		m.arrSwaps++
 	}
 	m.lastArrive = model
-	switch {
-	case m.hasLoaded && m.loaded == model && !m.draining:
+	if m.hasLoaded && m.loaded == model && !m.draining {
 		m.inFlight++
 		m.mu.Unlock()
-		return m.leaver(), nil
-	case m.inFlight == 0 && m.waiting == 0:
+		return m.leaver(), false, nil
+	}
+	if m.inFlight == 0 && m.waiting == 0 {
 		m.loadLocked(model, now)
 		m.inFlight++
 		m.mu.Unlock()
-		return m.leaver(), nil
+		return m.leaver(), false, nil
 	}
 	w := &gateWaiter{model: model, arrived: now, ready: make(chan struct{})}
 	q := m.queues[model]
@@ -200,7 +200,7 @@ func (m *modelGate) enter(ctx context.Context, model string) (leave func(), err 
 
 	select {
 	case <-w.ready:
-		return m.leaver(), nil
+		return m.leaver(), true, nil
 	case <-ctx.Done():
 	}
 	m.mu.Lock()
@@ -215,7 +215,7 @@ func (m *modelGate) enter(ctx context.Context, model string) (leave func(), err 
 		}
 	}
 	m.mu.Unlock()
-	return nil, deadlineErr(ctx.Err())
+	return nil, true, deadlineErr(ctx.Err())
 }
 
 func (m *modelGate) leaver() func() {

@@ -294,7 +294,7 @@ func gateRun(t *testing.T, g *modelGate, models []string, arrive, serve time.Dur
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			leave, err := g.enter(context.Background(), m)
+			leave, _, err := g.enter(context.Background(), m)
 			if err != nil {
 				t.Error(err)
 				return
@@ -357,7 +357,7 @@ func TestModelGateFairnessBound(t *testing.T) {
 		go func() {
 			for ctx.Err() == nil {
 				go func() {
-					leave, err := g.enter(ctx, "a")
+					leave, _, err := g.enter(ctx, "a")
 					if err == nil {
 						time.Sleep(300 * time.Millisecond)
 						leave()
@@ -368,7 +368,7 @@ func TestModelGateFairnessBound(t *testing.T) {
 		}()
 		time.Sleep(time.Second)
 		asked := time.Now()
-		leave, err := g.enter(ctx, "b")
+		leave, _, err := g.enter(ctx, "b")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -396,15 +396,15 @@ func TestModelGateFairnessBound(t *testing.T) {
 func TestModelGateWaiterThatGivesUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		g := newModelGate(time.Minute, nil)
-		leaveA, _ := g.enter(context.Background(), "a")
+		leaveA, _, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		if _, err := g.enter(ctx, "b"); !errors.Is(err, ErrDeadlineExceeded) {
+		if _, _, err := g.enter(ctx, "b"); !errors.Is(err, ErrDeadlineExceeded) {
 			t.Errorf("err = %v, want ErrDeadlineExceeded", err)
 		}
 		entered := make(chan struct{})
 		go func() {
-			leave, err := g.enter(context.Background(), "c")
+			leave, _, err := g.enter(context.Background(), "c")
 			if err == nil {
 				close(entered)
 				leave()
@@ -474,16 +474,16 @@ func TestModelGateDefaultsAndAStaleFairnessTimer(t *testing.T) {
 	}
 	synctest.Test(t, func(t *testing.T) {
 		g := newModelGate(time.Second, nil)
-		leaveA, _ := g.enter(context.Background(), "a")
+		leaveA, _, _ := g.enter(context.Background(), "a")
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		defer cancel()
-		if _, err := g.enter(ctx, "b"); err == nil {
+		if _, _, err := g.enter(ctx, "b"); err == nil {
 			t.Fatal("b entered while a was in flight")
 		}
 		time.Sleep(200 * time.Millisecond)
 		leaveA()
 		time.Sleep(time.Second) // the bound passes: nothing waits, nothing is in flight
-		leave, err := g.enter(context.Background(), "a")
+		leave, _, err := g.enter(context.Background(), "a")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -45,6 +45,9 @@ type group struct {
 	// pass numbers dispatch passes: a limit that held its lanes back in
 	// the current one is marked with it.
 	pass uint64
+	// capHeldAt is the latest pass the global cap held the group back in
+	// (see heldLocked).
+	capHeldAt uint64
 	// sent counts the group's dispatches, every limit's (see sharing).
 	sent uint64
 	// fleet: replicas share the group's state (a dispatch's ticket came
@@ -84,10 +87,17 @@ type Lane struct {
 	// lim is the pool the lane was made with (see drawsOn: follow mergedInto).
 	lim *pool
 
-	// waiters are the lane's queue, one list per priority, each in
-	// arrival order (a retry keeps its place in its own); turnPrev and
-	// turnNext thread it through the group's turns while it has any.
-	waiters            [2]list.List // *Slot, by Priority
+	// client is the queue of the lane's requests that name no client,
+	// one list per priority (its waiters), each in arrival order (a retry
+	// keeps its place in its own); named holds the named clients' (at most
+	// maxClients), others the one the names past them share (nil: none
+	// yet), and rounds the clients with waiters of each class in turn
+	// order (see clients.go). turnPrev and turnNext thread the lane
+	// through the group's turns while it has any waiter.
+	client
+	named              map[string]*client
+	others             *client
+	rounds             [2]round
 	turnPrev, turnNext *Lane
 	queued             int   // waiters
 	queuedCost         int64 // their estimated tokens
@@ -146,7 +156,10 @@ type Slot struct {
 
 	// Guarded by the group's mutex.
 	phase phase
-	elem  *list.Element // its place in the group's queue while queued
+	elem  *list.Element // its place in its client's queue while queued
+	// client is whose turn it waits in (see clients.go); set as it is
+	// queued.
+	client *client
 	// ready is closed when a wait is granted or refused; made only when
 	// the wait has to block (see waitLocked), so a request that goes at
 	// once makes no channel. signalled: it was granted or refused.
@@ -159,6 +172,13 @@ type Slot struct {
 	lastStatus         int   // status of the latest reported answer
 	retry              bool  // waiting again after an answer
 	refused            error // set when the group gave up the wait (and signalled it): a *WaitError or *QuotaError
+
+	// Its latest wait (see Waited), set under the group's mutex as it
+	// joins the queue and as it is granted: the waiters ahead of it, the
+	// dispatch pass it joined in, what held it back.
+	ahead      int
+	joinedPass uint64
+	held       held
 
 	counted bool   // Done was called; the slot's goroutine only
 	leave   func() // leaves the route's model gate; nil: none

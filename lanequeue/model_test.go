@@ -13,8 +13,8 @@ import (
 // The model test drives a table through random sequences of acquire,
 // cancel, report, retry, release, evict, sweep and clock steps, and after
 // every step holds it against a plain reference model: which requests wait,
-// which hold a permit, which await an answer, and which groups must be
-// alive. Budgets stay unknown (reports carry no limits), so every count is
+// which hold a permit, which await an answer, which groups must be alive,
+// and how many requests each lane's clients count. Budgets stay unknown (reports carry no limits), so every count is
 // exact.
 
 // modelKeys are the keys the model uses: the first two share a limit group
@@ -64,13 +64,16 @@ func (m *model) get(k Key) *Lane {
 	return l
 }
 
-func (m *model) acquire(k Key) {
+// modelClients are the clients requests come from: none, or one of two.
+var modelClients = []string{"", "a", "b"}
+
+func (m *model) acquire(k Key, client string) {
 	l := m.get(k)
 	ctx, cancel := context.WithCancel(context.Background())
 	req := &modelReq{lane: l, ctx: ctx, cancel: cancel}
 	p := &pending{req: req, done: make(chan error, 1), slot: make(chan *Slot, 1)}
 	go func() {
-		s, err := l.acquire(ctx, 1, High)
+		s, err := l.acquireAs(ctx, 1, High, client)
 		p.slot <- s
 		p.done <- err
 	}()
@@ -193,10 +196,13 @@ func (m *model) check(step string) {
 			want = &counts{}
 		}
 		l.g.mu.Lock()
-		q, f := l.queued, l.inFlight
+		q, f, live := l.queued, l.inFlight, l.client.live
+		for _, c := range l.named {
+			live += c.live
+		}
 		l.g.mu.Unlock()
-		if q != want.queued || f != want.inFlight {
-			m.t.Fatalf("%s: lane %s queued %d in flight %d; model %d, %d", step, l.key.Path, q, f, want.queued, want.inFlight)
+		if q != want.queued || f != want.inFlight || live != want.live {
+			m.t.Fatalf("%s: lane %s queued %d in flight %d, its clients count %d; model %d, %d, %d", step, l.key.Path, q, f, live, want.queued, want.inFlight, want.live)
 		}
 	}
 	m.tb.mu.Lock()
@@ -248,7 +254,7 @@ func (m *model) run(ops []byte) {
 		case 0, 1:
 			step = "acquire"
 			if len(m.waiting) < 12 {
-				m.acquire(modelKeys[arg%len(modelKeys)])
+				m.acquire(modelKeys[arg%len(modelKeys)], modelClients[arg/len(modelKeys)%len(modelClients)])
 			}
 		case 2:
 			step = "cancel"

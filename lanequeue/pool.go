@@ -50,6 +50,10 @@ type pool struct {
 	// quota is a quota an answer said is spent (see quotaHold); each
 	// replica keeps its own.
 	quota quotaHold
+	// heldAt is the group's latest dispatch pass it held its lanes back
+	// in for each reason, by limitPause, limitPace and limitConcurrency
+	// (see heldLocked).
+	heldAt [limitReasons]uint64
 }
 
 func newPool(key string, cfg Config, sh limit.Shared) *pool {

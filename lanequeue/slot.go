@@ -9,15 +9,21 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// acquire waits in FIFO order for a concurrency permit, for the group's
-// pause to end and for pacing to allow one more request costing cost
-// tokens, at priority p: a high-priority request goes ahead of every
-// queued low-priority one, except that one dispatch in LowShare goes to a
-// low-priority request while both wait. It returns ctx's error when the
-// client goes away (the waiter leaves the queue at once), ErrQueueFull
-// when the lane's queue is full, and ErrDeadlineExceeded when ctx's deadline
-// passes or lies before the end of the pause.
+// acquire is acquireAs for a request that names no client.
 func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, error) {
+	return l.acquireAs(ctx, cost, p, "")
+}
+
+// acquireAs waits in FIFO order for a concurrency permit, for the group's
+// pause to end and for pacing to allow one more request costing cost
+// tokens, at priority p, as client (""; none): a high-priority request goes
+// ahead of every queued low-priority one, except that one dispatch in
+// LowShare goes to a low-priority request while both wait; within a class
+// the lane's clients take turns (see clients.go). It returns ctx's error
+// when the client goes away (the waiter leaves the queue at once),
+// ErrQueueFull when the lane's queue is full, and ErrDeadlineExceeded when
+// ctx's deadline passes or lies before the end of the pause.
+func (l *Lane) acquireAs(ctx context.Context, cost int64, p Priority, client string) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, deadlineErr(err)
 	}
@@ -39,7 +45,7 @@ func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, erro
 	g.arrivals++
 	l.lim.arrived++
 	g.refs.Add(1)
-	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl}
+	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl, client: l.clientOf(client, g.arrivals)}
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
 	s.waitLocked()
@@ -90,7 +96,7 @@ func (s *Slot) wait(ctx context.Context) error {
 		end = phaseDone // acquire returns no slot to release
 	}
 	s.phase = end
-	forget := end == phaseDone && g.unrefLocked()
+	forget := end == phaseDone && s.leaveLocked()
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	if forget {
@@ -231,7 +237,7 @@ func (s *Slot) releaseLocked(now time.Time) (forget bool) {
 	}
 	s.phase = phaseDone
 	l.touch(now)
-	forget = g.unrefLocked()
+	forget = s.leaveLocked()
 	g.dispatchLocked(now)
 	return forget
 }

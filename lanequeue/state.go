@@ -79,6 +79,9 @@ type State struct {
 	Corrected       bool    `json:"corrected_by_refusals,omitempty"`
 	AnswerSeconds   float64 `json:"answer_seconds,omitempty"`
 	Shared          string  `json:"shared,omitempty"` // "ok" or "degraded" when replicas share the group's state
+	// Share is what this replica keeps to while Redis is away (Shared
+	// "degraded"): its part of the limits the replicas shared.
+	Share *limit.ShareView `json:"share,omitempty"`
 	// Configured is the route's configured limits for the group, shown
 	// beside what was learned; nil when none are.
 	Configured *limit.ConfiguredView `json:"configured,omitempty"`
@@ -95,6 +98,9 @@ type State struct {
 	// QueuedLow is how many of the group's waiters are low priority.
 	QueuedLow int       `json:"group_queued_low,omitempty"`
 	LastUsed  time.Time `json:"last_used"`
+	// Clients are the lane's clients, by name, once a request named one
+	// (x-llmproxy-client): they take turns within each priority class.
+	Clients []ClientState `json:"clients,omitempty"`
 }
 
 // State returns the lane's current state.
@@ -123,7 +129,7 @@ func (l *Lane) state(withHistory bool) State {
 		DrainSeconds: drainSeconds(queued, queuedCost, v, now),
 		Learned:      v.RateFrom.Learned(), Corrected: v.Corrected,
 		Bound: v.Bound.String(), RateFrom: v.RateFrom.String(), AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom.String(), AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
-		LastUsed: l.used(),
+		Share: v.Share, LastUsed: l.used(),
 	}
 	s.QuotaUntil, s.Quota = lim.quota.describe(now)
 	if lim.ceil != nil {
@@ -131,7 +137,8 @@ func (l *Lane) state(withHistory bool) State {
 	}
 	s.Shape = v.Window.String()
 	s.SharesLimitWith, s.SharedBecause = lim.sharedWith(l.key.Model)
-	s.QueuedLow = l.waiters[Low].Len()
+	s.QueuedLow = l.rounds[Low].queued
+	s.Clients = l.clientStates(now)
 	if v.Requests.Known {
 		s.RequestsLimit, s.RequestsAvailable, s.RequestsPerSecond = v.Requests.Limit, v.Requests.Available, v.Requests.PerSecond
 	}

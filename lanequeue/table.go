@@ -200,8 +200,8 @@ func (t *Table) laneFor(key Key) *Lane {
 	return l
 }
 
-// Request is what Acquire needs of a request: the parts of its lane's key
-// and its estimated cost and priority.
+// Request is what Acquire needs of a request: the parts of its lane's key,
+// its estimated cost and priority, and the client it comes from.
 type Request struct {
 	Route      string // "" for the default upstream
 	Credential string // as sent ("" for none): hashed at once, never kept
@@ -209,6 +209,10 @@ type Request struct {
 	Model      string
 	Cost       int64 // estimated tokens
 	Priority   Priority
+	// Client names who sent it (an eval, a user; "" for none): the
+	// lane's clients take turns (see State.Clients). Shown as given,
+	// bounded as a key's model is.
+	Client string
 }
 
 // Acquire queues r in its lane (made when needed), after its route's model
@@ -219,13 +223,14 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	key := NewKey(r.Route, r.Credential, r.Path, r.Model)
 	l := t.laneFor(key)
 	var leave func()
+	var gated bool
 	if gate := t.gates[key.Route]; gate != nil {
 		var err error
-		if leave, err = gate.enter(ctx, key.Model); err != nil {
+		if leave, gated, err = gate.enter(ctx, key.Model); err != nil {
 			return &Slot{lane: l, phase: phaseDone}, err
 		}
 	}
-	s, err := l.acquire(ctx, r.Cost, r.Priority)
+	s, err := l.acquireAs(ctx, r.Cost, r.Priority, bounded(r.Client))
 	if err != nil {
 		if leave != nil {
 			leave()
@@ -233,6 +238,9 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 		return &Slot{lane: l, phase: phaseDone}, err
 	}
 	s.leave = leave
+	if gated {
+		s.held |= heldGate
+	}
 	return s, nil
 }
 

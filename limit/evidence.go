@@ -96,6 +96,20 @@ type View struct {
 	// Shared is "" for state in this process only; a store shared by
 	// replicas says "ok", or "degraded" while it serves local limits.
 	Shared string
+	// Share is the part of the shared limits a replica keeps to while it
+	// serves local limits (Shared "degraded"); nil otherwise.
+	Share *ShareView
+}
+
+// ShareView is a replica's share of the limits the replicas shared, kept
+// while the store that shares them is away: 1/Replicas of each.
+type ShareView struct {
+	Replicas    int `json:"replicas"`
+	Concurrency int `json:"concurrency"`
+	// RequestsPerSecond and TokensPerSecond are 0 where the shared
+	// limits bound nothing.
+	RequestsPerSecond float64 `json:"requests_per_second,omitempty"`
+	TokensPerSecond   float64 `json:"tokens_per_second,omitempty"`
 }
 
 // FromHeaders reports whether the request pace was read from the

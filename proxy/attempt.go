@@ -41,6 +41,7 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 		out.Body, out.ContentLength = b.reader(), b.size
 		out.GetBody = func() (io.ReadCloser, error) { return b.reader(), nil }
 	}
+	req.trace.StartAttempt(out) // its traceparent in out's header
 	res := upstream.Do(p.cfg.Transport, out, p.cfg.Clock.Now())
 	a.mu.Lock()
 	a.headers = true
@@ -114,6 +115,9 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			// its pace); the client takes the answer as it is.
 			d.action, d.why = giveUp, "x-llmproxy-retry: off"
 		}
+		if req.trace != nil {
+			traceAnswer(req, res, d)
+		}
 		switch {
 		case r.Context().Err() != nil:
 			res.Discard()
@@ -141,7 +145,12 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if d.pauseGroup && held {
 			after = 0 // the group holds the retry: its pause, or its concurrency limit
 		}
-		if err := slot.WaitRetry(ctx, after); err != nil {
+		wait := req.trace.StartWait(true, after)
+		err := slot.WaitRetry(ctx, after)
+		if wait != nil {
+			p.endWait(wait, r, req, err)
+		}
+		if err != nil {
 			p.refuse(w, r, req, err)
 			return
 		}

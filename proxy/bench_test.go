@@ -9,7 +9,9 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -94,7 +96,21 @@ func (w *benchWriter) SetWriteDeadline(time.Time) error { return nil }
 // header learning, usage metering, logging to a discarded handler).
 // Compare BenchmarkServeHTTPLeastProxy, the same harness around the least
 // a proxy must do.
-func BenchmarkServeHTTP(b *testing.B) {
+func BenchmarkServeHTTP(b *testing.B) { benchServe(b, nil) }
+
+// BenchmarkServeHTTPNamedClient is BenchmarkServeHTTP with each request
+// naming its client (x-llmproxy-client), one of four per lane: what fair
+// turns cost.
+func BenchmarkServeHTTPNamedClient(b *testing.B) {
+	var n atomic.Int32
+	benchServe(b, func(c *benchClient) {
+		c.req.Header.Set(clientHeader, "eval-"+strconv.Itoa(int(n.Add(1)%4)))
+	})
+}
+
+// benchServe runs BenchmarkServeHTTP with each goroutine's client made
+// ready by prepare (nil: as it is).
+func benchServe(b *testing.B, prepare func(*benchClient)) {
 	u, _ := url.Parse("http://upstream.test")
 	p, err := New(Config{Upstream: u, Transport: cannedTransport{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -103,6 +119,9 @@ func BenchmarkServeHTTP(b *testing.B) {
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		c := newBenchClient()
+		if prepare != nil {
+			prepare(c)
+		}
 		for pb.Next() {
 			if status := c.send(p); status != 200 {
 				b.Fatalf("status %d", status)

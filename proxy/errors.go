@@ -47,6 +47,7 @@ const (
 	failShutdown
 	failWaitTooLong
 	failBadPriority
+	failBadClient
 	failBadMaxWait
 	failBadRetry
 	failQuota
@@ -82,6 +83,7 @@ var replies = map[failKind]errorReply{
 	failMethod:      {status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"},
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
 	failBadPriority: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_priority", noRetry: true},
+	failBadClient:   {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_client", noRetry: true},
 	failBadMaxWait:  {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_max_wait", noRetry: true},
 	failBadRetry:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_retry", noRetry: true},
 	// A quota the upstream said is spent, answered here without a call

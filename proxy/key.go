@@ -77,9 +77,9 @@ func queryKey(rawQuery string) string {
 }
 
 // laneRequest is what the lane table needs of r (see lanequeue.Request):
-// its lane's key, its estimated cost and its priority, the route's unless
-// the client's x-llmproxy-priority says otherwise. It notes whether r is a
-// WebSocket handshake.
+// its lane's key, its estimated cost, its priority, the route's unless the
+// client's x-llmproxy-priority says otherwise, and the client that
+// x-llmproxy-client names. It notes whether r is a WebSocket handshake.
 func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, error) {
 	req.upgrade = isUpgrade(r)
 	prio := p.settings[req.route].Priority
@@ -87,6 +87,10 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 		if prio.UnmarshalText([]byte(strings.TrimSpace(v))) != nil {
 			return lanequeue.Request{}, fail(failBadPriority, "x-llmproxy-priority must be high or low")
 		}
+	}
+	client := r.Header.Get(clientHeader)
+	if !validClient(client) {
+		return lanequeue.Request{}, fail(failBadClient, "x-llmproxy-client must be a name of 1 to 64 visible ASCII characters, without spaces")
 	}
 	// One read of the body for its model and its cost. A spooled body is
 	// not read for its prompt (that would take it into memory): it
@@ -106,7 +110,26 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 		Model:      read.Model,
 		Cost:       read.Cost,
 		Priority:   prio,
+		Client:     client,
 	}, nil
+}
+
+// maxClientName is the longest name x-llmproxy-client may give.
+const maxClientName = 64
+
+// validClient reports whether name may name a client: at most
+// maxClientName bytes, each visible ASCII (no space, no control). "" is
+// no name.
+func validClient(name string) bool {
+	if len(name) > maxClientName {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] <= ' ' || name[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // modelOfSpool reads the top-level "model" of a spooled JSON body, ""

@@ -30,6 +30,7 @@ import (
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/internal/setting"
+	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/upstream"
@@ -99,6 +100,9 @@ type Config struct {
 	// under the limit.
 	PassRateLimitHeaders bool
 	Rand                 func() float64 // jitter source; nil = math/rand/v2
+	// Tracer makes each request's trace (see internal/tracing); nil = no
+	// traces, and an incoming traceparent passes upstream untouched.
+	Tracer *tracing.Tracer
 }
 
 // Proxy is the request handler plus its lane table and metrics.
@@ -124,6 +128,9 @@ type Proxy struct {
 	handler        http.Handler
 	// settings are each route's, by name ("" for the default upstream).
 	settings map[string]RouteSettings
+	// providers are each route's gen_ai.provider.name for its traces
+	// ("" when unknown), by name; nil without a Tracer.
+	providers map[string]string
 }
 
 // New builds a proxy from cfg.
@@ -136,6 +143,9 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.sessions = map[*session]struct{}{}
+	if cfg.Tracer != nil {
+		p.providers = providers(cfg)
+	}
 	lanes := p.routeLimits(cfg.Lanes)
 	p.lanes = lanequeue.NewTable(lanes)
 	if n := removeSpools(cfg.SpoolDir); n > 0 {

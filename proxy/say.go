@@ -19,7 +19,7 @@ const (
 )
 
 // clientHeaders are the request headers that speak to the proxy alone.
-var clientHeaders = [...]string{priorityHeader, maxWaitHeader, retryHeader}
+var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader}
 
 // say is what the client said in them.
 type say struct {

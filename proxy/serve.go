@@ -11,12 +11,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
 // priorityHeader is a request's priority within its lane, high or low;
 // it is not sent upstream.
 const priorityHeader = "X-Llmproxy-Priority"
+
+// clientHeader names the client a request comes from (an eval, a user):
+// the clients of a lane take turns. It is not sent upstream.
+const clientHeader = "X-Llmproxy-Client"
 
 // request is one client request on its way through the proxy.
 type request struct {
@@ -41,6 +46,8 @@ type request struct {
 	id         string // x-llmproxy-request-id
 	upstreamID string // the upstream's own request id, from its latest answer
 	upgrade    bool   // a WebSocket handshake (see isUpgrade)
+	priority   lanequeue.Priority
+	trace      *tracing.Request // its trace; nil without Config.Tracer
 	// retryOff: the client said x-llmproxy-retry: off (see say); the
 	// first answer goes back as the upstream sent it.
 	retryOff bool
@@ -130,6 +137,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
 		id: newRequestID(), used: -1}
 	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
+	req.trace = p.cfg.Tracer.Start(r, route, req.id)
 	defer func() { p.finish(r, req) }()
 	if p.stopping() {
 		p.failRequest(w, req, errShutdown)
@@ -152,14 +160,22 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		p.failRequest(w, req, err)
 		return
 	}
+	req.priority = lr.Priority
+	if req.trace != nil {
+		p.describe(req, lr)
+	}
 
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
+	wait := req.trace.StartWait(false, 0)
 	req.slot, err = p.lanes.Acquire(ctx, lr)
 	req.laneID = req.slot.ID()
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
+	if wait != nil {
+		p.endWait(wait, r, req, err)
+	}
 	if err != nil {
 		p.refuse(w, r, req, err)
 		return
@@ -179,6 +195,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 	if req.slot != nil {
 		req.slot.Done(req.status, string(req.outcome), req.used)
 	}
+	req.trace.End(req.status, string(req.outcome), req.retries, req.cutErr)
 	level := slog.LevelDebug
 	if req.outcome == OutcomeUpstreamCut || req.outcome == OutcomeClientStalled || req.status >= 500 {
 		level = slog.LevelWarn

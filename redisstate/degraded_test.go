@@ -231,6 +231,10 @@ func TestAShareGrowsWhenTheOtherReplicasGoIdle(t *testing.T) {
 	if n := takeAll(); n != 2 {
 		t.Fatalf("with three replicas busy, a local replica took %d permits of the shared 6, want 2", n)
 	}
+	// The view says so, for /lanes: a third of the shared concurrency.
+	if v := sh.View(time.Now()); v.Shared != "degraded" || v.Share == nil || v.Share.Replicas != 3 || v.Share.Concurrency != 2 {
+		t.Fatalf("a local replica's view: shared %q, share %+v; want degraded, 1/3 of concurrency 6", v.Shared, v.Share)
+	}
 	// Their own loops may have said busy up to a heartbeat after they
 	// last asked; st has requests to admit all along.
 	for end := time.Now().Add(heartbeatEvery + busyWindow + 100*time.Millisecond); time.Now().Before(end); {

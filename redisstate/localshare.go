@@ -59,6 +59,15 @@ func newShare(last limits, v limit.View, n int) *share {
 	return sh
 }
 
+// view is what the share lets the replica send.
+func (sh *share) view() *limit.ShareView {
+	v := &limit.ShareView{Replicas: sh.n, Concurrency: sh.concurrency, TokensPerSecond: sh.tokens.Rate}
+	if sh.gap > 0 {
+		v.RequestsPerSecond = float64(time.Second) / float64(sh.gap)
+	}
+	return v
+}
+
 // carry keeps what old had used (nil: nothing): the next request's time
 // and the tokens left, within this share's window.
 func (sh *share) carry(old *share) {

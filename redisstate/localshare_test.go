@@ -230,3 +230,17 @@ func TestAShareWithoutATokenBoundSpendsNoTokens(t *testing.T) {
 		t.Fatalf("the share made again holds %v tokens, want 0: the old one had no bucket to spend from", got)
 	}
 }
+
+// TestAShareShowsWhatItLetsTheReplicaSend: /lanes shows a third of the
+// shared figures as the rates the share paces by (a request gap of
+// 300 ms is 3.33/s), and no rate the shared limits did not bound.
+func TestAShareShowsWhatItLetsTheReplicaSend(t *testing.T) {
+	t.Parallel()
+	v := newShare(limits{concurrency: 9, reqRate: 10, tokRate: 3000, tokSize: 9000}, limit.View{}, 3).view()
+	if v.Replicas != 3 || v.Concurrency != 3 || v.RequestsPerSecond < 3.33 || v.RequestsPerSecond > 3.34 || v.TokensPerSecond != 1000 {
+		t.Fatalf("a third of concurrency 9, 10 requests/s and 3000 tokens/s shows as %+v", *v)
+	}
+	if v := newShare(limits{concurrency: 4}, limit.View{}, 2).view(); v.RequestsPerSecond != 0 || v.TokensPerSecond != 0 || v.Concurrency != 2 {
+		t.Fatalf("a share of a concurrency limit alone shows as %+v", *v)
+	}
+}

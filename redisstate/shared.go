@@ -377,6 +377,9 @@ func (s *shared) PausedUntil() time.Time {
 func (s *shared) View(now time.Time) limit.View {
 	v := s.local.View(now)
 	v.Shared = s.st.Status()
+	if !s.st.up.Load() && s.share != nil {
+		v.Share = s.share.view()
+	}
 	if s.st.up.Load() {
 		if s.climit > 0 {
 			v.Concurrency = s.climit

@@ -18,7 +18,10 @@ if [ -z "$revision" ] && revision=$(git rev-parse HEAD 2>/dev/null); then
   revision_time=$(TZ=UTC git show -s --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ HEAD)
   if [ -n "$(git status --porcelain)" ]; then modified=true; fi
 fi
-CGO_ENABLED=0 go build -trimpath -ldflags="-s -w \
+# grpcnotrace: gRPC (which the OTLP exporters bring, traces or not)
+# leaves out golang.org/x/net/trace, whose html/template would make the
+# linker keep every exported method of the binary: 25 MB instead of 17.
+CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags="-s -w \
   -X $pkg.version=${LLMPROXY_VERSION:-} -X $pkg.revision=$revision \
   -X $pkg.revisionTime=$revision_time -X $pkg.modified=$modified" \
   -o "$out" ./cmd/llmproxy

@@ -452,4 +452,30 @@ Environment (default in brackets; other LLMPROXY_* names get a warning):
 	}
 	tw.Flush()
 	printRouteUsage(w)
+	printTraceUsage(w)
+}
+
+// traceVariables are the OpenTelemetry variables -h, the README and
+// config.example.env name, with their defaults and what they do.
+var traceVariables = []struct{ name, def, help string }{
+	{"OTEL_EXPORTER_OTLP_ENDPOINT", "", "set: traces go there over OTLP (http://collector:4318; /v1/traces is added); unset: no traces"},
+	{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "", "the same for traces alone, used as it is"},
+	{"OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf", "or grpc (then the endpoint is the gRPC port, http://collector:4317)"},
+	{"OTEL_SERVICE_NAME", "llmproxy", "the service the spans are of"},
+	{"OTEL_TRACES_SAMPLER", "parentbased_always_on", "always_on, always_off, traceidratio, or their parentbased_ forms (ratio: OTEL_TRACES_SAMPLER_ARG)"},
+	{"OTEL_SDK_DISABLED", "", "true: no traces whatever else is set, as OTEL_TRACES_EXPORTER=none"},
+}
+
+// printTraceUsage writes -h's part on traces.
+func printTraceUsage(w io.Writer) {
+	fmt.Fprintf(w, `
+Traces (OpenTelemetry: a span per request, per wait in its lane and per
+upstream attempt; the SDK reads the other standard OTEL_* variables:
+headers, TLS, timeouts, compression, OTEL_BSP_*, OTEL_RESOURCE_ATTRIBUTES):
+`)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	for _, v := range traceVariables {
+		fmt.Fprintf(tw, "  %s	[%s]	%s\n", v.name, v.def, v.help)
+	}
+	tw.Flush()
 }

@@ -64,6 +64,8 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"LLMPROXY_REDIS_URL", "http://u:pw@127.0.0.1"},
 		{"LLMPROXY_ROUTE_NOPE_RPM", "600"},
 		{"LLMPROXY_ROUTE_DEFAULT_MIN_GAP", "soon"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"},
+		{"OTEL_TRACES_EXPORTER", "zipkin"},
 		{"LLMPROXY_GLOBAL_CONCURRENCY", "-3"},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {

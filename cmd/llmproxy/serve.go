@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmproxy/llmproxy/internal/buildinfo"
+	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/redisstate"
@@ -47,7 +48,13 @@ func serve(ctx context.Context, again <-chan os.Signal, environ map[string]strin
 	var draining atomic.Bool
 	defer context.AfterFunc(ctx, func() { draining.Store(true) })()
 	build := buildinfo.Read()
-	p, health, closeStore, err := newProxy(cfg, build, log, &draining)
+	tracer, stopTraces, err := tracing.Setup(context.Background(), environ, build.Version, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "llmproxy:", err)
+		return 2
+	}
+	defer flushTraces(stopTraces, log)
+	p, health, closeStore, err := newProxy(cfg, build, log, &draining, tracer)
 	if err != nil {
 		fmt.Fprintln(stderr, "llmproxy:", err)
 		return 2
@@ -82,7 +89,7 @@ func serve(ctx context.Context, again <-chan os.Signal, environ map[string]strin
 // newProxy builds the proxy from cfg, on the shared state in Redis when
 // one is configured (closeStore closes it). Its error is the message to
 // print.
-func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atomic.Bool) (p *proxy.Proxy, health proxy.Health, closeStore func(), err error) {
+func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atomic.Bool, tracer *tracing.Tracer) (p *proxy.Proxy, health proxy.Health, closeStore func(), err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge(build))
 	lanes := laneConfig(cfg)
@@ -105,7 +112,9 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		health.Degraded = store.Ready
 		health.Shared = store.Status
 	}
-	p, err = proxy.New(proxyConfig(cfg, lanes, log, reg))
+	pc := proxyConfig(cfg, lanes, log, reg)
+	pc.Tracer = tracer
+	p, err = proxy.New(pc)
 	if err != nil {
 		closeStore()
 		return nil, health, func() {}, err
@@ -282,6 +291,21 @@ func drain(srv *http.Server, p *proxy.Proxy, timeout time.Duration, again <-chan
 			log.Warn("closing the connections still open after the stop", "grace", stopGrace)
 		}
 		srv.Close()
+	}
+}
+
+// traceFlushTimeout bounds how long the exit waits for the last spans to
+// be exported.
+const traceFlushTimeout = 5 * time.Second
+
+// flushTraces exports the spans not yet exported (the drain's last
+// requests'), for up to traceFlushTimeout, with stop, tracing.Setup's
+// shutdown.
+func flushTraces(stop func(context.Context) error, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+	defer cancel()
+	if err := stop(ctx); err != nil {
+		log.Warn("traces: the last spans were not all exported", "err", err)
 	}
 }
 
