@@ -171,6 +171,50 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 			drainsIn(s), waiting(s, now), orDash(configured(s)), orDash(believes(s)))
 	}
 	tw.Flush()
+	for _, s := range r.Lanes {
+		if n := notes(s); n != "" {
+			fmt.Fprintf(w, "%s: %s\n", s.ID, n)
+		}
+	}
+}
+
+// notes says, for a line under the table, what a lane has beyond its
+// row: a spent quota, its WebSocket sessions, this replica's share of the
+// shared limits while Redis is away, and its clients' queues; "" when
+// none.
+func notes(s lanequeue.State) string {
+	var parts []string
+	if s.Quota != "" {
+		parts = append(parts, s.Quota)
+	}
+	if s.Sessions > 0 {
+		parts = append(parts, plural(s.Sessions, "WebSocket session"))
+	}
+	if sh := s.Share; sh != nil {
+		share := fmt.Sprintf("Redis away: this replica keeps to 1/%d of the shared limits, concurrency %d", sh.Replicas, sh.Concurrency)
+		if sh.RequestsPerSecond > 0 {
+			share += ", " + perSecond(sh.RequestsPerSecond)
+		}
+		if sh.TokensPerSecond > 0 {
+			share += ", tokens " + perSecond(sh.TokensPerSecond)
+		}
+		parts = append(parts, share)
+	}
+	if len(s.Clients) > 0 {
+		var cs []string
+		for _, c := range s.Clients {
+			cs = append(cs, fmt.Sprintf("%s %d queued, %d sent", short(c.Name, 32), c.Queued, c.Dispatched))
+		}
+		parts = append(parts, "clients: "+strings.Join(cs, "; "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
 }
 
 // configured is what the lane's route configures: "600rpm c8 gap50ms

@@ -231,3 +231,29 @@ func TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	}
 	t.Log("\n" + s)
 }
+
+// TestStatusNotesWhatALaneHasBeyondItsRow: under the table, a lane with a
+// spent quota, WebSocket sessions, a share of the shared limits while
+// Redis is away, or named clients gets one line saying so; a lane with
+// none of these gets none.
+func TestStatusNotesWhatALaneHasBeyondItsRow(t *testing.T) {
+	var out bytes.Buffer
+	printStatus(&out, lanesReply{Redis: "degraded", Lanes: []lanequeue.State{
+		{ID: "beef00000001", Path: "/v1/chat/completions", Model: "a", Queued: 12, Quota: "quota spent until 00:00 PT", Sessions: 2,
+			Share: &limit.ShareView{Replicas: 3, Concurrency: 2, RequestsPerSecond: 3.333, TokensPerSecond: 1000},
+			Clients: []lanequeue.ClientState{{Name: "big-eval", Queued: 10, Dispatched: 480}, {Name: "check", Queued: 2, Dispatched: 1}}},
+		{ID: "beef00000002", Path: "/v1/chat/completions", Model: "b"},
+	}}, "http://127.0.0.1:9090", time.Unix(0, 0))
+	want := "beef00000001: quota spent until 00:00 PT; 2 WebSocket sessions; " +
+		"Redis away: this replica keeps to 1/3 of the shared limits, concurrency 2, 3.33/s, tokens 1000/s; " +
+		"clients: big-eval 10 queued, 480 sent; check 2 queued, 1 sent\n"
+	if !strings.Contains(out.String(), want) {
+		t.Fatalf("no note line %q in:\n%s", want, out.String())
+	}
+	if strings.Contains(out.String(), "beef00000002:") {
+		t.Fatalf("a lane with nothing to note got a line:\n%s", out.String())
+	}
+	if got := notes(lanequeue.State{Sessions: 1}); got != "1 WebSocket session" {
+		t.Fatalf("one session: %q", got)
+	}
+}
