@@ -383,6 +383,36 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 		t.Errorf("local route shows %q", ex.Local)
 	}
 
+	// An operator's changes show: a held route's lane waits for a release,
+	// held by admin since when; limits set at run time say so, on the lane
+	// and above the lanes.
+	adminDo(t, "POST", admin.URL+"/admin/routes/pausing/hold", "")
+	adminDo(t, "PUT", admin.URL+"/admin/routes/silent/limits", `{"rpm": 600}`)
+	waitRenders(2)
+	view = read()
+	for _, st := range getLanes(t, admin.URL).Lanes {
+		pl, _ := view.lane(st.ID)
+		switch st.Model {
+		case "gpt-paused":
+			if !regexp.MustCompile(`^a releaseheld by admin since \d\d:\d\d`).MatchString(pl.Waiting) {
+				t.Errorf("the held lane's waiting shows %q", pl.Waiting)
+			}
+		case "gpt-silent":
+			if !strings.HasSuffix(pl.Belief, " · rpm 600 set at run time") {
+				t.Errorf("the silent lane, its limits set at run time, says %q", pl.Belief)
+			}
+		}
+	}
+	changed, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`[...document.querySelectorAll("#routes-changed [data-route]")].map(e => e.textContent.trim()).join("|")`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^route pausing: held by admin since \d\d:\d\d\|route silent: rpm 600 set at run time$`).MatchString(changed) {
+		t.Errorf("the routes changed show %q", changed)
+	}
+	adminDo(t, "POST", admin.URL+"/admin/routes/pausing/release", "")
+
 	// Counts move without a reload.
 	first := view
 	waitRenders(3)
@@ -448,6 +478,21 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 	}
 	if err := chromedp.Cancel(ctx); err != nil {
 		t.Log("closing the browser:", err)
+	}
+}
+
+// adminDo sends an admin endpoint a change, failing the test unless it
+// answers 200.
+func adminDo(t *testing.T, method, url, body string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, b)
 	}
 }
 

@@ -29,13 +29,16 @@ func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
 // not held in this pass; a high-priority one, unless low-priority ones have
 // waited through LowShare-1 high dispatches in a row. Requires g.mu held.
 func (g *group) headLocked() *Slot {
+	if g.held != nil {
+		return nil // an operator holds the route
+	}
 	var hi, lo *Slot
 	start := g.next
 	if start == nil {
 		start = g.turns.first
 	}
 	for l, n := start, g.turns.n; n > 0; n-- {
-		if l.drawsOn().pass != g.pass {
+		if l.drawsOn().pass != g.pass && l.held == nil {
 			if hi == nil {
 				hi = l.head(High)
 			}

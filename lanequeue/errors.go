@@ -20,13 +20,19 @@ var (
 // WaitError is the error of a request that the group cannot send before
 // its deadline: a pause or the pacing holds the queue until At, after it.
 // It is returned at once rather than after the whole wait; it matches
-// ErrDeadlineExceeded with errors.Is.
+// ErrDeadlineExceeded with errors.Is. A request whose deadline passed
+// while an operator held its lane (Held) gets one too, at its deadline:
+// nobody knows when a hold ends, so At is zero.
 type WaitError struct {
 	At     time.Time // the earliest the group may send again
 	Paused bool      // a pause holds it (else the pacing)
+	Held   bool      // an operator's hold held it
 }
 
 func (e *WaitError) Error() string {
+	if e.Held {
+		return "lanequeue: an operator's hold held the lane past the request's deadline"
+	}
 	why := "pacing"
 	if e.Paused {
 		why = "a pause"

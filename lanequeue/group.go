@@ -18,6 +18,8 @@ import (
 // Limits that hold their head back let the other lanes go.
 type group struct {
 	key   string
+	route string
+	// cfg changes only with mu and limMu held (an operator's limits).
 	cfg   Config
 	clock clock.Clock
 	// newShared makes the Shared of a limit of the group, by its key.
@@ -71,6 +73,12 @@ type group struct {
 	// apart: a trial showed the group's limits are their own (see
 	// togetherLocked); no more are made.
 	apart bool
+
+	// An operator's changes (see Operation), guarded by mu: the route's
+	// hold (nil: none), and its limits set at run time (nil: as
+	// configured).
+	held *mark
+	set  *RuntimeLimits
 }
 
 func newGroup(key string, cfg Config, newShared func(string, limit.Config) limit.Shared, forgotten func(*group)) *group {
@@ -110,6 +118,8 @@ type Lane struct {
 	// lane from being swept as idle.
 	sessions atomic.Int64
 	stats    laneStats
+	// held is an operator's hold of the lane (nil: none).
+	held *mark
 }
 
 // openSession counts a session opened on the lane, until the returned

@@ -51,16 +51,14 @@ type pool struct {
 	// in for each reason, by limitPause, limitPace and limitConcurrency
 	// (see heldLocked).
 	heldAt [limitReasons]uint64
+	// cleared: an operator cleared what it learned, when and who (nil:
+	// never).
+	cleared *mark
 }
 
 func newPool(key string, cfg Config, sh limit.Shared) *pool {
 	l := &pool{key: key, shared: sh}
-	if !cfg.Limits.IsZero() {
-		l.ceil = cfg.Limits.Ceiling()
-		// A configured limit is known: no need to wait for the first
-		// answer to learn one.
-		l.learned = cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
-	}
+	l.configure(cfg)
 	if cfg.Limits.PerCredential {
 		l.sharedBy = "configured"
 	}

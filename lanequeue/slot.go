@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -89,7 +90,14 @@ func (s *Slot) wait(ctx context.Context) error {
 		l.stats.cancelled++
 	default:
 		g.dequeueLocked(s)
-		l.stats.cancelled++
+		if held, _ := l.operatorHoldLocked(); held != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Its deadline passed while an operator held the lane: it
+			// is answered as one whose pause outlasts it.
+			refused = &WaitError{Held: true}
+			l.stats.rejected++
+		} else {
+			l.stats.cancelled++
+		}
 	}
 	end := phaseIdle
 	if !s.retry {

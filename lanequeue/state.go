@@ -95,6 +95,20 @@ type State struct {
 	// Clients are the lane's clients, by name, once a request named one
 	// (x-llmproxy-client): they take turns within each priority class.
 	Clients []ClientState `json:"clients,omitempty"`
+	// Held says what an operator holds, "lane" or "route" (the lane
+	// dispatches nothing until it is released), since when and by whom;
+	// "" when nothing is held.
+	Held      string    `json:"held,omitempty"`
+	HeldSince time.Time `json:"held_since,omitzero"`
+	HeldBy    string    `json:"held_by,omitempty"`
+	// RuntimeLimits are the route's configured limits as an operator set
+	// them while the proxy runs (Configured shows them in force); nil: as
+	// the route started.
+	RuntimeLimits *RuntimeLimits `json:"runtime_limits,omitempty"`
+	// ClearedAt and ClearedBy say when and by whom an operator last
+	// cleared what the lane's limit learned.
+	ClearedAt time.Time `json:"cleared_at,omitzero"`
+	ClearedBy string    `json:"cleared_by,omitempty"`
 }
 
 // State returns the lane's current state.
@@ -127,6 +141,13 @@ func (l *Lane) state(withHistory bool) State {
 	}
 	if lim.ceil != nil {
 		s.Configured = lim.ceil.View()
+	}
+	if h, what := l.operatorHoldLocked(); h != nil {
+		s.Held, s.HeldSince, s.HeldBy = what, h.at, h.by
+	}
+	s.RuntimeLimits = g.set
+	if c := lim.cleared; c != nil {
+		s.ClearedAt, s.ClearedBy = c.at, c.by
 	}
 	s.Shape = v.Window.String()
 	s.SharesLimitWith, s.SharedBecause = lim.sharedWith(l.key.Model)

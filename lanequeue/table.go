@@ -68,6 +68,12 @@ type Table struct {
 	// gates, by route name. Both live as long as the table.
 	cap   *globalCap
 	gates map[string]*modelGate
+	// opMu orders the operators' changes: each is recorded, then applied
+	// to the groups, before the next. Under mu: the changes in force on
+	// each route, and the lanes held, by ID.
+	opMu      sync.Mutex
+	routeOps  map[string]*routeOps
+	laneHolds map[string]*mark
 }
 
 // CapStats is the state of the global cap; ok is false when there is none
@@ -114,7 +120,8 @@ func NewTable(cfg TableConfig) *Table {
 			}
 		}
 	}
-	t := &Table{cfg: cfg, groups: map[string]*group{}, ids: map[string]*Lane{}, gates: map[string]*modelGate{}}
+	t := &Table{cfg: cfg, groups: map[string]*group{}, ids: map[string]*Lane{}, gates: map[string]*modelGate{},
+		routeOps: map[string]*routeOps{}, laneHolds: map[string]*mark{}}
 	if cfg.GlobalConcurrency > 0 {
 		t.cap = newCap(cfg.GlobalConcurrency)
 	}
@@ -174,12 +181,12 @@ func (t *Table) laneFor(key Key) *Lane {
 		gk := key.groupKey()
 		g := t.groups[gk]
 		if g == nil {
-			cfg := t.cfg.Lane
-			if lim, ok := t.cfg.RouteLimits[key.Route]; ok {
-				cfg.Limits = lim
-				cfg = cfg.withDefaults()
-			}
+			cfg, set := t.routeConfigLocked(key.Route)
 			g = newGroup(gk, cfg, t.cfg.Shared, t.forgotten)
+			g.route, g.set = key.Route, set
+			if ops := t.routeOps[key.Route]; ops != nil {
+				g.held = ops.hold
+			}
 			g.cap, g.seat.wake = t.cap, g.kick
 			g.onChange = t.cfg.onChange
 			t.groups[gk] = g
@@ -188,6 +195,7 @@ func (t *Table) laneFor(key Key) *Lane {
 		id := t.newIDLocked(key)
 		lim := g.limitOf(key)
 		l = g.newLane(key, id, lim)
+		l.held = t.laneHolds[id]
 		t.ids[l.id] = l
 		t.lanes.Add(key, l)
 	} else {

@@ -133,12 +133,17 @@ type ConfiguredView struct {
 }
 
 func (c *Ceiling) View() *ConfiguredView {
-	v := &ConfiguredView{RPM: c.lim.RPM, TPM: c.lim.TPM, Concurrency: c.lim.Concurrency,
-		MinGapSecs: c.lim.MinGap.Seconds(), Mode: "ceiling"}
-	switch {
-	case c.replaced:
+	v := c.lim.View()
+	if c.replaced {
 		v.Mode = "replaced"
-	case c.lim.Start:
+	}
+	return &v
+}
+
+// View is what l configures: its figures, and "ceiling" or "start".
+func (l Limits) View() ConfiguredView {
+	v := ConfiguredView{RPM: l.RPM, TPM: l.TPM, Concurrency: l.Concurrency, MinGapSecs: l.MinGap.Seconds(), Mode: "ceiling"}
+	if l.Start {
 		v.Mode = "start"
 	}
 	return v

@@ -50,6 +50,18 @@ func newConcurrency(cfg Config) concurrency {
 		slowStart: cfg.Limits.SlowStart(), regrowAcks: minRegrowAcks}
 }
 
+// reconfigure takes cfg's bounds: a configured concurrency is the limit
+// from now on (and no slow start), else the limit stays, moved into the
+// bounds.
+func (c *concurrency) reconfigure(cfg Config) {
+	c.min, c.max, c.start = cfg.MinConcurrency, cfg.MaxConcurrency, cfg.Concurrency
+	if cfg.Limits.Concurrency > 0 {
+		c.limit = cfg.Concurrency
+		c.slowStart = false
+	}
+	c.limit = min(max(c.limit, c.min), c.max)
+}
+
 // littleFloor is the concurrency that rate (requests a second) needs for
 // answers of secs (Little's law, rounded up), 0 when either is unknown.
 func littleFloor(rate, secs float64) int {

@@ -11,6 +11,7 @@ import (
 // redisstate): it hands Memory the answers to learn from and tells it of
 // the dispatches made elsewhere with NoteDispatch.
 type Memory struct {
+	cfg    Config // as given, with its defaults
 	pace   pacer
 	conc   concurrency
 	paused pause // see groupPause
@@ -46,7 +47,30 @@ type Memory struct {
 // concurrency bounds.
 func NewMemory(cfg Config) *Memory {
 	cfg = cfg.WithDefaults()
-	return &Memory{conc: newConcurrency(cfg)}
+	return &Memory{cfg: cfg, conc: newConcurrency(cfg)}
+}
+
+// Configure takes cfg as the group's configuration from now on (an
+// operator changed the route's configured limits): the concurrency
+// bounds, and a configured concurrency as the limit now. What was learned
+// stays, within the new bounds.
+func (s *Memory) Configure(cfg Config) {
+	s.cfg = cfg.WithDefaults()
+	s.conc.reconfigure(s.cfg)
+}
+
+// Forget drops what the state learned (the budgets read from headers, the
+// pace and the bound learned from behaviour, the fixed windows, the
+// concurrency limit and the answer time, the pause) and starts again as a
+// new group of its configuration. It keeps what the permits out still
+// need: their count, the refused ones among them, and the running totals
+// their tickets were marked with.
+func (s *Memory) Forget() {
+	f := Memory{cfg: s.cfg, conc: newConcurrency(s.cfg), refusedHolding: s.refusedHolding, fleetSent: s.fleetSent}
+	f.conc.inFlight = s.conc.inFlight
+	f.learn.seq = s.learn.seq
+	f.pace.requests.sent, f.pace.tokens.sent = s.pace.requests.sent, s.pace.tokens.sent
+	*s = f
 }
 
 // NoteDispatch records a dispatch another store admitted, one that every

@@ -47,6 +47,15 @@ type Shared interface {
 	// upstream (headers or refusals): a group whose configured limits are
 	// only where learning starts (Limits.Start) then drops them.
 	Knows() bool
+	// Configure takes cfg as the group's configuration from now on: an
+	// operator changed the route's configured limits while the proxy
+	// runs. The concurrency bounds apply at once; a configured
+	// concurrency is the limit now.
+	Configure(cfg Config)
+	// Forget drops what the state learned (budgets, paces, windows, the
+	// concurrency limit, a pause), as an operator asks, and starts again
+	// from its configuration; the permits out stay counted.
+	Forget()
 	// AnsweredElsewhere reports whether another replica of the proxy
 	// that keeps the state together with this one learned from an answer
 	// of the group lately: the first-answer window need not wait for one

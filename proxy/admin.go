@@ -98,11 +98,12 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	}
 	r := chi.NewRouter()
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		replyFor(fail(failNotFound, "the admin listener serves /healthz, /readyz, /metrics, /lanes and /ui; not "+r.URL.Path), time.Time{}).write(w)
+		replyFor(fail(failNotFound, "the admin listener serves /healthz, /readyz, /metrics, /lanes, /ui and /admin/; not "+r.URL.Path), time.Time{}).write(w)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Allow", "GET")
-		replyFor(fail(failMethod, r.Method+" "+r.URL.Path+": this admin endpoint answers GET"), time.Time{}).write(w)
+		allow := allowedAt(r.URL.Path)
+		w.Header().Set("Allow", allow)
+		replyFor(fail(failMethod, r.Method+" "+r.URL.Path+": this admin endpoint answers "+allow), time.Time{}).write(w)
 	})
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, healthz{Status: "ok", Info: h.Build})
@@ -127,6 +128,7 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 			r.Use(o.token.guard)
 		}
 		p.laneViews(r, h)
+		p.operateRoutes(r, o.token == nil)
 		if o.profile {
 			r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 			r.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -136,6 +138,17 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 		}
 	})
 	return r
+}
+
+// allowedAt is the methods the admin endpoint at path answers.
+func allowedAt(path string) string {
+	if !strings.HasPrefix(path, "/admin/") || path == "/admin/routes" {
+		return "GET"
+	}
+	if strings.HasSuffix(path, "/limits") {
+		return "GET, PUT, DELETE"
+	}
+	return "POST"
 }
 
 // laneViews serves what the admin token guards: the metrics, the lanes and
@@ -162,6 +175,9 @@ func (p *Proxy) laneViews(r chi.Router, h Health) {
 		}
 		if gates := p.lanes.GateStats(); len(gates) > 0 {
 			body["local_routes"] = gates
+		}
+		if changed := p.changedRoutes(); len(changed) > 0 {
+			body["routes"] = changed
 		}
 		writeJSON(w, http.StatusOK, body)
 	})

@@ -27,6 +27,7 @@ type failure struct {
 	kind       failKind
 	msg        string
 	retryAfter time.Duration // > 0: overrides the kind's Retry-After
+	param      string        // the input at fault, the error's param ("": none)
 }
 
 func (f *failure) Error() string { return f.msg }
@@ -49,15 +50,24 @@ const (
 	failAdminToken
 	failNotReady
 	failNotFound
+	failBadAdminInput
+	failAdminWrite
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
+
+// badAdmin is an admin endpoint's 400 for the input param ("": the whole
+// body).
+func badAdmin(param, msg string) error {
+	return &failure{kind: failBadAdminInput, msg: msg, param: param}
+}
 
 // errorReply is the HTTP answer to a proxy-made error.
 type errorReply struct {
 	status     int
 	typ, code  string
 	msg        string
+	param      string        // the error's param; "": null
 	retryAfter time.Duration // > 0: send Retry-After
 	noRetry    bool          // send x-should-retry: false
 	// shutdownWins: once the proxy is stopping, a request that failed
@@ -91,8 +101,15 @@ var replies = map[failKind]errorReply{
 	// /readyz while the proxy cannot serve (draining, or Health.Ready's
 	// reason): a load balancer sends the traffic elsewhere.
 	failNotReady: {status: http.StatusServiceUnavailable, typ: "server_error", code: "not_ready", retryAfter: time.Second},
-	// The admin listener's paths it does not serve.
+	// The admin listener's paths it does not serve, and routes and lanes
+	// it does not have.
 	failNotFound: {status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found"},
+	// A change to lanes the admin endpoints cannot read (param names the
+	// field).
+	failBadAdminInput: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_admin_request"},
+	// A change to lanes from a client that may not make one (another
+	// host without the admin token, another site's page).
+	failAdminWrite: {status: http.StatusForbidden, typ: "invalid_request_error", code: "admin_write_refused"},
 }
 
 // errShutdown is the answer to requests cut short by Stop.
@@ -106,6 +123,10 @@ func replyFor(err error, now time.Time) errorReply {
 	var we *lanequeue.WaitError
 	switch {
 	case errors.As(err, &f):
+	case errors.As(err, &we) && we.Held:
+		// Nobody knows when a hold ends: a second, as a full queue's.
+		f = &failure{kind: failWaitTooLong, retryAfter: time.Second,
+			msg: "an operator's hold (llmproxy hold) held this lane past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry once it is released"}
 	case errors.As(err, &we):
 		why := "the upstream's rate limit, as the proxy paces it,"
 		if we.Paused {
@@ -121,7 +142,7 @@ func replyFor(err error, now time.Time) errorReply {
 		f = &failure{kind: failInternal, msg: "internal error"}
 	}
 	r := replies[f.kind]
-	r.msg = f.msg
+	r.msg, r.param = f.msg, f.param
 	if f.retryAfter > 0 {
 		r.retryAfter = f.retryAfter
 	}
@@ -166,7 +187,11 @@ func (e errorReply) write(w http.ResponseWriter) {
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
 	w.WriteHeader(e.status)
-	_ = json.NewEncoder(w).Encode(apiError{Error: apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}})
+	body := apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}
+	if e.param != "" {
+		body.Param = &e.param
+	}
+	_ = json.NewEncoder(w).Encode(apiError{Error: body})
 }
 
 // refuse answers a request that never got a slot, or lost it waiting.

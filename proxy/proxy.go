@@ -103,6 +103,9 @@ type Config struct {
 	// Tracer makes each request's trace (see internal/tracing); nil = no
 	// traces, and an incoming traceparent passes upstream untouched.
 	Tracer *tracing.Tracer
+	// Fleet shares the operators' changes (the admin endpoints') with
+	// the other replicas of the proxy; nil: this process only.
+	Fleet Fleet
 }
 
 // Proxy is the request handler plus its lane table and metrics.
@@ -131,6 +134,8 @@ type Proxy struct {
 	// providers are each route's gen_ai.provider.name for its traces
 	// ("" when unknown), by name; nil without a Tracer.
 	providers map[string]string
+	// ops are the operators' changes in force (see operate.go).
+	ops operations
 }
 
 // New builds a proxy from cfg.
@@ -170,6 +175,10 @@ func New(cfg Config) (*Proxy, error) {
 	r.NotFound(p.routeHandler("", cfg.Upstream, ""))
 	r.MethodNotAllowed(p.routeHandler("", cfg.Upstream, ""))
 	p.handler = p.guard(r)
+	p.ops.routes = map[string]*routeOps{}
+	if cfg.Fleet != nil {
+		cfg.Fleet.WatchChanges(p.applyFleet)
+	}
 	return p, nil
 }
 

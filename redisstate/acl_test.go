@@ -28,13 +28,14 @@ import (
 // (without INFO it takes the server for a standalone one). HELLO and
 // AUTH, at each new connection, need no rule.
 const proxyACL = "~llmproxy:* resetchannels -@all +ping +info +evalsha +eval +zadd +zrem +pexpire " +
-	"+time +get +set +hget +hset +hsetnx +hmget +hgetall +hdel +hexists +hincrby +hincrbyfloat +incr " +
+	"+time +get +set +hget +hset +hsetnx +hmget +hgetall +hdel +del +hexists +hincrby +hincrbyfloat +incr " +
 	"+zcard +zscore +zremrangebyscore +cluster|slots +cluster|info +command"
 
 // exercise runs through two stores of cfg what the store does on the
 // proxy's path: admissions through Redis, a budget learned from headers
 // and bound on the other replica, a pause, a refund and a settled cost, a
-// renewal, a heartbeat, permits given back, and a clean Close.
+// renewal, a heartbeat, permits given back, an operator's change read by
+// the other replica and a clear, and a clean Close.
 func exercise(t *testing.T, cfg Config) {
 	t.Helper()
 	a, b := storeOn(t, cfg), storeOn(t, cfg)
@@ -73,6 +74,15 @@ func exercise(t *testing.T, cfg Config) {
 	}
 	sa.Return(&t1, time.Now())
 	sb.Return(&t2, time.Now())
+	if err := a.PutChange(context.Background(), "route:x:hold", "held"); err != nil {
+		t.Fatal(err)
+	}
+	var heard []string
+	b.pollChanges(func(f, v string, _ bool) { heard = append(heard, f+"="+v) }, false)
+	if len(heard) != 1 || heard[0] != "route:x:hold=held" {
+		t.Fatalf("the other replica read the changes %v", heard)
+	}
+	sa.Forget()
 	a.flush()
 	b.flush()
 	for _, st := range []*Store{a, b} {
@@ -211,7 +221,7 @@ func TestTheACLNamesEveryCommandTheScriptsRunAndTheDocsGiveIt(t *testing.T) {
 	}
 	calls := regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'`)
 	seen := 0
-	for _, sc := range []script{admitScript, learnScript, giveBackScript, heartbeatScript} {
+	for _, sc := range []script{admitScript, learnScript, giveBackScript, heartbeatScript, forgetScript} {
 		for _, m := range calls.FindAllStringSubmatch(sc.text, -1) {
 			seen++
 			if !allowed[strings.ToLower(m[1])] {

@@ -394,6 +394,39 @@ func (s *shared) View(now time.Time) limit.View {
 
 var _ limit.Shared = (*shared)(nil)
 
+// Configure takes cfg as the group's configuration from now on: the
+// concurrency bounds the admit script is given (a lower highest holds
+// every replica at once; a raised one counts once this replica's next
+// answer reports its limit), and this replica's own state's.
+func (s *shared) Configure(cfg limit.Config) {
+	s.cfg = cfg.WithDefaults()
+	s.local.Configure(cfg)
+	s.climit = 0 // the shared limit of the last reply was the old bounds': the next says
+}
+
+// Forget drops what the group learned: this replica's state, what it kept
+// of Redis' replies, and in Redis what every replica learned
+// (forgetScript); the permits out stay counted. Each replica that hears
+// of the clear runs it: learning in between is lost, as if the clear came
+// a moment later. While Redis is away only this replica forgets.
+func (s *shared) Forget() {
+	s.local.Forget()
+	s.climit, s.paused, s.last, s.answered, s.share = 0, time.Time{}, limits{}, false, nil
+	s.reqRates, s.tokRates = readings{}, readings{}
+	if !s.st.up.Load() {
+		return
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	start := time.Now()
+	err := forgetScript.Run(ctx, s.st.rdb(), []string{s.state, s.climits, s.raise, s.levels}).Err()
+	s.st.commands.WithLabelValues("forget").Inc()
+	s.st.took(start, err)
+	if err != nil {
+		s.st.failed("forget", err)
+	}
+}
+
 // AnsweredElsewhere reports whether a replica learned from an answer of
 // the group lately: this one's first request need not wait for its own.
 func (s *shared) AnsweredElsewhere() bool { return s.st.up.Load() && s.answered }

@@ -74,6 +74,9 @@ type Config struct {
 	// making its requests wait on Redis. Zero = never, as
 	// LLMPROXY_REDIS_SLOW=0 (DefaultSlow is cmd's default).
 	Slow time.Duration
+	// ChangesEvery is how often the replica reads the fleet's run-time
+	// changes (see WatchChanges); zero = DefaultChangesEvery.
+	ChangesEvery time.Duration
 	// Logger gets one line per change between shared and local; nil =
 	// discard.
 	Logger *slog.Logger
@@ -138,6 +141,12 @@ type Store struct {
 	// renewCopied and rejoinHook, tests only, run in renew once it
 	// copied the held leases, and in rejoin just before the store is up.
 	renewCopied, rejoinHook func()
+	// changesSeen are the fleet's changes as this replica last read or
+	// wrote them (see WatchChanges); changesMu guards them, and orders
+	// the polls and the writes. watching counts the poller.
+	changesMu   sync.Mutex
+	changesSeen map[string]string
+	watching    sync.WaitGroup
 }
 
 // MinLeaseTTL is the shortest lease: a replica renews its leases every
@@ -240,6 +249,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Poll <= 0 {
 		cfg.Poll = 20 * time.Millisecond
 	}
+	if cfg.ChangesEvery <= 0 {
+		cfg.ChangesEvery = DefaultChangesEvery
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -270,7 +282,8 @@ func unstarted(cfg Config, rdb redis.UniversalClient) (*Store, error) {
 	s := &Store{
 		cfg: cfg, replica: hex.EncodeToString(id[:]), log: cfg.Logger,
 		leases: map[string]string{}, returns: map[string]string{}, adds: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
-		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
+		changesSeen: map[string]string{},
+		kick:        make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
 		replicasGauge: prometheus.NewGauge(prometheus.GaugeOpts{
@@ -323,6 +336,7 @@ func (s *Store) Close() error {
 	s.closing.Do(func() {
 		close(s.stop)
 		<-s.done
+		s.watching.Wait()
 		s.leave()
 		err = s.rdb().Close()
 	})

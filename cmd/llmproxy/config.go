@@ -28,8 +28,8 @@ const envPrefix = "LLMPROXY_"
 // config.example.env and the README).
 type config struct {
 	Addr                      string        `env:"ADDR" envDefault:"127.0.0.1:8080" help:"proxy listener"`
-	AdminAddr                 string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui; empty = off"`
-	AdminToken                string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open"`
+	AdminAddr                 string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui /admin/; empty = off"`
+	AdminToken                string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui /admin/ need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open; unset: only clients on this host may change lanes"`
 	Upstream                  string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
 	Routes                    string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
 	MaxRetries                int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
@@ -433,6 +433,14 @@ Usage:
                         address, sending LLMPROXY_ADMIN_TOKEN when set); -w
                         refreshes it in place; exit 1 when the proxy cannot
                         be reached
+  llmproxy limits [-admin ADDR] [ROUTE [reset | SETTING=VALUE ...]]
+                        a running proxy's route limits, or change them
+                        (rpm=600 concurrency=4 min_gap=200ms mode=ceiling;
+                        =none clears one) until it stops
+  llmproxy hold|release|clear [-admin ADDR] route ROUTE | lane LANE
+                        hold a route's or a lane's requests (they wait,
+                        none is refused), let them go, or forget what the
+                        lanes learned; ROUTE default is LLMPROXY_UPSTREAM
   llmproxy -h           this help
 
 Point a client at it: OPENAI_BASE_URL=http://127.0.0.1:8080/v1

@@ -56,16 +56,19 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	case "version", "-version", "--version":
 		fmt.Fprint(stdout, buildinfo.Read().Describe())
 		return 0
-	case "healthcheck", "status":
+	case "healthcheck", "status", "limits", "hold", "release", "clear":
 		cfg, err := loadConfig(environ)
 		if err != nil {
 			fmt.Fprintln(stderr, "llmproxy:", err)
 			return 2
 		}
-		if args[0] == "healthcheck" {
+		switch args[0] {
+		case "healthcheck":
 			return healthcheck(cfg.AdminAddr, stderr)
+		case "status":
+			return status(ctx, args[1:], cfg.AdminAddr, cfg.AdminToken, stdout, stderr)
 		}
-		return status(ctx, args[1:], cfg.AdminAddr, cfg.AdminToken, stdout, stderr)
+		return operate(ctx, args[0], args[1:], cfg.AdminAddr, cfg.AdminToken, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "llmproxy: unknown argument %q (try -h)\n", args[0])
 	return 2

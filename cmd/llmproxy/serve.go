@@ -100,6 +100,7 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		return nil
 	}}
 	closeStore = func() {}
+	var fleet proxy.Fleet // the operators' changes reach the other replicas through Redis
 	if cfg.RedisURL != "" {
 		sc := storeConfig(cfg)
 		sc.Logger, sc.Registerer = log, reg
@@ -111,9 +112,11 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		lanes.Shared = store.Shared
 		health.Degraded = store.Ready
 		health.Shared = store.Status
+		fleet = store
 	}
 	pc := proxyConfig(cfg, lanes, log, reg)
 	pc.Tracer = tracer
+	pc.Fleet = fleet
 	p, err = proxy.New(pc)
 	if err != nil {
 		closeStore()

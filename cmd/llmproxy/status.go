@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
-	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -44,6 +43,8 @@ type lanesReply struct {
 	Global *lanequeue.CapStats `json:"global"`
 	// LocalRoutes are the local routes' model gates.
 	LocalRoutes []lanequeue.GateStats `json:"local_routes"`
+	// Routes are the routes an operator changed: limits set, or held.
+	Routes []routeReply `json:"routes"`
 }
 
 // status prints the lane table of a running proxy, once or (-w) every
@@ -135,6 +136,16 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		fmt.Fprintf(w, "local route /%s: %s loaded, %d in flight, %d waiting for their model, %d swaps, %d avoided\n",
 			lr.Route, orDash(lr.Loaded), lr.InFlight, lr.Waiting, lr.Swaps, lr.SwapsAvoided)
 	}
+	for _, rt := range r.Routes {
+		var parts []string
+		if rt.Held != nil {
+			parts = append(parts, "held by "+rt.Held.By+" since "+rt.Held.At.Local().Format("15:04"))
+		}
+		if rt.Set != nil {
+			parts = append(parts, rt.Limits.String()+" set at run time "+since(rt.Set, "by"))
+		}
+		fmt.Fprintf(w, "route %s: %s\n", rt.Route, strings.Join(parts, "; "))
+	}
 	fmt.Fprintln(w)
 	sort.SliceStable(r.Lanes, func(i, j int) bool {
 		a, b := r.Lanes[i], r.Lanes[j]
@@ -157,15 +168,19 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 			s.ID, route, s.Path, orDash(short(s.Model, 32)), orDash(s.KeyHash), queued, s.InFlight, s.Concurrency,
 			s.Outcomes[string(proxy.OutcomeOK)], failed(s), s.Absorbed429, rate(s.RequestsPerSecond), rate(s.TokensPerSecond),
-			drainsIn(s), waiting(s, now), orDash(configured(s.Configured)), orDash(believes(s)))
+			drainsIn(s), waiting(s, now), orDash(configured(s)), orDash(believes(s)))
 	}
 	tw.Flush()
 }
 
 // configured is what the lane's route configures: "600rpm c8 gap50ms
-// ceiling"; "" when nothing.
-func configured(c *limit.ConfiguredView) string {
+// ceiling", and "(run time)" when an operator set it; "" when nothing.
+func configured(s lanequeue.State) string {
+	c := s.Configured
 	if c == nil {
+		if s.RuntimeLimits != nil {
+			return "none (run time)"
+		}
 		return ""
 	}
 	var parts []string
@@ -180,6 +195,10 @@ func configured(c *limit.ConfiguredView) string {
 	}
 	if c.MinGapSecs > 0 {
 		parts = append(parts, "gap"+time.Duration(c.MinGapSecs*float64(time.Second)).String())
+	}
+	if s.RuntimeLimits != nil {
+		parts = append(parts, c.Mode, "(run time)")
+		return strings.Join(parts, " ")
 	}
 	return strings.Join(append(parts, c.Mode), " ")
 }
@@ -296,6 +315,9 @@ func drainsIn(s lanequeue.State) string {
 }
 
 func waiting(s lanequeue.State, now time.Time) string {
+	if s.Held != "" {
+		return "held (" + s.Held + ") since " + s.HeldSince.Local().Format("15:04")
+	}
 	if s.PausedUntil.IsZero() || !s.PausedUntil.After(now) {
 		return "-"
 	}

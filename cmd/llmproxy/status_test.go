@@ -226,7 +226,7 @@ func TestStatusShowsConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 			t.Errorf("status lacks %q:\n%s", want, s)
 		}
 	}
-	if c := configured(&limit.ConfiguredView{TPM: 150000, Mode: "replaced"}); c != "150000tpm replaced" {
+	if c := configured(lanequeue.State{Configured: &limit.ConfiguredView{TPM: 150000, Mode: "replaced"}}); c != "150000tpm replaced" {
 		t.Errorf("configured = %q", c)
 	}
 	t.Log("\n" + s)

@@ -1,0 +1,165 @@
+package e2e
+
+// Changes an operator makes on one replica's admin listener reach the
+// other replicas through Redis: two replicas of the binary on a real
+// redis-server.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/lanequeue"
+)
+
+// adminSend sends method path with body to the replica's admin listener
+// and fails the test unless it answers 200.
+func (r *replica) adminSend(t *testing.T, method, path, body string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+r.admin+path, strings.NewReader(body))
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s %s: %d %s", r.name, method, path, resp.StatusCode, b)
+	}
+}
+
+// operatedLanes is what /lanes says of the lanes and the routes changed.
+type operatedLanes struct {
+	Lanes  []lanequeue.State `json:"lanes"`
+	Routes []struct {
+		Route  string `json:"route"`
+		Limits struct {
+			RPM float64 `json:"rpm"`
+		} `json:"limits"`
+		Held *struct {
+			By string `json:"by"`
+		} `json:"held"`
+	} `json:"routes"`
+}
+
+func (r *replica) operatedLanes() (operatedLanes, error) {
+	var l operatedLanes
+	code, body, err := r.adminGet("/lanes")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("/lanes answered %d", code)
+	}
+	if err == nil {
+		err = json.Unmarshal(body, &l)
+	}
+	return l, err
+}
+
+// seenWithin polls the replica's /lanes every 10 ms until ok says it
+// shows what it should, for at most d, and reports how long that took.
+func seenWithin(t *testing.T, r *replica, d time.Duration, what string, ok func(operatedLanes) bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		l, err := r.operatedLanes()
+		if err == nil && ok(l) {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			t.Fatalf("%s: %s not on /lanes within %v (%v): %+v", r.name, what, d, err, l)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAChangeOnOneReplicaReachesTheOther: limits set on replica A's admin
+// listener are on replica B's /lanes within a second, and B paces by
+// them; a hold made on A holds B's requests (they wait) until A's
+// release; a replica started later has the limits in force from its
+// start.
+func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
+	rs := startRedis(t)
+	bin := llmproxyBinary(t)
+	mock := startMockUpstream(t, mockupstream.Config{Latency: 10 * time.Millisecond})
+	reps := startReplicas(t, 2, bin, mock.URL(), redisEnv(rs.URL())...)
+	waitRedisOK(t, reps)
+	a, b := reps[0], reps[1]
+	client := loadClient(t)
+	if _, err := sendChat(context.Background(), client, b.addr); err != nil {
+		t.Fatal(err)
+	}
+
+	a.adminSend(t, "PUT", "/admin/routes/default/limits", `{"rpm": 120}`)
+	took := seenWithin(t, b, time.Second, "the limits set on A", func(l operatedLanes) bool {
+		return len(l.Lanes) == 1 && l.Lanes[0].RuntimeLimits != nil && l.Lanes[0].RuntimeLimits.RPM == 120 &&
+			len(l.Routes) == 1 && l.Routes[0].Limits.RPM == 120
+	})
+	t.Logf("B showed A's limits after %v", took.Round(time.Millisecond))
+
+	// 120 a minute: B's requests start 500 ms apart.
+	var mu sync.Mutex
+	var ends []time.Time
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := sendChat(context.Background(), client, b.addr); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			ends = append(ends, time.Now())
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	first, last := ends[0], ends[0]
+	for _, e := range ends {
+		if e.Before(first) {
+			first = e
+		}
+		if e.After(last) {
+			last = e
+		}
+	}
+	if spread := last.Sub(first); spread < 1400*time.Millisecond {
+		t.Errorf("B answered four requests within %v; at 120 a minute they start 500ms apart (≥ 1.5s)", spread)
+	}
+
+	a.adminSend(t, "POST", "/admin/routes/default/hold", "")
+	seenWithin(t, b, time.Second, "A's hold", func(l operatedLanes) bool {
+		return len(l.Lanes) == 1 && l.Lanes[0].Held == "route" && len(l.Routes) == 1 && l.Routes[0].Held != nil
+	})
+	served := mock.Stats().Requests
+	answered := make(chan error, 1)
+	go func() { _, err := sendChat(context.Background(), client, b.addr); answered <- err }()
+	seenWithin(t, b, 5*time.Second, "the held request queued", func(l operatedLanes) bool { return l.Lanes[0].Queued == 1 })
+	if n := mock.Stats().Requests; n != served {
+		t.Fatalf("a request held on B reached the upstream (%d, was %d)", n, served)
+	}
+	a.adminSend(t, "POST", "/admin/routes/default/release", "")
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("after A's release: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("B's held request still waits 10s after A's release")
+	}
+
+	c := startReplica(t, "replica 2", bin, mock.URL(), redisEnv(rs.URL())...)
+	code, body, err := c.adminGet("/admin/routes/default/limits")
+	if err != nil || code != http.StatusOK || !strings.Contains(string(body), `"rpm": 120`) {
+		t.Fatalf("a replica started later: %d %s (%v)", code, body, err)
+	}
+	if !strings.Contains(a.stderr.String(), `msg="admin change" route=default op=limits by=local`) ||
+		!strings.Contains(b.stderr.String(), `msg="admin change from another replica" route=default op=hold by=local`) {
+		t.Errorf("the replicas' logs lack the changes:\nA:\n%s\nB:\n%s", lastChars(a.stderr.String(), 2000), lastChars(b.stderr.String(), 2000))
+	}
+}

@@ -1,0 +1,469 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
+)
+
+// The admin endpoints that change lanes while the proxy runs (behind the
+// admin token):
+//
+//	GET    /admin/routes                    every route's limits and hold
+//	GET    /admin/routes/{route}/limits     one route's
+//	PUT    /admin/routes/{route}/limits     change them (JSON: rpm, tpm, concurrency, min_gap, mode)
+//	DELETE /admin/routes/{route}/limits     back to the route's own (LLMPROXY_ROUTE_<NAME>_*)
+//	POST   /admin/routes/{route}/hold, /release, /clear
+//	POST   /admin/lanes/{lane}/hold, /release, /clear
+//
+// {route} is a route's name, or "default" for LLMPROXY_UPSTREAM; {lane} a
+// lane's ID as /lanes shows it. Each change is logged with who asked, and
+// shared with the other replicas through the Fleet; it lasts until the
+// proxy stops.
+
+// Fleet carries the operators' changes between the replicas of the proxy
+// (redisstate.Store is one): each field names what a change is about,
+// its value is the change.
+type Fleet interface {
+	// PutChange records value under field for every replica.
+	PutChange(ctx context.Context, field, value string) error
+	// WatchChanges hands apply every field whose value is new to this
+	// replica: those in force at once (first), then each as it changes,
+	// one at a time. The replica's own PutChange's are not new to it.
+	WatchChanges(apply func(field, value string, first bool))
+}
+
+// defaultRoute is how the admin endpoints name the default upstream's
+// route (no route may have its name: it would share DEFAULT in
+// LLMPROXY_ROUTE_<NAME>_*).
+const defaultRoute = "default"
+
+// change is one operator's change as the log, the answers and the other
+// replicas see it.
+type change struct {
+	Op     string      `json:"op"` // limits, reset, hold, release, clear
+	Limits *limitsJSON `json:"limits,omitempty"`
+	By     string      `json:"by"`
+	At     time.Time   `json:"at"`
+	kind   lanequeue.OpKind
+	lim    *limit.Limits // Limits, parsed
+}
+
+// mark is who made a change, and when.
+type mark struct {
+	By string    `json:"by"`
+	At time.Time `json:"at"`
+}
+
+// routeOps are the operators' changes in force on a route: its limits set
+// at run time (nil: its own) and who set them, and its hold (nil: none).
+type routeOps struct {
+	limits *limit.Limits
+	set    mark
+	hold   *mark
+}
+
+// operations are the changes in force, by route ("" the default
+// upstream); mu also orders the changes, so that a change's record and
+// the lanes' agree.
+type operations struct {
+	mu     sync.Mutex
+	routes map[string]*routeOps
+}
+
+// operateRoutes mounts the endpoints that change lanes on r. open: no
+// admin token guards them (see mayWrite).
+func (p *Proxy) operateRoutes(r chi.Router, open bool) {
+	r.Get("/admin/routes", p.listRoutes)
+	r.Get("/admin/routes/{route}/limits", p.getLimits)
+	r.Group(func(r chi.Router) {
+		r.Use(func(next http.Handler) http.Handler { return mayWrite(next, open) })
+		r.Put("/admin/routes/{route}/limits", p.putLimits(open))
+		r.Delete("/admin/routes/{route}/limits", p.putLimits(open))
+		for _, op := range []string{"hold", "release", "clear"} {
+			r.Post("/admin/routes/{route}/"+op, p.operateOn("route", open))
+			r.Post("/admin/lanes/{lane}/"+op, p.operateOn("lane", open))
+		}
+	})
+}
+
+// mayWrite serves next to the requests that may change lanes. Without an
+// admin token only a client on this host may (a local dev proxy); a
+// listener on another address needs the token. A browser's request from
+// another site may not in any case: a page must not hold a lane (the
+// token's cookie stays home by SameSite=Strict, but a proxy without a
+// token has no cookie to miss).
+func mayWrite(next http.Handler, open bool) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if open && !fromLoopback(r) {
+			replyFor(fail(failAdminWrite, "this admin endpoint changes lanes; without an admin token it answers only clients on this host: set LLMPROXY_ADMIN_TOKEN to change lanes from elsewhere"), time.Time{}).write(w)
+			return
+		}
+		if crossSite(r) {
+			replyFor(fail(failAdminWrite, "this admin endpoint changes lanes and answers no page of another site"), time.Time{}).write(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// fromLoopback reports whether r came from this host.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host)
+	return err == nil && ip != nil && ip.IsLoopback()
+}
+
+// crossSite reports whether a browser sent r from a page of another
+// origin than the admin listener's.
+func crossSite(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+	default:
+		return true
+	}
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return false
+	}
+	u, err := url.Parse(o)
+	return err != nil || u.Host != r.Host
+}
+
+// asker names who asked, as the log and /lanes say it: the first 8 hex
+// digits of the admin token's SHA-256 ("token:ab12cd34"; the login
+// cookie holds that sum), or "local" when no token guards the endpoints
+// (open). Never the token.
+func asker(r *http.Request, open bool) string {
+	if open {
+		return "local"
+	}
+	if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		sum := sha256.Sum256([]byte(strings.TrimSpace(cred)))
+		return "token:" + hex.EncodeToString(sum[:4])
+	}
+	c, _ := r.Cookie(adminCookie) // the guard let the request in: it holds the sum
+	return "token:" + c.Value[:8]
+}
+
+// routeOf is the route {route} names, and whether there is one.
+func (p *Proxy) routeOf(r *http.Request) (string, bool) {
+	name := chi.URLParam(r, "route")
+	if strings.EqualFold(name, defaultRoute) {
+		return "", true
+	}
+	_, ok := p.settings[name]
+	return name, ok && name != ""
+}
+
+// routeName is how the endpoints name route.
+func routeName(route string) string {
+	if route == "" {
+		return defaultRoute
+	}
+	return route
+}
+
+func (p *Proxy) unknownRoute(w http.ResponseWriter, r *http.Request) {
+	names := []string{defaultRoute}
+	for n := range p.settings {
+		if n != "" {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	replyFor(fail(failNotFound, fmt.Sprintf("no route %q (routes: %s)", chi.URLParam(r, "route"), strings.Join(names, ", "))), time.Time{}).write(w)
+}
+
+// routeView is a route's limits and hold as the endpoints show them.
+type routeView struct {
+	Route string `json:"route"`
+	// Limits are those in force; Configured the route's own; Set, when
+	// they were set at run time and by whom.
+	Limits     *limitsJSON `json:"limits"`
+	Configured *limitsJSON `json:"configured"`
+	Set        *mark       `json:"set,omitempty"`
+	Held       *mark       `json:"held,omitempty"`
+}
+
+// routeViewLocked is route's view. Requires p.ops.mu held.
+func (p *Proxy) routeViewLocked(route string) routeView {
+	own := p.settings[route].Limits
+	v := routeView{Route: routeName(route), Limits: toJSON(own), Configured: toJSON(own)}
+	if ops := p.ops.routes[route]; ops != nil {
+		if ops.limits != nil {
+			set := ops.set
+			v.Limits, v.Set = toJSON(*ops.limits), &set
+		}
+		v.Held = ops.hold
+	}
+	return v
+}
+
+func (p *Proxy) listRoutes(w http.ResponseWriter, _ *http.Request) {
+	routes := make([]string, 0, len(p.settings))
+	for n := range p.settings {
+		routes = append(routes, n)
+	}
+	slices.Sort(routes)
+	p.ops.mu.Lock()
+	out := make([]routeView, len(routes))
+	for i, n := range routes {
+		out[i] = p.routeViewLocked(n)
+	}
+	p.ops.mu.Unlock()
+	writeJSON(w, http.StatusOK, map[string]any{"routes": out})
+}
+
+// changedRoutes are the views of the routes an operator changed (their
+// limits set, or held), by name.
+func (p *Proxy) changedRoutes() []routeView {
+	p.ops.mu.Lock()
+	defer p.ops.mu.Unlock()
+	var out []routeView
+	for route, ops := range p.ops.routes {
+		if ops.limits != nil || ops.hold != nil {
+			out = append(out, p.routeViewLocked(route))
+		}
+	}
+	slices.SortFunc(out, func(a, b routeView) int { return strings.Compare(a.Route, b.Route) })
+	return out
+}
+
+func (p *Proxy) getLimits(w http.ResponseWriter, r *http.Request) {
+	route, ok := p.routeOf(r)
+	if !ok {
+		p.unknownRoute(w, r)
+		return
+	}
+	p.ops.mu.Lock()
+	v := p.routeViewLocked(route)
+	p.ops.mu.Unlock()
+	writeJSON(w, http.StatusOK, v)
+}
+
+// maxAdminBody bounds a change's body.
+const maxAdminBody = 64 << 10
+
+// putLimits sets a route's limits (PUT: the body's fields over those in
+// force) or sets them back to the route's own (DELETE); open: see
+// asker.
+func (p *Proxy) putLimits(open bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) { p.setLimits(w, r, open) }
+}
+
+func (p *Proxy) setLimits(w http.ResponseWriter, r *http.Request, open bool) {
+	route, ok := p.routeOf(r)
+	if !ok {
+		p.unknownRoute(w, r)
+		return
+	}
+	c := change{Op: "reset", By: asker(r, open), At: p.cfg.Clock.Now(), kind: lanequeue.OpLimits}
+	if r.Method == http.MethodPut {
+		body, err := readAdminBody(w, r)
+		if err != nil {
+			replyFor(err, time.Time{}).write(w)
+			return
+		}
+		p.ops.mu.Lock()
+		cur := p.settings[route].Limits
+		if ops := p.ops.routes[route]; ops != nil && ops.limits != nil {
+			cur = *ops.limits
+		}
+		p.ops.mu.Unlock()
+		lim, err := parseLimits(body, cur)
+		if err != nil {
+			replyFor(err, time.Time{}).write(w)
+			return
+		}
+		c.Op, c.lim, c.Limits = "limits", &lim, toJSON(lim)
+	}
+	p.apply(r.Context(), "route", routeName(route), c, false)
+	p.ops.mu.Lock()
+	v := p.routeViewLocked(route)
+	p.ops.mu.Unlock()
+	writeJSON(w, http.StatusOK, v)
+}
+
+// readAdminBody reads a change's body, at most maxAdminBody.
+func readAdminBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	var body json.RawMessage
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	if err := dec.Decode(&body); err != nil {
+		return nil, badAdmin("", "the body is not one JSON object of rpm, tpm, concurrency, min_gap and mode: "+err.Error())
+	}
+	return body, nil
+}
+
+// operateOn serves POST /admin/{what}s/{name}/{hold,release,clear}, what
+// being "route" or "lane"; open: see asker.
+func (p *Proxy) operateOn(what string, open bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		op := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+		c := change{Op: op, By: asker(r, open), At: p.cfg.Clock.Now(), kind: opKinds[op]}
+		name := chi.URLParam(r, what)
+		if what == "route" {
+			route, ok := p.routeOf(r)
+			if !ok {
+				p.unknownRoute(w, r)
+				return
+			}
+			name = routeName(route)
+		} else if !validLaneID(name) {
+			replyFor(badAdmin("lane", fmt.Sprintf("%q is not a lane ID (hex digits, as /lanes shows them)", name)), time.Time{}).write(w)
+			return
+		}
+		body := map[string]any{what: name, "op": c.Op, "by": c.By, "at": c.At}
+		if err := p.apply(r.Context(), what, name, c, false); err != nil {
+			replyFor(fail(failNotFound, fmt.Sprintf("no lane %s (llmproxy status, or /lanes, lists them)", name)), time.Time{}).write(w)
+			return
+		}
+		writeJSON(w, http.StatusOK, body)
+	}
+}
+
+// opKinds are the operations a POST names.
+var opKinds = map[string]lanequeue.OpKind{"hold": lanequeue.OpHold, "release": lanequeue.OpRelease, "clear": lanequeue.OpClear}
+
+// validLaneID reports whether id can be a lane's ID: hex digits, at most a
+// SHA-256's.
+func validLaneID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	_, err := hex.DecodeString(id + strings.Repeat("0", len(id)%2))
+	return err == nil && strings.ToLower(id) == id
+}
+
+// apply makes change c of the route or lane name (what: "route" or
+// "lane") here, logs it with who asked, and, made here (not elsewhere),
+// tells the other replicas. Its error is lanequeue.ErrUnknownLane's.
+func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewhere bool) error {
+	op := lanequeue.Operation{Kind: c.kind, Limits: c.lim, By: c.By, At: c.At, Elsewhere: elsewhere}
+	p.ops.mu.Lock()
+	if what == "lane" {
+		if err := p.lanes.OperateLane(name, op); err != nil {
+			p.ops.mu.Unlock()
+			return err
+		}
+	} else {
+		route := name
+		if name == defaultRoute {
+			route = ""
+		}
+		p.ops.recordLocked(route, c)
+		p.lanes.OperateRoute(route, op)
+	}
+	p.ops.mu.Unlock()
+	attrs := []any{what, name, "op", c.Op, "by", c.By}
+	if c.lim != nil {
+		attrs = append(attrs, "limits", describeLimits(*c.lim))
+	}
+	msg := "admin change"
+	if elsewhere {
+		msg = "admin change from another replica"
+	}
+	p.log.Info(msg, attrs...)
+	if !elsewhere && p.cfg.Fleet != nil {
+		v, _ := json.Marshal(c)
+		// Made here already: a client gone does not keep it from the others.
+		if err := p.cfg.Fleet.PutChange(context.WithoutCancel(ctx), what+":"+name+":"+fleetField(c.kind), string(v)); err != nil {
+			p.log.Warn("admin change not shared with the other replicas", append(attrs, "err", err.Error())...)
+		}
+	}
+	return nil
+}
+
+// fleetField is the part of a change's field that names its kind: a
+// hold and its release are one field, as a route's limits and their
+// reset are.
+func fleetField(k lanequeue.OpKind) string {
+	if k == lanequeue.OpRelease {
+		k = lanequeue.OpHold
+	}
+	return k.String()
+}
+
+// recordLocked keeps c as in force on route. Requires o.mu held.
+func (o *operations) recordLocked(route string, c change) {
+	ops := o.routes[route]
+	if ops == nil {
+		ops = &routeOps{}
+		o.routes[route] = ops
+	}
+	switch c.kind {
+	case lanequeue.OpLimits:
+		ops.limits, ops.set = c.lim, mark{By: c.By, At: c.At}
+	case lanequeue.OpHold:
+		ops.hold = &mark{By: c.By, At: c.At}
+	case lanequeue.OpRelease:
+		ops.hold = nil
+	}
+}
+
+// applyFleet makes a change another replica made (see Fleet), unless it
+// is a clear made before this replica started (first: nothing of it is
+// here to clear).
+func (p *Proxy) applyFleet(field, value string, first bool) {
+	what, rest, _ := strings.Cut(field, ":")
+	name, _, _ := strings.Cut(rest, ":")
+	c, err := decodeChange(value)
+	if err == nil && what == "route" && name != defaultRoute {
+		if _, ok := p.settings[name]; !ok {
+			err = fmt.Errorf("no route %q here", name)
+		}
+	}
+	if err == nil && what != "route" && (what != "lane" || !validLaneID(name)) {
+		err = fmt.Errorf("%q is not a route's or a lane's", field)
+	}
+	if err != nil {
+		p.log.Warn("another replica's admin change ignored", "field", field, "err", err.Error())
+		return
+	}
+	if c.kind == lanequeue.OpClear && first {
+		return
+	}
+	_ = p.apply(context.Background(), what, name, c, true)
+}
+
+// decodeChange reads a change as the replicas share it.
+func decodeChange(value string) (change, error) {
+	var c change
+	if err := json.Unmarshal([]byte(value), &c); err != nil {
+		return c, err
+	}
+	switch c.Op {
+	case "limits":
+		if c.Limits == nil {
+			return c, errors.New("limits without their figures")
+		}
+		raw, _ := json.Marshal(c.Limits)
+		lim, err := parseLimits(raw, limit.Limits{})
+		if err != nil {
+			return c, err
+		}
+		c.kind, c.lim = lanequeue.OpLimits, &lim
+	case "reset":
+		c.kind = lanequeue.OpLimits
+	default:
+		if c.kind = opKinds[c.Op]; c.kind == 0 {
+			return c, fmt.Errorf("unknown op %q", c.Op)
+		}
+	}
+	return c, nil
+}
