@@ -626,3 +626,48 @@ func TestDashboardShowsShapesAndSharedLimits(t *testing.T) {
 	}
 	writeArtifact(t, filepath.Join(artifactDir(t), "dashboard-shapes-1280x800.png"), shot)
 }
+
+// TestDashboardNotesQuotaSessionsShareAndClients renders, in real headless
+// Chromium, the page's own row for a lane as /lanes describes it (the
+// JSON a lanequeue.State marshals to) with a spent quota, two WebSocket
+// sessions, this replica's share of the shared limits while Redis is
+// away, and two named clients: each is said under the lane's name. A
+// lane with none of them gets no notes.
+func TestDashboardNotesQuotaSessionsShareAndClients(t *testing.T) {
+	ctx, stop := browser(t, 1280, 800, 60*time.Second)
+	defer stop()
+	s := newStack(t, mockupstream.Config{RPM: 1200, Latency: 10 * time.Millisecond}, nil)
+	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{}))
+	defer admin.Close()
+	lane, err := json.Marshal(lanequeue.State{ID: "beef00000001", Model: "gpt-notes", Concurrency: 8, Sessions: 2,
+		Quota: "quota spent until 00:00 PT", Shared: "degraded",
+		Share: &limit.ShareView{Replicas: 3, Concurrency: 2, RequestsPerSecond: 3.34, TokensPerSecond: 1000},
+		Clients: []lanequeue.ClientState{{Name: "big-eval", Queued: 480, Dispatched: 20}, {Name: "check", Queued: 2, Dispatched: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := json.Marshal(lanequeue.State{ID: "beef00000002", Model: "gpt-plain", Concurrency: 8})
+	type shown struct {
+		Quota, Sessions, Share, Clients string
+		PlainNotes                      int
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(admin.URL+"/ui"), chromedp.WaitReady("body")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[shown](`(() => {
+		  const tr = row(`+string(lane)+`, Date.now());
+		  const f = name => { const e = tr.querySelector('[data-field="' + name + '"]'); return e ? e.textContent.trim() : ""; };
+		  const plain = row(`+string(plain)+`, Date.now());
+		  return { Quota: f("quota"), Sessions: f("sessions"), Share: f("share"), Clients: f("clients"),
+		           PlainNotes: plain.querySelectorAll(".notes").length };
+		})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := shown{Quota: "quota spent until 00:00 PT", Sessions: "2 WebSocket sessions",
+		Share:   "this replica keeps to 1/3 of the shared limits: concurrency 2, 3.3/s, tokens 1000/s",
+		Clients: "clients: big-eval 480 queued, 20 sent; check 2 queued, 1 sent"}
+	if got != want {
+		t.Fatalf("the page's notes:\n%+v\nwant\n%+v", got, want)
+	}
+}
