@@ -641,7 +641,7 @@ func TestDashboardNotesQuotaSessionsShareAndClients(t *testing.T) {
 	defer admin.Close()
 	lane, err := json.Marshal(lanequeue.State{ID: "beef00000001", Model: "gpt-notes", Concurrency: 8, Sessions: 2,
 		Quota: "quota spent until 00:00 PT", Shared: "degraded",
-		Share: &limit.ShareView{Replicas: 3, Concurrency: 2, RequestsPerSecond: 3.34, TokensPerSecond: 1000},
+		Share:   &limit.ShareView{Replicas: 3, Concurrency: 2, RequestsPerSecond: 3.34, TokensPerSecond: 1000},
 		Clients: []lanequeue.ClientState{{Name: "big-eval", Queued: 480, Dispatched: 20}, {Name: "check", Queued: 2, Dispatched: 1}}})
 	if err != nil {
 		t.Fatal(err)

@@ -240,7 +240,7 @@ func TestStatusNotesWhatALaneHasBeyondItsRow(t *testing.T) {
 	var out bytes.Buffer
 	printStatus(&out, lanesReply{Redis: "degraded", Lanes: []lanequeue.State{
 		{ID: "beef00000001", Path: "/v1/chat/completions", Model: "a", Queued: 12, Quota: "quota spent until 00:00 PT", Sessions: 2,
-			Share: &limit.ShareView{Replicas: 3, Concurrency: 2, RequestsPerSecond: 3.333, TokensPerSecond: 1000},
+			Share:   &limit.ShareView{Replicas: 3, Concurrency: 2, RequestsPerSecond: 3.333, TokensPerSecond: 1000},
 			Clients: []lanequeue.ClientState{{Name: "big-eval", Queued: 10, Dispatched: 480}, {Name: "check", Queued: 2, Dispatched: 1}}},
 		{ID: "beef00000002", Path: "/v1/chat/completions", Model: "b"},
 	}}, "http://127.0.0.1:9090", time.Unix(0, 0))
