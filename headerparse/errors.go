@@ -79,6 +79,9 @@ type ErrorInfo struct {
 	// message such as "Please try again in 1.574s".
 	RetryIn    time.Duration
 	HasRetryIn bool
+	// renewal says how a quota the body names renews (see QuotaOf); with
+	// KindHardQuota only.
+	renewal renewal
 }
 
 const (
@@ -140,6 +143,9 @@ func ParseError(status int, body []byte) ErrorInfo {
 	}
 	info.RetryIn, info.HasRetryIn = retryIn(f)
 	info.Kind = classify(f)
+	if r := renewalOf(f, status); r != renewsUnsaid && info.Kind != KindTooLarge {
+		info.Kind, info.renewal = KindHardQuota, r
+	}
 	if info.Kind == KindNone || info.Kind == KindOther {
 		switch {
 		case status == 402:
@@ -160,6 +166,7 @@ type errorFields struct {
 	typ, code, message string
 	detailCode         string // details.error_code
 	retryDelay         string // Gemini google.rpc.RetryInfo retryDelay
+	quotaIDs           string // Gemini google.rpc.QuotaFailure quotaIds, space-separated
 }
 
 // envelope is the top level of an error body. Every field is raw so that an
@@ -208,7 +215,7 @@ func decodeErrorBody(body []byte, status int) (errorFields, bool) {
 		}
 		f.code = jsonScalar(obj.Code)
 		f.message = jsonScalar(obj.Message)
-		f.detailCode, f.retryDelay = scanDetails(obj.Details)
+		f.detailCode, f.retryDelay, f.quotaIDs = scanDetails(obj.Details)
 	case jsonScalar(env.Error) != "": // {"error":"message"}
 		f.message = jsonScalar(env.Error)
 	}
@@ -219,8 +226,8 @@ func decodeErrorBody(body []byte, status int) (errorFields, bool) {
 	if f.typ == "" {
 		f.typ = jsonScalar(env.ErrorType)
 	}
-	if f.detailCode == "" && f.retryDelay == "" {
-		f.detailCode, f.retryDelay = scanDetails(env.Details)
+	if f.detailCode == "" && f.retryDelay == "" && f.quotaIDs == "" {
+		f.detailCode, f.retryDelay, f.quotaIDs = scanDetails(env.Details)
 	}
 	if status >= 400 && isJSONAbsent(env.Error) {
 		if top := jsonScalar(env.Type); f.typ == "" && top != "error" {
@@ -236,25 +243,31 @@ func decodeErrorBody(body []byte, status int) (errorFields, bool) {
 	return f, f != errorFields{}
 }
 
-// scanDetails finds details.error_code in an object (Anthropic) and a
-// retryDelay among an array of objects (Gemini's error.details).
-func scanDetails(raw json.RawMessage) (errorCode, retryDelay string) {
+// scanDetails finds details.error_code in an object (Anthropic), and
+// among an array of objects (Gemini's error.details) the first error_code,
+// the first retryDelay (google.rpc.RetryInfo) and the quotaId of every
+// violation (google.rpc.QuotaFailure), space-separated.
+func scanDetails(raw json.RawMessage) (errorCode, retryDelay, quotaIDs string) {
 	var one struct {
 		ErrorCode  json.RawMessage `json:"error_code"`
 		RetryDelay json.RawMessage `json:"retryDelay"`
+		Violations []struct {
+			QuotaID json.RawMessage `json:"quotaId"`
+		} `json:"violations"`
 	}
 	if isJSONObject(raw) {
 		if json.Unmarshal(raw, &one) == nil {
-			return jsonScalar(one.ErrorCode), jsonScalar(one.RetryDelay)
+			return jsonScalar(one.ErrorCode), jsonScalar(one.RetryDelay), ""
 		}
-		return "", ""
+		return "", "", ""
 	}
 	var many []json.RawMessage
 	if json.Unmarshal(raw, &many) != nil {
-		return "", ""
+		return "", "", ""
 	}
+	var ids []string
 	for _, item := range many {
-		one.ErrorCode, one.RetryDelay = nil, nil
+		one.ErrorCode, one.RetryDelay, one.Violations = nil, nil, nil
 		if !isJSONObject(item) || json.Unmarshal(item, &one) != nil {
 			continue
 		}
@@ -264,8 +277,13 @@ func scanDetails(raw json.RawMessage) (errorCode, retryDelay string) {
 		if retryDelay == "" {
 			retryDelay = jsonScalar(one.RetryDelay)
 		}
+		for _, v := range one.Violations {
+			if id := jsonScalar(v.QuotaID); id != "" {
+				ids = append(ids, id)
+			}
+		}
 	}
-	return errorCode, retryDelay
+	return errorCode, retryDelay, strings.Join(ids, " ")
 }
 
 // isJSONAbsent reports whether a member was missing or null.
@@ -352,20 +370,27 @@ func speaksOfConcurrency(codes []string, message string) bool {
 // retryIn reads the wait a body asks for: Gemini's retryDelay ("7s"), else a
 // Go duration following "try again in " or "retry in " in the message
 // ("Please try again in 1.574s.", "in 20ms", "in 6m0s"), else Azure
-// OpenAI's "retry after N seconds" (or "second"). Waits that are negative
-// or beyond monthHorizon are ignored.
+// OpenAI's "retry after N seconds" (or "second"), else Azure API
+// Management's "replenished in d.hh:mm:ss" (a quota's renewal). Waits that
+// are negative or beyond monthHorizon are ignored.
 func retryIn(f errorFields) (time.Duration, bool) {
 	if d, ok := boundedDuration(f.retryDelay); ok {
 		return d, true
 	}
 	message := strings.ToLower(f.message)
-	for _, phrase := range [...]string{"try again in ", "retry in ", "retry after "} {
+	for _, phrase := range [...]string{"try again in ", "retry in ", "retry after ", "replenished in "} {
 		i := strings.Index(message, phrase)
 		if i < 0 {
 			continue
 		}
 		word, rest, _ := strings.Cut(message[i+len(phrase):], " ")
 		word = strings.TrimRight(word, ".,;:)")
+		if phrase == "replenished in " {
+			if d, ok := timeSpan(word); ok && d <= monthHorizon {
+				return d, true
+			}
+			continue
+		}
 		if phrase == "retry after " {
 			// A count of seconds: "retry after 7 seconds."
 			if unit, _, _ := strings.Cut(rest, " "); isDecimal(word) && strings.HasPrefix(unit, "second") {
@@ -377,6 +402,34 @@ func retryIn(f errorFields) (time.Duration, bool) {
 		}
 	}
 	return 0, false
+}
+
+// timeSpan reads a .NET TimeSpan as Azure API Management writes one,
+// [d.]hh:mm:ss, the seconds with a fraction or not; ok is false for
+// anything else.
+func timeSpan(v string) (time.Duration, bool) {
+	hours, rest, ok := strings.Cut(v, ":")
+	minutes, seconds, ok2 := strings.Cut(rest, ":")
+	if !ok || !ok2 {
+		return 0, false
+	}
+	days, h, hasDays := strings.Cut(hours, ".")
+	if !hasDays {
+		days, h = "0", hours
+	}
+	var d time.Duration
+	for _, part := range [...]struct {
+		v    string
+		unit time.Duration
+	}{{days, 24 * time.Hour}, {h, time.Hour}, {minutes, time.Minute}} {
+		if part.v == "" || len(part.v) > 4 || strings.Trim(part.v, "0123456789") != "" {
+			return 0, false
+		}
+		n, _ := strconv.Atoi(part.v)
+		d += time.Duration(n) * part.unit
+	}
+	s, ok := parseDelay(seconds, time.Second)
+	return d + s, ok
 }
 
 func boundedDuration(v string) (time.Duration, bool) {

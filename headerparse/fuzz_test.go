@@ -75,6 +75,9 @@ func FuzzParseError(f *testing.F) {
 	f.Add(500, []byte(`{"error":"boom"}`))
 	f.Add(200, []byte(``))
 	f.Add(-1, []byte("\xff\xfe{"))
+	f.Add(429, []byte(geminiPerDay))
+	f.Add(429, []byte(groqPerDay))
+	f.Add(403, []byte(apimQuota))
 	f.Fuzz(func(t *testing.T, status int, body []byte) {
 		info := ParseError(status, body)
 		if info.Kind < KindNone || info.Kind > KindOther {
@@ -92,6 +95,18 @@ func FuzzParseError(f *testing.F) {
 		}
 		if info.Kind.Final() != (info.Kind == KindHardQuota || info.Kind == KindTooLarge) {
 			t.Errorf("Final disagrees with Kind %v", info.Kind)
+		}
+		if info.renewal != renewsUnsaid && info.Kind != KindHardQuota {
+			t.Errorf("a renewal (%d) on Kind %v", info.renewal, info.Kind)
+		}
+		// With no headers, a quota is spent only by the body's word, and
+		// renews at most a month from now (a day, at midnight Pacific).
+		q := QuotaOf(status, http.Header{}, info, now)
+		if q.Spent != (info.Kind == KindHardQuota) {
+			t.Errorf("QuotaOf spent %v for Kind %v", q.Spent, info.Kind)
+		}
+		if !q.Renews.IsZero() && (!q.Renews.After(now) || q.Renews.After(now.Add(monthHorizon))) {
+			t.Errorf("QuotaOf renews at %v, now %v", q.Renews, now)
 		}
 	})
 }

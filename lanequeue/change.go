@@ -6,6 +6,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/llmproxy/llmproxy/internal/pacific"
 )
 
 const (
@@ -22,6 +24,9 @@ const (
 	changeConcurrency
 	// changeEvicted: the lane left the table.
 	changeEvicted
+	// changeQuota: an answer said the limit's quota is spent (not a
+	// renewal of a quota spent already).
+	changeQuota
 )
 
 func (k changeKind) String() string {
@@ -34,6 +39,8 @@ func (k changeKind) String() string {
 		return "concurrency"
 	case changeEvicted:
 		return "evicted"
+	case changeQuota:
+		return "quota"
 	}
 	return "unknown"
 }
@@ -96,6 +103,14 @@ func (c change) log(log *slog.Logger) {
 	case changeEvicted:
 		msg = "lane evicted"
 		attrs = append(attrs, slog.String("reason", c.Reason))
+	case changeQuota:
+		msg = "lane quota spent"
+		attrs = append(attrs, slog.Int("status", c.Status))
+		if c.QuotaUntil.IsZero() {
+			attrs = append(attrs, slog.String("until", "not known"), slog.Duration("probe_every", quotaProbeEvery))
+		} else {
+			attrs = append(attrs, slog.Time("until", c.QuotaUntil), slog.String("pt", pacific.Clock(c.QuotaUntil, c.At)))
+		}
 	default:
 		return
 	}

@@ -165,6 +165,9 @@ func (g *group) dispatchLocked(now time.Time) {
 	}
 	for s := g.headLocked(); s != nil; s = g.headLocked() {
 		lim := s.lane.drawsOn()
+		if !g.quotaLocked(lim, s, now) {
+			continue
+		}
 		if at, ok := lim.firstAnswerLocked(now); !ok {
 			hold(lim, at, limitConcurrency)
 			continue
@@ -240,6 +243,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	if !s.retry {
 		l.stats.admitted++
 	}
+	lim.quota.sent(now)
 	lim.unanswered++
 	if lim.firstAnswerUntil.IsZero() {
 		lim.firstAnswerUntil = now.Add(firstAnswerWindow)
@@ -253,9 +257,21 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 // refuseLateLocked gives up the wait of every waiter on lim whose deadline
 // falls before at, the earliest lim lets the next of them go: nobody
 // behind it goes sooner, so they would only wait until their deadline for
-// an error. Each is taken out of the queue and told why. Requires g.mu held.
+// an error. Requires g.mu held.
 func (g *group) refuseLateLocked(lim *pool, at time.Time) {
 	paused := !lim.shared.PausedUntil().Before(at)
+	g.refuseLocked(lim, func(s *Slot) error {
+		if !s.deadline.IsZero() && s.deadline.Before(at) {
+			return &WaitError{At: at, Paused: paused}
+		}
+		return nil
+	})
+}
+
+// refuseLocked gives up the wait of every waiter on lim for which why
+// returns an error: each is taken out of the queue and told it. Requires
+// g.mu held.
+func (g *group) refuseLocked(lim *pool, why func(*Slot) error) {
 	for l, next := g.turns.first, (*Lane)(nil); l != nil; l = next {
 		next = l.turnNext // before l may leave the turns
 		if l.drawsOn() != lim {
@@ -267,9 +283,9 @@ func (g *group) refuseLateLocked(lim *pool, at time.Time) {
 				for e := c.waiters[p].Front(); e != nil; {
 					next := e.Next()
 					s := e.Value.(*Slot)
-					if !s.deadline.IsZero() && s.deadline.Before(at) {
+					if err := why(s); err != nil {
 						g.dequeueLocked(s)
-						s.refused = &WaitError{At: at, Paused: paused}
+						s.refused = err
 						s.signalLocked()
 					}
 					e = next

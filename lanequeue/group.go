@@ -179,9 +179,9 @@ type Slot struct {
 	// refunded and returned: the ticket's charge and its permit went back
 	// (refundLocked, returnLocked); a new ticket clears them.
 	refunded, returned bool
-	lastStatus         int        // status of the latest reported answer
-	retry              bool       // waiting again after an answer
-	refused            *WaitError // set when the group gave up the wait (and signalled it)
+	lastStatus         int   // status of the latest reported answer
+	retry              bool  // waiting again after an answer
+	refused            error // set when the group gave up the wait (and signalled it): a *WaitError or *QuotaError
 
 	// Its latest wait (see Waited), set under the group's mutex as it
 	// joins the queue and as it is granted: the waiters ahead of it, the
@@ -240,6 +240,9 @@ type change struct {
 	// PauseFor is how long a pause lasts (changePaused); the Verdict
 	// says why.
 	PauseFor time.Duration
+	// QuotaUntil is when a spent quota renews (changeQuota); zero when
+	// the answer did not say.
+	QuotaUntil time.Time
 	// Reason says why a lane was evicted: "idle" or "table_full".
 	Reason string
 	// SharesLimitWith and SharedBecause say which other models draw on

@@ -47,6 +47,9 @@ type pool struct {
 	standing standing
 	// arrived counts the requests that came for its lanes.
 	arrived uint64
+	// quota is a quota an answer said is spent (see quotaHold); each
+	// replica keeps its own.
+	quota quotaHold
 	// heldAt is the group's latest dispatch pass it held its lanes back
 	// in for each reason, by limitPause, limitPace and limitConcurrency
 	// (see heldLocked).

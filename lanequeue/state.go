@@ -23,6 +23,12 @@ type State struct {
 	Concurrency int       `json:"concurrency_limit"` // of the lane's group
 	PausedUntil time.Time `json:"paused_until,omitzero"`
 	PauseReason string    `json:"pause_reason,omitempty"`
+	// Quota says, while an answer's spent quota holds the lane's limit
+	// (its requests are refused without a call upstream), until when in
+	// words: "quota spent until 00:00 PT" or "quota spent, reset not
+	// known"; QuotaUntil is that time, zero when not known.
+	Quota       string    `json:"quota,omitempty"`
+	QuotaUntil  time.Time `json:"quota_until,omitzero"`
 	Admitted    int64     `json:"admitted"`
 	Retries     int64     `json:"retries"`
 	Cancelled   int64     `json:"cancelled"`
@@ -139,6 +145,7 @@ func (l *Lane) state(withHistory bool) State {
 		Bound: v.Bound.String(), RateFrom: v.RateFrom.String(), AdmittedRate: v.AdmittedRate, ConcurrencyFrom: v.ConcurrencyFrom.String(), AnswerSeconds: v.AnswerSeconds, Shared: v.Shared,
 		Share: v.Share, LastUsed: l.used(),
 	}
+	s.QuotaUntil, s.Quota = lim.quota.describe(now)
 	if lim.ceil != nil {
 		s.Configured = lim.ceil.View()
 	}

@@ -89,6 +89,10 @@ type Report struct {
 	// PauseUntil pauses every lane of the group until then (zero: no
 	// pause). A pause is only ever extended.
 	PauseUntil time.Time
+	// Quota is a quota the answer says is spent, which waiting for a rate
+	// cannot renew (a day's requests, a spend cap). The limit's lanes keep
+	// it (package lanequeue, in each replica), not its Shared state.
+	Quota headerparse.Quota
 }
 
 // VerdictOf reads what an answer says about the upstream's capacity:

@@ -27,8 +27,9 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: upstream.OutboundHeader(r.Header), Body: http.NoBody,
 	}).WithContext(actx)
-	out.Header.Del(priorityHeader)
-	out.Header.Del(clientHeader)
+	for _, name := range clientHeaders {
+		delete(out.Header, name) // canonical, as the server made them
+	}
 	out.Header["X-Llmproxy-Request-Id"] = req.idHeader() // to match the upstream's logs with ours
 	if req.upgrade {
 		// Hop-by-hop, so dropped above; the handshake needs them.
@@ -109,6 +110,11 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
 		held := slot.Report(d.report(res, now))
+		if req.retryOff && d.action == retry {
+			// The lane learned from the answer as from any (its pause,
+			// its pace); the client takes the answer as it is.
+			d.action, d.why = giveUp, "x-llmproxy-retry: off"
+		}
 		if req.trace != nil {
 			traceAnswer(req, res, d)
 		}

@@ -130,8 +130,12 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 	return d
 }
 
-// verdictOf reads what an answer says about the upstream's capacity.
+// verdictOf reads what an answer says about the upstream's capacity; a
+// quota spent says nothing of its rate or load.
 func verdictOf(res upstream.Result) limit.Verdict {
+	if res.Quota.Spent {
+		return limit.Failed
+	}
 	status := 0
 	if res.Resp != nil {
 		status = res.Resp.StatusCode
@@ -141,7 +145,7 @@ func verdictOf(res upstream.Result) limit.Verdict {
 
 // report is what the lane learns from an answer and the decision on it.
 func (d decision) report(res upstream.Result, now time.Time) limit.Report {
-	r := limit.Report{Verdict: d.verdict, Limits: res.Limits}
+	r := limit.Report{Verdict: d.verdict, Limits: res.Limits, Quota: res.Quota}
 	if res.Resp != nil {
 		r.Status = res.Resp.StatusCode
 	}

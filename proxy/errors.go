@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/pacific"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -28,6 +29,7 @@ type failure struct {
 	msg        string
 	retryAfter time.Duration // > 0: overrides the kind's Retry-After
 	param      string        // the input at fault, the error's param ("": none)
+	status     int           // > 0: overrides the kind's status
 }
 
 func (f *failure) Error() string { return f.msg }
@@ -47,6 +49,9 @@ const (
 	failWaitTooLong
 	failBadPriority
 	failBadClient
+	failBadMaxWait
+	failBadRetry
+	failQuota
 	failAdminToken
 	failNotReady
 	failNotFound
@@ -89,6 +94,12 @@ var replies = map[failKind]errorReply{
 	failAbsoluteURI: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "absolute_uri"},
 	failBadPriority: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_priority", noRetry: true},
 	failBadClient:   {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_client", noRetry: true},
+	failBadMaxWait:  {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_max_wait", noRetry: true},
+	failBadRetry:    {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_retry", noRetry: true},
+	// A quota the upstream said is spent, answered here without a call
+	// upstream: with the upstream's status (429 unless it used another),
+	// Retry-After when the renewal is known, and never retried by an SDK.
+	failQuota: {status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "quota_exhausted", noRetry: true},
 	// The upstream's own limits hold the lane past the request's deadline:
 	// the client learns at once when to come back, instead of at its
 	// deadline; its SDK must not retry sooner on its own. (Clients know
@@ -121,12 +132,15 @@ var errShutdown = fail(failShutdown, "the proxy is shutting down and stopped thi
 func replyFor(err error, now time.Time) errorReply {
 	var f *failure
 	var we *lanequeue.WaitError
+	var qe *lanequeue.QuotaError
 	switch {
 	case errors.As(err, &f):
 	case errors.As(err, &we) && we.Held:
 		// Nobody knows when a hold ends: a second, as a full queue's.
 		f = &failure{kind: failWaitTooLong, retryAfter: time.Second,
 			msg: "an operator's hold (llmproxy hold) held this lane past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry once it is released"}
+	case errors.As(err, &qe):
+		f = quotaFailure(qe, now)
 	case errors.As(err, &we):
 		why := "the upstream's rate limit, as the proxy paces it,"
 		if we.Paused {
@@ -146,7 +160,27 @@ func replyFor(err error, now time.Time) errorReply {
 	if f.retryAfter > 0 {
 		r.retryAfter = f.retryAfter
 	}
+	if f.status > 0 {
+		r.status = f.status
+	}
 	return r
+}
+
+// quotaFailure is the answer to a request its lane refused for a spent
+// quota, at now: the upstream's status, and when the quota renews, on
+// the clock and on the Pacific clock Google's quotas renew by, or that
+// this is not known.
+func quotaFailure(qe *lanequeue.QuotaError, now time.Time) *failure {
+	f := &failure{kind: failQuota, status: qe.Status}
+	const spent = "the upstream said this key's quota for this model is spent"
+	if qe.Until.IsZero() {
+		f.msg = spent + " and did not say when it renews; the proxy answers in its place and sends one request a minute upstream to see whether it has"
+		return f
+	}
+	f.retryAfter = max(qe.Until.Sub(now), time.Millisecond)
+	f.msg = spent + " until " + qe.Until.UTC().Format(time.RFC3339) + " (" + pacific.Clock(qe.Until, now) +
+		"); the proxy answers in its place until then"
+	return f
 }
 
 // writeFailure answers err as replyFor maps it and counts it for route;

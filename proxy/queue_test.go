@@ -197,7 +197,7 @@ func TestTheDeadlineFollowsTheSDKsTimeoutWhenItIsShorter(t *testing.T) {
 		if v != "" {
 			r.Header.Set("X-Stainless-Timeout", v)
 		}
-		if got := p.deadline(r, now).Sub(now); got != want {
+		if got := p.deadline(r, now, 0).Sub(now); got != want {
 			t.Errorf("X-Stainless-Timeout %q: wait %v, want %v", v, got, want)
 		}
 	}

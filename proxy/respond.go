@@ -75,8 +75,11 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 // hop-by-hop ones and (unless passed) the rate-limit windows left out,
 // the proxy's own added.
 func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) {
+	// Under x-llmproxy-retry: off an error goes back as the upstream sent
+	// it: the client retries on its own, by the upstream's words.
+	asSent := req.retryOff && resp.StatusCode >= 400
 	var skip func(string) bool
-	if !p.cfg.PassRateLimitHeaders {
+	if !p.cfg.PassRateLimitHeaders && !asSent {
 		skip = headerparse.IsWindowHeader
 	}
 	upstream.CopyEndToEnd(h, resp.Header, skip)
@@ -91,7 +94,7 @@ func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) 
 		delete(h, "Content-Encoding")
 	}
 	setLLMHeaders(h, req)
-	if upstream.RetryableStatus(resp.StatusCode) {
+	if upstream.RetryableStatus(resp.StatusCode) && !asSent {
 		// The proxy already retried, or knows retrying cannot help (hard
 		// quota): stop SDKs from multiplying attempts. Other statuses are
 		// left to the SDK's own rules.

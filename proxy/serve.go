@@ -48,6 +48,9 @@ type request struct {
 	upgrade    bool   // a WebSocket handshake (see isUpgrade)
 	priority   lanequeue.Priority
 	trace      *tracing.Request // its trace; nil without Config.Tracer
+	// retryOff: the client said x-llmproxy-retry: off (see say); the
+	// first answer goes back as the upstream sent it.
+	retryOff bool
 	// headerValues back the x-llmproxy-* header values (see
 	// headerValue), so that they cost no allocation of their own.
 	headerValues [headerCount]string
@@ -112,9 +115,13 @@ func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
 }
 
 // deadline is the request's deadline: MaxWait, shortened by the client's
-// own X-Stainless-Timeout (seconds) when it sends one.
-func (p *Proxy) deadline(r *http.Request, now time.Time) time.Time {
+// own X-Stainless-Timeout (seconds) when it sends one, and by maxWait, its
+// x-llmproxy-max-wait, when that is above 0.
+func (p *Proxy) deadline(r *http.Request, now time.Time, maxWait time.Duration) time.Time {
 	d := p.cfg.MaxWait
+	if maxWait > 0 {
+		d = min(d, maxWait)
+	}
 	if v := r.Header.Get("X-Stainless-Timeout"); v != "" {
 		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e7 {
 			if c := time.Duration(secs * float64(time.Second)); c < d {
@@ -128,7 +135,7 @@ func (p *Proxy) deadline(r *http.Request, now time.Time) time.Time {
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {
 	now := p.cfg.Clock.Now()
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
-		deadline: p.deadline(r, now), id: newRequestID(), used: -1}
+		id: newRequestID(), used: -1}
 	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
 	defer func() { p.finish(r, req) }()
@@ -136,9 +143,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		p.failRequest(w, req, errShutdown)
 		return
 	}
+	said, err := readSay(r.Header)
+	if err != nil {
+		p.failRequest(w, req, err)
+		return
+	}
+	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
 
 	defer p.releaseBody(req)
-	if err := p.readBody(w, r, req); err != nil {
+	if err = p.readBody(w, r, req); err != nil {
 		p.failRequest(w, req, err)
 		return
 	}

@@ -102,7 +102,7 @@ func TestShutdownWinsOverWhatWaitingOrTheUpstreamFailed(t *testing.T) {
 	for kind, want := range map[failKind]bool{
 		failInternal: true, failQueueFull: true, failDeadline: true, failUnreachable: true, failWaitTooLong: true,
 		failTooLarge: false, failBodyRead: false, failMethod: false, failAbsoluteURI: false, failBadPriority: false,
-		failBadClient: false, failAdminToken: false,
+		failBadClient: false, failBadMaxWait: false, failBadRetry: false, failQuota: false, failAdminToken: false,
 	} {
 		for _, stopping := range []bool{false, true} {
 			w := httptest.NewRecorder()

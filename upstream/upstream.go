@@ -80,7 +80,10 @@ type Result struct {
 	Err     error // transport error when Resp is nil
 	Outcome Outcome
 	Limits  headerparse.Limits
-	Error   headerparse.ErrorInfo // for error statuses
+	Error   headerparse.ErrorInfo // for the error statuses read (see readsBody)
+	// Quota says whether the answer spent a quota waiting cannot renew
+	// (headerparse.QuotaOf); such an answer is Final.
+	Quota headerparse.Quota
 	// Hint is the upstream's own word on when to try again: retry-after-ms,
 	// Retry-After, a "try again in" message, or the reset of an exhausted
 	// window. HasHint is false when it said nothing.
@@ -101,6 +104,18 @@ func retryableStatus(code int) bool {
 		return true
 	}
 	return false
+}
+
+// readsBody reports whether an answer's error body is read to classify
+// it: a status waiting may fix, and those a quota or spend limit answers
+// with (400: Anthropic's usage limit; 402: no credits; 403: Azure API
+// Management's quota).
+func readsBody(code int) bool {
+	switch code {
+	case http.StatusBadRequest, http.StatusPaymentRequired, http.StatusForbidden:
+		return true
+	}
+	return retryableStatus(code)
 }
 
 // RetryableStatus reports whether a status is one an SDK would retry and the
@@ -132,14 +147,15 @@ func Do(rt http.RoundTripper, req *http.Request, now time.Time) Result {
 		r.Outcome = Success
 		return r
 	}
-	if !retryableStatus(resp.StatusCode) {
+	if !readsBody(resp.StatusCode) {
 		r.Outcome = Final
 		return r
 	}
 	head, _ := io.ReadAll(io.LimitReader(resp.Body, MaxErrorBody))
 	resp.Body = &rewound{Reader: io.MultiReader(bytes.NewReader(head), resp.Body), Closer: resp.Body}
 	r.Error = headerparse.ParseError(resp.StatusCode, head)
-	if r.Error.Kind.Final() {
+	r.Quota = headerparse.QuotaOf(resp.StatusCode, resp.Header, r.Error, now)
+	if r.Error.Kind.Final() || !retryableStatus(resp.StatusCode) {
 		r.Outcome = Final
 		return r
 	}

@@ -243,3 +243,41 @@ func TestRetryableStatusIsWhatSDKsRetry(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotaAnswers: an answer that spends a quota waiting cannot renew is
+// final, says so in Quota, with when it renews where the answer says;
+// other answers spend none, and the bodies read to tell are kept whole.
+func TestQuotaAnswers(t *testing.T) {
+	geminiDay := `{"error":{"code":429,"message":"You exceeded your current quota.","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"30s"}]}}`
+	for _, tc := range []struct {
+		name    string
+		rt      http.RoundTripper
+		outcome Outcome
+		spent   bool
+		renews  time.Time
+	}{
+		{"gemini per day", answer(429, geminiDay), Final, true, time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC)},
+		{"insufficient quota", answer(429, `{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}`), Final, true, time.Time{}},
+		{"groq per day", answer(429, `{"error":{"message":"Rate limit reached on requests per day (RPD): Limit 10, Used 10, Requested 1.","type":"requests","code":"rate_limit_exceeded"}}`, "Retry-After", "90"),
+			Final, true, now.Add(90 * time.Second)},
+		{"apim 403", answer(403, `{"statusCode":403,"message":"Out of call volume quota. Quota will be replenished in 00:10:00."}`), Final, true, now.Add(10 * time.Minute)},
+		{"402", answer(402, `{"error":{"code":402,"message":"Insufficient credits"}}`), Final, true, time.Time{}},
+		{"anthropic usage limit 400", answer(400, `{"type":"error","error":{"type":"invalid_request_error","message":"You have reached your specified API usage limits."}}`), Final, true, time.Time{}},
+		{"403 permission", answer(403, `{"type":"error","error":{"type":"permission_error","message":"no"}}`), Final, false, time.Time{}},
+		{"400 invalid", answer(400, `{"error":{"type":"invalid_request_error","message":"bad"}}`), Final, false, time.Time{}},
+		{"429 rate limit", answer(429, `{"error":{"type":"requests","code":"rate_limit_exceeded"}}`), Retryable, false, time.Time{}},
+		{"404 not read", answer(404, `{"error":{"type":"insufficient_quota","code":"insufficient_quota"}}`), Final, false, time.Time{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", "http://upstream.test/v1/chat/completions", nil)
+			r := Do(tc.rt, req, now)
+			if r.Outcome != tc.outcome || r.Quota.Spent != tc.spent || !r.Quota.Renews.Equal(tc.renews) {
+				t.Fatalf("outcome %v, quota %+v; want %v, spent %v renewing %v", r.Outcome, r.Quota, tc.outcome, tc.spent, tc.renews)
+			}
+			b, _ := io.ReadAll(r.Resp.Body)
+			if len(b) == 0 {
+				t.Fatal("the body was lost in reading it")
+			}
+		})
+	}
+}

@@ -15,8 +15,10 @@
 //     anthropic-ratelimit-* headers (RFC 3339 resets), Retry-After and
 //     retry-after-ms on 429, and each provider's 429 and error bodies,
 //     optionally with quantized limit headers (see below);
-//   - hard-quota keys (OpenAI insufficient_quota, Anthropic spend cap),
-//     a per-key concurrency limit, scripted failures, slow and held streams;
+//   - hard-quota keys (OpenAI insufficient_quota, Anthropic spend cap, or
+//     as QuotaForm picks: Gemini's per-day quota, Groq's requests per day,
+//     Azure API Management's quota 403), renewed at QuotaUntil, a per-key
+//     concurrency limit, scripted failures, slow and held streams;
 //   - a local model server that holds one model at a time (see below).
 //
 // It does not imitate model output (answers are "tok 1 tok 2 …"), real

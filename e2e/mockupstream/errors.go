@@ -32,16 +32,34 @@ type apiError struct {
 	// detail of retryDelay when it is not empty.
 	gemini     bool
 	retryDelay string
+	// quotaID, with gemini, adds a google.rpc.QuotaFailure detail whose
+	// violation names this quota.
+	quotaID string
+	// apim renders the body as Azure API Management does:
+	// {"statusCode":...,"message":...}.
+	apim bool
 }
 
 // writeError sends e as OpenAI's {"error":{...}} or Anthropic's
 // {"type":"error","error":{...},"request_id":...}, or Gemini's.
 func writeError(w http.ResponseWriter, d dialect, requestID string, e apiError) {
 	var body any
+	if e.apim {
+		writeJSON(w, e.status, obj{"statusCode": e.status, "message": e.message})
+		return
+	}
 	if e.gemini {
 		inner := obj{"code": e.status, "message": e.message, "status": e.typ}
+		var details []any
+		if e.quotaID != "" {
+			details = append(details, obj{"@type": "type.googleapis.com/google.rpc.QuotaFailure",
+				"violations": []any{obj{"quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests", "quotaId": e.quotaID}}})
+		}
 		if e.retryDelay != "" {
-			inner["details"] = []any{obj{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": e.retryDelay}}
+			details = append(details, obj{"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": e.retryDelay})
+		}
+		if details != nil {
+			inner["details"] = details
 		}
 		writeJSON(w, e.status, obj{"error": inner})
 		return
@@ -152,6 +170,9 @@ func (s *Server) rejection(d dialect, a admission, cost int64) apiError {
 	case injectedFailure:
 		return injectedError(d, a.status, s.cfg.NoHint)
 	case overHardQuota:
+		if q, ok := s.quotaError(a); ok {
+			return q
+		}
 		if d == anthropic {
 			e.detail = "enforced_spend_limit_reached"
 			e.message = "Your organization has reached its spend limit. Requests will fail until access resumes."
@@ -179,6 +200,35 @@ func (s *Server) rejection(d dialect, a admission, cost int64) apiError {
 			a.dimension, unit, a.limit, a.limit-a.remaining, requested, hint)
 	}
 	return e
+}
+
+// quotaError is the body of a spent quota in the QuotaForm that names
+// one; ok is false for the form by path.
+func (s *Server) quotaError(a admission) (e apiError, ok bool) {
+	switch s.cfg.QuotaForm {
+	case "gemini-day":
+		return apiError{status: http.StatusTooManyRequests, typ: "RESOURCE_EXHAUSTED", gemini: true, retryDelay: "60s",
+			quotaID: "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+			message: "You exceeded your current quota, please check your plan and billing details."}, true
+	case "groq-day":
+		hint := ""
+		if !s.cfg.NoHint {
+			hint = fmt.Sprintf(" Please try again in %s.", ceilMillis(a.wait))
+		}
+		return apiError{status: http.StatusTooManyRequests, typ: "requests", code: "rate_limit_exceeded",
+			message: fmt.Sprintf("Rate limit reached for model `mock` in organization `org_mock` service tier `on_demand` on requests per day (RPD): Limit %d, Used %d, Requested 1.%s",
+				a.limit, a.limit, hint)}, true
+	case "apim":
+		// A .NET TimeSpan: [d.]hh:mm:ss.
+		secs := ceilSeconds(a.wait)
+		span := fmt.Sprintf("%02d:%02d:%02d", secs/3600%24, secs/60%60, secs%60)
+		if days := secs / 86400; days > 0 {
+			span = fmt.Sprintf("%d.%s", days, span)
+		}
+		return apiError{status: http.StatusForbidden, apim: true,
+			message: "Out of call volume quota. Quota will be replenished in " + span + "."}, true
+	}
+	return apiError{}, false
 }
 
 // nginx503Page is the body nginx sends with its default 503 page, the one

@@ -193,7 +193,9 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.setLimitHeaders(w.Header(), s.headerForm(d), a.levels)
 	}
 	if !s.cfg.NoHeaders && !s.cfg.NoRetryAfter && a.wait > 0 {
-		setRetryAfter(w.Header(), a.wait, s.cfg.RetryAfterSeconds)
+		// A quota's renewal is stated in whole seconds, as Groq and Azure
+		// API Management state it.
+		setRetryAfter(w.Header(), a.wait, s.cfg.RetryAfterSeconds || a.verdict == overHardQuota)
 	}
 	if a.verdict != admitted {
 		writeError(w, d, requestID, s.rejection(d, a, q.cost))

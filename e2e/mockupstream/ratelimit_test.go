@@ -374,3 +374,82 @@ func TestInjectedFailuresComeFirstAndCostNothing(t *testing.T) {
 		t.Errorf("stats = %+v", st)
 	}
 }
+
+// TestQuotaForms: each QuotaForm answers a hard-quota key in its dialect,
+// with the renewal it states (the wait to QuotaUntil), until QuotaUntil,
+// when the key is served as any other.
+func TestQuotaForms(t *testing.T) {
+	for _, c := range []struct {
+		form    string
+		status  int
+		headers map[string]string
+		check   func(body map[string]any) bool
+	}{
+		{"gemini-day", 429, map[string]string{"Retry-After": "", "x-ratelimit-limit-requests": ""}, func(b map[string]any) bool {
+			details, _ := dig(b, "error", "details").([]any)
+			if dig(b, "error", "status") != "RESOURCE_EXHAUSTED" || len(details) != 2 {
+				return false
+			}
+			violations, _ := details[0].(map[string]any)["violations"].([]any)
+			return len(violations) == 1 && violations[0].(map[string]any)["quotaId"] == "GenerateRequestsPerDayPerProjectPerModel-FreeTier" &&
+				details[1].(map[string]any)["retryDelay"] == "60s"
+		}},
+		{"groq-day", 429, map[string]string{"Retry-After": "5400", "retry-after-ms": "", "x-ratelimit-limit-requests": "1000",
+			"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1h30m0s"}, func(b map[string]any) bool {
+			m, _ := dig(b, "error", "message").(string)
+			return dig(b, "error", "code") == "rate_limit_exceeded" && strings.Contains(m, "on requests per day (RPD): Limit 1000, Used 1000") &&
+				strings.Contains(m, "Please try again in 1h30m0s.")
+		}},
+		{"apim", 403, map[string]string{"Retry-After": "5400", "retry-after-ms": ""}, func(b map[string]any) bool {
+			return b["statusCode"] == float64(403) && b["message"] == "Out of call volume quota. Quota will be replenished in 01:30:00."
+		}},
+	} {
+		t.Run(c.form, func(t *testing.T) {
+			clk := newFakeClock()
+			s := start(t, Config{HardQuotaKeys: []string{"broke"}, QuotaForm: c.form, QuotaUntil: clk.Now().Add(90 * time.Minute), Now: clk.Now})
+			resp, body := post(t, s, "/v1/chat/completions", "broke", chatBody)
+			if resp.StatusCode != c.status || !c.check(body) {
+				t.Fatalf("status %d, body %v", resp.StatusCode, body)
+			}
+			wantHeaders(t, resp.Header, c.headers)
+			clk.Advance(90*time.Minute - time.Nanosecond)
+			if resp, _ := post(t, s, "/v1/chat/completions", "broke", chatBody); resp.StatusCode != c.status {
+				t.Fatalf("before the renewal: status %d", resp.StatusCode)
+			}
+			clk.Advance(time.Nanosecond)
+			if resp, _ := post(t, s, "/v1/chat/completions", "broke", chatBody); resp.StatusCode != http.StatusOK {
+				t.Fatalf("at the renewal: status %d, want 200", resp.StatusCode)
+			}
+			if st := s.Stats(); st.HardQuota != 2 || st.OK != 1 {
+				t.Errorf("stats = %+v", st)
+			}
+		})
+	}
+}
+
+// TestQuotaFormsStateADayWithoutRenewal: with no QuotaUntil the stated
+// renewal is a day away, in the TimeSpan's day form for the apim form,
+// and the quota never renews.
+func TestQuotaFormsStateADayWithoutRenewal(t *testing.T) {
+	clk := newFakeClock()
+	s := start(t, Config{HardQuotaKeys: []string{"broke"}, QuotaForm: "apim", Now: clk.Now})
+	resp, body := post(t, s, "/v1/chat/completions", "broke", chatBody)
+	if resp.StatusCode != 403 || body["message"] != "Out of call volume quota. Quota will be replenished in 1.00:00:00." {
+		t.Fatalf("status %d, body %v", resp.StatusCode, body)
+	}
+	clk.Advance(48 * time.Hour)
+	if resp, _ := post(t, s, "/v1/chat/completions", "broke", chatBody); resp.StatusCode != 403 {
+		t.Fatalf("two days on: status %d, want the quota still spent", resp.StatusCode)
+	}
+}
+
+// TestAnUnknownQuotaFormPanics: a QuotaForm the mock does not know stops
+// New.
+func TestAnUnknownQuotaFormPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("New took QuotaForm \"bedrock\"")
+		}
+	}()
+	New(Config{QuotaForm: "bedrock"}).Close()
+}

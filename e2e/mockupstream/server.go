@@ -84,6 +84,22 @@ type Config struct {
 	// rate_limit_error (details.error_code enforced_spend_limit_reached).
 	// Neither carries a retry-after.
 	HardQuotaKeys []string
+	// QuotaForm is how HardQuotaKeys' quota answers read, a switch of its
+	// own: "" = by path, as above; "gemini-day" = Gemini's 429
+	// RESOURCE_EXHAUSTED whose QuotaFailure names the day's quota
+	// (GenerateRequestsPerDayPerProjectPerModel-FreeTier), with a RetryInfo
+	// of 60s that is not its renewal, and no Retry-After; "groq-day" =
+	// Groq's 429 "on requests per day (RPD)" with the day's
+	// x-ratelimit-*-requests headers (remaining 0, reset at the renewal)
+	// and Retry-After in seconds; "apim" = Azure API Management's 403
+	// {"statusCode":403,"message":"Out of call volume quota. Quota will be
+	// replenished in hh:mm:ss."} with Retry-After in seconds. The waits
+	// the last two state run to QuotaUntil (a day when it is zero). Other
+	// values panic in New.
+	QuotaForm string
+	// QuotaUntil is when HardQuotaKeys' quota renews, on Now: from then on
+	// they are served as any key is. The zero time: never.
+	QuotaUntil time.Time
 	// MaxInFlight caps each key's concurrent requests, counted from admission
 	// to the end of the response. Requests over it get a 429 that mentions
 	// concurrency, with Retry-After 1. 0 = unlimited.
@@ -270,6 +286,11 @@ func newServer(cfg Config) *Server {
 	case "", "azure", "gemini":
 	default:
 		panic(fmt.Sprintf("mockupstream: unknown HintForm %q", cfg.HintForm))
+	}
+	switch cfg.QuotaForm {
+	case "", "gemini-day", "groq-day", "apim":
+	default:
+		panic(fmt.Sprintf("mockupstream: unknown QuotaForm %q", cfg.QuotaForm))
 	}
 	if cfg.CompletionTokens <= 0 {
 		cfg.CompletionTokens = 8
@@ -482,9 +503,9 @@ func (s *Server) admit(key, model string, cost int64) admission {
 		s.totals.Injected++
 		return a
 	}
-	if s.hardQuota[key] {
+	if s.hardQuota[key] && (s.cfg.QuotaUntil.IsZero() || now.Before(s.cfg.QuotaUntil)) {
 		s.totals.HardQuota++
-		return admission{verdict: overHardQuota}
+		return s.quotaSpent(now)
 	}
 
 	ls := s.limitState(s.limitKey(key, model), model, now)
@@ -545,6 +566,28 @@ func (s *Server) admit(key, model string, cost int64) admission {
 		s.totals.AdmittedAt = append(s.totals.AdmittedAt, now)
 	}
 	return admission{verdict: admitted, levels: s.levelsOf(ls, now)}
+}
+
+// quotaDayLimit is the day's requests the groq-day form states.
+const quotaDayLimit = 1000
+
+// quotaSpent is the admission of a request of a key whose quota is spent
+// (HardQuotaKeys), at now: the forms that state their renewal wait until
+// QuotaUntil, or a day.
+func (s *Server) quotaSpent(now time.Time) admission {
+	a := admission{verdict: overHardQuota}
+	if s.cfg.QuotaForm != "groq-day" && s.cfg.QuotaForm != "apim" {
+		return a
+	}
+	a.wait = 24 * time.Hour
+	if !s.cfg.QuotaUntil.IsZero() {
+		a.wait = s.cfg.QuotaUntil.Sub(now)
+	}
+	if s.cfg.QuotaForm == "groq-day" {
+		a.dimension, a.limit = "requests", quotaDayLimit
+		a.levels = levels{at: now, requests: &level{limit: quotaDayLimit, untilFull: a.wait, span: 24 * time.Hour}}
+	}
+	return a
 }
 
 // waitFor is l's wait for n units, 0 for an unlimited l.
