@@ -42,9 +42,16 @@ type learner struct {
 	short float64
 
 	lastAccepted time.Time // the latest accepted answer
-	admits       meter     // admitted dispatches, by when they went
-	replySecs    float64   // the first accepted answer's time to its headers
-	cut          time.Time // when the estimate last changed on a refusal
+	// admits: admitted dispatches, by when they went, and, with replicas,
+	// the others' admitted answers, by when this one heard of them
+	// (see fleetAdmitted): what the upstream takes is the fleet's.
+	admits meter
+	// fleetAdmits is the replicas' count of admitted answers when this
+	// one last heard it, ownAdmits this one's admitted answers since.
+	fleetAdmits uint64
+	ownAdmits   int
+	replySecs   float64   // the first accepted answer's time to its headers
+	cut         time.Time // when the estimate last changed on a refusal
 	// heldUntil is the end of the latest pause taken while the upstream
 	// admitted nothing lately: refusals sent before it start no
 	// measurement that ends after it, as the group sent nothing in
@@ -174,6 +181,23 @@ const (
 	// kept their figures).
 	maxHintAdmits = 2
 )
+
+// fleetAdmitted notes at now that every replica together had total
+// answers admitted: those of the others since the last word count
+// toward what the upstream takes (a meter's worth at most at once). A
+// replica that counted only its own would read a window's end, a wait of
+// 150 ms while the fleet's 20 a second go through, as the pace of its
+// third.
+func (l *learner) fleetAdmitted(total uint64, now time.Time) {
+	if total > l.fleetAdmits && l.fleetAdmits > 0 {
+		if others := int(min(total-l.fleetAdmits, 10000)) - l.ownAdmits; others > 0 {
+			l.admits.addN(now, others)
+		}
+	}
+	if total > l.fleetAdmits {
+		l.fleetAdmits, l.ownAdmits = total, 0
+	}
+}
 
 // dispatched numbers a dispatch.
 func (l *learner) dispatched() uint64 {
@@ -441,6 +465,7 @@ type refusalEvidence struct {
 func (l *learner) accepted(t *Ticket, now time.Time) {
 	l.lastAccepted = now
 	l.admits.add(t.Dispatched)
+	l.ownAdmits++
 	if l.replySecs == 0 {
 		l.replySecs = now.Sub(t.Dispatched).Seconds()
 	}

@@ -132,7 +132,7 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		if c.seenAfter {
 			seen = now.Add(time.Millisecond)
 		}
-		m.NoteFleet(time.Time{}, c.fleetPace, 0, seen)
+		m.NoteFleet(time.Time{}, c.fleetPace, 0, 0, seen)
 		first, _, ok := m.Admit(now, 1, false)
 		if !ok {
 			t.Fatal("admit")
@@ -170,13 +170,13 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 		m.pace.fromRefusals = true
 		l := &m.learn
 		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, rateAdmitted, t0
-		m.NoteFleet(time.Time{}, 0, 5, t0)
+		m.NoteFleet(time.Time{}, 0, 5, 0, t0)
 		l.step(t0, true)
 		if l.phase != probeUp {
 			t.Fatalf("%s: phase %v, want the probe", c.name, l.phase)
 		}
 		up := probeLength(10)
-		m.NoteFleet(time.Time{}, 0, 5+c.elsewhere, t0.Add(up/2))
+		m.NoteFleet(time.Time{}, 0, 5+c.elsewhere, 0, t0.Add(up/2))
 		// A refusal ends the up phase at once; with none it runs its length.
 		if ended := l.phase == probeDown; ended != (c.elsewhere > 0) {
 			t.Errorf("%s refused elsewhere halfway through the probe: it ended then: %v", c.name, ended)
@@ -213,7 +213,7 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		if c.measured {
 			l.from = rateAdmitted
 		}
-		m.NoteFleet(time.Time{}, c.pace, 5, t0)
+		m.NoteFleet(time.Time{}, c.pace, 5, 0, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {
 			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
 		}

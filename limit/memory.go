@@ -121,19 +121,22 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 // not while a closure holds it (until at; zero: until an answer), but one
 // knock at a time, which the next NoteDispatch records. (A window is not
 // closed for its allowance, which this replica's count cannot tell, but by
-// its first refusal.) Windowed reports that the window's allowance paces
-// the group: a pace learned from refusals does not.
-func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, windowed bool) {
-	at, knock, ok := s.win.gate(now, false)
+// its first refusal.) Knock reports that the request is that knock: the
+// closure's test, which a pause the fleet took for the closure does not
+// hold. Windowed reports that the window's allowance paces the group: a
+// pace learned from refusals does not.
+func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, knock, windowed bool) {
+	at, knock, ok = s.win.gate(now, false)
 	s.knockNext = ok && knock
-	return at, ok, s.win.pacing()
+	return at, ok, s.knockNext, s.win.pacing()
 }
 
 // NoteFleet records, at now, what the store kept elsewhere says of the
 // group: when the upstream last accepted a request of it sent elsewhere
 // (zero: never; the upstream is live then), the request pace the
-// replicas learned from refusals (0: none), and the refusals every
-// replica learned from so far. The other replicas
+// replicas learned from refusals (0: none), the refusals every replica
+// learned from so far, and the answers every replica had admitted so far
+// (0: not counted), which tell what the upstream takes. The other replicas
 // send at this one's probe when it holds the raise lease, so a refusal
 // anywhere ends the probe, unclean. A replica refused for the first time
 // starts from the fleet's pace when it is lower than what the group was
@@ -141,8 +144,9 @@ func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, windowed bool) {
 // under any pace the guess would send, instead of finding it again with
 // refusals of its own. (Only a refusal lowers the fleet's pace, so a
 // replica never follows its own.)
-func (s *Memory) NoteFleet(accepted time.Time, pace float64, refusals uint64, now time.Time) {
+func (s *Memory) NoteFleet(accepted time.Time, pace float64, refusals, admitted uint64, now time.Time) {
 	s.learn.acceptedElsewhere(accepted)
+	s.learn.fleetAdmitted(admitted, now)
 	if pace != s.fleetPace {
 		s.fleetPace, s.fleetPaceAt = pace, now
 	}

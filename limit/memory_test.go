@@ -246,7 +246,7 @@ func TestTheRefusedRequestsOwnPermitIsNotTakenOffTwice(t *testing.T) {
 		rate float64
 	}{{21, rateSending, 21}, {1, rateHint, 1 / hint.Seconds()}} {
 		m := NewMemory(Config{Concurrency: 32, MaxConcurrency: 64})
-		m.NoteFleet(t0, 0, 0, t0) // live: another replica's request was admitted
+		m.NoteFleet(t0, 0, 0, 0, t0) // live: another replica's request was admitted
 		var last *Ticket
 		for range tc.sent {
 			last = admitted(t, m, t0, 1)

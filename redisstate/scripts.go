@@ -18,8 +18,14 @@ import (
 //	        acc (the latest accepted answer, ms), reply (the first
 //	        accepted answer's time to its headers, ms), last (the latest
 //	        dispatch, ms), rn
-//	        (refusals learned from), ms/mc/mp (dispatches this second and
-//	        the last), and per budget (prefix r_ for requests, t_ for
+//	        (refusals learned from), an (answers admitted), ms/mc/mp (dispatches this second and
+//	        the last), the fleet's fixed window (see fleetWindow): wb
+//	        its start (ms), ws the requests sent when it began, wa the
+//	        answers of it admitted, pb/ps/pa the same of the window before,
+//	        wp the latest boundary a refusal named, wo the one the length
+//	        is counted from, wcap its allowance, wlen its
+//	        length (ms), wfull the windows since, wclimb its probe's
+//	        climb; and per budget (prefix r_ for requests, t_ for
 //	        tokens) known, syn, size, rate (per second), avail, at (ms),
 //	        sent, seen (the largest sent-at-dispatch an answer's remaining
 //	        count covered), low (when its figures were last affirmed)
@@ -157,6 +163,42 @@ local function spread(key, now, on, climit, known, rn)
   if gap >= 1 and now < at then return math.ceil(at) end
   return 0
 end
+-- fleetWindow holds the group when the fleet sent its fixed window's
+-- allowance, every replica's dispatches counted, as one process closes
+-- its window once its own count reaches it: a replica that counted only
+-- its own would send until a refusal came back, and the rest of the
+-- fleet's burst with it would be refused. The window, its allowance and
+-- its length are learned from refusals whose stated waits end at one
+-- boundary (see noteWindow); a window past its length starts the next.
+-- One window in ${probeWindows} sends more, to find an allowance that grew.
+-- sent is the group's requests sent so far. Returns when the group may
+-- send again (0: now), and whether the fleet knows the window: its
+-- allowance then paces the group, not a pace learned from refusals (a
+-- replica that never saw a closure of its own would keep one).
+local function fleetWindow(key, now, sent)
+  local f = redis.call('HMGET', key, 'wb', 'ws', 'wcap', 'wlen', 'wfull', 'wclimb')
+  local wb, ws, wcap, wlen, wfull, climb = num(f[1], 0), num(f[2], 0), num(f[3], 0), num(f[4], 0), num(f[5], 0), num(f[6], 0)
+  if wcap <= 0 or wb <= 0 or wlen <= 0 or sent < ws then return 0, false end
+  -- A boundary read from a refusal is late by the time its learning took
+  -- to reach Redis, and a length from two of them is off by as much: the
+  -- next window is taken to open ${windowMargin} ms late, as sending into
+  -- the window that ends loses every request sent.
+  if now >= wb + wlen + ${windowMargin} then
+    local k = math.floor((now - wb) / wlen)
+    local pb, ps, pa = 0, sent, 0
+    if k == 1 then pb, ps, pa = wb, ws, num(redis.call('HGET', key, 'wa'), 0) end
+    wb, ws, wfull = wb + k * wlen, sent, wfull + 1
+    redis.call('HSET', key, 'wb', wb, 'ws', ws, 'wa', 0, 'pb', pb, 'ps', ps, 'pa', pa, 'wfull', wfull)
+  end
+  local extra = 0
+  if climb > 0 then
+    extra = 2 ^ math.min(climb, ${maxClimb})
+  elseif wfull % ${probeWindows} == ${probeWindows} - 1 then
+    extra = 1
+  end
+  if sent - ws >= wcap + extra then return wb + wlen + ${windowMargin}, true end
+  return 0, true
+end
 -- countDispatch counts a dispatch at now (last), and returns the group's
 -- dispatches in the second up to now, every replica's: what one process's
 -- own count would say it is sending.
@@ -185,10 +227,9 @@ end
 var admitScript = newScript(admitArgs{}, lib, admitLib, `
 local now, cost, alone = clock(args.now), tonumber(args.cost), args.alone == '1'
 local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, now - tonumber(args.age), tonumber(args.keyttl)
-local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn')
-local paused, acc, rn = num(f[1], 0), num(f[2], 0), num(f[3], 0)
+local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn', 'an')
+local paused, acc, rn, an = num(f[1], 0), num(f[2], 0), num(f[3], 0), num(f[4], 0)
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(args.defaultClimit), tonumber(args.maxClimit))
-local windowed = args.windowed == '1'
 for _, l in ipairs(args.returned) do redis.call('ZREM', KEYS[2], l) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local out = redis.call('ZCARD', KEYS[2])
@@ -198,7 +239,10 @@ local function reply(ok, at, rsent, tsent, room, paced, pausedUntil)
   local rrate, tsize, trate, rsize, rsyn = math.floor(r.rate * ${replyScale}), math.floor(t.size), math.floor(t.rate * ${replyScale}), math.floor(r.size), r.syn
   return ${admitReply}
 end
-if paused > now then return reply(0, paused, 0, 0, 0, 0, paused) end
+if paused > now and args.knock ~= '1' then return reply(0, paused, 0, 0, 0, 0, paused) end
+local opens, fleetKnown = fleetWindow(KEYS[1], now, r.sent)
+if opens > 0 then return reply(0, opens, 0, 0, 0, 0, opens) end
+local windowed = args.windowed == '1' or fleetKnown
 -- Until some replica has learned from an answer, one replica's first
 -- request goes alone, fleet-wide, for at most the first-answer window
 -- (1s): N replicas starting together do not each send theirs blind.
@@ -298,6 +342,76 @@ local function learn(p, given, now)
   redis.call('HSET', KEYS[1], p..'known', 1, p..'syn', b.syn, p..'size', tostring(b.size), p..'rate', tostring(b.rate))
   save(KEYS[1], p, b)
 end
+-- windowLength is the fleet window's length after a boundary seen at b,
+-- and the boundary it is counted from (see noteWindow): wlen the length
+-- known (0: none), wo the boundary it was counted from, wp the boundary
+-- seen before b. A boundary is read late by the time its learning took
+-- to reach Redis, so a length read between two neighbours may be short
+-- by as much, and a window predicted from it would open that much early,
+-- into the one ending, each window further: the length is read over
+-- every window since wo instead, as long as the readings agree with it.
+-- Two neighbours that saw a length shorter by more than a
+-- ${lengthSlack}th (a first reading over two windows) replace it.
+local function windowLength(b, wlen, wo, wp)
+  if wp <= 0 then return wlen, wo end
+  local seen = b - wp
+  if seen > ${minSplit} and (wlen == 0 or seen < wlen - wlen / ${lengthSlack}) then return seen, wp end
+  if wlen > 0 and wo > 0 then
+    local n = math.floor((2 * (b - wo) + wlen) / (2 * wlen))
+    if n >= 1 and math.abs((b - wo) / n - wlen) <= wlen / ${lengthSlack} then
+      return math.floor((b - wo) / n), wo
+    end
+  end
+  return wlen, b
+end
+-- noteWindow learns the fleet's fixed window (see fleetWindow) from an
+-- answer of kind whose request went when the group had sent mark
+-- requests; bound, on a refusal in a closure whose stated boundary the
+-- replica knows to the millisecond, is the time to it (ms). A request
+-- went in the window whose count of requests sent at its start it
+-- passed. Each window counts the answers it had admitted (wa, and pa for
+-- the window before, whose answers may come late): the allowance is the
+-- count of the last window a refusal ended, raised by any window that
+-- admitted more (a probe that went through), as one process learns it.
+-- A refusal late in the fleet's window, or at a boundary past half the
+-- length after its start, ends the window there (see windowLength for
+-- the length). One early in the window, at a boundary sooner, says the
+-- window began later than the fleet took it to: its start moves there.
+local function noteWindow(key, now, bound, mark, kind)
+  if mark <= 0 or kind == ${answerUncounted} then return end
+  local f = redis.call('HMGET', key, 'wb', 'ws', 'wa', 'pb', 'ps', 'pa', 'wcap', 'wlen', 'wclimb', 'r_sent', 'wo', 'wp')
+  local wb, ws, wa, pb, ps, pa = num(f[1], 0), num(f[2], 0), num(f[3], 0), num(f[4], 0), num(f[5], 0), num(f[6], 0)
+  local wcap, wlen, climb, sent, wo, wp = num(f[7], 0), num(f[8], 0), num(f[9], 0), num(f[10], 0), num(f[11], 0), num(f[12], 0)
+  if kind == ${answerAdmitted} then
+    if mark > ws then
+      local n = redis.call('HINCRBY', key, 'wa', 1)
+      if wcap > 0 and n > wcap then -- a probe went through
+        redis.call('HSET', key, 'wcap', n, 'wclimb', math.min(climb + 1, ${maxClimb}))
+      end
+    elseif mark > ps then
+      local n = redis.call('HINCRBY', key, 'pa', 1)
+      if n > wcap then redis.call('HSET', key, 'wcap', n) end -- an answer come late
+    end
+    return
+  end
+  if bound <= 0 or mark <= ws then return end
+  local b, place = now + bound, mark - ws
+  local d = b - wb
+  if d > ${minSplit} and (wlen == 0 or 2 * d > wlen or 2 * place > wcap) then
+    if wcap == 0 or wa < wcap then climb = 0 end -- a probe refused, or fewer admitted
+    wlen, wo = windowLength(b, wlen, wo, wp)
+    redis.call('HSET', key, 'pb', wb, 'ps', ws, 'pa', wa, 'wb', b, 'ws', sent, 'wa', 0, 'wcap', math.max(wa, 1),
+      'wlen', wlen, 'wclimb', climb, 'wo', wo, 'wp', b)
+    redis.call('HINCRBY', key, 'wfull', 1)
+  elseif b > wb then
+    redis.call('HSET', key, 'wb', b, 'ws', sent, 'wa', 0, 'wp', b)
+  elseif b < wb and wb - b < ${minSplit} then
+    -- The same boundary, read sooner: nearer it.
+    redis.call('HSET', key, 'wb', b)
+    if wp == wb then redis.call('HSET', key, 'wp', b) end
+    if wo == wb then redis.call('HSET', key, 'wo', b) end
+  end
+end
 -- countLevel counts an answer at level in flight (of kind refused or
 -- admitted; none uncounted), halving every count past levelMemory as one
 -- process does.
@@ -340,10 +454,12 @@ redis.call('HSET', KEYS[3], args.replica, args.climit .. ':' .. now .. ':' .. ar
 redis.call('PEXPIRE', KEYS[3], keyttl)
 learn('r_', args.req, now)
 learn('t_', args.tok, now)
+local kind = tonumber(args.kind or '${answerUncounted}')
+noteWindow(KEYS[1], now, tonumber(args.bound), tonumber(args.sent), kind)
 redis.call('PEXPIRE', KEYS[1], keyttl)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local level, kind = tonumber(args.level or '0'), tonumber(args.kind or '${answerUncounted}')
-if kind == ${answerAdmitted} then redis.call('HSET', KEYS[1], 'acc', now) end
+local level = tonumber(args.level or '0')
+if kind == ${answerAdmitted} then redis.call('HSET', KEYS[1], 'acc', now) redis.call('HINCRBY', KEYS[1], 'an', 1) end
 if kind == ${answerAdmitted} and num(tonumber(args.reply), 0) > 0 then redis.call('HSETNX', KEYS[1], 'reply', args.reply) end
 if kind == ${answerRefused} then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
 countLevel(KEYS[5], level, kind)
@@ -391,7 +507,7 @@ return 1
 // seen), the dispatch counts and the leases (the permits out) stay.
 // Returns 1, which nothing reads.
 var forgetScript = newScript(struct{}{}, `
-redis.call('HDEL', KEYS[1], 'paused', 'first', 'acc', 'reply', 'rn')
+redis.call('HDEL', KEYS[1], 'paused', 'first', 'acc', 'reply', 'rn', 'wb', 'ws', 'wa', 'pb', 'ps', 'pa', 'wo', 'wp', 'wcap', 'wlen', 'wfull', 'wclimb')
 for _, p in ipairs({'r_', 't_'}) do
   redis.call('HDEL', KEYS[1], p..'known', p..'syn', p..'size', p..'rate', p..'avail', p..'at', p..'low')
 end
@@ -460,6 +576,18 @@ const (
 	// replyScale: a reply carries a rate, or a count by level, as an
 	// integer replyScale times it.
 	replyScale = 1000
+	// probeWindows, maxClimb: the fleet's window probes as one
+	// process's does (limit's); minSplit (limit's) is the shortest span
+	// a boundary is told apart from another by; lengthSlack: a length
+	// read more than a lengthSlack-th over the known one saw windows go
+	// by unseen (limit's, see noteWindow).
+	probeWindows = 4
+	maxClimb     = 2
+	minSplit     = 20 * time.Millisecond
+	lengthSlack  = 8
+	// windowMargin: the fleet takes a window it predicts to open this
+	// much late (see fleetWindow).
+	windowMargin = 5 * time.Millisecond
 )
 
 // sharedNumbers are the numbers a script's text names as ${name}.
@@ -469,6 +597,11 @@ var sharedNumbers = map[string]int64{
 	"levelMemory":       levelMemory,
 	"maxWaitSeconds":    maxWaitSeconds,
 	"replyScale":        replyScale,
+	"probeWindows":      probeWindows,
+	"maxClimb":          maxClimb,
+	"minSplit":          minSplit.Milliseconds(),
+	"lengthSlack":       lengthSlack,
+	"windowMargin":      windowMargin.Milliseconds(),
 	"leftCounted":       int64(leftCounted),
 	"leftCapped":        int64(leftCapped),
 	"answerUncounted":   int64(answerUncounted),

@@ -86,6 +86,10 @@ func TestScriptsHaveGosNumbers(t *testing.T) {
 		"startSpread":       constant.MakeInt64(startSpread),
 		"levelMemory":       constant.MakeInt64(levelMemory),
 		"maxLevel":          constant.MakeInt64(maxLevel),
+		"probeWindows":      constant.MakeInt64(probeWindows),
+		"maxClimb":          constant.MakeInt64(maxClimb),
+		"minSplit":          constant.MakeInt64(int64(minSplit)),
+		"lengthSlack":       constant.MakeInt64(lengthSlack),
 	} {
 		theirs, ok := lq[name]
 		if !ok || theirs.Kind() == constant.Unknown {

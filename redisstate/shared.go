@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -83,7 +84,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	// A fixed window's closure holds this replica's requests but for one
 	// knock at a time, as it holds one process's; its allowance, not a
 	// pace learned from refusals, paces the group.
-	at, ok, windowed := s.local.WindowGate(now)
+	at, ok, knock, windowed := s.local.WindowGate(now)
 	if !ok {
 		return limit.Ticket{}, at, false
 	}
@@ -103,7 +104,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	returned := s.st.takeReturns(s.leases)
 	args := admitArgs{Now: s.st.scriptNow(), Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
 		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
-		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Returned: returned}
+		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Knock: knock, Returned: returned}
 	res, err := admitScript.Run(ctx, s.st.rdb(), []string{s.state, s.leases, s.waiting, s.climits, s.groupSent}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
@@ -146,7 +147,7 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	// The upstream is live when it admits any replica's requests: a
 	// replica whose own first answer is a refusal does not take it for
 	// an outage (and pause the fleet for it).
-	s.local.NoteFleet(rep.accepted, fleetPace, rep.refusals, now)
+	s.local.NoteFleet(rep.accepted, fleetPace, rep.refusals, rep.admitted, now)
 	if !rep.ok {
 		at := rep.retryAt
 		if at.IsZero() {
@@ -289,6 +290,13 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 	// wait, when the learned pace or concurrency limit holds the group;
 	// the fleet must not idle for what one replica declined.
 	pause := s.local.PausedUntil()
+	if w := v.Window; r.Verdict == limit.RateRefused && r.Hint%time.Second != 0 && w != nil && w.Closed && w.Stated {
+		// A closure the hints state, to the millisecond: this replica
+		// holds only until its test, but the rest of the fleet waits
+		// for the boundary, or what it sent meanwhile would be refused
+		// with the test. The test itself goes (admitArgs.Knock).
+		pause = clock.Later(pause, now.Add(r.Hint))
+	}
 	// The answer counts toward the levels every replica judges the bound
 	// from, when Redis gave its permit (its level is the fleet's).
 	kind := answerUncounted
@@ -303,12 +311,21 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 	if kind == answerAdmitted {
 		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
 	}
+	// A refusal in a fixed window's closure whose boundary the upstream
+	// stated to the millisecond teaches the fleet's window (noteWindow).
+	bound, sent := int64(0), 0.0
+	if remote {
+		sent = t.Requests
+	}
+	if w := v.Window; remote && r.Verdict == limit.RateRefused && r.Hint%time.Second != 0 && w != nil && w.ClosedUntil.After(now) {
+		bound = max(w.ClosedUntil.Sub(now).Milliseconds(), 1)
+	}
 	// The pause travels as a length: a replica's clock moves only its own
 	// deadlines.
 	return learnArgs{Now: s.st.scriptNow(), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), Pause: max(pause.Sub(now).Milliseconds(), 0), Climit: v.Concurrency,
 		Replica: s.st.replica, Req: newBudgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests),
 		Tok: newBudgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens), Lowered: v.ConcurrencyLowered, Level: t.Level,
-		Kind: kind, ConcurrencyBound: v.Bound == limit.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply}
+		Kind: kind, ConcurrencyBound: v.Bound == limit.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply, Bound: bound, Sent: sent}
 }
 
 func (s *shared) Refund(t *limit.Ticket) {

@@ -46,6 +46,9 @@ type admitArgs struct {
 	// Windowed: a fixed window's allowance paces the group, so the
 	// request budget neither holds nor is charged.
 	Windowed bool `lua:"windowed"`
+	// Knock: the request is a fixed window's closure's test, which the
+	// pause taken for the closure does not hold (see learnArgsFor).
+	Knock bool `lua:"knock"`
 	// Returned are the replica's leases of the group given back and not
 	// yet removed: removed first.
 	Returned []string `lua:"returned"`
@@ -73,6 +76,12 @@ type learnArgs struct {
 	// Reply is an accepted answer's time from its dispatch to its
 	// headers (ms; the first is kept, see spread).
 	Reply int64 `lua:"reply"`
+	// Bound is a refusal's time to the boundary of the fixed window's
+	// closure it is in, stated by the upstream to the millisecond (ms; 0:
+	// none); Sent the requests the group had sent right after its
+	// request went (0: not Redis' permit). See noteWindow.
+	Bound int64   `lua:"bound"`
+	Sent  float64 `lua:"sent"`
 }
 
 // answerKind is an answer's kind among the counts by level.
@@ -258,6 +267,7 @@ type admitWire struct {
 	Refusals   int64 `lua:"rn"`
 	LastSecond int64 `lua:"lastsec"`
 	GroupSent  int64 `lua:"gsent"`
+	Admitted   int64 `lua:"an"`
 }
 
 // admitReply is admitScript's reply, its times on this replica's clock.
@@ -292,6 +302,8 @@ type admitReply struct {
 	// (one credential and route, every model), all replicas, this one
 	// included (0 when refused).
 	groupSent uint64
+	// admitted counts the answers every replica had admitted so far.
+	admitted uint64
 }
 
 // decodeAdmit reads admitScript's reply res at now.
@@ -307,7 +319,7 @@ func decodeAdmit(res []int64, now time.Time) (admitReply, error) {
 		limits: limits{concurrency: int(w.Climit), reqRate: float64(w.ReqRate) / replyScale, tokSize: float64(w.TokSize),
 			tokRate: float64(w.TokRate) / replyScale, reqSize: float64(w.ReqSize)},
 		paceFromRefusals: w.ReqSyn == 1, accepted: at(w.Accepted), refusals: uint64(max(w.Refusals, 0)), lastSecond: int(w.LastSecond),
-		groupSent: uint64(max(w.GroupSent, 0))}, nil
+		groupSent: uint64(max(w.GroupSent, 0)), admitted: uint64(max(w.Admitted, 0))}, nil
 }
 
 // learnWire is the head of learnScript's reply as it comes (times in ms

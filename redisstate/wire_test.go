@@ -17,28 +17,28 @@ func TestArgsAreLaidOutAsTheScriptReadsThem(t *testing.T) {
 	got := argv(learnArgs{Now: 1_700_000_000_000, KeyTTL: 600_000, Pause: 250, Climit: 8, Replica: "r1",
 		Req:  budgetArgs{Known: true, Syn: true, Size: 5, Rate: 2.5, Mode: leftCapped, Value: 0, Mark: 41},
 		Tok:  budgetArgs{Known: true, Size: 6000, Rate: 100, Mode: leftCounted, Value: 5000, Mark: 900},
-		Kind: answerRefused, Level: 3, ConcurrencyBound: true, Reply: 120})
+		Kind: answerRefused, Level: 3, ConcurrencyBound: true, Reply: 120, Bound: 430, Sent: 41})
 	want := []any{int64(1_700_000_000_000), int64(600_000), int64(250), int64(8), "r1",
 		1, 1, 5.0, 2.5, int64(2), 0.0, 41.0,
 		1, 0, 6000.0, 100.0, int64(1), 5000.0, 900.0,
-		0, int64(3), int64(2), 1, 0, int64(120)}
+		0, int64(3), int64(2), 1, 0, int64(120), int64(430), 41.0}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("argv(learnArgs) =\n%#v\nwant\n%#v", got, want)
 	}
-	got = argv(admitArgs{Cost: 7, Alone: true, Lease: "l", Returned: []string{"a", "b"}})
-	want = []any{int64(0), int64(7), 1, "l", int64(0), "", int64(0), int64(0), int64(0), int64(0), int64(0), 0, "a", "b"}
+	got = argv(admitArgs{Cost: 7, Alone: true, Lease: "l", Knock: true, Returned: []string{"a", "b"}})
+	want = []any{int64(0), int64(7), 1, "l", int64(0), "", int64(0), int64(0), int64(0), int64(0), int64(0), 0, 1, "a", "b"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("argv(admitArgs) =\n%#v\nwant\n%#v", got, want)
 	}
 	prologue := argsPrologue(reflect.TypeFor[admitArgs]())
 	wantLua := "local args = {now = ARGV[1], cost = ARGV[2], alone = ARGV[3], lease = ARGV[4], ttl = ARGV[5], replica = ARGV[6], age = ARGV[7], " +
-		"keyttl = ARGV[8], defaultClimit = ARGV[9], maxClimit = ARGV[10], slowStart = ARGV[11], windowed = ARGV[12], " +
-		"returned = {unpack(ARGV, 13)}}\n"
+		"keyttl = ARGV[8], defaultClimit = ARGV[9], maxClimit = ARGV[10], slowStart = ARGV[11], windowed = ARGV[12], knock = ARGV[13], " +
+		"returned = {unpack(ARGV, 14)}}\n"
 	if prologue != wantLua {
 		t.Errorf("admitScript's prologue =\n%s\nwant\n%s", prologue, wantLua)
 	}
 	if p := argsPrologue(reflect.TypeFor[learnArgs]()); !strings.Contains(p, "req = {known = ARGV[6], syn = ARGV[7],") ||
-		!strings.Contains(p, "tok = {known = ARGV[13],") || !strings.HasSuffix(p, "reply = ARGV[25]}\n") {
+		!strings.Contains(p, "tok = {known = ARGV[13],") || !strings.HasSuffix(p, "reply = ARGV[25], bound = ARGV[26], sent = ARGV[27]}\n") {
 		t.Errorf("learnScript's prologue = %s", p)
 	}
 }
