@@ -219,3 +219,45 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		}
 	}
 }
+
+// TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes: the answers
+// every replica had admitted (NoteFleet) count toward what the upstream
+// takes, less this replica's own, which it counted as they came; so a
+// 150 ms wait stated to the millisecond, while the fleet's 20 a second
+// go through, points at a fixed window's end, as in one process, and not
+// at the pace of the third this replica sent.
+func TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes(t *testing.T) {
+	for _, fleet := range []bool{false, true} {
+		l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
+		start := time.Unix(1_000_000, 0)
+		var sent, admitted uint64
+		for i := range 7 { // this replica's third of a second's 21
+			now := start.Add(time.Duration(i) * 140 * time.Millisecond)
+			sent += 3
+			tk := l.NoteDispatch(now, 0, sent, 0)
+			tk.Lease = "l"
+			l.Learn(&tk, Report{Status: 200, Verdict: Accepted}, now.Add(100*time.Millisecond))
+			l.NoteReturn(&tk, now.Add(100*time.Millisecond))
+			if admitted += 3; fleet {
+				l.NoteFleet(now, 0, 0, admitted, now.Add(100*time.Millisecond))
+			}
+		}
+		if fleet {
+			// The first word only marks the count (it holds the
+			// group's whole past): the others' 2 after each of the 6
+			// next.
+			if n, _ := l.learn.admits.recent(start.Add(time.Second)); n != 7+12 {
+				t.Fatalf("the admissions meter counts %d, want this replica's 7 and the others' 12", n)
+			}
+		}
+		now := start.Add(time.Second)
+		sent++
+		tk := l.NoteDispatch(now, 0, sent, 0)
+		tk.Lease = "l"
+		l.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 150 * time.Millisecond, PauseUntil: now.Add(150 * time.Millisecond)}, now)
+		w := l.View(now).Window
+		if suspected := w != nil && w.Closed; suspected != fleet {
+			t.Errorf("fleet's admissions counted %v: a window's closure suspected %v, want %v", fleet, suspected, fleet)
+		}
+	}
+}
