@@ -261,3 +261,21 @@ func TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOwnAdmissionWaitsForTheFleetsCount: an answer this replica
+// counted before the fleet's count has it (the word came from an
+// admission made in between) is not counted again when the count takes
+// it: a word whose count did not move keeps this replica's own since.
+func TestAnOwnAdmissionWaitsForTheFleetsCount(t *testing.T) {
+	l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
+	now := time.Unix(1_000_000, 0)
+	l.NoteFleet(now, 0, 0, 10, now) // the mark
+	tk := l.NoteDispatch(now, 0, 11, 0)
+	tk.Lease = "l"
+	l.Learn(&tk, Report{Status: 200, Verdict: Accepted}, now)
+	l.NoteFleet(now, 0, 0, 10, now) // not in the count yet
+	l.NoteFleet(now, 0, 0, 13, now) // now it is, with two of the others'
+	if n, _ := l.learn.admits.recent(now); n != 3 {
+		t.Fatalf("the admissions meter counts %d, want this replica's 1 and the others' 2", n)
+	}
+}

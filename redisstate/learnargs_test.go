@@ -45,3 +45,78 @@ func TestOnlyARateRefusalEmptiesAPaceLearnedFromRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestAWindowStatedToTheMillisecondReachesTheFleet: a refusal whose wait,
+// to the millisecond, points at a fixed window's boundary pauses the fleet
+// to that boundary while the closure is only suspected (this replica
+// holds only until its test), and, once the test confirmed it, tells
+// Redis the boundary for the fleet's window (learnArgs.Bound) with the
+// requests sent at the refused request's dispatch. A wait in whole
+// seconds, or an answer that is no rate refusal, does neither.
+func TestAWindowStatedToTheMillisecondReachesTheFleet(t *testing.T) {
+	start := time.Unix(1_700_000_000, 0)
+	for _, c := range []struct {
+		name               string
+		hint               time.Duration
+		verdict            limit.Verdict
+		pause, test, whole bool // whole: Retry-After, whole seconds rounded up
+	}{
+		{"stated to the ms", 600 * time.Millisecond, limit.RateRefused, true, true, false},
+		{"in whole seconds", 2 * time.Second, limit.RateRefused, false, true, true},
+		{"no rate refusal", 600 * time.Millisecond, limit.Overloaded, false, false, false},
+	} {
+		m := limit.NewMemory(limit.Config{Concurrency: 50, MaxConcurrency: 50})
+		s := &shared{st: &Store{}, local: m}
+		now := start
+		for range 20 { // 20 admitted in the last second
+			tk, _, ok := m.Admit(now, 1, false)
+			if !ok {
+				t.Fatalf("%s: admit", c.name)
+			}
+			m.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, now.Add(10*time.Millisecond))
+			m.Return(&tk, now.Add(10*time.Millisecond))
+			now = now.Add(20 * time.Millisecond)
+		}
+		boundary := now.Add(c.hint)
+		refuse := func(now time.Time) learnArgs {
+			tk, _, ok := m.Admit(now, 1, false)
+			if !ok {
+				t.Fatalf("%s: admit at %v", c.name, now.Sub(start))
+			}
+			tk.Lease, tk.Requests = "l", 41
+			hint := boundary.Sub(now)
+			if c.whole {
+				hint = (hint + time.Second - 1).Truncate(time.Second)
+			}
+			r := limit.Report{Status: 429, Verdict: c.verdict, Hint: hint, PauseUntil: now.Add(hint)}
+			m.Learn(&tk, r, now)
+			return s.learnArgsFor(&tk, r, m.View(now), now)
+		}
+		args := refuse(now)
+		if paused := args.Pause == boundary.Sub(now).Milliseconds(); paused != c.pause {
+			t.Errorf("%s: the fleet paused for %d ms, to the boundary %v", c.name, args.Pause, c.pause)
+		}
+		if args.Bound != 0 {
+			t.Errorf("%s: a suspected closure told the fleet a boundary", c.name)
+		}
+		if !c.test {
+			continue
+		}
+		// The test, refused for the same boundary: confirmed.
+		test := m.PausedUntil()
+		if !test.Before(boundary) {
+			t.Fatalf("%s: this replica holds until %v, its test's time, not the boundary", c.name, test.Sub(now))
+		}
+		args = refuse(test)
+		if w := m.View(test).Window; w == nil || w.ClosedUntil.IsZero() {
+			t.Fatalf("%s: the test did not confirm the closure", c.name)
+		}
+		want := boundary.Sub(test).Milliseconds()
+		if c.whole {
+			want = 0 // only to the second: each replica's own
+		}
+		if args.Bound != want || args.Bound > 0 && args.Sent != 41 {
+			t.Errorf("%s: after the test the fleet was told a boundary %d ms on, sent %v; want %d ms, 41", c.name, args.Bound, args.Sent, want)
+		}
+	}
+}

@@ -577,17 +577,17 @@ const (
 	// integer replyScale times it.
 	replyScale = 1000
 	// probeWindows, maxClimb: the fleet's window probes as one
-	// process's does (limit's); minSplit (limit's) is the shortest span
+	// process's does (limit's); minSplitMs (limit's minSplit) is the shortest span
 	// a boundary is told apart from another by; lengthSlack: a length
 	// read more than a lengthSlack-th over the known one saw windows go
 	// by unseen (limit's, see noteWindow).
 	probeWindows = 4
 	maxClimb     = 2
-	minSplit     = 20 * time.Millisecond
+	minSplitMs   = 20
 	lengthSlack  = 8
-	// windowMargin: the fleet takes a window it predicts to open this
-	// much late (see fleetWindow).
-	windowMargin = 5 * time.Millisecond
+	// windowMarginMs: the fleet takes a window it predicts to open this
+	// many milliseconds late (see fleetWindow).
+	windowMarginMs = 5
 )
 
 // sharedNumbers are the numbers a script's text names as ${name}.
@@ -599,9 +599,9 @@ var sharedNumbers = map[string]int64{
 	"replyScale":        replyScale,
 	"probeWindows":      probeWindows,
 	"maxClimb":          maxClimb,
-	"minSplit":          minSplit.Milliseconds(),
+	"minSplit":          minSplitMs,
 	"lengthSlack":       lengthSlack,
-	"windowMargin":      windowMargin.Milliseconds(),
+	"windowMargin":      windowMarginMs,
 	"leftCounted":       int64(leftCounted),
 	"leftCapped":        int64(leftCapped),
 	"answerUncounted":   int64(answerUncounted),

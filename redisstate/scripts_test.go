@@ -88,7 +88,7 @@ func TestScriptsHaveGosNumbers(t *testing.T) {
 		"maxLevel":          constant.MakeInt64(maxLevel),
 		"probeWindows":      constant.MakeInt64(probeWindows),
 		"maxClimb":          constant.MakeInt64(maxClimb),
-		"minSplit":          constant.MakeInt64(int64(minSplit)),
+		"minSplit":          constant.MakeInt64(minSplitMs * 1_000_000),
 		"lengthSlack":       constant.MakeInt64(lengthSlack),
 	} {
 		theirs, ok := lq[name]
