@@ -120,3 +120,47 @@ func TestAFleetSendsAWindowsAllowanceTogether(t *testing.T) {
 		t.Errorf("the fleet had %d of the 70 requests the last 7 windows allow admitted: held back", lateAdmitted)
 	}
 }
+
+// TestASuspectedWindowHoldsTheFleetButItsTest: a refusal whose wait,
+// stated to the millisecond, points at a boundary holds the other
+// replicas until that boundary, while the replica that suspects the
+// window sends its test before it, as one process would.
+func TestASuspectedWindowHoldsTheFleetButItsTest(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	fc := clock.NewFake(fakeStart)
+	st := fakeStores(t, srv.url(), fc, 2)
+	a := st[0].Shared("w", limit.Config{Concurrency: 50, MaxConcurrency: 50})
+	b := st[1].Shared("w", limit.Config{Concurrency: 50, MaxConcurrency: 50})
+	for range 20 { // the fleet's 20 a second admitted
+		now := fc.Now()
+		for _, sh := range []limit.Shared{a, b} {
+			tk, _, ok := sh.Admit(now, 1, false)
+			if !ok {
+				continue
+			}
+			sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
+			sh.Return(&tk, now)
+		}
+		fc.Advance(50 * time.Millisecond)
+	}
+	now := fc.Now()
+	boundary := now.Add(600 * time.Millisecond)
+	tk, _, ok := a.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("admit")
+	}
+	a.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: boundary.Sub(now), PauseUntil: boundary}, now)
+	a.Return(&tk, now)
+	if _, at, ok := b.Admit(now.Add(time.Millisecond), 1, false); ok || at.Before(boundary) || at.After(boundary.Add(2*time.Millisecond)) {
+		t.Fatalf("the other replica admits (%v) or holds until %v; want the boundary, %v on", ok, at.Sub(now), boundary.Sub(now))
+	}
+	test := a.(*shared).local.PausedUntil() // its own closure's: until its test
+	if !test.Before(boundary) {
+		t.Fatalf("the suspecting replica holds until %v, not until its test before the boundary", test.Sub(now))
+	}
+	fc.Set(test)
+	if _, at, ok := a.Admit(test, 1, false); !ok {
+		t.Fatalf("the test did not go at %v; held until %v", test.Sub(now), at.Sub(now))
+	}
+}

@@ -45,6 +45,10 @@ type shared struct {
 	// localLeases are the leases that count, in Redis, the permits this
 	// replica took on its local limits and still holds.
 	localLeases []string
+	// stated is the boundary of this replica's closure stated to the
+	// millisecond, to which it paused the fleet (see learnArgsFor): until
+	// then its knocks, the closure's tests, pass that pause.
+	stated time.Time
 }
 
 func newShared(st *Store, key string, cfg limit.Config) *shared {
@@ -104,7 +108,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	returned := s.st.takeReturns(s.leases)
 	args := admitArgs{Now: s.st.scriptNow(), Cost: cost, Alone: alone, Lease: lease, LeaseTTL: s.st.cfg.LeaseTTL.Milliseconds(), Replica: s.st.replica,
 		Age: max(now.Sub(s.since).Milliseconds(), 0), KeyTTL: s.st.cfg.KeyTTL.Milliseconds(), DefaultClimit: s.cfg.Concurrency,
-		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Knock: knock, Returned: returned}
+		MaxClimit: s.cfg.MaxConcurrency, SlowStart: s.slowStart(), Windowed: windowed, Knock: knock && now.Before(s.stated), Returned: returned}
 	res, err := admitScript.Run(ctx, s.st.rdb(), []string{s.state, s.leases, s.waiting, s.climits, s.groupSent}, argv(args)...).Int64Slice()
 	s.st.commands.WithLabelValues("admit").Inc()
 	s.st.took(start, err)
@@ -296,6 +300,7 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 		// for the boundary, or what it sent meanwhile would be refused
 		// with the test. The test itself goes (admitArgs.Knock).
 		pause = clock.Later(pause, now.Add(r.Hint))
+		s.stated = now.Add(r.Hint)
 	}
 	// The answer counts toward the levels every replica judges the bound
 	// from, when Redis gave its permit (its level is the fleet's).
