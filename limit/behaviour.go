@@ -189,14 +189,13 @@ const (
 // 150 ms while the fleet's 20 a second go through, as the pace of its
 // third.
 func (l *learner) fleetAdmitted(total uint64, now time.Time) {
-	if total > l.fleetAdmits && l.fleetAdmits > 0 {
-		if others := int(min(total-l.fleetAdmits, 10000)) - l.ownAdmits; others > 0 {
-			l.admits.addN(now, others)
-		}
+	if total <= l.fleetAdmits {
+		return // no word yet of this replica's own since
 	}
-	if total > l.fleetAdmits {
-		l.fleetAdmits, l.ownAdmits = total, 0
+	if l.fleetAdmits > 0 { // the first word only marks the count
+		l.admits.addN(now, int(min(total-l.fleetAdmits, 10000))-l.ownAdmits)
 	}
+	l.fleetAdmits, l.ownAdmits = total, 0
 }
 
 // dispatched numbers a dispatch.

@@ -119,9 +119,9 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 // WindowGate tells a Shared kept elsewhere whether the group's fixed window
 // lets a request go at now, before it admits one from the shared state:
 // not while a closure holds it (until at; zero: until an answer), but one
-// knock at a time, which the next NoteDispatch records. (A window is not
-// closed for its allowance, which this replica's count cannot tell, but by
-// its first refusal.) Knock reports that the request is that knock: the
+// knock at a time, which the next NoteDispatch records. (This replica's
+// count cannot tell the window's allowance spent: its first refusal
+// closes it here, and the store kept elsewhere counts the fleet's.) Knock reports that the request is that knock: the
 // closure's test, which a pause the fleet took for the closure does not
 // hold. Windowed reports that the window's allowance paces the group: a
 // pace learned from refusals does not.

@@ -294,7 +294,9 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 	// wait, when the learned pace or concurrency limit holds the group;
 	// the fleet must not idle for what one replica declined.
 	pause := s.local.PausedUntil()
-	if w := v.Window; r.Verdict == limit.RateRefused && r.Hint%time.Second != 0 && w != nil && w.Closed && w.Stated {
+	// A refusal in a fixed window's closure, its wait to the millisecond.
+	msHint := r.Verdict == limit.RateRefused && r.Hint%time.Second != 0 && v.Window != nil
+	if msHint && v.Window.Closed && v.Window.Stated {
 		// A closure the hints state, to the millisecond: this replica
 		// holds only until its test, but the rest of the fleet waits
 		// for the boundary, or what it sent meanwhile would be refused
@@ -322,8 +324,8 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 	if remote {
 		sent = t.Requests
 	}
-	if w := v.Window; remote && r.Verdict == limit.RateRefused && r.Hint%time.Second != 0 && w != nil && w.ClosedUntil.After(now) {
-		bound = max(w.ClosedUntil.Sub(now).Milliseconds(), 1)
+	if remote && msHint && v.Window.ClosedUntil.After(now) {
+		bound = max(v.Window.ClosedUntil.Sub(now).Milliseconds(), 1)
 	}
 	// The pause travels as a length: a replica's clock moves only its own
 	// deadlines.
