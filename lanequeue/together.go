@@ -69,11 +69,14 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 	}
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
+	// Among replicas, a refused limit joins the group's trial whenever
+	// it is refused: the refusals that would join it here may have come
+	// to the others, and the group has one trial.
 	with := []*pool{root}
 	for _, o := range g.limits {
 		r := o.root()
-		if o.silent() && now.Sub(o.refusedAt) <= togetherSpan && (r.sharedBy == "" || r.trial != nil) &&
-			!slices.Contains(with, r) {
+		recent := now.Sub(o.refusedAt) <= togetherSpan || g.fleet && r.trial != nil
+		if o.silent() && recent && (r.sharedBy == "" || r.trial != nil) && !slices.Contains(with, r) {
 			with = append(with, r)
 		}
 	}
@@ -103,8 +106,11 @@ func (g *group) evenLocked(with []*pool) bool {
 
 // joinLocked puts the lanes of the limits in with on one limit on trial:
 // the first trial among them, or a new limit, which learns the one they
-// share afresh while theirs keep what they learned. Requires g.mu and
-// g.limMu held.
+// share afresh while theirs keep what they learned. Among replicas that
+// share the state, a group has one trial (see togetherLocked): each
+// replica sees its own part of the refusals, so they join different
+// models first, and the trials they make must pace on one state all the
+// same. Requires g.mu and g.limMu held.
 func (g *group) joinLocked(with []*pool) {
 	var t *pool
 	for _, r := range with {
@@ -115,10 +121,8 @@ func (g *group) joinLocked(with []*pool) {
 	}
 	if t == nil {
 		key := with[0].key
-		if g.fleet { // a name every replica that joins these agrees on
-			for _, r := range with {
-				key = min(key, r.key)
-			}
+		if g.fleet { // the name every replica gives the group's trial
+			key = g.key
 		}
 		key += "\x00" + refusedTogether
 		t = newPool(key, g.cfg, g.newShared(key, g.cfg.limitConfig()))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -315,5 +316,46 @@ func TestTail(t *testing.T) {
 		if got := tail(c.n, c.k, c.p); math.Abs(got-c.want) > 1e-12 {
 			t.Errorf("tail(%d, %d, %g) = %g, want %g", c.n, c.k, c.p, got, c.want)
 		}
+	}
+}
+
+// TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether: each
+// replica sees its own part of the refusals, so one joins gpt-a and gpt-b
+// on trial and another gpt-b and gpt-c; both pace on the one state the
+// group's trial has among replicas. A replica whose group has a trial
+// puts a model into it at the model's refusal, with no other refused
+// beside it: the refusals that would show it may have come to the others.
+func TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether(t *testing.T) {
+	var group atomic.Uint64
+	replica := func() *Table {
+		return NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)},
+			Shared: func(_ string, c limit.Config) limit.Shared {
+				return fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}
+			}})
+	}
+	cred := HashCredential("sk-silent")
+	lanesOf := func(tb *Table, models ...string) []*Lane {
+		var lanes []*Lane
+		for _, m := range models {
+			lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
+		}
+		return lanes
+	}
+	one, two := replica(), replica()
+	ab, bc := lanesOf(one, "gpt-a", "gpt-b"), lanesOf(two, "gpt-b", "gpt-c")
+	answerEach(t, ab, 0, headerparse.Limits{})
+	answerEach(t, bc, 0, headerparse.Limits{})
+	first, second := limitOf(ab[0]), limitOf(bc[0])
+	if first.trial == nil || second.trial == nil || limitOf(ab[1]) != first || limitOf(bc[1]) != second {
+		t.Fatal("a replica did not join its models refused together on trial")
+	}
+	if first.key != second.key {
+		t.Fatalf("the replicas' trials pace on different states: %q and %q", first.key, second.key)
+	}
+	ab[0].g.clock.(*clock.Fake).Advance(2 * togetherSpan) // the first refusals are long past
+	cd := lanesOf(one, "gpt-c", "gpt-d")
+	answerApart(t, cd, 0, headerparse.Limits{}, 2*togetherSpan)
+	if limitOf(cd[0]) != first || limitOf(cd[1]) != first {
+		t.Fatal("models refused apart did not join the group's trial, each at its refusal")
 	}
 }
