@@ -61,6 +61,13 @@ type windows struct {
 	runFrom   time.Time
 	run       int
 	lastAdmit time.Time // the latest admitted dispatch
+	// stray: the running window had a refusal that an admission of a
+	// later dispatch followed (prevStray: the window that ended). A
+	// fixed window refuses everything from its allowance's end to its
+	// boundary; an upstream that admits between refusals is a pace,
+	// over-sent (by several replicas, or turns of models sharing it), and
+	// a silent closure after it teaches no window.
+	stray, prevStray bool
 
 	// The windows: the running one began at start (a reopen), its first
 	// dispatch went at opened (a window counted from its first request
@@ -194,6 +201,7 @@ func (w *windows) roll(now time.Time) {
 	if w.known && w.lengthHi > 0 && !w.opened.IsZero() && !now.Before(w.opened.Add(w.lengthHi)) {
 		w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
 		w.start, w.opened, w.used, w.admitted, w.guessed = now, time.Time{}, 0, 0, false
+		w.stray = false
 		w.counted = false // no closure ended the window: what it admitted is no allowance
 	}
 }
@@ -261,6 +269,7 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 	}
 	if !w.runFrom.IsZero() && !d.Before(w.runFrom) {
 		w.runFrom, w.run = time.Time{}, 0
+		w.stray = true
 	}
 	if w.closed && w.stated && !w.confirmed && !d.Before(w.knockAt) && d.Before(w.lo) {
 		// The test (or, with replicas, another request sent as late) went
@@ -435,6 +444,7 @@ func (w *windows) close(since time.Time, stated bool) {
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen).
 	w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
+	w.prevStray, w.stray = w.stray, false
 	w.lastExtra, w.counted = w.extra(), false
 	w.full++
 	// Until it opens again, whatever was sent up to the closure's start
@@ -497,6 +507,14 @@ func (w *windows) next(now time.Time) {
 // sent in it already (the knock that found it open), and the closure's span
 // teaches the window's length.
 func (w *windows) reopen(at time.Time, used int) {
+	if !w.known && !w.stated && w.prevStray {
+		// Silent refusals after a window that admitted between its
+		// refusals: a pace over-sent, not an allowance spent. The
+		// closure ends, and teaches nothing; the count starts again.
+		w.open(at, used)
+		w.known = false
+		return
+	}
 	if w.prevGuessed && w.prevAdmitted*2 < w.allowance {
 		// The window that ended opened on a knock and was refused before
 		// it admitted half its allowance: the knock went before the
@@ -551,7 +569,7 @@ func (w *windows) reopen(at time.Time, used int) {
 func (w *windows) open(at time.Time, used int) {
 	w.guessed = used > 0 && !(w.stated && w.confirmed)
 	w.closed, w.known = false, true
-	w.knock = 0
+	w.knock, w.stray = 0, false
 	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
 	if used > 0 {
 		w.opened = at // the knock that found it open

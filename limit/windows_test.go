@@ -414,3 +414,30 @@ func TestAKnockThatEndsUnansweredLetsTheNextGo(t *testing.T) {
 		t.Fatal("the knock ended unanswered and no next knock may go")
 	}
 }
+
+// TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow: an upstream
+// that admitted requests sent after it refused one is a pace over-sent,
+// not a window (a window refuses everything from its allowance's end to
+// its boundary). When the group then over-sends it for a second and
+// more, the closure's knock ends it, and no window is learned from it;
+// the same silent run after a window with no such refusal teaches one.
+func TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow(t *testing.T) {
+	for _, stray := range []bool{true, false} {
+		r := &winRig{t: t}
+		now := r.burst(t0, 20)
+		if stray {
+			r.refuse(r.send(now), 0, now) // refused, then admitted after it
+			now = r.burst(now.Add(100*time.Millisecond), 20)
+		}
+		for took := false; !took; now = now.Add(200 * time.Millisecond) {
+			took = r.refuse(r.send(now), 0, now)
+		}
+		if !r.w.closed {
+			t.Fatal("a second of silent refusals did not close the group")
+		}
+		r.knockThrough(now, now, false) // the next knock is admitted
+		if r.w.closed || r.w.known == stray || (r.w.view() == nil) == !stray {
+			t.Fatalf("refused between admissions %v: closed %v, window known %v, view %+v", stray, r.w.closed, r.w.known, r.w.view())
+		}
+	}
+}
