@@ -69,14 +69,17 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 	}
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
-	// Among replicas, a refused limit joins the group's trial whenever
-	// it is refused: the refusals that would join it here may have come
-	// to the others, and the group has one trial.
+	// Among replicas, each sees its own part of the refusals, and the
+	// group has one trial: a refused limit joins it, or joins the group's
+	// other limits that were admitted without a word, refused here or not.
 	with := []*pool{root}
 	for _, o := range g.limits {
 		r := o.root()
-		recent := now.Sub(o.refusedAt) <= togetherSpan || g.fleet && r.trial != nil
-		if o.silent() && recent && (r.sharedBy == "" || r.trial != nil) && !slices.Contains(with, r) {
+		partner := o.silent() && now.Sub(o.refusedAt) <= togetherSpan
+		if g.fleet {
+			partner = o.admitted && !o.spoke
+		}
+		if partner && (r.sharedBy == "" || r.trial != nil) && !slices.Contains(with, r) {
 			with = append(with, r)
 		}
 	}

@@ -322,9 +322,10 @@ func TestTail(t *testing.T) {
 // TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether: each
 // replica sees its own part of the refusals, so one joins gpt-a and gpt-b
 // on trial and another gpt-b and gpt-c; both pace on the one state the
-// group's trial has among replicas. A replica whose group has a trial
-// puts a model into it at the model's refusal, with no other refused
-// beside it: the refusals that would show it may have come to the others.
+// group's trial has among replicas. A refused model joins the group's
+// trial, or the group's other models admitted without a word, with no
+// other refused beside it: the refusals that would show them sharing may
+// have come to the other replicas.
 func TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether(t *testing.T) {
 	var group atomic.Uint64
 	replica := func() *Table {
@@ -357,5 +358,19 @@ func TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether(t *testing.
 	answerApart(t, cd, 0, headerparse.Limits{}, 2*togetherSpan)
 	if limitOf(cd[0]) != first || limitOf(cd[1]) != first {
 		t.Fatal("models refused apart did not join the group's trial, each at its refusal")
+	}
+	// A third replica whose gpt-a was only ever admitted: gpt-b's first
+	// refusal joins the two, on the group's trial.
+	three := lanesOf(replica(), "gpt-a", "gpt-b")
+	for _, l := range []*Lane{three[0], three[0], three[1]} { // asked as often
+		s := sendOn(t, l)
+		report(s, limit.Report{Status: 200, Verdict: limit.Accepted})
+		s.release()
+	}
+	s := sendOn(t, three[1])
+	report(s, limit.Report{Status: 429, Verdict: limit.RateRefused})
+	s.release()
+	if j := limitOf(three[0]); j != limitOf(three[1]) || j.trial == nil || j.key != first.key {
+		t.Fatal("a replica that saw one model refused kept the group's models apart from the others' trial")
 	}
 }
