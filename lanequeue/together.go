@@ -197,10 +197,13 @@ func (g *group) judgeLocked(own, t *pool) bool {
 // splitLocked takes own out of t's trial: its lanes draw on a limit of
 // their own again, learned afresh (what it learned before the trial is as
 // old as the trial). The others go on drawing on t, on trial while two or
-// more remain; the group starts no other. Requires g.mu held.
+// more remain; the group starts no other. Among replicas, each splits on
+// its own evidence and at its own time: a fresh state would start slow on
+// a limit the others still pace, so own goes back to its model's state.
+// Requires g.mu held.
 func (g *group) splitLocked(own, t *pool) {
 	own.mergedInto = nil
-	if own.unanswered == 0 { // no answer is owed to the state it had
+	if own.unanswered == 0 && !g.fleet { // no answer is owed to the state it had
 		own.shared = g.newShared(own.key+"\x00apart", g.cfg.limitConfig())
 	}
 	tr := t.trial

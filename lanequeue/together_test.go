@@ -374,3 +374,33 @@ func TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether(t *testing.
 		t.Fatal("a replica that saw one model refused kept the group's models apart from the others' trial")
 	}
 }
+
+// TestAmongReplicasALimitLeavingTheTrialGoesBackToItsModelsState: one
+// process learns a limit split off the trial afresh; among replicas, each
+// splits on its own evidence and at its own time, and a fresh state would
+// start slow on a limit the others are pacing, so the limit goes back to
+// its model's state, the one every replica names alike.
+func TestAmongReplicasALimitLeavingTheTrialGoesBackToItsModelsState(t *testing.T) {
+	var group atomic.Uint64
+	tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)},
+		Shared: func(_ string, c limit.Config) limit.Shared {
+			return fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}
+		}})
+	cred := HashCredential("sk-silent")
+	var lanes []*Lane
+	for _, m := range []string{"gpt-a", "gpt-b"} {
+		lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
+	}
+	answerEach(t, lanes, 0, headerparse.Limits{})
+	trialLim := limitOf(lanes[0])
+	b := lanes[1].lim
+	before := b.shared
+	for i := 1; i <= 10; i++ {
+		if split := refuseOnTrial(lanes, trialLim, b, 2, lanes[0]); split != (i == 10) {
+			t.Fatalf("refusal %d: split %v", i, split)
+		}
+	}
+	if limitOf(lanes[1]) != b || b.shared != before {
+		t.Fatal("among replicas, gpt-b left the trial for a fresh state, not its model's")
+	}
+}
