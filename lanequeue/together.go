@@ -26,6 +26,13 @@ import (
 // fall on one lane that chance allows it less than splitChance, that limit
 // leaves the trial, to learn its own afresh; the group starts no trial
 // after that.
+//
+// Replicas that share the state each see a part of the refusals, so they
+// cannot wait to see two limits refused together: among them a group has
+// one trial, named by the group, that a refused silent limit joins with
+// the group's other silent limits asked as often, refused here or not;
+// and a limit that leaves it goes back to its model's state, which every
+// replica names alike (see togetherLocked, joinLocked, splitLocked).
 const (
 	togetherSpan = time.Second
 	// evenArrivals: limits are asked about as often when the least asked

@@ -121,10 +121,11 @@ func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond in
 // not while a closure holds it (until at; zero: until an answer), but one
 // knock at a time, which the next NoteDispatch records. (This replica's
 // count cannot tell the window's allowance spent: its first refusal
-// closes it here, and the store kept elsewhere counts the fleet's.) Knock reports that the request is that knock: the
-// closure's test, which a pause the fleet took for the closure does not
-// hold. Windowed reports that the window's allowance paces the group: a
-// pace learned from refusals does not.
+// closes it here, and the store kept elsewhere counts the fleet's.) Knock
+// reports that the request is that knock: the closure's test, which a
+// pause the fleet took for the closure does not hold. Windowed reports
+// that the window's allowance paces the group: a pace learned from
+// refusals does not.
 func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, knock, windowed bool) {
 	at, knock, ok = s.win.gate(now, false)
 	s.knockNext = ok && knock

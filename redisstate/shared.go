@@ -294,7 +294,8 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 	// wait, when the learned pace or concurrency limit holds the group;
 	// the fleet must not idle for what one replica declined.
 	pause := s.local.PausedUntil()
-	// A refusal in a fixed window's closure, its wait to the millisecond.
+	// A rate refusal whose wait is stated to the millisecond, in a group
+	// that has seen a fixed window's closure.
 	msHint := r.Verdict == limit.RateRefused && r.Hint%time.Second != 0 && v.Window != nil
 	if msHint && v.Window.Closed && v.Window.Stated {
 		// A closure the hints state, to the millisecond: this replica
