@@ -171,6 +171,10 @@ func (s *Store) rejoin() bool {
 	if !s.flushAdds() || !s.flushReturns() {
 		return false
 	}
+	// A failover may have lost removals the old primary took.
+	if err := s.removeAgain(); err != nil {
+		return false
+	}
 	if s.renew() != nil {
 		return false
 	}

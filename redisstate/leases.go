@@ -94,8 +94,15 @@ func (s *Store) removeReturned(held map[string]string) error {
 			s.returnLater(l, held[l])
 		}
 		s.failed("return", err)
+		return err
 	}
-	return err
+	s.mu.Lock()
+	now := s.now()
+	for _, l := range gone {
+		s.noteRemovedLocked(l, held[l], now)
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 func (s *Store) hold(lease, key string) {
@@ -115,4 +122,69 @@ func (s *Store) Held() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.leases)
+}
+
+// removal is a lease whose removal Redis took, at when.
+type removal struct {
+	lease, key string
+	at         time.Time
+}
+
+// maxRemovals bounds the removals kept for a rejoin to send again.
+const maxRemovals = 1 << 14
+
+// noteRemovedLocked keeps the removal of lease from key, which Redis took
+// at now. A primary answers a write before its replicas copy it: one lost
+// before they copied a removal, and the replica promoted in its place,
+// count the lease until it expires, a permit nobody holds. The rejoin
+// that follows the failover sends the removals of the last lease TTL
+// again (removeAgain); older leases have expired wherever they are.
+// Requires s.mu held.
+func (s *Store) noteRemovedLocked(lease, key string, now time.Time) {
+	cut, i := now.Add(-s.cfg.LeaseTTL), 0
+	for i < len(s.removed) && (s.removed[i].at.Before(cut) || len(s.removed)-i >= maxRemovals) {
+		i++
+	}
+	s.removed = s.removed[i:] // append copies what is left when it grows
+	s.removed = append(s.removed, removal{lease: lease, key: key, at: now})
+}
+
+// noteRemoved keeps the removals of leases from key that Redis took.
+func (s *Store) noteRemoved(key string, leases []string) {
+	s.mu.Lock()
+	now := s.now()
+	for _, l := range leases {
+		s.noteRemovedLocked(l, key, now)
+	}
+	s.mu.Unlock()
+}
+
+// removeAgain removes from Redis once more the leases removed within the
+// last lease TTL (see noteRemovedLocked). A lease is never held again once
+// given back, so this removes no permit anyone holds.
+func (s *Store) removeAgain() error {
+	s.mu.Lock()
+	cut := s.now().Add(-s.cfg.LeaseTTL)
+	var again []removal
+	for _, r := range s.removed {
+		if !r.at.Before(cut) {
+			again = append(again, r)
+		}
+	}
+	s.mu.Unlock()
+	if len(again) == 0 {
+		return nil
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	start := time.Now()
+	_, err := s.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, r := range again {
+			p.ZRem(ctx, r.key, r.lease)
+		}
+		return nil
+	})
+	s.commands.WithLabelValues("return").Inc()
+	s.took(start, err)
+	return err
 }

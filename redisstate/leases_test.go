@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // TestARenewalLeavesPendingLeasesToTheWriter: a permit taken locally
@@ -33,5 +35,61 @@ func TestARenewalLeavesPendingLeasesToTheWriter(t *testing.T) {
 	err := st.rdb().ZScore(context.Background(), sh.leases, "pending").Err()
 	if !errors.Is(err, redis.Nil) {
 		t.Fatalf("the lease given back before it was sent is in Redis (%v)", err)
+	}
+}
+
+// TestARejoinRemovesAgainTheLeasesAFailoverBroughtBack: a permit given
+// back and removed from Redis, whose removal the replica promoted in a
+// failover never copied (the lease is written back directly here), is
+// removed again when the store rejoins; a lease removed over a lease TTL
+// ago is not sent again. (A Sentinel failover test found such a lease
+// counted after every permit was back, until it expired.)
+func TestARejoinRemovesAgainTheLeasesAFailoverBroughtBack(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	sh := st.Shared("g", groupCfg).(*shared)
+	now := time.Now()
+	var tks []limit.Ticket
+	for range 2 {
+		tk, _, ok := sh.Admit(now, 1, false)
+		if !ok || tk.Lease == "" {
+			t.Fatalf("not admitted through Redis (%v, lease %q)", ok, tk.Lease)
+		}
+		tks = append(tks, tk)
+	}
+	for i := range tks {
+		sh.Return(&tks[i], now)
+	}
+	st.flush()
+	// The first one's removal is older than a lease TTL: it has expired
+	// wherever it is, and is not sent again.
+	st.mu.Lock()
+	if len(st.removed) != 2 {
+		st.mu.Unlock()
+		t.Fatalf("%d removals kept, want 2", len(st.removed))
+	}
+	for i, r := range st.removed {
+		if r.lease == tks[0].Lease {
+			st.removed[i].at = r.at.Add(-2 * time.Minute)
+		}
+	}
+	st.mu.Unlock()
+	ctx := context.Background()
+	exp := float64(time.Now().Add(time.Minute).UnixMilli())
+	for _, tk := range tks {
+		if err := st.rdb().ZAdd(ctx, sh.leases, redis.Z{Score: exp, Member: tk.Lease}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goLocal(st)
+	if !st.rejoin() {
+		t.Fatal("the store did not rejoin")
+	}
+	if err := st.rdb().ZScore(ctx, sh.leases, tks[1].Lease).Err(); !errors.Is(err, redis.Nil) {
+		t.Errorf("the lease whose removal the failover lost is still counted after the rejoin (%v)", err)
+	}
+	if err := st.rdb().ZScore(ctx, sh.leases, tks[0].Lease).Err(); err != nil {
+		t.Errorf("the lease removed over a TTL ago was removed again (%v): the rejoin sends more than it needs", err)
 	}
 }

@@ -124,6 +124,9 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 		}
 		return s.localAdmit(now, cost, alone)
 	}
+	if len(returned) > 0 {
+		s.st.noteRemoved(s.leases, returned)
+	}
 	return s.admitted(now, cost, lease, rep)
 }
 

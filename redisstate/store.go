@@ -115,6 +115,7 @@ type Store struct {
 	leases      map[string]string // lease -> leases key, renewed while held
 	returns     map[string]string // lease -> leases key, to remove once Redis answers
 	adds        map[string]string // lease -> leases key of a permit taken locally, to count in Redis
+	removed     []removal         // leases removed from Redis lately, oldest first (see noteRemovedLocked)
 	gives       []give            // budget give-backs waiting for the writer
 	closing     sync.Once
 	stop        chan struct{}

@@ -97,15 +97,17 @@ func (s *Store) flushReturns() bool {
 	})
 	s.commands.WithLabelValues("return").Inc()
 	s.took(start, err)
-	if err != nil {
-		s.mu.Lock()
-		for l, k := range returns {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for l, k := range returns {
+		if err != nil {
 			s.returns[l] = k
+		} else {
+			s.noteRemovedLocked(l, k, now)
 		}
-		s.mu.Unlock()
-		return false
 	}
-	return true
+	return err == nil
 }
 
 // takeReturns takes the leases of one leases key waiting to be removed
