@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -86,5 +87,72 @@ func TestAReplicaSeesModelsShareALimitByEveryReplicasCounts(t *testing.T) {
 		if fleet && limitOf(a).key != a.key.limitKey(false) {
 			t.Errorf("the shared limit is %q, not the one whose key sorts first (gpt-a's)", limitOf(a).key)
 		}
+	}
+}
+
+// outElsewhere is a fleetCounted state that shows permits out on other
+// replicas (out) besides this one's.
+type outElsewhere struct {
+	fleetCounted
+	out *atomic.Int64
+}
+
+func (o outElsewhere) View(now time.Time) limit.View {
+	v := o.fleetCounted.View(now)
+	v.InFlight += int(o.out.Load())
+	return v
+}
+
+// TestAtALimitsFirstAnswerAmongReplicasALimitWithPermitsOutElsewhereSharesIt:
+// another replica holds gpt-b's first request; this one sends gpt-a's,
+// the first of the group's, and its answer says the window fell by two.
+// By the counts alone nothing else of the group went before it, but
+// gpt-b's state had a permit out: that request may have been counted
+// first, so the two draw on one limit. With nothing of gpt-b's out, the
+// second request counted is another client's, and each keeps its own.
+func TestAtALimitsFirstAnswerAmongReplicasALimitWithPermitsOutElsewhereSharesIt(t *testing.T) {
+	for _, out := range []int64{1, 0} {
+		var group atomic.Uint64
+		elsewhere := map[string]*atomic.Int64{}
+		tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}, Shared: func(key string, c limit.Config) limit.Shared {
+			elsewhere[key] = new(atomic.Int64)
+			return outElsewhere{fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}, elsewhere[key]}
+		}})
+		cred := HashCredential("sk-shared")
+		a := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-a"})
+		b := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-b"})
+		elsewhere[b.key.limitKey(false)].Store(out)
+		s := mustGet(t, acquireAsync(context.Background(), a))
+		accept(s, headerparse.Limits{Requests: win(20, 18, t0.Add(time.Second))})
+		s.release()
+		if shared := limitOf(a) == limitOf(b); shared != (out > 0) {
+			t.Errorf("gpt-b with %d out elsewhere: the lanes draw on one limit %v, want %v", out, shared, out > 0)
+		}
+	}
+}
+
+// TestAfterALimitsFirstRequestAmongReplicasPermitsOutElsewhereTellNothing:
+// another replica sent gpt-a's first request; this one's is its second,
+// and the window fell by three. gpt-b's state has a permit out, but the
+// third request counted may as well be gpt-a's own, sent from another
+// replica just after this one: the lanes keep their own limits.
+func TestAfterALimitsFirstRequestAmongReplicasPermitsOutElsewhereTellNothing(t *testing.T) {
+	var group atomic.Uint64
+	seqs, elsewhere := map[string]*atomic.Uint64{}, map[string]*atomic.Int64{}
+	tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}, Shared: func(key string, c limit.Config) limit.Shared {
+		seqs[key], elsewhere[key] = new(atomic.Uint64), new(atomic.Int64)
+		return outElsewhere{fleetCounted{limit.NewMemory(c), seqs[key], &group}, elsewhere[key]}
+	}})
+	cred := HashCredential("sk-shared")
+	a := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-a"})
+	b := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-b"})
+	seqs[a.key.limitKey(false)].Add(1) // gpt-a's first, from another replica
+	group.Add(1)
+	elsewhere[b.key.limitKey(false)].Store(1)
+	s := mustGet(t, acquireAsync(context.Background(), a))
+	accept(s, headerparse.Limits{Requests: win(20, 17, t0.Add(time.Second))})
+	s.release()
+	if limitOf(a) == limitOf(b) {
+		t.Error("gpt-a's second request of all read gpt-b's permit out elsewhere as counted before it: the lanes draw on one limit")
 	}
 }

@@ -44,7 +44,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	if r.Verdict == limit.NotSent {
 		g.refundLocked(s) // it never reached the upstream
 	}
-	shared := g.shareLocked(lim, s, r.Limits.Requests)
+	shared := g.shareLocked(lim, s, r.Limits.Requests, now)
 	if g.togetherLocked(l.lim, s.lim, r, now) {
 		shared = true
 	}

@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/llmproxy/llmproxy/headerparse"
 )
@@ -13,11 +14,32 @@ import (
 // show it and that states the same window; and when lim's first answer
 // showed all that the group sent before it, every limit that sent before
 // it. It reports whether any joined. Requires g.mu held.
-func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window) bool {
+//
+// Among replicas, each reads a part of the limits' first answers, and
+// their first requests may have gone from others. At the answer to lim's
+// first request of all (the state holds a limit to one request until its
+// first answer), a limit whose state had permits out when this replica
+// last asked it (elsewhere) sent too, and what it had out may have been
+// counted first, whichever went first. Later, lim's own requests from
+// other replicas may be counted first too, and only the counts tell.
+func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.Time) bool {
 	if lim.mergedInto != nil || lim.sharedBy == "configured" {
 		return false
 	}
-	first := lim.share.observe(w, s)
+	var elsewhere []*pool
+	out := 0
+	if s.fleet && s.limSent == 1 {
+		for _, o := range g.limits {
+			if o == lim || o.mergedInto != nil || o.sharedBy == "configured" {
+				continue
+			}
+			if n := o.shared.View(now).InFlight; n > 0 {
+				elsewhere = append(elsewhere, o)
+				out += n
+			}
+		}
+	}
+	first := lim.share.observe(w, s, out)
 	if !lim.share.shows() {
 		return false
 	}
@@ -29,7 +51,7 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window) bool {
 			continue
 		}
 		sameWindow := o.share.stated == lim.share.stated || o.share.stated == 0
-		sentBefore := o.firstSeq > 0 && o.firstSeq < s.groupSent
+		sentBefore := o.firstSeq > 0 && o.firstSeq < s.groupSent || slices.Contains(elsewhere, o)
 		if sameWindow && (o.share.shows() || first && sentBefore) {
 			with = append(with, o)
 		}

@@ -29,7 +29,7 @@ func window20(remaining int64) headerparse.Window { return win(20, remaining, t0
 func TestAFirstAnswerOneRequestPastItsOwnDispatchShowsSharing(t *testing.T) {
 	var sh sharing
 	// The group's second dispatch, the limit's first: 20 - 1 own - 1 more.
-	if first := sh.observe(window20(20-1-minShareExcess), sentAs(at(0), 1, 2, 0)); !first {
+	if first := sh.observe(window20(20-1-minShareExcess), sentAs(at(0), 1, 2, 0), 0); !first {
 		t.Fatal("the first answer does not report the excess it showed")
 	}
 	if !sh.shows() {
@@ -49,7 +49,7 @@ func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
 	}{{bound, true}, {bound + 1, false}} {
 		var sh sharing
 		// The limit's first dispatch after the others' two.
-		sh.observe(window20(20-1-c.excess), sentAs(at(0), 1, 1+others, 0))
+		sh.observe(window20(20-1-c.excess), sentAs(at(0), 1, 1+others, 0), 0)
 		if sh.shows() != c.shows {
 			t.Errorf("an excess of %d over %d sent by others: shows %v, want %v", c.excess, others, sh.shows(), c.shows)
 		}
@@ -63,9 +63,9 @@ func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
 // fall of two more shows nothing.
 func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
 	var sh sharing
-	sh.observe(window20(19), sentAs(at(0), 1, 1, 0))
+	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0)
 	// The limit's second dispatch and the group's second: nobody else sent.
-	if first := sh.observe(window20(19-1-2), sentAs(at(time.Second), 2, 2, 0)); first {
+	if first := sh.observe(window20(19-1-2), sentAs(at(time.Second), 2, 2, 0), 0); first {
 		t.Fatal("a later answer reported as the first")
 	}
 	if sh.shows() {
@@ -80,9 +80,9 @@ func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
 // shows sharing.
 func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
 	var sh sharing
-	sh.observe(window20(19), sentAs(at(0), 1, 1, 0))
+	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0)
 	// Its second dispatch, the group's fourth: two of the others' between.
-	sh.observe(window20(19-1-3), sentAs(at(time.Second), 2, 4, 0))
+	sh.observe(window20(19-1-3), sentAs(at(time.Second), 2, 4, 0), 0)
 	if !sh.shows() {
 		t.Fatal("a fall of three past one own dispatch, with two of the others', shows no sharing")
 	}
@@ -94,9 +94,9 @@ func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
 func TestACountThatFallsByItsOwnDispatchesShowsNoSharing(t *testing.T) {
 	var sh sharing
 	// Another lane sent first; the limit's count fell by its one alone.
-	sh.observe(window20(19), sentAs(at(0), 1, 2, 0))
+	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0)
 	// Two more of its own and two of the others': fell by its two.
-	sh.observe(window20(17), sentAs(at(time.Second), 3, 6, 0))
+	sh.observe(window20(17), sentAs(at(time.Second), 3, 6, 0), 0)
 	if sh.shows() {
 		t.Fatal("a count that fell by the limit's own dispatches shows sharing")
 	}
@@ -111,10 +111,10 @@ func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T)
 	var sh sharing
 	// Its third dispatch, with its first two still out, answered first:
 	// the upstream counted only the third.
-	sh.observe(window20(20-1), sentAs(at(0), 3, 3, late))
+	sh.observe(window20(20-1), sentAs(at(0), 3, 3, late), 0)
 	// One more of its own and two of the others': the two that were out
 	// reached the upstream since, with it.
-	sh.observe(window20(20-1-late-1), sentAs(at(time.Second), 4, 6, 0))
+	sh.observe(window20(20-1-late-1), sentAs(at(time.Second), 4, 6, 0), 0)
 	if sh.shows() {
 		t.Fatal("requests in flight at the last answer, counted after it, show sharing")
 	}
@@ -129,15 +129,15 @@ func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T)
 func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
 	var sh sharing
 	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
-	sh.observe(unstated(15), sentAs(at(0), 1, 1, 0))
+	sh.observe(unstated(15), sentAs(at(0), 1, 1, 0), 0)
 	// Four of its own since, four out when this one went.
-	sh.observe(unstated(11), sentAs(at(time.Second), 5, 5, 4))
+	sh.observe(unstated(11), sentAs(at(time.Second), 5, 5, 4), 0)
 	if sh.shows() {
 		t.Fatal("a fall by the limit's own four shows sharing")
 	}
 	// Two more of its own, three of the others': a fall of six, which
 	// its two and the four that were out could explain step by step.
-	sh.observe(unstated(5), sentAs(at(2*time.Second), 7, 10, 0))
+	sh.observe(unstated(5), sentAs(at(2*time.Second), 7, 10, 0), 0)
 	if !sh.shows() {
 		t.Fatal("a fall of ten over the limit's six since its first answer shows no sharing")
 	}
@@ -154,9 +154,9 @@ func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
 func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
 	var sh sharing
 	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
-	sh.observe(unstated(19), sentAs(at(0), 1, 1, 0))
-	sh.observe(unstated(18), sentAs(at(time.Second), 2, 4, 0)) // its own one
-	sh.observe(unstated(12), sentAs(at(2*time.Second), 3, 6, 0))
+	sh.observe(unstated(19), sentAs(at(0), 1, 1, 0), 0)
+	sh.observe(unstated(18), sentAs(at(time.Second), 2, 4, 0), 0) // its own one
+	sh.observe(unstated(12), sentAs(at(2*time.Second), 3, 6, 0), 0)
 	if sh.excess != 5 || sh.others != 3 {
 		t.Fatalf("counted an excess of %v over %v sent by others, want 5 over 3", sh.excess, sh.others)
 	}
@@ -170,11 +170,11 @@ func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
 // a count that then falls by the limit's own dispatches adds nothing.
 func TestAnExcessCountedOnceIsNotCountedAgain(t *testing.T) {
 	var sh sharing
-	sh.observe(window20(20-1-2), sentAs(at(0), 1, 3, 0)) // two of the others' first
+	sh.observe(window20(20-1-2), sentAs(at(0), 1, 3, 0), 0) // two of the others' first
 	if sh.excess != 2 {
 		t.Fatalf("the first answer counted %v, want 2", sh.excess)
 	}
-	sh.observe(window20(20-1-2-1), sentAs(at(time.Second), 2, 4, 0))
+	sh.observe(window20(20-1-2-1), sentAs(at(time.Second), 2, 4, 0), 0)
 	if sh.excess != 2 {
 		t.Fatalf("a fall by the limit's own dispatch added to the excess: %v", sh.excess)
 	}
@@ -373,4 +373,26 @@ func TestAReplicasAnswerIsAskedForWhenTheFirstAnswerWindowWouldHold(t *testing.T
 	mustBlock(t, ch)
 	fc.Advance(firstAnswerWindow)
 	mustGet(t, ch).release()
+}
+
+// TestAmongReplicasAFirstAnswerAllowsForTheLimitsRequestsOutWhenItWent: a
+// limit's first answer read on this replica, to its second request of
+// all, sent with one of its requests out: the window fell by three. In
+// one process the third is another lane's; among replicas it may be the
+// limit's own, sent from another replica just after this one and counted
+// first, as many as it had out: no excess. One more gone shows one.
+func TestAmongReplicasAFirstAnswerAllowsForTheLimitsRequestsOutWhenItWent(t *testing.T) {
+	for _, c := range []struct {
+		fleet     bool
+		remaining int64
+		shows     bool
+	}{{false, 17, true}, {true, 17, false}, {true, 16, true}} {
+		var sh sharing
+		s := sentAs(at(0), 2, 8, 1)
+		s.fleet = c.fleet
+		sh.observe(window20(c.remaining), s, 0)
+		if sh.shows() != c.shows {
+			t.Errorf("fleet %v, %d left: shows sharing %v, want %v", c.fleet, c.remaining, sh.shows(), c.shows)
+		}
+	}
 }

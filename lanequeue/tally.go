@@ -69,8 +69,10 @@ const (
 // with nothing else of the limit's in flight; it reports whether that one
 // showed an excess, which the group's dispatches before it must have made
 // (they may reach the upstream in another order than they went: which of
-// them did is not told).
-func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
+// them did is not told). out is what the group's other limits had out
+// elsewhere at a first answer among replicas (see shareLocked): those
+// went in any order with it, and count as others' for it.
+func (sh *sharing) observe(w headerparse.Window, s *Slot, out int) (first bool) {
 	if !w.HasRemaining {
 		return false
 	}
@@ -86,6 +88,12 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 	if isFirst && w.Limit > 0 {
 		// Nothing sent, nothing in flight.
 		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1
+		if now.fleet {
+			// Among replicas, the limit's requests that went from others
+			// just after this one may be counted before it, and would
+			// read as others': as many as it had out when it went.
+			sh.bases[0].inFlight = now.inFlight
+		}
 	}
 	if sh.n > 0 && !now.dispatched.After(sh.bases[sh.n-1].dispatched) {
 		return false // an answer to an earlier request, come late
@@ -93,7 +101,7 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot) (first bool) {
 	var excess, others float64
 	for _, b := range sh.bases[:sh.n] {
 		own := float64(now.limSent - b.limSent)
-		o := float64(now.groupSent-b.groupSent) - own
+		o := float64(now.groupSent-b.groupSent) - own + float64(out)
 		// Requests sent before the base may reach the upstream after
 		// it: its count may lack them.
 		if e := float64(b.remaining-now.remaining) - own - float64(b.inFlight); e >= 1 && o > 0 && e > excess {
