@@ -153,6 +153,14 @@ func (l *pool) root() *pool {
 // were admitted and its latest was refused.
 func (l *pool) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
 
+// silentElsewhere reports whether, among replicas, l's state learned a
+// pace from refusals with l saying nothing of counts here: it learns one
+// only while the upstream admits some of the limit's requests, on any
+// replica (see together).
+func (l *pool) silentElsewhere(now time.Time) bool {
+	return !l.spoke && l.shared.View(now).FromRefusals()
+}
+
 // sentOnTrialLocked counts a dispatch by t, on trial, for a lane made
 // with own. Requires g.mu held.
 func (t *pool) sentOnTrialLocked(own *pool) {

@@ -30,7 +30,10 @@ import (
 // Replicas that share the state each see a part of the refusals, so they
 // cannot wait to see two limits refused together: among them a group has
 // one trial, named by the group, that a refused silent limit joins with
-// the group's other silent limits asked as often, refused here or not;
+// the group's other silent limits asked as often, refused here or not (a
+// limit is silent there when admitted here, or when its state learned a
+// pace from refusals, which it does only while the upstream admits some:
+// a replica's first answers may all be refusals);
 // and a limit that leaves it goes back to its model's state, which every
 // replica names alike (see togetherLocked, joinLocked, splitLocked).
 const (
@@ -71,7 +74,7 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 		// decides who is refused, not one member's asking alone.
 		return issuer == root && g.contrastLocked(own, root) && g.judgeLocked(own, root)
 	}
-	if g.apart || !g.cfg.Limits.IsZero() || !own.silent() || root.sharedBy != "" {
+	if g.apart || !g.cfg.Limits.IsZero() || !own.silent() && !(g.fleet && own.silentElsewhere(now)) || root.sharedBy != "" {
 		return false
 	}
 	g.limMu.Lock()
@@ -84,7 +87,7 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 		r := o.root()
 		partner := o.silent() && now.Sub(o.refusedAt) <= togetherSpan
 		if g.fleet {
-			partner = o.admitted && !o.spoke
+			partner = (o.admitted || o.silentElsewhere(now)) && !o.spoke
 		}
 		if partner && (r.sharedBy == "" || r.trial != nil) && !slices.Contains(with, r) {
 			with = append(with, r)

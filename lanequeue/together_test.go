@@ -404,3 +404,54 @@ func TestAmongReplicasALimitLeavingTheTrialGoesBackToItsModelsState(t *testing.T
 		t.Fatal("among replicas, gpt-b left the trial for a fresh state, not its model's")
 	}
 }
+
+// TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial: a replica
+// whose first answers for gpt-a and gpt-b are all refusals, while the
+// other replicas' answers taught both models' states a pace from refusals
+// (which a state learns only while the upstream admits some): the two
+// join the group's trial at these refusals, as they would had this
+// replica seen an admission. Where the states learned nothing, the
+// refusals may be a closed door, and nothing joins.
+func TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial(t *testing.T) {
+	for _, elsewhere := range []bool{true, false} {
+		var group atomic.Uint64
+		states := map[string]*limit.Memory{}
+		tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)},
+			Shared: func(key string, c limit.Config) limit.Shared {
+				states[key] = limit.NewMemory(c)
+				return fleetCounted{states[key], new(atomic.Uint64), &group}
+			}})
+		cred := HashCredential("sk-silent")
+		var lanes []*Lane
+		for _, m := range []string{"gpt-a", "gpt-b"} {
+			lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
+		}
+		if elsewhere {
+			for _, st := range states { // another replica's answers
+				for _, r := range []limit.Report{{Status: 200, Verdict: limit.Accepted}, {Status: 429, Verdict: limit.RateRefused}} {
+					tk, _, ok := st.Admit(t0, 1, true)
+					if !ok {
+						t.Fatal("the other replica's request was not admitted")
+					}
+					st.Learn(&tk, r, t0)
+					st.Return(&tk, t0)
+				}
+				if !st.View(t0).FromRefusals() {
+					t.Fatal("the model's state learned no pace from the other replica's refusal")
+				}
+			}
+		}
+		var slots []*Slot
+		for _, l := range lanes {
+			slots = append(slots, sendOn(t, l))
+		}
+		for _, s := range slots {
+			report(s, limit.Report{Status: 429, Verdict: limit.RateRefused})
+			s.release()
+		}
+		joined := limitOf(lanes[0]) == limitOf(lanes[1]) && limitOf(lanes[0]).trial != nil
+		if joined != elsewhere {
+			t.Errorf("states taught elsewhere %v: the models joined on trial %v", elsewhere, joined)
+		}
+	}
+}
