@@ -121,12 +121,17 @@ func TestAtALimitsFirstAnswerAmongReplicasALimitWithPermitsOutElsewhereSharesIt(
 		cred := HashCredential("sk-shared")
 		a := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-a"})
 		b := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-b"})
+		// gpt-c has nothing out: whatever else shows, it sent nothing.
+		c := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-c"})
 		elsewhere[b.key.limitKey(false)].Store(out)
 		s := mustGet(t, acquireAsync(context.Background(), a))
 		accept(s, headerparse.Limits{Requests: win(20, 18, t0.Add(time.Second))})
 		s.release()
 		if shared := limitOf(a) == limitOf(b); shared != (out > 0) {
 			t.Errorf("gpt-b with %d out elsewhere: the lanes draw on one limit %v, want %v", out, shared, out > 0)
+		}
+		if limitOf(c) == limitOf(a) {
+			t.Errorf("gpt-b with %d out elsewhere: gpt-c, with nothing out, joined gpt-a's limit", out)
 		}
 	}
 }

@@ -83,3 +83,23 @@ func countIn(lanes []*Lane, f func(*Lane) int) (n int) {
 	}
 	return n
 }
+
+// TestALimitThatNeverSentJoinsNoFirstAnswersShare: gpt-a and gpt-b each
+// send one and gpt-b's first answer shows the window fell by both; gpt-c,
+// whose lane was made but has sent nothing, is not among those that sent
+// before it, and keeps its own limit.
+func TestALimitThatNeverSentJoinsNoFirstAnswersShare(t *testing.T) {
+	tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}})
+	cred := HashCredential("sk-gateway")
+	var lanes []*Lane
+	for _, m := range []string{"gpt-a", "gpt-b", "gpt-c"} {
+		lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
+	}
+	firstAnswers(t, lanes[:2], func(i int) int64 { return int64(19 - i) })
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("gpt-a and gpt-b, whose window fell by both, keep limits of their own")
+	}
+	if limitOf(lanes[2]) == limitOf(lanes[1]) {
+		t.Error("gpt-c, which sent nothing, joined gpt-b's limit at gpt-b's first answer")
+	}
+}

@@ -3,6 +3,7 @@ package redisstate
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
@@ -62,12 +63,29 @@ func TestARejoinRemovesAgainTheLeasesAFailoverBroughtBack(t *testing.T) {
 		sh.Return(&tks[i], now)
 	}
 	st.flush()
+	// A third whose return goes with the next admission (given back as
+	// Return does, but with the writer not woken to send it first).
+	tk, _, ok := sh.Admit(now, 1, false)
+	if !ok || tk.Lease == "" {
+		t.Fatal("the third request was not admitted through Redis")
+	}
+	st.drop(tk.Lease)
+	st.mu.Lock()
+	st.returns[tk.Lease] = sh.leases
+	st.mu.Unlock()
+	next, _, ok := sh.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("the fourth request was not admitted")
+	}
+	sh.Return(&next, now)
+	st.flush()
+	tks = append(tks, tk)
 	// The first one's removal is older than a lease TTL: it has expired
 	// wherever it is, and is not sent again.
 	st.mu.Lock()
-	if len(st.removed) != 2 {
+	if len(st.removed) != 4 {
 		st.mu.Unlock()
-		t.Fatalf("%d removals kept, want 2", len(st.removed))
+		t.Fatalf("%d removals kept, want 4", len(st.removed))
 	}
 	for i, r := range st.removed {
 		if r.lease == tks[0].Lease {
@@ -86,10 +104,30 @@ func TestARejoinRemovesAgainTheLeasesAFailoverBroughtBack(t *testing.T) {
 	if !st.rejoin() {
 		t.Fatal("the store did not rejoin")
 	}
-	if err := st.rdb().ZScore(ctx, sh.leases, tks[1].Lease).Err(); !errors.Is(err, redis.Nil) {
-		t.Errorf("the lease whose removal the failover lost is still counted after the rejoin (%v)", err)
+	for _, tk := range tks[1:] {
+		if err := st.rdb().ZScore(ctx, sh.leases, tk.Lease).Err(); !errors.Is(err, redis.Nil) {
+			t.Errorf("the lease %s whose removal the failover lost is still counted after the rejoin (%v)", tk.Lease, err)
+		}
 	}
 	if err := st.rdb().ZScore(ctx, sh.leases, tks[0].Lease).Err(); err != nil {
 		t.Errorf("the lease removed over a TTL ago was removed again (%v): the rejoin sends more than it needs", err)
+	}
+}
+
+// TestTheRemovalsKeptForARejoinAreBounded: past maxRemovals recent
+// removals, each new one drops the oldest; removals older than a lease TTL
+// are dropped whatever their number.
+func TestTheRemovalsKeptForARejoinAreBounded(t *testing.T) {
+	st := &Store{cfg: Config{LeaseTTL: time.Minute}}
+	now := time.Now()
+	for i := range maxRemovals + 1 {
+		st.noteRemovedLocked(strconv.Itoa(i), "k", now)
+	}
+	if n := len(st.removed); n != maxRemovals || st.removed[0].lease != "1" {
+		t.Fatalf("%d removals kept from %q, want %d from the second", n, st.removed[0].lease, maxRemovals)
+	}
+	st.noteRemovedLocked("late", "k", now.Add(time.Minute+time.Millisecond))
+	if n := len(st.removed); n != 1 || st.removed[0].lease != "late" {
+		t.Fatalf("%d removals kept after a lease TTL, want only the latest", n)
 	}
 }
