@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -160,4 +161,31 @@ func TestAfterALimitsFirstRequestAmongReplicasPermitsOutElsewhereTellNothing(t *
 	if limitOf(a) == limitOf(b) {
 		t.Error("gpt-a's second request of all read gpt-b's permit out elsewhere as counted before it: the lanes draw on one limit")
 	}
+}
+
+// TestFirstAnswersAmongReplicasReadTheLimitsWhileNewModelsArrive: the
+// table adds a new model's limit to its group holding the group's limit
+// lock only; a first answer among replicas, which reads the group's
+// limits, must take it too (the race detector, or Go's map check, tells).
+func TestFirstAnswersAmongReplicasReadTheLimitsWhileNewModelsArrive(t *testing.T) {
+	var group atomic.Uint64
+	tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}, Shared: func(key string, c limit.Config) limit.Shared {
+		return outElsewhere{fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}, new(atomic.Int64)}
+	}})
+	cred := HashCredential("sk-shared")
+	key := func(m string) Key { return Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m} }
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			tb.laneFor(key("new-" + strconv.Itoa(i)))
+		}
+	}()
+	for i := range 200 {
+		l := tb.laneFor(key("first-" + strconv.Itoa(i))) // each one's first request of all
+		s := mustGet(t, acquireAsync(context.Background(), l))
+		accept(s, headerparse.Limits{Requests: win(20, 19, t0.Add(time.Second))})
+		s.release()
+	}
+	<-done
 }

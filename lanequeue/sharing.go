@@ -18,26 +18,30 @@ import (
 // Among replicas, each reads a part of the limits' first answers, and
 // their first requests may have gone from others. At the answer to lim's
 // first request of all (the state holds a limit to one request until its
-// first answer), a limit whose state had permits out when this replica
-// last asked it (elsewhere) sent too, and what it had out may have been
-// counted first, whichever went first. Later, lim's own requests from
-// other replicas may be counted first too, and only the counts tell.
+// first answer), a limit whose state had permits out, on any replica,
+// when this replica last asked it (hadOut) sent too, and what it had out
+// may have been counted first, whichever went first (some of it may be in
+// the counts already: the bound on the excess is then looser). Later,
+// lim's own requests from other replicas may be counted first too, and
+// only the counts tell.
 func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.Time) bool {
 	if lim.mergedInto != nil || lim.sharedBy == "configured" {
 		return false
 	}
-	var elsewhere []*pool
+	var hadOut []*pool
 	out := 0
 	if s.fleet && s.limSent == 1 {
+		g.limMu.Lock()
 		for _, o := range g.limits {
 			if o == lim || o.mergedInto != nil || o.sharedBy == "configured" {
 				continue
 			}
 			if n := o.shared.View(now).InFlight; n > 0 {
-				elsewhere = append(elsewhere, o)
+				hadOut = append(hadOut, o)
 				out += n
 			}
 		}
+		g.limMu.Unlock()
 	}
 	first := lim.share.observe(w, s, out)
 	if !lim.share.shows() {
@@ -51,7 +55,7 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.T
 			continue
 		}
 		sameWindow := o.share.stated == lim.share.stated || o.share.stated == 0
-		sentBefore := o.firstSeq > 0 && o.firstSeq < s.groupSent || slices.Contains(elsewhere, o)
+		sentBefore := o.firstSeq > 0 && o.firstSeq < s.groupSent || slices.Contains(hadOut, o)
 		if sameWindow && (o.share.shows() || first && sentBefore) {
 			with = append(with, o)
 		}

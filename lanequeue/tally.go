@@ -69,9 +69,9 @@ const (
 // with nothing else of the limit's in flight; it reports whether that one
 // showed an excess, which the group's dispatches before it must have made
 // (they may reach the upstream in another order than they went: which of
-// them did is not told). out is what the group's other limits had out
-// elsewhere at a first answer among replicas (see shareLocked): those
-// went in any order with it, and count as others' for it.
+// them did is not told). out is what the group's other limits had out,
+// on any replica, at a first answer among replicas (see shareLocked):
+// those went in any order with it, and count as others' for it.
 func (sh *sharing) observe(w headerparse.Window, s *Slot, out int) (first bool) {
 	if !w.HasRemaining {
 		return false
