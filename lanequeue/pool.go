@@ -154,9 +154,13 @@ func (l *pool) root() *pool {
 func (l *pool) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
 
 // silentElsewhere reports whether, among replicas, l's state learned a
-// pace from refusals with l saying nothing of counts here: it learns one
-// only while the upstream admits some of the limit's requests, on any
-// replica (see together).
+// pace from refusals with l saying nothing of counts here: a replica's
+// state takes a refusal for a limit's, and learns a pace, while the
+// upstream admits requests, any replica's (the store tells it), so l may
+// have been admitted only elsewhere (see together). (A short hint also
+// sets a pace while nothing is admitted: a closed door that sends one
+// can join silent models on trial, which then pace as one until it
+// opens and the trial's turns tell them apart.)
 func (l *pool) silentElsewhere(now time.Time) bool {
 	return !l.spoke && l.shared.View(now).FromRefusals()
 }

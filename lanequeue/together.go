@@ -31,9 +31,9 @@ import (
 // cannot wait to see two limits refused together: among them a group has
 // one trial, named by the group, that a refused silent limit joins with
 // the group's other silent limits asked as often, refused here or not (a
-// limit is silent there when admitted here, or when its state learned a
-// pace from refusals, which it does only while the upstream admits some:
-// a replica's first answers may all be refusals);
+// limit counts as admitted there when admitted here, or when its state
+// learned a pace from a refusal here while the upstream admitted other
+// replicas' requests: a replica's first answers may all be refusals);
 // and a limit that leaves it goes back to its model's state, which every
 // replica names alike (see togetherLocked, joinLocked, splitLocked).
 const (

@@ -406,12 +406,12 @@ func TestAmongReplicasALimitLeavingTheTrialGoesBackToItsModelsState(t *testing.T
 }
 
 // TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial: a replica
-// whose first answers for gpt-a and gpt-b are all refusals, while the
-// other replicas' answers taught both models' states a pace from refusals
-// (which a state learns only while the upstream admits some): the two
-// join the group's trial at these refusals, as they would had this
-// replica seen an admission. Where the states learned nothing, the
-// refusals may be a closed door, and nothing joins.
+// whose answers for gpt-a and gpt-b are all refusals, while the store
+// says the upstream admitted the other replicas' requests lately: each
+// refusal teaches the model's state a pace (a refusal while the upstream
+// admits some is a limit's), and the two join the group's trial as they
+// would had this replica seen an admission. With nothing admitted
+// anywhere the refusals may be a closed door's, and nothing joins.
 func TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial(t *testing.T) {
 	for _, elsewhere := range []bool{true, false} {
 		var group atomic.Uint64
@@ -427,18 +427,8 @@ func TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial(t *testing.T) {
 			lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
 		}
 		if elsewhere {
-			for _, st := range states { // another replica's answers
-				for _, r := range []limit.Report{{Status: 200, Verdict: limit.Accepted}, {Status: 429, Verdict: limit.RateRefused}} {
-					tk, _, ok := st.Admit(t0, 1, true)
-					if !ok {
-						t.Fatal("the other replica's request was not admitted")
-					}
-					st.Learn(&tk, r, t0)
-					st.Return(&tk, t0)
-				}
-				if !st.View(t0).FromRefusals() {
-					t.Fatal("the model's state learned no pace from the other replica's refusal")
-				}
+			for _, st := range states { // as a store tells of the other replicas' answers
+				st.NoteFleet(t0, 0, 0, 1, t0)
 			}
 		}
 		var slots []*Slot
