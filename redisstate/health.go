@@ -171,10 +171,9 @@ func (s *Store) rejoin() bool {
 	if !s.flushAdds() || !s.flushReturns() {
 		return false
 	}
-	// A failover may have lost removals the old primary took.
-	if err := s.removeAgain(); err != nil {
-		return false
-	}
+	// A failover may have lost removals the old primary took. Best
+	// effort: a lease it misses lapses within its TTL, as it would have.
+	s.removeAgain()
 	if s.renew() != nil {
 		return false
 	}
