@@ -195,6 +195,7 @@ func (s *Server) run() error {
 	}
 	cmd := exec.Command(s.program, args...)
 	cmd.Dir = s.dir
+	setDeathSignal(cmd)
 	s.out = &tail{}
 	cmd.Stdout, cmd.Stderr = s.out, s.out
 	if err := cmd.Start(); err != nil {
