@@ -153,15 +153,15 @@ func (l *pool) root() *pool {
 // were admitted and its latest was refused.
 func (l *pool) silent() bool { return l.admitted && !l.spoke && !l.refusedAt.IsZero() }
 
-// silentElsewhere reports whether, among replicas, l's state learned a
-// pace from refusals with l saying nothing of counts here: a replica's
-// state takes a refusal for a limit's, and learns a pace, while the
-// upstream admits requests, any replica's (the store tells it), so l may
+// pacedFromRefusals reports whether l said nothing of counts here and its
+// state learned a pace from refusals: a replica's state takes a refusal
+// here for a limit's, and learns a pace, while the upstream admits
+// requests, any replica's (the store tells it), so among replicas l may
 // have been admitted only elsewhere (see together). (A short hint also
 // sets a pace while nothing is admitted: a closed door that sends one
 // can join silent models on trial, which then pace as one until it
 // opens and the trial's turns tell them apart.)
-func (l *pool) silentElsewhere(now time.Time) bool {
+func (l *pool) pacedFromRefusals(now time.Time) bool {
 	return !l.spoke && l.shared.View(now).FromRefusals()
 }
 

@@ -74,7 +74,7 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 		// decides who is refused, not one member's asking alone.
 		return issuer == root && g.contrastLocked(own, root) && g.judgeLocked(own, root)
 	}
-	if g.apart || !g.cfg.Limits.IsZero() || !own.silent() && !(g.fleet && own.silentElsewhere(now)) || root.sharedBy != "" {
+	if g.apart || !g.cfg.Limits.IsZero() || !own.silent() && !(g.fleet && own.pacedFromRefusals(now)) || root.sharedBy != "" {
 		return false
 	}
 	g.limMu.Lock()
@@ -87,7 +87,7 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 		r := o.root()
 		partner := o.silent() && now.Sub(o.refusedAt) <= togetherSpan
 		if g.fleet {
-			partner = (o.admitted || o.silentElsewhere(now)) && !o.spoke
+			partner = (o.admitted || o.pacedFromRefusals(now)) && !o.spoke
 		}
 		if partner && (r.sharedBy == "" || r.trial != nil) && !slices.Contains(with, r) {
 			with = append(with, r)
