@@ -139,6 +139,12 @@ const (
 	// knockSteps of them at most, at least minSplit apart.
 	knockSteps = 2
 	minSplit   = 20 * time.Millisecond
+	// lateShare: once the interval left is within this share of the
+	// window's length, the knock goes at its end. Every refused knock is
+	// a refusal the upstream sees (and, where refusals count, spends the
+	// allowance); at its end the window is open, late by at most that
+	// share.
+	lateShare = 0.03
 	// probeWindows: one window in probeWindows sends one more than the
 	// allowance, to find an allowance that grew; after one that admitted
 	// it, the next window sends twice as many more, up to 1<<maxClimb.
@@ -487,11 +493,15 @@ func (w *windows) predict(now time.Time) {
 // next sets when the closure's next knock goes. Where the boundary is
 // known to lie in an interval (stated by hints, or predicted by the
 // window's length), knocks step through it from its start, knockSteps of
-// them at most (at a stated hi the window is open); elsewhere a knock goes
+// them at most (at a stated hi the window is open), and at its end once
+// it is within lateShare of the window's length; elsewhere a knock goes
 // a share of the closure's length so far after the last.
 func (w *windows) next(now time.Time) {
 	if !w.hi.IsZero() {
 		step := max(minSplit, w.hi.Sub(w.lo)/knockSteps)
+		if w.hi.Sub(w.lo) <= time.Duration(lateShare*float64(w.length())) {
+			step = w.hi.Sub(w.lo) // late by a little rather than refused again
+		}
 		at := w.lo.Add(step)
 		if at.After(w.hi) {
 			at = w.hi
@@ -501,6 +511,19 @@ func (w *windows) next(now time.Time) {
 	}
 	gap := time.Duration(knockShare * float64(now.Sub(w.since)))
 	w.knockAt = now.Add(min(max(gap, minKnock), maxKnock))
+}
+
+// length is the least the window's length can be: the known length, else
+// how long the window that ended had lasted from its first request to
+// the earliest its boundary can be (zero: not known).
+func (w *windows) length() time.Duration {
+	if w.known && w.lengthHi > 0 {
+		return w.lengthLo
+	}
+	if w.prevOpened.IsZero() || w.lo.IsZero() {
+		return 0
+	}
+	return max(0, w.lo.Sub(w.prevOpened))
 }
 
 // reopen ends the closure: the window is open again from at, with used

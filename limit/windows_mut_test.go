@@ -751,3 +751,40 @@ func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
 		t.Fatalf("allowance %d after answers to a rolled window, want 5", r.allowance)
 	}
 }
+
+// TestANarrowIntervalIsKnockedAtItsEnd: once the interval the boundary
+// lies in is within lateShare of the window's length, the knock goes at
+// its end, where the window is open, instead of into it where the
+// upstream may refuse it again; a wider one is still stepped through.
+// Before the length is known, the window that ended lasted at least from
+// its first request to the interval's start.
+func TestANarrowIntervalIsKnockedAtItsEnd(t *testing.T) {
+	opened := t0
+	lo := t0.Add(9 * time.Second)
+	narrow := lo.Add(time.Duration(lateShare * float64(9*time.Second)))
+	w := windows{closed: true, stated: true, confirmed: true, prevOpened: opened, lo: lo, hi: narrow}
+	w.next(lo)
+	if !w.knockAt.Equal(narrow) {
+		t.Fatalf("interval %v wide after a window of at least 9 s: knock at %v, want its end %v", narrow.Sub(lo), w.knockAt.Sub(lo), narrow.Sub(lo))
+	}
+	wide := narrow.Add(10 * time.Millisecond)
+	w = windows{closed: true, stated: true, confirmed: true, prevOpened: opened, lo: lo, hi: wide}
+	w.next(lo)
+	if want := lo.Add(wide.Sub(lo) / knockSteps); !w.knockAt.Equal(want) {
+		t.Fatalf("interval %v wide: knock at %v, want %v", wide.Sub(lo), w.knockAt.Sub(lo), want.Sub(lo))
+	}
+	// A known length counts, not the time since the window's first
+	// request.
+	w = windows{closed: true, stated: true, confirmed: true, known: true, lengthLo: 20 * time.Second, lengthHi: 21 * time.Second,
+		prevOpened: opened, lo: lo, hi: wide}
+	w.next(lo)
+	if !w.knockAt.Equal(wide) {
+		t.Fatalf("interval %v wide in a window known to last 20 s: knock at %v, want its end", wide.Sub(lo), w.knockAt.Sub(lo))
+	}
+	// Nothing known of the window: step through.
+	w = windows{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}
+	w.next(lo)
+	if w.knockAt.Equal(narrow) {
+		t.Fatal("a window of unknown length: knocked at the interval's end")
+	}
+}
