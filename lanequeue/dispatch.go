@@ -226,6 +226,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 	s.held = g.heldLocked(s, lim)
 	g.sent++
 	lim.sent++
+	lim.share.dispatched(lim.sent, t.Dispatched)
 	if lim.trial != nil {
 		lim.sentOnTrialLocked(l.lim)
 	}

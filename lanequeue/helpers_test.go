@@ -149,3 +149,7 @@ func win(limit, remaining int64, reset time.Time) headerparse.Window {
 func at(d time.Duration) time.Time { return t0.Add(d) }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+
+// anyAfter is an answer's count of the limit's own requests sent after it
+// (sharing.observe) that could explain any excess.
+const anyAfter = math.MaxUint64

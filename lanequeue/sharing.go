@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -43,7 +44,14 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.T
 		}
 		g.limMu.Unlock()
 	}
-	first := lim.share.observe(w, s, out)
+	// The limit's own requests sent just after s's; among replicas,
+	// others' may have gone too, at times this one does not know: any
+	// number.
+	after := uint64(math.MaxUint64)
+	if !s.fleet {
+		after = lim.share.after(s.limSent, lim.sent, s.ticket.Dispatched)
+	}
+	first := lim.share.observe(w, s, out, after)
 	if !lim.share.shows() {
 		return false
 	}

@@ -29,7 +29,7 @@ func window20(remaining int64) headerparse.Window { return win(20, remaining, t0
 func TestAFirstAnswerOneRequestPastItsOwnDispatchShowsSharing(t *testing.T) {
 	var sh sharing
 	// The group's second dispatch, the limit's first: 20 - 1 own - 1 more.
-	if first := sh.observe(window20(20-1-minShareExcess), sentAs(at(0), 1, 2, 0), 0); !first {
+	if first := sh.observe(window20(20-1-minShareExcess), sentAs(at(0), 1, 2, 0), 0, anyAfter); !first {
 		t.Fatal("the first answer does not report the excess it showed")
 	}
 	if !sh.shows() {
@@ -49,7 +49,7 @@ func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
 	}{{bound, true}, {bound + 1, false}} {
 		var sh sharing
 		// The limit's first dispatch after the others' two.
-		sh.observe(window20(20-1-c.excess), sentAs(at(0), 1, 1+others, 0), 0)
+		sh.observe(window20(20-1-c.excess), sentAs(at(0), 1, 1+others, 0), 0, anyAfter)
 		if sh.shows() != c.shows {
 			t.Errorf("an excess of %d over %d sent by others: shows %v, want %v", c.excess, others, sh.shows(), c.shows)
 		}
@@ -63,9 +63,9 @@ func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
 // fall of two more shows nothing.
 func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
 	var sh sharing
-	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0)
+	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	// The limit's second dispatch and the group's second: nobody else sent.
-	if first := sh.observe(window20(19-1-2), sentAs(at(time.Second), 2, 2, 0), 0); first {
+	if first := sh.observe(window20(19-1-2), sentAs(at(time.Second), 2, 2, 0), 0, anyAfter); first {
 		t.Fatal("a later answer reported as the first")
 	}
 	if sh.shows() {
@@ -77,12 +77,14 @@ func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
 // is counted since the answer last read, not from its first dispatch:
 // after a first answer of its own, one more dispatch of its own beside two
 // of the others', and a count three lower than its own fall explains,
-// shows sharing.
+// kept by the next answer, shows sharing.
 func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
 	var sh sharing
-	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0)
+	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	// Its second dispatch, the group's fourth: two of the others' between.
-	sh.observe(window20(19-1-3), sentAs(at(time.Second), 2, 4, 0), 0)
+	sh.observe(window20(19-1-3), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter)
+	// Its third, alone: the count falls by it.
+	sh.observe(window20(19-1-3-1), sentAs(at(2*time.Second), 3, 5, 0), 0, anyAfter)
 	if !sh.shows() {
 		t.Fatal("a fall of three past one own dispatch, with two of the others', shows no sharing")
 	}
@@ -94,9 +96,9 @@ func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
 func TestACountThatFallsByItsOwnDispatchesShowsNoSharing(t *testing.T) {
 	var sh sharing
 	// Another lane sent first; the limit's count fell by its one alone.
-	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0)
+	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0, anyAfter)
 	// Two more of its own and two of the others': fell by its two.
-	sh.observe(window20(17), sentAs(at(time.Second), 3, 6, 0), 0)
+	sh.observe(window20(17), sentAs(at(time.Second), 3, 6, 0), 0, anyAfter)
 	if sh.shows() {
 		t.Fatal("a count that fell by the limit's own dispatches shows sharing")
 	}
@@ -111,10 +113,10 @@ func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T)
 	var sh sharing
 	// Its third dispatch, with its first two still out, answered first:
 	// the upstream counted only the third.
-	sh.observe(window20(20-1), sentAs(at(0), 3, 3, late), 0)
+	sh.observe(window20(20-1), sentAs(at(0), 3, 3, late), 0, anyAfter)
 	// One more of its own and two of the others': the two that were out
 	// reached the upstream since, with it.
-	sh.observe(window20(20-1-late-1), sentAs(at(time.Second), 4, 6, 0), 0)
+	sh.observe(window20(20-1-late-1), sentAs(at(time.Second), 4, 6, 0), 0, anyAfter)
 	if sh.shows() {
 		t.Fatal("requests in flight at the last answer, counted after it, show sharing")
 	}
@@ -129,15 +131,17 @@ func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T)
 func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
 	var sh sharing
 	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
-	sh.observe(unstated(15), sentAs(at(0), 1, 1, 0), 0)
+	sh.observe(unstated(15), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	// Four of its own since, four out when this one went.
-	sh.observe(unstated(11), sentAs(at(time.Second), 5, 5, 4), 0)
+	sh.observe(unstated(11), sentAs(at(time.Second), 5, 5, 4), 0, anyAfter)
 	if sh.shows() {
 		t.Fatal("a fall by the limit's own four shows sharing")
 	}
 	// Two more of its own, three of the others': a fall of six, which
 	// its two and the four that were out could explain step by step.
-	sh.observe(unstated(5), sentAs(at(2*time.Second), 7, 10, 0), 0)
+	sh.observe(unstated(5), sentAs(at(2*time.Second), 7, 10, 0), 0, anyAfter)
+	// One more of its own: the next answer keeps the excess.
+	sh.observe(unstated(4), sentAs(at(3*time.Second), 8, 11, 0), 0, anyAfter)
 	if !sh.shows() {
 		t.Fatal("a fall of ten over the limit's six since its first answer shows no sharing")
 	}
@@ -154,9 +158,10 @@ func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
 func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
 	var sh sharing
 	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
-	sh.observe(unstated(19), sentAs(at(0), 1, 1, 0), 0)
-	sh.observe(unstated(18), sentAs(at(time.Second), 2, 4, 0), 0) // its own one
-	sh.observe(unstated(12), sentAs(at(2*time.Second), 3, 6, 0), 0)
+	sh.observe(unstated(19), sentAs(at(0), 1, 1, 0), 0, anyAfter)
+	sh.observe(unstated(18), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter) // its own one
+	sh.observe(unstated(12), sentAs(at(2*time.Second), 3, 6, 0), 0, anyAfter)
+	sh.observe(unstated(11), sentAs(at(3*time.Second), 4, 7, 0), 0, anyAfter) // kept
 	if sh.excess != 5 || sh.others != 3 {
 		t.Fatalf("counted an excess of %v over %v sent by others, want 5 over 3", sh.excess, sh.others)
 	}
@@ -170,11 +175,11 @@ func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
 // a count that then falls by the limit's own dispatches adds nothing.
 func TestAnExcessCountedOnceIsNotCountedAgain(t *testing.T) {
 	var sh sharing
-	sh.observe(window20(20-1-2), sentAs(at(0), 1, 3, 0), 0) // two of the others' first
+	sh.observe(window20(20-1-2), sentAs(at(0), 1, 3, 0), 0, anyAfter) // two of the others' first
 	if sh.excess != 2 {
 		t.Fatalf("the first answer counted %v, want 2", sh.excess)
 	}
-	sh.observe(window20(20-1-2-1), sentAs(at(time.Second), 2, 4, 0), 0)
+	sh.observe(window20(20-1-2-1), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter)
 	if sh.excess != 2 {
 		t.Fatalf("a fall by the limit's own dispatch added to the excess: %v", sh.excess)
 	}
@@ -255,6 +260,10 @@ func TestModelsThatStatedDifferentWindowsAreNotJoined(t *testing.T) {
 	a, b := sendOn(t, lanes[0]), sendOn(t, lanes[1])
 	answerWith(a, headerparse.Window{Remaining: 19 - 1 - 1, HasRemaining: true})
 	answerWith(b, win(50, 49-1-1, t0.Add(time.Second)))
+	// The next answers keep the excess.
+	a, b = sendOn(t, lanes[0]), sendOn(t, lanes[1])
+	answerWith(a, headerparse.Window{Remaining: 19 - 1 - 1 - 1, HasRemaining: true})
+	answerWith(b, win(50, 49-1-1-1, t0.Add(time.Second)))
 	if !showsSharing(lanes[0]) || !showsSharing(lanes[1]) {
 		t.Fatal("the answers do not show the excess the test is built on")
 	}
@@ -390,9 +399,109 @@ func TestAmongReplicasAFirstAnswerAllowsForTheLimitsRequestsOutWhenItWent(t *tes
 		var sh sharing
 		s := sentAs(at(0), 2, 8, 1)
 		s.fleet = c.fleet
-		sh.observe(window20(c.remaining), s, 0)
+		sh.observe(window20(c.remaining), s, 0, anyAfter)
 		if sh.shows() != c.shows {
 			t.Errorf("fleet %v, %d left: shows sharing %v, want %v", c.fleet, c.remaining, sh.shows(), c.shows)
 		}
+	}
+}
+
+// TestAnExcessTheNextAnswerDoesNotKeepShowsNoSharing: two of the limit's
+// own requests go at once, and the upstream counts the later first: the
+// earlier one's answer reads one more gone than the limit sent before it,
+// while another lane sent one. The later one's answer reads what the
+// limit sent and nothing more: the excess was its own, and nothing shows.
+// (The limits of four models of their own, sent at once, were merged so
+// in the simulator now and then.)
+func TestAnExcessTheNextAnswerDoesNotKeepShowsNoSharing(t *testing.T) {
+	var sh sharing
+	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0, anyAfter)
+	// Another lane's dispatch, then two of the limit's at one instant;
+	// the second reached the upstream first.
+	sh.observe(window20(19-2), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter)
+	sh.observe(window20(19-2), sentAs(at(time.Second).Add(time.Millisecond), 3, 5, 0), 0, anyAfter)
+	if sh.shows() || sh.excess != 0 {
+		t.Fatalf("the limit's own requests overtaking each other showed sharing: excess %v", sh.excess)
+	}
+	// Later answers that fall by its own alone add nothing either.
+	sh.observe(window20(19-2-1), sentAs(at(2*time.Second), 4, 7, 0), 0, anyAfter)
+	if sh.shows() {
+		t.Fatal("a count falling by the limit's own dispatches after an excess not kept showed sharing")
+	}
+}
+
+// TestAnExcessTheNextAnswerKeepsShowsSharing: the same excess, and the
+// next answer still reads it against the answer before it: others drew
+// on the count, and sharing shows, counted once.
+func TestAnExcessTheNextAnswerKeepsShowsSharing(t *testing.T) {
+	var sh sharing
+	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0, anyAfter)
+	sh.observe(window20(19-2), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter)
+	if sh.shows() {
+		t.Fatal("one answer's excess showed sharing before the next kept it")
+	}
+	sh.observe(window20(19-3), sentAs(at(2*time.Second), 3, 5, 0), 0, anyAfter)
+	// Read against the window full before anything went: the other
+	// lane's dispatch before the first answer counts too.
+	if !sh.shows() || sh.excess != 1 || sh.others != 2 {
+		t.Fatalf("an excess the next answer kept: shows %v, excess %v over %v, want 1 over 2", sh.shows(), sh.excess, sh.others)
+	}
+}
+
+// TestAnExcessNoOwnRequestSentAfterCouldMakeCountsAtOnce: when fewer of
+// the limit's own requests went after the answer's than the excess it
+// shows, they cannot have made it: it counts at once, without waiting for
+// the next answer. Two gone past its own with one of its own sent after
+// is held; with none sent after, counted.
+func TestAnExcessNoOwnRequestSentAfterCouldMakeCountsAtOnce(t *testing.T) {
+	var held, counted sharing
+	for _, sh := range []*sharing{&held, &counted} {
+		sh.observe(window20(19), sentAs(at(0), 1, 3, 0), 0, 0)
+	}
+	held.observe(window20(19-1-1), sentAs(at(time.Second), 2, 5, 0), 0, 1)
+	counted.observe(window20(19-1-2), sentAs(at(time.Second), 2, 5, 0), 0, 1)
+	if held.shows() {
+		t.Fatal("an excess of one, with one of the limit's own sent after, counted at once")
+	}
+	if !counted.shows() || counted.excess != 2 {
+		t.Fatalf("an excess of two, with one of the limit's own sent after: shows %v, excess %v, want counted at once", counted.shows(), counted.excess)
+	}
+}
+
+// TestAnExcessNoOwnRequestAfterExplainsJoinsAtOnce: through one proxy, a
+// limit knows how many of its own requests went after an answer's. Two
+// models' second answers each read one gone past their own, with none of
+// their own sent after: the excess is the other's, and they are joined on
+// those answers, without waiting for the next.
+func TestAnExcessNoOwnRequestAfterExplainsJoinsAtOnce(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerWith(sendOn(t, lanes[0]), window20(19))
+	answerWith(sendOn(t, lanes[1]), window20(19))
+	a, b := sendOn(t, lanes[0]), sendOn(t, lanes[1])
+	answerWith(a, window20(19-1-1))
+	answerWith(b, window20(19-1-1))
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("two limits whose answers each show the other's request, with none of their own sent after, were not joined")
+	}
+}
+
+// TestOnlyOwnRequestsSentJustAfterCanHaveOvertaken: of the limit's
+// dispatches after an answer's, those within overtake of it may have
+// reached the upstream first; one sent later cannot. Past what the ring
+// of dispatch times holds, all of them count.
+func TestOnlyOwnRequestsSentJustAfterCanHaveOvertaken(t *testing.T) {
+	var sh sharing
+	sh.dispatched(1, at(0))
+	sh.dispatched(2, at(0))                        // the same instant
+	sh.dispatched(3, at(overtake))                 // at the edge
+	sh.dispatched(4, at(overtake+time.Nanosecond)) // too late
+	if n := sh.after(1, 4, at(0)); n != 2 {
+		t.Fatalf("%d of the limit's own requests could have overtaken the first, want 2", n)
+	}
+	if n := sh.after(4, 4, at(overtake)); n != 0 {
+		t.Fatalf("%d could have overtaken the latest, want 0", n)
+	}
+	if n := sh.after(1, 1+overtakeRing, at(0)); n != overtakeRing {
+		t.Fatalf("with more sent since than the ring holds, %d counted, want all %d", n, overtakeRing)
 	}
 }

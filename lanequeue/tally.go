@@ -27,6 +27,14 @@ type sharing struct {
 	// dispatches, over the readings where it did; others what the
 	// group's other limits sent over them.
 	excess, others float64
+	// held is an excess one answer showed, with others what the group's
+	// other limits sent over it, until the next answer says whether it
+	// stays (see observe); zero: none.
+	held, heldOthers float64
+	// sentAt holds the limit's latest dispatch times, by its dispatch
+	// count (this replica's) modulo overtakeRing: which of its requests
+	// went just after an answer's (see after).
+	sentAt [overtakeRing]time.Time
 	// stated is the request limit the headers state: limits found
 	// sharing state the same.
 	stated int64
@@ -48,6 +56,35 @@ type tally struct {
 
 // shareBases is how many earlier answers a reading is compared with.
 const shareBases = 8
+
+// A request sent within overtake after another may reach the upstream
+// before it: on another connection (one being opened, with its TLS
+// handshake) or at the same instant. The latest overtakeRing dispatch
+// times of a limit are kept to tell.
+const (
+	overtake     = 100 * time.Millisecond
+	overtakeRing = 32
+)
+
+// dispatched records the limit's dispatch numbered n, sent at at.
+func (sh *sharing) dispatched(n uint64, at time.Time) { sh.sentAt[n%overtakeRing] = at }
+
+// after counts the limit's dispatches after the one numbered n, sent at
+// at, up to the one numbered sent, that went within overtake of it: the
+// upstream may have counted those first. With more sent since than the
+// ring holds, all of them.
+func (sh *sharing) after(n, sent uint64, at time.Time) uint64 {
+	if sent-n >= overtakeRing {
+		return sent - n
+	}
+	var c uint64
+	for i := n + 1; i <= sent; i++ {
+		if !sh.sentAt[i%overtakeRing].After(at.Add(overtake)) {
+			c++
+		}
+	}
+	return c
+}
 
 // Sharing is told by readings whose excess adds to minShareExcess
 // requests, no more than maxShareExcess times what the group's other lanes
@@ -72,7 +109,12 @@ const (
 // them did is not told). out is what the group's other limits had out,
 // on any replica, at a first answer among replicas (see shareLocked):
 // those went in any order with it, and count as others' for it.
-func (sh *sharing) observe(w headerparse.Window, s *Slot, out int) (first bool) {
+//
+// after is how many of the limit's own requests went just after s's (see
+// sharing.after): the upstream may have counted any of them before s's. A later answer's excess they could explain is held
+// until the next answer read, and counts if that one shows an excess too,
+// against the same bases or later ones.
+func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64) (first bool) {
 	if !w.HasRemaining {
 		return false
 	}
@@ -108,12 +150,23 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int) (first bool) 
 			excess, others = e, o
 		}
 	}
-	if excess > 0 {
-		sh.excess += excess
-		sh.others += others
+	switch {
+	case excess > 0 && !isFirst && sh.held == 0 && excess <= float64(after):
+		// The limit's own requests that went just after this one (at
+		// the same instant, or on another connection) may reach the
+		// upstream first, and show here as others'. Others' stay in the
+		// count, theirs do not: the next answer's reading against the
+		// same bases tells.
+		sh.held, sh.heldOthers = excess, others
+	case excess > 0:
+		sh.excess += max(excess, sh.held)
+		sh.others += max(others, sh.heldOthers)
 		first = isFirst
-		sh.n = 0 // what showed is counted: later answers are read from here
-	} else if sh.n == len(sh.bases) {
+		sh.n, sh.held = 0, 0 // what showed is counted: later answers are read from here
+	default:
+		sh.held = 0
+	}
+	if sh.n == len(sh.bases) {
 		copy(sh.bases[:], sh.bases[1:])
 		sh.n--
 	}
