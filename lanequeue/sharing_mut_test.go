@@ -501,6 +501,16 @@ func TestOnlyOwnRequestsSentJustAfterCanHaveOvertaken(t *testing.T) {
 	if n := sh.after(4, 4, at(overtake)); n != 0 {
 		t.Fatalf("%d could have overtaken the latest, want 0", n)
 	}
+	if n := sh.after(1, 3, at(0)); n != 2 {
+		t.Fatalf("%d could have overtaken the first of three, the last at the edge, want 2", n)
+	}
+	// Further on in the ring.
+	for i, d := range []time.Duration{0, 0, overtake, 2 * overtake} {
+		sh.dispatched(uint64(21+i), at(d))
+	}
+	if n := sh.after(21, 24, at(0)); n != 2 {
+		t.Fatalf("%d of the 22nd to 24th could have overtaken the 21st, want 2", n)
+	}
 	if n := sh.after(1, 1+overtakeRing, at(0)); n != overtakeRing {
 		t.Fatalf("with more sent since than the ring holds, %d counted, want all %d", n, overtakeRing)
 	}

@@ -150,21 +150,22 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64)
 			excess, others = e, o
 		}
 	}
-	switch {
-	case excess > 0 && !isFirst && sh.held == 0 && excess <= float64(after):
-		// The limit's own requests that went just after this one (at
-		// the same instant, or on another connection) may reach the
-		// upstream first, and show here as others'. Others' stay in the
-		// count, theirs do not: the next answer's reading against the
-		// same bases tells.
-		sh.held, sh.heldOthers = excess, others
-	case excess > 0:
-		sh.excess += max(excess, sh.held)
-		sh.others += max(others, sh.heldOthers)
-		first = isFirst
-		sh.n, sh.held = 0, 0 // what showed is counted: later answers are read from here
-	default:
-		sh.held = 0
+	// The limit's own requests that went just after this one (at the
+	// same instant, or on another connection) may reach the upstream
+	// first, and show here as others'. Others' stay in the count, theirs
+	// do not: the next answer's reading against the same bases tells.
+	if excess > 0 {
+		if !isFirst && sh.held == 0 && excess <= float64(after) {
+			sh.held, sh.heldOthers = excess, others
+		} else {
+			sh.excess += max(excess, sh.held)
+			sh.others += max(others, sh.heldOthers)
+			first = isFirst
+			// What showed is counted: later answers are read from here.
+			sh.n, sh.held, sh.heldOthers = 0, 0, 0
+		}
+	} else {
+		sh.held, sh.heldOthers = 0, 0
 	}
 	if sh.n == len(sh.bases) {
 		copy(sh.bases[:], sh.bases[1:])

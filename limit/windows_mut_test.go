@@ -781,6 +781,12 @@ func TestANarrowIntervalIsKnockedAtItsEnd(t *testing.T) {
 	if !w.knockAt.Equal(wide) {
 		t.Fatalf("interval %v wide in a window known to last 20 s: knock at %v, want its end", wide.Sub(lo), w.knockAt.Sub(lo))
 	}
+	// Known, but with no length read yet: the window that ended counts.
+	w = windows{closed: true, stated: true, confirmed: true, known: true, prevOpened: opened, lo: lo, hi: narrow}
+	w.next(lo)
+	if !w.knockAt.Equal(narrow) {
+		t.Fatal("a shape known with no length read: the window that ended did not count")
+	}
 	// Nothing known of the window: step through.
 	w = windows{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}
 	w.next(lo)
