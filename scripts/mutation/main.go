@@ -19,6 +19,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -104,8 +105,12 @@ func main() {
 		out := resultFile(tmp, pkg)
 		start := time.Now()
 		cmd := gremlinsCmd(root, pkg, out, *workers, *coefficient, *diff, os.Environ())
-		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
+		// Its log stays out of the report, but when the run fails it says
+		// why: a coverage run whose tests failed prints their output there.
+		var log bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &log, os.Stderr
 		if err := cmd.Run(); err != nil {
+			os.Stderr.Write(lastLines(log.Bytes(), 200))
 			fatal(fmt.Errorf("gremlins on %s: %w", pkg, err))
 		}
 		f, err := os.Open(out)
@@ -146,7 +151,7 @@ func main() {
 // relative to the package too.
 func gremlinsCmd(root, pkg, out string, workers, coefficient int, diff string, environ []string) *exec.Cmd {
 	dir := filepath.Join(root, pkg)
-	args := []string{"run", gremlins, "unleash", dir, "-s", "-o", out,
+	args := []string{"run", gremlins, "unleash", dir, "-o", out,
 		"--workers", strconv.Itoa(workers)}
 	if coefficient > 0 {
 		args = append(args, "--timeout-coefficient", strconv.Itoa(coefficient))
@@ -174,6 +179,18 @@ func gremlinsCmd(root, pkg, out string, workers, coefficient int, diff string, e
 	}
 	cmd.Env = env
 	return cmd
+}
+
+// lastLines is the end of b: its last n lines at most.
+func lastLines(b []byte, n int) []byte {
+	i := len(b)
+	for ; n > 0 && i > 0; n-- {
+		i = bytes.LastIndexByte(b[:i-1], '\n') + 1
+		if i == 0 {
+			break
+		}
+	}
+	return b[i:]
 }
 
 func fatal(err error) {

@@ -253,3 +253,18 @@ func TestReadResultsReadsEachPackagesJSON(t *testing.T) {
 		t.Fatal("an empty directory read without error")
 	}
 }
+
+// TestAFailedRunShowsTheEndOfItsLog: what a failed gremlins run prints
+// is its log's last lines, whole, and all of a shorter log.
+func TestAFailedRunShowsTheEndOfItsLog(t *testing.T) {
+	log := []byte("one\ntwo\nthree\nfour\n")
+	if got := string(lastLines(log, 2)); got != "three\nfour\n" {
+		t.Fatalf("last 2 lines: %q", got)
+	}
+	if got := string(lastLines(log, 10)); got != string(log) {
+		t.Fatalf("last 10 lines of 4: %q", got)
+	}
+	if got := string(lastLines([]byte("no newline at all"), 1)); got != "no newline at all" {
+		t.Fatalf("one line without a newline: %q", got)
+	}
+}
