@@ -451,8 +451,8 @@ func TestAnExcessTheNextAnswerKeepsShowsSharing(t *testing.T) {
 // TestAnExcessNoOwnRequestSentAfterCouldMakeCountsAtOnce: when fewer of
 // the limit's own requests went after the answer's than the excess it
 // shows, they cannot have made it: it counts at once, without waiting for
-// the next answer. Two gone past its own with one of its own sent after
-// is held; with none sent after, counted.
+// the next answer. With one of its own sent after, an excess of one is
+// held and an excess of two counted.
 func TestAnExcessNoOwnRequestSentAfterCouldMakeCountsAtOnce(t *testing.T) {
 	var held, counted sharing
 	for _, sh := range []*sharing{&held, &counted} {

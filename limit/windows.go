@@ -136,7 +136,7 @@ const (
 	minKnock   = 250 * time.Millisecond
 	maxKnock   = 5 * time.Second
 	// Knocks step through the interval a boundary is known to lie in,
-	// knockSteps of them at most, at least minSplit apart.
+	// each at 1/knockSteps of what is left, at least minSplit apart.
 	knockSteps = 2
 	minSplit   = 20 * time.Millisecond
 	// lateShare: once the interval left is within this share of the
