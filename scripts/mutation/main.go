@@ -226,7 +226,9 @@ func (r result) count(status string) int {
 
 // efficacy is killed over killed, lived and not covered, in percent,
 // leaving out the accepted survivors (listed, each with its reason: an
-// equivalent mutant is no test's to kill); 100 when none of these
+// equivalent mutant is no test's to kill, and a constant no coverage
+// block holds is listed with the test that fails when it is applied by
+// hand); 100 when none of these
 // happened. A mutant no test runs lives as surely as one a test runs and
 // misses: it counts as lived.
 func (r result) efficacy(accepted int) float64 {
@@ -384,7 +386,7 @@ func report(w io.Writer, results []result, minEff float64, listed map[survivor]s
 	for _, r := range results {
 		accepted := 0
 		for _, m := range r.mutants {
-			if m.Status != "LIVED" {
+			if m.Status != "LIVED" && m.Status != "NOT COVERED" {
 				continue
 			}
 			code := source(m.File, m.Line)
@@ -393,6 +395,9 @@ func report(w io.Writer, results []result, minEff float64, listed map[survivor]s
 				accepted++
 				seen[key] = true
 				continue
+			}
+			if m.Status == "NOT COVERED" {
+				continue // counted against efficacy; not named, as gremlins names none
 			}
 			unlisted = append(unlisted, fmt.Sprintf("%s:%d:%d %s\n    %s | %s@%d | %s | <why it may live>",
 				m.File, m.Line, m.Column, m.Type, m.File, m.Type, m.Column, code))

@@ -73,6 +73,27 @@ func TestReportPassesWhenEverySurvivorIsListed(t *testing.T) {
 	}
 }
 
+func TestAListedNotCoveredMutantIsAccepted(t *testing.T) {
+	ms := []mutant{
+		{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: 1},
+		{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: 2},
+		{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "NOT COVERED", Line: 3, Column: 8},
+	}
+	src := func(string, int) string { return "c = 20 * time.Millisecond" }
+	var out strings.Builder
+	if report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, nil, src, false) {
+		t.Fatalf("an unlisted constant no test covers passed at 66.7 %%:\n%s", out.String())
+	}
+	listed := map[survivor]string{{File: "p/x.go", Type: "ARITHMETIC_BASE", Column: 8, Code: "c = 20 * time.Millisecond"}: "applied by hand, a test fails"}
+	out.Reset()
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, src, true) {
+		t.Fatalf("the listed constant still failed the run:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "| p | 2 | 0 | 1 | 0 | 1 | 100.0 %") {
+		t.Fatalf("table row wrong:\n%s", out.String())
+	}
+}
+
 func TestSurvivorLinesNeedAReason(t *testing.T) {
 	for _, bad := range []string{
 		"pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b {",
