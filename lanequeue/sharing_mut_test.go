@@ -515,3 +515,30 @@ func TestOnlyOwnRequestsSentJustAfterCanHaveOvertaken(t *testing.T) {
 		t.Fatalf("with more sent since than the ring holds, %d counted, want all %d", n, overtakeRing)
 	}
 }
+
+// TestAmongReplicasALaterExcessWaitsForTheNextAnswer: a replica does not
+// know when the others sent, so it cannot tell that none of a limit's own
+// requests went just after an answer's. The second answers of
+// TestAnExcessNoOwnRequestAfterExplainsJoinsAtOnce join nothing among
+// replicas; the third, showing an excess again, join the two.
+func TestAmongReplicasALaterExcessWaitsForTheNextAnswer(t *testing.T) {
+	var group atomic.Uint64
+	tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}, Shared: func(_ string, c limit.Config) limit.Shared {
+		return fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}
+	}})
+	cred := HashCredential("sk-shared")
+	lanes := []*Lane{
+		tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-a"}),
+		tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: "gpt-b"}),
+	}
+	answerWith(sendOn(t, lanes[0]), window20(19))
+	answerWith(sendOn(t, lanes[1]), window20(19))
+	for i, left := range []int64{19 - 1 - 1, 19 - 2 - 2} {
+		a, b := sendOn(t, lanes[0]), sendOn(t, lanes[1])
+		answerWith(a, window20(left))
+		answerWith(b, window20(left))
+		if joined := limitOf(lanes[0]) == limitOf(lanes[1]); joined != (i == 1) {
+			t.Fatalf("answers %d among replicas: joined %v, want %v", i+2, joined, i == 1)
+		}
+	}
+}
