@@ -101,7 +101,11 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 }
 
 // evenLocked reports whether the limits whose lanes draw on those in with
-// were asked about as often. Requires g.limMu held.
+// were asked about as often: the least asked had at least evenArrivals of
+// the most asked one's requests, or fell short by no more than chance
+// moves a count that size (its square root). Early on a few requests
+// decide, and among replicas each sees a third of them or so: 4 against
+// 7 is as even as asking gets there. Requires g.limMu held.
 func (g *group) evenLocked(with []*pool) bool {
 	var lo, hi uint64
 	first := true
@@ -114,7 +118,7 @@ func (g *group) evenLocked(with []*pool) bool {
 		}
 		lo, hi = min(lo, l.arrived), max(hi, l.arrived)
 	}
-	return float64(lo) >= evenArrivals*float64(hi)
+	return float64(lo)+math.Sqrt(float64(hi)) >= evenArrivals*float64(hi)
 }
 
 // joinLocked puts the lanes of the limits in with on one limit on trial:

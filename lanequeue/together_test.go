@@ -97,7 +97,7 @@ func TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined(t *testing.T) {
 		lim   headerparse.Limits
 	}{
 		{"headers", Config{}, 0, headerparse.Limits{Requests: win(20, 5, t0.Add(time.Second))}},
-		{"uneven", Config{}, 2, headerparse.Limits{}},
+		{"uneven", Config{}, 14, headerparse.Limits{}}, // 16 against 2
 		{"configured", Config{Limits: limit.Limits{RPM: 6000}}, 0, headerparse.Limits{}},
 	}
 	for _, c := range cases {
@@ -114,6 +114,22 @@ func TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined(t *testing.T) {
 	answerEach(t, lanes, 1, headerparse.Limits{}) // 3 asked of gpt-a, 2 of the others
 	if limitOf(lanes[0]) != limitOf(lanes[3]) {
 		t.Fatal("limits asked 3 and 2 times not joined")
+	}
+	// Or short of a third by no more than chance moves the larger count
+	// (its square root): early on, and among replicas, counts are few.
+	lanes = silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	answerEach(t, lanes, 3, headerparse.Limits{}) // 5 against 2
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("limits asked 5 and 2 times, as even as so few requests tell, not joined")
+	}
+	// At the edge: 3 and 9 (3 + √9 = ⅔ × 9).
+	lanes = silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	s := sendOn(t, lanes[1])
+	report(s, limit.Report{Status: 200, Verdict: limit.Accepted})
+	s.release()
+	answerEach(t, lanes, 7, headerparse.Limits{})
+	if limitOf(lanes[0]) != limitOf(lanes[1]) {
+		t.Fatal("limits asked 9 and 3 times, at the edge of even, not joined")
 	}
 }
 
