@@ -114,8 +114,19 @@ func (b *bench) close() {
 }
 
 // chat sends one chat request and returns its status and the queue wait
-// the proxy reported.
-func (b *bench) chat(ctx context.Context, path, key, model, priority string, i int) (int, time.Duration) {
+// the proxy reported. A response the proxy broke off after its status
+// went out (the request's context ended mid-body) panics with
+// http.ErrAbortHandler, which net/http's server recovers; here it
+// returns 0, a request that did not complete.
+func (b *bench) chat(ctx context.Context, path, key, model, priority string, i int) (code int, wait time.Duration) {
+	defer func() {
+		if r := recover(); r != nil {
+			if r != http.ErrAbortHandler {
+				panic(r)
+			}
+			code, wait = 0, 0
+		}
+	}()
 	body := fmt.Sprintf(`{"model":%q,"max_tokens":%d,"messages":[{"role":"user","content":%q}]}`, model, maxTokens, prompt(i))
 	req := httptest.NewRequestWithContext(ctx, http.MethodPost, path, strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
