@@ -39,7 +39,8 @@ import (
 const (
 	togetherSpan = time.Second
 	// evenArrivals: limits are asked about as often when the least asked
-	// had at least this share of the most asked one's requests.
+	// had at least this share of the most asked one's requests, less
+	// what chance moves a count that size (see evenLocked).
 	evenArrivals = 2.0 / 3
 	// splitRefusals is the fewest refusals a split is judged on;
 	// trialMemory the most: the counts halve there, so the latest tell.
