@@ -35,7 +35,8 @@ import (
 // learned a pace from a refusal here while the upstream admitted other
 // replicas' requests: a replica's first answers may all be refusals);
 // and a limit that leaves it goes back to its model's state, which every
-// replica names alike (see togetherLocked, joinLocked, splitLocked).
+// replica names alike, on every replica once one judges it apart (see
+// togetherLocked, joinLocked, splitLocked, apartSharer).
 const (
 	togetherSpan = time.Second
 	// evenArrivals: limits are asked about as often when the least asked
@@ -64,11 +65,14 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 	if r.Verdict == limit.Accepted {
 		own.admitted = true
 	}
+	root := own.root()
+	if g.fleet && root.trial != nil && g.leftElsewhereLocked(root) {
+		return true
+	}
 	if !r.Verdict.Limited() {
 		return false
 	}
 	own.refusedAt = now
-	root := own.root()
 	if root.trial != nil {
 		// Only what the trial's pace sent tells of it, and only while
 		// another member's lanes wait too: then the turns are what
@@ -205,8 +209,45 @@ func (g *group) judgeLocked(own, t *pool) bool {
 		tail(int(math.Round(tr.refusals)), int(math.Round(st.refused)), st.expected/tr.refusals) > splitChance {
 		return false
 	}
+	if s, ok := t.shared.(apartSharer); ok && g.fleet {
+		s.PutApart(own.key) // the other replicas split it too
+	}
 	g.splitLocked(own, t)
 	return true
+}
+
+// apartSharer is a trial's state shared among replicas that tells them
+// which limits one of them took out of the trial (redisstate's does).
+// Each replica judges from its own part of the refusals, so one judges
+// first; a limit the others kept on the trial would be paced twice, on
+// the trial and on its model's state, each refused for what the other
+// sends, and the pace its state learns from that is far too slow.
+type apartSharer interface {
+	// PutApart notes that the limit named member left the trial.
+	PutApart(member string)
+	// Apart reports whether some replica noted member apart.
+	Apart(member string) bool
+}
+
+// leftElsewhereLocked splits off t's trial the limits another replica
+// took out of it, and reports whether any left. Requires g.mu held.
+func (g *group) leftElsewhereLocked(t *pool) bool {
+	s, ok := t.shared.(apartSharer)
+	if !ok {
+		return false
+	}
+	left := false
+	// splitLocked takes m out of the members, and ends the trial when one
+	// limit is left on it.
+	for i := 0; t.trial != nil && i < len(t.trial.members); {
+		if m := t.trial.members[i]; s.Apart(m.key) {
+			g.splitLocked(m, t)
+			left = true
+			continue
+		}
+		i++
+	}
+	return left
 }
 
 // splitLocked takes own out of t's trial: its lanes draw on a limit of

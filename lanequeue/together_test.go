@@ -461,3 +461,78 @@ func TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial(t *testing.T) {
 		}
 	}
 }
+
+// apartNoting is a fleet's shared state that keeps the limits noted apart
+// from a trial, by the trial's key, as redisstate's does in Redis.
+type apartNoting struct {
+	fleetCounted
+	key   string
+	apart map[string]map[string]bool // nil: the store keeps none
+}
+
+func (a apartNoting) PutApart(member string) {
+	if a.apart == nil {
+		return
+	}
+	if a.apart[a.key] == nil {
+		a.apart[a.key] = map[string]bool{}
+	}
+	a.apart[a.key][member] = true
+}
+
+func (a apartNoting) Apart(member string) bool { return a.apart[a.key][member] }
+
+// TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica:
+// two replicas join gpt-a and gpt-b on the group's trial; the first judges
+// gpt-b apart from its own refusals, and notes it in the trial's state.
+// The second, whose part of the refusals is too small to judge yet, takes
+// gpt-b off the trial at its next answer of the trial, whatever the
+// answer: else it would pace gpt-b on the trial while the first paces it
+// on gpt-b's state, each refused for what the other sends. Where the
+// store keeps no such note, the second keeps gpt-b on trial.
+func TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica(t *testing.T) {
+	for _, noted := range []bool{true, false} {
+		var group atomic.Uint64
+		var apart map[string]map[string]bool
+		if noted {
+			apart = map[string]map[string]bool{}
+		}
+		replica := func() []*Lane {
+			tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)},
+				Shared: func(key string, c limit.Config) limit.Shared {
+					return apartNoting{fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}, key, apart}
+				}})
+			cred := HashCredential("sk-silent")
+			var lanes []*Lane
+			for _, m := range []string{"gpt-a", "gpt-b"} {
+				lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
+			}
+			answerEach(t, lanes, 0, headerparse.Limits{})
+			if limitOf(lanes[0]).trial == nil || limitOf(lanes[1]) != limitOf(lanes[0]) {
+				t.Fatal("a replica did not join its models refused together on trial")
+			}
+			return lanes
+		}
+		one, two := replica(), replica()
+		trialOne, bOne := limitOf(one[0]), one[1].lim
+		for i := 1; i <= 10; i++ {
+			refuseOnTrial(one, trialOne, bOne, 2, one[0])
+		}
+		if limitOf(one[1]) != bOne {
+			t.Fatal("the first replica kept gpt-b on trial after ten refusals of it alone")
+		}
+		if noted && !apart[trialOne.key][bOne.key] {
+			t.Fatal("the first replica took gpt-b off the trial without noting it in the trial's state")
+		}
+		trialTwo, bTwo := limitOf(two[0]), two[1].lim
+		s := sendOn(t, two[0]) // gpt-a's, on the trial
+		report(s, limit.Report{Status: 200, Verdict: limit.Accepted})
+		s.release()
+		if left := limitOf(two[1]) == bTwo; left != noted {
+			t.Errorf("noted in the trial's state %v: the second replica took gpt-b off the trial %v", noted, left)
+		}
+		if noted && (limitOf(two[0]) != trialTwo || trialTwo.trial != nil) {
+			t.Error("gpt-a left the limit it was on, or the trial of one limit went on")
+		}
+	}
+}

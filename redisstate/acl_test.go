@@ -221,7 +221,7 @@ func TestTheACLNamesEveryCommandTheScriptsRunAndTheDocsGiveIt(t *testing.T) {
 	}
 	calls := regexp.MustCompile(`redis\.p?call\(\s*'([A-Za-z]+)'`)
 	seen := 0
-	for _, sc := range []script{admitScript, learnScript, giveBackScript, heartbeatScript, forgetScript} {
+	for _, sc := range []script{admitScript, learnScript, giveBackScript, heartbeatScript, forgetScript, apartScript} {
 		for _, m := range calls.FindAllStringSubmatch(sc.text, -1) {
 			seen++
 			if !allowed[strings.ToLower(m[1])] {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -721,5 +722,44 @@ func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
 		if _, _, ok := cb.Admit(fc.Now(), 1, false); !ok {
 			t.Fatalf("configured group: admission %d held back", i+1)
 		}
+	}
+}
+
+// TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica: replica a
+// notes gpt-b's limit apart from the trial both pace on; b's next
+// admission there, admitted or not, tells it, and b's Apart says so for
+// gpt-b alone. Redis keeps a hash of the name, not the name, and noting
+// it twice counts it once.
+func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
+	const trialKey, member, other = "route\x00cred\x00refused together", "route\x00cred\x00gpt-b", "route\x00cred\x00gpt-a"
+	sa, sb := a.Shared(trialKey, cfg).(*shared), b.Shared(trialKey, cfg).(*shared)
+	tk := admitWithin(t, sb, 5*time.Second)
+	sb.Return(&tk, time.Now())
+	if sb.Apart(member) || sb.Apart(other) {
+		t.Fatal("a limit is apart before any replica noted one")
+	}
+	sa.PutApart(member)
+	sa.PutApart(member)
+	if !sa.Apart(member) || sa.Apart(other) {
+		t.Fatal("the replica that noted gpt-b apart does not see it so, or sees gpt-a apart too")
+	}
+	if sb.Apart(member) {
+		t.Fatal("b saw the note before asking Redis")
+	}
+	tk = admitWithin(t, sb, 5*time.Second)
+	sb.Return(&tk, time.Now())
+	if !sb.Apart(member) || sb.Apart(other) {
+		t.Fatalf("after its next admission b sees gpt-b apart %v, gpt-a apart %v; want true, false", sb.Apart(member), sb.Apart(other))
+	}
+	fields, err := a.rdb().HGetAll(context.Background(), sa.state).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fields["apn"] != "1" || strings.Contains(fields["ap"], "gpt-b") || fields["ap"] != apartName(member)+"," {
+		t.Fatalf("Redis keeps ap=%q apn=%q; want one hashed name, counted once", fields["ap"], fields["apn"])
 	}
 }

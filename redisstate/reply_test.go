@@ -19,15 +19,15 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 		want admitReply
 		ok   bool
 	}{
-		{"admitted", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36},
+		{"admitted", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36, 2},
 			admitReply{ok: true, out: 3, reqSent: 41, tokSent: 900, room: true, redisNow: 1_000_000, answered: true,
 				limits:   limits{concurrency: 8, reqRate: 20.5, tokSize: 6000, tokRate: 100, reqSize: 5},
-				accepted: redisAt(999_750), refusals: 7, lastSecond: 19, groupSent: 130, admitted: 36}, true},
-		{"refused while paused, pace from refusals", []int64{0, 1_002_000, 8, 8, 0, 0, 0, 1, 1_002_000, 1_000_000, 0, 4000, 0, 0, 2, 1, 0, 0, 0, 0, 0},
+				accepted: redisAt(999_750), refusals: 7, lastSecond: 19, groupSent: 130, admitted: 36, apart: 2}, true},
+		{"refused while paused, pace from refusals", []int64{0, 1_002_000, 8, 8, 0, 0, 0, 1, 1_002_000, 1_000_000, 0, 4000, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0},
 			admitReply{retryAt: redisAt(1_002_000), out: 8, paced: true, paused: redisAt(1_002_000), redisNow: 1_000_000,
 				limits: limits{concurrency: 8, reqRate: 4, reqSize: 2}, paceFromRefusals: true}, true},
-		{"short", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130}, admitReply{}, false},
-		{"long", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36, 0}, admitReply{}, false},
+		{"short", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36}, admitReply{}, false},
+		{"long", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36, 2, 0}, admitReply{}, false},
 	}
 	for _, c := range admits {
 		got, err := decodeAdmit(c.res, now)

@@ -223,12 +223,13 @@ end
 // last had an answer the upstream accepted (0: none); rn counts the
 // refusals every replica learned from (learnScript); lastsec is the
 // group's dispatches in the last second, all replicas (0 unless
-// admitted).
+// admitted); apn counts the limits some replica took out of the trial
+// this state paces (apartScript).
 var admitScript = newScript(admitArgs{}, lib, admitLib, `
 local now, cost, alone = clock(args.now), tonumber(args.cost), args.alone == '1'
 local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, now - tonumber(args.age), tonumber(args.keyttl)
-local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn', 'an')
-local paused, acc, rn, an = num(f[1], 0), num(f[2], 0), num(f[3], 0), num(f[4], 0)
+local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn', 'an', 'apn')
+local paused, acc, rn, an, apn = num(f[1], 0), num(f[2], 0), num(f[3], 0), num(f[4], 0), num(f[5], 0)
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(args.defaultClimit), tonumber(args.maxClimit))
 for _, l in ipairs(args.returned) do redis.call('ZREM', KEYS[2], l) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -497,6 +498,21 @@ for _, x in ipairs({{'r_', tonumber(args.requests), 0}, {'t_', tonumber(args.tok
   end
 end
 return 1
+`)
+
+// apartScript: KEYS state (a trial's); args apartArgs. Notes that a
+// replica judged the limit named member apart from the trial (its name
+// once, in the field ap, and apn counting the names) and returns the
+// names, each ended by a comma.
+var apartScript = newScript(apartArgs{}, `
+local ap = redis.call('HGET', KEYS[1], 'ap') or ''
+if not string.find(ap, args.member .. ',', 1, true) then
+  ap = ap .. args.member .. ','
+  redis.call('HSET', KEYS[1], 'ap', ap)
+  redis.call('HINCRBY', KEYS[1], 'apn', 1)
+  redis.call('PEXPIRE', KEYS[1], tonumber(args.keyttl))
+end
+return ap
 `)
 
 // forgetScript: KEYS state, climits, raise, levels. An operator cleared

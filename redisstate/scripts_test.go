@@ -49,7 +49,7 @@ var (
 // have their values.
 func TestScriptsHaveGosNumbers(t *testing.T) {
 	t.Parallel()
-	scripts := map[string]script{"admit": admitScript, "learn": learnScript, "giveBack": giveBackScript, "heartbeat": heartbeatScript, "forget": forgetScript}
+	scripts := map[string]script{"admit": admitScript, "learn": learnScript, "giveBack": giveBackScript, "heartbeat": heartbeatScript, "forget": forgetScript, "apart": apartScript}
 	used, written := map[string]bool{}, map[string]bool{}
 	for name, s := range scripts {
 		if strings.Contains(s.text, "${") {

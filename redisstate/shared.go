@@ -3,6 +3,7 @@ package redisstate
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
+	"github.com/redis/go-redis/v9"
 )
 
 // shared is one limit group's state on Redis. It keeps the in-process
@@ -49,6 +51,11 @@ type shared struct {
 	// millisecond, to which it paused the fleet (see learnArgsFor): until
 	// then its knocks, the closure's tests, pass that pause.
 	stated time.Time
+	// aparts are the names (hashes) of the limits some replica took out
+	// of the trial this state paces, each ended by a comma, as Redis had
+	// them when it counted apartN (see Apart).
+	aparts string
+	apartN int64
 }
 
 func newShared(st *Store, key string, cfg limit.Config) *shared {
@@ -147,6 +154,9 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	s.out, s.climit, s.paused = rep.out, rep.limits.concurrency, rep.paused
 	s.answered = rep.answered
 	s.seeLimits(rep.limits, rep.paceFromRefusals)
+	if rep.apart != s.apartN {
+		s.readAparts(rep.apart)
+	}
 	fleetPace := 0.0
 	if rep.paceFromRefusals {
 		fleetPace = rep.limits.reqRate
@@ -511,4 +521,64 @@ func (r *readings) median() float64 {
 	copy(sorted[:], r.v[:k])
 	slices.Sort(sorted[:k])
 	return sorted[k/2]
+}
+
+// Among replicas a group's silent limits that are refused together are
+// joined on one trial, which every replica names alike; each replica
+// judges from its own part of the refusals whether a limit is refused
+// apart, and the first to judge so tells the others through the trial's
+// state, so that no replica keeps a limit on the trial that the others
+// pace on its own state (two paces on one upstream limit refuse each
+// other, and the pace learned from those refusals is far too slow).
+// lanequeue's trial finds these methods on the trial's Shared.
+
+// PutApart notes in the trial's state this one paces that the limit
+// named member (lanequeue's key of it) left the trial. Redis keeps a hash
+// of the name, not the name (it holds the credential's hash). While
+// Redis is away it does nothing: the other replicas judge from their own
+// refusals, as before.
+func (s *shared) PutApart(member string) {
+	if !s.st.up.Load() {
+		return
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	start := time.Now()
+	args := apartArgs{Member: apartName(member), KeyTTL: s.st.cfg.KeyTTL.Milliseconds()}
+	ap, err := apartScript.Run(ctx, s.st.rdb(), []string{s.state}, argv(args)...).Text()
+	s.st.commands.WithLabelValues("apart").Inc()
+	s.st.took(start, err)
+	if err != nil {
+		s.st.failed("apart", err)
+		return
+	}
+	s.aparts, s.apartN = ap, int64(strings.Count(ap, ","))
+}
+
+// Apart reports whether some replica noted the limit named member apart
+// from the trial this state paces, as the last admission here saw.
+func (s *shared) Apart(member string) bool {
+	return s.aparts != "" && strings.Contains(s.aparts, apartName(member)+",")
+}
+
+// readAparts reads the names of the limits taken out of the trial once
+// an admission's reply counted n of them, not the number it knew.
+func (s *shared) readAparts(n int64) {
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	start := time.Now()
+	ap, err := s.st.rdb().HGet(ctx, s.state, "ap").Result()
+	s.st.commands.WithLabelValues("apart").Inc()
+	s.st.took(start, err)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.st.failed("apart", err)
+		return // the next admission asks again
+	}
+	s.aparts, s.apartN = ap, n
+}
+
+// apartName is the name Redis keeps of a limit taken out of its trial.
+func apartName(member string) string {
+	sum := sha256.Sum256([]byte(member))
+	return hex.EncodeToString(sum[:8])
 }

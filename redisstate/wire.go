@@ -138,6 +138,12 @@ type giveBackArgs struct {
 	Used float64 `lua:"used"`
 }
 
+// apartArgs are apartScript's arguments.
+type apartArgs struct {
+	Member string `lua:"member"` // a hash of the limit's key (see shared.PutApart)
+	KeyTTL int64  `lua:"keyttl"` // ms
+}
+
 // heartbeatArgs are heartbeatScript's arguments.
 type heartbeatArgs struct {
 	Now     int64  `lua:"now"` // see admitArgs.Now
@@ -268,6 +274,7 @@ type admitWire struct {
 	LastSecond int64 `lua:"lastsec"`
 	GroupSent  int64 `lua:"gsent"`
 	Admitted   int64 `lua:"an"`
+	Apart      int64 `lua:"apn"`
 }
 
 // admitReply is admitScript's reply, its times on this replica's clock.
@@ -304,6 +311,9 @@ type admitReply struct {
 	groupSent uint64
 	// admitted counts the answers every replica had admitted so far.
 	admitted uint64
+	// apart counts the limits some replica took out of the trial the
+	// state paces (see shared.Apart).
+	apart int64
 }
 
 // decodeAdmit reads admitScript's reply res at now.
@@ -319,7 +329,7 @@ func decodeAdmit(res []int64, now time.Time) (admitReply, error) {
 		limits: limits{concurrency: int(w.Climit), reqRate: float64(w.ReqRate) / replyScale, tokSize: float64(w.TokSize),
 			tokRate: float64(w.TokRate) / replyScale, reqSize: float64(w.ReqSize)},
 		paceFromRefusals: w.ReqSyn == 1, accepted: at(w.Accepted), refusals: uint64(max(w.Refusals, 0)), lastSecond: int(w.LastSecond),
-		groupSent: uint64(max(w.GroupSent, 0)), admitted: uint64(max(w.Admitted, 0))}, nil
+		groupSent: uint64(max(w.GroupSent, 0)), admitted: uint64(max(w.Admitted, 0)), apart: w.Apart}, nil
 }
 
 // learnWire is the head of learnScript's reply as it comes (times in ms
