@@ -34,9 +34,9 @@ import (
 // limit counts as admitted there when admitted here, or when its state
 // learned a pace from a refusal here while the upstream admitted other
 // replicas' requests: a replica's first answers may all be refusals);
-// and a limit that leaves it goes back to its model's state, which every
-// replica names alike, on every replica once one judges it apart (see
-// togetherLocked, joinLocked, splitLocked, apartSharer).
+// and a limit that leaves it does so on every replica once one judges it
+// apart, to a fresh state every replica names alike (see togetherLocked,
+// joinLocked, splitLocked, apartSharer).
 const (
 	togetherSpan = time.Second
 	// evenArrivals: limits are asked about as often when the least asked
@@ -220,8 +220,8 @@ func (g *group) judgeLocked(own, t *pool) bool {
 // which limits one of them took out of the trial (redisstate's does).
 // Each replica judges from its own part of the refusals, so one judges
 // first; a limit the others kept on the trial would be paced twice, on
-// the trial and on its model's state, each refused for what the other
-// sends, and the pace its state learns from that is far too slow.
+// the trial and on its own state, each refused for what the other sends,
+// and the pace its state learns from that is far too slow.
 type apartSharer interface {
 	// PutApart notes that the limit named member left the trial.
 	PutApart(member string)
@@ -251,15 +251,16 @@ func (g *group) leftElsewhereLocked(t *pool) bool {
 }
 
 // splitLocked takes own out of t's trial: its lanes draw on a limit of
-// their own again, learned afresh (what it learned before the trial is as
-// old as the trial). The others go on drawing on t, on trial while two or
-// more remain; the group starts no other. Among replicas, each splits on
-// its own evidence and at its own time: a fresh state would start slow on
-// a limit the others still pace, so own goes back to its model's state.
-// Requires g.mu held.
+// their own again, learned afresh on a state every replica names alike
+// (what it learned before the trial is as old as the trial: a pace
+// measured from its last refusal then to its first now counts the time
+// its requests went on the trial as time nothing went, and among replicas
+// the fleet follows that pace down). The others go on drawing on t, on
+// trial while two or more remain; the group starts no other. Requires
+// g.mu held.
 func (g *group) splitLocked(own, t *pool) {
 	own.mergedInto = nil
-	if own.unanswered == 0 && !g.fleet { // no answer is owed to the state it had
+	if own.unanswered == 0 { // no answer is owed to the state it had
 		own.shared = g.newShared(own.key+"\x00apart", g.cfg.limitConfig())
 	}
 	tr := t.trial

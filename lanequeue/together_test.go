@@ -391,36 +391,6 @@ func TestReplicasJoinOneTrialWhicheverModelsEachFoundRefusedTogether(t *testing.
 	}
 }
 
-// TestAmongReplicasALimitLeavingTheTrialGoesBackToItsModelsState: one
-// process learns a limit split off the trial afresh; among replicas, each
-// splits on its own evidence and at its own time, and a fresh state would
-// start slow on a limit the others are pacing, so the limit goes back to
-// its model's state, the one every replica names alike.
-func TestAmongReplicasALimitLeavingTheTrialGoesBackToItsModelsState(t *testing.T) {
-	var group atomic.Uint64
-	tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)},
-		Shared: func(_ string, c limit.Config) limit.Shared {
-			return fleetCounted{limit.NewMemory(c), new(atomic.Uint64), &group}
-		}})
-	cred := HashCredential("sk-silent")
-	var lanes []*Lane
-	for _, m := range []string{"gpt-a", "gpt-b"} {
-		lanes = append(lanes, tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m}))
-	}
-	answerEach(t, lanes, 0, headerparse.Limits{})
-	trialLim := limitOf(lanes[0])
-	b := lanes[1].lim
-	before := b.shared
-	for i := 1; i <= 10; i++ {
-		if split := refuseOnTrial(lanes, trialLim, b, 2, lanes[0]); split != (i == 10) {
-			t.Fatalf("refusal %d: split %v", i, split)
-		}
-	}
-	if limitOf(lanes[1]) != b || b.shared != before {
-		t.Fatal("among replicas, gpt-b left the trial for a fresh state, not its model's")
-	}
-}
-
 // TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial: a replica
 // whose answers for gpt-a and gpt-b are all refusals, while the store
 // says the upstream admitted the other replicas' requests lately: each
@@ -488,8 +458,11 @@ func (a apartNoting) Apart(member string) bool { return a.apart[a.key][member] }
 // The second, whose part of the refusals is too small to judge yet, takes
 // gpt-b off the trial at its next answer of the trial, whatever the
 // answer: else it would pace gpt-b on the trial while the first paces it
-// on gpt-b's state, each refused for what the other sends. Where the
-// store keeps no such note, the second keeps gpt-b on trial.
+// on gpt-b's state, each refused for what the other sends. Both learn
+// gpt-b afresh, on one state they name alike, not on gpt-b's state from
+// before the trial: a pace measured there from its last refusal then
+// counted the trial's time as time nothing went. Where the store keeps no
+// such note, the second keeps gpt-b on trial.
 func TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica(t *testing.T) {
 	for _, noted := range []bool{true, false} {
 		var group atomic.Uint64
@@ -515,11 +488,17 @@ func TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica(t *
 		}
 		one, two := replica(), replica()
 		trialOne, bOne := limitOf(one[0]), one[1].lim
+		before := bOne.shared.(apartNoting).key
 		for i := 1; i <= 10; i++ {
-			refuseOnTrial(one, trialOne, bOne, 2, one[0])
+			if split := refuseOnTrial(one, trialOne, bOne, 2, one[0]); split != (i == 10) {
+				t.Fatalf("refusal %d of gpt-b alone: split %v", i, split)
+			}
 		}
 		if limitOf(one[1]) != bOne {
 			t.Fatal("the first replica kept gpt-b on trial after ten refusals of it alone")
+		}
+		if k := bOne.shared.(apartNoting).key; k == before {
+			t.Fatal("gpt-b left the trial for its state from before the trial, not a fresh one")
 		}
 		if noted && !apart[trialOne.key][bOne.key] {
 			t.Fatal("the first replica took gpt-b off the trial without noting it in the trial's state")
@@ -533,6 +512,9 @@ func TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica(t *
 		}
 		if noted && (limitOf(two[0]) != trialTwo || trialTwo.trial != nil) {
 			t.Error("gpt-a left the limit it was on, or the trial of one limit went on")
+		}
+		if k1, k2 := bOne.shared.(apartNoting).key, bTwo.shared.(apartNoting).key; noted && k1 != k2 {
+			t.Errorf("the replicas learn gpt-b afresh on states named %q and %q", k1, k2)
 		}
 	}
 }
