@@ -675,7 +675,9 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// medians is the median of every figure over the group's runs.
+// medians is the median of every figure over the group's runs, but
+// requests lost: the most any run lost, so a row meets "nothing lost" only
+// when no run lost any.
 func (g group) medians() vals {
 	field := func(f func(vals) float64) float64 {
 		var xs []float64
@@ -684,8 +686,15 @@ func (g group) medians() vals {
 		}
 		return median(xs)
 	}
+	most := func(f func(vals) float64) float64 {
+		m := 0.0
+		for _, r := range g.runs {
+			m = max(m, f(valsOf(r)))
+		}
+		return m
+	}
 	return vals{
-		ok: field(func(v vals) float64 { return v.ok }), lost: field(func(v vals) float64 { return v.lost }),
+		ok: field(func(v vals) float64 { return v.ok }), lost: most(func(v vals) float64 { return v.lost }),
 		cut: field(func(v vals) float64 { return v.cut }), makespan: field(func(v vals) float64 { return v.makespan }),
 		ideal: field(func(v vals) float64 { return v.ideal }),
 		ratio: field(func(v vals) float64 { return v.ratio }), upReq: field(func(v vals) float64 { return v.upReq }),
@@ -825,7 +834,7 @@ func printTable(w io.Writer, groups []group) {
 }
 
 // printMarkdown prints a line a row, its one-proxy figures (or "–"; a
-// rolling row's run without restarts) and the replicas' side by side: ×ideal and 429 % (the range over the runs),
+// rolling row's run without restarts) and the replicas' side by side: ×ideal and 429 % (the median, and the range over the runs),
 // requests lost, the target and whether the medians met it.
 func printMarkdown(w io.Writer, groups []group) {
 	solo, shared := map[string]group{}, map[string]group{}
@@ -863,20 +872,23 @@ func printMarkdown(w io.Writer, groups []group) {
 	}
 }
 
-// figures is the group's ×ideal, 429 % of upstream requests and requests
-// lost, each the range over its runs.
+// figures is the group's ×ideal and 429 % of upstream requests, with one
+// run its figures, with more the median and, where the runs differ, their
+// range in brackets; and the most requests any run lost.
 func (g group) figures() string {
-	span := func(f func(vals) float64, format string) string {
+	m := g.medians()
+	span := func(f func(vals) float64, format, unit string) string {
 		lo, hi := math.Inf(1), math.Inf(-1)
 		for _, r := range g.runs {
 			v := f(valsOf(r))
 			lo, hi = min(lo, v), max(hi, v)
 		}
+		mid := fmt.Sprintf(format, f(m)) + unit
 		if a, b := fmt.Sprintf(format, lo), fmt.Sprintf(format, hi); a != b {
-			return a + "–" + b
+			return mid + " (" + a + "–" + b + unit + ")"
 		}
-		return fmt.Sprintf(format, lo)
+		return mid
 	}
-	return fmt.Sprintf("%s×, %s %%, %s lost", span(func(v vals) float64 { return v.ratio }, "%.2f"),
-		span(func(v vals) float64 { return v.pct }, "%.1f"), span(func(v vals) float64 { return v.lost }, "%g"))
+	return fmt.Sprintf("%s, %s, %g lost", span(func(v vals) float64 { return v.ratio }, "%.2f", "×"),
+		span(func(v vals) float64 { return v.pct }, "%.1f", " %"), m.lost)
 }
