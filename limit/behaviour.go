@@ -534,10 +534,7 @@ func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now ti
 		changed = true
 	}
 	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
-		// A change of the estimate as a refusal here makes: a refusal of
-		// a request sent before it, or before the upstream admitted
-		// anything since, cuts nothing more (see estimateOnRefusal).
-		l.estimate, l.from, l.cut = pace, rateReplicas, now
+		l.estimate, l.from = pace, rateReplicas
 		changed = true
 	}
 	return changed
@@ -602,16 +599,13 @@ func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time)
 			// Other replicas learned a pace from their refusals already:
 			// it is lower than what the group was sending, and known.
 			l.estimate, l.from = e.fleetPace, rateReplicas
-			if t.Paced && t.Dispatched.After(e.fleetPaceAt) && !l.lastAccepted.Before(e.fleetPaceAt) && !l.concurrencyBound() {
+			if t.Paced && t.Dispatched.After(e.fleetPaceAt) && !l.concurrencyBound() {
 				// And it was refused at that pace (sent after this replica
-				// saw it, so not at an older, faster one), with the
-				// upstream admitting since: as one process refused again
-				// at a pace not yet measured, slower. (Each replica's
-				// first refusal is a first guess of its own; without the
-				// cut the fleet needs a refusal per replica to slow down.
-				// Without an admission since, an upstream that counts
-				// refusals refuses all until its debt is paid, and each
-				// replica's cut would compound the others'.)
+				// saw it, so not at an older, faster one): as one process
+				// refused again at a pace not yet measured, slower. (Each
+				// replica's first refusal is a first guess of its own;
+				// without the cut the fleet needs a refusal per replica to
+				// slow down.)
 				l.estimate *= unmeasuredCut
 			}
 		}

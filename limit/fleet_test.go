@@ -109,26 +109,22 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 // its way down with refusals of its own, and below it (by unmeasuredCut)
 // when the refused request was sent at that pace, as one process slows
 // when refused again at a pace not yet measured; a higher one, or none,
-// leaves the sending rate. Not below it when the upstream admitted
-// nothing since the pace was seen: one that counts refusals refuses every
-// request until its debt is paid, and each replica's cut would compound.
+// leaves the sending rate.
 func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 	for _, c := range []struct {
-		name         string
-		fleetPace    float64
-		paced        bool // the refused request went at the fleet's pace
-		seenAfter    bool // ... but this replica saw that pace only after it went
-		admitsBefore bool // the upstream's last admission came before the pace was seen
-		want         float64
-		from         RateFrom
+		name      string
+		fleetPace float64
+		paced     bool // the refused request went at the fleet's pace
+		seenAfter bool // ... but this replica saw that pace only after it went
+		want      float64
+		from      RateFrom
 	}{
-		{"lower than the sending rate", 7, false, false, false, 7, rateReplicas},
-		{"lower, and refused at it", 7, true, false, false, 7 * unmeasuredCut, rateReplicas},
-		{"lower, refused, sent before it was seen", 7, true, true, false, 7, rateReplicas},
-		{"lower, refused at it, nothing admitted since it was seen", 7, true, false, true, 7, rateReplicas},
-		{"none", 0, false, false, false, 31, rateSending},
-		{"higher than the sending rate", 50, true, false, false, 31, rateSending},
-		{"as high as the sending rate", 31, false, false, false, 31, rateSending},
+		{"lower than the sending rate", 7, false, false, 7, rateReplicas},
+		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, rateReplicas},
+		{"lower, refused, sent before it was seen", 7, true, true, 7, rateReplicas},
+		{"none", 0, false, false, 31, rateSending},
+		{"higher than the sending rate", 50, true, false, 31, rateSending},
+		{"as high as the sending rate", 31, false, false, 31, rateSending},
 	} {
 		m := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 		now := time.Unix(1_000_000, 0)
@@ -142,9 +138,6 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 			t.Fatal("admit")
 		}
 		m.Learn(&first, Report{Status: 200, Verdict: Accepted}, now) // the upstream is live
-		if c.admitsBefore {
-			m.learn.lastAccepted = seen.Add(-time.Millisecond) // its answer came before the pace
-		}
 		var last Ticket
 		for range 30 {
 			if last, _, ok = m.Admit(now, 1, false); !ok {
@@ -284,65 +277,5 @@ func TestAnOwnAdmissionWaitsForTheFleetsCount(t *testing.T) {
 	l.NoteFleet(now, 0, 0, 13, now) // now it is, with two of the others'
 	if n, _ := l.learn.admits.recent(now); n != 3 {
 		t.Fatalf("the admissions meter counts %d, want this replica's 1 and the others' 2", n)
-	}
-}
-
-// TestFollowingTheFleetsPaceIsACut: a guess that follows the fleet's pace
-// down has changed as at a refusal of its own, so a refusal of a request
-// sent before it (an upstream that counts refusals is still owed what went
-// faster) cuts nothing more; one sent after it, with the upstream
-// admitting since, is refused at that pace and cuts it, as one process
-// refused again at a pace not yet measured.
-func TestFollowingTheFleetsPaceIsACut(t *testing.T) {
-	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-	now := t0
-	admit := func() Ticket {
-		t.Helper()
-		for range 100 {
-			tk, at, ok := m.Admit(now, 1, false)
-			if ok {
-				return tk
-			}
-			if !at.After(now) {
-				t.Fatalf("admit at +%v refused with no time to wait for", now.Sub(t0))
-			}
-			now = at // paced: the queue waits its turn
-		}
-		t.Fatal("admit never let a request go")
-		return Ticket{}
-	}
-	answer := func(tk Ticket, status int, v Verdict) {
-		now = now.Add(10 * time.Millisecond)
-		m.Learn(&tk, Report{Status: status, Verdict: v}, now)
-		m.Return(&tk, now)
-	}
-	for range 20 {
-		answer(admit(), 200, Accepted)
-		now = now.Add(40 * time.Millisecond)
-	}
-	answer(admit(), 429, RateRefused)
-	if v := m.View(now); v.RateFrom != rateSending {
-		t.Fatalf("first refusal: pace from %q, want the sending rate", v.RateFrom)
-	}
-	now = now.Add(300 * time.Millisecond)
-	answer(admit(), 200, Accepted) // the upstream admits again since the refusal
-	now = now.Add(100 * time.Millisecond)
-	before := admit()
-	now = now.Add(50 * time.Millisecond)
-	pace := m.learn.estimate / 2
-	m.NoteFleet(time.Time{}, pace, 1, 0, now)
-	if v := m.View(now); !near(v.AdmittedRate, pace) || v.RateFrom != rateReplicas {
-		t.Fatalf("the guess did not follow the fleet's pace %.2f: %.2f from %q", pace, v.AdmittedRate, v.RateFrom)
-	}
-	answer(before, 429, RateRefused)
-	if got := m.learn.estimate; !near(got, pace) {
-		t.Errorf("a refusal of a request sent before the guess followed the fleet cut it: %.2f, want %.2f", got, pace)
-	}
-	now = now.Add(500 * time.Millisecond)
-	answer(admit(), 200, Accepted)
-	now = now.Add(500 * time.Millisecond)
-	answer(admit(), 429, RateRefused)
-	if got := m.learn.estimate; !near(got, pace*unmeasuredCut) {
-		t.Errorf("a refusal at the fleet's pace, with an admission since: %.2f, want %.2f", got, pace*unmeasuredCut)
 	}
 }
