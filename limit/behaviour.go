@@ -520,8 +520,9 @@ func (l *learner) shareLevels(admitted, refused []float64) {
 // Memory.NoteFleet): refusals, every replica's so far, and pace, the one
 // the replicas learned from refusals (0: none). Only a pace learned from
 // refusals (learning) moves. It reports whether the pace changed: a
-// refusal anywhere ends a probe, unclean, and a rate still a guess
-// follows the fleet's down when it is under any pace the guess sends.
+// refusal anywhere ends a probe, unclean, and a rate not yet measured (a
+// guess, a hint's) follows the fleet's down when it is under any pace it
+// sends.
 func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now time.Time) bool {
 	refusedSince := refusals > l.fleetRefused
 	l.fleetRefused = max(l.fleetRefused, refusals)
@@ -533,8 +534,15 @@ func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now ti
 		l.phase, l.phaseUntil = probeDown, now.Add(probeLength(l.estimate))
 		changed = true
 	}
-	if pace > 0 && pace < l.estimate*drainGain && l.guess() {
-		l.estimate, l.from = pace, rateReplicas
+	if pace > 0 && pace < l.estimate*drainGain && !l.measured {
+		// A change of the estimate as a refusal here makes: a refusal of
+		// a request sent before it cuts nothing more (see
+		// estimateOnRefusal), or every replica would cut the pace the
+		// others set, for requests sent faster, and the cuts compound.
+		// A hint's pace follows too: it bounds the refill from above,
+		// far above it when the refusal came just before a token did,
+		// and the fleet paces by what a replica learned last.
+		l.estimate, l.from, l.cut = pace, rateReplicas, now
 		changed = true
 	}
 	return changed

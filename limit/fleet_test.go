@@ -189,30 +189,31 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 	}
 }
 
-// TestAGuessFollowsTheFleetsPaceDown: a replica whose rate is still a
-// guess takes the pace the fleet learned from refusals when that is under
-// any pace the guess would send; a measured rate, and a pace the guess's
-// own phases could have sent, keep their own.
+// TestAGuessFollowsTheFleetsPaceDown: a replica whose rate is not yet
+// measured (a guess, or a hint's pace: one refusal's wait bounds the
+// refill from above, far above it when a token was about to come) takes
+// the pace the fleet learned from refusals when that is under any pace
+// the guess would send; a measured rate, and a pace the guess's own
+// phases could have sent, keep their own.
 func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 	for _, c := range []struct {
 		name     string
+		from0    RateFrom
 		measured bool
 		pace     float64
 		want     float64
 		from     RateFrom
 	}{
-		{"a guess above the fleet", false, 3, 3, rateReplicas},
-		{"a measured rate", true, 3, 8, rateAdmitted},
-		{"a pace the guess drains at", false, 8 * drainGain, 8, rateSending},
-		{"no fleet pace", false, 0, 8, rateSending},
+		{"a guess above the fleet", rateSending, false, 3, 3, rateReplicas},
+		{"a hint's pace above the fleet", rateHint, false, 3, 3, rateReplicas},
+		{"a measured rate", rateAdmitted, true, 3, 8, rateAdmitted},
+		{"a pace the guess drains at", rateSending, false, 8 * drainGain, 8, rateSending},
+		{"no fleet pace", rateSending, false, 0, 8, rateSending},
 	} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.fromRefusals = true
 		l := &m.learn
-		l.estimate, l.measured, l.from = 8, c.measured, rateSending
-		if c.measured {
-			l.from = rateAdmitted
-		}
+		l.estimate, l.measured, l.from = 8, c.measured, c.from0
 		m.NoteFleet(time.Time{}, c.pace, 5, 0, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {
 			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
@@ -277,5 +278,65 @@ func TestAnOwnAdmissionWaitsForTheFleetsCount(t *testing.T) {
 	l.NoteFleet(now, 0, 0, 13, now) // now it is, with two of the others'
 	if n, _ := l.learn.admits.recent(now); n != 3 {
 		t.Fatalf("the admissions meter counts %d, want this replica's 1 and the others' 2", n)
+	}
+}
+
+// TestFollowingTheFleetsPaceIsACut: a guess that follows the fleet's pace
+// down has changed as at a refusal of its own, so a refusal of a request
+// sent before it (an upstream that counts refusals is still owed what went
+// faster) cuts nothing more; one sent after it, with the upstream
+// admitting since, is refused at that pace and cuts it, as one process
+// refused again at a pace not yet measured.
+func TestFollowingTheFleetsPaceIsACut(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+	now := t0
+	admit := func() Ticket {
+		t.Helper()
+		for range 100 {
+			tk, at, ok := m.Admit(now, 1, false)
+			if ok {
+				return tk
+			}
+			if !at.After(now) {
+				t.Fatalf("admit at +%v refused with no time to wait for", now.Sub(t0))
+			}
+			now = at // paced: the queue waits its turn
+		}
+		t.Fatal("admit never let a request go")
+		return Ticket{}
+	}
+	answer := func(tk Ticket, status int, v Verdict) {
+		now = now.Add(10 * time.Millisecond)
+		m.Learn(&tk, Report{Status: status, Verdict: v}, now)
+		m.Return(&tk, now)
+	}
+	for range 20 {
+		answer(admit(), 200, Accepted)
+		now = now.Add(40 * time.Millisecond)
+	}
+	answer(admit(), 429, RateRefused)
+	if v := m.View(now); v.RateFrom != rateSending {
+		t.Fatalf("first refusal: pace from %q, want the sending rate", v.RateFrom)
+	}
+	now = now.Add(300 * time.Millisecond)
+	answer(admit(), 200, Accepted) // the upstream admits again since the refusal
+	now = now.Add(100 * time.Millisecond)
+	before := admit()
+	now = now.Add(50 * time.Millisecond)
+	pace := m.learn.estimate / 2
+	m.NoteFleet(time.Time{}, pace, 1, 0, now)
+	if v := m.View(now); !near(v.AdmittedRate, pace) || v.RateFrom != rateReplicas {
+		t.Fatalf("the guess did not follow the fleet's pace %.2f: %.2f from %q", pace, v.AdmittedRate, v.RateFrom)
+	}
+	answer(before, 429, RateRefused)
+	if got := m.learn.estimate; !near(got, pace) {
+		t.Errorf("a refusal of a request sent before the guess followed the fleet cut it: %.2f, want %.2f", got, pace)
+	}
+	now = now.Add(500 * time.Millisecond)
+	answer(admit(), 200, Accepted)
+	now = now.Add(500 * time.Millisecond)
+	answer(admit(), 429, RateRefused)
+	if got := m.learn.estimate; !near(got, pace*unmeasuredCut) {
+		t.Errorf("a refusal at the fleet's pace, with an admission since: %.2f, want %.2f", got, pace*unmeasuredCut)
 	}
 }

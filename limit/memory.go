@@ -141,10 +141,11 @@ func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, knock, windowed bo
 // send at this one's probe when it holds the raise lease, so a refusal
 // anywhere ends the probe, unclean. A replica refused for the first time
 // starts from the fleet's pace when it is lower than what the group was
-// sending, and one whose rate is still a guess follows it down when it is
-// under any pace the guess would send, instead of finding it again with
-// refusals of its own. (Only a refusal lowers the fleet's pace, so a
-// replica never follows its own.)
+// sending, and one whose rate is not yet measured (a guess, a hint's)
+// follows it down when it is under any pace it would send, instead of
+// finding it again with refusals of its own; following is a cut, which a
+// refusal of a request sent before it does not cut again. (Only a
+// refusal lowers the fleet's pace, so a replica never follows its own.)
 func (s *Memory) NoteFleet(accepted time.Time, pace float64, refusals, admitted uint64, now time.Time) {
 	s.learn.acceptedElsewhere(accepted)
 	s.learn.fleetAdmitted(admitted, now)
