@@ -535,13 +535,13 @@ func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now ti
 		changed = true
 	}
 	if pace > 0 && pace < l.estimate*drainGain && !l.measured {
-		// A change of the estimate as a refusal here makes: a refusal of
-		// a request sent before it cuts nothing more (see
-		// estimateOnRefusal), or every replica would cut the pace the
-		// others set, for requests sent faster, and the cuts compound.
-		// A hint's pace follows too: it bounds the refill from above,
-		// far above it when the refusal came just before a token did,
-		// and the fleet paces by what a replica learned last.
+		// Following is a cut, as a refusal's change is: a refusal of a
+		// request sent before it, at this replica's faster pace, cuts
+		// nothing more (see estimateOnRefusal); else each replica cuts
+		// the pace another set, in turn, and the cuts compound. A hint's
+		// pace follows too: a wait bounds the refill from above, far
+		// above it when a token was about to come, and the fleet paces
+		// by what a replica learned last.
 		l.estimate, l.from, l.cut = pace, rateReplicas, now
 		changed = true
 	}

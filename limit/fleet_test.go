@@ -198,7 +198,7 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 	for _, c := range []struct {
 		name     string
-		from0    RateFrom
+		start    RateFrom // where the estimate came from
 		measured bool
 		pace     float64
 		want     float64
@@ -213,7 +213,7 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
 		m.pace.fromRefusals = true
 		l := &m.learn
-		l.estimate, l.measured, l.from = 8, c.measured, c.from0
+		l.estimate, l.measured, l.from = 8, c.measured, c.start
 		m.NoteFleet(time.Time{}, c.pace, 5, 0, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {
 			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
