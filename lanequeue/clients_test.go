@@ -40,7 +40,7 @@ func newTurnsLane(t *testing.T) *turnsLane {
 func (q *turnsLane) queue(ctx context.Context, client string, p Priority, label string) {
 	q.t.Helper()
 	go func() {
-		s, err := q.l.acquireAs(ctx, 1, p, client)
+		s, err := q.l.acquireAs(ctx, 1, p, client, 0)
 		q.got <- labelled{label, s, err}
 	}()
 	q.queued++
@@ -149,7 +149,7 @@ func TestARetryGoesBeforeEveryLaterArrival(t *testing.T) {
 	ctx := context.Background()
 	t.Run("older than the turn's", func(t *testing.T) {
 		q := newTurnsLane(t)
-		a1, err := q.l.acquireAs(ctx, 1, High, "a")
+		a1, err := q.l.acquireAs(ctx, 1, High, "a", 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -112,6 +112,7 @@ func (g *group) settleLocked(s *Slot, usedTokens int64) {
 	if s.refunded {
 		return
 	}
+	s.lim.learnCount(s.cost-s.output, s.prompted)
 	s.lim.shared.Settle(&s.ticket, usedTokens)
 	if s.lim.ceil != nil {
 		s.lim.ceil.Settle(s.ticket.Cost, usedTokens)
@@ -172,8 +173,9 @@ func (g *group) dispatchLocked(now time.Time) {
 			hold(lim, at, limitConcurrency)
 			continue
 		}
+		cost := lim.counted(s.cost, s.output)
 		if lim.ceil != nil {
-			if at, ok := lim.ceil.Admit(now, s.cost, lim.shared); !ok {
+			if at, ok := lim.ceil.Admit(now, cost, lim.shared); !ok {
 				g.refuseLateLocked(lim, at)
 				hold(lim, at, limitPace)
 				continue
@@ -183,7 +185,7 @@ func (g *group) dispatchLocked(now time.Time) {
 			g.capHeldAt = g.pass
 			return // in the cap's line: a freed place dispatches again
 		}
-		t, at, ok := lim.shared.Admit(now, s.cost, lim.unanswered == 0)
+		t, at, ok := lim.shared.Admit(now, cost, lim.unanswered == 0)
 		if !ok {
 			if g.cap != nil {
 				g.cap.giveBack()
@@ -250,7 +252,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 		lim.firstAnswerUntil = now.Add(firstAnswerWindow)
 	}
 	if lim.ceil != nil {
-		lim.ceil.Take(now, s.cost)
+		lim.ceil.Take(now, t.Cost)
 	}
 	s.signalLocked()
 }

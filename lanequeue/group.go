@@ -159,6 +159,8 @@ type Slot struct {
 	prio               Priority
 	capped             bool  // holds a place of the global cap; guarded by the group's mutex
 	cost               int64 // estimated tokens
+	output             int64 // of cost, the output it reserves
+	prompted           int64 // what the upstream counted its prompt as (PromptCounted); 0: not said
 	arrived            time.Time
 	granted            time.Time // first grant
 	// deadline is the current wait's context deadline (zero: none).

@@ -73,7 +73,7 @@ func (m *model) acquire(k Key, client string) {
 	req := &modelReq{lane: l, ctx: ctx, cancel: cancel}
 	p := &pending{req: req, done: make(chan error, 1), slot: make(chan *Slot, 1)}
 	go func() {
-		s, err := l.acquireAs(ctx, 1, High, client)
+		s, err := l.acquireAs(ctx, 1, High, client, 0)
 		p.slot <- s
 		p.done <- err
 	}()

@@ -57,6 +57,10 @@ type pool struct {
 	// cleared: an operator cleared what it learned, when and who (nil:
 	// never).
 	cleared *mark
+	// perEstimate is what the upstream counts a request's tokens as, per
+	// token of tokens.Estimate, learned from the answers' usage; 0 until
+	// an answer reported one (see tokens.go).
+	perEstimate float64
 }
 
 func newPool(key string, cfg Config, sh limit.Shared) *pool {

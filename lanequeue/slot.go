@@ -12,7 +12,7 @@ import (
 
 // acquire is acquireAs for a request that names no client.
 func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, error) {
-	return l.acquireAs(ctx, cost, p, "")
+	return l.acquireAs(ctx, cost, p, "", 0)
 }
 
 // acquireAs waits in FIFO order for a concurrency permit, for the group's
@@ -23,8 +23,9 @@ func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, erro
 // the lane's clients take turns (see clients.go). It returns ctx's error
 // when the client goes away (the waiter leaves the queue at once),
 // ErrQueueFull when the lane's queue is full, and ErrDeadlineExceeded when
-// ctx's deadline passes or lies before the end of the pause.
-func (l *Lane) acquireAs(ctx context.Context, cost int64, p Priority, client string) (*Slot, error) {
+// ctx's deadline passes or lies before the end of the pause. output is
+// the part of cost that is output the request reserves (its max_tokens).
+func (l *Lane) acquireAs(ctx context.Context, cost int64, p Priority, client string, output int64) (*Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, deadlineErr(err)
 	}
@@ -46,7 +47,7 @@ func (l *Lane) acquireAs(ctx context.Context, cost int64, p Priority, client str
 	g.arrivals++
 	l.lim.arrived++
 	g.refs.Add(1)
-	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, arrived: now, deadline: dl, client: l.clientOf(client, g.arrivals)}
+	s := &Slot{lane: l, seq: g.arrivals, prio: p, cost: cost, output: min(max(output, 0), cost), arrived: now, deadline: dl, client: l.clientOf(client, g.arrivals)}
 	g.enqueueLocked(s)
 	g.dispatchLocked(now)
 	s.waitLocked()

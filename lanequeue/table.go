@@ -216,6 +216,7 @@ type Request struct {
 	Path       string
 	Model      string
 	Cost       int64 // estimated tokens
+	Output     int64 // of Cost, the output it reserves (max_tokens)
 	Priority   Priority
 	// Client names who sent it (an eval, a user; "" for none): the
 	// lane's clients take turns (see State.Clients). Shown as given,
@@ -238,7 +239,7 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 			return &Slot{lane: l, phase: phaseDone}, err
 		}
 	}
-	s, err := l.acquireAs(ctx, r.Cost, r.Priority, bounded(r.Client))
+	s, err := l.acquireAs(ctx, r.Cost, r.Priority, bounded(r.Client), r.Output)
 	if err != nil {
 		if leave != nil {
 			leave()

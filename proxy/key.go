@@ -109,6 +109,7 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 		Path:       req.target.Path,
 		Model:      read.Model,
 		Cost:       read.Cost,
+		Output:     read.Output,
 		Priority:   prio,
 		Client:     client,
 	}, nil

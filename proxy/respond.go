@@ -63,6 +63,7 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	if meter != nil {
 		if u, ok := meter.Usage(); ok {
 			req.used = u.Total()
+			req.prompted = u.Input
 			req.trace.Usage(u.Input, u.Output)
 		}
 		if m, ok := meter.(*bodyMeter); ok {

@@ -39,6 +39,7 @@ type request struct {
 	status       int           // what the client got; 0 = none was sent
 	outcome      Outcome       // how the answer ended
 	used         int64         // tokens its answer's usage counted; -1: not known
+	prompted     int64         // of used, the prompt's (input) tokens; 0: not known
 	// attempt is the current upstream attempt's watch; the answer's idle
 	// watchdog cancels it.
 	attempt    *attemptWatch
@@ -193,6 +194,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		req.outcome = OutcomeClientGone // left before anything was decided
 	}
 	if req.slot != nil {
+		req.slot.PromptCounted(req.prompted)
 		req.slot.Done(req.status, string(req.outcome), req.used)
 	}
 	req.trace.End(req.status, string(req.outcome), req.retries, req.cutErr)

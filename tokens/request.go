@@ -15,6 +15,9 @@ type Request struct {
 	Model string
 	// Cost is the tokens to reserve for it (see Estimate).
 	Cost int64
+	// Output is the part of Cost reserved for its output (max_tokens and
+	// the like, times the choices); the rest is its prompt.
+	Output int64
 }
 
 // ReadRequest reads body once for its model and its estimated cost. The
@@ -30,7 +33,7 @@ type Request struct {
 // and encoding/json refuses to decode into a float64, is skipped like
 // any other: the body is still read.
 func ReadRequest(path string, body []byte) Request {
-	fallback := Request{Cost: ceilQuarter(int64(len(body))) + DefaultMaxOutput}
+	fallback := Request{Cost: ceilQuarter(int64(len(body))) + DefaultMaxOutput, Output: DefaultMaxOutput}
 	r := reader{walker: walker{b: body}, kind: apiOf(path)}
 	if !r.object(r.topLevel) {
 		return fallback
@@ -40,7 +43,7 @@ func ReadRequest(path string, body []byte) Request {
 		out.Model = r.model
 	}
 	if r.kind != apiUnknown {
-		out.Cost = r.cost()
+		out.Cost, out.Output = r.cost()
 	}
 	return out
 }
@@ -116,11 +119,12 @@ func (r *reader) readModel() {
 	}
 }
 
-// cost is the estimate from what was read (see Estimate).
-func (r *reader) cost() int64 {
+// cost is the estimate from what was read (see Estimate), and the part of
+// it reserved for output.
+func (r *reader) cost() (cost, output int64) {
 	c := r.c
 	prompt := ceilQuarter(c.bytes) + c.messageCount*MessageOverhead + c.media*MediaTokens + c.exact
-	var output int64
+	output = 0
 	if r.kind != apiEmbeddings {
 		output = DefaultMaxOutput
 		for _, l := range r.limits[:3] {
@@ -137,7 +141,7 @@ func (r *reader) cost() int64 {
 		}
 		output *= choices
 	}
-	return max(1, prompt+output)
+	return max(1, prompt+output), output
 }
 
 // number is a value the walk checked, as a float64 when it is a number

@@ -41,6 +41,17 @@ func NewInProcess(cfg Config) *Server {
 	return newServer(cfg)
 }
 
+// NewInProcessHandler returns an in-process Server that answers with h
+// instead of the mock's own handler: the same Transport (a handler's
+// flushes arrive as they are written, on the caller's clock) in front of
+// an upstream written elsewhere. Config, Stats and the mock's limits do
+// not apply to it.
+func NewInProcessHandler(h http.Handler) *Server {
+	s := newServer(Config{})
+	s.handler = h
+	return s
+}
+
 // Transport returns a RoundTripper that calls the server's handler in
 // process, for an in-process server or a listening one alike. Its requests
 // are counted and limited like those that arrive over the network.
@@ -190,6 +201,10 @@ func (s *Server) serveExchange(x *exchange, r *http.Request, caller context.Cont
 		r.Body.Close()
 		x.end(err)
 	}()
+	if s.handler != nil {
+		s.handler.ServeHTTP(x, r)
+		return
+	}
 	s.serveHTTP(x, r)
 }
 

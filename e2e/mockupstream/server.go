@@ -231,6 +231,7 @@ type Server struct {
 	closeOnce sync.Once
 	nextID    atomic.Int64
 	hardQuota map[string]bool
+	handler   http.Handler // nil: the mock's own (NewInProcessHandler)
 
 	// live guards closed; handlers counts the handlers Transport started.
 	live     sync.Mutex

@@ -290,48 +290,10 @@ func simulate(t *testing.T, c cell) result {
 			t.Fatal(err)
 		}
 		defer p.Stop()
-		var mu sync.Mutex
 		if *trace {
-			stop := make(chan struct{})
-			defer close(stop)
-			start := time.Now()
-			go func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(250 * time.Millisecond):
-					}
-					st := mock.Stats()
-					for _, v := range p.States() {
-						t.Logf("%5.2fs %-6s %-16s queued %3d in flight %2d/%2d pace %5.1f/s admitted %5.1f/s from %-13q bound %-11q %q refused %d/%d",
-							time.Since(start).Seconds(), v.Model, v.SharedBecause, v.Queued, v.InFlight, v.Concurrency, v.RequestsPerSecond,
-							v.AdmittedRate, v.RateFrom, v.Bound, v.ConcurrencyFrom, st.RateLimited, st.Requests)
-					}
-				}
-			}()
+			defer traceLanes(t, p, func() (int64, int64) { st := mock.Stats(); return st.Requests, st.RateLimited })()
 		}
-		sem := make(chan struct{}, c.c)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for i := range c.n {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				if err := send(p, c, i); err != nil {
-					mu.Lock()
-					res.failures++
-					if res.firstFail == "" {
-						res.firstFail = err.Error()
-					}
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		res.makespan = time.Since(start)
+		res.makespan, res.failures, res.firstFail = load(c.n, c.c, func(i int) error { return send(p, c, i) })
 		res.ideal = c.ideal
 		if res.ideal == 0 {
 			res.ideal = time.Duration(float64(c.n) / c.rate * float64(time.Second))
@@ -385,6 +347,57 @@ func send(p *proxy.Proxy, c cell, i int) error {
 		}
 	}
 	return nil
+}
+
+// load sends n requests, at most c at a time, each by send, and returns
+// how long they took, how many failed and the first failure's words.
+func load(n, c int, send func(i int) error) (makespan time.Duration, failures int, firstFail string) {
+	var mu sync.Mutex
+	sem := make(chan struct{}, c)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := send(i); err != nil {
+				mu.Lock()
+				failures++
+				if firstFail == "" {
+					firstFail = err.Error()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return time.Since(start), failures, firstFail
+}
+
+// traceLanes logs each of p's lanes every 250 ms of simulated time, with
+// the upstream's requests and refusals so far, until the function it
+// returns is called.
+func traceLanes(t *testing.T, p *proxy.Proxy, counts func() (requests, refused int64)) (stop func()) {
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			requests, refused := counts()
+			for _, v := range p.States() {
+				t.Logf("%5.2fs %-6s %-16s queued %3d in flight %2d/%2d pace %5.1f/s admitted %5.1f/s from %-13q bound %-11q %q refused %d/%d",
+					time.Since(start).Seconds(), v.Model, v.SharedBecause, v.Queued, v.InFlight, v.Concurrency, v.RequestsPerSecond,
+					v.AdmittedRate, v.RateFrom, v.Bound, v.ConcurrencyFrom, refused, requests)
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 var trace = flag.Bool("trace", false, "log each lane's state every 250ms of simulated time")
