@@ -542,3 +542,23 @@ func TestAmongReplicasALaterExcessWaitsForTheNextAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestAFirstReadingAgainstAStatedPerMinuteFigureDoesNotHideSharing: OpenAI's
+// quantized headers state 1,200 a minute over a bucket of 20; the first
+// answer, read against the full 1,200, falls by far more than anyone sent.
+// That reading shows nothing of sharing, and must not outweigh the later
+// readings whose excess is what the other lanes sent.
+func TestAFirstReadingAgainstAStatedPerMinuteFigureDoesNotHideSharing(t *testing.T) {
+	var sh sharing
+	perMinute := func(remaining int64) headerparse.Window { return win(1200, remaining, t0.Add(time.Second)) }
+	sh.observe(perMinute(16), sentAs(at(0), 1, 4, 0), 0, 0)
+	if sh.shows() {
+		t.Fatal("a first reading of 1,184 gone with 3 sent by others shows sharing")
+	}
+	// Next: the limit sent 1 more, the others 3; the count fell by 4.
+	sh.observe(perMinute(12), sentAs(at(100), 2, 8, 0), 0, 0)
+	if !sh.shows() {
+		t.Errorf("a count that fell by what the others sent shows no sharing after a first reading against 1,200 (excess %.0f, others %.0f)",
+			sh.excess, sh.others)
+	}
+}

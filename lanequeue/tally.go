@@ -154,6 +154,14 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64)
 	// same instant, or on another connection) may reach the upstream
 	// first, and show here as others'. Others' stay in the count, theirs
 	// do not: the next answer's reading against the same bases tells.
+	if excess > maxShareExcess*others+2 {
+		// More than the others sent could take: the window is not what
+		// the count was read against (a first reading against a stated
+		// per-minute figure that the upstream enforces as a bucket of a
+		// second's worth). It shows nothing of sharing; read on from
+		// this answer.
+		excess, sh.n, sh.held, sh.heldOthers = 0, 0, 0, 0
+	}
 	if excess > 0 {
 		if !isFirst && sh.held == 0 && excess <= float64(after) {
 			sh.held, sh.heldOthers = excess, others
