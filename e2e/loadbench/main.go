@@ -56,6 +56,20 @@
 // -scenario takes a comma-separated list of cell names, prefixes ending in
 // "/" (short/) and globs (short/*, */silent; "*" alone is every cell).
 //
+// The universe/* cells are issue 48's rows, upstreams of e2e/universe
+// written apart from the mock (which shares the proxy's token rule):
+// one bucket shared by four models behind OpenAI's quantized headers,
+// prompts counted 3× what tokens.Estimate says, long silent streams whose
+// answer times vary, and a silent bucket that charges refusals into debt.
+// -universe SEEDS adds a cell draw/<seed> for each e2e/universe draw
+// (alone, it runs just those): a seed that TestUniverse in lanequeue/sim
+// names replays here on real sockets. Their ideal is the omniscient
+// sender's makespan; -bin runs them through a built llmproxy binary
+// instead of a proxy in process.
+//
+//	go run ./e2e/loadbench -scenario 'universe/*'
+//	go build -o /tmp/llmproxy ./cmd/llmproxy && go run ./e2e/loadbench -universe 152,26 -bin /tmp/llmproxy
+//
 // makespan/ideal compares the wall time with N ÷ the allowed rate (requests
 // per second, or tokens per second ÷ tokens per request for tpm, or the
 // concurrency cap ÷ the answer time for concurrency). "429s" are the
@@ -223,16 +237,27 @@ func main() {
 	timeout := flag.Duration("timeout", 3*time.Minute, "bound on each run")
 	flag.IntVar(&showFailures, "show-failures", 0, "print the first this many client failures of each run")
 	flag.BoolVar(&traceLanes, "trace", false, "print every lane's state every 250 ms to stderr (proxy runs)")
+	seeds := flag.String("universe", "", "comma-separated seeds of e2e/universe draws to run as cells draw/<seed> (with the rows universe/*)")
+	bin := flag.String("bin", "", "run universe cells through this llmproxy binary instead of a proxy in process")
 	flag.Parse()
 	if *runs < 1 {
 		fmt.Fprintln(os.Stderr, "loadbench: -runs must be at least 1")
 		os.Exit(2)
 	}
 
-	picked, err := benchcells.Pick(benchcells.Cells(*latency, *rps), func(c benchcells.Cell) string { return c.Name }, *only, "cell")
+	ucells, err := universeCells(*seeds)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loadbench:", err)
 		os.Exit(2)
+	}
+	picked, upicked, err := pickCells(benchcells.Cells(*latency, *rps), ucells, *only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadbench:", err)
+		os.Exit(2)
+	}
+	if *seeds != "" && *only == "" {
+		// -universe alone: just the draws it names.
+		picked, upicked = nil, ucells[len(universeRows()):]
 	}
 	// A flag counts as given only if it was on the command line, so that
 	// its zero default cannot be mistaken for a choice.
@@ -248,7 +273,7 @@ func main() {
 	})
 
 	fmt.Printf("loadbench: %d cells, %d run(s) each through the proxy; short/quantized/tpm %.0f req/s, latency %v; %s/%s, %d CPUs\n",
-		len(picked), *runs, *rps, *latency, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+		len(picked)+len(upicked), *runs, *rps, *latency, runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	var rows []row
 	for _, sc := range picked {
 		var proxied []result
@@ -259,6 +284,13 @@ func main() {
 		if *direct {
 			rows = append(rows, row{cell: sc.Name, mode: "direct", runs: []result{run(sc, "direct", *timeout)}})
 		}
+	}
+	for _, uc := range upicked {
+		var proxied []result
+		for range *runs {
+			proxied = append(proxied, runUniverse(uc, *bin, *timeout))
+		}
+		rows = append(rows, row{cell: uc.name, mode: "proxy", runs: proxied})
 	}
 	printTable(os.Stdout, rows)
 	if *markdown {
