@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -127,7 +126,7 @@ func runUniverse(uc universeCell, bin string, timeout time.Duration) result {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := sendUniverse(ctx, hc, base, d, i); err != nil {
+			if err := universe.Send(ctx, hc, base, d, i); err != nil {
 				mu.Lock()
 				failures++
 				if failures <= showFailures {
@@ -141,38 +140,6 @@ func runUniverse(uc universeCell, bin string, timeout time.Duration) result {
 	requests, refused := up.Stats()
 	return result{cell: uc.name, mode: "proxy", n: d.N, c: d.C, makespan: time.Since(start), ideal: ideal,
 		failures: failures, upstreamRequests: requests, upstream429: refused}
-}
-
-// sendUniverse sends request i of d to the proxy at base and checks that
-// its answer came whole.
-func sendUniverse(ctx context.Context, hc *http.Client, base string, d universe.Draw, i int) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+d.Path(), bytes.NewReader(d.Body(i)))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Authorization", "Bearer sk-universe")
-	req.Header.Set("x-api-key", "sk-universe")
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d: %s", resp.StatusCode, bytes.TrimSpace(body))
-	}
-	end := "[DONE]"
-	if d.Dialect.Anthropic() {
-		end = "message_stop"
-	}
-	if d.Stream && !bytes.Contains(body, []byte(end)) {
-		return fmt.Errorf("stream without its end")
-	}
-	return nil
 }
 
 // startProxy starts a proxy in front of upstreamURL: in process, or the

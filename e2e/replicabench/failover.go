@@ -89,10 +89,19 @@ func (r *failoverRig) kill() (string, error) {
 }
 
 // killHolder is a failover row's during: the node holding the group is
-// SIGKILLed a third of the way through the load.
+// SIGKILLed a third of the way through the load, or sc.killAt into it.
 func killHolder(rig *failoverRig) func(*runEnv) error {
 	return func(e *runEnv) error {
-		if !e.load.waitCompleted(e.ctx, e.load.n/3) {
+		if at := e.sc.killAt; at > 0 {
+			select {
+			case <-time.After(time.Until(e.start.Add(at))):
+			case <-e.load.done:
+				e.note("the load ended before %v: nothing killed", at)
+				return nil
+			case <-e.ctx.Done():
+				return nil
+			}
+		} else if !e.load.waitCompleted(e.ctx, e.load.n/3) {
 			e.note("the load ended before a third of it: nothing killed")
 			return nil
 		}

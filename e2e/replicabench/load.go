@@ -33,13 +33,20 @@ const (
 type targets struct {
 	clients   []openai.Client
 	anthropic []anthropic.Client // through each replica's /anthropic route
-	mu        sync.Mutex
-	live      []int
-	next      int
+	// keyed are each replica's clients with the API keys of a row that
+	// spreads its load over several (scenario.keys).
+	keyed [][]openai.Client
+	hc    *http.Client
+	addrs []string
+	mu    sync.Mutex
+	live  []int
+	next  int
 }
 
-func newTargets(hc *http.Client, addrs []string) *targets {
-	t := &targets{}
+// newTargets is the replicas at addrs, each with a client for each of
+// keys API keys (0: one).
+func newTargets(hc *http.Client, addrs []string, keys int) *targets {
+	t := &targets{hc: hc, addrs: addrs}
 	for i, a := range addrs {
 		t.clients = append(t.clients, openai.NewClient(
 			option.WithBaseURL("http://"+a+"/v1"),
@@ -47,6 +54,12 @@ func newTargets(hc *http.Client, addrs []string) *targets {
 			option.WithHTTPClient(hc),
 			option.WithMaxRetries(0),
 		))
+		var keyed []openai.Client
+		for k := range keys {
+			keyed = append(keyed, openai.NewClient(option.WithBaseURL("http://"+a+"/v1"),
+				option.WithAPIKey(fmt.Sprintf("%s-%d", apiKey, k)), option.WithHTTPClient(hc), option.WithMaxRetries(0)))
+		}
+		t.keyed = append(t.keyed, keyed)
 		t.anthropic = append(t.anthropic, anthropic.NewClient(
 			aoption.WithBaseURL("http://"+a+"/anthropic"),
 			aoption.WithAPIKey(anthropicAPIKey),
@@ -62,9 +75,15 @@ func newTargets(hc *http.Client, addrs []string) *targets {
 // nil only for a whole 200 answer.
 func (t *targets) send(ctx context.Context, sc *scenario, target, i int) error {
 	var err error
-	if sc.anthropic {
+	switch {
+	case sc.draw != nil:
+		return sendDraw(ctx, t.hc, "http://"+t.addrs[target], *sc.draw, i)
+	case sc.keys > 1:
+		_, err = benchcells.Chat(ctx, t.keyed[target][i%sc.keys], i, sc.modelOf(i), sc.stream)
+		return err
+	case sc.anthropic:
 		_, err = benchcells.Message(ctx, t.anthropic[target], i, sc.stream)
-	} else {
+	default:
 		_, err = benchcells.Chat(ctx, t.clients[target], i, sc.modelOf(i), sc.stream)
 	}
 	return err

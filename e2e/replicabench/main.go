@@ -36,6 +36,16 @@
 //	                requests; its cut requests are counted apart, and the
 //	                time until Redis stops counting its permits (its leases
 //	                expire) is shown
+//	cluster-keys    short chats over six API keys (20 req/s and 8 in flight
+//	                each), 450 at 50, through three replicas on a Redis
+//	                Cluster whose primary holding a group is SIGKILLed a
+//	                third of the way through, against the same load on a
+//	                standalone Redis
+//	universe/*      issue 48's rows (e2e/universe): upstreams written apart
+//	                from the mock; -universe SEEDS adds a row draw/<seed>
+//	                for each e2e/universe draw (alone: only those), so a
+//	                sample of TestUniverse's draws runs through one proxy
+//	                and three replicas
 //	rolling-restart short, through a front (e2e/front: round robin over the
 //	                ready replicas, the next on a refused connection), once
 //	                as it is ("/steady") and once while the replicas are
@@ -147,6 +157,7 @@ func realMain() int {
 		return nil
 	})
 	flag.StringVar(&o.redisBin, "redis-server", "", "redis-server binary (default: redis-server on PATH, else /usr/bin/redis-server)")
+	seeds := flag.String("universe", "", "comma-separated seeds of e2e/universe draws to add as rows draw/<seed> (alone: just those)")
 	fleet := fleetFlags(flag.CommandLine)
 	flag.Parse()
 	if fleet.cluster && len(fleet.counts) == 0 {
@@ -161,7 +172,17 @@ func realMain() int {
 		fmt.Fprintln(os.Stderr, "replicabench: -lease-ttl must be at least 1s")
 		return 2
 	}
-	picked, err := pick(scenarios(*leaseTTL), *only)
+	urows, err := universeRows(*seeds)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "replicabench:", err)
+		return 2
+	}
+	all := append(scenarios(*leaseTTL), urows...)
+	if *seeds != "" && *only == "" {
+		// -universe alone: just the draws it names.
+		all = slices.DeleteFunc(urows, func(sc *scenario) bool { return !strings.HasPrefix(sc.name, "draw/") })
+	}
+	picked, err := pick(all, *only)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "replicabench:", err)
 		return 2
@@ -303,9 +324,9 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 		c.redisURL, c.env, c.during = rig.url, append(slices.Clip(sc.env), rig.env...), killHolder(rig)
 		sc, res.sc = &c, &c
 	}
-	mock := mockupstream.New(sc.mock)
-	defer mock.Close()
-	rs, reps, stop, err := startFleet(o, sc, n, shared, mock.URL(), &res)
+	up := startUpstream(sc)
+	defer up.Close()
+	rs, reps, stop, err := startFleet(o, sc, n, shared, up.URL(), &res)
 	defer stop()
 	if err != nil {
 		return res, err
@@ -325,7 +346,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 		defer fr.Close()
 		addrs = []string{fr.Addr()}
 	}
-	env := &runEnv{sc: sc, redis: rs, reps: reps, ts: newTargets(&http.Client{Transport: tr}, addrs), res: &res}
+	env := &runEnv{sc: sc, redis: rs, reps: reps, ts: newTargets(&http.Client{Transport: tr}, addrs, sc.keys), res: &res}
 	defer func() { // the processes that replaced some of reps
 		for _, r := range env.replicas() {
 			r.kill()
@@ -355,10 +376,17 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 		case <-runCtx.Done():
 		}
 	}
-	before := mock.Stats()
+	reqBefore, refBefore := up.counts()
+	var before mockupstream.Stats
+	if m, ok := up.(mockUpstream); ok {
+		before = m.Stats()
+	}
 	env.load = &loadRun{n: sc.n, done: make(chan struct{})}
 	duringDone := make(chan error, 1)
 	env.start = time.Now()
+	if sc.draw != nil {
+		res.ideal = drawIdeal(sc, env.start)
+	}
 	if shared && sc.during != nil && !steady {
 		go func() { duringDone <- sc.during(env) }()
 	} else {
@@ -372,10 +400,13 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 	if s := <-sampled; s != "" {
 		res.notes = append(res.notes, s)
 	}
-	after := mock.Stats()
-	res.upReq = after.Requests - before.Requests
-	res.up429 = after.RateLimited - before.RateLimited
-	if sc.killsReplica && !res.killAt.IsZero() {
+	reqAfter, refAfter := up.counts()
+	res.upReq, res.up429 = reqAfter-reqBefore, refAfter-refBefore
+	var after mockupstream.Stats
+	if m, ok := up.(mockUpstream); ok {
+		after = m.Stats()
+	}
+	if sc.killsReplica && !res.killAt.IsZero() && sc.draw == nil {
 		// The cut requests queued on the victim never reached the
 		// upstream: the ideal is that of the answers it admitted.
 		res.ideal = time.Duration(float64(after.OK-before.OK) / sc.rate * float64(time.Second))
@@ -395,7 +426,9 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 	}
 	if o.verbose {
 		printReplicas(env.replicas(), shared, env.start)
-		printUpstream(before, after, env.start)
+		if sc.draw == nil {
+			printUpstream(before, after, env.start)
+		}
 	}
 	res.took = time.Since(began)
 	return res, duringErr

@@ -17,6 +17,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/e2e/universe"
 )
 
 // scenario is one row of the table.
@@ -54,6 +55,16 @@ type scenario struct {
 	setup  func(*runEnv) error
 	during func(*runEnv) error
 	target target
+	// draw, when set, is the upstream and the load instead of mock, n, c,
+	// rate and model: an e2e/universe draw, its ideal the omniscient
+	// sender's (universe.go).
+	draw *universe.Draw
+	// keys spreads the requests over that many API keys (request i on key
+	// i mod keys), each limited apart by the mock; 0: one.
+	keys int
+	// killAt, for a failover row, is when the node is killed after the
+	// load starts; 0: a third of the way through.
+	killAt time.Duration
 	// rolling: the load goes through a front (rolling.go), and runs
 	// without during too, the row's baseline.
 	rolling bool
@@ -116,6 +127,13 @@ func scenarios(leaseTTL time.Duration) []*scenario {
 			stream: true, leaseTTL: leaseTTL, killsReplica: true, setup: findVictim, during: killReplica,
 			target: target{kind: replicaKilledTarget, points: 2}},
 		&scenario{name: "cluster-killed", base: "cluster-killed", mock: shortMock, rate: 20, n: 360, c: 50, failover: clusterFailover},
+		// Issue 48's Cluster row: six keys, each 20 req/s and 8 in flight,
+		// spread over the cluster's slots, the primary holding a group
+		// killed a third of the way through (the issue's 3 s in is at the
+		// end of this load, which the mock's one-second bursts finish in
+		// about 3 s).
+		&scenario{name: "cluster-keys", base: "cluster-keys", mock: shortMock, rate: 120, n: 450, c: 50, keys: 6,
+			failover: clusterFailover},
 		&scenario{name: "sentinel-failover", base: "sentinel-failover", mock: shortMock, rate: 20, n: 360, c: 50, failover: sentinelFailover},
 		&scenario{name: "rolling-restart", base: "rolling-restart", mock: shortMock, rate: 20, n: 450, c: 50, rolling: true, during: rollReplicas,
 			target: target{kind: rollingTarget}},

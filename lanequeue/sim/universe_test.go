@@ -98,19 +98,7 @@ func sendDraw(p *proxy.Proxy, d universe.Draw, i int) error {
 	req.Header.Set("Content-Type", "application/json")
 	w := httptest.NewRecorder()
 	p.ServeHTTP(w, req)
-	if w.Code != http.StatusOK {
-		return fmt.Errorf("status %d: %s", w.Code, bytes.TrimSpace(w.Body.Bytes()))
-	}
-	if d.Stream {
-		end := "[DONE]"
-		if d.Dialect.Anthropic() {
-			end = "message_stop"
-		}
-		if !bytes.Contains(w.Body.Bytes(), []byte(end)) {
-			return fmt.Errorf("stream without its end: %q", w.Body.String())
-		}
-	}
-	return nil
+	return universe.Check(d, w.Code, w.Body.Bytes())
 }
 
 // The universe's bars: the targets (reported when missed), and
