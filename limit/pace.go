@@ -156,7 +156,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		return
 	}
 	b.advance(now)
-	limit := b.limit
+	limit, prevLimit := b.limit, b.limit
 	if w.Limit > 0 {
 		limit = float64(w.Limit)
 	}
@@ -188,7 +188,8 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 			b.early = max(b.early, w.ResetEarly+dispatched.Sub(reset)+max(w.ResetGrain, time.Millisecond))
 		}
 	}
-	if !reset.IsZero() && b.early > 0 && reset.Before(dispatched.Add(b.early)) {
+	floored := !reset.IsZero() && b.early > 0 && reset.Before(dispatched.Add(b.early))
+	if floored {
 		reset = dispatched.Add(b.early)
 	}
 	b.resetAt = time.Time{}
@@ -196,7 +197,17 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		b.resetAt = reset.Add(max(0, now.Sub(dispatched)))
 	}
 	b.lastLeft, b.lastSecs = remaining, reset.Sub(dispatched).Seconds()
+	was := b.bucket.Rate
 	b.learnRate()
+	if floored && limit == prevLimit && b.bucket.Rate < was {
+		// A reset read at the floor was sooner than the floor, by how
+		// much nobody knows: what is missing refills at least as fast as
+		// the arithmetic says, perhaps far faster. A window nearly full
+		// (one token missing, a second to go) would otherwise read as a
+		// refill of one token a second. Only a refusal, or a changed
+		// stated limit, lowers the rate then.
+		b.bucket.Rate = was
+	}
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
 		b.correctable() {

@@ -176,18 +176,54 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 		t.Fatalf("rate %v, want 5/s", b.bucket.Rate)
 	}
 	// A later reset stated a second after its dispatch is read 2 s after
-	// it too: 5 missing over 2 s, not over 1.
+	// it too, not 1: the window is full at 3 s. Read at that floor, its
+	// 5 missing over 2 s (2.5/s) only bound the refill from below, and
+	// leave the 5/s learned before.
 	w = win(10, 5, at(2*time.Second))
 	w.ResetGrain = time.Second
 	b.observe(w, 0, at(time.Second), at(time.Second))
-	if !near(b.bucket.Rate, 2.5) {
-		t.Fatalf("rate %v after an honest-looking reset, want 2.5/s", b.bucket.Rate)
+	if !b.resetAt.Equal(at(3 * time.Second)) {
+		t.Fatalf("reset read at %v, want 2 s after its dispatch", b.resetAt.Sub(t0))
+	}
+	if !near(b.bucket.Rate, 5) {
+		t.Fatalf("rate %v after a reset read at the floor, want 5/s kept", b.bucket.Rate)
 	}
 	// A reset on time, with no early one before it, is believed.
 	var honest budget
 	honest.observe(win(10, 0, at(time.Second)), 0, t0, t0)
 	if !near(honest.bucket.Rate, 10) {
 		t.Fatalf("rate %v of an honest reset, want 10/s", honest.bucket.Rate)
+	}
+}
+
+// TestFlooredResetDoesNotLowerTheRate: once resets are seen early (Anthropic's
+// whole seconds rounded down), every reset is read at least a floor after
+// its dispatch, and the real one may lie anywhere before it. A window
+// nearly full then reads as a refill of what is missing over the floor:
+// one token over 1.4 s, 0.7 tokens a second, which held a group whose
+// limit had just grown for ten minutes, past every request's budget. Such a
+// reading does not lower the rate; a changed stated limit does.
+func TestFlooredResetDoesNotLowerTheRate(t *testing.T) {
+	var b budget
+	w := win(1000, 0, at(-time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, t0, t0) // early: every reset is read 2 s after its dispatch at least
+	if !near(b.bucket.Rate, 500) {
+		t.Fatalf("rate %v, want 500/s", b.bucket.Rate)
+	}
+	// Nearly full, its reset due within the second: one missing.
+	w = win(1000, 999, at(5*time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, at(5*time.Second), at(5*time.Second))
+	if !near(b.bucket.Rate, 500) {
+		t.Fatalf("rate %v after a nearly full window's reset at the floor, want 500/s kept", b.bucket.Rate)
+	}
+	// A stated limit halved is read as it says, at the floor or not.
+	w = win(500, 250, at(20*time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, at(20*time.Second), at(20*time.Second))
+	if !near(b.bucket.Rate, 125) {
+		t.Fatalf("rate %v after the stated limit halved, want 125/s", b.bucket.Rate)
 	}
 }
 
