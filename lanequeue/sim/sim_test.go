@@ -391,9 +391,11 @@ func traceLanes(t *testing.T, p *proxy.Proxy, counts func() (requests, refused i
 			}
 			requests, refused := counts()
 			for _, v := range p.States() {
-				t.Logf("%5.2fs %-6s %-16s queued %3d in flight %2d/%2d pace %5.1f/s admitted %5.1f/s from %-13q bound %-11q %q refused %d/%d",
+				t.Logf("%5.2fs %-6s %-16s queued %3d in flight %2d/%2d pace %5.1f/s admitted %5.1f/s from %-13q bound %-11q %q refused %d/%d"+
+					" | req %.0f left %.1f | tok %.0f left %.0f at %.1f/s | paused %q",
 					time.Since(start).Seconds(), v.Model, v.SharedBecause, v.Queued, v.InFlight, v.Concurrency, v.RequestsPerSecond,
-					v.AdmittedRate, v.RateFrom, v.Bound, v.ConcurrencyFrom, refused, requests)
+					v.AdmittedRate, v.RateFrom, v.Bound, v.ConcurrencyFrom, refused, requests,
+					v.RequestsLimit, v.RequestsAvailable, v.TokensLimit, v.TokensAvailable, v.TokensPerSecond, v.PauseReason)
 			}
 		}
 	}()
