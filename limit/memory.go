@@ -41,6 +41,9 @@ type Memory struct {
 	// the knock WindowGate allowed.
 	win       windows
 	knockNext bool
+	// unpaid counts the pauses in a row that paid the upstream nothing
+	// (see lengthen).
+	unpaid unpaid
 }
 
 // NewMemory returns the in-process state for a group with cfg's
@@ -263,7 +266,8 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 
 func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
-	if p := groupPause(r, s.learnFrom(t, r, now)); p.until.After(s.paused.until) {
+	p := s.lengthen(groupPause(r, s.learnFrom(t, r, now)), t, r, now)
+	if p.until.After(s.paused.until) {
 		s.paused = p
 	}
 }

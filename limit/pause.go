@@ -52,3 +52,44 @@ func groupPause(r Report, e pauseEvidence) pause {
 	}
 	return pause{until: r.PauseUntil, reason: r.Verdict.PauseReason()}
 }
+
+// unpaid tracks the pauses in a row that paid the upstream nothing:
+// resumed is the end of the latest pause the group sent after, counted
+// the one found unpaid, last how long the latest pause was.
+type unpaid struct {
+	resumed, counted time.Time
+	last             time.Duration
+}
+
+// lengthen returns p, the pause the answer r to t asks of the group at
+// now, lengthened when the pause before it paid nothing. A wait is the
+// upstream's data, not a guarantee: one that counts refused requests
+// charges each, so a pause as long as the wait it named ends a request (or
+// a burst) short, the next refusal names the same wait again, and the
+// group sends at the refill, refused every time, for ever. So when all
+// the group sent after a pause was refused, nothing admitted since and
+// nothing else out that might be, that pause paid only what its end cost:
+// the next one is its wait and twice that pause besides. (Not when the
+// new wait is under half the last pause: a short wait after a long pause
+// is a pace, which the lengthening only turned into refusals elsewhere.)
+func (s *Memory) lengthen(p pause, t *Ticket, r Report, now time.Time) pause {
+	u := &s.unpaid
+	if r.Verdict == Accepted {
+		*u = unpaid{}
+	}
+	if p.until.IsZero() {
+		return p
+	}
+	if !s.paused.until.IsZero() && !s.paused.until.After(now) {
+		u.resumed = s.paused.until
+	}
+	if !u.resumed.IsZero() && !u.resumed.Equal(u.counted) && !t.Dispatched.Before(u.resumed) &&
+		s.learn.lastAccepted.Before(u.resumed) && s.conc.inFlight <= s.refusedHolding && 2*p.until.Sub(now) >= u.last {
+		u.counted = u.resumed
+		p.until = p.until.Add(2 * u.last)
+	}
+	if p.until.After(now) && p.until.After(s.paused.until) {
+		u.last = p.until.Sub(now)
+	}
+	return p
+}

@@ -71,3 +71,40 @@ func TestLearnTakesOnlyALongerPause(t *testing.T) {
 		t.Fatalf("paused until %v for %q, want %v for \"retry\"", v.PausedUntil, v.PauseReason, at(3*time.Second))
 	}
 }
+
+// TestAPauseThatPaidNothingIsLengthened: an upstream that charges refused
+// requests names a wait that ends one request short; the lone request sent
+// at its end is refused with the same wait. That pause paid nothing, so the
+// next is its wait and twice the last pause besides; an admission ends the
+// lengthening.
+func TestAPauseThatPaidNothingIsLengthened(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	m := NewMemory(Config{})
+	refuse := func(now time.Time) time.Time {
+		tk, at, ok := m.Admit(now, 1, true)
+		if !ok {
+			t.Fatalf("at %v: no admission after the pause (next at %v; %+v)", now.Sub(t0), at.Sub(t0), m.View(now))
+		}
+		m.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: wait, PauseUntil: now.Add(wait)}, now)
+		m.Return(&tk, now)
+		return m.View(now).PausedUntil
+	}
+	first := refuse(t0)
+	if !first.Equal(t0.Add(wait)) {
+		t.Fatalf("the first refusal pauses until %v, want its wait, %v", first.Sub(t0), wait)
+	}
+	// The lone request goes once the hint's pace allows, just after.
+	resent := first.Add(20 * time.Millisecond)
+	second := refuse(resent)
+	if want := resent.Add(wait + 2*wait); !second.Equal(want) {
+		t.Errorf("after a pause that paid nothing: paused %v, want %v", second.Sub(resent), want.Sub(resent))
+	}
+	// An admission: the next refusal's pause is its wait again.
+	tk, _, _ := m.Admit(second, 1, true)
+	m.Learn(&tk, Report{Status: 200, Verdict: Accepted}, second)
+	m.Return(&tk, second)
+	later := second.Add(400 * time.Millisecond)
+	if third := refuse(later); !third.Equal(later.Add(wait)) {
+		t.Errorf("after an admission: paused %v, want the wait, %v", third.Sub(later), wait)
+	}
+}
