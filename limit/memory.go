@@ -76,6 +76,19 @@ func (s *Memory) Forget() {
 	*s = f
 }
 
+// StartFrom starts a new state, one that takes over from limits found to
+// share one upstream limit, from what they had out together: inFlight
+// requests, answered in answerSecs on average (0: not known). The
+// concurrency limit starts there, not at the configured start: what
+// refused them was the rate they sent together, which the state learns
+// afresh, and in flight = rate × answer time. Slow start goes on from it.
+func (s *Memory) StartFrom(inFlight int, answerSecs float64) {
+	s.conc.limit = min(max(s.conc.limit, inFlight), s.conc.max)
+	if s.conc.answerSecs == 0 {
+		s.conc.answerSecs = answerSecs
+	}
+}
+
 // NoteDispatch records a dispatch another store admitted, one that every
 // replica of the proxy shares, so that what Memory learns from behaviour
 // is about the group as the upstream sees it, all replicas together: out
@@ -304,7 +317,13 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 		s.refusedHolding++
 	}
 	if refusal {
-		s.conc.endSlowStart() // the upstream said no: no more doubling
+		if s.learn.live(now) {
+			// The upstream said no while it admits others: no more
+			// doubling. A refusal while it admits nothing (a fresh state
+			// whose first requests met a spent limit) says nothing of
+			// the number in flight.
+			s.conc.endSlowStart()
+		}
 		s.learn.refusedInProbe(t)
 	}
 	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {

@@ -453,3 +453,22 @@ func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
 		}
 	}
 }
+
+// TestARefusalBeforeAnyAdmissionKeepsTheSlowStart: a state whose first
+// requests met a spent limit (a trial's, joined while the others' requests
+// emptied the bucket) learns nothing of the number in flight from them:
+// its slow start goes on. A refusal while the upstream admits others ends
+// it.
+func TestARefusalBeforeAnyAdmissionKeepsTheSlowStart(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+	m.Learn(admitted(t, m, t0, 1), Report{Status: 429, Verdict: RateRefused, PauseUntil: at(time.Second)}, t0)
+	if !m.conc.slowStart {
+		t.Fatal("a refusal before any admission ended the slow start")
+	}
+	now := at(2 * time.Second)
+	answered(m, admitted(t, m, now, 1), Report{Status: 200, Verdict: Accepted}, now)
+	m.Learn(admitted(t, m, now, 1), Report{Status: 429, Verdict: RateRefused}, now)
+	if m.conc.slowStart {
+		t.Fatal("a refusal while the upstream admits others left the slow start on")
+	}
+}
