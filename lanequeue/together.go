@@ -149,6 +149,7 @@ func (g *group) joinLocked(with []*pool) {
 		key += "\x00" + refusedTogether
 		t = newPool(key, g.cfg, g.newShared(key, g.cfg.limitConfig()))
 		t.learned, t.sharedBy, t.trial = true, refusedTogether, &trial{}
+		g.startTrialLocked(t, with)
 	}
 	for _, r := range with {
 		if r == t {
@@ -166,6 +167,27 @@ func (g *group) joinLocked(with []*pool) {
 				t.addModel(model)
 			}
 		}
+	}
+}
+
+// startTrialLocked starts t's new state from what the limits in with had
+// out together, when its state can (limit.Memory): the upstream refused
+// their rate, not their number in flight, so the trial does not crawl up
+// from the configured start again. Requires g.mu held.
+func (g *group) startTrialLocked(t *pool, with []*pool) {
+	s, ok := t.shared.(interface{ StartFrom(int, float64) })
+	if !ok {
+		return
+	}
+	now := g.clock.Now()
+	out, secs := 0, 0.0
+	for _, r := range with {
+		v := r.shared.View(now)
+		out += v.InFlight
+		secs += float64(v.InFlight) * v.AnswerSeconds
+	}
+	if out > 0 {
+		s.StartFrom(out, secs/float64(out))
 	}
 }
 

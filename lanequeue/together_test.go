@@ -518,3 +518,34 @@ func TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica(t *
 		}
 	}
 }
+
+// TestATrialStartsFromWhatItsLimitsHadOut: limits joined on trial were
+// refused for the rate they sent together, not for their number in
+// flight: the trial's concurrency limit starts at what they had out
+// together (here 7 each), not at the configured start of 8, from which
+// long answers would take many answer times to grow back.
+func TestATrialStartsFromWhatItsLimitsHadOut(t *testing.T) {
+	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
+	for _, l := range lanes {
+		s := sendOn(t, l)
+		accept(s, headerparse.Limits{})
+		s.release()
+	}
+	var out []*Slot
+	for range 7 {
+		for _, l := range lanes {
+			out = append(out, sendOn(t, l))
+		}
+	}
+	for _, s := range out[len(out)-2:] {
+		report(s, limit.Report{Status: 429, Verdict: limit.RateRefused})
+	}
+	tr := limitOf(lanes[0])
+	if tr.trial == nil || limitOf(lanes[1]) != tr {
+		t.Fatal("the limits were not joined on trial")
+	}
+	if v := tr.shared.View(t0); v.Concurrency != 14 {
+		t.Errorf("the trial's concurrency limit is %d, want the 14 its limits had out", v.Concurrency)
+	}
+	releaseAll(out)
+}
