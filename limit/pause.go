@@ -77,7 +77,9 @@ func (s *Memory) lengthen(p pause, t *Ticket, r Report, now time.Time) pause {
 	if r.Verdict == Accepted {
 		*u = unpaid{}
 	}
-	if p.until.IsZero() {
+	if p.until.IsZero() || s.fleetSent > 0 {
+		// Among replicas one sees only its part: another's admissions,
+		// or its requests out, would have paid.
 		return p
 	}
 	if !s.paused.until.IsZero() && !s.paused.until.After(now) {
