@@ -576,95 +576,15 @@ func (l *learner) refusedLive(t *Ticket, e refusalEvidence, now time.Time) {
 }
 
 // estimateOnRefusal moves the admitted rate on a refusal while the
-// upstream admits other requests: measured between refusals, guessed
-// from the sending rate at the first, cut while a guess, capped by a
-// short hint.
+// upstream admits other requests, by the named rules of refusalRules
+// (rules.go), in their order: measured between refusals, guessed from the
+// sending rate at the first, cut while a guess, capped by a short hint.
 func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time) {
 	was := l.estimate
-	level := t.Level
-	sample := l.refused(t.Seq, t.Dispatched, t.Refusals)
-	if sample > 0 {
-		// A refusal of the probe is expected, and what was admitted over
-		// the cycle includes the cruise under the limit, lost to a
-		// concurrency limit: it only raises a measured estimate. Elsewhere
-		// a refusal says the estimate is too high, and a guess takes any
-		// measurement: it takes the sample.
-		if !t.Probe || sample > l.estimate || l.guess() {
-			l.estimate, l.from, l.measured = sample, rateAdmitted, true
-		}
-		l.cut = now
-	} else if l.estimate == 0 {
-		// One refusal measures no rate yet. What the group has been
-		// sending is too fast; a short hint may say how fast is right.
-		l.estimate, l.from = e.sending, rateSending
-		if secs := e.answerSecs; secs > 0 && !l.reached(level) {
-			// Refused at a number in flight nothing went through at: what
-			// did go through, over the answer time, is what it sustains
-			// (Little's law), if the number in flight is the bound.
-			l.estimate = max(l.estimate, float64(level-1)/secs)
-		}
-		if e.fleetPace > 0 && e.fleetPace < l.estimate {
-			// Other replicas learned a pace from their refusals already:
-			// it is lower than what the group was sending, and known.
-			l.estimate, l.from = e.fleetPace, rateReplicas
-			if t.Paced && t.Dispatched.After(e.fleetPaceAt) && !l.concurrencyBound() {
-				// And it was refused at that pace (sent after this replica
-				// saw it, so not at an older, faster one): as one process
-				// refused again at a pace not yet measured, slower. (Each
-				// replica's first refusal is a first guess of its own;
-				// without the cut the fleet needs a refusal per replica to
-				// slow down.)
-				l.estimate *= unmeasuredCut
-			}
-		}
-		if hp := e.hintPace; hp > 0 && (hp < l.estimate || e.sent < minSendingSample) {
-			l.estimate, l.from = hp, rateHint // a sending rate of a few requests says little
-		}
-		l.cut = now
-	} else if !l.measured && !t.Probe && !l.concurrencyBound() && t.Dispatched.After(l.cut) && !l.lastAccepted.Before(l.cut) && l.reached(level) {
-		// Refused again at a pace not yet measured, at a number in flight
-		// the upstream admits: slower, once for the requests sent since
-		// the last change. Not before the upstream admitted one of them:
-		// one that counts refusals refuses all until its debt is paid,
-		// whatever the pace.
-		l.estimate *= unmeasuredCut
-		l.cut = now
-	}
-	if !l.measured && !t.Probe && l.short > 0 && l.short*shortCut < l.estimate && t.Dispatched.After(l.cut) {
-		// Refusals too close together to measure the rate still show what
-		// got through between them: a guess far above it (the whole of a
-		// limit other models share, a sending rate several times the
-		// limit) is cut to it at once rather than by unmeasuredCut a
-		// round. (One a little above it is left to the measurement: what
-		// gets through right after a refusal may be less than the refill,
-		// where refusals count against the limit.) Only for a request
-		// sent at the guess: those sent before it, refused close together,
-		// show an upstream's debt as much as its rate.
-		l.estimate = l.short
-		l.cut = now
-	}
-	if t.Probe && l.from == rateProbe && l.raisedFrom > 0 && l.estimate > l.raisedFrom*probeGain {
-		// The probe above a raise past the pace the clean probe ran at was
-		// refused: the raise went too far. Back to what ran clean, at
-		// once; staying at the raise until the refusals measure a rate
-		// overdraws an upstream that counts them. (A smaller raise is left
-		// to the measurement.)
-		l.estimate, l.raisedFrom = l.raisedFrom, 0
-		l.cut = now
-	}
-	if hp := e.hintPace; hp > 0 && hp < l.estimate {
-		// The wait for the next request is at most one request's worth of
-		// the refill: one per hint is as fast as the upstream can go.
-		// Unless the refusals just measured the upstream admitting faster
-		// than that: then the hint was no refill's (a fixed window's end,
-		// a moment away), and the measurement caps the rate instead.
-		if sample > hp {
-			if sample < l.estimate {
-				l.estimate, l.from, l.measured = sample, rateAdmitted, true
-			}
-		} else {
-			l.estimate, l.from = hp, rateHint
-		}
+	c := refusal{t: t, e: e, now: now, sample: l.refused(t.Seq, t.Dispatched, t.Refusals)}
+	c.first = c.sample == 0 && l.estimate == 0
+	for _, r := range refusalRules {
+		r.apply(l, c)
 	}
 	if l.estimate < was {
 		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
