@@ -108,3 +108,26 @@ func TestAPauseThatPaidNothingIsLengthened(t *testing.T) {
 		t.Errorf("after an admission: paused %v, want the wait, %v", third.Sub(later), wait)
 	}
 }
+
+// TestAPauseThatPaidNothingIsLengthenedFromHalfItsWait: the lengthening
+// holds for a new wait of half the last pause, and not under it (a short
+// wait after a long pause is a pace).
+func TestAPauseThatPaidNothingIsLengthenedFromHalfItsWait(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	for _, c := range []struct {
+		next time.Duration
+		want time.Duration
+	}{{wait / 2, wait/2 + 2*wait}, {wait/2 - time.Millisecond, wait/2 - time.Millisecond}} {
+		m := NewMemory(Config{})
+		refuse := func(now time.Time, hint time.Duration) time.Time {
+			tk, _, _ := m.Admit(now, 1, true)
+			m.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: hint, PauseUntil: now.Add(hint)}, now)
+			m.Return(&tk, now)
+			return m.View(now).PausedUntil
+		}
+		resent := refuse(t0, wait).Add(20 * time.Millisecond)
+		if got := refuse(resent, c.next).Sub(resent); got != c.want {
+			t.Errorf("a wait of %v after a pause of %v that paid nothing: paused %v, want %v", c.next, wait, got, c.want)
+		}
+	}
+}
