@@ -44,6 +44,10 @@ type Memory struct {
 	// unpaid counts the pauses in a row that paid the upstream nothing
 	// (see lengthen).
 	unpaid unpaid
+	// trial is the Seq of the one request sent when the pause ending at
+	// trialOf ended, while its answer is awaited (0: none; see Admit).
+	trial   uint64
+	trialOf time.Time
 }
 
 // NewMemory returns the in-process state for a group with cfg's
@@ -234,6 +238,14 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 	if now.Before(s.paused.until) {
 		return Ticket{}, s.paused.until, false
 	}
+	if s.trial != 0 {
+		// A pause after one that paid nothing (see lengthen): its wait
+		// is the upstream's word, not a guarantee, so the queue that
+		// built up in it goes once one request shows the upstream admits
+		// again, not all at once into a limit that may still be spent
+		// and count each refusal.
+		return Ticket{}, time.Time{}, false
+	}
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
 	}
@@ -266,6 +278,9 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced,
 		Seq: s.learn.dispatched(), Probe: s.pace.fromRefusals && s.learn.phase == probeUp,
 		Level: s.conc.inFlight - s.refusedHolding + 1}
+	if !s.unpaid.counted.IsZero() && !s.paused.until.IsZero() && !s.paused.until.Equal(s.trialOf) {
+		s.trial, s.trialOf = t.Seq, s.paused.until
+	}
 	s.conc.inFlight++
 	s.learn.noteSent(t.Level)
 	s.lastSent = now
@@ -516,6 +531,9 @@ func (s *Memory) settle(t *Ticket) {
 	if !t.settled {
 		t.settled = true
 		s.learn.settled(t.Level)
+	}
+	if t.Seq == s.trial {
+		s.trial = 0
 	}
 }
 

@@ -129,5 +129,37 @@ func TestAPauseThatPaidNothingIsLengthenedFromHalfItsWait(t *testing.T) {
 		if got := refuse(resent, c.next).Sub(resent); got != c.want {
 			t.Errorf("a wait of %v after a pause of %v that paid nothing: paused %v, want %v", c.next, wait, got, c.want)
 		}
+
+// TestAPauseAfterOneThatPaidNothingEndsWithOneRequest: when a pause
+// follows one that paid nothing (see lengthen), one request goes at its
+// end and the queue behind it waits for its answer: a wait is the
+// upstream's word, not a guarantee, and a queue sent whole at its end into
+// a limit still spent (one that counts refusals) only deepens the debt.
+// Once that request is admitted the rest go.
+func TestAPauseAfterOneThatPaidNothingEndsWithOneRequest(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	m := NewMemory(Config{Concurrency: 8})
+	now := t0
+	for range 2 { // the second pause is lengthened: the first paid nothing
+		tk, _, ok := m.Admit(now, 1, true)
+		if !ok {
+			t.Fatalf("at %v: no admission after the pause", now.Sub(t0))
+		}
+		m.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: wait, PauseUntil: now.Add(wait)}, now)
+		m.Return(&tk, now)
+		now = m.View(now).PausedUntil.Add(20 * time.Millisecond)
+	}
+	end := now
+	trial, _, ok := m.Admit(end, 1, true)
+	if !ok {
+		t.Fatalf("no request goes when the pause ends (%+v)", m.View(end))
+	}
+	answered := end.Add(time.Second) // the pace holds nothing back by then
+	if _, next, ok := m.Admit(answered, 1, false); ok || !next.IsZero() {
+		t.Fatalf("a second request before the first's answer: ok %v, next %v; want it to wait for that answer", ok, next)
+	}
+	m.Learn(&trial, Report{Status: 200, Verdict: Accepted}, answered)
+	if _, next, ok := m.Admit(answered, 1, false); !ok && next.IsZero() {
+		t.Fatalf("after the first was admitted the next still waits for an answer")
 	}
 }
