@@ -129,6 +129,8 @@ func TestAPauseThatPaidNothingIsLengthenedFromHalfItsWait(t *testing.T) {
 		if got := refuse(resent, c.next).Sub(resent); got != c.want {
 			t.Errorf("a wait of %v after a pause of %v that paid nothing: paused %v, want %v", c.next, wait, got, c.want)
 		}
+	}
+}
 
 // TestAPauseAfterOneThatPaidNothingEndsWithOneRequest: when a pause
 // follows one that paid nothing (see lengthen), one request goes at its
