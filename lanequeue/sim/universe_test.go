@@ -141,8 +141,12 @@ func TestUniverse(t *testing.T) {
 	})
 
 	var ratios []float64
-	within, beyond := 0, 0
+	within, beyond, lostDraws, lost := 0, 0, 0, 0
 	for _, o := range outcomes {
+		if o.failures > 0 {
+			lostDraws++
+			lost += o.failures
+		}
 		ratios = append(ratios, o.ratio())
 		if o.failures == 0 && o.ratio() <= 1.10 && o.refusedPct() <= refusalTarget(o.d) {
 			within++
@@ -163,8 +167,8 @@ func TestUniverse(t *testing.T) {
 	for _, o := range worst[:min(10, len(worst))] {
 		fmt.Fprintf(&b, "  %s\n", o)
 	}
-	t.Logf("%d draws from seed %d: median %.3f×, %.1f%% within 1.10× and their refusals, %d over 1.5× or lost\nworst:\n%s",
-		len(outcomes), *firstSeed, got.median, got.within, beyond, b.String())
+	t.Logf("%d draws from seed %d: median %.3f×, %.1f%% within 1.10× and their refusals, %d over 1.5× or lost (%d draws lost %d requests)\nworst:\n%s",
+		len(outcomes), *firstSeed, got.median, got.within, beyond, lostDraws, lost, b.String())
 	if got.median > universeTarget.median || got.within < universeTarget.within || got.beyond > universeTarget.beyond {
 		t.Logf("the issue's targets not met yet: median ≤ %.2f×, ≥ %.0f%% within, none over 1.5× or lost",
 			universeTarget.median, universeTarget.within)
