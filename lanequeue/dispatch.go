@@ -240,7 +240,7 @@ func (g *group) grantLocked(now time.Time, s *Slot, lim *pool, t limit.Ticket) {
 		g.fleet = true
 	}
 	if lim.firstSeq == 0 {
-		lim.firstSeq = s.groupSent
+		lim.firstSeq, lim.firstAt = s.groupSent, t.Dispatched
 	}
 	l.inFlight++
 	if !s.retry {

@@ -26,6 +26,7 @@ type pool struct {
 	pass             uint64    // the group's dispatch pass it last held its lanes in
 	sent             uint64    // dispatches, for sharing
 	firstSeq         uint64    // the group's dispatch count at its first dispatch
+	firstAt          time.Time // and its time
 	share            sharing   // evidence that it shares the upstream's limit with others
 	// mergedInto is the limit this one was found to share, which its lanes
 	// draw on from then on; nil while it stands alone.

@@ -51,12 +51,19 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.T
 	if !s.fleet {
 		after = lim.share.after(s.limSent, lim.sent, s.ticket.Dispatched)
 	}
+	wasRead := lim.share.read
 	first := lim.share.observe(w, s, out, after)
+	g.limMu.Lock()
+	defer g.limMu.Unlock()
+	if !wasRead && w.HasRemaining {
+		if round := g.firstRoundLocked(lim, w.Limit); len(round) > 1 {
+			g.mergeLocked(round, "headers move together")
+			return true
+		}
+	}
 	if !lim.share.shows() {
 		return false
 	}
-	g.limMu.Lock()
-	defer g.limMu.Unlock()
 	with := []*pool{lim}
 	for _, o := range g.limits {
 		if o.mergedInto != nil || slices.Contains(with, o) {
@@ -73,6 +80,39 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.T
 	}
 	g.mergeLocked(with, "headers move together")
 	return true
+}
+
+// firstRoundLocked reads lim's first answer with the other first answers
+// of the group's limits that state the same window (stated, requests)
+// and whose first requests went within overtake of lim's, in any order
+// the upstream counted them: one round. When none of them showed half
+// the stated figure left, the figure is not the window (OpenAI's
+// quantized headers state 1,200 a minute over a bucket of 20), and read
+// against it each fell by far more than anyone sent: it shows nothing of
+// sharing (see sharing.observe). Each limit sent one: windows of their
+// own, of one size as the figure says, show one count alike, and one
+// window counts them down, each one fewer, so counts that differ by no
+// more than the others sent show one window. It returns the round's
+// limits (the ones they draw on) then, else nil. (Before, each of four
+// models sharing a bucket of 20 believed the 16 left its own and sent up
+// to its concurrency limit on it: 32 requests, a dozen refused at once.)
+// Requires g.limMu held.
+func (g *group) firstRoundLocked(lim *pool, stated int64) []*pool {
+	round := []*pool{lim.root()}
+	lo, hi, n := lim.share.firstLeft, lim.share.firstLeft, 1
+	for _, o := range g.limits {
+		if o == lim || !o.share.read || o.share.stated != stated || o.firstAt.Sub(lim.firstAt).Abs() > overtake {
+			continue
+		}
+		lo, hi, n = min(lo, o.share.firstLeft), max(hi, o.share.firstLeft), n+1
+		if r := o.root(); !slices.Contains(round, r) {
+			round = append(round, r)
+		}
+	}
+	if lo == hi || 2*(hi+1) > stated || float64(hi-lo) > maxShareExcess*float64(n-1)+2 {
+		return nil
+	}
+	return round
 }
 
 // mergeLocked makes the limits in with one, for why: the one made first

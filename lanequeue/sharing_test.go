@@ -103,3 +103,37 @@ func TestALimitThatNeverSentJoinsNoFirstAnswersShare(t *testing.T) {
 		t.Error("gpt-c, which sent nothing, joined gpt-b's limit at gpt-b's first answer")
 	}
 }
+
+// TestFirstAnswersOfOneRoundShowAQuantizedWindowShared: four models of one
+// key send one request each at once into a bucket of 20 that the headers
+// state as 1,200 a minute (OpenAI's quantized form); the upstream counts
+// them in another order than they went, and their answers come in yet
+// another. Read against 1,200, each count fell by far more than anyone
+// sent; the four counts, 16 to 19, are one window counted down, and the
+// lanes draw on one limit from the first answers on. Windows of their own
+// would each show 19.
+func TestFirstAnswersOfOneRoundShowAQuantizedWindowShared(t *testing.T) {
+	for _, c := range []struct {
+		left   []int64
+		shared bool
+	}{{[]int64{16, 19, 17, 18}, true}, {[]int64{19, 19, 19, 19}, false}} {
+		tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}})
+		cred := HashCredential("sk-gateway")
+		var lanes []*Lane
+		var slots []*Slot
+		for _, m := range []string{"gpt-a", "gpt-b", "gpt-c", "gpt-d"} {
+			l := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m})
+			lanes = append(lanes, l)
+			slots = append(slots, mustGet(t, acquireAsync(context.Background(), l)))
+		}
+		for i, s := range slots {
+			accept(s, headerparse.Limits{Requests: win(1200, c.left[i], t0.Add(150*time.Millisecond))})
+			s.release()
+		}
+		for i, l := range lanes {
+			if shared := limitOf(l) == limitOf(lanes[0]); i > 0 && shared != c.shared {
+				t.Errorf("first answers %v: lane %d draws on gpt-a's limit %v, want %v", c.left, i, shared, c.shared)
+			}
+		}
+	}
+}

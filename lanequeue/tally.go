@@ -38,8 +38,10 @@ type sharing struct {
 	// stated is the request limit the headers state: limits found
 	// sharing state the same.
 	stated int64
-	// read: an answer was read (n may be 0 again since).
-	read bool
+	// read: an answer was read (n may be 0 again since); firstLeft is
+	// the remaining count the first one showed.
+	read      bool
+	firstLeft int64
 }
 
 // tally is one answer read: when its request went, what it said was
@@ -127,6 +129,9 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64)
 	}
 	isFirst := !sh.read
 	sh.read = true
+	if isFirst {
+		sh.firstLeft = w.Remaining
+	}
 	if isFirst && w.Limit > 0 {
 		// Nothing sent, nothing in flight.
 		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1
