@@ -112,7 +112,7 @@ func (g *group) settleLocked(s *Slot, usedTokens int64) {
 	if s.refunded {
 		return
 	}
-	s.lim.learnCount(s.cost-s.output, s.prompted)
+	s.lim.learnCountOf(s)
 	s.lim.shared.Settle(&s.ticket, usedTokens)
 	if s.lim.ceil != nil {
 		s.lim.ceil.Settle(s.ticket.Cost, usedTokens)

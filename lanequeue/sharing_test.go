@@ -2,6 +2,7 @@ package lanequeue
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -114,20 +115,33 @@ func TestALimitThatNeverSentJoinsNoFirstAnswersShare(t *testing.T) {
 // would each show 19.
 func TestFirstAnswersOfOneRoundShowAQuantizedWindowShared(t *testing.T) {
 	for _, c := range []struct {
+		stated int64
 		left   []int64
 		shared bool
-	}{{[]int64{16, 19, 17, 18}, true}, {[]int64{19, 19, 19, 19}, false}} {
-		tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}})
+		apart  time.Duration // between the lanes' first requests
+	}{
+		{1200, []int64{16, 19, 17, 18}, true, 0},
+		{1200, []int64{19, 19, 19, 19}, false, 0},
+		{40, []int64{17, 19}, true, 0},               // 2×(19+1) = 40: none showed over half the figure
+		{39, []int64{17, 19}, false, 0},              // one showed over half: the figure may be the window
+		{1200, []int64{10, 15, 12}, true, 0},         // 5 apart, what two others sent (1.5×2+2)
+		{1200, []int64{12, 16}, false, 0},            // 4 apart, more than one other sent (1.5×1+2)
+		{1200, []int64{16, 18}, true, overtake},      // first requests overtake apart: one round
+		{1200, []int64{16, 18}, false, overtake + 1}, // further apart: not one round
+	} {
+		fc := clock.NewFake(t0)
+		tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
 		cred := HashCredential("sk-gateway")
 		var lanes []*Lane
 		var slots []*Slot
-		for _, m := range []string{"gpt-a", "gpt-b", "gpt-c", "gpt-d"} {
-			l := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: m})
+		for i := range c.left {
+			l := tb.laneFor(Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: fmt.Sprintf("gpt-%c", 'a'+i)})
 			lanes = append(lanes, l)
 			slots = append(slots, mustGet(t, acquireAsync(context.Background(), l)))
+			fc.Advance(c.apart)
 		}
 		for i, s := range slots {
-			accept(s, headerparse.Limits{Requests: win(1200, c.left[i], t0.Add(150*time.Millisecond))})
+			accept(s, headerparse.Limits{Requests: win(c.stated, c.left[i], fc.Now().Add(150*time.Millisecond))})
 			s.release()
 		}
 		for i, l := range lanes {

@@ -526,8 +526,10 @@ func TestAmongReplicasALimitOneReplicaTakesOffTheTrialLeavesItOnEveryReplica(t *
 // long answers would take many answer times to grow back.
 func TestATrialStartsFromWhatItsLimitsHadOut(t *testing.T) {
 	lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")
-	for _, l := range lanes {
+	fc := lanes[0].g.clock.(*clock.Fake)
+	for i, l := range lanes {
 		s := sendOn(t, l)
+		fc.Advance(time.Duration(i+1) * 400 * time.Millisecond) // answers of 0.4 s and 0.8 s
 		accept(s, headerparse.Limits{})
 		s.release()
 	}
@@ -544,8 +546,14 @@ func TestATrialStartsFromWhatItsLimitsHadOut(t *testing.T) {
 	if tr.trial == nil || limitOf(lanes[1]) != tr {
 		t.Fatal("the limits were not joined on trial")
 	}
-	if v := tr.shared.View(t0); v.Concurrency != 14 {
+	v := tr.shared.View(fc.Now())
+	if v.Concurrency != 14 {
 		t.Errorf("the trial's concurrency limit is %d, want the 14 its limits had out", v.Concurrency)
+	}
+	// Its mean answer time is theirs, weighted by what each had out (7
+	// each): 0.6 s.
+	if v.AnswerSeconds < 0.59 || v.AnswerSeconds > 0.61 {
+		t.Errorf("the trial's mean answer time is %.3f s, want its limits' 0.6 s", v.AnswerSeconds)
 	}
 	releaseAll(out)
 }

@@ -33,6 +33,10 @@ func (l *pool) learnCount(estimate, used int64) {
 	l.perEstimate += perEstimateGain * (r - l.perEstimate)
 }
 
+// learnCountOf learns from s's answer: its prompt, the part of its cost
+// that is not output, against what the upstream counted it as.
+func (l *pool) learnCountOf(s *Slot) { l.learnCount(s.cost-s.output, s.prompted) }
+
 // counted is what a request estimated at estimate tokens, output of them
 // reserved for its output, costs in the upstream's count, as far as the
 // answers have shown it. Requires the group's mutex held.

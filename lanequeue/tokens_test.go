@@ -32,3 +32,15 @@ func TestALimitChargesInTheUpstreamsCount(t *testing.T) {
 		t.Errorf("one wild reading took the count to %.1f per estimated token", p.perEstimate)
 	}
 }
+
+func TestALimitLearnsFromTheSlotsPromptNotItsOutput(t *testing.T) {
+	var p pool
+	// 300 estimated, 100 of them output: a prompt of 200 counted as 600.
+	p.learnCountOf(&Slot{cost: 300, output: 100, prompted: 600})
+	if got := p.counted(300, 100); got != 700 {
+		t.Errorf("after a prompt of 200 counted 600: a request of 200 + 100 costs %d, want 700", got)
+	}
+	if got := p.counted(0, 0); got != 0 {
+		t.Errorf("a request estimated at nothing costs %d", got)
+	}
+}
