@@ -199,14 +199,15 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	b.lastLeft, b.lastSecs = remaining, reset.Sub(dispatched).Seconds()
 	was := b.bucket.Rate
 	b.learnRate()
-	if floored && limit == prevLimit && b.bucket.Rate < was {
+	if floored && prevLimit > 0 && b.bucket.Rate < was*limit/prevLimit {
 		// A reset read at the floor was sooner than the floor, by how
 		// much nobody knows: what is missing refills at least as fast as
 		// the arithmetic says, perhaps far faster. A window nearly full
 		// (one token missing, a second to go) would otherwise read as a
-		// refill of one token a second. Only a refusal, or a changed
-		// stated limit, lowers the rate then.
-		b.bucket.Rate = was
+		// refill of one token a second. Only a refusal lowers the rate
+		// then, or a changed stated limit, in its proportion: a limit
+		// per minute three times what it was refills three times as fast.
+		b.bucket.Rate = was * limit / prevLimit
 	}
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&

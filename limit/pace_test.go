@@ -202,7 +202,8 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 // nearly full then reads as a refill of what is missing over the floor:
 // one token over 1.4 s, 0.7 tokens a second, which held a group whose
 // limit had just grown for ten minutes, past every request's budget. Such a
-// reading does not lower the rate; a changed stated limit does.
+// reading does not lower the rate; a changed stated limit moves it in its
+// proportion.
 func TestFlooredResetDoesNotLowerTheRate(t *testing.T) {
 	var b budget
 	w := win(1000, 0, at(-time.Second))
@@ -218,12 +219,22 @@ func TestFlooredResetDoesNotLowerTheRate(t *testing.T) {
 	if !near(b.bucket.Rate, 500) {
 		t.Fatalf("rate %v after a nearly full window's reset at the floor, want 500/s kept", b.bucket.Rate)
 	}
-	// A stated limit halved is read as it says, at the floor or not.
+	// A stated limit halved halves the rate, at the floor or not (the
+	// floor's arithmetic, 250 missing over 2 s, is only a bound below).
 	w = win(500, 250, at(20*time.Second))
 	w.ResetGrain = time.Second
 	b.observe(w, 0, at(20*time.Second), at(20*time.Second))
-	if !near(b.bucket.Rate, 125) {
-		t.Fatalf("rate %v after the stated limit halved, want 125/s", b.bucket.Rate)
+	if !near(b.bucket.Rate, 250) {
+		t.Fatalf("rate %v after the stated limit halved, want 250/s", b.bucket.Rate)
+	}
+	// Tripled, the window nearly full (seed 186, anthropic-down: 0.7
+	// tokens a second after the limit grew ×3, and 25 requests given up
+	// as waiting past their budget): three times the rate.
+	w = win(1500, 1499, at(30*time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 0, at(30*time.Second), at(30*time.Second))
+	if !near(b.bucket.Rate, 750) {
+		t.Fatalf("rate %v after the stated limit tripled with one token missing, want 750/s", b.bucket.Rate)
 	}
 }
 
