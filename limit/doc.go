@@ -24,7 +24,11 @@
 // a request the bucket had room for shows the headers overstate the
 // window (a per-minute limit enforced per second): the window shrinks to
 // the most the upstream ever showed left, plus one, and the refill is
-// measured from its remaining counts over time.
+// measured from its remaining counts over time, and from the line two
+// answers' remaining counts and resets trace (a bucket's remaining is its
+// size less its rate times the time to full, whatever its size). An
+// answer older than one already counted, and a request refused, which
+// the upstream never counted, take nothing more off the window.
 //
 // # Concurrency
 //

@@ -295,6 +295,9 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
 	p := s.lengthen(groupPause(r, s.learnFrom(t, r, now)), t, r, now)
+	if r.Verdict.Refusal() {
+		s.pace.uncount(t)
+	}
 	if p.until.After(s.paused.until) {
 		s.paused = p
 	}

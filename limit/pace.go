@@ -21,6 +21,10 @@ type budget struct {
 	resetAt time.Time // when the upstream said the window is full again
 	sent    float64   // cost dispatched so far, for the correction below
 	seen    float64   // the largest dispatch total an answer has reported on
+	seenAt  time.Time // and when its request went
+	// refused: requests refused since seenAt, which the upstream's counts
+	// never had (see uncount).
+	refused []dispatch
 
 	// What refusals taught about the window (see contradicted).
 	capped       float64 // the window's size as the upstream enforces it; 0 = as stated
@@ -34,6 +38,10 @@ type budget struct {
 	// shown is the refill the upstream's own counts showed when the
 	// window was corrected: a corrected window paces no slower than that.
 	shown float64
+	// slope is the refill two answers' remaining counts and resets show:
+	// a bucket's remaining is its size less its rate times the time to
+	// full, at any instant, whatever its size (see observe).
+	slope float64
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -136,6 +144,29 @@ func (b *budget) drain(owe float64) {
 	b.bucket.Set(b.bucket.At(), math.Min(b.bucket.Level(), 0)-owe)
 }
 
+// dispatch is a request's cost and when it went.
+type dispatch struct {
+	at   time.Time
+	cost float64
+}
+
+// maxRefused bounds the refused requests a budget keeps: past it the
+// oldest is forgotten, and counted as sent.
+const maxRefused = 64
+
+// uncount notes that the upstream refused a request of cost sent at `at`:
+// it never had it in its counts, so an answer to one sent before it, or
+// with it, does not take it off what that answer says is left.
+func (b *budget) uncount(at time.Time, cost float64) {
+	if !b.known || at.Before(b.seenAt) {
+		return // an answer to a later request already left it out
+	}
+	if len(b.refused) == maxRefused {
+		b.refused = b.refused[1:]
+	}
+	b.refused = append(b.refused, dispatch{at, cost})
+}
+
 // maxRateFactor bounds a believable refill: a full window per millisecond
 // (the size × maxRateFactor a second).
 const maxRateFactor = 1000
@@ -173,8 +204,22 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		b.resize(b.limit, remaining+1) // the upstream shows more room than refusals did
 	}
 	b.maxRemaining = math.Max(b.maxRemaining, remaining)
-	b.seen = math.Max(b.seen, sentAtDispatch)
-	b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, b.sent-sentAtDispatch)))
+	if sentAtDispatch >= b.seen {
+		// An answer to a request sent before one already answered is
+		// older news: that answer's count had this request in it, and
+		// what went between, refused requests too, counted or not.
+		b.seen, b.seenAt = sentAtDispatch, dispatched
+		after := b.sent - sentAtDispatch
+		kept := b.refused[:0]
+		for _, r := range b.refused {
+			if !r.at.Before(dispatched) {
+				after -= r.cost // sent with or after it, but never counted
+				kept = append(kept, r)
+			}
+		}
+		b.refused = kept
+		b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, after)))
+	}
 	// The reset is counted from the dispatch; seen from now it may be later
 	// by the answer's latency, so only trust it from then. A reset is a
 	// time on the upstream's clock, to its grain: one already past when
@@ -196,7 +241,13 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	if !reset.IsZero() {
 		b.resetAt = reset.Add(max(0, now.Sub(dispatched)))
 	}
-	b.lastLeft, b.lastSecs = remaining, reset.Sub(dispatched).Seconds()
+	secs := reset.Sub(dispatched).Seconds()
+	if ds := secs - b.lastSecs; b.early == 0 && !reset.IsZero() && b.lastSecs > 0 && math.Abs(ds) >= refillSpan.Seconds() {
+		if r := (b.lastLeft - remaining) / ds; r > 0 {
+			b.slope = r
+		}
+	}
+	b.lastLeft, b.lastSecs = remaining, secs
 	was := b.bucket.Rate
 	b.learnRate()
 	if floored && prevLimit > 0 && b.bucket.Rate < was*limit/prevLimit {
@@ -259,7 +310,10 @@ func (b *budget) learnRate() {
 	if b.lastSecs > 0 && b.lastLeft < b.size() {
 		r := (b.size() - b.lastLeft) / b.lastSecs
 		if b.capped > 0 && b.capped < b.limit {
-			r = math.Max(r, b.shown)
+			// The window the upstream refills is at least the size the
+			// refusals showed: the arithmetic bounds the rate only from
+			// below, and a bucket's own line tells it.
+			r = math.Max(r, math.Max(b.shown, b.slope))
 		}
 		if r > 0 && r <= b.size()*maxRateFactor {
 			b.bucket.Rate = r
@@ -349,6 +403,12 @@ func (p *pacer) take(now time.Time, cost int64) {
 	p.requests.take(1)
 	p.tokens.take(float64(cost))
 	p.recent.add(now)
+}
+
+// uncount notes that the upstream refused t's request (see budget.uncount).
+func (p *pacer) uncount(t *Ticket) {
+	p.requests.uncount(t.Dispatched, 1)
+	p.tokens.uncount(t.Dispatched, float64(t.Cost))
 }
 
 func (p *pacer) refund(cost int64) {

@@ -773,3 +773,57 @@ func TestACorrectedWindowHoldsNoMoreThanItsSize(t *testing.T) {
 		t.Fatalf("holds %v after 29 shown left and an hour idle, want 30", b.bucket.Level())
 	}
 }
+
+// TestCorrectedWindowRateFromItsLine: a window corrected to the most it
+// ever showed left, plus one, is nearly full whenever it shows that much,
+// and its arithmetic reads a refill of one token over the reset: 0.4 a
+// second (seed 135, openai-quantized: 16-25 requests given up as waiting
+// past their budget). A bucket's remaining is its size less its rate times
+// the time to full, whatever its size: two answers tell the rate.
+func TestCorrectedWindowRateFromItsLine(t *testing.T) {
+	var b budget
+	b.observe(win(58229, 291, at(2572*time.Millisecond)), 0, t0, t0)
+	d := at(50 * time.Millisecond) // too soon to measure a refill from the counts
+	b.observe(win(58229, 1462, d.Add(1365*time.Millisecond)), 0, d, d)
+	if !b.correct() {
+		t.Fatal("not corrected")
+	}
+	if want := (1462.0 - 291) / (2.572 - 1.365); math.Abs(b.bucket.Rate-want) > 1e-6 {
+		t.Fatalf("rate %v of the corrected window, want %v (its line), not %v (one token over the reset)",
+			b.bucket.Rate, want, 1/1.365)
+	}
+}
+
+// TestOlderAnswerKeepsTheNewerCount: an answer to a request sent before
+// one already answered is older news; it does not take off again what
+// went after it (seed 135: tok 146 left -3111).
+func TestOlderAnswerKeepsTheNewerCount(t *testing.T) {
+	b := learnedBudget(win(1000, 1000, at(time.Second)))
+	a := b.take(300)
+	c := b.take(300)
+	// The newer count has what refilled since the older one's.
+	b.observe(win(1000, 600, at(time.Second)), c, at(100*time.Millisecond), at(100*time.Millisecond))
+	b.observe(win(1000, 700, at(time.Second)), a, t0, at(100*time.Millisecond))
+	if got := b.bucket.Level(); got != 600 {
+		t.Fatalf("level %v after the older answer, want 600 (the newer count)", got)
+	}
+}
+
+// TestRefusedRequestIsNotCountedAsSent: the upstream never counted a
+// request it refused, so an answer to one sent with it does not take it
+// off what that answer says is left.
+func TestRefusedRequestIsNotCountedAsSent(t *testing.T) {
+	b := learnedBudget(win(1000, 1000, at(time.Second)))
+	d := at(time.Millisecond)
+	// Two sent at one instant, each marked as if sent first (Memory's
+	// batch): the refusal of the cheaper one comes back first, and took
+	// off the other as sent after it.
+	b.take(300)
+	b.take(500)
+	b.observe(win(1000, 700, at(time.Second)), 300, d, d)
+	b.uncount(d, 300)
+	b.observe(win(1000, 700, at(time.Second)), 500, d, d)
+	if got := b.bucket.Level(); got != 700 {
+		t.Fatalf("level %v, want 700: the refused request never reached the count", got)
+	}
+}
