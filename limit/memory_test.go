@@ -472,3 +472,18 @@ func TestARefusalBeforeAnyAdmissionKeepsTheSlowStart(t *testing.T) {
 		t.Fatal("a refusal while the upstream admits others left the slow start on")
 	}
 }
+
+// TestATrialStartsFromTheInFlightAndAnswerTimeItIsGiven: StartFrom raises
+// the concurrency limit to what the joined limits had out (within the
+// bounds) and takes their answer time while it knows none of its own.
+func TestATrialStartsFromTheInFlightAndAnswerTimeItIsGiven(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+	m.StartFrom(14, 0.6)
+	if v := m.View(t0); v.Concurrency != 14 || v.AnswerSeconds != 0.6 {
+		t.Errorf("concurrency %d, answer time %v; want 14 and 0.6 s", v.Concurrency, v.AnswerSeconds)
+	}
+	m.StartFrom(100, 2)
+	if v := m.View(t0); v.Concurrency != 64 || v.AnswerSeconds != 0.6 {
+		t.Errorf("concurrency %d, answer time %v; want the bound, 64, and the answer time it had, 0.6 s", v.Concurrency, v.AnswerSeconds)
+	}
+}

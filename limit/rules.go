@@ -161,10 +161,9 @@ func ruleHintCap(l *learner, c refusal) bool {
 	if hp <= 0 || hp >= l.estimate {
 		return false
 	}
-	switch {
-	case c.sample <= hp:
+	if c.sample <= hp {
 		l.estimate, l.from = hp, rateHint
-	case c.sample < l.estimate:
+	} else if c.sample < l.estimate {
 		l.estimate, l.from, l.measured = c.sample, rateAdmitted, true
 	}
 	return true

@@ -54,6 +54,8 @@ func TestEachRefusalRuleAlone(t *testing.T) {
 		{"a hint caps the rate", nil, refusal{e: refusalEvidence{hintPace: 10}}, true, 10, rateHint},
 		{"a hint caps the rate", nil, refusal{sample: 20, e: refusalEvidence{hintPace: 10}}, true, 20, rateAdmitted},
 		{"a hint caps the rate", nil, refusal{e: refusalEvidence{hintPace: 40}}, false, 30, rateProbe},
+		{"a hint caps the rate", nil, refusal{sample: 10, e: refusalEvidence{hintPace: 10}}, true, 10, rateHint},  // measured no faster than the hint
+		{"a hint caps the rate", nil, refusal{sample: 30, e: refusalEvidence{hintPace: 10}}, true, 30, rateProbe}, // measured at the estimate: it stays
 	} {
 		// A learner with a measured estimate of 30/s from a probe, last
 		// cut 1.5 s ago, unless the case says otherwise.
