@@ -107,7 +107,7 @@ func sendDraw(p *proxy.Proxy, d universe.Draw, i int) error {
 // in.
 var (
 	universeTarget = bars{median: 1.05, within: 95, beyond: 0}
-	universeFloor  = bars{median: 1.25, within: 25, beyond: 0.36}
+	universeFloor  = bars{median: 1.22, within: 28, beyond: 0.33}
 )
 
 // bars: the median draw's makespan ÷ the omniscient sender's; the share
