@@ -107,6 +107,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/e2e/universe"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -257,7 +258,7 @@ func main() {
 	}
 	if *seeds != "" && *only == "" {
 		// -universe alone: just the draws it names.
-		picked, upicked = nil, ucells[len(universeRows()):]
+		picked, upicked = nil, ucells[len(universe.Rows()):]
 	}
 	// A flag counts as given only if it was on the command line, so that
 	// its zero default cannot be mistaken for a choice.

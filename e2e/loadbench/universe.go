@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -41,16 +40,13 @@ func universeCells(seeds string) ([]universeCell, error) {
 		cs = append(cs, universeCell{"universe/" + r.Name, r.Draw})
 		targets["universe/"+r.Name] = target{r.Ratio, r.Refused}
 	}
-	for s := range strings.SplitSeq(seeds, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		seed, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("-universe: %q is not a seed", s)
-		}
+	parsed, err := universe.ParseSeeds(seeds)
+	if err != nil {
+		return nil, err
+	}
+	for _, seed := range parsed {
 		d := universe.Generate(seed)
-		name := "draw/" + s
+		name := fmt.Sprintf("draw/%d", seed)
 		t := target{1.10, 5}
 		if universe.SilentDialect(d.Dialect) {
 			t.pct = 10
@@ -60,8 +56,6 @@ func universeCells(seeds string) ([]universeCell, error) {
 	}
 	return cs, nil
 }
-
-func universeRows() []universe.Row { return universe.Rows() }
 
 // pickCells picks, by each of list's comma-separated patterns, the mock's
 // cells and the universe's; a pattern that picks from neither is an error.

@@ -20,6 +20,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
+	"github.com/llmproxy/llmproxy/e2e/universe"
 )
 
 // The API keys the clients send; they are never printed.
@@ -77,7 +78,7 @@ func (t *targets) send(ctx context.Context, sc *scenario, target, i int) error {
 	var err error
 	switch {
 	case sc.draw != nil:
-		return sendDraw(ctx, t.hc, "http://"+t.addrs[target], *sc.draw, i)
+		return universe.Send(ctx, t.hc, "http://"+t.addrs[target], *sc.draw, i)
 	case sc.keys > 1:
 		_, err = benchcells.Chat(ctx, t.keyed[target][i%sc.keys], i, sc.modelOf(i), sc.stream)
 		return err

@@ -120,6 +120,7 @@ import (
 	"github.com/llmproxy/llmproxy/e2e/front"
 	"github.com/llmproxy/llmproxy/e2e/internal/benchcells"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
+	"github.com/llmproxy/llmproxy/e2e/universe"
 )
 
 type options struct {
@@ -385,7 +386,7 @@ func runOnce(ctx context.Context, o options, sc *scenario, n, run int, steady bo
 	duringDone := make(chan error, 1)
 	env.start = time.Now()
 	if sc.draw != nil {
-		res.ideal = drawIdeal(sc, env.start)
+		res.ideal = universe.Ideal(*sc.draw, env.start)
 	}
 	if shared && sc.during != nil && !steady {
 		go func() { duringDone <- sc.during(env) }()

@@ -7,13 +7,8 @@ package main
 // the omniscient sender's makespan from the instant the load starts.
 
 import (
-	"context"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/e2e/universe"
@@ -30,15 +25,12 @@ func universeRows(seeds string) ([]*scenario, error) {
 	for _, r := range universe.Rows() {
 		rows = append(rows, row("universe/"+r.Name, r.Draw))
 	}
-	for s := range strings.SplitSeq(seeds, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		seed, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("-universe: %q is not a seed", s)
-		}
-		rows = append(rows, row("draw/"+s, universe.Generate(seed)))
+	parsed, err := universe.ParseSeeds(seeds)
+	if err != nil {
+		return nil, err
+	}
+	for _, seed := range parsed {
+		rows = append(rows, row(fmt.Sprintf("draw/%d", seed), universe.Generate(seed)))
 	}
 	return rows, nil
 }
@@ -74,11 +66,3 @@ type drawUpstream struct {
 
 func (d *drawUpstream) URL() string            { return d.Server.URL }
 func (d *drawUpstream) counts() (int64, int64) { return d.u.Stats() }
-
-// sendDraw sends request i of d to the replica at base.
-func sendDraw(ctx context.Context, hc *http.Client, base string, d universe.Draw, i int) error {
-	return universe.Send(ctx, hc, base, d, i)
-}
-
-// drawIdeal is the omniscient sender's makespan for sc's draw from start.
-func drawIdeal(sc *scenario, start time.Time) time.Duration { return universe.Ideal(*sc.draw, start) }

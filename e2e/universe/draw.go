@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"time"
 
@@ -399,4 +400,21 @@ func Rows() []Row {
 		{"streams-jitter-silent", streams, 1.15, 5, &[2]float64{1.15, 7}},
 		{"counted-silent", counted, 1.10, 5, &[2]float64{1.12, 5}},
 	}
+}
+
+// ParseSeeds reads a comma-separated list of seeds (a command's
+// -universe flag); blanks between commas are skipped.
+func ParseSeeds(list string) ([]uint64, error) {
+	var seeds []uint64
+	for s := range strings.SplitSeq(list, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("-universe: %q is not a seed", s)
+		}
+		seeds = append(seeds, seed)
+	}
+	return seeds, nil
 }
