@@ -205,12 +205,15 @@ func TestDashboardShowsWhatLanesSays(t *testing.T) {
 		c.GlobalConcurrency = 100
 	})
 	var degraded atomic.Bool
-	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{Shared: func() string {
+	// On loopback, and told so: without a token, changes need it.
+	admin := httptest.NewUnstartedServer(nil)
+	admin.Config.Handler = s.proxy.AdminHandler(proxy.Health{Shared: func() string {
 		if degraded.Load() {
 			return "degraded"
 		}
 		return "ok"
-	}}))
+	}}, proxy.ListenerAddr(admin.Listener.Addr().String()))
+	admin.Start()
 	defer admin.Close()
 
 	keys := map[string]string{"gpt-dash-a": "sk-dashboard-secret-a", "gpt-dash-b": "sk-dashboard-secret-b"}

@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
@@ -58,17 +59,51 @@ const dashboardCSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 
 type AdminOption func(*adminOptions)
 
 type adminOptions struct {
-	token   *adminToken // nil: every endpoint is open
-	profile bool        // serve /debug/pprof/
+	token    *adminToken // nil: the endpoints answer loopback Hosts only
+	profile  bool        // serve /debug/pprof/
+	loopback bool        // the admin listener is bound to a loopback address
+	addr     string      // the admin listener's address, as ListenerAddr gave it
 }
 
 // WithProfiling serves Go's runtime profiles (net/http/pprof) under
 // /debug/pprof/, behind the admin token when there is one: CPU, heap,
 // allocations, goroutines, and the mutex and block profiles when their
-// rates are set (the caller's choice; they cost time when on).
+// rates are set (the caller's choice; they cost time when on). Without a
+// token they are served only on a listener bound to loopback (see
+// ListenerAddr).
 func WithProfiling() AdminOption {
 	return func(o *adminOptions) { o.profile = true }
 }
+
+// ListenerAddr tells the handler the address its listener is bound to
+// (net.Listener's Addr). Without an admin token, only a listener bound to
+// a loopback address takes changes and serves profiles: the peer's
+// address proves nothing, since a sidecar or a port-forward makes every
+// caller local. Without this option the listener counts as not loopback.
+func ListenerAddr(addr string) AdminOption {
+	return func(o *adminOptions) { o.addr, o.loopback = addr, LoopbackHost(addr) }
+}
+
+// LoopbackHost reports whether host, a host name or an IP address with or
+// without a port (a Host header, a listener's address), is this host's
+// loopback: "localhost" or an address of 127.0.0.0/8 or ::1. An empty host
+// (":9090", every interface) is not.
+func LoopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	} else if len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']' {
+		host = host[1 : len(host)-1] // a Host of an IPv6 address on port 80
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// ProfilesServed reports whether WithProfiling's profiles are served by a
+// handler with an admin token (hasToken) on a listener bound to addr.
+func ProfilesServed(hasToken bool, addr string) bool { return hasToken || LoopbackHost(addr) }
 
 // RequireToken makes /metrics, /lanes, /ui and / answer 401 unless the
 // request carries token, as Authorization: Bearer <token> or as the cookie
@@ -126,10 +161,12 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	r.Group(func(r chi.Router) {
 		if o.token != nil {
 			r.Use(o.token.guard)
+		} else {
+			r.Use(loopbackHostOnly)
 		}
 		p.laneViews(r, h)
-		p.operateRoutes(r, o.token == nil)
-		if o.profile {
+		p.operateRoutes(r, o.token == nil, o.token == nil && !o.loopback, o.addr)
+		if o.profile && ProfilesServed(o.token != nil, o.addr) {
 			r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 			r.HandleFunc("/debug/pprof/profile", pprof.Profile)
 			r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
@@ -192,6 +229,22 @@ func (p *Proxy) laneViews(r chi.Router, h Health) {
 	})
 	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui", http.StatusFound) })
 	r.Get("/ui/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/ui", http.StatusMovedPermanently) })
+}
+
+// loopbackHostOnly serves next to the requests whose Host is this host's
+// loopback (see LoopbackHost) and answers 403 to the rest. It guards the
+// endpoints when there is no admin token: a web page can make its own
+// name resolve to 127.0.0.1 (DNS rebinding) and then read and change what
+// the listener serves, but its requests still carry its own name as Host.
+func loopbackHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !LoopbackHost(r.Host) {
+			w.Header().Set("Cache-Control", "no-store")
+			replyFor(fail(failAdminHost, "without an admin token this endpoint answers only requests addressed to localhost or a loopback address (Host: 127.0.0.1:PORT), not Host "+strconv.Quote(r.Host)+": set LLMPROXY_ADMIN_TOKEN to reach it by another name"), time.Time{}).write(w)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // adminCookie holds a browser's proof of the admin token.

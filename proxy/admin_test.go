@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -180,7 +181,7 @@ func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	readAll(t, h.post("/ollama/v1/chat/completions", `{"model":"llama3"}`).Body)
 
 	rec := httptest.NewRecorder()
-	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, localRequest("GET", "/lanes"))
 	var page struct {
 		Lanes       []lanequeue.State     `json:"lanes"`
 		Global      *lanequeue.CapStats   `json:"global"`
@@ -256,7 +257,7 @@ func TestLanesShowConfiguredLimitsTheCapAndLocalRoutes(t *testing.T) {
 	plain := newHarness(t, up, nil)
 	readAll(t, plain.post("/v1/chat/completions", `{"model":"m"}`).Body)
 	rec = httptest.NewRecorder()
-	plain.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	plain.proxy.AdminHandler(Health{}).ServeHTTP(rec, localRequest("GET", "/lanes"))
 	for _, field := range []string{`"global"`, `"local_routes"`, `"configured"`, `"group_queued_low"`} {
 		if strings.Contains(rec.Body.String(), field) {
 			t.Errorf("/lanes of a plain proxy has %s: %s", field, rec.Body.String())
@@ -389,6 +390,146 @@ func TestProfilesAreServedOnlyWhenAskedAndBehindTheToken(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusOK || len(b) == 0 {
 			t.Errorf("%s with the token: %d, %d bytes", path, resp.StatusCode, len(b))
+		}
+	}
+}
+
+// TestWithoutATokenOnlyLoopbackHostsAreAnswered is the DNS rebinding
+// reproduction: a page whose name now resolves to 127.0.0.1 sends its
+// requests with its own name as Host, and a matching Origin. Without a
+// token, every endpoint but /healthz and /readyz refuses them (403,
+// saying why and what to set), so the page can neither read the lanes
+// and metrics nor slow or hold a route; requests addressed to localhost
+// or a loopback address are served, and with a token the Host is not
+// what decides.
+func TestWithoutATokenOnlyLoopbackHostsAreAnswered(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := loopbackAdmin(t, p, WithProfiling())
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	send := func(method, path, host, body string, hdr ...string) (int, apiError) {
+		t.Helper()
+		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
+		req.Host = host
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := testClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e apiError
+		_ = json.Unmarshal([]byte(readAll(t, resp.Body)), &e)
+		return resp.StatusCode, e
+	}
+	evil := "evil.example:" + port
+	page := []string{"Origin", "http://" + evil, "Sec-Fetch-Site", "same-origin"}
+	for _, tc := range []struct{ method, path, body string }{
+		{"GET", "/lanes", ""}, {"GET", "/metrics", ""}, {"GET", "/ui", ""}, {"GET", "/", ""},
+		{"GET", "/admin/routes", ""}, {"GET", "/admin/routes/default/limits", ""},
+		{"PUT", "/admin/routes/default/limits", `{"rpm": 0.001}`},
+		{"POST", "/admin/routes/default/hold", ""},
+		{"GET", "/debug/pprof/", ""},
+	} {
+		for _, host := range []string{evil, "evil.example", "localhost.evil.example:" + port, "127.0.0.1.nip.io:" + port, "192.0.2.1:" + port} {
+			status, e := send(tc.method, tc.path, host, tc.body, page...)
+			if status != http.StatusForbidden || e.Error.Code != "admin_host_refused" ||
+				!strings.Contains(e.Error.Message, "LLMPROXY_ADMIN_TOKEN") || !strings.Contains(e.Error.Message, "localhost") {
+				t.Errorf("%s %s with Host %s: %d %+v, want 403 admin_host_refused saying why", tc.method, tc.path, host, status, e.Error)
+			}
+		}
+	}
+	// Nothing the page sent was made.
+	p.ops.mu.Lock()
+	changed := len(p.ops.routes)
+	p.ops.mu.Unlock()
+	if changed != 0 {
+		t.Fatalf("a refused request changed a route: %d changed", changed)
+	}
+	for _, host := range []string{"localhost:" + port, "LOCALHOST", "127.0.0.1:" + port, "127.9.9.9:" + port, "[::1]:" + port} {
+		for _, path := range []string{"/lanes", "/metrics", "/admin/routes"} {
+			if status, e := send("GET", path, host, ""); status != http.StatusOK {
+				t.Errorf("GET %s with Host %s: %d %+v, want 200", path, host, status, e.Error)
+			}
+		}
+	}
+	if status, e := send("POST", "/admin/routes/default/hold", "localhost:"+port, ""); status != http.StatusOK {
+		t.Errorf("a hold addressed to localhost: %d %+v", status, e.Error)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		if status, _ := send("GET", path, evil, "", page...); status != http.StatusOK {
+			t.Errorf("%s with Host %s: %d, want 200 (probes come by any name)", path, evil, status)
+		}
+	}
+
+	// With a token the Host is not checked: the token is the proof.
+	guarded := tokenAdmin(t, RequireToken(testAdminToken))
+	req, _ := http.NewRequest("GET", guarded.URL+"/lanes", nil)
+	req.Host = "llmproxy-admin.internal:9090"
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/lanes with the token by another name: %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestLoopbackHost(t *testing.T) {
+	for host, want := range map[string]bool{
+		"localhost": true, "LocalHost:9090": true, "127.0.0.1": true, "127.0.0.1:9090": true, "127.255.0.1:1": true,
+		"[::1]:9090": true, "[::1]": true, "::1": true, "[::ffff:127.0.0.1]:80": true,
+		"": false, ":9090": false, "0.0.0.0:9090": false, "[::]:9090": false, "[]": false, "[": false,
+		"evil.example": false, "evil.example:9090": false, "localhost.evil.example": false, "localhost.": false,
+		"127.0.0.1.nip.io": false, "128.0.0.1": false, "10.0.0.1:9090": false, "[2001:db8::1]:9090": false,
+	} {
+		if got := LoopbackHost(host); got != want {
+			t.Errorf("LoopbackHost(%q) = %v, want %v", host, got, want)
+		}
+	}
+}
+
+// TestWithoutATokenProfilesNeedALoopbackListener: LLMPROXY_PPROF on an
+// admin listener bound elsewhere and without a token serves no profile;
+// on loopback, or behind the token, it does.
+func TestWithoutATokenProfilesNeedALoopbackListener(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		opts []AdminOption
+		auth string
+		want int
+	}{
+		{[]AdminOption{WithProfiling(), ListenerAddr(":9090")}, "", http.StatusNotFound},
+		{[]AdminOption{WithProfiling(), ListenerAddr("0.0.0.0:9090")}, "", http.StatusNotFound},
+		{[]AdminOption{WithProfiling()}, "", http.StatusNotFound},
+		{[]AdminOption{WithProfiling(), ListenerAddr("127.0.0.1:9090")}, "", http.StatusOK},
+		{[]AdminOption{WithProfiling(), ListenerAddr(":9090"), RequireToken(testAdminToken)}, "Bearer " + testAdminToken, http.StatusOK},
+	} {
+		req := localRequest("GET", "/debug/pprof/cmdline")
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		rec := httptest.NewRecorder()
+		p.AdminHandler(Health{}, tc.opts...).ServeHTTP(rec, req)
+		if rec.Code != tc.want {
+			t.Errorf("case %d: %d, want %d", i, rec.Code, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		token bool
+		addr  string
+		want  bool
+	}{{false, "127.0.0.1:9090", true}, {false, ":9090", false}, {true, ":9090", true}, {true, "127.0.0.1:1", true}} {
+		if got := ProfilesServed(tc.token, tc.addr); got != tc.want {
+			t.Errorf("ProfilesServed(%v, %q) = %v", tc.token, tc.addr, got)
 		}
 	}
 }

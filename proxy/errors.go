@@ -57,6 +57,7 @@ const (
 	failNotFound
 	failBadAdminInput
 	failAdminWrite
+	failAdminHost
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -121,6 +122,9 @@ var replies = map[failKind]errorReply{
 	// A change to lanes from a client that may not make one (another
 	// host without the admin token, another site's page).
 	failAdminWrite: {status: http.StatusForbidden, typ: "invalid_request_error", code: "admin_write_refused"},
+	// The admin listener without a token, asked by another name than
+	// localhost or a loopback address (a page rebinding its own name).
+	failAdminHost: {status: http.StatusForbidden, typ: "invalid_request_error", code: "admin_host_refused"},
 }
 
 // errShutdown is the answer to requests cut short by Stop.

@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -87,12 +87,13 @@ type operations struct {
 }
 
 // operateRoutes mounts the endpoints that change lanes on r. open: no
-// admin token guards them (see mayWrite).
-func (p *Proxy) operateRoutes(r chi.Router, open bool) {
+// admin token guards them; locked: nor may they change anything (see
+// mayWrite), the listener at addr not being bound to loopback.
+func (p *Proxy) operateRoutes(r chi.Router, open, locked bool, addr string) {
 	r.Get("/admin/routes", p.listRoutes)
 	r.Get("/admin/routes/{route}/limits", p.getLimits)
 	r.Group(func(r chi.Router) {
-		r.Use(func(next http.Handler) http.Handler { return mayWrite(next, open) })
+		r.Use(func(next http.Handler) http.Handler { return mayWrite(next, locked, addr) })
 		r.Put("/admin/routes/{route}/limits", p.putLimits(open))
 		r.Delete("/admin/routes/{route}/limits", p.putLimits(open))
 		for _, op := range []string{"hold", "release", "clear"} {
@@ -103,15 +104,17 @@ func (p *Proxy) operateRoutes(r chi.Router, open bool) {
 }
 
 // mayWrite serves next to the requests that may change lanes. Without an
-// admin token only a client on this host may (a local dev proxy); a
-// listener on another address needs the token. A browser's request from
-// another site may not in any case: a page must not hold a lane (the
-// token's cookie stays home by SameSite=Strict, but a proxy without a
-// token has no cookie to miss).
-func mayWrite(next http.Handler, open bool) http.Handler {
+// admin token only a listener bound to loopback takes changes (a local
+// dev proxy; locked: not this one, bound to addr): who may connect to a
+// listener on another address is not the proxy's to know, and a peer's
+// loopback address proves nothing (a sidecar, a port-forward). A
+// browser's request from another site may not in any case: a page must
+// not hold a lane (the token's cookie stays home by SameSite=Strict, but
+// a proxy without a token has no cookie to miss).
+func mayWrite(next http.Handler, locked bool, addr string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if open && !fromLoopback(r) {
-			replyFor(fail(failAdminWrite, "this admin endpoint changes lanes; without an admin token it answers only clients on this host: set LLMPROXY_ADMIN_TOKEN to change lanes from elsewhere"), time.Time{}).write(w)
+		if locked {
+			replyFor(fail(failAdminWrite, "this admin endpoint changes lanes; without an admin token it takes changes only on an admin listener bound to loopback (LLMPROXY_ADMIN_ADDR=127.0.0.1:9090), and this one is bound to "+strconv.Quote(addr)+": set LLMPROXY_ADMIN_TOKEN to change lanes here"), time.Time{}).write(w)
 			return
 		}
 		if crossSite(r) {
@@ -120,13 +123,6 @@ func mayWrite(next http.Handler, open bool) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// fromLoopback reports whether r came from this host.
-func fromLoopback(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	ip := net.ParseIP(host)
-	return err == nil && ip != nil && ip.IsLoopback()
 }
 
 // crossSite reports whether a browser sent r from a page of another

@@ -41,9 +41,27 @@ func newOpsHarness(t *testing.T, mod func(*Config), opts ...AdminOption) *opsHar
 		w.Header().Set("X-Ratelimit-Reset-Requests", "600ms")
 		fmt.Fprint(w, `{}`)
 	}), mod)
-	o.admin = httptest.NewServer(o.proxy.AdminHandler(Health{}, opts...))
-	t.Cleanup(o.admin.Close)
+	o.admin = loopbackAdmin(t, o.proxy, opts...)
 	return o
+}
+
+// loopbackAdmin serves p's admin endpoints behind opts on a loopback
+// listener that the handler knows is one (ListenerAddr).
+func loopbackAdmin(t *testing.T, p *Proxy, opts ...AdminOption) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = p.AdminHandler(Health{}, append(opts, ListenerAddr(srv.Listener.Addr().String()))...)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// localRequest is an admin request addressed to localhost, as the
+// endpoints without a token want it.
+func localRequest(method, path string) *http.Request {
+	req := httptest.NewRequest(method, path, nil)
+	req.Host = "localhost:9090"
+	return req
 }
 
 // do sends method path with body ("": none) to the admin listener, with
@@ -356,46 +374,62 @@ func TestWritesNeedTheTokenWhenThereIsOne(t *testing.T) {
 	}
 }
 
-// TestWithoutATokenOnlyThisHostMayWrite: with no admin token, a change
-// from another host is refused (403) while one from this host goes; the
-// reads stay open as /lanes is; a page of another site may not write.
-func TestWithoutATokenOnlyThisHostMayWrite(t *testing.T) {
+// TestWithoutATokenOnlyALoopbackListenerTakesChanges: with no admin
+// token, a change reaches a listener bound to loopback, whoever the peer
+// claims to be, and is refused (403) by one bound elsewhere even from a
+// loopback peer (a sidecar, a port-forward); the reads stay open as
+// /lanes is; a page of another site may not write.
+func TestWithoutATokenOnlyALoopbackListenerTakesChanges(t *testing.T) {
 	p, err := New(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := p.AdminHandler(Health{})
-	serve := func(method, path, remote string, hdr ...string) (int, string) {
-		req := httptest.NewRequest(method, path, nil)
+	handlers := map[string]http.Handler{}
+	for _, addr := range []string{"127.0.0.1:9090", "[::1]:9090", ":9090", "0.0.0.0:9090", "[::]:9090", "192.0.2.1:9090", ""} {
+		handlers[addr] = p.AdminHandler(Health{}, ListenerAddr(addr))
+	}
+	handlers["none"] = p.AdminHandler(Health{})
+	serve := func(listener, method, path, remote string, hdr ...string) (int, string, string) {
+		req := localRequest(method, path)
 		req.RemoteAddr = remote
 		for i := 0; i+1 < len(hdr); i += 2 {
 			req.Header.Set(hdr[i], hdr[i+1])
 		}
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
+		handlers[listener].ServeHTTP(rec, req)
 		var e apiError
 		_ = json.Unmarshal(rec.Body.Bytes(), &e)
-		return rec.Code, e.Error.Code
+		return rec.Code, e.Error.Code, e.Error.Message
 	}
 	for _, tc := range []struct {
-		method, path, remote string
-		hdr                  []string
-		status               int
-		code                 string
+		listener, method, path, remote string
+		hdr                            []string
+		status                         int
+		code                           string
 	}{
-		{"POST", "/admin/routes/default/hold", "192.0.2.7:5000", nil, 403, "admin_write_refused"},
-		{"DELETE", "/admin/routes/default/limits", "[2001:db8::1]:5000", nil, 403, "admin_write_refused"},
-		{"POST", "/admin/routes/default/hold", "garbage", nil, 403, "admin_write_refused"},
-		{"GET", "/admin/routes", "192.0.2.7:5000", nil, 200, ""},
-		{"GET", "/admin/routes/default/limits", "192.0.2.7:5000", nil, 200, ""},
-		{"POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Origin", "http://evil.example"}, 403, "admin_write_refused"},
-		{"POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Origin", "::bad"}, 403, "admin_write_refused"},
-		{"POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Sec-Fetch-Site", "cross-site"}, 403, "admin_write_refused"},
-		{"POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Sec-Fetch-Site", "same-origin", "Origin", "http://example.com"}, 200, ""},
-		{"POST", "/admin/routes/default/release", "[::1]:5000", []string{"Sec-Fetch-Site", "none"}, 200, ""},
+		{"127.0.0.1:9090", "POST", "/admin/routes/default/hold", "192.0.2.7:5000", nil, 200, ""},
+		{"[::1]:9090", "POST", "/admin/routes/default/release", "127.0.0.1:5000", nil, 200, ""},
+		{":9090", "POST", "/admin/routes/default/hold", "127.0.0.1:5000", nil, 403, "admin_write_refused"},
+		{"0.0.0.0:9090", "DELETE", "/admin/routes/default/limits", "[::1]:5000", nil, 403, "admin_write_refused"},
+		{"[::]:9090", "PUT", "/admin/routes/default/limits", "127.0.0.1:5000", nil, 403, "admin_write_refused"},
+		{"192.0.2.1:9090", "POST", "/admin/routes/default/clear", "127.0.0.1:5000", nil, 403, "admin_write_refused"},
+		{"", "POST", "/admin/lanes/ab/hold", "127.0.0.1:5000", nil, 403, "admin_write_refused"},
+		{"none", "POST", "/admin/routes/default/hold", "127.0.0.1:5000", nil, 403, "admin_write_refused"},
+		{":9090", "GET", "/admin/routes", "192.0.2.7:5000", nil, 200, ""},
+		{":9090", "GET", "/admin/routes/default/limits", "192.0.2.7:5000", nil, 200, ""},
+		{"127.0.0.1:9090", "POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Origin", "http://evil.example"}, 403, "admin_write_refused"},
+		{"127.0.0.1:9090", "POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Origin", "::bad"}, 403, "admin_write_refused"},
+		{"127.0.0.1:9090", "POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Sec-Fetch-Site", "cross-site"}, 403, "admin_write_refused"},
+		{"127.0.0.1:9090", "POST", "/admin/routes/default/hold", "127.0.0.1:5000", []string{"Sec-Fetch-Site", "same-origin", "Origin", "http://localhost:9090"}, 200, ""},
+		{"127.0.0.1:9090", "POST", "/admin/routes/default/release", "[::1]:5000", []string{"Sec-Fetch-Site", "none"}, 200, ""},
 	} {
-		if status, code := serve(tc.method, tc.path, tc.remote, tc.hdr...); status != tc.status || code != tc.code {
-			t.Errorf("%s %s from %s %v: %d %q, want %d %q", tc.method, tc.path, tc.remote, tc.hdr, status, code, tc.status, tc.code)
+		status, code, msg := serve(tc.listener, tc.method, tc.path, tc.remote, tc.hdr...)
+		if status != tc.status || code != tc.code {
+			t.Errorf("%s %s on %q from %s %v: %d %q, want %d %q", tc.method, tc.path, tc.listener, tc.remote, tc.hdr, status, code, tc.status, tc.code)
+		}
+		// The refusal says why, and how to allow it.
+		if code == "admin_write_refused" && tc.hdr == nil && (!strings.Contains(msg, "LLMPROXY_ADMIN_TOKEN") || !strings.Contains(msg, "loopback")) {
+			t.Errorf("%s on %q: the refusal does not say why: %s", tc.path, tc.listener, msg)
 		}
 	}
 }

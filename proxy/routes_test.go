@@ -190,7 +190,7 @@ func TestLocalRouteServesOneModelAtATime(t *testing.T) {
 		} `json:"local_routes"`
 	}
 	rec := httptest.NewRecorder()
-	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/lanes", nil))
+	h.proxy.AdminHandler(Health{}).ServeHTTP(rec, localRequest("GET", "/lanes"))
 	if err := json.Unmarshal(rec.Body.Bytes(), &page); err != nil || len(page.LocalRoutes) != 1 || page.LocalRoutes[0].LoadedModel == "" {
 		t.Errorf("/lanes local_routes: %s (%v)", rec.Body.String(), err)
 	}

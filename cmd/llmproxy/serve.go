@@ -202,20 +202,37 @@ func listen(cfg config, p *proxy.Proxy, health proxy.Health, log *slog.Logger) (
 		return nil, fmt.Errorf("LLMPROXY_ADMIN_ADDR: %w", err)
 	}
 	l.adminAddr = adminLn.Addr().String()
-	opts := []proxy.AdminOption{proxy.RequireToken(cfg.AdminToken)}
-	if cfg.Pprof {
-		// Sampled: one mutex contention in 100, and blocking about once per
-		// 10 µs blocked.
-		runtime.SetMutexProfileFraction(100)
-		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
-		opts = append(opts, proxy.WithProfiling())
-	}
+	opts := adminOptions(cfg, l.adminAddr, log)
 	l.servers = append(l.servers, &http.Server{
 		Handler:           p.AdminHandler(health, opts...),
 		ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.IdleTimeout,
 	})
 	l.listeners = append(l.listeners, adminLn)
 	return l, nil
+}
+
+// adminOptions are the admin handler's options for cfg on a listener
+// bound to addr. Without a token, a listener not on loopback answers
+// only requests addressed to localhost, takes no changes and serves no
+// profiles: the log says so at start.
+func adminOptions(cfg config, addr string, log *slog.Logger) []proxy.AdminOption {
+	opts := []proxy.AdminOption{proxy.RequireToken(cfg.AdminToken), proxy.ListenerAddr(addr)}
+	if cfg.AdminToken == "" && !proxy.LoopbackHost(addr) {
+		log.Warn("the admin listener is not on loopback and has no LLMPROXY_ADMIN_TOKEN: it answers only requests addressed to localhost or 127.0.0.1, takes no changes and serves no profiles; set the token to reach it from elsewhere",
+			"admin", addr)
+	}
+	switch {
+	case cfg.Pprof && !proxy.ProfilesServed(cfg.AdminToken != "", addr):
+		log.Warn("LLMPROXY_PPROF=true but profiles are off: the admin listener is not on loopback and has no LLMPROXY_ADMIN_TOKEN",
+			"admin", addr)
+	case cfg.Pprof:
+		// Sampled: one mutex contention in 100, and blocking about once per
+		// 10 µs blocked.
+		runtime.SetMutexProfileFraction(100)
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		opts = append(opts, proxy.WithProfiling())
+	}
+	return opts
 }
 
 // start serves each listener; the channel gets each server's end.
