@@ -33,3 +33,12 @@ func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency
 // the in-process state and for the replicas' shared one (redisstate's
 // admit script is passed it).
 func (l Limits) SlowStart() bool { return l.Concurrency == 0 }
+
+// MinPerMinute and MaxPerMinute bound a configured RPM or TPM other than
+// 0 (none): at MinPerMinute, one request every 10,000 minutes (about a
+// week); a slower rate's spacing would not fit a time.Duration, and would
+// turn pacing off instead of slowing it.
+const (
+	MinPerMinute = 1e-4
+	MaxPerMinute = 1e12
+)

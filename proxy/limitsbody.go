@@ -80,11 +80,12 @@ func parseLimits(body []byte, cur limit.Limits) (limit.Limits, error) {
 	return cur, nil
 }
 
-// perMinute reads an rpm or tpm: a number from 0 (none) to 1e12.
+// perMinute reads an rpm or tpm: 0 (none), or a number from
+// limit.MinPerMinute to limit.MaxPerMinute.
 func perMinute(raw json.RawMessage, null bool) (float64, error) {
 	var f float64
-	if !null && (json.Unmarshal(raw, &f) != nil || !(f >= 0) || f > 1e12) {
-		return 0, fmt.Errorf("%s is not a number from 0 (none) to 1e12", raw)
+	if !null && (json.Unmarshal(raw, &f) != nil || f != 0 && !(f >= limit.MinPerMinute && f <= limit.MaxPerMinute)) {
+		return 0, fmt.Errorf("%s is not 0 (none) or a number from %g to %g", raw, limit.MinPerMinute, limit.MaxPerMinute)
 	}
 	return f, nil
 }

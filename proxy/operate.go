@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -296,12 +297,17 @@ func (p *Proxy) setLimits(w http.ResponseWriter, r *http.Request, open bool) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// readAdminBody reads a change's body, at most maxAdminBody.
+// readAdminBody reads a change's body, at most maxAdminBody: one JSON
+// value and nothing after it but white space (a second object, or bytes
+// a client glued on, would be taken for a change that was not meant).
 func readAdminBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	var body json.RawMessage
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
 	if err := dec.Decode(&body); err != nil {
-		return nil, badAdmin("", "the body is not one JSON object of rpm, tpm, concurrency, min_gap and mode: "+err.Error())
+		return nil, badAdmin("", "the body is not one JSON object of "+limitFields+": "+err.Error())
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, badAdmin("", "the body has more after its JSON object: send one object of "+limitFields)
 	}
 	return body, nil
 }

@@ -212,6 +212,10 @@ func TestBadLimitsAre400sNamingTheField(t *testing.T) {
 		{`{"min_gap": "soon"}`, "min_gap"}, {`{"min_gap": 5}`, "min_gap"}, {`{"min_gap": "-1s"}`, "min_gap"}, {`{"min_gap": "25h"}`, "min_gap"},
 		{`{"mode": "fast"}`, "mode"}, {`{"mode": 3}`, "mode"}, {`{"rpm": 60, "burst": 5}`, "burst"},
 		{`[1]`, ""}, {`not json`, ""}, {``, ""}, {`null`, ""},
+		// So slow a rate that its spacing overflowed and turned pacing off.
+		{`{"rpm": 1e-12}`, "rpm"}, {`{"rpm": 0.0000999}`, "rpm"}, {`{"tpm": 1e-12}`, "tpm"}, {`{"rpm": 1.0000001e12}`, "rpm"},
+		// Bytes after the object: a second change, or junk glued on.
+		{`{"rpm": 60} {"rpm": 1}`, ""}, {`{"rpm": 60}x`, ""}, {`{"rpm": 60}]`, ""}, {`{"rpm": 60}"`, ""},
 	} {
 		resp, b := o.do("PUT", "/admin/routes/default/limits", tc.body, "")
 		var e apiError
@@ -685,6 +689,9 @@ func TestLimitsAtTheirBounds(t *testing.T) {
 	}{
 		{`{"rpm": 1e12, "tpm": 0, "concurrency": 1000000, "min_gap": "24h"}`, limitsJSON{RPM: 1e12, Concurrency: 1000000, MinGap: "24h0m0s", Mode: "ceiling"}},
 		{`{"rpm": 0, "tpm": 1e12, "concurrency": 0, "min_gap": "0s", "mode": ""}`, limitsJSON{TPM: 1e12, Mode: "ceiling"}},
+		{`{"rpm": 0.0001, "tpm": 0.0001}`, limitsJSON{RPM: 1e-4, TPM: 1e-4, Mode: "ceiling"}},
+		// Trailing white space is no second value.
+		{"{\"rpm\": 60, \"tpm\": 0}\n\t ", limitsJSON{RPM: 60, Mode: "ceiling"}},
 	} {
 		var v routeView
 		if err := json.Unmarshal([]byte(o.mustDo("PUT", "/admin/routes/default/limits", tc.body)), &v); err != nil || *v.Limits != tc.want {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -101,10 +102,12 @@ var routeSettings = []routeSetting{
 	}},
 }
 
+// positive reads an RPM or TPM: a number from limit.MinPerMinute to
+// limit.MaxPerMinute.
 func positive(v string) (float64, error) {
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || !(f > 0) || f > 1e12 {
-		return 0, fmt.Errorf("%q is not a positive number", v)
+	if err != nil || !(f >= limit.MinPerMinute && f <= limit.MaxPerMinute) {
+		return 0, fmt.Errorf("%q is not a number from %g to %g", v, limit.MinPerMinute, limit.MaxPerMinute)
 	}
 	return f, nil
 }

@@ -92,10 +92,14 @@ func TestRouteSettingErrors(t *testing.T) {
 	}{
 		{map[string]string{"LLMPROXY_ROUTE_FOO_RPM": "5"}, "LLMPROXY_ROUTE_FOO_RPM: no route of that name (LLMPROXY_ROUTE_<NAME>_<SETTING>; names: ANTHROPIC, DEFAULT)"},
 		{map[string]string{"LLMPROXY_ROUTE_ANTHROPIC_RPMS": "5"}, "LLMPROXY_ROUTE_ANTHROPIC_RPMS: unknown setting RPMS (one of RPM, TPM, CONCURRENCY, MIN_GAP, LIMITS, SHARED_LIMIT, LOCAL, LOCAL_FAIRNESS, PRIORITY)"},
-		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "fast"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "fast" is not a positive number`},
-		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "0" is not a positive number`},
-		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "-5"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "-5" is not a positive number`},
-		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "NaN"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "NaN" is not a positive number`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "fast"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "fast" is not a number from 0.0001 to 1e+12`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "0" is not a number from 0.0001 to 1e+12`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "-5"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "-5" is not a number from 0.0001 to 1e+12`},
+		// So slow a rate that its spacing overflowed and turned pacing off.
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "1e-12"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "1e-12" is not a number from 0.0001 to 1e+12`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0.0000999"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "0.0000999" is not a number from 0.0001 to 1e+12`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "1.0000001e12"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "1.0000001e12" is not a number from 0.0001 to 1e+12`},
+		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "NaN"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "NaN" is not a number from 0.0001 to 1e+12`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_CONCURRENCY": "0"}, `LLMPROXY_ROUTE_DEFAULT_CONCURRENCY: "0" is not a whole number of at least 1`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_MIN_GAP": "100"}, `LLMPROXY_ROUTE_DEFAULT_MIN_GAP: "100" is not a positive duration such as 200ms`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_SHARED_LIMIT": "key"}, `LLMPROXY_ROUTE_DEFAULT_SHARED_LIMIT: "key" is not model or credential`},
@@ -202,5 +206,17 @@ func TestProgramAppliesRouteSettings(t *testing.T) {
 	// checks above looked at something.
 	if seen[""] != 1 || seen["ollama"] != 1 {
 		t.Errorf("/lanes lists lanes by route %v, want one of the default route and one of ollama", seen)
+	}
+}
+
+// TestRatesAtTheirBoundsAreTaken: RPM and TPM take their bounds,
+// limit.MinPerMinute and limit.MaxPerMinute, themselves.
+func TestRatesAtTheirBoundsAreTaken(t *testing.T) {
+	c, err := loadConfig(map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0.0001", "LLMPROXY_ROUTE_DEFAULT_TPM": "1e12"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := c.defaultRoute.Limits; l.RPM != limit.MinPerMinute || l.TPM != limit.MaxPerMinute {
+		t.Fatalf("%+v", l)
 	}
 }
