@@ -140,8 +140,16 @@ func (c *config) checkListeners() error {
 			return bad("ADMIN_TOKEN", "use visible ASCII characters only, no spaces (the value is not shown)")
 		}
 	}
+	if c.AdminToken != "" && len(c.AdminToken) < minAdminToken {
+		return bad("ADMIN_TOKEN", "too short: use at least %d characters, random ones (openssl rand -hex 32); the value is not shown", minAdminToken)
+	}
 	return nil
 }
+
+// minAdminToken is the shortest admin token taken: the token is the whole
+// of the admin listener's guard, and the fleet's changes are signed with
+// it.
+const minAdminToken = 16
 
 // checkUpstreams parses the default upstream and the routes.
 func (c *config) checkUpstreams() error {

@@ -197,6 +197,23 @@ func TestAdminTokenMustTravelInAHeader(t *testing.T) {
 	}
 }
 
+// TestAdminTokenHasAMinimumLength: a token shorter than 16 characters is
+// refused at start, saying how long one must be and not showing it; 16
+// and more are taken, and no token is no token.
+func TestAdminTokenHasAMinimumLength(t *testing.T) {
+	for _, tok := range []string{"~~", "SECRETSECRETSEC", "SECRET-0123456"} {
+		out := startErr(t, map[string]string{"LLMPROXY_ADMIN_TOKEN": tok})
+		if !strings.Contains(out, "LLMPROXY_ADMIN_TOKEN") || !strings.Contains(out, "at least 16") || strings.Contains(out, tok) {
+			t.Errorf("token of %d characters: %q, want an error naming the variable and the minimum, not the value", len(tok), out)
+		}
+	}
+	for _, tok := range []string{"", "SECRETSECRETSECR", "0123456789abcdef0123456789abcdef"} {
+		if _, err := loadConfig(map[string]string{"LLMPROXY_ADMIN_TOKEN": tok}); err != nil {
+			t.Errorf("token of %d characters: %v", len(tok), err)
+		}
+	}
+}
+
 // TestTheEnvironmentsDefaultsAreThePackagesOwn: each LLMPROXY_* default
 // that a package also applies for a zero setting is that package's own
 // Default constant, so that -h, config.example.env (checked against -h by

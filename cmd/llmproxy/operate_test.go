@@ -91,7 +91,7 @@ func TestSubcommandsChangeARunningProxy(t *testing.T) {
 // TestSubcommandsSendTheAdminToken: with an admin token the subcommands
 // send LLMPROXY_ADMIN_TOKEN; without it, or with another, they say so.
 func TestSubcommandsSendTheAdminToken(t *testing.T) {
-	const token = "op-token-5e1f"
+	const token = "op-token-5e1f-0a9c2d"
 	pr := startProgram(t, map[string]string{"LLMPROXY_UPSTREAM": okUpstream(t), "LLMPROXY_ADMIN_TOKEN": token})
 	sum := sha256.Sum256([]byte(token))
 	code, out, errOut := pr.sub(map[string]string{"LLMPROXY_ADMIN_TOKEN": token}, "hold", "route", "anthropic")
@@ -101,7 +101,7 @@ func TestSubcommandsSendTheAdminToken(t *testing.T) {
 	if code, _, errOut := pr.sub(nil, "release", "route", "anthropic"); code != 1 || !strings.Contains(errOut, "LLMPROXY_ADMIN_TOKEN is not set") {
 		t.Fatalf("without the token: exit %d, %s", code, errOut)
 	}
-	if code, _, errOut := pr.sub(map[string]string{"LLMPROXY_ADMIN_TOKEN": "other"}, "limits"); code != 1 || !strings.Contains(errOut, "LLMPROXY_ADMIN_TOKEN is not the proxy's") {
+	if code, _, errOut := pr.sub(map[string]string{"LLMPROXY_ADMIN_TOKEN": "other-token-0123456789"}, "limits"); code != 1 || !strings.Contains(errOut, "LLMPROXY_ADMIN_TOKEN is not the proxy's") {
 		t.Fatalf("with another token: exit %d, %s", code, errOut)
 	}
 	if strings.Contains(pr.logs.String(), token) {
