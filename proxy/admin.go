@@ -279,10 +279,13 @@ func (t *adminToken) matches(token string) bool {
 }
 
 // allows reports whether r carries the token in its Authorization header
-// or the login cookie.
+// or, without a Bearer credential there, the login cookie. A wrong Bearer
+// token is refused even beside a good cookie: who asked is told by the
+// Bearer token when there is one (see asker), and it must be the one that
+// let the request in.
 func (t *adminToken) allows(r *http.Request) bool {
-	if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") && t.matches(strings.TrimSpace(cred)) {
-		return true
+	if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		return t.matches(strings.TrimSpace(cred))
 	}
 	c, err := r.Cookie(adminCookie)
 	if err != nil {

@@ -376,6 +376,31 @@ func TestWritesNeedTheTokenWhenThereIsOne(t *testing.T) {
 	if strings.Count(logs, "by="+who) != 2 || strings.Contains(logs, testAdminToken) {
 		t.Fatalf("the log names who asked otherwise, or shows the token:\n%s", logs)
 	}
+
+	// A good cookie does not carry a wrong Bearer token in: the change
+	// would be logged under the wrong token's hash.
+	req, _ = http.NewRequest("POST", o.admin.URL+"/admin/routes/default/hold", nil)
+	req.AddCookie(&http.Cookie{Name: adminCookie, Value: hex.EncodeToString(sum[:])})
+	req.Header.Set("Authorization", "Bearer not-the-admin-token")
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = readAll(t, resp.Body)
+	resp.Body.Close()
+	wrong := sha256.Sum256([]byte("not-the-admin-token"))
+	if resp.StatusCode != 401 || strings.Contains(o.logs.String(), hex.EncodeToString(wrong[:4])) {
+		t.Fatalf("a cookie with a wrong Bearer token: %d %s; log:\n%s", resp.StatusCode, b, o.logs.String())
+	}
+	// Another scheme (a proxy in front's Basic) leaves the cookie to decide.
+	req, _ = http.NewRequest("GET", o.admin.URL+"/lanes", nil)
+	req.AddCookie(&http.Cookie{Name: adminCookie, Value: hex.EncodeToString(sum[:])})
+	req.SetBasicAuth("ops", "pass")
+	if resp, err := testClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/lanes with the cookie and Basic credentials: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 }
 
 // TestWithoutATokenOnlyALoopbackListenerTakesChanges: with no admin
