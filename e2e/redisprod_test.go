@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -235,15 +236,21 @@ func TestTLSAndTheDocumentedACLFromOutside(t *testing.T) {
 		}
 	}
 	wrong := startReplica(t, "wrong password", bin, mock.URL(), env(wrongFile)...)
+	// /readyz says Redis is unreachable, not where it is or what it
+	// said: the log says that.
 	err = pollAdmin(10*time.Second, func() error {
 		code, body, err := wrong.adminGet("/readyz")
-		if err == nil && (code != 200 || !strings.Contains(string(body), "degraded") || !strings.Contains(string(body), "WRONGPASS")) {
+		if err == nil && (code != 200 || !strings.Contains(string(body), "degraded") || !strings.Contains(string(body), "redis unreachable") ||
+			strings.Contains(string(body), "WRONGPASS") || strings.Contains(string(body), srv.Addr())) {
 			err = fmt.Errorf("/readyz %d %s", code, body)
+		}
+		if err == nil && !strings.Contains(wrong.stderr.String(), "WRONGPASS") {
+			err = errors.New("the log does not say WRONGPASS")
 		}
 		return err
 	})
 	if err != nil {
-		t.Errorf("a replica with a wrong password: %v; want 200, degraded, and WRONGPASS as the reason", err)
+		t.Errorf("a replica with a wrong password: %v; want 200, degraded, redis unreachable as the reason, and WRONGPASS in the log", err)
 	}
 	cl := srv.Client()
 	defer cl.Close()

@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmproxy/llmproxy/proxy"
 )
@@ -60,5 +65,46 @@ func TestAdminOffLoopbackWithoutATokenWarnsAndServesNoProfiles(t *testing.T) {
 		if warned != tc.warned || tc.warned && (!strings.Contains(said, "profiles are off") || !strings.Contains(said, "admin="+tc.addr)) {
 			t.Errorf("%s token=%v: warned %v, want %v:\n%s", tc.addr, tc.token != "", warned, tc.warned, said)
 		}
+	}
+}
+
+// TestReadyzSaysRedisIsUnreachableNotWhere: with Redis unreachable,
+// /readyz says degraded and that Redis is unreachable, but not the
+// client's error, which names Redis' address; the log has that.
+func TestReadyzSaysRedisIsUnreachableNotWhere(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	pr := startProgram(t, map[string]string{"LLMPROXY_UPSTREAM": okUpstream(t), "LLMPROXY_REDIS_URL": "redis://" + closed + "/0"})
+	var body string
+	eventually(t, 10*time.Second, "/readyz degraded", func() bool {
+		resp, err := http.Get("http://" + pr.admin + "/readyz")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == http.StatusOK && strings.Contains(body, "degraded")
+	})
+	var ready struct{ Status, Reason string }
+	_, port, _ := net.SplitHostPort(closed)
+	if err := json.Unmarshal([]byte(body), &ready); err != nil || ready.Reason != errRedisUnreachable.Error() || strings.Contains(body, port) {
+		t.Errorf("/readyz: %s; want the reason %q alone, not where or the client's error", body, errRedisUnreachable)
+	}
+	if logs := pr.logs.String(); !strings.Contains(logs, "redis unreachable") {
+		t.Errorf("the log does not say why:\n%s", logs)
+	}
+}
+
+func TestRedisDegradedHidesTheReason(t *testing.T) {
+	if err := redisDegraded(func() error { return nil })(); err != nil {
+		t.Errorf("up: %v", err)
+	}
+	if err := redisDegraded(func() error { return errors.New("dial tcp 10.0.0.5:6379: refused") })(); err != errRedisUnreachable {
+		t.Errorf("down: %v", err)
 	}
 }

@@ -110,7 +110,7 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		}
 		closeStore = func() { store.Close() }
 		lanes.Shared = store.Shared
-		health.Degraded = store.Ready
+		health.Degraded = redisDegraded(store.Ready)
 		health.Shared = store.Status
 		fleet = store
 	}
@@ -123,6 +123,22 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		return nil, health, func() {}, err
 	}
 	return p, health, closeStore, nil
+}
+
+// errRedisUnreachable is /readyz's reason while Redis is not shared.
+var errRedisUnreachable = errors.New("redis unreachable: lanes use local limits (the log says why)")
+
+// redisDegraded is what /readyz says of the store's ready: that Redis is
+// unreachable, not why. The client's error names addresses and what the
+// server said, which are the log's (the store logs it as it happens), not
+// every prober's.
+func redisDegraded(ready func() error) func() error {
+	return func() error {
+		if ready() != nil {
+			return errRedisUnreachable
+		}
+		return nil
+	}
 }
 
 // laneConfig is the lanes' settings from cfg.
