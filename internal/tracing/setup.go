@@ -94,8 +94,13 @@ func exporting(environ map[string]string) (grpc, on bool, err error) {
 	}
 	for _, name := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 		if v := get(name); v != "" {
-			if u, perr := url.Parse(v); perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return false, false, fmt.Errorf("%s: %q is not an http:// or https:// URL with a host", name, v)
+			u, perr := url.Parse(v)
+			if perr != nil {
+				// The parser's error quotes the whole value, password and all.
+				return false, false, fmt.Errorf("%s: not a URL (the value is not shown: it may hold a password)", name)
+			}
+			if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return false, false, fmt.Errorf("%s: %q is not an http:// or https:// URL with a host", name, u.Redacted())
 			}
 			on = true
 		}

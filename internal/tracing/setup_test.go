@@ -169,3 +169,24 @@ func TestEndpointAsLogged(t *testing.T) {
 		}
 	}
 }
+
+// TestABadEndpointsPasswordIsNotShown: the start-up error for an
+// endpoint that is no URL, or one of another scheme, does not show the
+// password in its user info.
+func TestABadEndpointsPasswordIsNotShown(t *testing.T) {
+	const pw = "Sekr1t-otlp-9f2"
+	for _, v := range []string{
+		"http://collector:" + pw + "@[::1",          // no URL: the parser's error quotes it
+		"http://collector:" + pw + "@host:4318/%zz", // a bad escape
+		"http://collector:" + pw + "@host:port",     // a bad port
+		"ftp://collector:" + pw + "@collector:4318", // another scheme
+		"http://collector:" + pw + "@/v1/traces",    // no host
+	} {
+		for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+			_, _, err := exporting(map[string]string{name: v})
+			if err == nil || strings.Contains(err.Error(), pw) || !strings.HasPrefix(err.Error(), name+": ") {
+				t.Errorf("%s=%q: %v, want an error naming the variable and not the password", name, v, err)
+			}
+		}
+	}
+}
