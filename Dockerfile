@@ -24,6 +24,11 @@ COPY --from=rootfs /rootfs/ /
 ARG LLMPROXY_REVISION
 LABEL org.opencontainers.image.source="https://github.com/llmproxy/llmproxy" \
       org.opencontainers.image.revision="${LLMPROXY_REVISION}"
+# Both listeners on every interface of the container. The admin listener
+# is then not on loopback: without LLMPROXY_ADMIN_TOKEN (or _TOKEN_FILE, a
+# mounted secret) it answers only requests addressed to localhost or a
+# loopback address, takes no changes and serves no profiles, and logs a
+# warning at start; /healthz and /readyz (the HEALTHCHECK's) answer any.
 ENV LLMPROXY_ADDR=:8080 \
     LLMPROXY_ADMIN_ADDR=:9090
 EXPOSE 8080 9090

@@ -247,6 +247,11 @@ func TestCompose(t *testing.T) {
 				t.Errorf("%s: %s=%q, want %q", name, k, env[k], v)
 			}
 		}
+		// The admin token comes from where compose runs, never from the
+		// file: empty by default (the listener then answers localhost only).
+		if tok := env["LLMPROXY_ADMIN_TOKEN"]; tok != "${LLMPROXY_ADMIN_TOKEN:-}" {
+			t.Errorf("%s: LLMPROXY_ADMIN_TOKEN=%q, want it from the environment: ${LLMPROXY_ADMIN_TOKEN:-}", name, tok)
+		}
 		if host := redisHost(t, name, env["LLMPROXY_REDIS_URL"]); host != "" {
 			if _, ok := services[host]; !ok || host != "redis" {
 				t.Errorf("%s: LLMPROXY_REDIS_URL host %q is not the redis service", name, host)

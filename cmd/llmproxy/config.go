@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"reflect"
 	"regexp"
 	"sort"
@@ -29,7 +30,8 @@ const envPrefix = "LLMPROXY_"
 type config struct {
 	Addr                      string        `env:"ADDR" envDefault:"127.0.0.1:8080" help:"proxy listener"`
 	AdminAddr                 string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui /admin/; empty = off"`
-	AdminToken                string        `env:"ADMIN_TOKEN" help:"set: /metrics /lanes /ui /admin/ need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open; unset: only clients on this host may change lanes"`
+	AdminToken                string        `env:"ADMIN_TOKEN" help:"at least 16 characters; set: /metrics /lanes /ui /admin/ need Authorization: Bearer <token> (a browser opens /ui?token=<token> once); /healthz /readyz stay open; unset: they answer only requests to localhost, and take changes only on a loopback ADMIN_ADDR"`
+	AdminTokenFile            string        `env:"ADMIN_TOKEN_FILE" help:"a file holding the admin token (a mounted secret), read at start, instead of ADMIN_TOKEN"`
 	Upstream                  string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
 	Routes                    string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
 	MaxRetries                int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
@@ -134,22 +136,56 @@ func (c *config) checkListeners() error {
 			return bad("ADMIN_ADDR", "%q is not host:port", c.AdminAddr)
 		}
 	}
+	name := "ADMIN_TOKEN"
+	if c.AdminTokenFile != "" {
+		name = "ADMIN_TOKEN_FILE"
+		if c.AdminToken != "" {
+			return bad(name, "set this or LLMPROXY_ADMIN_TOKEN, not both")
+		}
+		tok, err := readTokenFile(c.AdminTokenFile)
+		if err != nil {
+			return bad(name, "%v", err)
+		}
+		c.AdminToken = tok
+	}
 	for _, r := range c.AdminToken {
 		// Anything else is mangled on its way through a header or a URL.
 		if r <= ' ' || r > '~' {
-			return bad("ADMIN_TOKEN", "use visible ASCII characters only, no spaces (the value is not shown)")
+			return bad(name, "use visible ASCII characters only, no spaces (the value is not shown)")
 		}
 	}
 	if c.AdminToken != "" && len(c.AdminToken) < minAdminToken {
-		return bad("ADMIN_TOKEN", "too short: use at least %d characters, random ones (openssl rand -hex 32); the value is not shown", minAdminToken)
+		return bad(name, "too short: use at least %d characters, random ones (openssl rand -hex 32); the value is not shown", minAdminToken)
 	}
 	return nil
 }
 
 // minAdminToken is the shortest admin token taken: the token is the whole
-// of the admin listener's guard, and the fleet's changes are signed with
-// it.
+// of the admin listener's guard.
 const minAdminToken = 16
+
+// readTokenFile reads a token from path: the file's contents without the
+// line end an editor or `echo` leaves. Empty is an error: a secret that
+// was not mounted must not turn the token off.
+func readTokenFile(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, 4097))
+	switch {
+	case err != nil:
+		return "", err
+	case len(b) > 4096:
+		return "", fmt.Errorf("%s: larger than 4096 bytes, not a token", path)
+	}
+	tok := strings.TrimRight(string(b), "\r\n")
+	if tok == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return tok, nil
+}
 
 // checkUpstreams parses the default upstream and the routes.
 func (c *config) checkUpstreams() error {

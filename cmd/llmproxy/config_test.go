@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -274,5 +276,46 @@ func TestAPackagesErrorNamesTheVariables(t *testing.T) {
 		if err == nil || err.Error() != tc.want {
 			t.Errorf("%v: %v, want %q", tc.env, err, tc.want)
 		}
+	}
+}
+
+// TestAdminTokenFromAFile: LLMPROXY_ADMIN_TOKEN_FILE gives the token
+// without its line end, and is checked as the token is; a missing or
+// empty file, or both variables set, stop the start without showing a
+// token.
+func TestAdminTokenFromAFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	const tok = "0123456789abcdef-from-a-file"
+	for _, content := range []string{tok, tok + "\n", tok + "\r\n"} {
+		c, err := loadConfig(map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("ok", content)})
+		if err != nil || c.AdminToken != tok {
+			t.Errorf("%q: token %q, %v", content, c.AdminToken, err)
+		}
+	}
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("short", "SECRET\n")}, "LLMPROXY_ADMIN_TOKEN_FILE: too short"},
+		{map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("spaced", "SECRET SECRET SECRET\n")}, "LLMPROXY_ADMIN_TOKEN_FILE: use visible ASCII"},
+		{map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("empty", "\n")}, "LLMPROXY_ADMIN_TOKEN_FILE: " + filepath.Join(dir, "empty") + " is empty"},
+		{map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("big", strings.Repeat("S", 4097))}, "larger than 4096 bytes"},
+		{map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": filepath.Join(dir, "missing")}, "LLMPROXY_ADMIN_TOKEN_FILE: open "},
+		{map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("both", tok), "LLMPROXY_ADMIN_TOKEN": "SECRET-0123456789abcdef"}, "not both"},
+	} {
+		_, err := loadConfig(tc.env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("%v: %v, want %q and no token", tc.env, err, tc.want)
+		}
+	}
+	if _, err := loadConfig(map[string]string{"LLMPROXY_ADMIN_TOKEN_FILE": write("max", strings.Repeat("S", 4096))}); err != nil {
+		t.Errorf("a token of 4096 characters: %v", err)
 	}
 }
