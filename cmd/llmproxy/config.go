@@ -64,7 +64,7 @@ type config struct {
 	LogLevel                  string        `env:"LOG_LEVEL" envDefault:"info" help:"debug, info, warn or error"`
 	LogFormat                 string        `env:"LOG_FORMAT" envDefault:"text" help:"text or json"`
 	GlobalConcurrency         int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`
-	Pprof                     bool          `env:"PPROF" envDefault:"false" help:"true: the admin listener serves Go's runtime profiles under /debug/pprof/ (behind LLMPROXY_ADMIN_TOKEN), mutex and block profiles included; they cost some speed"`
+	Pprof                     bool          `env:"PPROF" envDefault:"false" help:"true: the admin listener serves Go's runtime profiles under /debug/pprof/ (behind LLMPROXY_ADMIN_TOKEN; without it, only on a loopback ADMIN_ADDR), mutex and block profiles included; they cost some speed"`
 	ShutdownTimeout           time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
 
 	upstreamURL *url.URL
