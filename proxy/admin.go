@@ -91,7 +91,7 @@ func ListenerAddr(addr string) AdminOption {
 func LoopbackHost(host string) bool {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
-	} else if len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']' {
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
 		host = host[1 : len(host)-1] // a Host of an IPv6 address on port 80
 	}
 	if strings.EqualFold(host, "localhost") {
@@ -109,7 +109,10 @@ func ProfilesServed(hasToken bool, addr string) bool { return hasToken || Loopba
 // request carries token, as Authorization: Bearer <token> or as the cookie
 // that /ui?token=<token> sets: a browser cannot add a header to a page it
 // navigates to. /healthz and /readyz stay open for load balancers and the
-// container's HEALTHCHECK. An empty token leaves everything open.
+// container's HEALTHCHECK. An empty token is no token: then every
+// endpoint but those two answers only requests addressed to localhost or
+// a loopback address (a page rebinding its name to 127.0.0.1 still sends
+// its name), and changes need a loopback listener (see ListenerAddr).
 func RequireToken(token string) AdminOption {
 	return func(o *adminOptions) {
 		if token != "" {
@@ -124,8 +127,9 @@ const (
 	maxLanesPage     = 2000
 )
 
-// AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui; opts
-// may guard all but the first two with a token.
+// AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui; all
+// but the first two are guarded, by a token (RequireToken) or, without
+// one, by the Host they are addressed to.
 func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	var o adminOptions
 	for _, opt := range opts {
