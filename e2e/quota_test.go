@@ -28,6 +28,9 @@ type quotaDialect struct {
 	// renews is when the upstream renews the quota and the proxy knows it
 	// (zero: the proxy does not know; the mock renews it at unknownRenewal).
 	renews time.Time
+	// worded: the answer says so in words alone, no structured field, so
+	// the proxy sends one request a minute even with the renewal known.
+	worded bool
 }
 
 // unknownRenewal is when the mock renews a quota whose answers do not say.
@@ -37,11 +40,11 @@ func quotaDialects() []quotaDialect {
 	const key = "sk-quota-spent"
 	openAI := []string{"Authorization", "Bearer " + key}
 	return []quotaDialect{
-		{"openai insufficient_quota", "", "/v1/chat/completions", openAI, 429, time.Time{}},
-		{"anthropic spend cap", "", "/anthropic/v1/messages", []string{"X-Api-Key", key, "Anthropic-Version", "2023-06-01"}, 429, time.Time{}},
-		{"gemini per day", "gemini-day", "/v1/chat/completions", openAI, 429, pacific.NextMidnight(quotaStart)},
-		{"groq requests per day", "groq-day", "/v1/chat/completions", openAI, 429, quotaStart.Add(90 * time.Second)},
-		{"azure api management quota", "apim", "/v1/chat/completions", openAI, 403, quotaStart.Add(time.Hour)},
+		{"openai insufficient_quota", "", "/v1/chat/completions", openAI, 429, time.Time{}, false},
+		{"anthropic spend cap", "", "/anthropic/v1/messages", []string{"X-Api-Key", key, "Anthropic-Version", "2023-06-01"}, 429, time.Time{}, false},
+		{"gemini per day", "gemini-day", "/v1/chat/completions", openAI, 429, pacific.NextMidnight(quotaStart), false},
+		{"groq requests per day", "groq-day", "/v1/chat/completions", openAI, 429, quotaStart.Add(90 * time.Second), true},
+		{"azure api management quota", "apim", "/v1/chat/completions", openAI, 403, quotaStart.Add(time.Hour), true},
 	}
 }
 
@@ -49,8 +52,9 @@ func quotaDialects() []quotaDialect {
 // upstream's first quota answer the proxy answers the key's requests
 // itself at once (its status, quota_exhausted, x-should-retry: false) and
 // the upstream's count does not move: until the renewal the upstream
-// named, when requests reach it again; or, when it named none, but for
-// one request a minute, whose success ends the hold.
+// named, when requests reach it again; or, when it named none or said so
+// in words alone, but for one request a minute, whose success ends the
+// hold.
 func TestASpentQuotaReachesTheUpstreamNoMore(t *testing.T) {
 	for _, d := range quotaDialects() {
 		t.Run(d.name, func(t *testing.T) {
@@ -72,6 +76,22 @@ func TestASpentQuotaReachesTheUpstreamNoMore(t *testing.T) {
 			}
 			if n := upstreamSaw(); n != 1 {
 				t.Fatalf("the upstream saw %d requests, want only the first", n)
+			}
+			if d.worded {
+				// Probed though the renewal is known: a minute on, one
+				// request goes and meets the quota still spent.
+				fc.Set(quotaStart.Add(time.Minute - time.Second))
+				wantProxysQuotaAnswer(t, d, post)
+				fc.Set(quotaStart.Add(time.Minute))
+				if resp, body := post(); resp.StatusCode != d.status || strings.Contains(body, "quota_exhausted") || upstreamSaw() != 2 {
+					t.Fatalf("a minute on: %d %s, the upstream saw %d; want the upstream's own answer to one request", resp.StatusCode, body, upstreamSaw())
+				}
+				wantProxysQuotaAnswer(t, d, post)
+				fc.Set(d.renews)
+				if resp, body := post(); resp.StatusCode != 200 || upstreamSaw() != 3 {
+					t.Fatalf("at the renewal: %d %s, the upstream saw %d; want 200 from it", resp.StatusCode, body, upstreamSaw())
+				}
+				return
 			}
 			if !d.renews.IsZero() {
 				fc.Set(d.renews.Add(-time.Second))

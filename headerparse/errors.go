@@ -26,8 +26,10 @@ const (
 	// KindHardQuota: a quota, spend or billing limit that retrying cannot
 	// lift (insufficient_quota, credit_balance_exhausted, the spend and
 	// usage limit codes, Anthropic enforced_spend_limit_reached and
-	// billing_error, Anthropic's "reached your specified API usage limits",
-	// any 402 such as OpenRouter's).
+	// billing_error, any 402 such as OpenRouter's), or a day's quota (see
+	// QuotaOf). A message alone names one only on a 429, or on a 403 in
+	// Azure API Management's words: a 400's message may echo what the
+	// client sent.
 	KindHardQuota
 	// KindTooLarge: the request can never fit (OpenAI's 429 "Request too
 	// large", Anthropic request_too_large, any 413).
@@ -80,8 +82,10 @@ type ErrorInfo struct {
 	RetryIn    time.Duration
 	HasRetryIn bool
 	// renewal says how a quota the body names renews (see QuotaOf); with
-	// KindHardQuota only.
+	// KindHardQuota only. worded: the message's words alone named the
+	// quota, no structured field (a code, a type, a quotaId).
 	renewal renewal
+	worded  bool
 }
 
 const (
@@ -115,11 +119,11 @@ func set(codes ...string) map[string]bool {
 	return m
 }
 
-// Message openings that decide the kind whatever the codes say.
-const (
-	tooLargePrefix  = "request too large"                                // OpenAI, under rate_limit_exceeded
-	usageLimitStart = "you have reached your specified api usage limits" // Anthropic, a 400
-)
+// tooLargePrefix opens a message that decides the kind whatever the codes
+// say: OpenAI's, under rate_limit_exceeded. (Anthropic's "You have reached
+// your specified API usage limits" is not read: it comes as a 400, whose
+// message may start with a field name the client chose.)
+const tooLargePrefix = "request too large"
 
 // ParseError classifies an upstream error body. It reads OpenAI's
 // {"error":{...}}, Anthropic's {"type":"error","error":{...}} with an
@@ -143,7 +147,8 @@ func ParseError(status int, body []byte) ErrorInfo {
 	}
 	info.RetryIn, info.HasRetryIn = retryIn(f)
 	info.Kind = classify(f)
-	if r := renewalOf(f, status); r != renewsUnsaid && info.Kind != KindTooLarge {
+	if r, worded := renewalOf(f, status); r != renewsUnsaid && info.Kind != KindTooLarge {
+		info.worded = worded && info.Kind != KindHardQuota
 		info.Kind, info.renewal = KindHardQuota, r
 	}
 	if info.Kind == KindNone || info.Kind == KindOther {
@@ -334,7 +339,7 @@ func classify(f errorFields) ErrorKind {
 		return false
 	}
 	switch {
-	case has(hardQuotaCodes) || strings.HasPrefix(message, usageLimitStart):
+	case has(hardQuotaCodes):
 		return KindHardQuota
 	case has(tooLargeCodes) || strings.HasPrefix(message, tooLargePrefix):
 		return KindTooLarge

@@ -32,7 +32,7 @@ func TestParseError(t *testing.T) {
 			ErrorInfo{Kind: KindRateLimit, Type: "requests", Code: "rate_limit_exceeded", RetryIn: 20 * time.Millisecond, HasRetryIn: true}},
 		{"openai wait in minutes, a day's limit", 429,
 			`{"error":{"message":"Rate limit reached on requests per day (RPD). Please try again in 6m0s.","type":"requests","code":"rate_limit_exceeded"}}`,
-			ErrorInfo{Kind: KindHardQuota, Type: "requests", Code: "rate_limit_exceeded", RetryIn: 6 * time.Minute, HasRetryIn: true, renewal: renewsAsHinted}},
+			ErrorInfo{Kind: KindHardQuota, Type: "requests", Code: "rate_limit_exceeded", RetryIn: 6 * time.Minute, HasRetryIn: true, renewal: renewsAsHinted, worded: true}},
 		{"openai slow down", 429,
 			`{"error":{"message":"Please reduce your rate of requests.","type":"invalid_request_error","code":"slow_down"}}`,
 			ErrorInfo{Kind: KindRateLimit, Type: "invalid_request_error", Code: "slow_down"}},
@@ -94,9 +94,11 @@ func TestParseError(t *testing.T) {
 		{"anthropic billing error", 402,
 			`{"type":"error","error":{"type":"billing_error","message":"Your credit balance is too low"}}`,
 			ErrorInfo{Kind: KindHardQuota, Type: "billing_error"}},
+		// A 400's message may open with a field name the client chose:
+		// Anthropic's user-set usage limit is passed on, not held.
 		{"anthropic usage limit 400", 400,
 			`{"type":"error","error":{"type":"invalid_request_error","message":"You have reached your specified API usage limits. You will regain access on 2026-04-01 at 00:00 UTC."}}`,
-			ErrorInfo{Kind: KindHardQuota, Type: "invalid_request_error"}},
+			ErrorInfo{Kind: KindOther, Type: "invalid_request_error"}},
 		{"openrouter 402 body", 402,
 			`{"error":{"code":402,"message":"Insufficient credits"}}`,
 			ErrorInfo{Kind: KindHardQuota, Code: "402"}},

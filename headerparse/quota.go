@@ -16,6 +16,10 @@ type Quota struct {
 	// Renews is when the quota renews, by the answer's word; zero when it
 	// does not say.
 	Renews time.Time
+	// Worded: the message's words alone said so, no structured field (a
+	// code, a type, a Gemini quotaId). A hold on words is probed and
+	// capped (package lanequeue): words are the least sure evidence.
+	Worded bool
 }
 
 // renewal is how a quota named by an error body renews (ErrorInfo.renewal).
@@ -41,17 +45,34 @@ const (
 
 // renewalOf tells from an error body's fields whether they name a quota a
 // wait for a rate cannot renew, and how it renews; renewsUnsaid when they
-// name none (a hard quota without a renewal is classify's).
-func renewalOf(f errorFields, status int) renewal {
+// name none (a hard quota without a renewal is classify's). worded says
+// the message alone named it. A message is read only on a 429, and on a
+// 403 only in Azure API Management's form: other statuses' messages may
+// echo what the client sent ("Unrecognized request argument supplied:
+// perday").
+func renewalOf(f errorFields, status int) (r renewal, worded bool) {
+	if strings.Contains(strings.ToLower(f.quotaIDs), "perday") {
+		return renewsAtPacificMidnight, false
+	}
 	message := strings.ToLower(f.message)
-	if strings.Contains(strings.ToLower(f.quotaIDs), "perday") || strings.Contains(message, "perday") ||
-		strings.Contains(message, "midnight pacific") {
-		return renewsAtPacificMidnight
+	switch {
+	case status == http.StatusForbidden && isAPIMQuota(message):
+		return renewsAsHinted, true
+	case status != http.StatusTooManyRequests:
+		return renewsUnsaid, false
+	case strings.Contains(message, "perday") || strings.Contains(message, "midnight pacific"):
+		return renewsAtPacificMidnight, true
+	case strings.Contains(message, "per day ("):
+		return renewsAsHinted, true
 	}
-	if strings.Contains(message, "per day (") || status == http.StatusForbidden && strings.Contains(message, "quota") {
-		return renewsAsHinted
-	}
-	return renewsUnsaid
+	return renewsUnsaid, false
+}
+
+// isAPIMQuota reports whether a 403's message, in lower case, is Azure API
+// Management's quota policy's: "Out of call volume quota. Quota will be
+// replenished in 5.03:23:11." (or of bandwidth quota).
+func isAPIMQuota(message string) bool {
+	return strings.HasPrefix(message, "out of call volume quota") || strings.HasPrefix(message, "out of bandwidth quota")
 }
 
 // QuotaOf reads whether an answer with status and headers h, whose error
@@ -59,33 +80,34 @@ func renewalOf(f errorFields, status int) renewal {
 // cannot renew, and when it renews, at now:
 //
 //   - a hard quota whose renewal is not said (KindHardQuota: OpenAI's
-//     insufficient_quota and spend limits, Anthropic's spend cap and usage
-//     limits, any 402): Renews is zero;
-//   - a day's quota of Gemini (its QuotaFailure quotaId says PerDay): the
-//     next midnight Pacific time;
-//   - a limit per day in OpenAI's and Groq's words ("on requests per day
-//     (RPD)"): the answer's wait, Retry-After, else the body's "try again
-//     in", else the reset of its exhausted request window;
-//   - Azure API Management's quota: a 403 that carries Retry-After, or
-//     whose message speaks of a quota: Retry-After, else the body's
+//     insufficient_quota and spend limits, Anthropic's spend cap and
+//     billing_error, any 402): Renews is zero;
+//   - a day's quota of Gemini (its QuotaFailure quotaId says PerDay, or a
+//     429's message does): the next midnight Pacific time;
+//   - a limit per day in a 429's words (OpenAI's and Groq's "on requests
+//     per day (RPD)"): the answer's wait, Retry-After, else the body's
+//     "try again in", else the reset of its exhausted request window;
+//   - Azure API Management's quota, a 403 whose message is its policy's
+//     ("Out of call volume quota ..."): Retry-After, else the body's
 //     "replenished in d.hh:mm:ss".
 //
-// A wait of zero is no renewal time.
+// A header alone never says a quota is spent: a 403 with a long
+// Retry-After and no such body is none. A wait of zero is no renewal
+// time. Worded is set when the message alone said so.
 func QuotaOf(status int, h http.Header, e ErrorInfo, now time.Time) Quota {
-	h = canonical(h)
-	wait, hasWait := retryAfter(h, now)
-	apim := status == http.StatusForbidden && hasWait
-	if e.Kind != KindHardQuota && !apim {
+	if e.Kind != KindHardQuota {
 		return Quota{}
 	}
-	q := Quota{Spent: true}
+	q := Quota{Spent: true, Worded: e.worded}
 	if e.renewal == renewsAtPacificMidnight {
 		q.Renews = pacific.NextMidnight(now)
 		return q
 	}
-	if e.renewal != renewsAsHinted && !apim {
+	if e.renewal != renewsAsHinted {
 		return q
 	}
+	h = canonical(h)
+	wait, hasWait := retryAfter(h, now)
 	if !hasWait || wait <= 0 {
 		wait, hasWait = e.RetryIn, e.HasRetryIn
 	}

@@ -260,10 +260,11 @@ func (l *pool) configure(cfg Config) {
 	l.learned = l.learned || cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
 }
 
-// forget drops what the limit learned, as a new limit of cfg starts, and
-// notes who asked (m). Requires the group's mutex held.
+// forget drops what the limit learned, a spent quota too, as a new limit
+// of cfg starts, and notes who asked (m). Requires the group's mutex held.
 func (l *pool) forget(cfg Config, m *mark) {
 	l.shared.Forget()
+	l.quota = quotaHold{}
 	l.learned, l.firstAnswerUntil = false, time.Time{}
 	l.configure(cfg)
 	l.seen = seen{}

@@ -19,6 +19,9 @@ type QuotaError struct {
 	// Status is the upstream's status on the answer that said so (429,
 	// 403, 402, 400).
 	Status int
+	// Probed: one request every quotaProbeEvery goes upstream, the
+	// renewal known or not (a quota said in words alone).
+	Probed bool
 }
 
 func (e *QuotaError) Error() string {
@@ -29,17 +32,24 @@ func (e *QuotaError) Error() string {
 }
 
 // quotaProbeEvery is how often one request goes upstream while a quota
-// whose renewal is not known holds a limit: its answer tells whether the
-// quota came back.
+// whose renewal is not known, or was said in words alone, holds a limit:
+// its answer tells whether the quota came back.
 const quotaProbeEvery = time.Minute
+
+// quotaWordsCap bounds a hold on words alone (headerparse.Quota.Worded):
+// words may say a month, but a day is the longest quota such words name
+// (requests or tokens per day), and the probes end it sooner.
+const quotaWordsCap = 24 * time.Hour
 
 // quotaHold is a limit's spent quota. The answer that spent it came at
 // since (zero: no quota holds the limit); it renews at until (zero: not
-// known), and while that is not known the next probe may go at probeAt.
-// status is that answer's. Guarded by the group's mutex.
+// known). While that is not known, or the hold rests on words (probes),
+// the next probe may go at probeAt. status is that answer's. Guarded by
+// the group's mutex.
 type quotaHold struct {
 	since, until, probeAt time.Time
 	status                int
+	probes                bool
 }
 
 // quotaState is what a limit's quota lets its head waiter do.
@@ -62,7 +72,12 @@ func (q *quotaHold) learn(r limit.Report, dispatched, now time.Time) (began bool
 			return false
 		}
 		began = q.since.IsZero()
-		*q = quotaHold{since: now, until: r.Quota.Renews, probeAt: now.Add(quotaProbeEvery), status: r.Status}
+		until := r.Quota.Renews
+		if capped := now.Add(quotaWordsCap); r.Quota.Worded && (until.IsZero() || until.After(capped)) {
+			until = capped
+		}
+		*q = quotaHold{since: now, until: until, probeAt: now.Add(quotaProbeEvery), status: r.Status,
+			probes: r.Quota.Worded || until.IsZero()}
 		return began
 	}
 	if !q.since.IsZero() && r.Status > 0 && r.Status < 500 && dispatched.After(q.since) {
@@ -77,13 +92,10 @@ func (q *quotaHold) check(now time.Time) quotaState {
 	switch {
 	case q.since.IsZero():
 		return quotaNone
-	case !q.until.IsZero():
-		if now.Before(q.until) {
-			return quotaHeld
-		}
+	case !q.until.IsZero() && !now.Before(q.until):
 		*q = quotaHold{}
 		return quotaNone
-	case now.Before(q.probeAt):
+	case !q.probes || now.Before(q.probeAt):
 		return quotaHeld
 	}
 	return quotaProbe
@@ -98,7 +110,9 @@ func (q *quotaHold) sent(now time.Time) {
 }
 
 // err is the error the hold refuses requests with.
-func (q *quotaHold) err() error { return &QuotaError{Until: q.until, Status: q.status} }
+func (q *quotaHold) err() error {
+	return &QuotaError{Until: q.until, Status: q.status, Probed: q.probes}
+}
 
 // describe is the hold as a lane's state shows it at now: when the quota
 // renews (zero when not known) and in words, "quota spent until 00:00 PT"

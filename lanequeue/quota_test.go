@@ -278,3 +278,89 @@ func TestQuotaErrorSays(t *testing.T) {
 		t.Errorf("changeQuota = %q", got)
 	}
 }
+
+// spendOnWords reports the answer to s's dispatch as a quota spent on the
+// message's words alone, renewing at renews (zero: not said).
+func spendOnWords(s *Slot, status int, renews time.Time) {
+	s.Report(limit.Report{Status: status, Verdict: limit.Failed, Quota: headerparse.Quota{Spent: true, Renews: renews, Worded: true}})
+}
+
+// TestAHoldOnWordsIsProbedAndCapped (issue 49): a quota said in words
+// alone holds at most quotaWordsCap, however long the words say, and one
+// request a minute goes upstream even though a renewal was named; the
+// probe's success ends the hold.
+func TestAHoldOnWordsIsProbedAndCapped(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		renews, want time.Time
+	}{
+		{"a month said", t0.Add(744 * time.Hour), t0.Add(quotaWordsCap)},
+		{"a day and a second said", t0.Add(quotaWordsCap + time.Second), t0.Add(quotaWordsCap)},
+		{"a day said", t0.Add(quotaWordsCap), t0.Add(quotaWordsCap)},
+		{"two hours said", t0.Add(2 * time.Hour), t0.Add(2 * time.Hour)},
+		{"nothing said", time.Time{}, t0.Add(quotaWordsCap)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tb, fc := quotaTable(4)
+			r := quotaRequest("m")
+			s := mustAcquire(t, tb, r)
+			spendOnWords(s, 429, c.renews)
+			s.Done(429, "upstream_error", -1)
+			if qe := quotaRefusal(t, tb, r); !qe.Until.Equal(c.want) {
+				t.Fatalf("refused until %v, want %v", qe.Until, c.want)
+			}
+			if st := tb.laneFor(NewKey("r", "sk-quota", r.Path, "m")).State(); !st.QuotaUntil.Equal(c.want) {
+				t.Fatalf("state shows the quota until %v, want %v", st.QuotaUntil, c.want)
+			}
+			fc.Set(t0.Add(quotaProbeEvery - time.Nanosecond))
+			quotaRefusal(t, tb, r)
+			fc.Set(t0.Add(quotaProbeEvery))
+			probe := mustAcquire(t, tb, r)
+			quotaRefusal(t, tb, r) // one probe a minute
+			accept(probe, headerparse.Limits{})
+			probe.Done(200, "ok", -1)
+			fc.Set(fc.Now().Add(time.Second))
+			mustAcquire(t, tb, r).Done(200, "ok", -1)
+		})
+	}
+}
+
+// TestAHoldOnWordsEndsAtItsCap: with no request to probe it, a hold on
+// words ends at its cap.
+func TestAHoldOnWordsEndsAtItsCap(t *testing.T) {
+	tb, fc := quotaTable(4)
+	r := quotaRequest("m")
+	s := mustAcquire(t, tb, r)
+	spendOnWords(s, 429, t0.Add(744*time.Hour))
+	s.Done(429, "upstream_error", -1)
+	fc.Set(t0.Add(quotaWordsCap))
+	if st := tb.laneFor(NewKey("r", "sk-quota", r.Path, "m")).State(); st.Quota != "" {
+		t.Fatalf("state shows %q at the cap, want no quota", st.Quota)
+	}
+	mustAcquire(t, tb, r).Done(200, "ok", -1)
+}
+
+// TestAClearLiftsAQuota (issue 49): an operator's clear of the lane, or of
+// its route, ends a quota hold at once, a renewal named or not.
+func TestAClearLiftsAQuota(t *testing.T) {
+	for _, route := range []bool{false, true} {
+		for _, renews := range []time.Time{{}, t0.Add(time.Hour)} {
+			tb, _ := quotaTable(4)
+			r := quotaRequest("m")
+			s := mustAcquire(t, tb, r)
+			spend(s, 429, renews)
+			s.Done(429, "upstream_error", -1)
+			quotaRefusal(t, tb, r)
+			l := tb.laneFor(NewKey("r", "sk-quota", r.Path, "m"))
+			if route {
+				tb.OperateRoute("r", opAt(OpClear, nil))
+			} else if err := tb.OperateLane(l.ID(), opAt(OpClear, nil)); err != nil {
+				t.Fatal(err)
+			}
+			if st := l.State(); st.Quota != "" || !st.QuotaUntil.IsZero() {
+				t.Fatalf("route %v, renewal %v: a clear left %q until %v", route, renews, st.Quota, st.QuotaUntil)
+			}
+			mustAcquire(t, tb, r).Done(200, "ok", -1)
+		}
+	}
+}

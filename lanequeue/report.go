@@ -51,7 +51,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	lim = l.drawsOn() // the limit the lane draws on from now on
 	var changes []change
 	if lim.quota.learn(r, s.ticket.Dispatched, now) && g.onChange != nil {
-		changes = append(changes, change{Kind: changeQuota, Lane: l, At: now, Status: r.Status, QuotaUntil: r.Quota.Renews})
+		changes = append(changes, change{Kind: changeQuota, Lane: l, At: now, Status: r.Status, QuotaUntil: lim.quota.until})
 	}
 	var v limit.View
 	if g.onChange != nil {

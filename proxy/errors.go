@@ -184,6 +184,9 @@ func quotaFailure(qe *lanequeue.QuotaError, now time.Time) *failure {
 	f.retryAfter = max(qe.Until.Sub(now), time.Millisecond)
 	f.msg = spent + " until " + qe.Until.UTC().Format(time.RFC3339) + " (" + pacific.Clock(qe.Until, now) +
 		"); the proxy answers in its place until then"
+	if qe.Probed {
+		f.msg += ", but for one request a minute sent upstream to see whether it renewed sooner (its words alone said so)"
+	}
 	return f
 }
 

@@ -108,7 +108,7 @@ func retryableStatus(code int) bool {
 
 // readsBody reports whether an answer's error body is read to classify
 // it: a status waiting may fix, and those a quota or spend limit answers
-// with (400: Anthropic's usage limit; 402: no credits; 403: Azure API
+// with (400: a quota's code or quotaId; 402: no credits; 403: Azure API
 // Management's quota).
 func readsBody(code int) bool {
 	switch code {
