@@ -412,3 +412,62 @@ func TestConfiguredTPMStartGrows(t *testing.T) {
 		}
 	})
 }
+
+// TestForgedCredentialsSpendNoPace (issue 49): requests the upstream
+// answers 401 or 403 give back what they took from the lane's limits (the
+// configured gap, RPM and TPM, and the pace its headers taught), so a
+// flood of forged signatures on a key's lane (SigV4 lanes are keyed by
+// the access key ID, which is not secret) leaves the key's pace to its
+// genuine requests: the one after them goes at once, and the one after
+// that waits for the pace.
+func TestForgedCredentialsSpendNoPace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := configuredTable(limit.Limits{RPM: 6, TPM: 600, MinGap: 5 * time.Second}).laneFor(ckey)
+		get := func() *Slot {
+			t.Helper()
+			s, err := l.acquire(context.Background(), 10, High)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+		begin := time.Now()
+		s := get()
+		// One of two requests a minute left, by the headers.
+		s.Report(limit.Report{Status: 200, Verdict: limit.Accepted, Limits: headerparse.Limits{
+			Requests: headerparse.Window{Limit: 2, Remaining: 1, HasRemaining: true, Reset: begin.Add(time.Minute)}}})
+		s.release()
+		time.Sleep(10 * time.Second) // the RPM's gap
+		paced := time.Now()
+		for i := range 20 {
+			s := get()
+			status := 401 + 2*(i%2) // 401 and 403
+			s.Report(limit.Report{Status: status, Verdict: limit.VerdictOf(status, false, false)})
+			s.release()
+		}
+		if waited := time.Since(paced); waited != 0 {
+			t.Fatalf("20 forged requests took %v, want none of the pace", waited)
+		}
+		s = get()
+		if waited := time.Since(paced); waited != 0 {
+			t.Fatalf("the genuine request after them waited %v, want none", waited)
+		}
+		s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
+		s.release()
+		s = get()
+		if waited := time.Since(paced); waited < 10*time.Second {
+			t.Fatalf("the next genuine request waited %v, want the pace's 10s at least", waited)
+		}
+		// No answer at all (the connection failed): it may have reached
+		// the upstream, and keeps the configured gap.
+		s.Report(limit.Report{Verdict: limit.VerdictOf(0, true, false)})
+		s.release()
+		before := time.Now()
+		s = get()
+		if waited := time.Since(before); waited < 5*time.Second {
+			t.Fatalf("the request after a failed connection waited %v, want the gap's 5s at least", waited)
+		}
+		s.Report(limit.Report{Status: 200, Verdict: limit.Accepted})
+		s.release()
+	})
+}

@@ -42,7 +42,10 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	before := lim.shared.PausedUntil()
 	lim.shared.Learn(&s.ticket, r, now)
 	if r.Verdict == limit.NotSent {
-		g.refundLocked(s) // it never reached the upstream
+		g.refundLocked(s) // it never reached the upstream's accounting
+		if r.Status != 0 && lim.ceil != nil {
+			lim.ceil.Refund(s.ticket.Dispatched, s.ticket.Cost) // refused for its credential
+		}
 	}
 	shared := g.shareLocked(lim, s, r.Limits.Requests, now)
 	if g.togetherLocked(l.lim, s.lim, r, now) {

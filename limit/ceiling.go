@@ -24,6 +24,12 @@ type Ceiling struct {
 	// says nothing) is found; grownAt is its last growth.
 	growth  float64
 	grownAt time.Time
+	// undo is the spacing as it stood before the latest start, at undo.at,
+	// which Refund puts back.
+	undo struct {
+		at, gapNext time.Time
+		rpm         bucket.Spacer
+	}
 }
 
 // Growth of a start that holds requests back while nothing is learned:
@@ -98,6 +104,7 @@ func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) 
 
 // take charges a start of cost tokens at now.
 func (c *Ceiling) Take(now time.Time, cost int64) {
+	c.undo.at, c.undo.gapNext, c.undo.rpm = now, c.gapNext, c.rpm
 	if g := c.lim.MinGap; g > 0 {
 		// Never closer than the gap, whatever happened before.
 		c.gapNext = now.Add(g)
@@ -109,6 +116,20 @@ func (c *Ceiling) Take(now time.Time, cost int64) {
 	if c.tpmOn() {
 		c.tok.Refill(now)
 		c.tok.Charge(float64(cost))
+	}
+}
+
+// Refund gives back what Take charged a start at `at` of cost tokens,
+// which the upstream refused for its credential: the tokens, and the
+// spacing (MinGap, RPM) when it was the latest start; a later start keeps
+// the spacing it was given.
+func (c *Ceiling) Refund(at time.Time, cost int64) {
+	if c.tpmOn() {
+		c.tok.Refund(float64(cost))
+	}
+	if !at.IsZero() && at.Equal(c.undo.at) {
+		c.gapNext, c.rpm = c.undo.gapNext, c.undo.rpm
+		c.undo.at = time.Time{}
 	}
 }
 

@@ -277,3 +277,37 @@ func TestCeilingViewShowsTheConfiguredLimits(t *testing.T) {
 		t.Fatalf("view %+v, want %+v", *v, want)
 	}
 }
+
+// TestCeilingRefundGivesBackTheLatestStart (issue 49): a start the
+// upstream refused for its credential gives back its tokens, and, when it
+// was the latest start, the RPM spacing and the minimum gap it took; a
+// start made after it keeps the spacing it was given.
+func TestCeilingRefundGivesBackTheLatestStart(t *testing.T) {
+	sh := NewMemory(Config{})
+	c := Limits{RPM: 60, MinGap: 500 * time.Millisecond, TPM: 6000}.Ceiling()
+	c.Take(t0, 1)
+	c.Take(at(time.Second), 100) // the bucket of 100 emptied
+	wantStart(t, c, sh, at(time.Second), 1, at(2*time.Second))
+	c.Refund(at(time.Second), 100)
+	wantStart(t, c, sh, at(time.Second), 100, time.Time{}) // a second after the first: its gap
+	c.Refund(at(time.Second), 100)                         // once only: the spacing is the first's
+	wantStart(t, c, sh, at(time.Second-time.Nanosecond), 1, at(time.Second))
+
+	// A refund of an earlier start leaves the later one's spacing.
+	c = Limits{RPM: 60}.Ceiling()
+	c.Take(t0, 1)
+	c.Take(at(time.Second), 1)
+	c.Refund(t0, 1)
+	wantStart(t, c, sh, at(time.Second), 1, at(2*time.Second))
+
+	// A ticket with no time matches no start.
+	c = Limits{MinGap: time.Second}.Ceiling()
+	c.Refund(time.Time{}, 1)
+	c.Take(t0, 1)
+	c.Refund(time.Time{}, 1)
+	wantStart(t, c, sh, t0, 1, at(time.Second))
+
+	// The minimum gap alone is given back too.
+	c.Refund(t0, 1)
+	wantStart(t, c, sh, t0, 1, time.Time{})
+}

@@ -25,8 +25,10 @@ const (
 	// Failed: another retryable server error (408, 500, 502, 504). It
 	// teaches nothing about limits.
 	Failed
-	// NotSent: no answer, the connection failed. The attempt never reached
-	// the upstream's accounting, so what it was charged is given back.
+	// NotSent: no answer, the connection failed; or the upstream refused
+	// the credential (401, 403 without a quota). The attempt never reached
+	// the accounting of the key's limits, so what it was charged is given
+	// back: forged credentials spend no real key's pace.
 	NotSent
 )
 
@@ -101,7 +103,7 @@ type Report struct {
 // its words name too many requests in flight.
 func VerdictOf(status int, retryable, namesConcurrency bool) Verdict {
 	switch {
-	case status == 0:
+	case status == 0, status == http.StatusUnauthorized, status == http.StatusForbidden:
 		return NotSent
 	case !retryable && status == http.StatusTooManyRequests:
 		return Failed // a hard quota: nothing about rate or load

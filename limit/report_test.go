@@ -159,6 +159,10 @@ func TestVerdictOf(t *testing.T) {
 		{0, false, false, NotSent},
 		{200, false, false, Accepted},
 		{400, false, false, Accepted},
+		{401, false, false, NotSent}, // refused for the credential: never counted
+		{403, false, false, NotSent},
+		{402, false, false, Accepted},
+		{404, false, false, Accepted},
 		{429, false, false, Failed},
 		{429, true, true, ConcurrencyRefused},
 		{503, true, true, ConcurrencyRefused},
