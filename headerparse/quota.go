@@ -55,14 +55,16 @@ func renewalOf(f errorFields, status int) (r renewal, worded bool) {
 		return renewsAtPacificMidnight, false
 	}
 	message := strings.ToLower(f.message)
-	switch {
-	case status == http.StatusForbidden && isAPIMQuota(message):
+	if status == http.StatusForbidden && isAPIMQuota(message) {
 		return renewsAsHinted, true
-	case status != http.StatusTooManyRequests:
+	}
+	if status != http.StatusTooManyRequests {
 		return renewsUnsaid, false
-	case strings.Contains(message, "perday") || strings.Contains(message, "midnight pacific"):
+	}
+	if strings.Contains(message, "perday") || strings.Contains(message, "midnight pacific") {
 		return renewsAtPacificMidnight, true
-	case strings.Contains(message, "per day ("):
+	}
+	if strings.Contains(message, "per day (") {
 		return renewsAsHinted, true
 	}
 	return renewsUnsaid, false

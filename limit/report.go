@@ -102,9 +102,10 @@ type Report struct {
 // same request may get another answer later, and namesConcurrency whether
 // its words name too many requests in flight.
 func VerdictOf(status int, retryable, namesConcurrency bool) Verdict {
+	if status == 0 || status == http.StatusUnauthorized || status == http.StatusForbidden {
+		return NotSent // no answer, or the credential refused
+	}
 	switch {
-	case status == 0, status == http.StatusUnauthorized, status == http.StatusForbidden:
-		return NotSent
 	case !retryable && status == http.StatusTooManyRequests:
 		return Failed // a hard quota: nothing about rate or load
 	case !retryable:
