@@ -548,7 +548,10 @@ func (s *Memory) outNow(t *Ticket) int {
 	return s.conc.inFlight
 }
 
-func (s *Memory) Refund(t *Ticket) { s.pace.refund(t.Cost) }
+func (s *Memory) Refund(t *Ticket) {
+	s.pace.refund(t.Cost)
+	s.win.undispatched(t.Dispatched)
+}
 
 func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 	s.pace.settle(t.Cost, usedTokens, t.Tokens)

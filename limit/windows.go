@@ -262,6 +262,15 @@ func (w *windows) dispatched(now time.Time) {
 	}
 }
 
+// undispatched takes back a dispatch at `at` the upstream never counted
+// (Memory.Refund), when the running window counted it: one opened after
+// it did not. (A closed window's count starts again when it opens.)
+func (w *windows) undispatched(at time.Time) {
+	if w.used > 0 && !at.Before(w.opened) {
+		w.used--
+	}
+}
+
 // pacing reports whether the shape holds the group's pace: a known
 // window's allowance goes from its start, not at a pace learned from
 // refusals.

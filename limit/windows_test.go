@@ -441,3 +441,76 @@ func TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestARefundedDispatchLeavesTheWindowsAllowance (issue 49): dispatches
+// the upstream never counted (refused for their credential) give back
+// their place in the running window's allowance, so a flood of them does
+// not close it; a dispatch of an earlier window takes nothing off the
+// running one.
+func TestARefundedDispatchLeavesTheWindowsAllowance(t *testing.T) {
+	w := windows{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	for i := range 30 {
+		now := t0.Add(time.Duration(i) * time.Millisecond)
+		if _, _, ok := w.gate(now, true); !ok {
+			t.Fatalf("refunded dispatch %d held: %d used", i, w.used)
+		}
+		w.dispatched(now)
+		w.undispatched(now)
+	}
+	for i := range 10 {
+		now := t0.Add(time.Duration(30+i) * time.Millisecond)
+		if _, _, ok := w.gate(now, true); !ok {
+			t.Fatalf("genuine dispatch %d held after the refunded ones: %d used", i, w.used)
+		}
+		w.dispatched(now)
+	}
+	if _, _, ok := w.gate(t0.Add(40*time.Millisecond), true); ok || !w.closed {
+		t.Fatal("the allowance spent, the window did not close")
+	}
+
+	w = windows{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	w.gate(t0, true)
+	w.dispatched(t0)
+	next := t0.Add(10 * time.Second)
+	w.gate(next, true) // the window rolls over
+	w.undispatched(t0)
+	if w.used != 0 {
+		t.Fatalf("a refund of the window before left %d used in a new one, want 0", w.used)
+	}
+	w.dispatched(next)
+	w.undispatched(t0)
+	if w.used != 1 {
+		t.Fatalf("a refund of the window before left %d used, want the new one's 1", w.used)
+	}
+	w.undispatched(next)
+	if w.used != 0 {
+		t.Fatalf("a refund of the window's own dispatch left %d used, want 0", w.used)
+	}
+}
+
+// TestARefundGivesBackAWindowsPlace: Memory.Refund gives a refunded
+// dispatch's place in a known window back, as it gives back its budgets.
+func TestARefundGivesBackAWindowsPlace(t *testing.T) {
+	m := NewMemory(Config{})
+	m.win = windows{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	for i := range 5 {
+		tk, _, ok := m.Admit(t0, 1, true)
+		if !ok {
+			t.Fatalf("refunded dispatch %d held", i)
+		}
+		m.Learn(&tk, Report{Status: 401, Verdict: NotSent}, t0)
+		m.Refund(&tk)
+		m.Return(&tk, t0)
+	}
+	for i := range 2 {
+		tk, _, ok := m.Admit(t0, 1, true)
+		if !ok {
+			t.Fatalf("genuine dispatch %d held after the refunded ones", i)
+		}
+		m.Learn(&tk, Report{Status: 200, Verdict: Accepted}, t0)
+		m.Return(&tk, t0)
+	}
+	if _, _, ok := m.Admit(t0, 1, true); ok {
+		t.Fatal("a third went in a window of two")
+	}
+}
