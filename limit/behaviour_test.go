@@ -822,3 +822,26 @@ func TestShortHintCapsTheRate(t *testing.T) {
 		t.Fatalf("rate %v from %v after a 50ms hint, want 20 from the hint", v.AdmittedRate, v.RateFrom)
 	}
 }
+
+// TestARefundedDispatchLeavesTheSpread (issue 49): the slow start's
+// spread counts from the latest dispatch the upstream counted: a refunded
+// one (refused for its credential) puts back the one before it.
+func TestARefundedDispatchLeavesTheSpread(t *testing.T) {
+	var s Memory
+	s.conc = newConcurrency(Config{Concurrency: 4, MaxConcurrency: 64}.WithDefaults())
+	s.learn.replySecs = 0.4
+	gap := time.Duration(0.4 / (startSpread * 4) * float64(time.Second)) // 50ms
+	first, _, _ := s.Admit(t0, 1, true)
+	forged, _, ok := s.Admit(t0.Add(gap), 1, true)
+	if !ok {
+		t.Fatal("held past the spread")
+	}
+	s.Refund(&first) // not the latest: the spread stays the forged one's
+	if _, _, ok := s.Admit(t0.Add(gap+time.Millisecond), 1, true); ok {
+		t.Fatal("a refund of an earlier dispatch let one go within the latest's spread")
+	}
+	s.Refund(&forged)
+	if _, _, ok := s.Admit(t0.Add(gap+time.Millisecond), 1, true); !ok {
+		t.Fatal("the refunded dispatch's spread held the next")
+	}
+}

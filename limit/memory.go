@@ -31,6 +31,7 @@ type Memory struct {
 	// together, at the last dispatch another store admitted.
 	fleetSent uint64
 	lastSent  time.Time // the latest dispatch
+	prevSent  time.Time // the one before it, which a refund of the latest puts back
 	// fleetPace is the pace the other replicas learned from refusals, as
 	// the store kept elsewhere holds it (0: none).
 	fleetPace float64
@@ -283,7 +284,7 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 	}
 	s.conc.inFlight++
 	s.learn.noteSent(t.Level)
-	s.lastSent = now
+	s.prevSent, s.lastSent = s.lastSent, now
 	if knock {
 		s.win.knocked(t.Seq, now)
 	} else {
@@ -551,6 +552,9 @@ func (s *Memory) outNow(t *Ticket) int {
 func (s *Memory) Refund(t *Ticket) {
 	s.pace.refund(t.Cost)
 	s.win.undispatched(t.Dispatched)
+	if t.Dispatched.Equal(s.lastSent) {
+		s.lastSent = s.prevSent // the slow start's spread counts from the one before
+	}
 }
 
 func (s *Memory) Settle(t *Ticket, usedTokens int64) {
