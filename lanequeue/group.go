@@ -29,6 +29,10 @@ type group struct {
 	forgotten func(*group)
 	// onChange receives the group's state changes; nil: none are made.
 	onChange func(change)
+	// refused is called, outside mu, when a request of a lane the
+	// upstream only refused ends (see Lane.refusedOnly); the table drops
+	// the lane when it is idle. nil outside a table.
+	refused func(*Lane)
 
 	mu sync.Mutex
 	// turns holds the lanes with waiters in turn order; next is the one
@@ -120,7 +124,40 @@ type Lane struct {
 	stats    laneStats
 	// held is an operator's hold of the lane (nil: none).
 	held *mark
+	// standing is what the upstream's answers said of the lane's
+	// credential: standingRefused and standingVouched bits (see
+	// noteAnswer); atomic so the table reads it without the group's lock.
+	standing atomic.Uint32
 }
+
+// The bits of Lane.standing.
+const (
+	standingRefused = 1 << iota // an answer was 401 or 403
+	standingVouched             // an answer was 2xx or 429
+)
+
+// noteAnswer notes what an upstream answer reported as r says of the
+// lane's credential. A 2xx served it, and a 429 or a spent quota (an API
+// gateway's 403 among them) metered it: the upstream took it for a real
+// one, and the lane is vouched for. Any other 401 or 403 refused it. Any
+// other status (0: no answer) says nothing either way: an upstream may
+// answer an unknown path or a malformed body before it looks at the
+// credential.
+func (l *Lane) noteAnswer(r limit.Report) {
+	switch status := r.Status; {
+	case status >= 200 && status < 300 || status == 429 || r.Quota.Spent:
+		l.standing.Or(standingVouched)
+	case status == 401 || status == 403:
+		l.standing.Or(standingRefused)
+	}
+}
+
+// vouched reports whether the upstream ever took the lane's credential.
+func (l *Lane) vouched() bool { return l.standing.Load()&standingVouched != 0 }
+
+// refusedOnly reports whether the upstream refused the lane's credential
+// and never took it.
+func (l *Lane) refusedOnly() bool { return l.standing.Load() == standingRefused }
 
 // openSession counts a session opened on the lane, until the returned
 // func is called (once; later calls do nothing).
@@ -245,7 +282,8 @@ type change struct {
 	// QuotaUntil is when a spent quota renews (changeQuota); zero when
 	// the answer did not say.
 	QuotaUntil time.Time
-	// Reason says why a lane was evicted: "idle" or "table_full".
+	// Reason says why a lane was evicted: "idle", "table_full" or
+	// "refused" (see Table.dropRefused).
 	Reason string
 	// SharesLimitWith and SharedBecause say which other models draw on
 	// the lane's limit and why (changeLimits; see State).

@@ -6,11 +6,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Collector reports every lane's counters and gauges at scrape time, read
-// from the table: a lane's series go with the lane, so their number stays
-// bounded by MaxLanes, and nothing outside this package needs to know that
-// lanes are evicted.
+// Collector reports the lanes' counters and gauges at scrape time, read
+// from the table: a lane's series go with the lane, and nothing outside
+// this package needs to know that lanes are evicted. Only
+// DefaultMetricLanes lanes have series of their own: those the upstream
+// vouched for (see Lane.vouched) first, then the busiest, then the most
+// recently used, so that random keys, models or paths cannot grow the
+// metrics or push a real lane's series out. The others' queued and in
+// flight requests are summed under lane="other"; their counters are left
+// out (a sum over a changing set of lanes would not be a counter).
 func (t *Table) Collector() prometheus.Collector { return collector{t} }
+
+// otherLanes is the lane label of the lanes without series of their own.
+const otherLanes = "other"
 
 type collector struct{ t *Table }
 
@@ -41,9 +49,10 @@ var (
 	descDrain       = laneDesc("llmproxy_lane_drain_seconds", "Estimated time until the lane's limit group has sent what waits now (0: nothing waits, or nothing learned).")
 	descConfigured  = laneDesc("llmproxy_lane_configured_limit", "A limit the lane's route configures (LLMPROXY_ROUTE_<NAME>_*), by kind: rpm, tpm, concurrency, min_gap_seconds; only those set.", "kind")
 	descLanes       = prometheus.NewDesc("llmproxy_lanes", "Lanes in the table.", nil, nil)
+	descListed      = prometheus.NewDesc("llmproxy_lanes_listed", "Lanes with series of their own (at most 200: vouched for by the upstream first, then the busiest); the others' queue depth and in flight are under lane=\"other\".", nil, nil)
 	laneDescriptors = []*prometheus.Desc{descRequests, descAttempts, descAbsorbed, descInfo, descQueued, descInFlight,
 		descLimit, descPaused, descPauses, descPausedSecs, descReqLimit, descReqLeft, descReqRate, descTokLimit,
-		descTokLeft, descTokRate, descAdmitted, descDrain, descConfigured, descLanes}
+		descTokLeft, descTokRate, descAdmitted, descDrain, descConfigured, descLanes, descListed}
 )
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
@@ -53,8 +62,23 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	states := c.t.States()
-	ch <- prometheus.MustNewConstMetric(descLanes, prometheus.GaugeValue, float64(len(states)))
+	loads := c.t.loads(true)
+	listed := min(len(loads), c.t.cfg.metricLanes)
+	states := make([]State, listed)
+	for i, ld := range loads[:listed] {
+		states[i] = ld.l.State()
+	}
+	ch <- prometheus.MustNewConstMetric(descLanes, prometheus.GaugeValue, float64(len(loads)))
+	ch <- prometheus.MustNewConstMetric(descListed, prometheus.GaugeValue, float64(listed))
+	if rest := loads[listed:]; len(rest) > 0 {
+		queued, flights := 0, 0
+		for _, ld := range rest {
+			queued += ld.queued
+			flights += ld.flights
+		}
+		ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(queued), otherLanes)
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(flights), otherLanes)
+	}
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}

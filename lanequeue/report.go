@@ -36,6 +36,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 		lim.learned = true
 	}
 	l.stats.countAttempt(r.Status, now)
+	l.noteAnswer(r)
 	if r.Verdict.Refusal() {
 		l.stats.throttled++
 	}

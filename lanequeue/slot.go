@@ -202,6 +202,9 @@ func (s *Slot) Done(status int, outcome string, usedTokens int64) {
 	if forget {
 		g.forget()
 	}
+	if g.refused != nil && l.refusedOnly() {
+		g.refused(l)
+	}
 	if s.leave != nil {
 		s.leave()
 	}

@@ -26,13 +26,20 @@ type TableConfig struct {
 	// for the request's model's turn before the lane's queue (see
 	// modelGate).
 	LocalRoutes map[string]time.Duration
-	MaxLanes    int           // most lanes kept; the least recently used goes first; zero = 10000
-	IdleTTL     time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
+	// MaxLanes is the most lanes kept; zero = 10000. When a new lane
+	// needs room, the least recently used lane the upstream never
+	// vouched for goes first (see Lane.vouched), so lanes of forged or
+	// revoked keys cannot push out what real lanes learned.
+	MaxLanes int
+	IdleTTL  time.Duration // a lane unused this long with nothing queued or in flight is dropped; zero = 10m
 	// Shared makes the shared state of a new limit (see Key.limitKey), by
 	// its key; nil = NewMemory, state in this process only.
 	Shared func(key string, cfg limit.Config) limit.Shared
 	// onEvict is called, outside the table's lock, for every lane dropped.
 	onEvict func(*Lane)
+	// metricLanes is how many lanes have series of their own in the
+	// metrics (see Collector); zero: DefaultMetricLanes. Tests lower it.
+	metricLanes int
 	// idDigits is how many hex digits a lane's ID starts with; zero:
 	// shortLen. Tests shorten it to make IDs collide.
 	idDigits int
@@ -57,11 +64,18 @@ type TableConfig struct {
 type Table struct {
 	cfg TableConfig
 
-	mu        sync.Mutex
-	lanes     *simplelru.LRU[Key, *Lane] // by key: no hashing on the way in
-	ids       map[string]*Lane           // the table's lanes by ID, which no two share
-	evicted   []evicted                  // filled by the LRU callback under mu, reported after unlock
-	sweeping  bool                       // the sweep is removing idle lanes
+	mu sync.Mutex
+	// lanes holds the lanes the upstream vouched for, unproven the
+	// others (see Lane.vouched), each by key, least recently used first;
+	// together at most MaxLanes. A lane moves from unproven to lanes once
+	// the table sees it vouched for.
+	lanes     *simplelru.LRU[Key, *Lane]
+	unproven  *simplelru.LRU[Key, *Lane]
+	moving    bool             // a lane moves to lanes: not an eviction
+	dropping  bool             // a lane the upstream only refused leaves
+	ids       map[string]*Lane // the table's lanes by ID, which no two share
+	evicted   []evicted        // filled by the LRU callback under mu, reported after unlock
+	sweeping  bool             // the sweep is removing idle lanes
 	lastSweep time.Time
 	groups    map[string]*group // by Key.groupKey
 	// cap is the global cap (nil: none); gates the local routes' model
@@ -109,6 +123,9 @@ func NewTable(cfg TableConfig) *Table {
 	if cfg.Shared == nil {
 		cfg.Shared = func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }
 	}
+	if cfg.metricLanes <= 0 {
+		cfg.metricLanes = DefaultMetricLanes
+	}
 	if cfg.idDigits <= 0 {
 		cfg.idDigits = shortLen
 	}
@@ -128,11 +145,13 @@ func NewTable(cfg TableConfig) *Table {
 	for route, fairness := range cfg.LocalRoutes {
 		t.gates[route] = newModelGate(fairness, cfg.Lane.Clock)
 	}
-	lanes, err := simplelru.NewLRU[Key, *Lane](cfg.MaxLanes, t.evictLocked)
-	if err != nil {
+	// Each list could take the whole table; makeRoomLocked keeps the two
+	// together within MaxLanes, so neither evicts on its own.
+	var err error
+	if t.lanes, err = simplelru.NewLRU[Key, *Lane](cfg.MaxLanes, t.evictLocked); err != nil {
 		panic(err) // only for a non-positive size, excluded above
 	}
-	t.lanes = lanes
+	t.unproven, _ = simplelru.NewLRU[Key, *Lane](cfg.MaxLanes, t.evictLocked)
 	return t
 }
 
@@ -140,9 +159,15 @@ func NewTable(cfg TableConfig) *Table {
 // lane's reference, and is dropped with its last one. The LRU calls it for
 // eviction and removal alike. Requires t.mu held.
 func (t *Table) evictLocked(_ Key, l *Lane) {
+	if t.moving {
+		return // it stays in the table
+	}
 	reason := "table_full"
-	if t.sweeping {
+	switch {
+	case t.sweeping:
 		reason = "idle"
+	case t.dropping:
+		reason = "refused"
 	}
 	t.evicted = append(t.evicted, evicted{l, reason})
 	if t.ids[l.id] == l {
@@ -176,7 +201,7 @@ func (t *Table) forgotten(g *group) {
 func (t *Table) laneFor(key Key) *Lane {
 	t.mu.Lock()
 	now := t.cfg.Lane.Clock.Now()
-	l, ok := t.lanes.Get(key)
+	l, ok := t.getLocked(key)
 	if !ok {
 		gk := key.groupKey()
 		g := t.groups[gk]
@@ -189,6 +214,7 @@ func (t *Table) laneFor(key Key) *Lane {
 			}
 			g.cap, g.seat.wake = t.cap, g.kick
 			g.onChange = t.cfg.onChange
+			g.refused = t.dropRefused
 			t.groups[gk] = g
 		}
 		g.refs.Add(1)
@@ -197,7 +223,8 @@ func (t *Table) laneFor(key Key) *Lane {
 		l = g.newLane(key, id, lim)
 		l.held = t.laneHolds[id]
 		t.ids[l.id] = l
-		t.lanes.Add(key, l)
+		t.makeRoomLocked()
+		t.unproven.Add(key, l)
 	} else {
 		l.touch(now) // so the sweep below cannot drop the lane it returns
 	}
@@ -206,6 +233,67 @@ func (t *Table) laneFor(key Key) *Lane {
 	t.mu.Unlock()
 	t.notify(evicted)
 	return l
+}
+
+// getLocked returns the table's lane for key, now its most recently used,
+// moving it among the vouched lanes when it became one. Requires t.mu held.
+func (t *Table) getLocked(key Key) (*Lane, bool) {
+	if l, ok := t.lanes.Get(key); ok {
+		return l, true
+	}
+	l, ok := t.unproven.Get(key)
+	if ok && l.vouched() {
+		t.promoteLocked(key, l)
+	}
+	return l, ok
+}
+
+// promoteLocked moves l, of key, from unproven to lanes, as the most
+// recently used. Requires t.mu held.
+func (t *Table) promoteLocked(key Key, l *Lane) {
+	t.moving = true
+	t.unproven.Remove(key)
+	t.moving = false
+	t.lanes.Add(key, l)
+}
+
+// makeRoomLocked evicts lanes until one more fits in MaxLanes: the least
+// recently used of those the upstream never vouched for first (one
+// vouched for since is moved instead), then the least recently used of
+// the others. Requires t.mu held.
+func (t *Table) makeRoomLocked() {
+	for t.lanes.Len()+t.unproven.Len() >= t.cfg.MaxLanes {
+		key, l, ok := t.unproven.GetOldest()
+		switch {
+		case !ok:
+			t.lanes.RemoveOldest()
+		case l.vouched():
+			t.promoteLocked(key, l)
+		default:
+			t.unproven.RemoveOldest()
+		}
+	}
+}
+
+// dropRefused removes l from the table when the upstream has only refused
+// its credential (see Lane.refusedOnly) and nothing of it is under way:
+// a lane per forged or revoked key would otherwise stay for the idle TTL,
+// in the metrics and in the way of real lanes. A lane whose group is busy
+// stays, for the next request's end or the sweep.
+func (t *Table) dropRefused(l *Lane) {
+	t.mu.Lock()
+	if cur, ok := t.unproven.Peek(l.key); ok && cur == l && l.g.mu.TryLock() {
+		idle := l.queued == 0 && l.inFlight == 0 && l.sessions.Load() == 0
+		l.g.mu.Unlock()
+		if idle && l.refusedOnly() {
+			t.dropping = true
+			t.unproven.Remove(l.key)
+			t.dropping = false
+		}
+	}
+	evicted := t.takeEvictedLocked()
+	t.mu.Unlock()
+	t.notify(evicted)
 }
 
 // Request is what Acquire needs of a request: the parts of its lane's key,
@@ -280,7 +368,7 @@ func (t *Table) lookup(id string) (*Lane, bool) {
 func (t *Table) laneCount() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.lanes.Len()
+	return t.lanes.Len() + t.unproven.Len()
 }
 
 // groupCount is the number of limit groups alive: in the table or still
@@ -291,11 +379,13 @@ func (t *Table) groupCount() int {
 	return len(t.groups)
 }
 
-// Lanes returns every lane, least recently used first.
+// allLanes returns every lane, least recently used first.
 func (t *Table) allLanes() []*Lane {
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.lanes.Values()
+	lanes := append(t.lanes.Values(), t.unproven.Values()...)
+	t.mu.Unlock()
+	slices.SortStableFunc(lanes, func(a, b *Lane) int { return a.used().Compare(b.used()) })
+	return lanes
 }
 
 // States returns a snapshot of every lane, least recently used first.
@@ -306,24 +396,7 @@ func (t *Table) States() []State { return t.states((*Lane).State) }
 // the most recently used; and how many lanes there are. A status page
 // asks for a page of lanes, never all 10,000 at once.
 func (t *Table) Busiest(n int, history bool) (states []State, total int) {
-	lanes := t.allLanes()
-	type load struct {
-		l    *Lane
-		busy int
-		used time.Time
-	}
-	loads := make([]load, len(lanes))
-	for i, l := range lanes {
-		l.g.mu.Lock()
-		loads[i] = load{l, l.queued + l.inFlight, l.used()}
-		l.g.mu.Unlock()
-	}
-	slices.SortStableFunc(loads, func(a, b load) int {
-		if a.busy != b.busy {
-			return b.busy - a.busy
-		}
-		return b.used.Compare(a.used)
-	})
+	loads := t.loads(false)
 	state := (*Lane).State
 	if history {
 		state = (*Lane).StateWithHistory
@@ -331,7 +404,41 @@ func (t *Table) Busiest(n int, history bool) (states []State, total int) {
 	for _, ld := range loads[:min(n, len(loads))] {
 		states = append(states, state(ld.l))
 	}
-	return states, len(lanes)
+	return states, len(loads)
+}
+
+// load is a lane's place in Busiest's order.
+type load struct {
+	l               *Lane
+	vouched         bool
+	queued, flights int
+	used            time.Time
+}
+
+// loads are every lane's loads, the busiest (most queued and in flight)
+// first, then the most recently used; with vouchedFirst, the lanes the
+// upstream vouched for before all others.
+func (t *Table) loads(vouchedFirst bool) []load {
+	lanes := t.allLanes()
+	loads := make([]load, len(lanes))
+	for i, l := range lanes {
+		l.g.mu.Lock()
+		loads[i] = load{l, vouchedFirst && l.vouched(), l.queued, l.inFlight, l.used()}
+		l.g.mu.Unlock()
+	}
+	slices.SortStableFunc(loads, func(a, b load) int {
+		if a.vouched != b.vouched {
+			if a.vouched {
+				return -1
+			}
+			return 1
+		}
+		if busyA, busyB := a.queued+a.flights, b.queued+b.flights; busyA != busyB {
+			return busyB - busyA
+		}
+		return b.used.Compare(a.used)
+	})
+	return loads
 }
 
 func (t *Table) states(state func(*Lane) State) []State {
@@ -363,8 +470,15 @@ func (t *Table) sweepLocked(now time.Time) {
 		return
 	}
 	t.lastSweep = now
-	for _, key := range t.lanes.Keys() {
-		l, _ := t.lanes.Peek(key)
+	t.sweepListLocked(t.lanes, now)
+	t.sweepListLocked(t.unproven, now)
+}
+
+// sweepListLocked is sweepLocked's walk of one of the table's lists.
+// Requires t.mu held.
+func (t *Table) sweepListLocked(lanes *simplelru.LRU[Key, *Lane], now time.Time) {
+	for _, key := range lanes.Keys() {
+		l, _ := lanes.Peek(key)
 		if now.Sub(l.used()) < t.cfg.IdleTTL {
 			return
 		}
@@ -378,7 +492,7 @@ func (t *Table) sweepLocked(now time.Time) {
 		l.g.mu.Unlock()
 		if idle {
 			t.sweeping = true
-			t.lanes.Remove(key)
+			lanes.Remove(key)
 			t.sweeping = false
 		}
 	}

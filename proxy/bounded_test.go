@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// metricLanes is each lane label of the proxy's /metrics with its number
+// of series.
+func metricLanes(t *testing.T, p *Proxy) map[string]int {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	p.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/metrics: %d", rec.Code)
+	}
+	lanes := map[string]int{}
+	for _, m := range laneLabel.FindAllStringSubmatch(rec.Body.String(), -1) {
+		lanes[m[1]]++
+	}
+	return lanes
+}
+
+// laneLabel finds a series' lane label in the metrics' text.
+var laneLabel = regexp.MustCompile(`[{,]lane="([^"]*)"`)
+
+// TestRandomKeysTheUpstreamRefusesLeaveNoLanes: 300 requests, each with a
+// made-up key the upstream answers 401, after one with the real key that
+// learned a window of 600 requests: no lane is left for the made-up keys,
+// /metrics names the real lane alone, with the window it learned.
+func TestRandomKeysTheUpstreamRefusesLeaveNoLanes(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.HasPrefix(r.URL.Path, "/v1/nowhere/") {
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"error":{"message":"Invalid URL","type":"invalid_request_error"}}`)
+			return
+		}
+		if r.Header.Get("Authorization") != "Bearer "+testKey {
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"error":{"message":"Incorrect API key provided.","type":"invalid_request_error","code":"invalid_api_key"}}`)
+			return
+		}
+		w.Header().Set("X-Ratelimit-Limit-Requests", "600")
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "599")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "100ms")
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`)
+	readAll(t, resp.Body)
+	real := resp.Header.Get("X-Llmproxy-Lane")
+	for i := range 300 {
+		resp := h.post(fmt.Sprintf("/v1/chat/completions/%d", i), fmt.Sprintf(`{"model":"m-%d"}`, i), "Authorization", fmt.Sprint("Bearer sk-made-up-", i))
+		readAll(t, resp.Body)
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("made-up key %d: status %d, want the upstream's 401", i, resp.StatusCode)
+		}
+	}
+	lanes := metricLanes(t, h.proxy)
+	if len(lanes) != 1 || lanes[real] == 0 {
+		t.Errorf("lanes in /metrics: %d (%v), want the real lane's alone", len(lanes), firstKeys(lanes, 5))
+	}
+	if st := laneState(h.proxy, "m"); st.ID != real || st.RequestsLimit != 600 {
+		t.Errorf("real lane %s learned a window of %v, want %s with 600", st.ID, st.RequestsLimit, real)
+	}
+	if _, total := h.proxy.lanes.Busiest(1, false); total != 1 {
+		t.Errorf("%d lanes in the table, want the real one alone", total)
+	}
+
+	// Made-up keys on paths the upstream answers 404 before it looks at
+	// the key: their lanes stay, but /metrics names 200 lanes at most,
+	// the real one among them, and sums the others under "other".
+	for i := range 300 {
+		resp := h.post(fmt.Sprintf("/v1/nowhere/%d", i), `{"model":"m"}`, "Authorization", fmt.Sprint("Bearer sk-other-", i))
+		readAll(t, resp.Body)
+	}
+	lanes = metricLanes(t, h.proxy)
+	if len(lanes) != 201 || lanes[real] == 0 || lanes["other"] == 0 {
+		t.Errorf("%d lanes in /metrics, want 200 (the real one among them) and \"other\"", len(lanes))
+	}
+}
+
+// firstKeys is at most n of m's keys, for a message.
+func firstKeys(m map[string]int, n int) []string {
+	var out []string
+	for k := range m {
+		if len(out) == n {
+			break
+		}
+		out = append(out, strings.Clone(k))
+	}
+	return out
+}
