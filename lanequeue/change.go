@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -79,8 +80,11 @@ func (c change) log(log *slog.Logger) {
 			attrs = append(attrs, slog.String("shape", shape))
 		}
 		if len(c.SharesLimitWith) > 0 {
-			attrs = append(attrs, slog.String("shares_limit_with", strings.Join(c.SharesLimitWith, ", ")),
-				slog.String("shared_because", c.SharedBecause))
+			with := strings.Join(c.SharesLimitWith, ", ")
+			if c.SharesLimitWithMore > 0 {
+				with += " and " + strconv.Itoa(c.SharesLimitWithMore) + " more"
+			}
+			attrs = append(attrs, slog.String("shares_limit_with", with), slog.String("shared_because", c.SharedBecause))
 		}
 		if v.Requests.Known {
 			attrs = append(attrs, slog.Float64("requests_limit", round2(v.Requests.Limit)), slog.Float64("requests_per_second", round2(v.Requests.PerSecond)))

@@ -287,8 +287,9 @@ type change struct {
 	Reason string
 	// SharesLimitWith and SharedBecause say which other models draw on
 	// the lane's limit and why (changeLimits; see State).
-	SharesLimitWith []string
-	SharedBecause   string
+	SharesLimitWith     []string
+	SharesLimitWithMore int
+	SharedBecause       string
 }
 
 // limitOf returns the limit a lane of key draws on, making it when needed.

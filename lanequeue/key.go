@@ -3,7 +3,8 @@ package lanequeue
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"unicode/utf8"
+
+	"github.com/llmproxy/llmproxy/internal/bound"
 )
 
 // Key identifies a lane: the route, the credential's hash, the request path
@@ -89,21 +90,9 @@ func (k Key) String() string {
 }
 
 // maxField is the longest a path or model may be in a lane key as given;
-// longer ones are shortened (see bounded).
-const maxField = 128
+// longer ones are shortened (see bound.Field).
+const maxField = bound.MaxField
 
-// bounded returns s as a lane key field of bounded size: s itself when it
-// is at most 128 bytes, else its first 64 bytes (whole runes), "…" and 16
-// hex digits of its SHA-256. Two long values stay apart, and a client
-// cannot make a lane, its metrics labels or /lanes grow with what it sends.
-func bounded(s string) string {
-	if len(s) <= maxField {
-		return s
-	}
-	cut := 64
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	sum := sha256.Sum256([]byte(s))
-	return s[:cut] + "…" + hex.EncodeToString(sum[:8])
-}
+// bounded is s as a lane key field (see bound.Field): a client cannot
+// make a lane, its metrics labels or /lanes grow with what it sends.
+func bounded(s string) string { return bound.Field(s) }

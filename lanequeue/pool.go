@@ -101,18 +101,29 @@ func (l *pool) addModel(model string) {
 	l.models = append(l.models, model)
 }
 
-// sharedWith is the other models drawing on the limit than model, and
-// why they do; none while it is model's own.
-func (l *pool) sharedWith(model string) (others []string, because string) {
+// maxSharedNames is the most models a lane's state names among those
+// sharing its limit; the others are counted. Each lane names the others,
+// so a list of them all would grow with the square of the models a
+// client makes up.
+const maxSharedNames = 8
+
+// sharedWith is the other models drawing on the limit than model, the
+// first maxSharedNames of them, how many more there are, and why they
+// do; none while it is model's own.
+func (l *pool) sharedWith(model string) (others []string, more int, because string) {
 	for _, m := range l.models {
-		if m != model {
+		switch {
+		case m == model:
+		case len(others) < maxSharedNames:
 			others = append(others, m)
+		default:
+			more++
 		}
 	}
 	if len(others) == 0 {
-		return nil, ""
+		return nil, 0, ""
 	}
-	return others, l.sharedBy
+	return others, more, l.sharedBy
 }
 
 // seen is what the group last reported of itself, to tell changes from

@@ -95,7 +95,7 @@ func moved(a, b float64) bool {
 func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, now time.Time, out []change, shared bool) []change {
 	s := &lim.seen
 	base := change{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
-	base.SharesLimitWith, base.SharedBecause = lim.sharedWith(l.key.Model)
+	base.SharesLimitWith, base.SharesLimitWithMore, base.SharedBecause = lim.sharedWith(l.key.Model)
 	// A window's rate from headers moves with every answer's remaining
 	// count; only its size says the limit changed. A pace learned from
 	// refusals is its rate.

@@ -90,11 +90,13 @@ type State struct {
 	// per 10s, learned from refusals whose waits end at one boundary").
 	Shape string `json:"shape,omitempty"`
 	// SharesLimitWith names the other models whose lanes draw on the
-	// lane's limit, and SharedBecause why: "configured"
+	// lane's limit (the first 8; SharesLimitWithMore counts the rest),
+	// and SharedBecause why: "configured"
 	// (LLMPROXY_ROUTE_<NAME>_SHARED_LIMIT=credential), "headers move
 	// together" or "refused together" (joined on trial).
-	SharesLimitWith []string `json:"shares_limit_with,omitempty"`
-	SharedBecause   string   `json:"shared_because,omitempty"`
+	SharesLimitWith     []string `json:"shares_limit_with,omitempty"`
+	SharesLimitWithMore int      `json:"shares_limit_with_more,omitempty"`
+	SharedBecause       string   `json:"shared_because,omitempty"`
 	// QueuedLow is how many of the group's waiters are low priority.
 	QueuedLow int       `json:"group_queued_low,omitempty"`
 	LastUsed  time.Time `json:"last_used"`
@@ -157,7 +159,7 @@ func (l *Lane) state(withHistory bool) State {
 		s.ClearedAt, s.ClearedBy = c.at, c.by
 	}
 	s.Shape = v.Window.String()
-	s.SharesLimitWith, s.SharedBecause = lim.sharedWith(l.key.Model)
+	s.SharesLimitWith, s.SharesLimitWithMore, s.SharedBecause = lim.sharedWith(l.key.Model)
 	s.QueuedLow = l.rounds[Low].queued
 	s.Clients = l.clientStates(now)
 	if v.Requests.Known {

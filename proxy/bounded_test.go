@@ -1,12 +1,17 @@
 package proxy
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/llmproxy/llmproxy/limit"
 )
 
 // metricLanes is each lane label of the proxy's /metrics with its number
@@ -95,4 +100,56 @@ func firstKeys(m map[string]int, n int) []string {
 		out = append(out, strings.Clone(k))
 	}
 	return out
+}
+
+// TestMegabyteModelNamesStayBounded: 60 requests, each naming a distinct
+// model of a megabyte, on a route whose models share one limit (so each
+// lane names the others): /lanes stays under 128 KiB (it was 380 KB),
+// and no span's name or attribute holds more than a lane's key does.
+func TestMegabyteModelNamesStayBounded(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		fmt.Fprint(w, `{}`)
+	}), func(c *Config) {
+		c.MemoryBodyBytes = 4 << 20 // the model is read from bodies this large
+		traced(rec)(c)
+		c.Lanes.RouteLimits = map[string]limit.Limits{"": {PerCredential: true}}
+	})
+	for i := range 60 {
+		model := fmt.Sprintf("%02d", i) + strings.Repeat("m", 1<<20)
+		readAll(t, h.post("/v1/chat/completions", `{"model":"`+model+`"}`).Body)
+	}
+	for q, most := range map[string]int{"/lanes": 128 << 10, "/lanes?history=1": 256 << 10} {
+		w := httptest.NewRecorder()
+		h.proxy.AdminHandler(Health{}).ServeHTTP(w, httptest.NewRequest("GET", q, nil))
+		var page struct {
+			Total int `json:"total"`
+			Lanes []struct {
+				Model string   `json:"model"`
+				With  []string `json:"shares_limit_with"`
+				More  int      `json:"shares_limit_with_more"`
+			} `json:"lanes"`
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &page); err != nil || page.Total != 60 {
+			t.Fatalf("%s: %d lanes, %v; want 60", q, page.Total, err)
+		}
+		if n := w.Body.Len(); n > most {
+			t.Errorf("%s is %d bytes for 60 lanes, want under %d KiB", q, n, most>>10)
+		}
+		if l := page.Lanes[0]; len(l.Model) > 200 || len(l.With)+l.More != 59 {
+			t.Errorf("%s: a lane's model of %d bytes sharing with %d named and %d more, want at most 200 bytes and 59 in all", q, len(l.Model), len(l.With), l.More)
+		}
+	}
+	waitFor(t, func() bool { return len(spansNamed(rec, "POST /*")) == 60 })
+	for _, s := range rec.Ended() {
+		if len(s.Name()) > 256 {
+			t.Fatalf("a span named with %d bytes", len(s.Name()))
+		}
+		for _, kv := range s.Attributes() {
+			if v := kv.Value.Emit(); len(v) > 256 {
+				t.Fatalf("span %.80q: %s holds %d bytes", s.Name(), kv.Key, len(v))
+			}
+		}
+	}
 }

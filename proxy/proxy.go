@@ -29,6 +29,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -403,7 +404,7 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				p.log.Error("panic serving request", "panic", fmt.Sprint(v), "path", r.URL.Path)
+				p.log.Error("panic serving request", "panic", fmt.Sprint(v), "path", bound.Field(r.URL.Path))
 				if tw.wroteHeader {
 					// Part of an answer is out: only a broken connection
 					// tells the client it is incomplete.

@@ -317,18 +317,19 @@ func believes(s lanequeue.State) string {
 		parts = append(parts, s.Shape)
 	}
 	if len(s.SharesLimitWith) > 0 {
-		parts = append(parts, sharesWith(s.SharesLimitWith, s.SharedBecause))
+		parts = append(parts, sharesWith(s.SharesLimitWith, s.SharesLimitWithMore, s.SharedBecause))
 	}
 	return strings.Join(parts, ", ")
 }
 
 // sharesWith says which other models draw on a lane's limit and why:
 // "shares a limit with gpt-4o, gpt-4.1 (headers move together)", or with
-// more than three "with 5 other models".
-func sharesWith(models []string, because string) string {
+// more than three (those named and more not named) "with 5 other
+// models".
+func sharesWith(models []string, more int, because string) string {
 	with := strings.Join(models, ", ")
-	if len(models) > 3 {
-		with = strconv.Itoa(len(models)) + " other models"
+	if n := len(models) + more; n > 3 {
+		with = strconv.Itoa(n) + " other models"
 	}
 	s := "shares a limit with " + with
 	if because != "" {

@@ -181,6 +181,10 @@ func TestStatusSaysWhatTheLaneBelievesAndWhy(t *testing.T) {
 			"rate 20/s from headers, shares a limit with gpt-4o, gpt-4.1 (headers move together)"},
 		{"a limit shared by many", lanequeue.State{SharesLimitWith: []string{"a", "b", "c", "d"}, SharedBecause: "configured"},
 			"shares a limit with 4 other models (configured)"},
+		{"some named, more counted", lanequeue.State{SharesLimitWith: []string{"a", "b"}, SharesLimitWithMore: 2, SharedBecause: "configured"},
+			"shares a limit with 4 other models (configured)"},
+		{"three named, none counted", lanequeue.State{SharesLimitWith: []string{"a", "b", "c"}, SharedBecause: "configured"},
+			"shares a limit with a, b, c (configured)"},
 	} {
 		if got := believes(c.s); got != c.want {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)

@@ -6,7 +6,9 @@
 // builds the exporter from the OTEL_* environment.
 //
 // It is told only what may be shown: callers pass a lane's short hash,
-// never a credential, and no header, query or body reaches a span. A nil
+// never a credential, and no header, query or body reaches a span. What
+// a client names, the model and the path, is bounded as a lane's key
+// bounds it (see package bound). A nil
 // *Tracer starts nothing, and every method of a nil *Request or *Wait
 // does nothing, so a proxy without traces pays a nil check.
 package tracing
@@ -23,6 +25,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/llmproxy/llmproxy/internal/bound"
 )
 
 // The attributes of llmproxy's own (the others are OpenTelemetry's
@@ -88,7 +92,7 @@ func (t *Tracer) Start(r *http.Request, route, id string) *Request {
 	}
 	method := knownMethod(r.Method)
 	ctx, span := t.tracer.Start(ctx, method+" "+pattern, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
-		semconv.HTTPRequestMethodKey.String(method), semconv.URLPath(r.URL.Path), semconv.HTTPRoute(pattern),
+		semconv.HTTPRequestMethodKey.String(method), semconv.URLPath(bound.Field(r.URL.Path)), semconv.HTTPRoute(pattern),
 		attrRoute.String(route), attrRequestID.String(id)))
 	return &Request{t: t, ctx: ctx, span: span, attemptName: method}
 }
@@ -109,13 +113,14 @@ func knownMethod(method string) string {
 // (gen_ai.request.model), its operation (gen_ai.operation.name, see
 // Operation) and its provider (gen_ai.provider.name, see ProviderName);
 // and the client it names (llmproxy.client, on its waits too). Empty ones
-// are left out. The attempt spans are named after the operation and the
+// are left out; a long model is shortened as a lane's key shortens it. The attempt spans are named after the operation and the
 // model, as the GenAI conventions name them.
 func (rq *Request) Describe(model, operation, provider, client string) {
 	if rq == nil {
 		return
 	}
 	rq.client = client
+	model = bound.Field(model)
 	if client != "" {
 		rq.span.SetAttributes(attrClient.String(client))
 	}
@@ -207,7 +212,8 @@ func (a *attempt) end() {
 
 // StartAttempt begins the client span of the upstream attempt out, about
 // to be sent, and sets out's traceparent (and tracestate) to the span's.
-// The span carries out's URL without its query, which may hold a key.
+// The span carries out's URL without its query, which may hold a key, and
+// with its path bounded.
 func (rq *Request) StartAttempt(out *http.Request) {
 	if rq == nil {
 		return
@@ -218,7 +224,7 @@ func (rq *Request) StartAttempt(out *http.Request) {
 	attrs := append([]attribute.KeyValue{
 		semconv.HTTPRequestMethodKey.String(knownMethod(out.Method)),
 		semconv.ServerAddress(u.Hostname()), semconv.ServerPort(port(u)),
-		semconv.URLFull((&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()),
+		semconv.URLFull((&url.URL{Scheme: u.Scheme, Host: u.Host, Path: bound.Field(u.Path)}).String()),
 		attrAttempt.Int(rq.attempts),
 	}, rq.genAI...)
 	ctx, span := rq.t.tracer.Start(rq.ctx, rq.attemptName, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))

@@ -14,6 +14,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/llmproxy/llmproxy/internal/bound"
 )
 
 // recorded returns a Tracer whose spans rec keeps.
@@ -426,5 +428,38 @@ func TestStatusesMarkErrorsFromTheirBounds(t *testing.T) {
 				t.Errorf("status %d: span %q status %v, want an error %v", s.status, s.span.Name(), s.span.Status(), s.wantError)
 			}
 		}
+	}
+}
+
+// TestWhatAClientNamesIsBoundedInSpans: a model and a path of a megabyte
+// each reach no span whole: the span names, gen_ai.request.model,
+// url.path and url.full carry them shortened as a lane's key shortens
+// them, and the whole trace stays under 4 KiB.
+func TestWhatAClientNamesIsBoundedInSpans(t *testing.T) {
+	tr, rec := recorded()
+	model, path := strings.Repeat("m", 1<<20), "/v1/"+strings.Repeat("p", 1<<20)
+	r := httptest.NewRequest("POST", path, nil)
+	rq := tr.Start(r, "", "req-1")
+	rq.Describe(model, "chat", "openai", "")
+	out := httptest.NewRequest("POST", "https://api.openai.com"+path, nil)
+	rq.StartAttempt(out)
+	rq.Answered(200, "", "", "accepted", "pass", 0)
+	rq.End(200, "ok", 0, "")
+
+	short := bound.Field(model)
+	attempt := byName(t, rec, "chat "+short)
+	wantAttrs(t, attempt, map[string]string{"gen_ai.request.model": short,
+		"url.full": (&url.URL{Scheme: "https", Host: "api.openai.com", Path: bound.Field(path)}).String()})
+	server := byName(t, rec, "POST /*")
+	wantAttrs(t, server, map[string]string{"gen_ai.request.model": short, "url.path": bound.Field(path)})
+	size := 0
+	for _, s := range rec.Ended() {
+		size += len(s.Name())
+		for _, kv := range s.Attributes() {
+			size += len(kv.Key) + len(kv.Value.Emit())
+		}
+	}
+	if size > 4<<10 {
+		t.Errorf("the trace holds %d bytes of names and attributes, want under 4 KiB", size)
 	}
 }
