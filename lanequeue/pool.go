@@ -112,11 +112,12 @@ const maxSharedNames = 8
 // do; none while it is model's own.
 func (l *pool) sharedWith(model string) (others []string, more int, because string) {
 	for _, m := range l.models {
-		switch {
-		case m == model:
-		case len(others) < maxSharedNames:
+		if m == model {
+			continue
+		}
+		if len(others) < maxSharedNames {
 			others = append(others, m)
-		default:
+		} else {
 			more++
 		}
 	}
