@@ -38,6 +38,7 @@ const proxyACL = "~llmproxy:* resetchannels -@all +ping +info +evalsha +eval +za
 // the other replica and a clear, and a clean Close.
 func exercise(t *testing.T, cfg Config) {
 	t.Helper()
+	cfg.ChangesToken = "the fleet's admin token"
 	a, b := storeOn(t, cfg), storeOn(t, cfg)
 	for _, st := range []*Store{a, b} {
 		if st.Status() != "ok" {

@@ -87,7 +87,7 @@ func TestForgetClearsWhatEveryReplicaLearned(t *testing.T) {
 func TestChangesReachEveryReplica(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	cfg := Config{URL: srv.url(), Timeout: 10 * time.Second, ChangesEvery: 20 * time.Millisecond, KeyTTL: time.Minute}
+	cfg := Config{URL: srv.url(), Timeout: 10 * time.Second, ChangesEvery: 20 * time.Millisecond, KeyTTL: time.Minute, ChangesToken: testToken}
 	a, b := storeOn(t, cfg), storeOn(t, cfg)
 	type heard struct {
 		field, value string
@@ -144,7 +144,7 @@ func TestChangesReachEveryReplica(t *testing.T) {
 func TestChangesWaitForRedis(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	cfg := Config{URL: srv.url(), Timeout: 10 * time.Second, ChangesEvery: 10 * time.Millisecond}
+	cfg := Config{URL: srv.url(), Timeout: 10 * time.Second, ChangesEvery: 10 * time.Millisecond, ChangesToken: testToken}
 	a, b := storeOn(t, cfg), storeOn(t, cfg)
 	if err := a.PutChange(context.Background(), "lane:ab:hold", "v1"); err != nil {
 		t.Fatal(err)

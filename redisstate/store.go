@@ -77,6 +77,11 @@ type Config struct {
 	// ChangesEvery is how often the replica reads the fleet's run-time
 	// changes (see WatchChanges); zero = DefaultChangesEvery.
 	ChangesEvery time.Duration
+	// ChangesToken is the admin token every replica holds: the fleet's
+	// changes are signed with a key derived from it, and a change not
+	// signed with it is ignored (see changes.go). Empty: this replica
+	// shares no changes: PutChange refuses them, WatchChanges hands none.
+	ChangesToken string
 	// Logger gets one line per change between shared and local; nil =
 	// discard.
 	Logger *slog.Logger
@@ -147,7 +152,12 @@ type Store struct {
 	// the polls and the writes. watching counts the poller.
 	changesMu   sync.Mutex
 	changesSeen map[string]string
-	watching    sync.WaitGroup
+	// changesVersion is each field's version in force here: a change of
+	// that version or below is a replay. signKey signs and checks them
+	// (nil: no ChangesToken).
+	changesVersion map[string]int64
+	signKey        []byte
+	watching       sync.WaitGroup
 }
 
 // MinLeaseTTL is the shortest lease: a replica renews its leases every
@@ -283,8 +293,8 @@ func unstarted(cfg Config, rdb redis.UniversalClient) (*Store, error) {
 	s := &Store{
 		cfg: cfg, replica: hex.EncodeToString(id[:]), log: cfg.Logger,
 		leases: map[string]string{}, returns: map[string]string{}, adds: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
-		changesSeen: map[string]string{},
-		kick:        make(chan struct{}, 1), flushes: make(chan chan struct{}),
+		changesSeen: map[string]string{}, changesVersion: map[string]int64{}, signKey: changesKeyFrom(cfg.ChangesToken),
+		kick: make(chan struct{}, 1), flushes: make(chan chan struct{}),
 		upGauge: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmproxy_redis_up", Help: "1 while the replica shares lane state through Redis, 0 while it uses local limits."}),
 		replicasGauge: prometheus.NewGauge(prometheus.GaugeOpts{
