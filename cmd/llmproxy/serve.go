@@ -112,7 +112,13 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		lanes.Shared = store.Shared
 		health.Degraded = redisDegraded(store.Ready)
 		health.Shared = store.Status
-		fleet = store
+		// The replicas take only changes signed with the admin token:
+		// without one, a change stays on the replica it was made on.
+		if cfg.AdminToken != "" {
+			fleet = store
+		} else {
+			log.Warn("LLMPROXY_ADMIN_TOKEN is unset: admin changes (limits, holds, clears) stay on the replica they are made on; the replicas share only changes signed with the admin token")
+		}
 	}
 	pc := proxyConfig(cfg, lanes, log, reg)
 	pc.Tracer = tracer
@@ -160,6 +166,7 @@ func laneConfig(cfg config) lanequeue.TableConfig {
 func storeConfig(cfg config) redisstate.Config {
 	return redisstate.Config{URL: cfg.RedisURL, LeaseTTL: cfg.RedisLeaseTTL, KeyTTL: cfg.LaneIdleTTL, Slow: cfg.RedisSlow,
 		Mode: cfg.RedisMode, SentinelMaster: cfg.RedisSentinelMaster,
+		ChangesToken: cfg.AdminToken,
 		PasswordFile: cfg.RedisPasswordFile, SentinelPasswordFile: cfg.RedisSentinelPasswordFile,
 		CAFile: cfg.RedisCA, CertFile: cfg.RedisCert, KeyFile: cfg.RedisKey}
 }
