@@ -6,6 +6,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -24,6 +28,9 @@ import (
 func (r *replica) adminSend(t *testing.T, method, path, body string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, "http://"+r.admin+path, strings.NewReader(body))
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
 	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -78,6 +85,15 @@ func seenWithin(t *testing.T, r *replica, d time.Duration, what string, ok func(
 	}
 }
 
+// operateToken is the admin token of the replicas that share changes;
+// operateBy is how their logs name who made one.
+const operateToken = "e2e-fleet-admin-token-5f0c2a9e7d31b84c"
+
+var operateBy = func() string {
+	sum := sha256.Sum256([]byte(operateToken))
+	return "token:" + hex.EncodeToString(sum[:4])
+}()
+
 // TestAChangeOnOneReplicaReachesTheOther: limits set on replica A's admin
 // listener are on replica B's /lanes within a second, and B paces by
 // them; a hold made on A holds B's requests (they wait) until A's
@@ -87,7 +103,9 @@ func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
 	rs := startRedis(t)
 	bin := llmproxyBinary(t)
 	mock := startMockUpstream(t, mockupstream.Config{Latency: 10 * time.Millisecond})
-	reps := startReplicas(t, 2, bin, mock.URL(), redisEnv(rs.URL())...)
+	// The replicas share only changes signed with their admin token.
+	env := append(redisEnv(rs.URL()), "LLMPROXY_ADMIN_TOKEN="+operateToken)
+	reps := startReplicas(t, 2, bin, mock.URL(), env...)
 	waitRedisOK(t, reps)
 	a, b := reps[0], reps[1]
 	client := loadClient(t)
@@ -153,13 +171,47 @@ func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
 		t.Fatal("B's held request still waits 10s after A's release")
 	}
 
-	c := startReplica(t, "replica 2", bin, mock.URL(), redisEnv(rs.URL())...)
+	c := startReplica(t, "replica 2", bin, mock.URL(), env...)
 	code, body, err := c.adminGet("/admin/routes/default/limits")
 	if err != nil || code != http.StatusOK || !strings.Contains(string(body), `"rpm": 120`) {
 		t.Fatalf("a replica started later: %d %s (%v)", code, body, err)
 	}
-	if !strings.Contains(a.stderr.String(), `msg="admin change" route=default op=limits by=local`) ||
-		!strings.Contains(b.stderr.String(), `msg="admin change from another replica" route=default op=hold by=local`) {
+	if !strings.Contains(a.stderr.String(), `msg="admin change" route=default op=limits by=`+operateBy) ||
+		!strings.Contains(b.stderr.String(), `msg="admin change from another replica" route=default op=hold by=`+operateBy) {
 		t.Errorf("the replicas' logs lack the changes:\nA:\n%s\nB:\n%s", lastChars(a.stderr.String(), 2000), lastChars(b.stderr.String(), 2000))
+	}
+
+	// Whoever can write to Redis cannot hold the route: a hold written
+	// straight into the hash, unsigned, and one made by a replica of
+	// another admin token, are not taken, and B logs each.
+	rdb := redis.NewClient(&redis.Options{Addr: rs.addr(), MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	if err := rdb.HSet(context.Background(), "llmproxy:v2:{changes}", "route:default:hold", `{"op":"hold","by":"local","at":"2026-01-01T00:00:00Z"}`).Err(); err != nil {
+		t.Fatal(err)
+	}
+	other := startReplica(t, "replica of another token", bin, mock.URL(), append(redisEnv(rs.URL()), "LLMPROXY_ADMIN_TOKEN=e2e-another-admin-token-88c1d0b5a4f2")...)
+	other.adminSend(t, "POST", "/admin/routes/anthropic/hold", "")
+	ignored := func(reason string) string {
+		return `msg="a change in redis ignored" field=route:anthropic:hold reason="` + reason
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(b.stderr.String(), ignored("wrong signature")) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	logs := b.stderr.String()
+	if !strings.Contains(logs, `msg="a change in redis ignored" field=route:default:hold reason="not signed"`) || !strings.Contains(logs, ignored("wrong signature")) {
+		t.Fatalf("B does not log the forged and the foreign change:\n%s", lastChars(logs, 3000))
+	}
+	if strings.Contains(logs, operateToken) {
+		t.Fatal("B's log holds the admin token")
+	}
+	l, err := b.operatedLanes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range l.Routes {
+		if r.Held != nil {
+			t.Fatalf("B holds route %s after changes not signed with its token", r.Route)
+		}
 	}
 }

@@ -403,6 +403,7 @@ type replica struct {
 	*child
 	addr  string // proxy listener, host:port
 	admin string // admin listener, host:port
+	token string // its LLMPROXY_ADMIN_TOKEN, sent to the admin listener; "" none
 }
 
 // The start-up line, parsed as .ci/run parses it.
@@ -441,6 +442,11 @@ func startReplica(t testing.TB, name, bin, upstream string, extra ...string) *re
 			t.Fatalf("%s: no addr= or admin= in %q", name, line)
 		}
 		r := &replica{child: c, addr: a[1], admin: b[1]}
+		for _, kv := range extra {
+			if v, ok := strings.CutPrefix(kv, "LLMPROXY_ADMIN_TOKEN="); ok {
+				r.token = v
+			}
+		}
 		for _, hp := range []string{r.addr, r.admin} {
 			host, _, err := net.SplitHostPort(hp)
 			if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
@@ -481,7 +487,14 @@ func startMockUpstream(t *testing.T, cfg mockupstream.Config) *mockupstream.Serv
 // of its own that is closed afterwards (no idle connection outlives it).
 func (r *replica) adminGet(path string) (int, []byte, error) {
 	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := c.Get("http://" + r.admin + path)
+	req, err := http.NewRequest(http.MethodGet, "http://"+r.admin+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if r.token != "" {
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
