@@ -175,6 +175,12 @@ func TestASignedChangeMovedOrReplayedIsIgnored(t *testing.T) {
 	if h := watchAll(signedStore(t, srv, testToken, nil)).next(); h != "route:x:hold=hold" {
 		t.Fatalf("a replica started after the replay heard %q", h)
 	}
+	// Another change signed at the version in force is no newer either.
+	b.changesMu.Lock()
+	held := b.changesVersion["route:x:hold"]
+	b.changesMu.Unlock()
+	rawHSet(t, a, "route:x:hold", a.seal("route:x:hold", held, "hold at the same version"))
+	heard.none(t, 100*time.Millisecond, "another change at the version in force")
 }
 
 // TestTheLaterOfTwoChangesWins: a change put while the hash holds a
@@ -261,6 +267,12 @@ func TestTheSignatureCoversEachPartApart(t *testing.T) {
 		if _, _, err := st.unseal("route:x1", raw); err == nil {
 			t.Errorf("%q unsealed", raw)
 		}
+	}
+	if _, _, err := st.unseal("route:x1", st.seal("route:x1", 0, "v")); err == nil {
+		t.Error("a change signed at version 0 unsealed")
+	}
+	if v, value, err := st.unseal("route:x1", st.seal("route:x1", 1, "v")); err != nil || v != 1 || value != "v" {
+		t.Errorf("a change of version 1 read as %d %q %v", v, value, err)
 	}
 	if v, value, err := st.unseal("route:x1", "v1 23 "+base+" v"); err != nil || v != 23 || value != "v" {
 		t.Fatalf("a sealed change read as %d %q %v", v, value, err)
