@@ -19,7 +19,7 @@ import (
 func metricLanes(t *testing.T, p *Proxy) map[string]int {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	p.AdminHandler(Health{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	p.AdminHandler(Health{}).ServeHTTP(rec, localRequest("GET", "/metrics"))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("/metrics: %d", rec.Code)
 	}
@@ -122,7 +122,7 @@ func TestMegabyteModelNamesStayBounded(t *testing.T) {
 	}
 	for q, most := range map[string]int{"/lanes": 128 << 10, "/lanes?history=1": 256 << 10} {
 		w := httptest.NewRecorder()
-		h.proxy.AdminHandler(Health{}).ServeHTTP(w, httptest.NewRequest("GET", q, nil))
+		h.proxy.AdminHandler(Health{}).ServeHTTP(w, localRequest("GET", q))
 		var page struct {
 			Total int `json:"total"`
 			Lanes []struct {

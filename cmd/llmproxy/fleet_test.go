@@ -30,13 +30,14 @@ func fleetReplica(t *testing.T, url, token string, out io.Writer) http.Handler {
 		t.Fatal(err)
 	}
 	t.Cleanup(closeStore)
-	return p.AdminHandler(health, proxy.RequireToken(token))
+	return p.AdminHandler(health, proxy.RequireToken(token), proxy.ListenerAddr("127.0.0.1:9090"))
 }
 
 // adminCall is h's answer to method path from this host, with the token.
 func adminCall(h http.Handler, method, path, body, token string) (int, string) {
 	req := httptest.NewRequestWithContext(context.Background(), method, path, strings.NewReader(body))
 	req.RemoteAddr = "127.0.0.1:5000"
+	req.Host = "127.0.0.1:9090"
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
