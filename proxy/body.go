@@ -3,13 +3,16 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"hash/maphash"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // body is a request's body, kept so that it can be sent again: in memory
@@ -27,6 +30,10 @@ type body struct {
 	held int64 // bytes counted against MaxBufferedBytes
 	// spooled is bytes counted against MaxSpoolBytes.
 	spooled int64
+	// from is the client the bytes are counted to (see bodyClient).
+	from bodyClient
+	// in reads the client's body within its time bounds (see paced).
+	in paced
 }
 
 // reader reads the whole body from its start; each attempt takes its own,
@@ -47,11 +54,18 @@ const spoolPrefix = "llmproxy-spool-"
 // spoolBuffers are the copy buffers of spooling.
 var spoolBuffers = sync.Pool{New: func() any { b := make([]byte, 64<<10); return &b }}
 
+// firstChunk is the most memory a body of known length takes before its
+// bytes arrive; past it, its buffer doubles as they do, up to its length.
+const firstChunk = 16 << 10
+
 // readBody keeps the body so it can be sent again: a body larger than
 // MaxBodyBytes is refused before it is read; one up to MemoryBodyBytes is
 // held in memory within MaxBufferedBytes, a larger one is spooled within
-// MaxSpoolBytes. What it holds is given back when the request ends (see
-// releaseBody).
+// MaxSpoolBytes. Both are counted as the bytes arrive, not as announced,
+// and within the client's fair share (see bodyBudget). The body must
+// arrive within BodyTimeout and, past BodyRateGrace, at MinBodyRate at
+// least (see paced). What it holds is given back when the request ends
+// (see releaseBody).
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) error {
 	tooLarge := func() error {
 		return fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
@@ -62,22 +76,20 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil
 	}
+	req.body.from = p.clientOf(r)
+	in := &req.body.in
+	in.start(p, w, r.Body)
 	var err error
 	switch n := r.ContentLength; {
 	case n > p.cfg.MemoryBodyBytes:
-		err = p.spool(req, r.Body, nil, n)
+		err = p.spool(req, in, nil, n)
 	case n > 0:
-		// Known length: hold it before reading, and read it into one
-		// buffer of that size. The server holds the body to its length,
-		// which is within MaxBodyBytes.
-		if !p.hold(req, n) {
-			return errBuffersFull
-		}
-		req.body.mem = make([]byte, n)
-		req.body.size = n
-		_, err = io.ReadFull(r.Body, req.body.mem)
+		// Known length: read into a buffer that grows as the bytes
+		// arrive, to that length at most, which the server holds the
+		// body to.
+		err = p.readKnown(req, in, n)
 	default:
-		src := io.Reader(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+		src := io.Reader(http.MaxBytesReader(w, in, p.cfg.MaxBodyBytes))
 		// Unknown length: in memory up to MemoryBodyBytes, spooled past it.
 		var mem []byte
 		mem, err = io.ReadAll(io.LimitReader(&heldReader{r: src, p: p, req: req}, p.cfg.MemoryBodyBytes+1))
@@ -88,6 +100,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 		}
 		req.body.mem, req.body.size = mem, int64(len(mem))
 	}
+	in.end()
 	if err != nil {
 		var mbe *http.MaxBytesError
 		var f *failure
@@ -102,13 +115,45 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	return nil
 }
 
-// spool writes the body to a spool file: head, read already, then the
-// rest of src. n is the body's length when known (held against
-// MaxSpoolBytes at once), else -1 (held as it arrives).
-func (p *Proxy) spool(req *request, src io.Reader, head []byte, n int64) error {
-	if n > 0 && !p.holdSpool(req, n) {
-		return errSpoolFull
+// readKnown reads a body of known length n into memory: a first buffer of
+// up to firstChunk, doubled as the bytes fill it, each size held before
+// it is made.
+func (p *Proxy) readKnown(req *request, src io.Reader, n int64) error {
+	size := min(n, firstChunk)
+	if err := p.hold(req, size); err != nil {
+		return err
 	}
+	buf := make([]byte, size)
+	var got int64
+	for {
+		k, err := io.ReadFull(src, buf[got:])
+		got += int64(k)
+		if got == n {
+			break
+		}
+		switch err {
+		case nil:
+		case io.EOF, io.ErrUnexpectedEOF:
+			return io.ErrUnexpectedEOF
+		default:
+			return err
+		}
+		grown := min(2*size, n)
+		if err := p.hold(req, grown-size); err != nil {
+			return err
+		}
+		next := make([]byte, grown)
+		copy(next, buf)
+		buf, size = next, grown
+	}
+	req.body.mem, req.body.size = buf, n
+	return nil
+}
+
+// spool writes the body to a spool file: head, read already, then the
+// rest of src; n is the body's length when known, else -1. Its bytes are
+// held against MaxSpoolBytes as they are written.
+func (p *Proxy) spool(req *request, src io.Reader, head []byte, n int64) error {
 	f, err := os.CreateTemp(p.cfg.SpoolDir, spoolPrefix+"*")
 	if err != nil {
 		p.log.Error("cannot spool a request body", "dir", p.cfg.SpoolDir, "err", err)
@@ -118,10 +163,7 @@ func (p *Proxy) spool(req *request, src io.Reader, head []byte, n int64) error {
 	if os.Remove(f.Name()) != nil {
 		req.body.path = f.Name() // removed when the request ends
 	}
-	var dst io.Writer = f
-	if n < 0 {
-		dst = &spoolWriter{f: f, p: p, req: req}
-	}
+	dst := &spoolWriter{f: f, p: p, req: req}
 	bp := spoolBuffers.Get().(*[]byte)
 	defer spoolBuffers.Put(bp)
 	if _, err := dst.Write(head); err != nil {
@@ -140,8 +182,8 @@ func (p *Proxy) spool(req *request, src io.Reader, head []byte, n int64) error {
 	return err
 }
 
-// spoolWriter holds the bytes of a body of unknown length against
-// MaxSpoolBytes as they are written.
+// spoolWriter holds the bytes of a body against MaxSpoolBytes as they are
+// written.
 type spoolWriter struct {
 	f   *os.File
 	p   *Proxy
@@ -149,54 +191,34 @@ type spoolWriter struct {
 }
 
 func (s *spoolWriter) Write(b []byte) (int, error) {
-	if !s.p.holdSpool(s.req, int64(len(b))) {
-		return 0, errSpoolFull
+	if err := s.p.holdSpool(s.req, int64(len(b))); err != nil {
+		return 0, err
 	}
 	return s.f.Write(b)
 }
 
-// errBuffersFull refuses a body that would take what all requests hold
-// past MaxBufferedBytes.
-var errBuffersFull = fail(failQueueFull, "the request bodies held by the proxy reached LLMPROXY_MAX_BUFFERED_BYTES; retry later")
-
-// errSpoolFull refuses a body that would take what all requests spooled
-// past MaxSpoolBytes.
-var errSpoolFull = fail(failQueueFull, "the request bodies spooled to disk by the proxy reached LLMPROXY_MAX_SPOOL_BYTES; retry later")
-
 // hold counts n more bytes as held in memory by req, unless that takes
-// the total past MaxBufferedBytes.
-func (p *Proxy) hold(req *request, n int64) bool {
-	return reserve(&p.buffered, &req.body.held, n, p.cfg.MaxBufferedBytes)
+// the total past MaxBufferedBytes or its client past its share.
+func (p *Proxy) hold(req *request, n int64) error {
+	return p.buffered.take(&req.body.from, &req.body.held, n)
 }
 
 // unhold gives back what req holds in memory.
 func (p *Proxy) unhold(req *request) {
-	p.buffered.Add(-req.body.held)
-	req.body.held = 0
+	p.buffered.give(&req.body.from, &req.body.held)
 }
 
 // holdSpool counts n more bytes as spooled by req, unless that takes the
-// total past MaxSpoolBytes.
-func (p *Proxy) holdSpool(req *request, n int64) bool {
-	return reserve(&p.spooled, &req.body.spooled, n, p.cfg.MaxSpoolBytes)
-}
-
-// reserve adds n to total and to mine, unless that takes total past max.
-func reserve(total *atomic.Int64, mine *int64, n, max int64) bool {
-	if total.Add(n) > max {
-		total.Add(-n)
-		return false
-	}
-	*mine += n
-	return true
+// total past MaxSpoolBytes or its client past its share.
+func (p *Proxy) holdSpool(req *request, n int64) error {
+	return p.spooled.take(&req.body.from, &req.body.spooled, n)
 }
 
 // releaseBody gives back what req held, and closes (and removes) its
 // spool.
 func (p *Proxy) releaseBody(req *request) {
 	p.unhold(req)
-	p.spooled.Add(-req.body.spooled)
-	req.body.spooled = 0
+	p.spooled.give(&req.body.from, &req.body.spooled)
 	if f := req.body.file; f != nil {
 		f.Close()
 		if req.body.path != "" {
@@ -215,10 +237,247 @@ type heldReader struct {
 
 func (h *heldReader) Read(b []byte) (int, error) {
 	n, err := h.r.Read(b)
-	if n > 0 && !h.p.hold(h.req, int64(n)) {
-		return n, errBuffersFull
+	if n > 0 {
+		if herr := h.p.hold(h.req, int64(n)); herr != nil {
+			return n, herr
+		}
 	}
 	return n, err
+}
+
+// bodyClient is who a body's bytes are counted to, for the fair shares:
+// its address (the peer's IP, without the port) and, when the request
+// carries one, its credential. Both are kept as hashes of a seed of the
+// proxy's own, never as written.
+type bodyClient struct {
+	addr, cred uint64
+	hasCred    bool
+}
+
+// clientOf is r's bodyClient.
+func (p *Proxy) clientOf(r *http.Request) bodyClient {
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	c := bodyClient{addr: maphash.String(p.bodySeed, host)}
+	if cred := credential(r.Header, r.URL.RawQuery); cred != "" {
+		c.cred, c.hasCred = maphash.String(p.bodySeed, cred), true
+	}
+	return c
+}
+
+// bodyBudget is one of the bounds on what request bodies hold: memory
+// (MaxBufferedBytes) or spool files (MaxSpoolBytes). Besides the total,
+// it bounds each client to its fair share: while n clients hold bytes of
+// it (the one asking included), one client may hold a 1/n of it, and
+// never less than its floor, so that a client alone may use all of it and
+// a crowd still leaves each the largest body and a sixteenth. Clients are
+// told apart by address and by credential, each bounded so: many
+// addresses with one key, or many keys from one address, are one client
+// for their share.
+type bodyBudget struct {
+	total atomic.Int64 // what all requests hold; read without mu
+	// max is the bound; floor the least share; setting the variable
+	// that sets max, for the refusals.
+	max, floor int64
+	setting    string
+	mu         sync.Mutex
+	// byAddr and byCred are what each client holds, by address and by
+	// credential; a client holding nothing is not in them.
+	byAddr, byCred map[uint64]int64
+}
+
+// init makes b a budget of limit bytes, where the largest body is
+// largest bytes, set by the variable setting.
+func (b *bodyBudget) init(limit, largest int64, setting string) {
+	b.max, b.floor, b.setting = limit, min(limit, max(limit/16, largest)), setting
+	b.byAddr, b.byCred = map[uint64]int64{}, map[uint64]int64{}
+}
+
+// Load is what all requests hold.
+func (b *bodyBudget) Load() int64 { return b.total.Load() }
+
+// share is the most one client may hold while holders hold bytes.
+func (b *bodyBudget) share(holders int) int64 {
+	return max(b.floor, b.max/int64(holders))
+}
+
+// holders is how many clients of m hold bytes, id counted.
+func holders(m map[uint64]int64, id uint64) int {
+	n := len(m)
+	if _, ok := m[id]; !ok {
+		n++
+	}
+	return n
+}
+
+// take counts n more bytes as held by a request of client c, and adds
+// them to mine; it refuses them (429 queue_full) when that would take the
+// total past max or c past its share.
+func (b *bodyBudget) take(c *bodyClient, mine *int64, n int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.total.Load()+n > b.max {
+		return fail(failQueueFull, "the request bodies held by the proxy reached "+b.setting+"; retry later")
+	}
+	if h := holders(b.byAddr, c.addr); b.byAddr[c.addr]+n > b.share(h) {
+		return b.overShare("address", h)
+	}
+	if c.hasCred {
+		if h := holders(b.byCred, c.cred); b.byCred[c.cred]+n > b.share(h) {
+			return b.overShare("credential", h)
+		}
+		b.byCred[c.cred] += n
+	}
+	b.byAddr[c.addr] += n
+	b.total.Add(n)
+	*mine += n
+	return nil
+}
+
+// overShare is the refusal of a client over its share, told apart by by.
+func (b *bodyBudget) overShare(by string, holders int) error {
+	return fail(failQueueFull, "the request bodies of this client (by its "+by+") reached its fair share of "+b.setting+
+		", "+strconv.FormatInt(b.share(holders), 10)+" bytes while "+strconv.Itoa(holders)+" clients hold bodies; retry later")
+}
+
+// give gives back mine, what a request of client c holds.
+func (b *bodyBudget) give(c *bodyClient, mine *int64) {
+	n := *mine
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	drop(b.byAddr, c.addr, n)
+	if c.hasCred {
+		drop(b.byCred, c.cred, n)
+	}
+	b.total.Add(-n)
+	*mine = 0
+}
+
+// drop takes n from what id holds in m, and id out of m when that is
+// all it held.
+func drop(m map[uint64]int64, id uint64, n int64) {
+	if left := m[id] - n; left > 0 {
+		m[id] = left
+		return
+	}
+	delete(m, id)
+}
+
+// paced reads a request's body within its time bounds: the whole of it
+// within BodyTimeout, and, past BodyRateGrace, at MinBodyRate on average
+// since its headers. A body that falls behind is refused as it does (408
+// body_too_slow; past BodyTimeout, 400 body_read_error), rather than hold
+// its connection and its share of the budgets for as long as it likes.
+//
+// The bounds are a read deadline on the connection, moved on as the bytes
+// arrive, and gone once the body has been read: after that the server
+// reads the connection in the background to notice a client that leaves,
+// and a deadline passing there would cancel the request and cut the
+// answer. (net/http clears the deadline itself when it starts that read,
+// golang/go#18447; end clears it too rather than rely on it.) Where the
+// response writer cannot set a read deadline, each read is still checked
+// against them when it returns.
+type paced struct {
+	r     io.ReadCloser
+	rd    readDeadliner // nil: the writer cannot set one
+	began time.Time
+	// rate is the least bytes per second past grace; 0: no rate bound.
+	rate    int64
+	grace   time.Duration
+	timeout time.Duration
+	got     int64
+	done    bool // the body was read to its end
+}
+
+// readDeadliner is a response writer that can set its connection's read
+// deadline, as net/http's own do.
+type readDeadliner interface{ SetReadDeadline(time.Time) error }
+
+// start makes in read src within p's bounds, from now.
+func (in *paced) start(p *Proxy, w http.ResponseWriter, src io.ReadCloser) {
+	*in = paced{r: src, began: time.Now(), grace: p.cfg.BodyRateGrace, timeout: p.cfg.BodyTimeout,
+		rate: max(p.cfg.MinBodyRate, 0), rd: deadliner(w)}
+	in.setDeadline()
+}
+
+// deadliner is w, or the writer it wraps, that can set a read deadline;
+// nil when none can.
+func deadliner(w http.ResponseWriter) readDeadliner {
+	for {
+		switch v := w.(type) {
+		case readDeadliner:
+			return v
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = v.Unwrap()
+		default:
+			return nil
+		}
+	}
+}
+
+// due is when the body falls behind: its timeout, or sooner where the
+// bytes so far fall under the rate.
+func (in *paced) due() (time.Time, bool) {
+	limit := in.timeout
+	if in.rate > 0 {
+		if byRate := in.grace + time.Duration(float64(in.got)/float64(in.rate)*float64(time.Second)); byRate < limit {
+			return in.began.Add(byRate), true
+		}
+	}
+	return in.began.Add(limit), false
+}
+
+func (in *paced) setDeadline() {
+	if in.rd != nil {
+		at, _ := in.due()
+		_ = in.rd.SetReadDeadline(at)
+	}
+}
+
+func (in *paced) Read(b []byte) (int, error) {
+	n, err := in.r.Read(b)
+	in.got += int64(n)
+	if err == io.EOF {
+		in.end()
+		return n, err
+	}
+	at, byRate := in.due()
+	if err == nil && time.Now().After(at) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, in.late(byRate)
+	}
+	if n > 0 {
+		in.setDeadline()
+	}
+	return n, err
+}
+
+func (in *paced) Close() error { return in.r.Close() }
+
+// late is the refusal of a body that fell behind its rate (byRate) or
+// its timeout.
+func (in *paced) late(byRate bool) error {
+	if byRate {
+		return &failure{kind: failBodyTooSlow,
+			msg: "the request body arrived at less than " + strconv.FormatInt(in.rate, 10) + " bytes per second (LLMPROXY_MIN_BODY_RATE), " +
+				strconv.FormatInt(in.got, 10) + " bytes in " + time.Since(in.began).Round(time.Millisecond).String()}
+	}
+	return fail(failBodyRead, "could not read the request body: it did not arrive within "+in.timeout.String()+" (LLMPROXY_BODY_TIMEOUT)")
+}
+
+// end clears the read deadline once the body is read, or given up on.
+func (in *paced) end() {
+	if in.done {
+		return
+	}
+	in.done = true
+	if in.rd != nil {
+		_ = in.rd.SetReadDeadline(time.Time{})
+	}
 }
 
 // removeSpools removes the spool files left in dir: on Unix only a crash

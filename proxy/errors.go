@@ -58,6 +58,7 @@ const (
 	failBadAdminInput
 	failAdminWrite
 	failAdminHost
+	failBodyTooSlow
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -125,6 +126,9 @@ var replies = map[failKind]errorReply{
 	// The admin listener without a token, asked by another name than
 	// localhost or a loopback address (a page rebinding its own name).
 	failAdminHost: {status: http.StatusForbidden, typ: "invalid_request_error", code: "admin_host_refused"},
+	// A request body that arrived under LLMPROXY_MIN_BODY_RATE: it gave
+	// back what it held rather than keep it at the client's pace.
+	failBodyTooSlow: {status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "body_too_slow"},
 }
 
 // errShutdown is the answer to requests cut short by Stop.

@@ -11,6 +11,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"maps"
@@ -21,7 +22,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -87,13 +87,25 @@ type Config struct {
 	// together (queued, retried, in flight); a body past it gets 429
 	// queue_full. Zero = 256 MiB.
 	MaxBufferedBytes int64
-	Lanes            lanequeue.TableConfig
-	Transport        http.RoundTripper     // nil = upstream.NewTransport()
-	Logger           *slog.Logger          // nil = discard
-	Registry         prometheus.Registerer // nil = a private registry
-	Gatherer         prometheus.Gatherer   // what /metrics serves; nil = the private registry
-	Clock            clock.Clock           // nil = wall clock; also set into Lanes
-	Backoff          backoff.Policy
+	// BodyTimeout is the most a request's whole body may take to
+	// arrive, from its headers; past it, 400 body_read_error. Zero =
+	// 60s.
+	BodyTimeout time.Duration
+	// MinBodyRate is the least bytes per second a request's body must
+	// average, from its headers, once BodyRateGrace has passed; under
+	// it, 408 body_too_slow. Zero = DefaultMinBodyRate; below zero, no
+	// such bound.
+	MinBodyRate int64
+	// BodyRateGrace is how long a body may take before MinBodyRate
+	// applies; zero = 5s.
+	BodyRateGrace time.Duration
+	Lanes         lanequeue.TableConfig
+	Transport     http.RoundTripper     // nil = upstream.NewTransport()
+	Logger        *slog.Logger          // nil = discard
+	Registry      prometheus.Registerer // nil = a private registry
+	Gatherer      prometheus.Gatherer   // what /metrics serves; nil = the private registry
+	Clock         clock.Clock           // nil = wall clock; also set into Lanes
+	Backoff       backoff.Policy
 	// PassRateLimitHeaders forwards the upstream's rate-limit window headers
 	// to clients. By default they are removed: the proxy does the pacing,
 	// and client-side schedulers that throttle themselves on
@@ -117,8 +129,11 @@ type Proxy struct {
 	stop    context.CancelFunc
 
 	cfg      Config
-	buffered atomic.Int64 // request body bytes held in memory; see hold
-	spooled  atomic.Int64 // request body bytes spooled; see holdSpool
+	buffered bodyBudget // request body bytes held in memory; see hold
+	spooled  bodyBudget // request body bytes spooled; see holdSpool
+	// bodySeed hashes the clients' addresses and credentials for the
+	// budgets' shares.
+	bodySeed maphash.Seed
 	// sessions are the open WebSocket sessions (see join).
 	sessionsMu sync.Mutex
 	sessions   map[*session]struct{}
@@ -149,6 +164,9 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.sessions = map[*session]struct{}{}
+	p.bodySeed = maphash.MakeSeed()
+	p.buffered.init(cfg.MaxBufferedBytes, cfg.MemoryBodyBytes, "LLMPROXY_MAX_BUFFERED_BYTES")
+	p.spooled.init(cfg.MaxSpoolBytes, cfg.MaxBodyBytes, "LLMPROXY_MAX_SPOOL_BYTES")
 	if cfg.Tracer != nil {
 		p.providers = providers(cfg)
 	}
@@ -226,6 +244,11 @@ func (cfg Config) withDefaults() Config {
 	cfg.MemoryBodyBytes = orDefault(cfg.MemoryBodyBytes, DefaultMemoryBodyBytes)
 	cfg.MaxSpoolBytes = orDefault(cfg.MaxSpoolBytes, DefaultMaxSpoolBytes)
 	cfg.MaxBufferedBytes = orDefault(cfg.MaxBufferedBytes, DefaultMaxBufferedBytes)
+	cfg.BodyTimeout = orDefault(cfg.BodyTimeout, DefaultBodyTimeout)
+	cfg.BodyRateGrace = orDefault(cfg.BodyRateGrace, DefaultBodyRateGrace)
+	if cfg.MinBodyRate == 0 {
+		cfg.MinBodyRate = DefaultMinBodyRate
+	}
 	if cfg.SpoolDir == "" {
 		cfg.SpoolDir = os.TempDir()
 	}
@@ -296,6 +319,15 @@ const (
 	DefaultMaxBodyBytes    = 512 << 20
 	DefaultMemoryBodyBytes = 1 << 20
 	DefaultMaxSpoolBytes   = 2 << 30
+)
+
+// The defaults of Config's body time bounds. 16 KiB/s is a poor mobile
+// link's pace, at which the largest body held in memory (1 MiB) takes a
+// minute; a body that takes longer is not a request anyone waits for.
+const (
+	DefaultBodyTimeout   = 60 * time.Second
+	DefaultMinBodyRate   = 16 << 10
+	DefaultBodyRateGrace = 5 * time.Second
 )
 
 // DefaultMaxBufferedBytes is Config.MaxBufferedBytes' default: a quarter

@@ -44,6 +44,7 @@ type config struct {
 	MaxSpoolBytes             int64         `env:"MAX_SPOOL_BYTES" envDefault:"2147483648" help:"all spooled request bodies at once; past it new requests get 429 queue_full"`
 	MaxBufferedBytes          int64         `env:"MAX_BUFFERED_BYTES" envDefault:"268435456" help:"all request bodies held at once (queued, retried, in flight); past it new requests get 429 queue_full"`
 	BodyTimeout               time.Duration `env:"BODY_TIMEOUT" envDefault:"60s" help:"a request's whole body must arrive within this, else 400 body_read_error; at least 1s"`
+	MinBodyRate               int64         `env:"MIN_BODY_RATE" envDefault:"16384" help:"bytes per second a request's body must average after its first 5s, else 408 body_too_slow; 0 = no such bound"`
 	IdleTimeout               time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"a client's keep-alive connection idle this long is closed (both listeners)"`
 	LaneConcurrency           int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit, moved into [MIN, MAX]; it grows by half each answer time until the upstream refuses for concurrency"`
 	LaneMinConcurrency        int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
@@ -217,6 +218,7 @@ func (c *config) checkCounts() error {
 		{"LANE_MAX_CONCURRENCY", int64(c.LaneMaxConcurrency), 1},
 		{"MAX_LANES", int64(c.MaxLanes), 1},
 		{"GLOBAL_CONCURRENCY", int64(c.GlobalConcurrency), 0},
+		{"MIN_BODY_RATE", c.MinBodyRate, 0},
 	} {
 		if v.val < v.min {
 			return bad(v.name, "%d is below the minimum %d", v.val, v.min)

@@ -236,6 +236,8 @@ func TestTheEnvironmentsDefaultsAreThePackagesOwn(t *testing.T) {
 		{"MEMORY_BODY_BYTES", c.MemoryBodyBytes, int64(proxy.DefaultMemoryBodyBytes)},
 		{"MAX_SPOOL_BYTES", c.MaxSpoolBytes, int64(proxy.DefaultMaxSpoolBytes)},
 		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, int64(proxy.DefaultMaxBufferedBytes)},
+		{"MIN_BODY_RATE", c.MinBodyRate, int64(proxy.DefaultMinBodyRate)},
+		{"BODY_TIMEOUT", c.BodyTimeout, proxy.DefaultBodyTimeout},
 		{"MAX_QUEUE", c.MaxQueue, lanequeue.DefaultMaxQueue},
 		{"LANE_CONCURRENCY", c.LaneConcurrency, limit.Config{}.WithDefaults().Concurrency},
 		{"LANE_MIN_CONCURRENCY", c.LaneMinConcurrency, limit.Config{}.WithDefaults().MinConcurrency},

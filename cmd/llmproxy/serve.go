@@ -186,12 +186,23 @@ func proxyConfig(cfg config, lanes lanequeue.TableConfig, log *slog.Logger, reg 
 		MemoryBodyBytes:      cfg.MemoryBodyBytes,
 		SpoolDir:             cfg.SpoolDir,
 		MaxSpoolBytes:        cfg.MaxSpoolBytes,
+		BodyTimeout:          cfg.BodyTimeout,
+		MinBodyRate:          minBodyRate(cfg.MinBodyRate),
 		PassRateLimitHeaders: strings.EqualFold(cfg.ClientRateLimitHdr, "pass"),
 		Lanes:                lanes,
 		Logger:               log,
 		Registry:             reg,
 		Gatherer:             reg,
 	}
+}
+
+// minBodyRate is proxy.Config.MinBodyRate for LLMPROXY_MIN_BODY_RATE:
+// its 0, no bound, is the proxy's below zero.
+func minBodyRate(rate int64) int64 {
+	if rate == 0 {
+		return -1
+	}
+	return rate
 }
 
 // servers are the proxy listener's server (first) and the admin
@@ -210,10 +221,10 @@ func listen(cfg config, p *proxy.Proxy, health proxy.Health, log *slog.Logger) (
 		return nil, fmt.Errorf("LLMPROXY_ADDR: %w", err)
 	}
 	// No ReadTimeout or WriteTimeout: answers stream for up to MAX_WAIT.
-	// The body has its own bound (bodyDeadline); idle keep-alive
-	// connections theirs.
+	// The body has its own bounds (the proxy's BodyTimeout and
+	// MinBodyRate); idle keep-alive connections theirs.
 	l := &servers{servers: []*http.Server{{
-		Handler: bodyDeadline(p, cfg.BodyTimeout), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
+		Handler: p, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}}, listeners: []net.Listener{proxyLn}, addr: proxyLn.Addr().String()}
 	if cfg.AdminAddr == "" {
