@@ -102,6 +102,12 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	}
 	in.end()
 	if err != nil {
+		if !in.eof {
+			// Not the whole body: the server must not read the rest
+			// before it answers (a stalled client would hold the
+			// refusal back), nor read the next request from it.
+			w.Header().Set("Connection", "close")
+		}
 		var mbe *http.MaxBytesError
 		var f *failure
 		switch {
@@ -391,7 +397,8 @@ type paced struct {
 	grace   time.Duration
 	timeout time.Duration
 	got     int64
-	done    bool // the body was read to its end
+	eof     bool // the body was read to its end
+	done    bool // the deadline is cleared (see end)
 }
 
 // readDeadliner is a response writer that can set its connection's read
@@ -443,6 +450,7 @@ func (in *paced) Read(b []byte) (int, error) {
 	n, err := in.r.Read(b)
 	in.got += int64(n)
 	if err == io.EOF {
+		in.eof = true
 		in.end()
 		return n, err
 	}

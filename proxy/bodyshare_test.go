@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"net"
 	"net/http"
@@ -150,9 +151,9 @@ func TestTricklingBodyIsRefusedAndLetGo(t *testing.T) {
 				!strings.Contains(body, "LLMPROXY_MIN_BODY_RATE") || !strings.Contains(body, `"type":"invalid_request_error"`) {
 				t.Fatalf("%s %s, want 408 body_too_slow naming LLMPROXY_MIN_BODY_RATE", resp.Status, body)
 			}
-			// 2 KiB at once, then 100 B/s: under 1000 B/s 2.5s in.
+			// 2 KiB at once, then 100 B/s: under 1000 B/s 2.8s in.
 			if d < 2*time.Second || d > 4*time.Second {
-				t.Errorf("refused after %v, want about 2.5s", d)
+				t.Errorf("refused after %v, want about 2.8s", d)
 			}
 			waitFor(t, func() bool { return tc.held(h.proxy) == 0 })
 		})
@@ -276,19 +277,29 @@ func TestBodyBudgetShares(t *testing.T) {
 	}
 	b.give(&a, &mineA)
 	b.give(&c, &mineC)
-	// One credential from many addresses is one client.
-	for i := range 20 {
+	// One credential from many addresses is one client: while another
+	// credential holds bytes, it holds half.
+	other := bodyClient{addr: 9, cred: 8, hasCred: true}
+	var mineOther int64
+	if err := b.take(&other, &mineOther, 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
 		var mine int64
 		err := b.take(&bodyClient{addr: uint64(10 + i), cred: 7, hasCred: true}, &mine, 100)
-		if i < 10 && err != nil {
+		if i < 5 && err != nil {
 			t.Fatalf("address %d, %d held: %v", i, b.Load(), err)
 		}
-		if i == 10 && (err == nil || !strings.Contains(err.Error(), "by its credential")) {
-			t.Fatalf("one credential past the budget: %v", err)
+		if i == 5 && (err == nil || !strings.Contains(err.Error(), "by its credential")) {
+			t.Fatalf("one credential past its share: %v", err)
 		}
 	}
-	if b.byCred[7] != 1000 || len(b.byCred) != 1 {
-		t.Fatalf("credential holds %d", b.byCred[7])
+	if b.byCred[7] != 500 || len(b.byCred) != 2 || len(b.byAddr) != 6 || b.Load() != 501 {
+		t.Fatalf("credential holds %d of %d, %d credentials, %d addresses", b.byCred[7], b.Load(), len(b.byCred), len(b.byAddr))
+	}
+	b.give(&other, &mineOther)
+	if _, ok := b.byCred[8]; ok || b.Load() != 500 {
+		t.Fatalf("a credential given back is still counted: %v", b.byCred)
 	}
 	// The floor: with 20 holders a share is 50, but a client may hold 100.
 	var f bodyBudget
@@ -321,7 +332,7 @@ func TestBodyBudgetShares(t *testing.T) {
 // TestClientOfTellsClientsApart: a client is its address without the
 // port, and its credential when it sends one.
 func TestClientOfTellsClientsApart(t *testing.T) {
-	p := &Proxy{}
+	p := &Proxy{bodySeed: maphash.MakeSeed()}
 	req := func(remote, key string) bodyClient {
 		r := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 		r.RemoteAddr = remote
