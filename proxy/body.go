@@ -285,19 +285,20 @@ func (p *Proxy) clientOf(r *http.Request) bodyClient {
 type bodyBudget struct {
 	total atomic.Int64 // what all requests hold; read without mu
 	// max is the bound; floor the least share; setting the variable
-	// that sets max, for the refusals.
-	max, floor int64
-	setting    string
-	mu         sync.Mutex
+	// that sets max and what the bodies it bounds, for the refusals.
+	max, floor    int64
+	setting, what string
+	mu            sync.Mutex
 	// byAddr and byCred are what each client holds, by address and by
 	// credential; a client holding nothing is not in them.
 	byAddr, byCred map[uint64]int64
 }
 
 // init makes b a budget of limit bytes, where the largest body is
-// largest bytes, set by the variable setting.
-func (b *bodyBudget) init(limit, largest int64, setting string) {
-	b.max, b.floor, b.setting = limit, min(limit, max(limit/16, largest)), setting
+// largest bytes, set by the variable setting, of the bodies what
+// ("held in memory").
+func (b *bodyBudget) init(limit, largest int64, setting, what string) {
+	b.max, b.floor, b.setting, b.what = limit, min(limit, max(limit/16, largest)), setting, what
 	b.byAddr, b.byCred = map[uint64]int64{}, map[uint64]int64{}
 }
 
@@ -325,7 +326,7 @@ func (b *bodyBudget) take(c *bodyClient, mine *int64, n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.total.Load()+n > b.max {
-		return fail(failQueueFull, "the request bodies held by the proxy reached "+b.setting+"; retry later")
+		return fail(failQueueFull, "the request bodies "+b.what+" by the proxy reached "+b.setting+"; retry later")
 	}
 	if h := holders(b.byAddr, c.addr); b.byAddr[c.addr]+n > b.share(h) {
 		return b.overShare("address", h)
@@ -344,7 +345,7 @@ func (b *bodyBudget) take(c *bodyClient, mine *int64, n int64) error {
 
 // overShare is the refusal of a client over its share, told apart by by.
 func (b *bodyBudget) overShare(by string, holders int) error {
-	return fail(failQueueFull, "the request bodies of this client (by its "+by+") reached its fair share of "+b.setting+
+	return fail(failQueueFull, "the request bodies "+b.what+" for this client (by its "+by+") reached its fair share of "+b.setting+
 		", "+strconv.FormatInt(b.share(holders), 10)+" bytes while "+strconv.Itoa(holders)+" clients hold bodies; retry later")
 }
 

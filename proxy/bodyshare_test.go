@@ -75,7 +75,7 @@ func TestIdleAnnouncedBodiesDoNotFillTheProxy(t *testing.T) {
 	for i := range idle {
 		openBody(t, h, fmt.Sprintf("sk-idle-%d", i), DefaultMemoryBodyBytes, []byte(`{"model":`))
 	}
-	waitFor(t, func() bool { return h.proxy.buffered.Load() == idle*firstChunk })
+	waitFor(t, func() bool { return h.proxy.buffered.Load() >= idle*firstChunk }) // each holds what it sent, 16 KiB at most
 	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[]}`)
 	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != okAnswer {
 		t.Fatalf("a chat beside %d idle bodies: %d %s, want the upstream's 200", idle, resp.StatusCode, got)
@@ -244,7 +244,7 @@ func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
 // leaves no client behind.
 func TestBodyBudgetShares(t *testing.T) {
 	var b bodyBudget
-	b.init(1000, 100, "LLMPROXY_X")
+	b.init(1000, 100, "LLMPROXY_X", "kept")
 	if b.floor != 100 {
 		t.Fatalf("floor %d, want the largest body, 100", b.floor)
 	}
@@ -253,7 +253,7 @@ func TestBodyBudgetShares(t *testing.T) {
 	if err := b.take(&a, &mineA, 1000); err != nil || mineA != 1000 || b.Load() != 1000 {
 		t.Fatalf("alone, all of it: %v, %d held", err, mineA)
 	}
-	if err := b.take(&bodyClient{addr: 2}, new(int64), 1); err == nil || !strings.Contains(err.Error(), "reached LLMPROXY_X") {
+	if err := b.take(&bodyClient{addr: 2}, new(int64), 1); err == nil || !strings.Contains(err.Error(), "bodies kept by the proxy reached LLMPROXY_X") {
 		t.Fatalf("past the budget: %v", err)
 	}
 	b.give(&a, &mineA)
@@ -303,7 +303,7 @@ func TestBodyBudgetShares(t *testing.T) {
 	}
 	// The floor: with 20 holders a share is 50, but a client may hold 100.
 	var f bodyBudget
-	f.init(1000, 100, "LLMPROXY_X")
+	f.init(1000, 100, "LLMPROXY_X", "kept")
 	for i := range 19 {
 		if err := f.take(&bodyClient{addr: uint64(i)}, new(int64), 1); err != nil {
 			t.Fatal(err)
@@ -319,11 +319,11 @@ func TestBodyBudgetShares(t *testing.T) {
 	}
 	// A floor is a sixteenth when that is more, and never the budget's
 	// whole past it.
-	f.init(1600, 10, "")
+	f.init(1600, 10, "", "")
 	if f.floor != 100 {
 		t.Errorf("floor %d, want 1600/16", f.floor)
 	}
-	f.init(50, 100, "")
+	f.init(50, 100, "", "")
 	if f.floor != 50 {
 		t.Errorf("floor %d, want the budget, 50", f.floor)
 	}

@@ -165,8 +165,8 @@ func New(cfg Config) (*Proxy, error) {
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.sessions = map[*session]struct{}{}
 	p.bodySeed = maphash.MakeSeed()
-	p.buffered.init(cfg.MaxBufferedBytes, cfg.MemoryBodyBytes, "LLMPROXY_MAX_BUFFERED_BYTES")
-	p.spooled.init(cfg.MaxSpoolBytes, cfg.MaxBodyBytes, "LLMPROXY_MAX_SPOOL_BYTES")
+	p.buffered.init(cfg.MaxBufferedBytes, cfg.MemoryBodyBytes, "LLMPROXY_MAX_BUFFERED_BYTES", "held in memory")
+	p.spooled.init(cfg.MaxSpoolBytes, cfg.MaxBodyBytes, "LLMPROXY_MAX_SPOOL_BYTES", "spooled to disk")
 	if cfg.Tracer != nil {
 		p.providers = providers(cfg)
 	}
