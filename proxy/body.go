@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"io"
+	"math/bits"
 	"net"
 	"net/http"
 	"os"
@@ -433,8 +434,14 @@ func deadliner(w http.ResponseWriter) readDeadliner {
 func (in *paced) due() (time.Time, bool) {
 	limit := in.timeout
 	if in.rate > 0 {
-		if byRate := in.grace + time.Duration(float64(in.got)/float64(in.rate)*float64(time.Second)); byRate < limit {
-			return in.began.Add(byRate), true
+		// Whole seconds first: a body large for its rate is due past
+		// what a Duration holds, after its timeout.
+		if secs := in.got / in.rate; secs <= int64((limit-in.grace)/time.Second) {
+			hi, lo := bits.Mul64(uint64(in.got%in.rate), uint64(time.Second))
+			frac, _ := bits.Div64(hi, lo, uint64(in.rate))
+			if byRate := in.grace + time.Duration(secs)*time.Second + time.Duration(frac); byRate < limit {
+				return in.began.Add(byRate), true
+			}
 		}
 	}
 	return in.began.Add(limit), false

@@ -379,6 +379,14 @@ func TestPacedDue(t *testing.T) {
 			t.Errorf("%d bytes: due %v (by rate %v), want %v (%v)", c.got, at.Sub(began), byRate, c.at, c.byRate)
 		}
 	}
+	in.rate, in.got = 1, 1<<62 // past what a Duration holds
+	if at, byRate := in.due(); at != began.Add(10*time.Second) || byRate {
+		t.Errorf("%d bytes at 1 B/s: due %v (by rate %v), want the timeout", in.got, at.Sub(began), byRate)
+	}
+	in.rate, in.got, in.grace = 1000, 0, 20*time.Second // a grace past the timeout
+	if at, byRate := in.due(); at != began.Add(10*time.Second) || byRate {
+		t.Errorf("grace past the timeout: due %v (by rate %v), want the timeout", at.Sub(began), byRate)
+	}
 	in.rate, in.got = 0, 0
 	if at, byRate := in.due(); at != began.Add(10*time.Second) || byRate {
 		t.Errorf("no rate: due %v (by rate %v), want the timeout", at.Sub(began), byRate)

@@ -67,6 +67,7 @@ func TestBadValueNamesTheVariable(t *testing.T) {
 		{"OTEL_EXPORTER_OTLP_ENDPOINT", "localhost:4318"},
 		{"OTEL_TRACES_EXPORTER", "zipkin"},
 		{"LLMPROXY_GLOBAL_CONCURRENCY", "-3"},
+		{"LLMPROXY_MIN_BODY_RATE", "-1"},
 	} {
 		t.Run(tc.env+"="+tc.val, func(t *testing.T) {
 			var stderr bytes.Buffer
