@@ -371,6 +371,7 @@ func TestPacedDue(t *testing.T) {
 		{500, 2500 * time.Millisecond, true},
 		{7999, 9999 * time.Millisecond, true},
 		{8000, 10 * time.Second, false},
+		{8200, 10 * time.Second, false},
 		{9000, 10 * time.Second, false},
 	} {
 		in.got = c.got
@@ -383,6 +384,10 @@ func TestPacedDue(t *testing.T) {
 	if at, byRate := in.due(); at != began.Add(10*time.Second) || byRate {
 		t.Errorf("%d bytes at 1 B/s: due %v (by rate %v), want the timeout", in.got, at.Sub(began), byRate)
 	}
+	in.rate, in.grace, in.got = 1000, 1500*time.Millisecond, 8200 // 8.5s of rate: 8.2s is within
+	if at, byRate := in.due(); at != began.Add(9700*time.Millisecond) || !byRate {
+		t.Errorf("8200 bytes after a 1.5s grace: due %v (by rate %v), want 9.7s by rate", at.Sub(began), byRate)
+	}
 	in.rate, in.got, in.grace = 1000, 0, 20*time.Second // a grace past the timeout
 	if at, byRate := in.due(); at != began.Add(10*time.Second) || byRate {
 		t.Errorf("grace past the timeout: due %v (by rate %v), want the timeout", at.Sub(began), byRate)
@@ -390,5 +395,91 @@ func TestPacedDue(t *testing.T) {
 	in.rate, in.got = 0, 0
 	if at, byRate := in.due(); at != began.Add(10*time.Second) || byRate {
 		t.Errorf("no rate: due %v (by rate %v), want the timeout", at.Sub(began), byRate)
+	}
+}
+
+// TestBodyPastItsTimeoutIsRefused: a body that stops arriving gets 400
+// body_read_error naming LLMPROXY_BODY_TIMEOUT once BodyTimeout passes,
+// and gives back what it held.
+func TestBodyPastItsTimeoutIsRefused(t *testing.T) {
+	h := newHarness(t, answering(nil), func(c *Config) {
+		c.MinBodyRate = -1
+		c.BodyTimeout = time.Second
+	})
+	start := time.Now()
+	conn := openBody(t, h, testKey, 1000, []byte(`{"model":`))
+	resp, body, err := answerOn(t, conn, 5*time.Second)
+	if err != nil {
+		t.Fatalf("after %v: %v, want a 400", time.Since(start), err)
+	}
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, `"code":"body_read_error"`) || !strings.Contains(body, "within 1s (LLMPROXY_BODY_TIMEOUT)") {
+		t.Fatalf("%s %s, want 400 body_read_error naming LLMPROXY_BODY_TIMEOUT", resp.Status, body)
+	}
+	if d := time.Since(start); d < 900*time.Millisecond || d > 3*time.Second {
+		t.Errorf("refused after %v, want about 1s", d)
+	}
+	waitFor(t, func() bool { return h.proxy.buffered.Load() == 0 })
+}
+
+// TestBodyIsCountedAsItGrows: a body's memory is counted in the steps it
+// grows by, and a step past the budget refuses the body (429 queue_full
+// naming the budget) and gives back the steps before it.
+func TestBodyIsCountedAsItGrows(t *testing.T) {
+	h := newHarness(t, answering(nil), func(c *Config) {
+		c.MaxBufferedBytes = 20 << 10 // the first 16 KiB, not the next
+		c.MinBodyRate = -1
+	})
+	conn := openBody(t, h, testKey, 64<<10, bytes.Repeat([]byte("x"), 8<<10))
+	waitFor(t, func() bool { return h.proxy.buffered.Load() == firstChunk })
+	if _, err := conn.Write(bytes.Repeat([]byte("x"), 10<<10)); err != nil {
+		t.Fatal(err)
+	}
+	resp, body, err := answerOn(t, conn, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 429 || !strings.Contains(body, `"code":"queue_full"`) || !strings.Contains(body, "bodies held in memory by the proxy reached LLMPROXY_MAX_BUFFERED_BYTES") {
+		t.Fatalf("%s %s, want 429 queue_full naming LLMPROXY_MAX_BUFFERED_BYTES", resp.Status, body)
+	}
+	if !resp.Close {
+		t.Error("the refusal keeps the connection: a half-read body's must close")
+	}
+	waitFor(t, func() bool { return h.proxy.buffered.Load() == 0 })
+}
+
+// slowReader gives its bytes a few at a time, every tick.
+type slowReader struct {
+	left int
+	tick time.Duration
+}
+
+func (s *slowReader) Read(b []byte) (int, error) {
+	if s.left == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(s.tick)
+	n := min(len(b), s.left, 10)
+	s.left -= n
+	return n, nil
+}
+
+// TestSlowBodyIsRefusedWithoutADeadline: where the response writer cannot
+// set a read deadline, a body under MinBodyRate is still refused, at its
+// first read past its due time.
+func TestSlowBodyIsRefusedWithoutADeadline(t *testing.T) {
+	p, err := New(Config{Transport: cannedTransport{}, MinBodyRate: 1000, BodyRateGrace: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("POST", "/v1/chat/completions", &slowReader{left: 1000, tick: 20 * time.Millisecond})
+	r.ContentLength = 1000
+	w := httptest.NewRecorder()
+	start := time.Now()
+	p.ServeHTTP(w, r)
+	if d := time.Since(start); w.Code != http.StatusRequestTimeout || !strings.Contains(w.Body.String(), "body_too_slow") || d > 1500*time.Millisecond {
+		t.Fatalf("%d %s after %v, want 408 body_too_slow soon after 200ms", w.Code, w.Body, d)
+	}
+	if p.buffered.Load() != 0 {
+		t.Fatalf("%d bytes still held", p.buffered.Load())
 	}
 }
