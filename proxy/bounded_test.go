@@ -153,3 +153,19 @@ func TestMegabyteModelNamesStayBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestAMegabytePathIsLoggedBounded: the request's log line names a path of
+// a megabyte by its bounded form, as lanes and spans do.
+func TestAMegabytePathIsLoggedBounded(t *testing.T) {
+	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		readAllQuiet(r)
+		fmt.Fprint(w, `{}`)
+	}), nil)
+	readAll(t, h.post("/v1/"+strings.Repeat("p", 1<<20), `{"model":"m"}`).Body)
+	waitFor(t, func() bool { return strings.Contains(h.logs.String(), "path=") })
+	for _, line := range strings.Split(h.logs.String(), "\n") {
+		if len(line) > 4<<10 {
+			t.Fatalf("a log line of %d bytes: %.200s", len(line), line)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
@@ -211,7 +212,7 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 		slog.String("lane", req.laneID),
 		slog.String("route", req.route),
 		slog.String("method", r.Method),
-		slog.String("path", req.target.Path),
+		slog.String("path", bound.Field(req.target.Path)),
 		slog.Int("status", req.status),
 		slog.String("outcome", string(req.outcome)),
 		slog.Int64("queue_ms", req.queueWait.Milliseconds()),
