@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -167,6 +168,15 @@ func TestShutdownClosesWebSocketSessionsAfterTheDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.CloseNow()
+	// The session is counted a moment after its 101: the stop below is
+	// sent once it is, so that the log line has a session to count.
+	deadline := time.Now().Add(5 * time.Second)
+	for !sessionsOpen(t, pr.admin) {
+		if time.Now().After(deadline) {
+			t.Fatal("the session was not counted within 5s of its handshake")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	pr.stop()
 	// The drain has nothing to wait for; the session still works until
 	// the proxy closes it.
@@ -201,4 +211,17 @@ func TestShutdownClosesWebSocketSessionsAfterTheDrain(t *testing.T) {
 	if !strings.Contains(pr.logs.String(), "closing WebSocket sessions") {
 		t.Errorf("no log line for the sessions closed:\n%s", pr.logs)
 	}
+}
+
+// sessionsOpen reports whether the admin listener at admin counts a
+// WebSocket session open.
+func sessionsOpen(t *testing.T, admin string) bool {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	return strings.Contains(string(page), "\nllmproxy_websocket_sessions 1\n")
 }
