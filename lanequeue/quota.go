@@ -64,7 +64,10 @@ const (
 // learn folds in r, the answer to a dispatch made at dispatched: an
 // answer that spends a quota (and renews later than now, when it says)
 // holds the limit from now; an answer to a dispatch made after the hold
-// began that went through (a status below 500) and spends none ends it.
+// began that went through (a status below 500) and spends none ends it,
+// unless it refused the request's credential (401, 403): a forged
+// credential says nothing of the key's quota, and the next probe may go
+// at once rather than a minute later.
 // It reports whether a hold began.
 func (q *quotaHold) learn(r limit.Report, dispatched, now time.Time) (began bool) {
 	if r.Quota.Spent {
@@ -80,7 +83,12 @@ func (q *quotaHold) learn(r limit.Report, dispatched, now time.Time) (began bool
 			probes: r.Quota.Worded || until.IsZero()}
 		return began
 	}
-	if !q.since.IsZero() && r.Status > 0 && r.Status < 500 && dispatched.After(q.since) {
+	if q.since.IsZero() || r.Status <= 0 || r.Status >= 500 || !dispatched.After(q.since) {
+		return false
+	}
+	if refusedCredential(r.Status) {
+		q.probeAt = now // that probe told nothing: the next may go at once
+	} else {
 		*q = quotaHold{}
 	}
 	return false
@@ -146,3 +154,6 @@ func (g *group) quotaLocked(lim *pool, s *Slot, now time.Time) bool {
 	g.refuseLocked(lim, func(*Slot) error { return lim.quota.err() })
 	return false
 }
+
+// refusedCredential reports whether status refuses a request's credential.
+func refusedCredential(status int) bool { return status == 401 || status == 403 }

@@ -364,3 +364,27 @@ func TestAClearLiftsAQuota(t *testing.T) {
 		}
 	}
 }
+
+// TestAProbeRefusedItsCredentialLeavesTheHold (issue 49): a probe the
+// upstream answers 401 or 403 (a forged credential on the key's lane)
+// does not end a quota hold, and gives its turn back: the next request
+// probes at once, not a minute later, and its success ends the hold.
+func TestAProbeRefusedItsCredentialLeavesTheHold(t *testing.T) {
+	for _, status := range []int{401, 403} {
+		tb, fc := quotaTable(4)
+		r := quotaRequest("m")
+		s := mustAcquire(t, tb, r)
+		spendOnWords(s, 429, time.Time{})
+		s.Done(429, "upstream_error", -1)
+		fc.Set(t0.Add(quotaProbeEvery))
+		probe := mustAcquire(t, tb, r)
+		probe.Report(limit.Report{Status: status, Verdict: limit.VerdictOf(status, false, false)})
+		probe.Done(status, "upstream_error", -1)
+		fc.Set(fc.Now().Add(time.Second))
+		probe = mustAcquire(t, tb, r) // the forged probe's turn given back
+		quotaRefusal(t, tb, r)
+		accept(probe, headerparse.Limits{})
+		probe.Done(200, "ok", -1)
+		mustAcquire(t, tb, r).Done(200, "ok", -1)
+	}
+}
