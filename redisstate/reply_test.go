@@ -26,6 +26,12 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 		{"refused while paused, pace from refusals", []int64{0, 1_002_000, 8, 8, 0, 0, 0, 1, 1_002_000, 1_000_000, 0, 4000, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0},
 			admitReply{retryAt: redisAt(1_002_000), out: 8, paced: true, paused: redisAt(1_002_000), redisNow: 1_000_000,
 				limits: limits{concurrency: 8, reqRate: 4, reqSize: 2}, paceFromRefusals: true}, true},
+		// A pause read from Redis ends an hour on at the latest, whatever
+		// a script replied: an hour is kept, one past it cut to it.
+		{"paused an hour", []int64{0, 0, 0, 8, 0, 0, 0, 0, 4_600_000, 1_000_000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+			admitReply{paused: redisAt(4_600_000), redisNow: 1_000_000, limits: limits{concurrency: 8}}, true},
+		{"paused for ever", []int64{0, 0, 0, 8, 0, 0, 0, 0, 9e15, 1_000_000, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+			admitReply{paused: now.Add(time.Hour), redisNow: 1_000_000, limits: limits{concurrency: 8}}, true},
 		{"short", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36}, admitReply{}, false},
 		{"long", []int64{1, 0, 3, 8, 41, 900, 1, 0, 0, 1_000_000, 1, 20_500, 6000, 100_000, 5, 0, 999_750, 7, 19, 130, 36, 2, 0}, admitReply{}, false},
 	}
@@ -48,6 +54,8 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 			learnReply{out: 4, redisNow: 1_000_000, raiser: true,
 				admitted: []float64{0, 0, 3.5, 0, 0, 0, 0, 0, 0, 0.5}, refused: []float64{0, 0, 0, 0, 0, 0, 0, 0, 0, 2}}, true},
 		{"paused, no levels", []int64{0, 1_000_250, 1_000_000, 0}, learnReply{paused: redisAt(1_000_250), redisNow: 1_000_000}, true},
+		{"paused an hour", []int64{0, 4_600_000, 1_000_000, 0}, learnReply{paused: redisAt(4_600_000), redisNow: 1_000_000}, true},
+		{"paused for ever", []int64{0, 9e15, 1_000_000, 0}, learnReply{paused: now.Add(time.Hour), redisNow: 1_000_000}, true},
 		{"short", []int64{0, 0, 0}, learnReply{}, false},
 		{"a level cut short", []int64{4, 0, 1_000_000, 1, 2, 0, 3500, 9, 1}, learnReply{}, false},
 		{"a level of 0 or past the highest, left out", []int64{4, 0, 1_000_000, 0, 0, 0, 1000, 4097, 1, 1000, 4096, 0, 2000, 1, 1, 500},

@@ -196,7 +196,18 @@ local function fleetWindow(key, now, sent)
   elseif wfull % ${probeWindows} == ${probeWindows} - 1 then
     extra = 1
   end
-  if sent - ws >= wcap + extra then return wb + wlen + ${windowMargin}, true end
+  if sent - ws >= wcap + extra then
+    local opens = wb + wlen + ${windowMargin}
+    -- A closure past ${maxPause} ms from now is none the proxy learns (its
+    -- windows are the upstream's, a minute long in practice) but one
+    -- written into Redis by hand, that would hold the group for ever: the
+    -- window is forgotten.
+    if opens > now + ${maxPause} then
+      redis.call('HDEL', key, 'wb', 'ws', 'wa', 'pb', 'ps', 'pa', 'wo', 'wp', 'wcap', 'wlen', 'wfull', 'wclimb')
+      return 0, false
+    end
+    return opens, true
+  end
   return 0, true
 end
 -- countDispatch counts a dispatch at now (last), and returns the group's
@@ -230,6 +241,13 @@ local now, cost, alone = clock(args.now), tonumber(args.cost), args.alone == '1'
 local lease, ttl, replica, since, keyttl = args.lease, tonumber(args.ttl), args.replica, now - tonumber(args.age), tonumber(args.keyttl)
 local f = redis.call('HMGET', KEYS[1], 'paused', 'acc', 'rn', 'an', 'apn')
 local paused, acc, rn, an, apn = num(f[1], 0), num(f[2], 0), num(f[3], 0), num(f[4], 0), num(f[5], 0)
+-- A pause read from the hash ends ${maxPause} ms from now at the latest,
+-- and is written back so: anyone who can write to Redis could set one
+-- that never ends.
+if paused > now + ${maxPause} then
+  paused = now + ${maxPause}
+  redis.call('HSET', KEYS[1], 'paused', paused)
+end
 local climit, answered = concurrencyLimit(KEYS[4], now, tonumber(args.defaultClimit), tonumber(args.maxClimit))
 for _, l in ipairs(args.returned) do redis.call('ZREM', KEYS[2], l) end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -448,7 +466,7 @@ end
 // mode 2 caps it at value; mode 0 leaves it.
 var learnScript = newScript(learnArgs{}, lib, learnLib, `
 local now, keyttl, pause = clock(args.now), tonumber(args.keyttl), tonumber(args.pause)
-local paused = num(redis.call('HGET', KEYS[1], 'paused'), 0)
+local paused = math.min(num(redis.call('HGET', KEYS[1], 'paused'), 0), now + ${maxPause})
 if pause > 0 then paused = math.max(paused, now + pause) end
 redis.call('HSET', KEYS[1], 'paused', paused)
 redis.call('HSET', KEYS[3], args.replica, args.climit .. ':' .. now .. ':' .. args.lowered)
@@ -589,6 +607,19 @@ const (
 	// maxWaitSeconds bounds one pacing wait (the Go bucket's MaxWait,
 	// a day): a tiny rate asks again then.
 	maxWaitSeconds = int64(bucket.MaxWait / time.Second)
+	// maxPause bounds a pause, or a fixed window's closure, read from
+	// Redis: it ends this long after it is read at the latest. A pause
+	// is written as the state's "paused" field, which whoever can write
+	// to Redis can set to any time; without a bound one write would hold
+	// a group on every replica for ever. The pauses the proxy takes are
+	// its retry waits, at most LLMPROXY_MAX_RETRY_AFTER (2m by default),
+	// lengthened when one paid nothing, and a fixed window's closure, to
+	// a boundary the upstream states (a minute's window, in practice):
+	// an hour is past all of them. A longer one (an operator who set
+	// LLMPROXY_MAX_RETRY_AFTER above an hour) still holds the replica
+	// that took it for its whole length (its own pause, not read from
+	// Redis); the others ask the upstream again after the hour.
+	maxPause = time.Hour
 	// replyScale: a reply carries a rate, or a count by level, as an
 	// integer replyScale times it.
 	replyScale = 1000
@@ -612,6 +643,7 @@ var sharedNumbers = map[string]int64{
 	"startSpread":       startSpread,
 	"levelMemory":       levelMemory,
 	"maxWaitSeconds":    maxWaitSeconds,
+	"maxPause":          maxPause.Milliseconds(),
 	"replyScale":        replyScale,
 	"probeWindows":      probeWindows,
 	"maxClimb":          maxClimb,

@@ -325,7 +325,7 @@ func decodeAdmit(res []int64, now time.Time) (admitReply, error) {
 	fill(&w, res)
 	at := func(v int64) time.Time { return local(v, w.Now, now) }
 	return admitReply{ok: w.OK == 1, retryAt: at(w.RetryAt), out: int(w.Out), reqSent: w.ReqSent, tokSent: w.TokSent,
-		room: w.Room == 1, paced: w.Paced == 1, paused: at(w.Paused), redisNow: w.Now, answered: w.Answered == 1,
+		room: w.Room == 1, paced: w.Paced == 1, paused: at(capPause(w.Paused, w.Now)), redisNow: w.Now, answered: w.Answered == 1,
 		limits: limits{concurrency: int(w.Climit), reqRate: float64(w.ReqRate) / replyScale, tokSize: float64(w.TokSize),
 			tokRate: float64(w.TokRate) / replyScale, reqSize: float64(w.ReqSize)},
 		paceFromRefusals: w.ReqSyn == 1, accepted: at(w.Accepted), refusals: uint64(max(w.Refusals, 0)), lastSecond: int(w.LastSecond),
@@ -369,7 +369,7 @@ func decodeLearn(res []int64, now time.Time) (learnReply, error) {
 	}
 	var w learnWire
 	fill(&w, res)
-	rep := learnReply{out: int(w.Out), paused: local(w.Paused, w.Now, now), redisNow: w.Now, raiser: w.Raiser == 1}
+	rep := learnReply{out: int(w.Out), paused: local(capPause(w.Paused, w.Now), w.Now, now), redisNow: w.Now, raiser: w.Raiser == 1}
 	for i := head; i < len(res); i += per {
 		var l levelWire
 		fill(&l, res[i:])
@@ -403,6 +403,15 @@ func decodeHeartbeat(res []int64) (heartbeatWire, error) {
 	var w heartbeatWire
 	fill(&w, res)
 	return w, nil
+}
+
+// capPause is the end of a pause (ms on Redis' clock) read from Redis
+// when its clock said redisNow, maxPause on at the latest (see
+// maxPause): the scripts bound it too, and this holds whatever a script
+// replies, before the end is read as a time (where a far one would
+// overflow).
+func capPause(until, redisNow int64) int64 {
+	return min(until, redisNow+maxPause.Milliseconds())
 }
 
 // local is a time on Redis' clock (ms), read as the replica's: redisNow
