@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -126,6 +127,9 @@ func (s *Store) PutChange(ctx context.Context, field, value string) error {
 	if s.signKey == nil {
 		return ErrNoChangesToken
 	}
+	if why := strayChange(field, s.seal(field, 1<<62, value)); why != "" {
+		return fmt.Errorf("change %s: %s, so no replica would take it", clip(field, maxLoggedField), why)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	// A poll between the write and the note would read the old value
@@ -191,6 +195,42 @@ func (s *Store) WatchChanges(apply func(field, value string, first bool)) {
 // anyone who can write to Redis chooses it.
 const maxLoggedField = 200
 
+// Whoever can write to Redis can add fields to the changes hash as fast
+// as it likes, and every replica reads the whole hash every
+// ChangesEvery: what a replica keeps and logs of it is bounded.
+//
+// changeField is the form of every field the proxy writes:
+// route:<route name>:<kind> or lane:<lane ID>:<kind> (a route's name is
+// letters, digits, '.', '_' and '-'; a lane's ID is hex), the name at
+// most maxChangeName bytes. A sealed change is at most maxChangeValue
+// bytes (a change is a small JSON object). Other fields, and longer
+// values, are none a replica wrote: a poll passes over them, and logs
+// that it met some once, not each. PutChange refuses them.
+var changeField = regexp.MustCompile(`^(route|lane):[A-Za-z0-9._-]{1,` + strconv.Itoa(maxChangeName) + `}:[a-z]{1,16}$`)
+
+const (
+	maxChangeName  = 200
+	maxChangeValue = 4096
+	// maxChangesSeen bounds the fields a replica keeps (changesSeen): a
+	// fleet's changes are a few per route and per lane operated on.
+	maxChangesSeen = 10_000
+	// maxIgnoredLogged bounds the changes one poll logs as ignored, one
+	// line each; one more line counts the rest.
+	maxIgnoredLogged = 10
+)
+
+// strayChange reports why field=raw is no change a replica could have
+// written ("": it may be one).
+func strayChange(field, raw string) string {
+	switch {
+	case !changeField.MatchString(field):
+		return "not a route's or a lane's change"
+	case len(raw) > maxChangeValue:
+		return "longer than any change"
+	}
+	return ""
+}
+
 // pollChanges reads the fleet's changes and hands apply the fields new
 // to this replica, and keeps the hash alive another KeyTTL; it reports
 // whether Redis answered. A change not signed with this replica's token,
@@ -216,8 +256,24 @@ func (s *Store) pollChanges(apply func(field, value string, first bool), first b
 		s.failed("changes", err)
 		return false
 	}
-	for field, raw := range all.Val() {
+	fields := all.Val()
+	// A field gone from the hash is forgotten: what is kept follows it.
+	for field := range s.changesSeen {
+		if _, ok := fields[field]; !ok {
+			delete(s.changesSeen, field)
+		}
+	}
+	stray, over, ignored := 0, 0, 0
+	for field, raw := range fields {
+		if strayChange(field, raw) != "" {
+			stray++
+			continue
+		}
 		seen, ok := s.changesSeen[field]
+		if !ok && len(s.changesSeen) >= maxChangesSeen {
+			over++
+			continue
+		}
 		s.changesSeen[field] = raw
 		if ok && seen == raw {
 			continue
@@ -227,12 +283,25 @@ func (s *Store) pollChanges(apply func(field, value string, first bool), first b
 			err = fmt.Errorf("version %d is not above %d, the one in force here (a replay?)", version, s.changesVersion[field])
 		}
 		if err != nil {
-			s.log.Warn("a change in redis ignored", "field", clip(field, maxLoggedField), "reason", err.Error())
+			if ignored++; ignored <= maxIgnoredLogged {
+				s.log.Warn("a change in redis ignored", "field", clip(field, maxLoggedField), "reason", err.Error())
+			}
 			continue
 		}
 		s.changesVersion[field] = version
 		apply(field, value, first)
 	}
+	if ignored > maxIgnoredLogged {
+		s.log.Warn("more changes in redis ignored", "count", ignored-maxIgnoredLogged)
+	}
+	if stray > 0 && !s.changesStray {
+		s.log.Warn("fields in redis' changes passed over: none a replica writes (not logged again while some remain)", "count", stray)
+	}
+	if over > 0 && !s.changesOver {
+		s.log.Warn("changes in redis passed over: past the most a replica keeps (not logged again while some remain)",
+			"count", over, "most_kept", maxChangesSeen)
+	}
+	s.changesStray, s.changesOver = stray > 0, over > 0
 	return true
 }
 

@@ -157,7 +157,11 @@ type Store struct {
 	// (nil: no ChangesToken).
 	changesVersion map[string]int64
 	signKey        []byte
-	watching       sync.WaitGroup
+	// changesStray, changesOver: the last poll met fields no replica
+	// writes, or changes past maxChangesSeen, logged once (see
+	// pollChanges).
+	changesStray, changesOver bool
+	watching                  sync.WaitGroup
 }
 
 // MinLeaseTTL is the shortest lease: a replica renews its leases every
