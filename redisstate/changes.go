@@ -206,10 +206,10 @@ const maxLoggedField = 200
 // bytes (a change is a small JSON object). Other fields, and longer
 // values, are none a replica wrote: a poll passes over them, and logs
 // that it met some once, not each. PutChange refuses them.
-var changeField = regexp.MustCompile(`^(route|lane):[A-Za-z0-9._-]{1,` + strconv.Itoa(maxChangeName) + `}:[a-z]{1,16}$`)
+var changeField = regexp.MustCompile(`^(route|lane):[A-Za-z0-9._-]{1,200}:[a-z]{1,16}$`)
 
 const (
-	maxChangeName  = 200
+	maxChangeName  = 200 // as changeField writes it (TestAChangeOfNoFormAReplicaTakesIsRefused holds the two together)
 	maxChangeValue = 4096
 	// maxChangesSeen bounds the fields a replica keeps (changesSeen): a
 	// fleet's changes are a few per route and per lane operated on.
@@ -222,10 +222,10 @@ const (
 // strayChange reports why field=raw is no change a replica could have
 // written ("": it may be one).
 func strayChange(field, raw string) string {
-	switch {
-	case !changeField.MatchString(field):
+	if !changeField.MatchString(field) {
 		return "not a route's or a lane's change"
-	case len(raw) > maxChangeValue:
+	}
+	if len(raw) > maxChangeValue {
 		return "longer than any change"
 	}
 	return ""
