@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -35,7 +36,50 @@ type body struct {
 	from bodyClient
 	// in reads the client's body within its time bounds (see paced).
 	in paced
+	// first is the body's first byte, waited for before anything is
+	// held or made for the body (see firstByte).
+	first firstByte
 }
+
+// firstByte reads a body's first byte on its own, and then gives it
+// back ahead of the rest: until a client sends a byte of its body, the
+// proxy holds nothing for it, neither memory nor a spool file nor a copy
+// buffer, whatever length it announced.
+type firstByte struct {
+	b    [1]byte
+	have bool  // b is still to be given
+	err  error // what the read of b returned, given after b
+	r    io.Reader
+}
+
+// wait reads the first byte of r.
+func (f *firstByte) wait(r io.Reader) {
+	f.r = r
+	for {
+		n, err := r.Read(f.b[:])
+		if n == 1 || err != nil {
+			f.have, f.err = n == 1, err
+			return
+		}
+	}
+}
+
+func (f *firstByte) Read(b []byte) (int, error) {
+	if f.have {
+		if len(b) == 0 {
+			return 0, nil
+		}
+		f.have = false
+		b[0] = f.b[0]
+		return 1, nil
+	}
+	if err := f.err; err != nil {
+		return 0, err
+	}
+	return f.r.Read(b)
+}
+
+func (f *firstByte) Close() error { return nil }
 
 // reader reads the whole body from its start; each attempt takes its own,
 // as a transport may still be sending an attempt's body when its answer
@@ -63,7 +107,8 @@ const firstChunk = 16 << 10
 // MaxBodyBytes is refused before it is read; one up to MemoryBodyBytes is
 // held in memory within MaxBufferedBytes, a larger one is spooled within
 // MaxSpoolBytes. Both are counted as the bytes arrive, not as announced,
-// and within the client's fair share (see bodyBudget). The body must
+// and within the client's fair share (see bodyBudget); nothing is held or
+// made for a body before its first byte arrives (see firstByte). The body must
 // arrive within BodyTimeout and, past BodyRateGrace, at MinBodyRate at
 // least (see paced). What it holds is given back when the request ends
 // (see releaseBody).
@@ -72,6 +117,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 		return fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
 	}
 	if r.ContentLength > p.cfg.MaxBodyBytes {
+		unread(w, r)
 		return tooLarge()
 	}
 	if r.Body == nil || r.Body == http.NoBody {
@@ -80,17 +126,19 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	req.body.from = p.clientOf(r)
 	in := &req.body.in
 	in.start(p, w, r.Body)
+	first := &req.body.first
+	first.wait(in)
 	var err error
 	switch n := r.ContentLength; {
 	case n > p.cfg.MemoryBodyBytes:
-		err = p.spool(req, in, nil, n)
+		err = p.spool(req, first, nil, n)
 	case n > 0:
 		// Known length: read into a buffer that grows as the bytes
 		// arrive, to that length at most, which the server holds the
 		// body to.
-		err = p.readKnown(req, in, n)
+		err = p.readKnown(req, first, n)
 	default:
-		src := io.Reader(http.MaxBytesReader(w, in, p.cfg.MaxBodyBytes))
+		src := io.Reader(http.MaxBytesReader(w, first, p.cfg.MaxBodyBytes))
 		// Unknown length: in memory up to MemoryBodyBytes, spooled past it.
 		var mem []byte
 		mem, err = io.ReadAll(io.LimitReader(&heldReader{r: src, p: p, req: req}, p.cfg.MemoryBodyBytes+1))
@@ -104,10 +152,11 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	in.end()
 	if err != nil {
 		if !in.eof {
-			// Not the whole body: the server must not read the rest
-			// before it answers (a stalled client would hold the
-			// refusal back), nor read the next request from it.
-			w.Header().Set("Connection", "close")
+			// Not the whole body: the server must not read the rest,
+			// before it answers or after (a stalled client would hold
+			// the refusal back, or the connection), nor read the next
+			// request from it.
+			unread(w, r)
 		}
 		var mbe *http.MaxBytesError
 		var f *failure
@@ -210,6 +259,22 @@ func (p *Proxy) hold(req *request, n int64) error {
 	return p.buffered.take(&req.body.from, &req.body.held, n)
 }
 
+// unread marks the answer to r, a request whose body the proxy answers
+// without reading it whole, as the connection's last, and ends the
+// connection's reads: else the server, once the handler returns, would
+// read what is left of the body (up to 256 KiB) for as long as the client
+// takes to send it, answer sent or not. (Over HTTP/2 an unread body holds
+// only its stream, which the answer ends.)
+func unread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength == 0 || r.ProtoMajor != 1 {
+		return
+	}
+	w.Header().Set("Connection", "close")
+	if rd := deadliner(w); rd != nil {
+		_ = rd.SetReadDeadline(time.Now())
+	}
+}
+
 // unhold gives back what req holds in memory.
 func (p *Proxy) unhold(req *request) {
 	p.buffered.give(&req.body.from, &req.body.held)
@@ -261,13 +326,26 @@ type bodyClient struct {
 	hasCred    bool
 }
 
-// clientOf is r's bodyClient.
+// clientOf is r's bodyClient. An IPv6 address counts by its /64, which
+// one host is commonly given whole: its addresses are one client.
 func (p *Proxy) clientOf(r *http.Request) bodyClient {
 	host := r.RemoteAddr
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	c := bodyClient{addr: maphash.String(p.bodySeed, host)}
+	var c bodyClient
+	if a, err := netip.ParseAddr(host); err == nil {
+		a = a.Unmap()
+		if a.Is4() {
+			b := a.As4()
+			c.addr = maphash.Bytes(p.bodySeed, b[:])
+		} else {
+			b := a.As16()
+			c.addr = maphash.Bytes(p.bodySeed, b[:8])
+		}
+	} else {
+		c.addr = maphash.String(p.bodySeed, host)
+	}
 	if cred := credential(r.Header, r.URL.RawQuery); cred != "" {
 		c.cred, c.hasCred = maphash.String(p.bodySeed, cred), true
 	}
@@ -277,9 +355,10 @@ func (p *Proxy) clientOf(r *http.Request) bodyClient {
 // bodyBudget is one of the bounds on what request bodies hold: memory
 // (MaxBufferedBytes) or spool files (MaxSpoolBytes). Besides the total,
 // it bounds each client to its fair share: while n clients hold bytes of
-// it (the one asking included), one client may hold a 1/n of it, and
-// never less than its floor, so that a client alone may use all of it and
-// a crowd still leaves each the largest body and a sixteenth. Clients are
+// it (the one asking included), one client may hold a 1/(n+1) of it, and
+// never less than its floor, so that a client alone may use half of it, a
+// newcomer always finds room, and a crowd still leaves each the largest
+// body and a sixteenth. Clients are
 // told apart by address and by credential, each bounded so: many
 // addresses with one key, or many keys from one address, are one client
 // for their share.
@@ -306,9 +385,10 @@ func (b *bodyBudget) init(limit, largest int64, setting, what string) {
 // Load is what all requests hold.
 func (b *bodyBudget) Load() int64 { return b.total.Load() }
 
-// share is the most one client may hold while holders hold bytes.
+// share is the most one client may hold while holders hold bytes (it
+// among them): a part of the budget kept for one more.
 func (b *bodyBudget) share(holders int) int64 {
-	return max(b.floor, b.max/int64(holders))
+	return max(b.floor, b.max/int64(holders+1))
 }
 
 // holders is how many clients of m hold bytes, id counted.

@@ -3,13 +3,16 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -20,7 +23,17 @@ import (
 // closed when the test ends, before the harness is.
 func openBody(t *testing.T, h *harness, key string, length int64, head []byte) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", h.front.Listener.Addr().String())
+	return openBodyFrom(t, h, "", key, length, head)
+}
+
+// openBodyFrom is openBody from the loopback address from ("": any).
+func openBodyFrom(t *testing.T, h *harness, from, key string, length int64, head []byte) net.Conn {
+	t.Helper()
+	var d net.Dialer
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	conn, err := d.Dial("tcp", h.front.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,11 +197,11 @@ func TestBodyFastEnoughIsKept(t *testing.T) {
 }
 
 // TestOneClientHoldsItsShareAndNoMore: while client B holds a body, client
-// A (another credential) gets its bodies held up to half the memory
-// budget and no further (429 queue_full saying why), and B's next chat
+// A (another credential) gets its bodies held up to a third of the memory
+// budget (two clients hold bytes: a third is kept for a newcomer) and no further (429 queue_full saying why), and B's next chat
 // still fits.
 func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
-	const budget, memory = 1 << 20, 64 << 10 // a share of 512 KiB for each of two
+	const budget, memory = 1 << 20, 64 << 10 // a share of 341 KiB for each of two
 	h := newHarness(t, answering(nil), func(c *Config) {
 		c.MaxBufferedBytes, c.MemoryBodyBytes = budget, memory
 		c.MinBodyRate = -1
@@ -229,8 +242,8 @@ func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
 			}
 		}
 	}
-	if held != budget/2/memory || refused == 0 {
-		t.Errorf("A got %d bodies held and %d refused, want %d held", held, refused, budget/2/memory)
+	if held != budget/3/memory || refused == 0 {
+		t.Errorf("A got %d bodies held and %d refused, want %d held", held, refused, budget/3/memory)
 	}
 	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[]}`, "Authorization", "Bearer sk-b")
 	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != okAnswer {
@@ -238,10 +251,10 @@ func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
 	}
 }
 
-// TestBodyBudgetShares: a client may hold budget/n while n clients hold
-// bytes (itself counted), never less than the floor; clients are told
-// apart by address and by credential, each bounded; what is given back
-// leaves no client behind.
+// TestBodyBudgetShares: a client may hold budget/(n+1) while n clients
+// hold bytes (itself counted), never less than the floor; clients are
+// told apart by address and by credential, and a request must fit both
+// shares; what is given back leaves no client behind.
 func TestBodyBudgetShares(t *testing.T) {
 	var b bodyBudget
 	b.init(1000, 100, "LLMPROXY_X", "kept")
@@ -250,58 +263,79 @@ func TestBodyBudgetShares(t *testing.T) {
 	}
 	a := bodyClient{addr: 1}
 	var mineA int64
-	if err := b.take(&a, &mineA, 1000); err != nil || mineA != 1000 || b.Load() != 1000 {
-		t.Fatalf("alone, all of it: %v, %d held", err, mineA)
+	if err := b.take(&a, &mineA, 500); err != nil || mineA != 500 || b.Load() != 500 {
+		t.Fatalf("alone, half of it: %v, %d held", err, mineA)
 	}
-	if err := b.take(&bodyClient{addr: 2}, new(int64), 1); err == nil || !strings.Contains(err.Error(), "bodies kept by the proxy reached LLMPROXY_X") {
-		t.Fatalf("past the budget: %v", err)
+	if err := b.take(&a, &mineA, 1); err == nil || !strings.Contains(err.Error(), "by its address") || !strings.Contains(err.Error(), "500 bytes while 1 clients") {
+		t.Fatalf("alone, past half: %v", err)
+	}
+	// A new credential from that address still counts to the address.
+	var mineA2 int64
+	if err := b.take(&bodyClient{addr: 1, cred: 5, hasCred: true}, &mineA2, 1); err == nil || !strings.Contains(err.Error(), "by its address") {
+		t.Fatalf("a new credential from a full address: %v", err)
+	}
+	if len(b.byCred) != 0 || mineA2 != 0 {
+		t.Fatalf("a refused request's credential is counted: %v", b.byCred)
 	}
 	b.give(&a, &mineA)
 	if mineA != 0 || b.Load() != 0 || len(b.byAddr) != 0 {
 		t.Fatalf("given back: %d mine, %d total, %d clients", mineA, b.Load(), len(b.byAddr))
 	}
-	// Two addresses: 500 each.
+	// Two addresses: a third each, a third kept for a newcomer.
 	c := bodyClient{addr: 2}
 	var mineC int64
 	if err := b.take(&c, &mineC, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.take(&a, &mineA, 500); err != nil {
-		t.Fatalf("half with two clients: %v", err)
+	if err := b.take(&a, &mineA, 333); err != nil {
+		t.Fatalf("a third with two clients: %v", err)
 	}
-	if err := b.take(&a, &mineA, 1); err == nil || !strings.Contains(err.Error(), "by its address") || !strings.Contains(err.Error(), "500 bytes while 2 clients") {
-		t.Fatalf("over half: %v", err)
+	if err := b.take(&a, &mineA, 1); err == nil || !strings.Contains(err.Error(), "by its address") || !strings.Contains(err.Error(), "333 bytes while 2 clients") {
+		t.Fatalf("over a third: %v", err)
 	}
-	if err := b.take(&c, &mineC, 499); err != nil {
-		t.Fatalf("the other's half: %v", err)
+	if err := b.take(&c, &mineC, 332); err != nil {
+		t.Fatalf("the other's third: %v", err)
 	}
-	b.give(&a, &mineA)
-	b.give(&c, &mineC)
+	if err := b.take(&bodyClient{addr: 3}, new(int64), 250); err != nil {
+		t.Fatalf("a newcomer beside two full shares: %v", err)
+	}
+	b = bodyBudget{}
+	b.init(1000, 100, "LLMPROXY_X", "kept")
 	// One credential from many addresses is one client: while another
-	// credential holds bytes, it holds half.
+	// credential holds bytes, it holds a third.
 	other := bodyClient{addr: 9, cred: 8, hasCred: true}
 	var mineOther int64
 	if err := b.take(&other, &mineOther, 1); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 6 {
+	for i := range 4 {
 		var mine int64
 		err := b.take(&bodyClient{addr: uint64(10 + i), cred: 7, hasCred: true}, &mine, 100)
-		if i < 5 && err != nil {
+		if i < 3 && err != nil {
 			t.Fatalf("address %d, %d held: %v", i, b.Load(), err)
 		}
-		if i == 5 && (err == nil || !strings.Contains(err.Error(), "by its credential")) {
+		if i == 3 && (err == nil || !strings.Contains(err.Error(), "by its credential")) {
 			t.Fatalf("one credential past its share: %v", err)
 		}
 	}
-	if b.byCred[7] != 500 || len(b.byCred) != 2 || len(b.byAddr) != 6 || b.Load() != 501 {
+	if b.byCred[7] != 300 || len(b.byCred) != 2 || len(b.byAddr) != 4 || b.Load() != 301 {
 		t.Fatalf("credential holds %d of %d, %d credentials, %d addresses", b.byCred[7], b.Load(), len(b.byCred), len(b.byAddr))
 	}
 	b.give(&other, &mineOther)
-	if _, ok := b.byCred[8]; ok || b.Load() != 500 {
+	if _, ok := b.byCred[8]; ok || b.Load() != 300 {
 		t.Fatalf("a credential given back is still counted: %v", b.byCred)
 	}
-	// The floor: with 20 holders a share is 50, but a client may hold 100.
+	// The whole budget: a floor as large as it lets one client fill it,
+	// and the next is refused naming the budget.
+	var w bodyBudget
+	w.init(1000, 1000, "LLMPROXY_X", "kept")
+	if err := w.take(&a, new(int64), 1000); err != nil {
+		t.Fatalf("a floor of the whole budget: %v", err)
+	}
+	if err := w.take(&bodyClient{addr: 2}, new(int64), 1); err == nil || !strings.Contains(err.Error(), "bodies kept by the proxy reached LLMPROXY_X") {
+		t.Fatalf("past the budget: %v", err)
+	}
+	// The floor: with 20 holders a share is 47, but a client may hold 100.
 	var f bodyBudget
 	f.init(1000, 100, "LLMPROXY_X", "kept")
 	for i := range 19 {
@@ -352,8 +386,20 @@ func TestClientOfTellsClientsApart(t *testing.T) {
 	if !k1.hasCred || !k2.hasCred || k1.cred == k2.cred || k1.addr != a1.addr {
 		t.Errorf("two keys from one address: %+v %+v", k1, k2)
 	}
-	if odd := req("not-an-address", ""); odd.addr == a1.addr {
+	if odd := req("not-an-address", ""); odd.addr == a1.addr || odd != req("not-an-address", "") {
 		t.Error("an address without a port as another's")
+	}
+	if m := req("[::ffff:10.0.0.1]:3000", ""); m.addr != a1.addr {
+		t.Error("an IPv4-mapped address as another client than its IPv4 one")
+	}
+	v6 := req("[2001:db8:1:2::1]:1000", "")
+	if same := req("[2001:db8:1:2:ffff:ffff:ffff:ffff]:2000", ""); same.addr != v6.addr {
+		t.Error("two addresses of one IPv6 /64 as two clients")
+	}
+	for _, other := range []string{"[2001:db8:1:3::1]:1000", "[2001:db9:1:2::1]:1000", "[3001:db8:1:2::1]:1000"} {
+		if req(other, "").addr == v6.addr {
+			t.Errorf("%s as one client with 2001:db8:1:2::1", other)
+		}
 	}
 }
 
@@ -444,6 +490,11 @@ func TestBodyIsCountedAsItGrows(t *testing.T) {
 	if !resp.Close {
 		t.Error("the refusal keeps the connection: a half-read body's must close")
 	}
+	// The server does not wait for the rest of the body either.
+	_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := conn.Read(make([]byte, 1)); !closedConn(err) {
+		t.Errorf("after the refusal: %d bytes, %v; want the connection closed", n, err)
+	}
 	waitFor(t, func() bool { return h.proxy.buffered.Load() == 0 })
 }
 
@@ -482,4 +533,189 @@ func TestSlowBodyIsRefusedWithoutADeadline(t *testing.T) {
 	if p.buffered.Load() != 0 {
 		t.Fatalf("%d bytes still held", p.buffered.Load())
 	}
+}
+
+// TestIdleBodiesFromOneAddressHoldNothing is the review's reproduction
+// with a small budget: more connections than the budget has first chunks
+// (1 MiB / 16 KiB) announce 64 KiB each from one address, each with a new
+// credential, and send nothing: they hold nothing, and a chat from
+// another address gets through.
+func TestIdleBodiesFromOneAddressHoldNothing(t *testing.T) {
+	const budget, memory = 1 << 20, 64 << 10
+	h := newHarness(t, answering(nil), func(c *Config) {
+		c.MaxBufferedBytes, c.MemoryBodyBytes = budget, memory
+		c.MinBodyRate = -1
+	})
+	const idle = budget/firstChunk + 40
+	for i := range idle {
+		openBodyFrom(t, h, "127.0.0.2", fmt.Sprintf("sk-idle-%d", i), memory, nil)
+	}
+	time.Sleep(300 * time.Millisecond) // their handlers wait for the bodies
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[]}`)
+	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != okAnswer {
+		t.Fatalf("a chat beside %d idle bodies from another address: %d %s, want the upstream's 200", idle, resp.StatusCode, got)
+	}
+	if n := h.proxy.buffered.Load(); n != 0 {
+		t.Fatalf("%d idle bodies that sent nothing hold %d bytes, want none", idle, n)
+	}
+}
+
+// TestOneAddressAloneHoldsHalf: the same crowd of connections from one
+// address, each sending its first bytes, holds half the memory budget at
+// most (the rest are refused 429 queue_full by its address), and a chat
+// from another address gets through.
+func TestOneAddressAloneHoldsHalf(t *testing.T) {
+	const budget, memory = 1 << 20, 64 << 10
+	h := newHarness(t, answering(nil), func(c *Config) {
+		c.MaxBufferedBytes, c.MemoryBodyBytes = budget, memory
+		c.MinBodyRate = -1
+	})
+	const idle = budget/firstChunk + 40
+	conns := make([]net.Conn, idle)
+	for i := range conns {
+		conns[i] = openBodyFrom(t, h, "127.0.0.2", fmt.Sprintf("sk-idle-%d", i), memory, []byte(`{"model":`))
+	}
+	answers := make(chan string, idle)
+	for _, conn := range conns {
+		go func() {
+			resp, body, err := answerOn(t, conn, time.Second)
+			if err != nil {
+				body = "" // held, waiting for the rest
+			} else {
+				body = resp.Status + " " + body
+			}
+			answers <- body
+		}()
+	}
+	refused := 0
+	for range idle {
+		body := <-answers
+		if body == "" {
+			continue
+		}
+		if !strings.HasPrefix(body, "429") || !strings.Contains(body, "fair share") || !strings.Contains(body, "by its address") {
+			t.Fatalf("%s, want 429 queue_full over the address's share", body)
+		}
+		refused++
+	}
+	if n := h.proxy.buffered.Load(); n != budget/2 || refused != idle-budget/2/firstChunk {
+		t.Fatalf("one address holds %d bytes with %d of %d refused, want half the budget, %d, and %d refused", n, refused, idle, budget/2, idle-budget/2/firstChunk)
+	}
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[]}`)
+	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != okAnswer {
+		t.Fatalf("a chat from another address: %d %s, want the upstream's 200", resp.StatusCode, got)
+	}
+}
+
+// spoolFiles is how many files the process has open in dir (spools are
+// removed from dir as soon as they are made, so only their descriptors
+// show them); -1 where /proc does not tell.
+func spoolFiles(dir string) int {
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, fd := range fds {
+		if to, err := os.Readlink("/proc/self/fd/" + fd.Name()); err == nil && strings.HasPrefix(to, dir+string(os.PathSeparator)) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestIdleSpooledBodiesMakeNoSpool: connections announcing bodies past
+// MemoryBodyBytes and sending nothing make no spool file and hold
+// nothing; once one sends its first bytes, its spool is made.
+func TestIdleSpooledBodiesMakeNoSpool(t *testing.T) {
+	dir := t.TempDir()
+	h := newHarness(t, answering(nil), func(c *Config) {
+		c.SpoolDir, c.MemoryBodyBytes = dir, 1<<10
+		c.MinBodyRate = -1
+	})
+	if spoolFiles(dir) < 0 {
+		t.Skip("no /proc/self/fd to count spool files by")
+	}
+	for range 50 {
+		openBody(t, h, testKey, 100<<10, nil)
+	}
+	time.Sleep(300 * time.Millisecond) // their handlers wait for the bodies
+	if n := spoolFiles(dir); n != 0 || h.proxy.spooled.Load() != 0 || h.proxy.buffered.Load() != 0 {
+		t.Fatalf("50 idle spooled bodies: %d spool files, %d bytes spooled, %d in memory; want none", n, h.proxy.spooled.Load(), h.proxy.buffered.Load())
+	}
+	openBody(t, h, testKey, 100<<10, []byte(`{`))
+	waitFor(t, func() bool { return spoolFiles(dir) == 1 && h.proxy.spooled.Load() == 1 })
+}
+
+// TestUnreadBodyClosesTheConnection: a request the proxy answers without
+// reading its body (a bad x-llmproxy-max-wait, an absolute-form target,
+// a length past MaxBodyBytes) gets its answer, and the connection is closed at once, not kept while
+// the server waits for a body the client announced and does not send.
+func TestUnreadBodyClosesTheConnection(t *testing.T) {
+	h := newHarness(t, answering(nil), func(c *Config) { c.MaxBodyBytes = 100_000 })
+	for _, tc := range []struct {
+		name, target, header, want string
+		status                     int
+	}{
+		{"bad max-wait", "/v1/chat/completions", "X-Llmproxy-Max-Wait: soon\r\n", `"code":"invalid_max_wait"`, 400},
+		{"absolute-form", "http://elsewhere.example/v1/chat/completions", "", `"code":"absolute_uri"`, 400},
+		{"too large", "/v1/chat/completions", "", `"code":"request_too_large"`, 413},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", h.front.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: 200000\r\n\r\n", tc.target, tc.header)
+			_ = conn.SetReadDeadline(time.Now().Add(3 * time.Second))
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readAll(t, resp.Body)
+			if resp.StatusCode != tc.status || !strings.Contains(body, tc.want) {
+				t.Fatalf("%s %s, want a %d with %s", resp.Status, body, tc.status, tc.want)
+			}
+			if !resp.Close {
+				t.Error("the answer does not say Connection: close")
+			}
+			if n, err := br.Read(make([]byte, 1)); !closedConn(err) {
+				t.Fatalf("after the answer: %d bytes, %v; want the connection closed", n, err)
+			}
+		})
+	}
+}
+
+// TestBodyDeadlineRunsFromTheStart: whatever answers a request without
+// reading its body and without unread's Connection: close, the server's
+// read of the rest ends at BodyTimeout from the request's start, and the
+// answer goes out then; it does not wait for the body forever.
+func TestBodyDeadlineRunsFromTheStart(t *testing.T) {
+	h := newHarness(t, answering(nil), func(c *Config) { c.BodyTimeout = time.Second })
+	front := httptest.NewServer(h.proxy.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})))
+	defer front.Close()
+	conn, err := net.Dial("tcp", front.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	start := time.Now()
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+	resp, _, err := answerOn(t, conn, 4*time.Second)
+	if err != nil {
+		t.Fatalf("no answer after %v: %v", time.Since(start), err)
+	}
+	if d := time.Since(start); resp.StatusCode != http.StatusNoContent || d < 900*time.Millisecond || d > 3*time.Second {
+		t.Fatalf("%s after %v, want the 204 about 1s in", resp.Status, d)
+	}
+}
+
+// closedConn is whether err, from a read, says the peer closed the
+// connection: an end, or a reset where it closed with bytes unread.
+func closedConn(err error) bool {
+	return err == io.EOF || errors.Is(err, syscall.ECONNRESET)
 }

@@ -446,11 +446,22 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			}
 		}()
 		w = tw
+		if r.ContentLength != 0 {
+			// The body's deadline runs from here, not only from when
+			// it is read (see paced): whatever answers a request
+			// without reading its body, the server's read of what is
+			// left ends by then.
+			if rd := deadliner(w); rd != nil {
+				_ = rd.SetReadDeadline(time.Now().Add(p.cfg.BodyTimeout))
+			}
+		}
 		if r.Method == http.MethodConnect {
+			unread(w, r)
 			p.writeFailure(w, "", fail(failMethod, "CONNECT is not supported: llmproxy is a reverse proxy, set your client's base URL to it"), false)
 			return
 		}
 		if !strings.HasPrefix(r.RequestURI, "/") {
+			unread(w, r)
 			p.writeFailure(w, "", fail(failAbsoluteURI, "absolute-form request targets are not supported: llmproxy sends every request to its configured upstream"), false)
 			return
 		}

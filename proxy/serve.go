@@ -142,11 +142,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
 	defer func() { p.finish(r, req) }()
 	if p.stopping() {
+		unread(w, r)
 		p.failRequest(w, req, errShutdown)
 		return
 	}
 	said, err := readSay(r.Header)
 	if err != nil {
+		unread(w, r)
 		p.failRequest(w, req, err)
 		return
 	}
