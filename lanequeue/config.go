@@ -34,11 +34,11 @@ func (c Config) limitConfig() limit.Config {
 const (
 	DefaultMaxLanes = 10000
 	DefaultIdleTTL  = 10 * time.Minute
-	// DefaultMetricLanes is how many lanes have series of their own in
+	// defaultMetricLanes is how many lanes have series of their own in
 	// the metrics, as many as a page of /lanes shows: the vouched-for
 	// ones first, then the busiest, then the most recently used (see
 	// Collector).
-	DefaultMetricLanes = 200
+	defaultMetricLanes = 200
 )
 
 // WithDefaults is c with its zero fields at their documented defaults and

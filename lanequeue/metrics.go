@@ -9,7 +9,7 @@ import (
 // Collector reports the lanes' counters and gauges at scrape time, read
 // from the table: a lane's series go with the lane, and nothing outside
 // this package needs to know that lanes are evicted. Only
-// DefaultMetricLanes lanes have series of their own: those the upstream
+// defaultMetricLanes lanes have series of their own: those the upstream
 // vouched for (see Lane.vouched) first, then the busiest, then the most
 // recently used, so that random keys, models or paths cannot grow the
 // metrics or push a real lane's series out. The others' queued and in

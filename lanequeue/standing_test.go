@@ -224,8 +224,8 @@ func TestMetricsHaveSeriesOfAtMost200Lanes(t *testing.T) {
 		l.g.mu.Unlock()
 	}
 	series, queued, flights, reqLimit := gatherLanes(t, tb)
-	if len(series) != DefaultMetricLanes+1 {
-		t.Errorf("%d lane labels in the metrics, want %d lanes and \"other\"", len(series), DefaultMetricLanes)
+	if len(series) != defaultMetricLanes+1 {
+		t.Errorf("%d lane labels in the metrics, want %d lanes and \"other\"", len(series), defaultMetricLanes)
 	}
 	if reqLimit[real.ID()] != 600 {
 		t.Errorf("the real lane's requests limit in the metrics is %v, want 600", reqLimit[real.ID()])

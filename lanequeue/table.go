@@ -38,7 +38,7 @@ type TableConfig struct {
 	// onEvict is called, outside the table's lock, for every lane dropped.
 	onEvict func(*Lane)
 	// metricLanes is how many lanes have series of their own in the
-	// metrics (see Collector); zero: DefaultMetricLanes. Tests lower it.
+	// metrics (see Collector); zero: defaultMetricLanes. Tests lower it.
 	metricLanes int
 	// idDigits is how many hex digits a lane's ID starts with; zero:
 	// shortLen. Tests shorten it to make IDs collide.
@@ -124,7 +124,7 @@ func NewTable(cfg TableConfig) *Table {
 		cfg.Shared = func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }
 	}
 	if cfg.metricLanes <= 0 {
-		cfg.metricLanes = DefaultMetricLanes
+		cfg.metricLanes = defaultMetricLanes
 	}
 	if cfg.idDigits <= 0 {
 		cfg.idDigits = shortLen

@@ -34,11 +34,13 @@ func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency
 // admit script is passed it).
 func (l Limits) SlowStart() bool { return l.Concurrency == 0 }
 
-// MinPerMinute and MaxPerMinute bound a configured RPM or TPM other than
-// 0 (none): at MinPerMinute, one request every 10,000 minutes (about a
-// week); a slower rate's spacing would not fit a time.Duration, and would
-// turn pacing off instead of slowing it.
+// PerMinuteBounds are the least and the most a configured RPM or TPM
+// other than 0 (none) may be: at the least, one request every 10,000
+// minutes (about a week); a slower rate's spacing would not fit a
+// time.Duration, and would turn pacing off instead of slowing it.
+func PerMinuteBounds() (lo, hi float64) { return minPerMinute, maxPerMinute }
+
 const (
-	MinPerMinute = 1e-4
-	MaxPerMinute = 1e12
+	minPerMinute = 1e-4
+	maxPerMinute = 1e12
 )

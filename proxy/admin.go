@@ -101,9 +101,9 @@ func LoopbackHost(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// ProfilesServed reports whether WithProfiling's profiles are served by a
+// profilesServed reports whether WithProfiling's profiles are served by a
 // handler with an admin token (hasToken) on a listener bound to addr.
-func ProfilesServed(hasToken bool, addr string) bool { return hasToken || LoopbackHost(addr) }
+func profilesServed(hasToken bool, addr string) bool { return hasToken || LoopbackHost(addr) }
 
 // RequireToken makes /metrics, /lanes, /ui and / answer 401 unless the
 // request carries token, as Authorization: Bearer <token> or as the cookie
@@ -170,7 +170,7 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 		}
 		p.laneViews(r, h)
 		p.operateRoutes(r, o.token == nil, o.token == nil && !o.loopback, o.addr)
-		if o.profile && ProfilesServed(o.token != nil, o.addr) {
+		if o.profile && profilesServed(o.token != nil, o.addr) {
 			r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 			r.HandleFunc("/debug/pprof/profile", pprof.Profile)
 			r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)

@@ -528,8 +528,8 @@ func TestWithoutATokenProfilesNeedALoopbackListener(t *testing.T) {
 		addr  string
 		want  bool
 	}{{false, "127.0.0.1:9090", true}, {false, ":9090", false}, {true, ":9090", true}, {true, "127.0.0.1:1", true}} {
-		if got := ProfilesServed(tc.token, tc.addr); got != tc.want {
-			t.Errorf("ProfilesServed(%v, %q) = %v", tc.token, tc.addr, got)
+		if got := profilesServed(tc.token, tc.addr); got != tc.want {
+			t.Errorf("profilesServed(%v, %q) = %v", tc.token, tc.addr, got)
 		}
 	}
 }

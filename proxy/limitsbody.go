@@ -80,12 +80,13 @@ func parseLimits(body []byte, cur limit.Limits) (limit.Limits, error) {
 	return cur, nil
 }
 
-// perMinute reads an rpm or tpm: 0 (none), or a number from
-// limit.MinPerMinute to limit.MaxPerMinute.
+// perMinute reads an rpm or tpm: 0 (none), or a number within
+// limit.PerMinuteBounds.
 func perMinute(raw json.RawMessage, null bool) (float64, error) {
+	lo, hi := limit.PerMinuteBounds()
 	var f float64
-	if !null && (json.Unmarshal(raw, &f) != nil || f != 0 && !(f >= limit.MinPerMinute && f <= limit.MaxPerMinute)) {
-		return 0, fmt.Errorf("%s is not 0 (none) or a number from %g to %g", raw, limit.MinPerMinute, limit.MaxPerMinute)
+	if !null && (json.Unmarshal(raw, &f) != nil || f != 0 && !(f >= lo && f <= hi)) {
+		return 0, fmt.Errorf("%s is not 0 (none) or a number from %g to %g", raw, lo, hi)
 	}
 	return f, nil
 }

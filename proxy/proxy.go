@@ -245,7 +245,7 @@ func (cfg Config) withDefaults() Config {
 	cfg.MaxSpoolBytes = orDefault(cfg.MaxSpoolBytes, DefaultMaxSpoolBytes)
 	cfg.MaxBufferedBytes = orDefault(cfg.MaxBufferedBytes, DefaultMaxBufferedBytes)
 	cfg.BodyTimeout = orDefault(cfg.BodyTimeout, DefaultBodyTimeout)
-	cfg.BodyRateGrace = orDefault(cfg.BodyRateGrace, DefaultBodyRateGrace)
+	cfg.BodyRateGrace = orDefault(cfg.BodyRateGrace, defaultBodyRateGrace)
 	if cfg.MinBodyRate == 0 {
 		cfg.MinBodyRate = DefaultMinBodyRate
 	}
@@ -327,7 +327,7 @@ const (
 const (
 	DefaultBodyTimeout   = 60 * time.Second
 	DefaultMinBodyRate   = 16 << 10
-	DefaultBodyRateGrace = 5 * time.Second
+	defaultBodyRateGrace = 5 * time.Second
 )
 
 // DefaultMaxBufferedBytes is Config.MaxBufferedBytes' default: a quarter

@@ -102,12 +102,12 @@ var routeSettings = []routeSetting{
 	}},
 }
 
-// positive reads an RPM or TPM: a number from limit.MinPerMinute to
-// limit.MaxPerMinute.
+// positive reads an RPM or TPM: a number within limit.PerMinuteBounds.
 func positive(v string) (float64, error) {
+	lo, hi := limit.PerMinuteBounds()
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || !(f >= limit.MinPerMinute && f <= limit.MaxPerMinute) {
-		return 0, fmt.Errorf("%q is not a number from %g to %g", v, limit.MinPerMinute, limit.MaxPerMinute)
+	if err != nil || !(f >= lo && f <= hi) {
+		return 0, fmt.Errorf("%q is not a number from %g to %g", v, lo, hi)
 	}
 	return f, nil
 }

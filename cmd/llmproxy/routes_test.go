@@ -210,13 +210,13 @@ func TestProgramAppliesRouteSettings(t *testing.T) {
 }
 
 // TestRatesAtTheirBoundsAreTaken: RPM and TPM take their bounds,
-// limit.MinPerMinute and limit.MaxPerMinute, themselves.
+// limit.PerMinuteBounds, themselves.
 func TestRatesAtTheirBoundsAreTaken(t *testing.T) {
 	c, err := loadConfig(map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0.0001", "LLMPROXY_ROUTE_DEFAULT_TPM": "1e12"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l := c.defaultRoute.Limits; l.RPM != limit.MinPerMinute || l.TPM != limit.MaxPerMinute {
-		t.Fatalf("%+v", l)
+	if lo, hi := limit.PerMinuteBounds(); c.defaultRoute.Limits.RPM != lo || c.defaultRoute.Limits.TPM != hi {
+		t.Fatalf("%+v", c.defaultRoute.Limits)
 	}
 }

@@ -251,12 +251,13 @@ func listen(cfg config, p *proxy.Proxy, health proxy.Health, log *slog.Logger) (
 // profiles: the log says so at start.
 func adminOptions(cfg config, addr string, log *slog.Logger) []proxy.AdminOption {
 	opts := []proxy.AdminOption{proxy.RequireToken(cfg.AdminToken), proxy.ListenerAddr(addr)}
-	if cfg.AdminToken == "" && !proxy.LoopbackHost(addr) {
+	open := cfg.AdminToken == "" && !proxy.LoopbackHost(addr)
+	if open {
 		log.Warn("the admin listener is not on loopback and has no LLMPROXY_ADMIN_TOKEN: it answers only requests addressed to localhost or 127.0.0.1, takes no changes and serves no profiles; set the token to reach it from elsewhere",
 			"admin", addr)
 	}
 	switch {
-	case cfg.Pprof && !proxy.ProfilesServed(cfg.AdminToken != "", addr):
+	case cfg.Pprof && open:
 		log.Warn("LLMPROXY_PPROF=true but profiles are off: the admin listener is not on loopback and has no LLMPROXY_ADMIN_TOKEN",
 			"admin", addr)
 	case cfg.Pprof:
