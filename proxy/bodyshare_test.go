@@ -719,3 +719,16 @@ func TestBodyDeadlineRunsFromTheStart(t *testing.T) {
 func closedConn(err error) bool {
 	return err == io.EOF || errors.Is(err, syscall.ECONNRESET)
 }
+
+// TestBodyRateGraceDefaultsToFiveSeconds: a Config without BodyRateGrace
+// gives a body the 5 s the docs name before its rate is held to
+// MinBodyRate.
+func TestBodyRateGraceDefaultsToFiveSeconds(t *testing.T) {
+	p, err := New(Config{Transport: cannedTransport{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.cfg.BodyRateGrace != 5*time.Second {
+		t.Fatalf("BodyRateGrace defaults to %v, want 5s", p.cfg.BodyRateGrace)
+	}
+}
