@@ -189,3 +189,71 @@ func TestFirstAnswersAmongReplicasReadTheLimitsWhileNewModelsArrive(t *testing.T
 	}
 	<-done
 }
+
+// joinNoting is a fleet's shared state that keeps, by limit key, the
+// limit some replica found it shares, as redisstate's does in Redis.
+type joinNoting struct {
+	fleetCounted
+	key    string
+	joined map[string]string // nil: the store keeps none
+}
+
+func (j joinNoting) PutJoined(root string) {
+	if j.joined != nil {
+		j.joined[j.key] = root
+	}
+}
+
+func (j joinNoting) Joined(root string) bool { return j.joined[j.key] == root }
+
+// TestAmongReplicasLimitsOneReplicaFoundSharedArePooledOnEvery: replica
+// one finds gpt-a and gpt-b on one limit from every replica's counts and
+// notes gpt-b joined to gpt-a (the key that sorts first); replica two,
+// which read none of it, pools gpt-b with gpt-a at gpt-b's next answer,
+// whatever it said, and gpt-c, noted nowhere, keeps its own. Where the
+// store keeps no such note, replica two keeps them apart.
+func TestAmongReplicasLimitsOneReplicaFoundSharedArePooledOnEvery(t *testing.T) {
+	for _, noted := range []bool{true, false} {
+		var joined map[string]string
+		if noted {
+			joined = map[string]string{}
+		}
+		var group atomic.Uint64
+		seqs := map[string]*atomic.Uint64{}
+		replica := func() *Table {
+			return NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}, Shared: func(key string, c limit.Config) limit.Shared {
+				if seqs[key] == nil {
+					seqs[key] = new(atomic.Uint64)
+				}
+				return joinNoting{fleetCounted{limit.NewMemory(c), seqs[key], &group}, key, joined}
+			}})
+		}
+		one, two := replica(), replica()
+		cred := HashCredential("sk-shared")
+		key := func(model string) Key { return Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: model} }
+		b1, a1 := one.laneFor(key("gpt-b")), one.laneFor(key("gpt-a"))
+		a2, b2, c2 := two.laneFor(key("gpt-a")), two.laneFor(key("gpt-b")), two.laneFor(key("gpt-c"))
+		for _, s := range seqs {
+			s.Add(2)
+		}
+		group.Add(4)
+		firstAnswers(t, []*Lane{a1, b1}, func(i int) int64 { return int64(20 - 5 - i) })
+		if limitOf(a1) != limitOf(b1) {
+			t.Fatal("replica one did not find gpt-a and gpt-b on one limit")
+		}
+		if want := a1.key.limitKey(false); noted && joined[b1.key.limitKey(false)] != want {
+			t.Fatalf("replica one noted gpt-b joined to %q, want gpt-a's %q", joined[b1.key.limitKey(false)], want)
+		}
+		for _, l := range []*Lane{b2, c2} {
+			s := sendOn(t, l)
+			report(s, limit.Report{Status: 200, Verdict: limit.Accepted})
+			s.release()
+		}
+		if pooled := limitOf(b2) == limitOf(a2); pooled != noted {
+			t.Errorf("noted %v: replica two draws gpt-b on gpt-a's limit %v, want %v", noted, pooled, noted)
+		}
+		if limitOf(c2) == limitOf(a2) {
+			t.Errorf("noted %v: gpt-c, noted nowhere, joined gpt-a's limit", noted)
+		}
+	}
+}

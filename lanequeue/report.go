@@ -48,7 +48,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 			lim.ceil.Refund(s.ticket.Dispatched, s.ticket.Cost) // refused for its credential
 		}
 	}
-	shared := g.shareLocked(lim, s, r.Limits.Requests, now)
+	shared := g.shareLocked(lim, s, r.Limits.Requests, now) || g.joinedElsewhereLocked(lim)
 	if g.togetherLocked(l.lim, s.lim, r, now) {
 		shared = true
 	}

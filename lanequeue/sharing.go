@@ -134,4 +134,40 @@ func (g *group) mergeLocked(with []*pool, why string) {
 		}
 	}
 	into.sharedBy = why
+	for _, o := range with[1:] {
+		if s, ok := o.shared.(joinSharer); ok && g.fleet {
+			s.PutJoined(into.key) // the other replicas pool them too
+		}
+	}
+}
+
+// joinSharer is a limit's state shared among replicas that tells them
+// which limit one of them found it shares (redisstate's does). Each
+// replica reads its own part of the first answers and finds a part of
+// the limits that move together; a limit one paces on its own state
+// while another paces it with the others is paced twice, and each pace
+// is refused for what the other sends.
+type joinSharer interface {
+	// PutJoined notes that this limit shares the limit named root.
+	PutJoined(root string)
+	// Joined reports whether some replica noted it sharing root.
+	Joined(root string) bool
+}
+
+// joinedElsewhereLocked pools lim with the limit another replica found
+// it shares, and reports whether it did. Requires g.mu held.
+func (g *group) joinedElsewhereLocked(lim *pool) bool {
+	s, ok := lim.shared.(joinSharer)
+	if !ok || !g.fleet || lim.mergedInto != nil || lim.sharedBy == "configured" {
+		return false
+	}
+	g.limMu.Lock()
+	defer g.limMu.Unlock()
+	for _, o := range g.limits {
+		if r := o.root(); o != lim && r != lim && r.trial == nil && r.sharedBy != "configured" && s.Joined(o.key) {
+			g.mergeLocked([]*pool{r, lim}, "headers move together")
+			return true
+		}
+	}
+	return false
 }

@@ -763,3 +763,40 @@ func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
 		t.Fatalf("Redis keeps ap=%q apn=%q; want one hashed name, counted once", fields["ap"], fields["apn"])
 	}
 }
+
+// TestALimitOneReplicaFoundSharedIsJoinedForEveryReplica: replica a
+// notes gpt-b's limit joined to gpt-a's; b's next answer on gpt-b's state
+// tells it, and b's Joined says so for gpt-a alone. Redis keeps a hash of
+// the name, not the name.
+func TestALimitOneReplicaFoundSharedIsJoinedForEveryReplica(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
+	const member, root, other = "route\x00cred\x00gpt-b", "route\x00cred\x00gpt-a", "route\x00cred\x00gpt-c"
+	sa, sb := a.Shared(member, cfg).(*shared), b.Shared(member, cfg).(*shared)
+	learn := func() {
+		tk := admitWithin(t, sb, 5*time.Second)
+		sb.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
+		sb.Return(&tk, time.Now())
+	}
+	learn()
+	if sb.Joined(root) || sb.Joined(other) {
+		t.Fatal("gpt-b is joined before any replica noted it")
+	}
+	sa.PutJoined(root)
+	if sb.Joined(root) {
+		t.Fatal("b saw the note before asking Redis")
+	}
+	learn()
+	if !sb.Joined(root) || sb.Joined(other) {
+		t.Fatalf("after its next answer b sees gpt-b joined to gpt-a %v, to gpt-c %v; want true, false", sb.Joined(root), sb.Joined(other))
+	}
+	fields, err := a.rdb().HGetAll(context.Background(), sa.state).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strconv.FormatInt(joinName(root), 10); fields["jn"] != want || joinName(root) >= 1<<48 || joinName(root) == joinName(other) {
+		t.Fatalf("Redis keeps jn=%q; want %s, 48 bits of gpt-a's hash", fields["jn"], want)
+	}
+}

@@ -50,15 +50,15 @@ func TestScriptRepliesDecodeByName(t *testing.T) {
 		want learnReply
 		ok   bool
 	}{
-		{"levels", []int64{4, 0, 1_000_000, 1, 2, 0, 3500, 9, 1, 2000, 9, 0, 500, 0, 1, 7, 5000, 0, 1000},
-			learnReply{out: 4, redisNow: 1_000_000, raiser: true,
+		{"levels", []int64{4, 0, 1_000_000, 1, 77, 2, 0, 3500, 9, 1, 2000, 9, 0, 500, 0, 1, 7, 5000, 0, 1000},
+			learnReply{out: 4, redisNow: 1_000_000, raiser: true, joined: 77,
 				admitted: []float64{0, 0, 3.5, 0, 0, 0, 0, 0, 0, 0.5}, refused: []float64{0, 0, 0, 0, 0, 0, 0, 0, 0, 2}}, true},
-		{"paused, no levels", []int64{0, 1_000_250, 1_000_000, 0}, learnReply{paused: redisAt(1_000_250), redisNow: 1_000_000}, true},
-		{"paused an hour", []int64{0, 4_600_000, 1_000_000, 0}, learnReply{paused: redisAt(4_600_000), redisNow: 1_000_000}, true},
-		{"paused for ever", []int64{0, 9e15, 1_000_000, 0}, learnReply{paused: now.Add(time.Hour), redisNow: 1_000_000}, true},
-		{"short", []int64{0, 0, 0}, learnReply{}, false},
-		{"a level cut short", []int64{4, 0, 1_000_000, 1, 2, 0, 3500, 9, 1}, learnReply{}, false},
-		{"a level of 0 or past the highest, left out", []int64{4, 0, 1_000_000, 0, 0, 0, 1000, 4097, 1, 1000, 4096, 0, 2000, 1, 1, 500},
+		{"paused, no levels", []int64{0, 1_000_250, 1_000_000, 0, 0}, learnReply{paused: redisAt(1_000_250), redisNow: 1_000_000}, true},
+		{"paused an hour", []int64{0, 4_600_000, 1_000_000, 0, 0}, learnReply{paused: redisAt(4_600_000), redisNow: 1_000_000}, true},
+		{"paused for ever", []int64{0, 9e15, 1_000_000, 0, 0}, learnReply{paused: now.Add(time.Hour), redisNow: 1_000_000}, true},
+		{"short", []int64{0, 0, 0, 0}, learnReply{}, false},
+		{"a level cut short", []int64{4, 0, 1_000_000, 1, 0, 2, 0, 3500, 9, 1}, learnReply{}, false},
+		{"a level of 0 or past the highest, left out", []int64{4, 0, 1_000_000, 0, 0, 0, 0, 1000, 4097, 1, 1000, 4096, 0, 2000, 1, 1, 500},
 			learnReply{out: 4, redisNow: 1_000_000, admitted: highest, refused: refusedAt1}, true},
 	}
 	for _, c := range learns {

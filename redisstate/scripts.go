@@ -461,6 +461,8 @@ end
 // probes above the shared pace. Such a pace's rate follows the same rule,
 // and it is lowered only with a refusal; a refill rate read from headers
 // is the latest a replica wrote.
+// The reply's joined is the state's jn: the name of the limit some
+// replica found this one shares (shared.PutJoined).
 // mode 1 sets what is left from an answer's remaining count (value), less
 // what was sent after the answer's dispatch (sent at dispatch: mark);
 // mode 2 caps it at value; mode 0 leaves it.
@@ -484,6 +486,7 @@ if kind == ${answerRefused} then redis.call('HINCRBY', KEYS[1], 'rn', 1) end
 countLevel(KEYS[5], level, kind)
 redis.call('PEXPIRE', KEYS[5], keyttl)
 local out, raiser = redis.call('ZCARD', KEYS[2]), redis.call('GET', KEYS[4]) == args.replica and 1 or 0
+local joined = num(redis.call('HGET', KEYS[1], 'jn'), 0)
 local reply = ${learnReply}
 local counts = redis.call('HGETALL', KEYS[5])
 for i = 1, #counts, 2 do

@@ -2,6 +2,7 @@ package redisstate
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"slices"
@@ -56,6 +57,9 @@ type shared struct {
 	// them when it counted apartN (see Apart).
 	aparts string
 	apartN int64
+	// joined is the name of the limit some replica found this one
+	// shares, as the last answer's reply had it (see Joined).
+	joined int64
 }
 
 func newShared(st *Store, key string, cfg limit.Config) *shared {
@@ -263,7 +267,7 @@ func (s *shared) Learn(t *limit.Ticket, r limit.Report, now time.Time) {
 		return
 	}
 	s.st.sawClock(rep.redisNow)
-	s.out, s.paused = rep.out, rep.paused
+	s.out, s.paused, s.joined = rep.out, rep.paused, rep.joined
 	if v.FromRefusals() {
 		s.local.NoteRaiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
 	}
@@ -581,4 +585,42 @@ func (s *shared) readAparts(n int64) {
 func apartName(member string) string {
 	sum := sha256.Sum256([]byte(member))
 	return hex.EncodeToString(sum[:8])
+}
+
+// Among replicas each reads its own part of the first answers, so each
+// finds a part of the limits that move together: the fleet pools what
+// any replica found (lanequeue's joinSharer).
+
+// PutJoined notes in this limit's state that it shares the limit named
+// root (lanequeue's key of it), so that every replica pacing it on its
+// own state learns so from its next answer. Redis keeps a hash of the
+// name. While Redis is away it does nothing.
+func (s *shared) PutJoined(root string) {
+	if !s.st.up.Load() {
+		return
+	}
+	ctx, cancel := s.st.ctx()
+	defer cancel()
+	start := time.Now()
+	_, err := s.st.rdb().Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, s.state, "jn", joinName(root))
+		p.PExpire(ctx, s.state, s.st.cfg.KeyTTL)
+		return nil
+	})
+	s.st.commands.WithLabelValues("join").Inc()
+	s.st.took(start, err)
+	if err != nil {
+		s.st.failed("join", err)
+	}
+}
+
+// Joined reports whether some replica noted this limit sharing the limit
+// named root, as the last answer's reply saw.
+func (s *shared) Joined(root string) bool { return s.joined != 0 && s.joined == joinName(root) }
+
+// joinName is the name Redis keeps of a limit another joined: 48 bits of
+// its key's hash, a number Lua holds exactly.
+func joinName(root string) int64 {
+	sum := sha256.Sum256([]byte(root))
+	return int64(binary.BigEndian.Uint64(sum[:8]) >> 16)
 }

@@ -339,6 +339,7 @@ type learnWire struct {
 	Paused int64 `lua:"paused"`
 	Now    int64 `lua:"now"`
 	Raiser int64 `lua:"raiser"` // 1 when this replica holds the raise lease
+	Joined int64 `lua:"joined"` // the name of the limit some replica found this one shares (joinName), 0: none
 }
 
 // levelWire is one level's count in learnScript's reply.
@@ -356,6 +357,9 @@ type learnReply struct {
 	// raiser: this replica holds the raise lease, so its probes above a
 	// pace learned from refusals are the fleet's.
 	raiser bool
+	// joined names the limit some replica found this state's limit
+	// shares (see shared.PutJoined), 0 when none did.
+	joined int64
 	// admitted and refused count every replica's answers by the number
 	// in flight they went at (index: level).
 	admitted, refused []float64
@@ -369,7 +373,8 @@ func decodeLearn(res []int64, now time.Time) (learnReply, error) {
 	}
 	var w learnWire
 	fill(&w, res)
-	rep := learnReply{out: int(w.Out), paused: local(capPause(w.Paused, w.Now), w.Now, now), redisNow: w.Now, raiser: w.Raiser == 1}
+	rep := learnReply{out: int(w.Out), paused: local(capPause(w.Paused, w.Now), w.Now, now), redisNow: w.Now, raiser: w.Raiser == 1,
+		joined: w.Joined}
 	for i := head; i < len(res); i += per {
 		var l levelWire
 		fill(&l, res[i:])
