@@ -328,7 +328,11 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 				s.refusedHolding++
 			}
 			s.pace.observe(r.Limits, t, now)
-			return pauseEvidence{closure: true}
+			e := pauseEvidence{closure: true}
+			if s.win.confirmed {
+				e.opens = s.win.lo // the boundary lies in (lo, hi], where known
+			}
+			return e
 		}
 	}
 	if refusal && !t.returned && !t.holdsRefused {

@@ -14,7 +14,10 @@ type pause struct {
 type pauseEvidence struct {
 	// closure: the fixed windows read the refusal as a closure; they hold
 	// the group until the window's boundary, whatever pace is asked.
+	// opens: the earliest that boundary can be, where a confirmed
+	// closure knows it (zero: not known).
 	closure bool
+	opens   time.Time
 	// quiet: a rate refusal or an overload from an upstream whose headers
 	// say nothing, learned from by its behaviour.
 	quiet bool
@@ -31,7 +34,9 @@ type pauseEvidence struct {
 // r's verdict's reason, unless what was learned holds the group better:
 //
 //   - a fixed window's closure: the windows hold the group until the
-//     boundary;
+//     boundary; a confirmed one is a pause to the earliest the boundary
+//     can be, which lengthen lengthens as any other (where refusals
+//     count, a refusal's own charge moves the boundary it named);
 //   - a quiet refusal while the upstream admits other requests is about
 //     capacity: the learned concurrency limit holds the group when the
 //     number in flight is the bound, else the learned pace does, and a
@@ -44,6 +49,9 @@ type pauseEvidence struct {
 // group takes none. (Memory takes a pause only when it ends later than
 // the one under way.)
 func groupPause(r Report, e pauseEvidence) pause {
+	if !e.opens.IsZero() {
+		return pause{until: e.opens, reason: pauseWindow}
+	}
 	if r.PauseUntil.IsZero() || e.closure {
 		return pause{}
 	}

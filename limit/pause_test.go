@@ -28,6 +28,7 @@ func TestGroupPause(t *testing.T) {
 		{"a concurrency refusal asked to pause", ask(ConcurrencyRefused, 0), pauseEvidence{}, pauseRetry},
 		{"a failure asked to pause", ask(Failed, 0), pauseEvidence{}, pauseRetry},
 		{"a window's closure holds the group", ask(RateRefused, 50*time.Millisecond), pauseEvidence{closure: true}, notPaused},
+		{"a window's closure holds the group, no pause asked", Report{Status: 429, Verdict: RateRefused}, pauseEvidence{closure: true}, notPaused},
 		{"a quiet refusal of an upstream that admits nothing", ask(RateRefused, 0), pauseEvidence{quiet: true}, pauseRateLimited},
 		{"a quiet overload of an upstream that admits nothing", ask(Overloaded, 5*time.Second), pauseEvidence{quiet: true}, pauseOverloaded},
 		{"a quiet refusal while admitting, no hint: the pace holds", ask(RateRefused, 0), quietLive, notPaused},
@@ -50,6 +51,59 @@ func TestGroupPause(t *testing.T) {
 				t.Fatalf("groupPause = %+v, want %+v", p, want)
 			}
 		})
+	}
+}
+
+// TestAConfirmedClosureIsAPauseToItsBoundary: a closure that knows the
+// earliest its boundary can be pauses the group to then, for the window,
+// whatever pause the report asks (or none).
+func TestAConfirmedClosureIsAPauseToItsBoundary(t *testing.T) {
+	boundary := t0.Add(700 * time.Millisecond)
+	e := pauseEvidence{closure: true, opens: boundary}
+	for _, r := range []Report{{Status: 429, Verdict: RateRefused, PauseUntil: at(2 * time.Second)}, {Status: 429, Verdict: RateRefused}} {
+		if p := groupPause(r, e); p != (pause{until: boundary, reason: pauseWindow}) {
+			t.Errorf("asked %v: groupPause = %+v, want until the boundary %v for the window", r.PauseUntil, p, boundary)
+		}
+	}
+}
+
+// TestAStatedBoundaryRefusedAgainIsLengthened: where refusals count, a
+// refusal's wait ends one request short, since the refused request is
+// charged too: the window's closure the hints stated ends, the first
+// request at its boundary is refused again with the same wait, and so on
+// for ever. The closure is a pause to the earliest its boundary can be
+// (the hints' grain before it), and one that paid nothing is lengthened:
+// the next holds the group for its wait and twice the last besides.
+func TestAStatedBoundaryRefusedAgainIsLengthened(t *testing.T) {
+	const wait, grain = 200 * time.Millisecond, time.Millisecond
+	m := NewMemory(Config{Concurrency: 8})
+	m.win.known, m.win.allowance = true, 100 // a window whose shape is known
+	tk, _, _ := m.Admit(t0, 1, true)
+	m.Learn(&tk, Report{Status: 200, Verdict: Accepted}, t0)
+	m.Return(&tk, t0)
+	refuse := func(now time.Time) time.Time {
+		tk, next, ok := m.Admit(now, 1, true)
+		if !ok {
+			t.Fatalf("at %v: held until %v (%+v)", now.Sub(t0), next.Sub(t0), m.View(now))
+		}
+		m.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: wait, PauseUntil: now.Add(wait)}, now)
+		m.Return(&tk, now)
+		if m.paused.reason != pauseWindow {
+			t.Fatalf("at %v: paused for %q, want the window", now.Sub(t0), m.paused.reason)
+		}
+		return m.paused.until
+	}
+	now := t0.Add(100 * time.Millisecond)
+	if first := refuse(now); !first.Equal(now.Add(wait - grain)) {
+		t.Fatalf("the first refusal pauses the group %v, want to its stated boundary's earliest, %v", first.Sub(now), wait-grain)
+	}
+	boundary := m.View(now).PausedUntil // the window holds the group to the boundary
+	if !boundary.Equal(now.Add(wait)) {
+		t.Fatalf("held until %v, want the stated boundary %v", boundary.Sub(now), wait)
+	}
+	second := refuse(boundary)
+	if want := boundary.Add(wait - grain + 2*(wait-grain)); !second.Equal(want) {
+		t.Fatalf("refused at the boundary it named: paused %v, want %v", second.Sub(boundary), want.Sub(boundary))
 	}
 }
 
@@ -163,5 +217,26 @@ func TestAPauseAfterOneThatPaidNothingEndsWithOneRequest(t *testing.T) {
 	m.Learn(&trial, Report{Status: 200, Verdict: Accepted}, answered)
 	if _, next, ok := m.Admit(answered, 1, false); !ok && next.IsZero() {
 		t.Fatalf("after the first was admitted the next still waits for an answer")
+	}
+}
+
+// TestASuspectedClosureIsNoPause: a long wait after a burst suspects a
+// window's closure, whose test goes a moment later, long before the
+// boundary the wait names: the group takes no pause that would hold it.
+func TestASuspectedClosureIsNoPause(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8})
+	tk, _, _ := m.Admit(t0, 1, true)
+	m.Learn(&tk, Report{Status: 200, Verdict: Accepted}, t0)
+	m.Return(&tk, t0)
+	now := t0.Add(100 * time.Millisecond)
+	tk, _, _ = m.Admit(now, 1, true)
+	m.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 5 * time.Second, PauseUntil: now.Add(5 * time.Second)}, now)
+	m.Return(&tk, now)
+	if !m.win.closed || m.win.confirmed {
+		t.Fatalf("closed %v confirmed %v, want a suspected closure", m.win.closed, m.win.confirmed)
+	}
+	test := m.win.knockAt
+	if _, next, ok := m.Admit(test, 1, true); !ok {
+		t.Fatalf("the closure's test at %v held until %v (paused until %v)", test.Sub(now), next.Sub(now), m.paused.until.Sub(now))
 	}
 }
