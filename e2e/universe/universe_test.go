@@ -125,6 +125,21 @@ func TestTheUpstreamSpeaksItsDialect(t *testing.T) {
 			t.Errorf("%s: limit %q, want %q", dialect, got, want)
 		}
 	}
+	// An IETF policy states a bucket's rate over the whole seconds it
+	// fills in: a burst of 2 at 6.25 a second fills in 0.32 s, so 6 a
+	// second, not 2; a burst of 20 at 6.25, 25 over 4 s.
+	for _, c := range []struct {
+		burst float64
+		want  string
+	}{{2, `"default";q=6;w=1`}, {20, `"default";q=25;w=4`}, {6.25, `"default";q=6;w=1`}} {
+		d := Draw{Limits: []Limit{{Shape: Bucket, Rate: 6.25, Burst: c.burst}}, Models: 1, N: 1, C: 1, Rule: Scaled, Factor: 1,
+			MaxTokens: 16, Dialect: IETF}
+		w := httptest.NewRecorder()
+		NewUpstream(d).ServeHTTP(w, httptest.NewRequest(http.MethodPost, d.Path(), bytes.NewReader(d.Body(0))))
+		if got := w.Header().Get("RateLimit-Policy"); got != c.want {
+			t.Errorf("IETF bucket of %g at 6.25/s: policy %q, want %q", c.burst, got, c.want)
+		}
+	}
 }
 
 func TestTheUpstreamCountsTokensItsOwnWay(t *testing.T) {

@@ -260,11 +260,16 @@ func (u *Upstream) speak(h http.Header, now time.Time, model string, v verdict) 
 			if c.l.Tokens {
 				continue
 			}
-			w := c.l.Window
+			q, w := c.stated(scale, false), ceilSeconds(c.l.Window)
 			if c.l.Shape == Bucket {
-				w = seconds(c.l.capacity(scale) / (c.l.Rate * scale))
+				// The time the bucket fills in, in the whole seconds the
+				// policy speaks, and what refills over them: stating the
+				// burst over a window rounded up would state a third of
+				// the rate for a burst of a third of a second.
+				w = ceilSeconds(seconds(c.l.capacity(scale) / (c.l.Rate * scale)))
+				q = math.Max(q, math.Floor(c.l.Rate*scale*float64(w)))
 			}
-			h.Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%.0f;w=%d`, c.stated(scale, false), ceilSeconds(w)))
+			h.Set("RateLimit-Policy", fmt.Sprintf(`"default";q=%.0f;w=%d`, q, w))
 			h.Set("RateLimit", fmt.Sprintf(`"default";r=%.0f;t=%d`, left, ceilSeconds(full)))
 		case AzureRemaining:
 			h.Set("x-ratelimit-remaining-"+kind, strconv.FormatFloat(left, 'f', 0, 64))
