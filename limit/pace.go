@@ -31,6 +31,7 @@ type budget struct {
 	maxRemaining float64 // the most the upstream ever said was left
 	lastLeft     float64 // the latest answer's remaining
 	lastSecs     float64 // and its reset, in seconds from the dispatch
+	lastGrain    float64 // and the reset's grain, in seconds (0: exact)
 	// early: resets were seen already past when their request went, by up
 	// to this (and their grain); every reset is read at least this far
 	// after its dispatch.
@@ -247,7 +248,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 			b.slope = r
 		}
 	}
-	b.lastLeft, b.lastSecs = remaining, secs
+	b.lastLeft, b.lastSecs, b.lastGrain = remaining, secs, w.ResetGrain.Seconds()
 	was := b.bucket.Rate
 	b.learnRate()
 	if floored && prevLimit > 0 && b.bucket.Rate < was*limit/prevLimit {
@@ -314,6 +315,12 @@ func (b *budget) learnRate() {
 			// refusals showed: the arithmetic bounds the rate only from
 			// below, and a bucket's own line tells it.
 			r = math.Max(r, math.Max(b.shown, b.slope))
+		}
+		if b.lastSecs <= b.lastGrain {
+			// A reset within one grain of its dispatch (an IETF policy's
+			// t=1 for a bucket full in a third of a second) is rounded
+			// up by as much as it says: it bounds the refill from below.
+			r = math.Max(r, b.bucket.Rate)
 		}
 		if r > 0 && r <= b.size()*maxRateFactor {
 			b.bucket.Rate = r
