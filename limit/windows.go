@@ -573,7 +573,7 @@ func (w *windows) reopen(at time.Time, used int) {
 		if w.lo.After(lo) {
 			lo = w.lo
 		}
-		odd = !w.readLength(max(lo.Sub(from), 0), at.Sub(from), w.prevStart.IsZero())
+		odd = !w.readLength(max(lo.Sub(from), 0), at.Sub(from), w.prevStart.IsZero(), w.prevAdmitted > 0)
 	}
 	if !w.known {
 		w.hinted = w.stated // how the shape was learned, for the view
@@ -610,14 +610,16 @@ func (w *windows) open(at time.Time, used int) {
 
 // readLength learns from one reading of the window's length, (low, hi],
 // and reports whether it counts: a reading that overlaps the known length
-// narrows it to where both agree; the first reading, one that follows
-// only the first (first: the reading of the group's first window, which
-// began wherever its first request fell, anywhere in a window aligned to
-// the clock), one off the known length by less than a lengthSlack-th of
-// it (dispatches go a few milliseconds late), and the second of two in a
-// row off it that agree with each other (the upstream's window changed)
-// replace it. A single reading further off is held.
-func (w *windows) readLength(low, hi time.Duration, first bool) bool {
+// narrows it to where both agree; the first reading, one of a window that
+// admitted a request (admitted) and follows only the first (first: the
+// reading of the group's first window, which began wherever its first
+// request fell, anywhere in a window aligned to the clock), one off the
+// known length by less than a lengthSlack-th of it (dispatches go a few
+// milliseconds late), and the second of two in a row off it that agree
+// with each other (the upstream's window changed) replace it. A single
+// reading further off is held: a window refused before it admitted
+// anything may be a closure read as over a moment early.
+func (w *windows) readLength(low, hi time.Duration, first, admitted bool) bool {
 	near := func(lo2, hi2 time.Duration) bool {
 		slack := hi2 / lengthSlack
 		return hi2 > 0 && hi > lo2-slack && low < hi2+slack
@@ -625,7 +627,7 @@ func (w *windows) readLength(low, hi time.Duration, first bool) bool {
 	overlaps := w.lengthHi > 0 && hi > w.lengthLo && low < w.lengthHi
 	if overlaps {
 		w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
-	} else if w.lengthHi <= 0 || w.lengthFirst || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi) {
+	} else if w.lengthHi <= 0 || w.lengthFirst && admitted || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi) {
 		w.lengthLo, w.lengthHi = low, hi
 	} else {
 		w.oddLo, w.oddHi = low, hi

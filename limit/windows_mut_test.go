@@ -565,6 +565,31 @@ func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
 	}
 }
 
+// TestARefusedEmptyWindowDoesNotReplaceTheFirstLength: the group's first
+// window, from its first request to a boundary 10 s on, admitted 180. The
+// window its boundary reopened is refused a millisecond later, before it
+// admitted anything (the boundary was read a moment early): its reading,
+// (0, 1 ms], is held, and the allowance stays 180. A window that admitted
+// 20 in (999 ms, 1 s] (the first window had spanned boundaries) replaces
+// it.
+func TestARefusedEmptyWindowDoesNotReplaceTheFirstLength(t *testing.T) {
+	w := windows{closed: true, prevOpened: t0, prevAdmitted: 180, lastKnock: t0.Add(9998 * time.Millisecond)}
+	w.reopen(t0.Add(9999*time.Millisecond), 0)
+	if w.lengthLo != 9998*time.Millisecond || !w.lengthFirst || w.allowance != 180 {
+		t.Fatalf("rig: length (%v, %v], first %v, allowance %d", w.lengthLo, w.lengthHi, w.lengthFirst, w.allowance)
+	}
+	empty := again(w, 9999*time.Millisecond, 0, time.Millisecond, 0)
+	if empty.lengthLo != 9998*time.Millisecond || empty.lengthHi != 9999*time.Millisecond || empty.allowance != 180 {
+		t.Fatalf("after (0, 1ms] with none admitted: length (%v, %v], allowance %d; want (9.998s, 9.999s] and 180 held",
+			empty.lengthLo, empty.lengthHi, empty.allowance)
+	}
+	full := again(w, 9999*time.Millisecond, 999*time.Millisecond, time.Second, 20)
+	if full.lengthLo != 999*time.Millisecond || full.lengthHi != time.Second || full.lengthFirst || full.allowance != 20 {
+		t.Fatalf("after (999ms, 1s] with 20 admitted: length (%v, %v], first %v, allowance %d; want (999ms, 1s] and 20",
+			full.lengthLo, full.lengthHi, full.lengthFirst, full.allowance)
+	}
+}
+
 // TestAKnockLetThroughByAShortAllowanceIsNoBoundary: a window learned as
 // 19 of an upstream's 20 closes after 19, and its knock at the boundary a
 // wrong length predicts is admitted, as the 20th. The window it seemed to
@@ -619,7 +644,7 @@ func TestAReadingAnEighthOffIsHeld(t *testing.T) {
 		{11249 * ms, 12 * time.Second, false},
 	} {
 		w := windows{lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
-		counted := w.readLength(c.low, c.hi, false)
+		counted := w.readLength(c.low, c.hi, false, true)
 		if counted == c.held || c.held != (w.lengthHi == 10*time.Second) {
 			t.Errorf("reading (%v, %v]: counted %v, length now (%v, %v]; want held %v", c.low, c.hi, counted, w.lengthLo, w.lengthHi, c.held)
 		}
