@@ -250,7 +250,9 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 	if !s.conc.free() {
 		return Ticket{}, time.Time{}, false
 	}
-	at, knock, ok := s.win.gate(now, true)
+	// A window's spent allowance closes it at once, unless the upstream
+	// said it has room left: then its refusal closes it.
+	at, knock, ok := s.win.gate(now, !s.pace.vouched(cost))
 	if !ok {
 		return Ticket{}, at, false
 	}

@@ -487,3 +487,21 @@ func TestATrialStartsFromTheInFlightAndAnswerTimeItIsGiven(t *testing.T) {
 		t.Errorf("concurrency %d, answer time %v; want the bound, 64, and the answer time it had, 0.6 s", v.Concurrency, v.AnswerSeconds)
 	}
 }
+
+// TestRoomTheUpstreamStatesKeepsASpentWindowOpen: a window of 1 learned
+// from refusals has sent its 1. While the upstream's latest answer says 1
+// is left, the next request goes and the window stays open (a refusal
+// would close it); with none left, the spent allowance closes it at once.
+func TestRoomTheUpstreamStatesKeepsASpentWindowOpen(t *testing.T) {
+	for _, left := range []float64{1, 0} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
+		m.win = windows{known: true, allowance: 1, used: 1, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second, start: t0, opened: t0}
+		m.pace.requests = budget{known: true, limit: 10, lastLeft: left}
+		m.pace.requests.resize(10, 0)
+		m.pace.requests.bucket.Set(t0, 10)
+		_, _, ok := m.Admit(t0.Add(time.Second), 0, false)
+		if ok != (left == 1) || m.win.closed != (left == 0) {
+			t.Errorf("%v left: admitted %v, window closed %v; want admitted and open only with one left", left, ok, m.win.closed)
+		}
+	}
+}

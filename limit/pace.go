@@ -541,6 +541,19 @@ const (
 	burstSeconds = 0.25
 )
 
+// vouched reports whether the upstream's latest stated remaining, less
+// what went since, has room for cost: room it stated itself, with no
+// refill reckoned in.
+func (b *budget) vouched(cost float64) bool { return b.lastLeft-(b.sent-b.seen) >= cost }
+
+// vouched reports whether every budget the headers state has room for a
+// request of cost by the upstream's own count (see budget.vouched), and
+// one does.
+func (p *pacer) vouched(cost int64) bool {
+	req := p.requests.known && !p.fromRefusals
+	return (req || p.tokens.known) && (!req || p.requests.vouched(1)) && (!p.tokens.known || p.tokens.vouched(float64(cost)))
+}
+
 // headers reports whether a budget was learned from headers.
 func (p *pacer) headers() bool {
 	return p.requests.known && !p.fromRefusals || p.tokens.known

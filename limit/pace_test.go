@@ -858,3 +858,40 @@ func TestAResetWithinItsGrainBoundsTheRefillFromBelow(t *testing.T) {
 		}
 	}
 }
+
+// TestRoomIsVouchedByTheLatestRemainingLessWhatWentSince: the upstream
+// said 5 left in the answer to the request sent as the 10th; 3 went
+// after it: 2 are vouched for, 3 are not. No refill is reckoned in.
+func TestRoomIsVouchedByTheLatestRemainingLessWhatWentSince(t *testing.T) {
+	b := budget{known: true, lastLeft: 5, seen: 10, sent: 13}
+	if !b.vouched(2) || b.vouched(2.5) {
+		t.Fatalf("vouched(2) %v, vouched(2.5) %v; want 2 of 5 - 3 vouched, no more", b.vouched(2), b.vouched(2.5))
+	}
+}
+
+// TestEveryStatedBudgetMustVouchForARequest: the pacer vouches for a
+// request when a budget the headers state has room by the upstream's own
+// count and none has too little; a request pace learned from refusals is
+// no statement of room.
+func TestEveryStatedBudgetMustVouchForARequest(t *testing.T) {
+	room := budget{known: true, lastLeft: 100}
+	for _, c := range []struct {
+		name         string
+		req, tok     budget
+		fromRefusals bool
+		want         bool
+	}{
+		{"nothing stated", budget{}, budget{}, false, false},
+		{"requests left", room, budget{}, false, true},
+		{"no request left", budget{known: true, lastLeft: 0.5}, budget{}, false, false},
+		{"a pace from refusals", room, budget{}, true, false},
+		{"tokens left, a pace from refusals", budget{known: true}, room, true, true},
+		{"tokens for exactly the cost", room, budget{known: true, lastLeft: 40}, false, true},
+		{"too few tokens", room, budget{known: true, lastLeft: 39}, false, false},
+	} {
+		p := pacer{requests: c.req, tokens: c.tok, fromRefusals: c.fromRefusals}
+		if got := p.vouched(40); got != c.want {
+			t.Errorf("%s: vouched %v, want %v", c.name, got, c.want)
+		}
+	}
+}
