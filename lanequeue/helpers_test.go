@@ -153,3 +153,54 @@ func near(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 // anyAfter is an answer's count of the limit's own requests sent after it
 // (sharing.observe) that could explain any excess.
 const anyAfter = math.MaxUint64
+
+// acquire is acquireAs for a request that names no client.
+func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, error) {
+	return l.acquireAs(ctx, cost, p, "", 0)
+}
+
+// queueWait is how long the request waited for its first dispatch.
+func (s *Slot) queueWait() time.Duration { return s.granted.Sub(s.arrived) }
+
+// newLane returns a lane outside any table, with a group of its own (the
+// tests' single lanes).
+func newLane(key Key, cfg Config) *Lane {
+	cfg = cfg.withDefaults()
+	g := newGroup(key.groupKey(), cfg, func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }, nil)
+	g.refs.Store(1) // the lane's own
+	return g.newLane(key, key.ID(), g.limitOf(key))
+}
+
+// lookup returns the lane with this ID, if the table has it.
+func (t *Table) lookup(id string) (*Lane, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l, ok := t.ids[id]
+	return l, ok
+}
+
+// laneCount is the number of lanes.
+func (t *Table) laneCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.lanes.Len() + t.unproven.Len()
+}
+
+// groupCount is the number of limit groups alive: in the table or still
+// serving a request.
+func (t *Table) groupCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.groups)
+}
+
+// sweep drops lanes unused for IdleTTL or longer now, without waiting for
+// the next laneFor.
+func (t *Table) sweep() {
+	t.mu.Lock()
+	t.lastSweep = time.Time{}
+	t.sweepLocked(t.cfg.Lane.Clock.Now())
+	evicted := t.takeEvictedLocked()
+	t.mu.Unlock()
+	t.notify(evicted)
+}

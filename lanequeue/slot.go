@@ -7,13 +7,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/clock"
-	"github.com/llmproxy/llmproxy/limit"
 )
-
-// acquire is acquireAs for a request that names no client.
-func (l *Lane) acquire(ctx context.Context, cost int64, p Priority) (*Slot, error) {
-	return l.acquireAs(ctx, cost, p, "", 0)
-}
 
 // acquireAs waits in FIFO order for a concurrency permit, for the group's
 // pause to end and for pacing to allow one more request costing cost
@@ -254,9 +248,6 @@ func (s *Slot) releaseLocked(now time.Time) (forget bool) {
 	return forget
 }
 
-// queueWait is how long the request waited for its first dispatch.
-func (s *Slot) queueWait() time.Duration { return s.granted.Sub(s.arrived) }
-
 // waitLocked readies s to wait: it makes the channel wait blocks on,
 // unless s was granted or refused already. Requires g.mu held, taken
 // since s was queued.
@@ -264,13 +255,4 @@ func (s *Slot) waitLocked() {
 	if !s.signalled {
 		s.ready = make(chan struct{})
 	}
-}
-
-// newLane returns a lane outside any table, with a group of its own (the
-// tests' single lanes).
-func newLane(key Key, cfg Config) *Lane {
-	cfg = cfg.withDefaults()
-	g := newGroup(key.groupKey(), cfg, func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }, nil)
-	g.refs.Store(1) // the lane's own
-	return g.newLane(key, key.ID(), g.limitOf(key))
 }

@@ -356,29 +356,6 @@ func (t *Table) newIDLocked(key Key) string {
 	return digest
 }
 
-// lookup returns the lane with this ID, if the table has it.
-func (t *Table) lookup(id string) (*Lane, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	l, ok := t.ids[id]
-	return l, ok
-}
-
-// laneCount is the number of lanes.
-func (t *Table) laneCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.lanes.Len() + t.unproven.Len()
-}
-
-// groupCount is the number of limit groups alive: in the table or still
-// serving a request.
-func (t *Table) groupCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.groups)
-}
-
 // allLanes returns every lane, least recently used first.
 func (t *Table) allLanes() []*Lane {
 	t.mu.Lock()
@@ -448,17 +425,6 @@ func (t *Table) states(state func(*Lane) State) []State {
 		out = append(out, state(l))
 	}
 	return out
-}
-
-// sweep drops lanes unused for IdleTTL or longer now, without waiting for
-// the next laneFor.
-func (t *Table) sweep() {
-	t.mu.Lock()
-	t.lastSweep = time.Time{}
-	t.sweepLocked(t.cfg.Lane.Clock.Now())
-	evicted := t.takeEvictedLocked()
-	t.mu.Unlock()
-	t.notify(evicted)
 }
 
 // sweepLocked removes idle lanes whose last use is older than the TTL. It
