@@ -195,6 +195,15 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	if w.HasRemaining && float64(w.Remaining) > limit {
 		limit = float64(w.Remaining)
 	}
+	if k := limit / prevLimit; w.Limit > 0 && prevLimit > 0 && k != 1 {
+		// The stated limit changed (a tier raised, a key's share cut):
+		// what refusals and counts taught of the window under the old
+		// one holds in its proportion, not as it was, and no refill is
+		// measured across the change.
+		b.capped, b.shown, b.slope = b.capped*k, b.shown*k, b.slope*k
+		b.maxRemaining = (b.maxRemaining+1)*k - 1
+		b.ref.dispatched = time.Time{}
+	}
 	b.resize(limit, b.capped)
 	if !w.HasRemaining {
 		return // a size alone gives nothing to count down from
