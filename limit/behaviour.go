@@ -36,6 +36,9 @@ type learner struct {
 	// sample is how many admissions the latest measurement counted: an
 	// estimate counted over few is off by a larger share (see cruise).
 	sample float64
+	// unsustained: the level of a first refusal nothing went through at,
+	// until an answer time is known (see ruleInFlight); 0: none waits.
+	unsustained int
 	// short is the admitted rate between the latest refusals when they
 	// lie too close to measure it (0: none): a guess far above it is cut
 	// to it at once rather than by unmeasuredCut a round.
@@ -359,6 +362,16 @@ func (l *learner) pace() float64 {
 		return l.estimate * drainGain
 	}
 	return l.estimate * cruiseShare
+}
+
+// sustains raises a guess not measured yet to what the level below the
+// first refusal sustains for answers of secs, once known (Little's law).
+func (l *learner) sustains(secs float64) bool {
+	if l.unsustained == 0 || secs <= 0 || l.measured {
+		return false
+	}
+	l.estimate, l.unsustained = max(l.estimate, float64(l.unsustained-1)/secs), 0
+	return true
 }
 
 // guess reports whether the estimate is only what the group was sending

@@ -575,6 +575,50 @@ func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
 	}
 }
 
+// TestLittlesLawWaitsForTheFirstAnswerTime: streams admitted (their
+// headers in) but none ended when the tenth is refused at 10 in flight,
+// nothing through at 10: no answer time yet, so the first guess is the
+// sending rate. The first admitted answer that ends, after 0.5 s, tells
+// what 9 in flight sustain, 18 a second, and the pace follows at once; a
+// refused one's end tells no answer time. The guess is made once: an
+// estimate cut since stays. A rate measured meanwhile is not overruled.
+func TestLittlesLawWaitsForTheFirstAnswerTime(t *testing.T) {
+	refusedStreams := func() (*Memory, []Ticket) {
+		s := NewMemory(Config{Concurrency: 16, MaxConcurrency: 64})
+		tks := admitN(t, s, 10, t0)
+		for i := range tks[:9] {
+			s.Learn(&tks[i], Report{Status: 200, Verdict: Accepted}, at(50*time.Millisecond))
+		}
+		s.Learn(&tks[9], Report{Status: 429, Verdict: RateRefused}, at(60*time.Millisecond))
+		if !near(s.learn.estimate, 10) || s.learn.from != rateSending {
+			t.Fatalf("first guess %v from %q, want the sending rate's 10", s.learn.estimate, s.learn.from)
+		}
+		return s, tks
+	}
+	s, tks := refusedStreams()
+	s.Return(&tks[9], at(100*time.Millisecond))
+	if !near(s.learn.estimate, 10) {
+		t.Fatalf("estimate %v after a refused answer's end, want 10", s.learn.estimate)
+	}
+	s.Return(&tks[0], at(500*time.Millisecond))
+	if !near(s.learn.estimate, 18) || !near(s.pace.requests.bucket.Rate, 18*cruiseShare) {
+		t.Fatalf("estimate %v, pace %v after the first answer time; want 18 and %v",
+			s.learn.estimate, s.pace.requests.bucket.Rate, 18*cruiseShare)
+	}
+	s.learn.estimate = 5
+	s.Return(&tks[1], at(600*time.Millisecond))
+	if !near(s.learn.estimate, 5) {
+		t.Fatalf("estimate %v after a second answer time, want the 5 it was cut to", s.learn.estimate)
+	}
+
+	s, tks = refusedStreams()
+	s.learn.measured = true
+	s.Return(&tks[0], at(500*time.Millisecond))
+	if !near(s.learn.estimate, 10) {
+		t.Fatalf("estimate %v over a measured one, want 10", s.learn.estimate)
+	}
+}
+
 // TestHintSeedsWhenTooFewWereSent: with fewer than minSendingSample sent,
 // a hint beats the sending rate even when it is faster.
 func TestHintSeedsWhenTooFewWereSent(t *testing.T) {

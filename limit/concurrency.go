@@ -159,12 +159,6 @@ func (c *concurrency) boundAt(level int) {
 	c.slowStart = false
 }
 
-// returned takes back t's permit and notes its answer's time.
-func (c *concurrency) returned(t *Ticket, now time.Time) {
-	c.inFlight--
-	c.answered(t, now)
-}
-
 // answered feeds an accepted answer's time with its permit into the mean
 // answer time.
 func (c *concurrency) answered(t *Ticket, now time.Time) {

@@ -233,6 +233,9 @@ func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
 	s.ended(t)
 	s.conc.answered(t, now)
 	s.win.ended(t.Seq)
+	if s.learn.sustains(s.conc.answerSecs) {
+		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
+	}
 }
 
 func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time, bool) {
@@ -568,9 +571,8 @@ func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 }
 
 func (s *Memory) Return(t *Ticket, now time.Time) {
-	s.ended(t)
-	s.conc.returned(t, now)
-	s.win.ended(t.Seq)
+	s.conc.inFlight--
+	s.NoteReturn(t, now)
 }
 
 // ended settles t, whose permit went back, and takes it off the count of

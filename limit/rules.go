@@ -67,14 +67,15 @@ func ruleSending(l *learner, c refusal) bool {
 
 // ruleInFlight: refused at a number in flight nothing went through at,
 // what did go through, over the answer time, is what it sustains
-// (Little's law), if the number in flight is the bound.
+// (Little's law), if the number in flight is the bound. Before any answer
+// ended (a stream holds its place long after its headers came) the answer
+// time is not known: the guess waits for it (see learner.sustains).
 func ruleInFlight(l *learner, c refusal) bool {
-	secs := c.e.answerSecs
-	if !c.first || secs <= 0 || l.reached(c.t.Level) {
+	if !c.first || l.reached(c.t.Level) {
 		return false
 	}
-	l.estimate = max(l.estimate, float64(c.t.Level-1)/secs)
-	return true
+	l.unsustained = c.t.Level
+	return l.sustains(c.e.answerSecs)
 }
 
 // ruleFleetPace: other replicas learned a pace from their refusals

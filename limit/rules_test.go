@@ -28,8 +28,10 @@ func TestEachRefusalRuleAlone(t *testing.T) {
 		{"measured between refusals", nil, refusal{sample: 12, t: &Ticket{Probe: true}}, true, 30, rateProbe}, // measured: a refused probe only raises
 		{"first guess: the sending rate", nil, refusal{first: true, e: refusalEvidence{sending: 40}}, true, 40, rateSending},
 		{"first guess: the sending rate", nil, refusal{e: refusalEvidence{sending: 40}}, false, 30, rateProbe},
-		{"first guess: what the number in flight sustains", func(l *learner) { l.estimate = 2 },
+		{"first guess: what the number in flight sustains", func(l *learner) { l.estimate, l.measured = 2, false },
 			refusal{first: true, t: &Ticket{Level: 9}, e: refusalEvidence{answerSecs: 0.5}}, true, 16, rateProbe},
+		{"first guess: what the number in flight sustains", func(l *learner) { l.estimate, l.measured = 2, false }, // no answer time yet
+			refusal{first: true, t: &Ticket{Level: 9}}, false, 2, rateProbe},
 		{"first guess: what the number in flight sustains", func(l *learner) { l.estimate = 2; admittedAt(l) },
 			refusal{first: true, t: &Ticket{Level: 3}, e: refusalEvidence{answerSecs: 0.5}}, false, 2, rateProbe},
 		{"first guess: the fleet's pace", nil, refusal{first: true, e: refusalEvidence{fleetPace: 10}}, true, 10, rateReplicas},
