@@ -49,7 +49,7 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 		}
 	}
 	shared := g.shareLocked(lim, s, r.Limits.Requests, now) || g.joinedElsewhereLocked(lim)
-	if g.togetherLocked(l.lim, s.lim, r, now) {
+	if g.togetherLocked(l.lim, s.lim, r, now, s.ticket.Overshot) {
 		shared = true
 	}
 	lim = l.drawsOn() // the limit the lane draws on from now on

@@ -14,7 +14,10 @@ import (
 // and each model's learner, pacing its share, is refused by what the
 // others send, so their paces drift apart and the slowest holds up the
 // run. Limits of their own refuse a lane when its own limit is spent,
-// whatever the others send.
+// whatever the others send: a refusal of the request that took a lane to
+// its concurrency limit, at a number in flight nothing went through at
+// (limit.Ticket.Overshot), is what a limit of the lane's own number in
+// flight does, and joins nothing.
 //
 // So limits of a group that say nothing of their counts, refused within
 // togetherSpan of each other after each was admitted, and asked about as
@@ -57,8 +60,9 @@ const refusedTogether = "refused together"
 // lane made with own (the limit of its model) whether limits of the group
 // are refused together, joining them on trial if so; and, in a trial,
 // whether own is refused apart, splitting it off if so. It reports whether
-// the limits lanes draw on changed. Requires g.mu held.
-func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time) bool {
+// the limits lanes draw on changed; overshot is the answered ticket's
+// Overshot. Requires g.mu held.
+func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time, overshot bool) bool {
 	if r.Limits.Requests.HasRemaining || r.Limits.Tokens.HasRemaining {
 		own.spoke = true // its headers tell (see sharing)
 	}
@@ -79,7 +83,7 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time)
 		// decides who is refused, not one member's asking alone.
 		return issuer == root && g.contrastLocked(own, root) && g.judgeLocked(own, root)
 	}
-	if g.apart || !g.cfg.Limits.IsZero() || !own.silent() && !(g.fleet && own.pacedFromRefusals(now)) || root.sharedBy != "" {
+	if overshot || g.apart || !g.cfg.Limits.IsZero() || !own.silent() && !(g.fleet && own.pacedFromRefusals(now)) || root.sharedBy != "" {
 		return false
 	}
 	g.limMu.Lock()

@@ -84,6 +84,36 @@ func TestSilentModelsRefusedTogetherTakeTurnsOnOneLimit(t *testing.T) {
 	}
 }
 
+// TestRefusalsAtALanesOwnUnreachedLimitJoinNothing: two silent models,
+// each admitted, then each refused by a request that went at its lane's
+// concurrency limit (1), at a number in flight the upstream admitted no
+// more than it refused at (limit.Ticket.Overshot): a limit of each lane's
+// own number in flight does that, so they are not joined. (Under a limit
+// of 8 the same refusals join them: see
+// TestSilentModelsRefusedTogetherTakeTurnsOnOneLimit.)
+func TestRefusalsAtALanesOwnUnreachedLimitJoinNothing(t *testing.T) {
+	lanes := silentLanes(t, Config{Concurrency: 1}, "gpt-a", "gpt-b")
+	for _, l := range lanes {
+		s := sendOn(t, l)
+		report(s, limit.Report{Status: 200, Verdict: limit.Accepted})
+		s.release()
+	}
+	var slots []*Slot
+	for _, l := range lanes {
+		slots = append(slots, sendOn(t, l))
+	}
+	for _, s := range slots {
+		report(s, limit.Report{Status: 429, Verdict: limit.RateRefused})
+		if !s.ticket.Overshot {
+			t.Fatal("the refusal at the lane's limit is not Overshot")
+		}
+		s.release()
+	}
+	if limitOf(lanes[0]) == limitOf(lanes[1]) || limitOf(lanes[0]).trial != nil {
+		t.Fatal("refusals at each lane's own unreached limit joined the lanes")
+	}
+}
+
 // TestLimitsThatSpeakOrAreAskedUnevenlyAreNotJoined: refused together is
 // not enough when the answers state remaining counts (they tell sharing
 // better, see sharing), when one model was asked twice as often as the
@@ -187,7 +217,7 @@ func refuseOnTrial(lanes []*Lane, t, own *pool, n int, waiting *Lane) bool {
 		g.turns.push(waiting)
 		defer g.turns.remove(waiting)
 	}
-	return g.togetherLocked(own, t, limit.Report{Status: 429, Verdict: limit.RateRefused}, g.clock.Now())
+	return g.togetherLocked(own, t, limit.Report{Status: 429, Verdict: limit.RateRefused}, g.clock.Now(), false)
 }
 
 // TestALimitRefusedMoreThanItsTurnsLeavesTheTrial: on trial, refusals fall
@@ -251,7 +281,7 @@ func TestRefusalsInTurnOrAloneKeepTheTrial(t *testing.T) {
 			g.turns.push(lanes[0])
 			defer g.turns.remove(lanes[0])
 			own := lanes[1].lim
-			return g.togetherLocked(own, own, limit.Report{Status: 429, Verdict: limit.RateRefused}, g.clock.Now())
+			return g.togetherLocked(own, own, limit.Report{Status: 429, Verdict: limit.RateRefused}, g.clock.Now(), false)
 		}},
 	}
 	for _, c := range cases {

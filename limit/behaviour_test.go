@@ -619,6 +619,46 @@ func TestLittlesLawWaitsForTheFirstAnswerTime(t *testing.T) {
 	}
 }
 
+// TestOvershotIsARefusalAtTheLimitNothingWentThroughAt: a silent
+// upstream refuses the request that took the group to its concurrency
+// limit of 4, nothing through at 4: Overshot. Not when the limit was
+// above the level (8), nor at a level admitted at more than refused.
+func TestOvershotIsARefusalAtTheLimitNothingWentThroughAt(t *testing.T) {
+	refuseFourth := func(start, rounds int) bool {
+		s := NewMemory(Config{Concurrency: start, MaxConcurrency: 64})
+		now := t0
+		for r := range rounds {
+			tks := make([]Ticket, 4)
+			for i := range tks { // spread as the slow start asks
+				var ok bool
+				if tks[i], _, ok = s.Admit(now.Add(time.Duration(i)*20*time.Millisecond), 1, true); !ok {
+					t.Fatalf("round %d: dispatch %d not admitted", r, i)
+				}
+			}
+			now = now.Add(80 * time.Millisecond)
+			for i := range tks {
+				if r == rounds-1 && i == 3 {
+					s.Learn(&tks[3], Report{Status: 429, Verdict: RateRefused}, now.Add(60*time.Millisecond))
+					return tks[3].Overshot
+				}
+				s.Learn(&tks[i], Report{Status: 200, Verdict: Accepted}, now.Add(50*time.Millisecond))
+				s.Return(&tks[i], now.Add(100*time.Millisecond))
+			}
+			now = now.Add(time.Second)
+		}
+		return false
+	}
+	if !refuseFourth(4, 1) {
+		t.Fatal("a refusal at the limit of 4, nothing through at 4, is not Overshot")
+	}
+	if refuseFourth(8, 1) {
+		t.Fatal("a refusal at 4 under a limit of 8 is Overshot")
+	}
+	if refuseFourth(4, 3) {
+		t.Fatal("a refusal at 4 after two admissions at 4 is Overshot")
+	}
+}
+
 // TestHintSeedsWhenTooFewWereSent: with fewer than minSendingSample sent,
 // a hint beats the sending rate even when it is faster.
 func TestHintSeedsWhenTooFewWereSent(t *testing.T) {

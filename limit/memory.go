@@ -415,6 +415,7 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) pauseEvidence {
 		// start overshot. Until the counts tell a rate from a
 		// concurrency, go back to what went through.
 		s.conc.overshot(level, s.floor())
+		t.Overshot = level >= t.Limit
 	}
 	l.classify()
 	if l.concurrencyBound() {
