@@ -600,7 +600,9 @@ func (l *learner) estimateOnRefusal(t *Ticket, e refusalEvidence, now time.Time)
 		r.apply(l, c)
 	}
 	if l.estimate < was {
-		l.streak = 0 // a refusal that lowers the rate ends a row of clean probes
+		// A refusal that lowers the rate ends a row of clean probes, and
+		// says the first guess was too fast already (see sustains).
+		l.streak, l.unsustained = 0, 0
 	}
 }
 

@@ -581,7 +581,8 @@ func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
 // sending rate. The first admitted answer that ends, after 0.5 s, tells
 // what 9 in flight sustain, 18 a second, and the pace follows at once; a
 // refused one's end tells no answer time. The guess is made once: an
-// estimate cut since stays. A rate measured meanwhile is not overruled.
+// estimate cut since stays. A refusal that cut the guess before the answer
+// time, or a rate measured meanwhile, is not overruled.
 func TestLittlesLawWaitsForTheFirstAnswerTime(t *testing.T) {
 	refusedStreams := func() (*Memory, []Ticket) {
 		s := NewMemory(Config{Concurrency: 16, MaxConcurrency: 64})
@@ -609,6 +610,19 @@ func TestLittlesLawWaitsForTheFirstAnswerTime(t *testing.T) {
 	s.Return(&tks[1], at(600*time.Millisecond))
 	if !near(s.learn.estimate, 5) {
 		t.Fatalf("estimate %v after a second answer time, want the 5 it was cut to", s.learn.estimate)
+	}
+
+	s, tks = refusedStreams() // refused again at the guess, cut, before the answer time
+	s.learn.lastAccepted = at(50 * time.Millisecond)
+	s.learn.admitted[9], s.learn.cut = 9, t0 // the level is reached, the cut long ago
+	more := Ticket{Dispatched: at(70 * time.Millisecond), Level: 9, Seq: 11}
+	s.Learn(&more, Report{Status: 429, Verdict: RateRefused}, at(80*time.Millisecond))
+	if !near(s.learn.estimate, 10*unmeasuredCut) {
+		t.Fatalf("estimate %v after a second refusal, want the guess cut to %v", s.learn.estimate, 10*unmeasuredCut)
+	}
+	s.Return(&tks[0], at(500*time.Millisecond))
+	if !near(s.learn.estimate, 10*unmeasuredCut) {
+		t.Fatalf("estimate %v after the answer time, want the cut guess %v: it was too fast already", s.learn.estimate, 10*unmeasuredCut)
 	}
 
 	s, tks = refusedStreams()
