@@ -200,7 +200,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		// what refusals and counts taught of the window under the old
 		// one holds in its proportion, not as it was, and no refill is
 		// measured across the change.
-		b.capped, b.shown, b.slope = b.capped*k, b.shown*k, b.slope*k
+		b.capped, b.shown, b.slope, b.bucket.Rate = b.capped*k, b.shown*k, b.slope*k, b.bucket.Rate*k
 		b.maxRemaining = (b.maxRemaining+1)*k - 1
 		b.ref.dispatched = time.Time{}
 	}
@@ -258,18 +258,14 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		}
 	}
 	b.lastLeft, b.lastSecs, b.lastGrain = remaining, secs, w.ResetGrain.Seconds()
-	was := b.bucket.Rate
-	b.learnRate()
-	if floored && prevLimit > 0 && b.bucket.Rate < was*limit/prevLimit {
-		// A reset read at the floor was sooner than the floor, by how
-		// much nobody knows: what is missing refills at least as fast as
-		// the arithmetic says, perhaps far faster. A window nearly full
-		// (one token missing, a second to go) would otherwise read as a
-		// refill of one token a second. Only a refusal lowers the rate
-		// then, or a changed stated limit, in its proportion: a limit
-		// per minute three times what it was refills three times as fast.
-		b.bucket.Rate = was * limit / prevLimit
-	}
+	// A reset read at the floor was sooner than the floor, by how much
+	// nobody knows; and a window nearly full, a few missing until its
+	// reset, is a fixed window's as well as a slow bucket's (one token
+	// missing a second before a window of 3,164 resets read as a refill
+	// of 1 a second, seed 1065). What is missing refills at least as fast
+	// as the arithmetic says, perhaps far faster: only a refusal lowers
+	// the rate then, or a changed stated limit, in its proportion.
+	b.learnRate(floored || remaining >= nearlyFull*b.size())
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
 		b.correctable() {
@@ -289,6 +285,7 @@ const (
 	overstatedRate  = 20
 	overstatedShare = 0.5
 	refillSpan      = 100 * time.Millisecond // shortest span to measure a refill over
+	nearlyFull      = 0.9                    // a window this full shows too little missing to lower its refill
 )
 
 // refillShown is the refill rate the upstream's remaining counts show
@@ -316,7 +313,12 @@ func (b *budget) refillShown(remaining, sent float64, dispatched time.Time) (flo
 // In a corrected window the arithmetic can say far less than the upstream
 // showed (others using the same key hold remaining low and the reset far):
 // the refill shown at the correction is then the pace.
-func (b *budget) learnRate() {
+//
+// A reading that bounds the refill only from below (keep, or a reset
+// within one grain of its dispatch: an IETF policy's t=1 for a bucket
+// full in a third of a second is rounded up by as much as it says) never
+// lowers it.
+func (b *budget) learnRate(keep bool) {
 	if b.lastSecs > 0 && b.lastLeft < b.size() {
 		r := (b.size() - b.lastLeft) / b.lastSecs
 		if b.capped > 0 && b.capped < b.limit {
@@ -325,10 +327,7 @@ func (b *budget) learnRate() {
 			// below, and a bucket's own line tells it.
 			r = math.Max(r, math.Max(b.shown, b.slope))
 		}
-		if b.lastSecs <= b.lastGrain {
-			// A reset within one grain of its dispatch (an IETF policy's
-			// t=1 for a bucket full in a third of a second) is rounded
-			// up by as much as it says: it bounds the refill from below.
+		if keep || b.lastSecs <= b.lastGrain {
 			r = math.Max(r, b.bucket.Rate)
 		}
 		if r > 0 && r <= b.size()*maxRateFactor {
@@ -347,7 +346,7 @@ func (b *budget) correct() bool {
 		return false
 	}
 	b.resize(b.limit, b.maxRemaining+1)
-	b.learnRate()
+	b.learnRate(false)
 	return true
 }
 

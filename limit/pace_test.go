@@ -572,14 +572,22 @@ func TestCorrectedWindowKeepsTheRefillOfItsCorrection(t *testing.T) {
 
 // TestLiftedCorrectionPacesByTheHeadersAgain: once an answer shows the
 // whole stated window left (less one), the correction no longer holds and
-// the headers' own arithmetic is the pace.
+// the headers' own arithmetic is the pace again: not at that answer, one
+// missing of 1,200 until the reset in a minute, which bounds the refill
+// only from below (a fixed window's reading as well as a slow bucket's),
+// but at the next, half the window missing until the reset in a minute.
 func TestLiftedCorrectionPacesByTheHeadersAgain(t *testing.T) {
 	b, d := quantizedBudget(t)
 	b.take(1)
 	next := d.Add(50 * time.Millisecond)
 	b.observe(win(1200, 1199, next.Add(time.Minute)), 10, next, next)
-	if b.size() != 1200 || !near(b.bucket.Rate, 1.0/60) {
-		t.Fatalf("size %v, rate %v; want 1200 at 1/60 per second", b.size(), b.bucket.Rate)
+	if b.size() != 1200 || !near(b.bucket.Rate, 20) {
+		t.Fatalf("size %v, rate %v; want 1200 at the 20/s it had, not 1/60 per second", b.size(), b.bucket.Rate)
+	}
+	later := next.Add(time.Second)
+	b.observe(win(1200, 600, later.Add(time.Minute)), 11, later, later)
+	if b.size() != 1200 || !near(b.bucket.Rate, 10) {
+		t.Fatalf("size %v, rate %v; want 1200 at 10/s, 600 missing over a minute", b.size(), b.bucket.Rate)
 	}
 }
 
@@ -893,5 +901,28 @@ func TestEveryStatedBudgetMustVouchForARequest(t *testing.T) {
 		if got := p.vouched(40); got != c.want {
 			t.Errorf("%s: vouched %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestANearlyFullWindowKeepsItsRefill: a reading with a tenth or less of
+// the window missing until its reset bounds the refill only from below
+// (seed 1065: one token of 3,164 missing a second before the window
+// reset read as a refill of 1 a second, and requests were given up as
+// waiting past their budget); one with more missing sets it.
+func TestANearlyFullWindowKeepsItsRefill(t *testing.T) {
+	var b budget
+	b.observe(win(100, 50, at(2500*time.Millisecond)), 0, t0, t0)
+	if !near(b.bucket.Rate, 20) {
+		t.Fatalf("rate %v, want 20: 50 missing in 2.5 s", b.bucket.Rate)
+	}
+	d := at(time.Second)
+	b.observe(win(100, 90, d.Add(10*time.Second)), 1, d, d)
+	if !near(b.bucket.Rate, 20) {
+		t.Fatalf("rate %v after 10 missing over 10 s, want the 20 it had", b.bucket.Rate)
+	}
+	d = at(2 * time.Second)
+	b.observe(win(100, 89, d.Add(10*time.Second)), 2, d, d)
+	if !near(b.bucket.Rate, 1.1) {
+		t.Fatalf("rate %v after 11 missing over 10 s, want 1.1", b.bucket.Rate)
 	}
 }
