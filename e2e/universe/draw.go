@@ -397,7 +397,7 @@ func Rows() []Row {
 	return []Row{
 		{"shared-models-quantized", shared, 1.05, 2, nil},
 		{"tpm-upstream-count", tpm, 1.05, 1, nil},
-		{"streams-jitter-silent", streams, 1.15, 5, nil},
+		{"streams-jitter-silent", streams, 1.15, 5, &[2]float64{1.15, 7}},
 		{"counted-silent", counted, 1.10, 5, &[2]float64{1.12, 5}},
 	}
 }
