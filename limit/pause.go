@@ -77,9 +77,10 @@ type unpaid struct {
 // group sends at the refill, refused every time, for ever. So when all
 // the group sent after a pause was refused, nothing admitted since and
 // nothing else out that might be, that pause paid only what its end cost:
-// the next one is its wait and twice that pause besides. (Not when the
-// new wait is under half the last pause: a short wait after a long pause
-// is a pace, which the lengthening only turned into refusals elsewhere.)
+// the next one is its wait and twice that pause (at most maxKnock)
+// besides. (Not when the upstream's new wait is under half the last pause:
+// a short wait after a long pause is a pace, which the lengthening only
+// turned into refusals elsewhere. A refusal with no wait names no pace.)
 func (s *Memory) lengthen(p pause, t *Ticket, r Report, now time.Time) pause {
 	u := &s.unpaid
 	if r.Verdict == Accepted {
@@ -94,9 +95,9 @@ func (s *Memory) lengthen(p pause, t *Ticket, r Report, now time.Time) pause {
 		u.resumed = s.paused.until
 	}
 	if !u.resumed.IsZero() && !u.resumed.Equal(u.counted) && !t.Dispatched.Before(u.resumed) &&
-		s.learn.lastAccepted.Before(u.resumed) && s.conc.inFlight <= s.refusedHolding && 2*p.until.Sub(now) >= u.last {
+		s.learn.lastAccepted.Before(u.resumed) && s.conc.inFlight <= s.refusedHolding && (r.Hint == 0 || 2*p.until.Sub(now) >= u.last) {
 		u.counted = u.resumed
-		p.until = p.until.Add(2 * u.last)
+		p.until = p.until.Add(min(2*u.last, maxKnock))
 	}
 	if p.until.After(now) && p.until.After(s.paused.until) {
 		u.last = p.until.Sub(now)

@@ -1,6 +1,7 @@
 package limit
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -238,5 +239,33 @@ func TestASuspectedClosureIsNoPause(t *testing.T) {
 	test := m.win.knockAt
 	if _, next, ok := m.Admit(test, 1, true); !ok {
 		t.Fatalf("the closure's test at %v held until %v (paused until %v)", test.Sub(now), next.Sub(now), m.paused.until.Sub(now))
+	}
+}
+
+// TestAPauseWithNoWaitThatPaidNothingKeepsLengthening: a refusal with no
+// wait (a silent upstream; the pause is the proxy's own backoff) names no
+// pace, so a pause after one that paid nothing is lengthened however short
+// its backoff is beside the last pause: twice the last pause more, at most
+// maxKnock more. Knocks into an upstream that counts refusals thin out
+// until its refill pays back more than they cost.
+func TestAPauseWithNoWaitThatPaidNothingKeepsLengthening(t *testing.T) {
+	const backoff = time.Second
+	m := NewMemory(Config{})
+	now := t0
+	var got []time.Duration
+	for range 6 {
+		tk, at, ok := m.Admit(now, 1, true)
+		if !ok {
+			t.Fatalf("at %v: no admission after the pause (next at %v)", now.Sub(t0), at.Sub(t0))
+		}
+		m.Learn(&tk, Report{Status: 429, Verdict: RateRefused, PauseUntil: now.Add(backoff)}, now)
+		m.Return(&tk, now)
+		until := m.View(now).PausedUntil
+		got = append(got, until.Sub(now))
+		now = until.Add(20 * time.Millisecond)
+	}
+	s := time.Second
+	if want := []time.Duration{s, 3 * s, 7 * s, 15 * s, 31 * s, 31 * s}; !slices.Equal(got, want) {
+		t.Errorf("pauses %v, want %v", got, want)
 	}
 }

@@ -131,10 +131,11 @@ const (
 	minClosure = time.Second
 	minRun     = 3
 	// Silent knocks go knockShare of the closure's length so far apart,
-	// within [minKnock, maxKnock]: late by at most that share of it.
+	// within [minKnock, maxKnock]: late by at most that share of it (and
+	// where refusals count, each knock a debt's refill pays back).
 	knockShare = 0.1
 	minKnock   = 250 * time.Millisecond
-	maxKnock   = 5 * time.Second
+	maxKnock   = 30 * time.Second
 	// Knocks step through the interval a boundary is known to lie in,
 	// each at 1/knockSteps of what is left, at least minSplit apart.
 	knockSteps = 2
