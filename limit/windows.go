@@ -328,7 +328,8 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		return true // sent in a window that ended: nothing new
 	}
 	if w.lastAdmit.IsZero() {
-		return false // nothing was ever admitted: an outage or a closed door, not a window
+		w.opened = time.Time{} // an outage or a closed door, not a window: the one that admits opens later
+		return false
 	}
 	switch {
 	case long || hasHint && w.known && !now.Before(w.moving):

@@ -514,3 +514,24 @@ func TestARefundGivesBackAWindowsPlace(t *testing.T) {
 		t.Fatal("a third went in a window of two")
 	}
 }
+
+// TestAWindowAfterAnOutageCountsFromItsFirstAdmission: refusals before
+// anything was ever admitted are an outage, not the window's: the group's
+// first window opens at its first admitted request, so its closure reads
+// the window's length from there, not from the outage's start.
+func TestAWindowAfterAnOutageCountsFromItsFirstAdmission(t *testing.T) {
+	r := &winRig{t: t}
+	for i := range 3 {
+		now := t0.Add(time.Duration(i) * 300 * time.Millisecond)
+		r.refuse(r.send(now), 0, now)
+	}
+	start := t0.Add(time.Minute)
+	now := r.burst(start, 20)
+	for took := false; !took; now = now.Add(200 * time.Millisecond) {
+		took = r.refuse(r.send(now), 0, now)
+	}
+	r.knockThrough(now, start.Add(10*time.Second), false)
+	if !r.w.known || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second {
+		t.Fatalf("known %v, length (%v, %v]; want about 10 s from the first admission", r.w.known, r.w.lengthLo, r.w.lengthHi)
+	}
+}
