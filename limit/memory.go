@@ -322,7 +322,12 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 	quiet := !s.pace.headers() && !r.Limits.Requests.HasRemaining && !r.Limits.Tokens.HasRemaining
 	switch {
 	case r.Verdict == Accepted:
-		s.win.accepted(t, now)
+		if gap := s.win.accepted(t, now); gap > 0 && !s.learn.measured {
+			// The upstream paid its debt at the knocks' pace, not the
+			// guess's: the guess goes no faster.
+			s.learn.estimate = min(s.learn.estimate, 1/gap.Seconds())
+			s.pace.setFromRefusals(s.pacing(), now)
+		}
 	case r.Verdict == RateRefused || quiet && r.Verdict == Overloaded:
 		if s.win.refused(t, r.Hint, r.Hint > 0, s.taken(t, now), now) {
 			// A closure: the upstream refuses whatever the group sends

@@ -505,3 +505,59 @@ func TestRoomTheUpstreamStatesKeepsASpentWindowOpen(t *testing.T) {
 		}
 	}
 }
+
+// TestADebtPaidAtTheKnocksPaceSlowsTheGuess: one request admitted, then
+// quiet refusals that close a silent window, knocks refused and one
+// admitted: the closure teaches no window (one admission is no
+// allowance), and a guessed pace goes no faster than one request per the
+// gap the admitted knock came after; the group is paced so at once. A
+// guess slower already stays, and a measured pace is the upstream's own:
+// the knocks leave both.
+func TestADebtPaidAtTheKnocksPaceSlowsTheGuess(t *testing.T) {
+	for _, tc := range []struct{ measured, slow bool }{{false, false}, {true, false}, {false, true}} {
+		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+		now := t0
+		send := func(r Report) {
+			for {
+				tk, at, ok := m.Admit(now, 1, false)
+				if ok {
+					answered(m, &tk, r, now)
+					return
+				}
+				if !at.After(now) {
+					t.Fatalf("held at %v with no time to go", now.Sub(t0))
+				}
+				now = at
+			}
+		}
+		refused, accepted := Report{Status: 429, Verdict: RateRefused}, Report{Status: 200, Verdict: Accepted}
+		send(accepted)
+		for m.View(now).Window == nil {
+			now = now.Add(400 * time.Millisecond)
+			send(refused)
+		}
+		m.learn.measured = tc.measured
+		if tc.slow {
+			m.learn.estimate = 0.1
+		}
+		guess := m.learn.estimate
+		last := now
+		for gap := time.Duration(0); gap < time.Second; gap = now.Sub(last) { // knocks refused until they go a second apart
+			last = now
+			send(refused)
+		}
+		last = now
+		send(accepted)
+		v := m.View(now)
+		want := guess
+		if !tc.measured && !tc.slow {
+			want = 1 / now.Sub(last).Seconds()
+		}
+		if v.Window != nil || !tc.measured && !tc.slow && want >= guess || v.AdmittedRate != want {
+			t.Errorf("%+v: window %+v, pace %v from %v; want no window and %v", tc, v.Window, v.AdmittedRate, guess, want)
+		}
+		if paced := m.pace.requests.effectiveRate(); !tc.measured && (paced <= 0 || paced != m.pacing()) {
+			t.Errorf("%+v: paced at %v, want the learned %v", tc, paced, m.pacing())
+		}
+	}
+}

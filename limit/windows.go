@@ -277,8 +277,9 @@ func (w *windows) undispatched(at time.Time) {
 // refusals.
 func (w *windows) pacing() bool { return w.known }
 
-// accepted learns from an admitted answer to t.
-func (w *windows) accepted(t *Ticket, now time.Time) {
+// accepted learns from an admitted answer to t. It returns how far apart
+// the knocks went that ended a closure teaching no window (0: none).
+func (w *windows) accepted(t *Ticket, now time.Time) time.Duration {
 	d := t.Dispatched
 	if d.After(w.lastAdmit) {
 		w.lastAdmit = d
@@ -294,11 +295,12 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 		w.knock = 0
 		w.moving = now.Add(hintTrust)
 		w.closed = false
-		return
+		return 0
 	}
+	var paid time.Duration
 	if w.closed && t.Seq == w.knock && w.knock != 0 {
 		w.knock = 0
-		w.reopen(d, 1)
+		paid = w.reopen(d, 1)
 	}
 	switch {
 	case !d.Before(w.start):
@@ -311,6 +313,7 @@ func (w *windows) accepted(t *Ticket, now time.Time) {
 			w.allowance = w.prevAdmitted
 		}
 	}
+	return paid
 }
 
 // refused learns from a rate refusal of t at now, whose hint (when
@@ -540,14 +543,16 @@ func (w *windows) length() time.Duration {
 // reopen ends the closure: the window is open again from at, with used
 // sent in it already (the knock that found it open), and the closure's span
 // teaches the window's length.
-func (w *windows) reopen(at time.Time, used int) {
-	if !w.known && !w.stated && w.prevStray {
+func (w *windows) reopen(at time.Time, used int) time.Duration {
+	if !w.known && !w.stated && (w.prevStray || w.prevAdmitted <= 1) {
 		// Silent refusals after a window that admitted between its
-		// refusals: a pace over-sent, not an allowance spent. The
-		// closure ends, and teaches nothing; the count starts again.
+		// refusals (a pace over-sent) or one request alone (a debt paid a
+		// request at a time): no allowance spent. The closure ends, and
+		// teaches only how far apart the knocks got through.
+		gap := at.Sub(clock.Later(w.since, w.lastKnock))
 		w.open(at, used)
 		w.known = false
-		return
+		return gap
 	}
 	if w.prevGuessed && w.prevAdmitted*2 < w.allowance {
 		// The window that ended opened on a knock and was refused before
@@ -557,7 +562,7 @@ func (w *windows) reopen(at time.Time, used int) {
 		w.allowance += w.prevAdmitted
 		w.lastExtra, w.counted = 0, false
 		w.open(at, used)
-		return
+		return 0
 	}
 	odd := false
 	if !w.prevOpened.IsZero() {
@@ -584,7 +589,7 @@ func (w *windows) reopen(at time.Time, used int) {
 	w.counted = !odd
 	if odd {
 		w.lastExtra = 0
-		return
+		return 0
 	}
 	// What the window that ended admitted, its late answers counted, is
 	// the allowance.
@@ -596,6 +601,7 @@ func (w *windows) reopen(at time.Time, used int) {
 		w.lastExtra = 0
 	}
 	w.allowance = max(w.prevAdmitted, 1)
+	return 0
 }
 
 // open starts the window at at, with used sent in it already (the knock

@@ -515,6 +515,48 @@ func TestARefundGivesBackAWindowsPlace(t *testing.T) {
 	}
 }
 
+// TestASilentClosureAfterOneAdmissionTeachesOnlyTheKnocksGap: a silent
+// closure after a window that admitted one request alone is a debt paid a
+// request at a time, not a window's allowance: it teaches no window, and
+// the admitted knock tells how far apart the knocks got through (from the
+// last refused one, else from the closure's start). After two admitted,
+// the closure is a window's.
+func TestASilentClosureAfterOneAdmissionTeachesOnlyTheKnocksGap(t *testing.T) {
+	for _, tc := range []struct {
+		admitted, refusedKnocks int
+	}{{1, 3}, {1, 0}, {2, 3}} {
+		r := &winRig{t: t}
+		now := r.burst(t0, tc.admitted)
+		for took := false; !took; now = now.Add(200 * time.Millisecond) {
+			took = r.refuse(r.send(now), 0, now)
+		}
+		since, last := r.w.since, time.Time{}
+		var gap time.Duration
+		for knocks := 0; r.w.closed; knocks++ {
+			at, _, _ := r.w.gate(now, true)
+			now = at
+			k := r.send(now)
+			if knocks < tc.refusedKnocks {
+				r.refuse(k, 0, now)
+				last = now
+				continue
+			}
+			gap = r.w.accepted(k, now)
+		}
+		want := time.Duration(0)
+		if tc.admitted == 1 {
+			want = now.Sub(since)
+			if !last.IsZero() {
+				want = now.Sub(last)
+			}
+		}
+		if r.w.known != (tc.admitted > 1) || gap != want || want < 0 {
+			t.Errorf("%d admitted, %d knocks refused: window known %v, gap %v; want known %v, gap %v",
+				tc.admitted, tc.refusedKnocks, r.w.known, gap, tc.admitted > 1, want)
+		}
+	}
+}
+
 // TestAWindowAfterAnOutageCountsFromItsFirstAdmission: refusals before
 // anything was ever admitted are an outage, not the window's: the group's
 // first window opens at its first admitted request, so its closure reads
