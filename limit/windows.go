@@ -100,6 +100,9 @@ type windows struct {
 	// allowance learned short lets a knock through before the boundary:
 	// see reopen.
 	guessed, prevGuessed bool
+	// named: the running window began at a boundary the upstream's hints
+	// named (prevNamed: the window that ended did), not at a roll.
+	named, prevNamed bool
 	// climb counts the probing windows in a row that admitted all they
 	// sent; lastExtra is what the window that ended last sent past the
 	// allowance (see extra).
@@ -208,7 +211,7 @@ func (w *windows) roll(now time.Time) {
 	if w.known && w.lengthHi > 0 && !w.opened.IsZero() && !now.Before(w.opened.Add(w.lengthHi)) {
 		w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
 		w.start, w.opened, w.used, w.admitted, w.guessed = now, time.Time{}, 0, 0, false
-		w.stray = false
+		w.stray, w.named = false, false
 		w.counted = false // no closure ended the window: what it admitted is no allowance
 	}
 }
@@ -463,7 +466,7 @@ func (w *windows) close(since time.Time, stated bool) {
 	w.runFrom, w.run = time.Time{}, 0
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen).
-	w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
+	w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed, w.prevNamed = w.start, w.opened, w.admitted, w.guessed, w.named
 	w.prevStray, w.stray = w.stray, false
 	w.lastExtra, w.counted = w.extra(), false
 	w.full++
@@ -608,6 +611,7 @@ func (w *windows) reopen(at time.Time, used int) time.Duration {
 // that found it open, which a hint may have named the boundary for).
 func (w *windows) open(at time.Time, used int) {
 	w.guessed = used > 0 && !(w.stated && w.confirmed)
+	w.named = w.stated && w.confirmed
 	w.closed, w.known = false, true
 	w.knock, w.stray = 0, false
 	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
@@ -621,7 +625,9 @@ func (w *windows) open(at time.Time, used int) {
 // narrows it to where both agree; the first reading, one of a window that
 // admitted a request (admitted) and follows only the first (first: the
 // reading of the group's first window, which began wherever its first
-// request fell, anywhere in a window aligned to the clock), one off the
+// request fell, anywhere in a window aligned to the clock), one shorter
+// of a window that admitted and began at a named boundary (from one to a
+// later one lie whole windows the group may not have filled), one off the
 // known length by less than a lengthSlack-th of it (dispatches go a few
 // milliseconds late), and the second of two in a row off it that agree
 // with each other (the upstream's window changed) replace it. A single
@@ -635,7 +641,7 @@ func (w *windows) readLength(low, hi time.Duration, first, admitted bool) bool {
 	overlaps := w.lengthHi > 0 && hi > w.lengthLo && low < w.lengthHi
 	if overlaps {
 		w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
-	} else if w.lengthHi <= 0 || w.lengthFirst && admitted || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi) {
+	} else if w.lengthHi <= 0 || w.lengthFirst && admitted || admitted && w.prevNamed && hi < w.lengthLo-w.lengthLo/lengthSlack || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi) {
 		w.lengthLo, w.lengthHi = low, hi
 	} else {
 		w.oddLo, w.oddHi = low, hi
