@@ -35,6 +35,23 @@ func TestAShorterReadingFromANamedBoundaryReplacesTheLength(t *testing.T) {
 	}
 }
 
+// TestAReadingAnEighthShorterFromANamedBoundaryIsHeld: a known length of
+// exactly 5 s, read as 4.375 s from a named boundary, is neither within
+// an eighth of it (that agrees with it) nor more than an eighth shorter
+// (that replaces it): the reading is held until the next. A millisecond
+// shorter, it replaces the length at once.
+func TestAReadingAnEighthShorterFromANamedBoundaryIsHeld(t *testing.T) {
+	w := windows{lengthLo: 5 * time.Second, lengthHi: 5 * time.Second, prevNamed: true}
+	hi := 5*time.Second - 5*time.Second/lengthSlack
+	if w.readLength(hi-time.Millisecond, hi, false, true) || w.lengthLo != 5*time.Second || w.lengthHi != 5*time.Second {
+		t.Fatalf("length (%v, %v] after a reading of %v; want 5 s held", w.lengthLo, w.lengthHi, hi)
+	}
+	w = windows{lengthLo: 5 * time.Second, lengthHi: 5 * time.Second, prevNamed: true}
+	if !w.readLength(hi-2*time.Millisecond, hi-time.Millisecond, false, true) || w.lengthHi != hi-time.Millisecond {
+		t.Fatalf("length (%v, %v] after a reading a millisecond shorter; want it replaced", w.lengthLo, w.lengthHi)
+	}
+}
+
 // TestNamedFollowsHowAWindowBegan: a window opened at a boundary the hints
 // named and confirmed is named, one opened on a knock alone or begun at a
 // roll is not, and a closure keeps what the window that ended was.
