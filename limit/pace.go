@@ -25,10 +25,6 @@ type budget struct {
 	// refused: requests refused since seenAt, which the upstream's counts
 	// never had (see uncount).
 	refused []dispatch
-	// admission: the upstream counts a cost when it admits the request
-	// (requests; tokens may be counted from the usage, at the end), so
-	// what an answer says was left refilled while the answer took.
-	admission bool
 
 	// What refusals taught about the window (see contradicted).
 	capped       float64 // the window's size as the upstream enforces it; 0 = as stated
@@ -232,11 +228,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 			}
 		}
 		b.refused = kept
-		left := remaining
-		if b.admission && !w.Reset.IsZero() && now.After(w.Reset.Add(w.ResetGrain+b.early)) {
-			left = b.maxRemaining + 1 // full again by its own reset, as full as it ever showed
-		}
-		b.bucket.Set(now, math.Min(b.size(), left-math.Max(0, after)))
+		b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, after)))
 	}
 	// The reset is counted from the dispatch; seen from now it may be later
 	// by the answer's latency, so only trust it from then. A reset is a
@@ -445,7 +437,6 @@ func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time) {
 		p.fromRefusals = false
 		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
 	}
-	p.requests.admission = true
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
 	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
 }
