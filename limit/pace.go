@@ -199,9 +199,10 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		// The stated limit changed (a tier raised, a key's share cut):
 		// what refusals and counts taught of the window under the old
 		// one holds in its proportion, not as it was, and no refill is
-		// measured across the change.
+		// measured across the change. What it showed left stays what it
+		// showed (read as room, scaled, it sent a counting upstream's
+		// queue into its debt).
 		b.capped, b.shown, b.slope, b.bucket.Rate = b.capped*k, b.shown*k, b.slope*k, b.bucket.Rate*k
-		b.maxRemaining = (b.maxRemaining+1)*k - 1
 		b.ref.dispatched = time.Time{}
 	}
 	b.resize(limit, b.capped)

@@ -14,8 +14,10 @@ import (
 // Before, the refill shown under the old limit kept the pace at 20/s and
 // the window at 20 after the upstream halved both (seed 12 of the
 // universe, anthropic-down: 6-8 % of its requests refused after the cut).
-// Tripled, each grows three times, what the window showed left too, as
-// one under its size.
+// Tripled, each grows three times. What the window showed left stays what
+// it showed: scaled with the rest, a window that charges refusals read as
+// having shown room it never had, and sent into its debt for half an hour
+// (seed 3359: 18,510 requests, 99.8 % refused, 106 lost).
 func TestARestatedLimitScalesWhatTheWindowTaught(t *testing.T) {
 	b, d := quantizedBudget(t)
 	if !near(b.slope, 20) || b.maxRemaining != 19 {
@@ -28,13 +30,13 @@ func TestARestatedLimitScalesWhatTheWindowTaught(t *testing.T) {
 	if b.size() != 10 || !near(b.shown, 10) || !near(b.slope, 10) || !near(b.bucket.Rate, 10) {
 		t.Fatalf("halved: size %v, shown %v, slope %v, rate %v; want 10 and 10/s each", b.size(), b.shown, b.slope, b.bucket.Rate)
 	}
-	if b.maxRemaining != 9 || b.correctable() {
-		t.Fatalf("halved: most shown left %v (correctable %v), want 9, one under the halved size", b.maxRemaining, b.correctable())
+	if b.maxRemaining != 19 || b.correctable() {
+		t.Fatalf("halved: most shown left %v (correctable %v), want the 19 it showed, not correctable", b.maxRemaining, b.correctable())
 	}
 	later := next.Add(50 * time.Millisecond)
 	b.observe(win(1800, 20, later.Add(300*time.Millisecond)), 9, later, later)
-	if b.size() != 30 || !near(b.shown, 30) || !near(b.slope, 30) || b.maxRemaining != 29 || b.correctable() {
-		t.Fatalf("tripled: size %v, shown %v, slope %v, most shown left %v; want 30, 30/s, 30/s, 29",
+	if b.size() != 30 || !near(b.shown, 30) || !near(b.slope, 30) || b.maxRemaining != 20 {
+		t.Fatalf("tripled: size %v, shown %v, slope %v, most shown left %v; want 30, 30/s, 30/s, 20",
 			b.size(), b.shown, b.slope, b.maxRemaining)
 	}
 }
