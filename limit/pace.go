@@ -31,7 +31,6 @@ type budget struct {
 	maxRemaining float64 // the most the upstream ever said was left
 	lastLeft     float64 // the latest answer's remaining
 	lastSecs     float64 // and its reset, in seconds from the dispatch
-	lastGrain    float64 // and the reset's grain, in seconds (0: exact)
 	// early: resets were seen already past when their request went, by up
 	// to this (and their grain); every reset is read at least this far
 	// after its dispatch.
@@ -258,7 +257,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 			b.slope = r
 		}
 	}
-	b.lastLeft, b.lastSecs, b.lastGrain = remaining, secs, w.ResetGrain.Seconds()
+	b.lastLeft, b.lastSecs = remaining, secs
 	// A reset read at the floor was sooner than the floor, by how much
 	// nobody knows; and a window nearly full, a few missing until its
 	// reset, is a fixed window's as well as a slow bucket's (one token
@@ -315,10 +314,12 @@ func (b *budget) refillShown(remaining, sent float64, dispatched time.Time) (flo
 // showed (others using the same key hold remaining low and the reset far):
 // the refill shown at the correction is then the pace.
 //
-// A reading that bounds the refill only from below (keep, or a reset
-// within one grain of its dispatch: an IETF policy's t=1 for a bucket
-// full in a third of a second is rounded up by as much as it says) never
-// lowers it.
+// A reading that bounds the refill only from below (keep) never lowers
+// it. (A reset within one grain of its dispatch, an IETF policy's t=1 for
+// a bucket full in a third of a second, would be one too; but Anthropic's
+// resets, rounded up to the second over a bucket full in 60 ms, are as
+// well, and there the rate kept was the stated per-minute figure's:
+// 50 % refused, seed 596.)
 func (b *budget) learnRate(keep bool) {
 	if b.lastSecs > 0 && b.lastLeft < b.size() {
 		r := (b.size() - b.lastLeft) / b.lastSecs
@@ -328,7 +329,7 @@ func (b *budget) learnRate(keep bool) {
 			// below, and a bucket's own line tells it.
 			r = math.Max(r, math.Max(b.shown, b.slope))
 		}
-		if keep || b.lastSecs <= b.lastGrain {
+		if keep {
 			r = math.Max(r, b.bucket.Rate)
 		}
 		if r > 0 && r <= b.size()*maxRateFactor {

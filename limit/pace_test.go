@@ -836,37 +836,6 @@ func TestRefusedRequestIsNotCountedAsSent(t *testing.T) {
 	}
 }
 
-// TestAResetWithinItsGrainBoundsTheRefillFromBelow: an IETF policy of 6
-// a second over a bucket of 2 says t=1 (whole seconds) though the bucket
-// is full again in a third of a second (seed 44). Corrected to the 2 the
-// upstream ever showed, the arithmetic says a refill of 1 a second; the
-// reset is rounded up by as much as it says, so the refill stays the 5 a
-// second read before. An exact reset one second away does lower it, and
-// so does a whole-second reset two seconds away.
-func TestAResetWithinItsGrainBoundsTheRefillFromBelow(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		grain time.Duration
-		reset time.Duration
-		want  float64
-	}{
-		{"whole seconds, one away", time.Second, time.Second, 5},
-		{"exact, one away", 0, time.Second, 1},
-		{"whole seconds, two away", time.Second, 2 * time.Second, 0.5},
-	} {
-		var b budget
-		w := win(6, 1, at(c.reset))
-		w.ResetGrain = c.grain
-		b.observe(w, 0, t0, t0)
-		if !near(b.bucket.Rate, 5/c.reset.Seconds()) {
-			t.Fatalf("%s: rate %v before the correction, want %v", c.name, b.bucket.Rate, 5/c.reset.Seconds())
-		}
-		if !b.correct() || b.size() != 2 || !near(b.bucket.Rate, c.want) {
-			t.Errorf("%s: corrected to size %v at %v a second, want 2 at %v", c.name, b.size(), b.bucket.Rate, c.want)
-		}
-	}
-}
-
 // TestRoomIsVouchedByTheLatestRemainingLessWhatWentSince: the upstream
 // said 5 left in the answer to the request sent as the 10th; 3 went
 // after it: 2 are vouched for, 3 are not. No refill is reckoned in.
