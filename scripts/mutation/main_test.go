@@ -1,6 +1,11 @@
 package main
 
 import (
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"slices"
@@ -227,8 +232,10 @@ func TestAFullRunFailsOnAStaleListing(t *testing.T) {
 }
 
 // TestListedSurvivorsStillReadAsListed: every listing in survivors.txt
-// names a line its file still holds, so a line edited or removed since
-// leaves no stale listing behind.
+// names a Go file of a core package, a line that file still holds, and on
+// that line, at the column it names, an operator of the kind its mutator
+// changes, so a listing left behind by an edit, a move or a typo fails
+// every test run, not only the full mutation runs CI never makes.
 func TestListedSurvivorsStillReadAsListed(t *testing.T) {
 	listed, err := readSurvivors("survivors.txt")
 	if err != nil {
@@ -238,22 +245,140 @@ func TestListedSurvivorsStillReadAsListed(t *testing.T) {
 		t.Fatal("no listings read")
 	}
 	for s := range listed {
-		b, err := os.ReadFile(filepath.Join("..", "..", s.File))
-		if err != nil {
-			t.Errorf("%s: %v", s.File, err)
-			continue
-		}
-		found := false
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.TrimSpace(line) == s.Code {
-				found = true
-				break
-			}
-		}
-		if !found {
-			t.Errorf("%s no longer has the line %q: look at its mutant again and list or drop it", s.File, s.Code)
+		if err := checkListing(filepath.Join("..", ".."), s); err != nil {
+			t.Errorf("%s | %s@%d | %s: %v", s.File, s.Type, s.Column, s.Code, err)
 		}
 	}
+}
+
+// TestAListingMustNameItsOperatorWhereItStands: the static check of a
+// listing finds a wrong column, a mutator the operator does not take, a
+// line no longer in its file, a file gone and a package the runs never
+// mutate.
+func TestAListingMustNameItsOperatorWhereItStands(t *testing.T) {
+	root := t.TempDir()
+	src := "package p\n\nfunc f(a, b int) int {\n\tif a < b {\n\t\ta++\n\t}\n\treturn -a\n}\n"
+	if err := os.MkdirAll(filepath.Join(root, "backoff"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "backoff", "p.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		s    survivor
+		want string // "" when the listing holds
+	}{
+		{survivor{"backoff/p.go", "CONDITIONALS_BOUNDARY", 7, "if a < b {"}, ""},
+		{survivor{"backoff/p.go", "CONDITIONALS_NEGATION", 7, "if a < b {"}, ""},
+		{survivor{"backoff/p.go", "INCREMENT_DECREMENT", 4, "a++"}, ""},
+		{survivor{"backoff/p.go", "INVERT_NEGATIVES", 9, "return -a"}, ""},
+		{survivor{"backoff/p.go", "CONDITIONALS_BOUNDARY", 8, "if a < b {"}, "column 8"},
+		{survivor{"backoff/p.go", "ARITHMETIC_BASE", 7, "if a < b {"}, "ARITHMETIC_BASE"},
+		{survivor{"backoff/p.go", "CONDITIONALS_BOUNDARY", 7, "if a <= b {"}, "no line reads"},
+		{survivor{"backoff/q.go", "CONDITIONALS_BOUNDARY", 7, "if a < b {"}, "no such file"},
+		{survivor{"e2e/p.go", "CONDITIONALS_BOUNDARY", 7, "if a < b {"}, "not a core package"},
+		{survivor{"backoff/p_test.go", "CONDITIONALS_BOUNDARY", 7, "if a < b {"}, "test file"},
+		{survivor{"backoff/p.go", "NO_SUCH_MUTATOR", 7, "if a < b {"}, "no mutator"},
+	} {
+		err := checkListing(root, c.s)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%+v: %v", c.s, err)
+		case c.want != "" && err == nil:
+			t.Errorf("%+v held, want an error about %q", c.s, c.want)
+		case c.want != "" && !strings.Contains(err.Error(), c.want):
+			t.Errorf("%+v: %v, want it to say %q", c.s, err, c.want)
+		}
+	}
+}
+
+// mutatorTokens are the operators gremlins v0.6.0 changes under each
+// mutator's name: its engine's table from operator to mutators, read the
+// other way.
+var mutatorTokens = map[string][]token.Token{
+	"ARITHMETIC_BASE":         {token.ADD, token.SUB, token.MUL, token.QUO, token.REM},
+	"CONDITIONALS_BOUNDARY":   {token.LSS, token.LEQ, token.GTR, token.GEQ},
+	"CONDITIONALS_NEGATION":   {token.EQL, token.NEQ, token.LSS, token.LEQ, token.GTR, token.GEQ},
+	"INCREMENT_DECREMENT":     {token.INC, token.DEC},
+	"INVERT_ASSIGNMENTS":      {token.ADD_ASSIGN, token.SUB_ASSIGN, token.MUL_ASSIGN, token.QUO_ASSIGN, token.REM_ASSIGN},
+	"INVERT_BITWISE":          {token.AND, token.OR, token.XOR, token.AND_NOT, token.SHL, token.SHR},
+	"INVERT_BWASSIGN":         {token.AND_ASSIGN, token.OR_ASSIGN, token.XOR_ASSIGN, token.AND_NOT_ASSIGN, token.SHL_ASSIGN, token.SHR_ASSIGN},
+	"INVERT_LOGICAL":          {token.LAND, token.LOR},
+	"INVERT_LOOPCTRL":         {token.BREAK, token.CONTINUE},
+	"INVERT_NEGATIVES":        {token.SUB},
+	"REMOVE_SELF_ASSIGNMENTS": {token.ADD_ASSIGN, token.SUB_ASSIGN, token.MUL_ASSIGN, token.QUO_ASSIGN, token.REM_ASSIGN, token.AND_ASSIGN, token.OR_ASSIGN, token.XOR_ASSIGN, token.AND_NOT_ASSIGN, token.SHL_ASSIGN, token.SHR_ASSIGN},
+}
+
+// checkListing says why a listing, read against the module at root, can
+// name no mutant gremlins makes, or nil when it can: its file is a Go
+// file of a core package, and some line of it reads as listed and holds,
+// at the listed column, an operator the listed mutator changes. Gremlins
+// mutates the operators of assignments, binary and unary expressions,
+// increments and branch statements, at the operator's position (its
+// column counts bytes, a tab as one).
+func checkListing(root string, s survivor) error {
+	if !slices.Contains(corePackages, filepath.Dir(s.File)) {
+		return fmt.Errorf("not a core package's file: no run mutates it")
+	}
+	if !strings.HasSuffix(s.File, ".go") || strings.HasSuffix(s.File, "_test.go") {
+		return fmt.Errorf("not a Go file gremlins mutates (a test file or another kind)")
+	}
+	want, ok := mutatorTokens[s.Type]
+	if !ok {
+		return fmt.Errorf("no mutator of gremlins v0.6.0 is named %s", s.Type)
+	}
+	path := filepath.Join(root, filepath.FromSlash(s.File))
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("no such file")
+	}
+	if err != nil {
+		return err
+	}
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, b, 0)
+	if err != nil {
+		return err
+	}
+	at := map[[2]int][]token.Token{} // line and column to the operators there
+	ast.Inspect(f, func(n ast.Node) bool {
+		var tok token.Token
+		var pos token.Pos
+		switch n := n.(type) {
+		case *ast.AssignStmt:
+			tok, pos = n.Tok, n.TokPos
+		case *ast.BinaryExpr:
+			tok, pos = n.Op, n.OpPos
+		case *ast.BranchStmt:
+			tok, pos = n.Tok, n.TokPos
+		case *ast.IncDecStmt:
+			tok, pos = n.Tok, n.TokPos
+		case *ast.UnaryExpr:
+			tok, pos = n.Op, n.OpPos
+		default:
+			return true
+		}
+		p := fset.Position(pos)
+		at[[2]int{p.Line, p.Column}] = append(at[[2]int{p.Line, p.Column}], tok)
+		return true
+	})
+	var reading []string
+	for i, line := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(line) != s.Code {
+			continue
+		}
+		ops := at[[2]int{i + 1, s.Column}]
+		for _, op := range ops {
+			if slices.Contains(want, op) {
+				return nil
+			}
+		}
+		reading = append(reading, fmt.Sprintf("line %d has %v at column %d", i+1, ops, s.Column))
+	}
+	if len(reading) == 0 {
+		return fmt.Errorf("no line reads so: look at its mutant again and list or drop it")
+	}
+	return fmt.Errorf("no operator %s changes: %s", s.Type, strings.Join(reading, "; "))
 }
 
 // TestReadResultsReadsEachPackagesJSON: the JSON files a stopped run left
