@@ -12,8 +12,8 @@
 // tests what changed since the figures in CONTRIBUTING.md were measured.
 //
 // It prints a Markdown table of killed, lived, not covered and timed-out
-// mutants per package, then every unlisted survivor, and exits 1 when a
-// threshold is missed. Gremlins counts a mutant NOT COVERED when no test
+// mutants per package, then every unlisted survivor, a mutant no test
+// runs among them, and exits 1 when a threshold is missed. Gremlins counts a mutant NOT COVERED when no test
 // runs its line, and leaves those and TIMED OUT mutants out of efficacy.
 package main
 
@@ -372,7 +372,8 @@ func sourceLine(file string, line int) string {
 }
 
 // report prints the table and the unlisted survivors, and says whether
-// every package reached minEff and every survivor is listed. With full
+// every package reached minEff and every survivor, lived or not covered,
+// is listed. With full
 // (a run over whole packages), every listing of a package run must name
 // a survivor of the run: one whose mutant is now killed, or whose line is
 // gone, is stale.
@@ -396,11 +397,15 @@ func report(w io.Writer, results []result, minEff float64, listed map[survivor]s
 				seen[key] = true
 				continue
 			}
+			// A mutant no test runs lives as surely as one a test misses,
+			// and fails the run the same way: otherwise a changed line no
+			// test runs passes while the others hold the percentage.
+			status := ""
 			if m.Status == "NOT COVERED" {
-				continue // counted against efficacy; not named, as gremlins names none
+				status = " (not covered: no test runs its line)"
 			}
-			unlisted = append(unlisted, fmt.Sprintf("%s:%d:%d %s\n    %s | %s@%d | %s | <why it may live>",
-				m.File, m.Line, m.Column, m.Type, m.File, m.Type, m.Column, code))
+			unlisted = append(unlisted, fmt.Sprintf("%s:%d:%d %s%s\n    %s | %s@%d | %s | <why it may live>",
+				m.File, m.Line, m.Column, m.Type, status, m.File, m.Type, m.Column, code))
 		}
 		total += accepted
 		mark := ""
@@ -421,7 +426,7 @@ func report(w io.Writer, results []result, minEff float64, listed map[survivor]s
 	fmt.Fprintf(w, "\n%d survivors listed in survivors.txt as equivalent or accepted.\n", total)
 	if len(unlisted) > 0 {
 		ok = false
-		fmt.Fprintf(w, "\n%d survivors not listed: add a test that kills each, or list it with its reason:\n", len(unlisted))
+		fmt.Fprintf(w, "\n%d survivors not listed: add a test that kills (or, not covered, runs) each, or list it with its reason:\n", len(unlisted))
 		for _, u := range unlisted {
 			fmt.Fprintln(w, u)
 		}

@@ -53,14 +53,15 @@ pkg/a.go | CONDITIONALS_BOUNDARY@9 | if a < b { | a == b takes either branch to 
 	if !strings.Contains(out.String(), "| pkg | 1 | 2 | 1 | 1 | 1 | 33.3 % (below 90 %)") {
 		t.Fatalf("table row missing:\n%s", out.String())
 	}
-	if !strings.Contains(out.String(), "1 survivors not listed") || !strings.Contains(out.String(), "pkg/a.go:5:2 ARITHMETIC_BASE") {
-		t.Fatalf("the unlisted survivor is not named:\n%s", out.String())
+	if !strings.Contains(out.String(), "2 survivors not listed") || !strings.Contains(out.String(), "pkg/a.go:5:2 ARITHMETIC_BASE\n") ||
+		!strings.Contains(out.String(), "pkg/a.go:6:2 ARITHMETIC_BASE (not covered") {
+		t.Fatalf("the unlisted survivor and the mutant no test runs are not named:\n%s", out.String())
 	}
 	// The listed line edited: the survivor needs a new look.
 	edited := func(file string, line int) string { return "if a <= b {" }
 	out.Reset()
 	report(&out, []result{r}, minEfficacy, listed, edited, false)
-	if !strings.Contains(out.String(), "2 survivors not listed") {
+	if !strings.Contains(out.String(), "3 survivors not listed") {
 		t.Fatalf("an edited line kept its listing:\n%s", out.String())
 	}
 }
@@ -204,6 +205,33 @@ func TestDiffRunsHoldTheThresholdToo(t *testing.T) {
 	out.Reset()
 	if report(&out, []result{{pkg: "p", mutants: uncovered}}, minEfficacy, listed, src, false) {
 		t.Fatalf("four killed of five counted (one not covered) passed:\n%s", out.String())
+	}
+}
+
+// TestAnUnlistedMutantNoTestRunsFailsTheRun: a changed line no test runs
+// fails the run even when the killed mutants around it hold the package
+// above 90 %, as a survivor would; listed with its reason, it passes.
+func TestAnUnlistedMutantNoTestRunsFailsTheRun(t *testing.T) {
+	var ms []mutant
+	for i := range 19 {
+		ms = append(ms, mutant{File: "p/x.go", Type: "ARITHMETIC_BASE", Status: "KILLED", Line: i + 1})
+	}
+	ms = append(ms, mutant{File: "p/x.go", Type: "CONDITIONALS_BOUNDARY", Status: "NOT COVERED", Line: 30, Column: 7})
+	src := func(string, int) string { return "case n > 0:" }
+	for _, full := range []bool{false, true} {
+		var out strings.Builder
+		if report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, nil, src, full) {
+			t.Fatalf("full=%v: an unlisted mutant no test runs passed at 95 %%:\n%s", full, out.String())
+		}
+		if !strings.Contains(out.String(), "p/x.go:30:7 CONDITIONALS_BOUNDARY (not covered") ||
+			!strings.Contains(out.String(), "p/x.go | CONDITIONALS_BOUNDARY@7 | case n > 0: | <why it may live>") {
+			t.Fatalf("full=%v: the mutant is not named with its listing:\n%s", full, out.String())
+		}
+	}
+	listed := map[survivor]string{{File: "p/x.go", Type: "CONDITIONALS_BOUNDARY", Column: 7, Code: "case n > 0:"}: "a case line; applied by hand, a test fails"}
+	var out strings.Builder
+	if !report(&out, []result{{pkg: "p", mutants: ms}}, minEfficacy, listed, src, true) {
+		t.Fatalf("the listed mutant no test runs still failed the run:\n%s", out.String())
 	}
 }
 
