@@ -123,7 +123,11 @@ func TestAClusterPrimaryKilledMidRunFailsOverToItsReplica(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t)
 	logger, out := capturedLog()
-	cfg := Config{URL: c.URL(), Mode: modeCluster, LeaseTTL: 3 * time.Second, Timeout: time.Second, Logger: logger}
+	// A call's cutoff a loaded machine meets, as newStore's: a call cut
+	// off sends the store local, which the test looks for only after the
+	// kill. The killed node refuses connections at once, so the stores go
+	// local without waiting out the cutoff.
+	cfg := Config{URL: c.URL(), Mode: modeCluster, LeaseTTL: 3 * time.Second, Timeout: 10 * time.Second, Logger: logger}
 	t.Cleanup(func() {
 		if t.Failed() {
 			var lines []string

@@ -439,25 +439,26 @@ func TestAWindowIsTheLowestAReplicaHolds(t *testing.T) {
 func TestADeclinedPauseIsNotShared(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	a, b := newFakeStore(t, srv.url(), fc, fc), newFakeStore(t, srv.url(), fc, fc)
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	answer := func(r limit.Report) {
-		tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
-		sa.Learn(&tk, r, time.Now())
-		sa.Return(&tk, time.Now())
+		tk := admitOn(t, fc, sa, 10) // the slow start may spread them
+		sa.Learn(&tk, r, fc.Now())
+		sa.Return(&tk, fc.Now())
 	}
 	for range 3 {
 		answer(limit.Report{Status: 200, Verdict: limit.Accepted})
 	}
-	answer(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: time.Now().Add(time.Second)})
-	if p := sa.PausedUntil(); p.After(time.Now()) {
-		t.Fatalf("the replica took the pause (%v) of a refusal by an upstream that admits", time.Until(p))
+	answer(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)})
+	if p := sa.PausedUntil(); p.After(fc.Now()) {
+		t.Fatalf("the replica took the pause (%v) of a refusal by an upstream that admits", p.Sub(fc.Now()))
 	}
 	// (b may still wait for the pace the refusal taught: not a pause.)
-	sb.Admit(time.Now(), 1, false)
-	if p := sb.PausedUntil(); p.After(time.Now()) {
-		t.Fatalf("another replica is paused (%v) by a wait the refused one declined", time.Until(p))
+	sb.Admit(fc.Now(), 1, false)
+	if p := sb.PausedUntil(); p.After(fc.Now()) {
+		t.Fatalf("another replica is paused (%v) by a wait the refused one declined", p.Sub(fc.Now()))
 	}
 }
 
@@ -469,7 +470,8 @@ func TestADeclinedPauseIsNotShared(t *testing.T) {
 func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	a, b := newFakeStore(t, srv.url(), fc, fc), newFakeStore(t, srv.url(), fc, fc)
 	cfg := limit.Config{Concurrency: 16, MinConcurrency: 1, MaxConcurrency: 16}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	ok200 := limit.Report{Status: 200, Verdict: limit.Accepted}
@@ -487,7 +489,7 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 		for i := range n {
 			sh := []limit.Shared{sa, sb}[i%2]
 			// Until a refusal the slow start may spread them a few ms.
-			tk := admitWithin(t, sh, 5*time.Second)
+			tk := admitOn(t, fc, sh, 10)
 			held, from = append(held, tk), append(from, sh)
 		}
 		// The refusals come back first, then the admissions: a learns of
@@ -497,16 +499,16 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 			if i >= 8 {
 				r = refused
 			}
-			from[i].Learn(&held[i], r, time.Now())
+			from[i].Learn(&held[i], r, fc.Now())
 		}
 		for i := range held {
-			from[i].Return(&held[i], time.Now())
+			from[i].Return(&held[i], fc.Now())
 		}
 		a.flush()
 		b.flush()
 	}
 	for name, sh := range map[string]limit.Shared{"a": sa, "b": sb} {
-		v := sh.(*shared).local.View(time.Now())
+		v := sh.(*shared).local.View(fc.Now())
 		if v.Bound != limit.BoundConcurrency || v.ConcurrencyFrom.String() != "refusals at 9 in flight" {
 			t.Errorf("replica %s judges bound %q (%q) from one refusal of its own; want concurrency at 9 from both", name, v.Bound, v.ConcurrencyFrom)
 		}
@@ -555,22 +557,23 @@ func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
 		paused      bool
 	}{{"others admitted", true, false}, {"nothing admitted anywhere", false, true}} {
 		srv := startServer(t)
-		a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+		fc := clock.NewFake(fakeStart)
+		a, b := newFakeStore(t, srv.url(), fc, fc), newFakeStore(t, srv.url(), fc, fc)
 		cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 		sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 		if c.othersAdmit {
 			for range 3 {
-				tk := admitWithin(t, sa, 5*time.Second) // the slow start may spread them
-				sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
-				sa.Return(&tk, time.Now())
+				tk := admitOn(t, fc, sa, 10) // the slow start may spread them
+				sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
+				sa.Return(&tk, fc.Now())
 			}
 		}
-		tk := admitWithin(t, sb, 5*time.Second)
-		sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: time.Now().Add(time.Second)}, time.Now())
-		sb.Return(&tk, time.Now())
-		sa.Admit(time.Now(), 1, false) // reads the shared pause
-		if p := sa.PausedUntil(); p.After(time.Now()) != c.paused {
-			t.Errorf("%s: the fleet paused %v by b's first answer, a refusal; want paused: %v", c.name, time.Until(p).Round(time.Millisecond), c.paused)
+		tk := admitOn(t, fc, sb, 10)
+		sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)}, fc.Now())
+		sb.Return(&tk, fc.Now())
+		sa.Admit(fc.Now(), 1, false) // reads the shared pause
+		if p := sa.PausedUntil(); p.After(fc.Now()) != c.paused {
+			t.Errorf("%s: the fleet paused %v by b's first answer, a refusal; want paused: %v", c.name, p.Sub(fc.Now()).Round(time.Millisecond), c.paused)
 		}
 	}
 }
@@ -582,16 +585,17 @@ func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
 func TestEveryReplicasRefusalsAreCounted(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	a, b := newFakeStore(t, srv.url(), fc, fc), newFakeStore(t, srv.url(), fc, fc)
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	verdicts := []limit.Verdict{limit.Accepted, limit.RateRefused, limit.RateRefused, limit.Failed, limit.ConcurrencyRefused}
 	for _, v := range verdicts {
-		tk := admitWithin(t, sa, 5*time.Second)
-		sa.Learn(&tk, limit.Report{Status: 429, Verdict: v}, time.Now())
-		sa.Return(&tk, time.Now())
+		tk := admitOn(t, fc, sa, 10)
+		sa.Learn(&tk, limit.Report{Status: 429, Verdict: v}, fc.Now())
+		sa.Return(&tk, fc.Now())
 	}
-	if tk := admitWithin(t, sb, 5*time.Second); tk.Refusals != 4 {
+	if tk := admitOn(t, fc, sb, 10); tk.Refusals != 4 {
 		t.Fatalf("b's ticket went after %d refusals (plus one), want 3 + 1", tk.Refusals)
 	}
 }
@@ -621,21 +625,6 @@ func TestAReplicasFirstGuessIsTheGroupsSendingRate(t *testing.T) {
 		t.Fatalf("b learned %.1f/s from %q at its first refusal, want from refusals at the group's 13/s, from \"sending rate\"",
 			v.AdmittedRate, v.RateFrom)
 	}
-}
-
-// admitWithin admits one request of cost 1, waiting the turns the group's
-// limits give (a pace emptied by refusals), for at most d.
-func admitWithin(t *testing.T, sh limit.Shared, d time.Duration) limit.Ticket {
-	t.Helper()
-	tk, at, ok := sh.Admit(time.Now(), 1, false)
-	for end := time.Now().Add(d); !ok && time.Now().Before(end); {
-		time.Sleep(max(time.Until(at), 5*time.Millisecond))
-		tk, at, ok = sh.Admit(time.Now(), 1, false)
-	}
-	if !ok {
-		t.Fatalf("not admitted in %v", d)
-	}
-	return tk
 }
 
 // TestAReplicaFirstRefusedStartsFromThePaceOthersLearned: a replica
@@ -733,12 +722,13 @@ func TestTheSlowStartIsSpreadFleetWide(t *testing.T) {
 func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	a, b := newFakeStore(t, srv.url(), fc, fc), newFakeStore(t, srv.url(), fc, fc)
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	const trialKey, member, other = "route\x00cred\x00refused together", "route\x00cred\x00gpt-b", "route\x00cred\x00gpt-a"
 	sa, sb := a.Shared(trialKey, cfg).(*shared), b.Shared(trialKey, cfg).(*shared)
-	tk := admitWithin(t, sb, 5*time.Second)
-	sb.Return(&tk, time.Now())
+	tk := admitOn(t, fc, sb, 10)
+	sb.Return(&tk, fc.Now())
 	if sb.Apart(member) || sb.Apart(other) {
 		t.Fatal("a limit is apart before any replica noted one")
 	}
@@ -750,8 +740,8 @@ func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
 	if sb.Apart(member) {
 		t.Fatal("b saw the note before asking Redis")
 	}
-	tk = admitWithin(t, sb, 5*time.Second)
-	sb.Return(&tk, time.Now())
+	tk = admitOn(t, fc, sb, 10)
+	sb.Return(&tk, fc.Now())
 	if !sb.Apart(member) || sb.Apart(other) {
 		t.Fatalf("after its next admission b sees gpt-b apart %v, gpt-a apart %v; want true, false", sb.Apart(member), sb.Apart(other))
 	}
@@ -771,14 +761,15 @@ func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
 func TestALimitOneReplicaFoundSharedIsJoinedForEveryReplica(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	a, b := newStore(t, srv.url(), time.Minute), newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	a, b := newFakeStore(t, srv.url(), fc, fc), newFakeStore(t, srv.url(), fc, fc)
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	const member, root, other = "route\x00cred\x00gpt-b", "route\x00cred\x00gpt-a", "route\x00cred\x00gpt-c"
 	sa, sb := a.Shared(member, cfg).(*shared), b.Shared(member, cfg).(*shared)
 	learn := func() {
-		tk := admitWithin(t, sb, 5*time.Second)
-		sb.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
-		sb.Return(&tk, time.Now())
+		tk := admitOn(t, fc, sb, 10)
+		sb.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
+		sb.Return(&tk, fc.Now())
 	}
 	learn()
 	if sb.Joined(root) || sb.Joined(other) {

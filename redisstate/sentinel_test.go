@@ -22,9 +22,13 @@ func TestTheStoresFollowASentinelFailover(t *testing.T) {
 	const master = "llmproxy-main"
 	s, err := redistest.StartSentinel(master, redistest.Options{})
 	stopAtEnd(t, s, err)
+	// A call's cutoff a loaded machine meets, as newStore's: a call cut
+	// off sends the store local, which the test looks for only after the
+	// kill. The killed node refuses connections at once, so the stores go
+	// local without waiting out the cutoff.
 	stores := []*Store{
-		storeOn(t, Config{URL: s.URL(), Mode: modeSentinel, SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: time.Second}),
-		storeOn(t, Config{URL: s.URL(), SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: time.Second}),
+		storeOn(t, Config{URL: s.URL(), Mode: modeSentinel, SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: 10 * time.Second}),
+		storeOn(t, Config{URL: s.URL(), SentinelMaster: master, LeaseTTL: 3 * time.Second, Timeout: 10 * time.Second}),
 	}
 	for _, st := range stores {
 		if st.Status() != "ok" {

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -27,8 +28,7 @@ var slowStartCases = []struct {
 }
 
 // replySecs is the first answer's time to its headers in slowStartCases:
-// the spread's gap is 1/(2 × 8) of it, 3.75 s, longer than a loaded
-// machine takes between two admissions.
+// the spread's gap is 1/(2 × 8) of it, 3.75 s.
 const replySecs = 60
 
 // spreadsGo reports whether the in-process state, with lim, holds back
@@ -46,13 +46,14 @@ func spreadsGo(lim limit.Limits) bool {
 	return !ok && at.After(now)
 }
 
-// spreadsLua reports the same of the admit script, for group on st.
-func spreadsLua(t *testing.T, st *Store, group string, lim limit.Limits) bool {
+// spreadsLua reports the same of the admit script, for group on st,
+// whose clock and scripts' clock is fc.
+func spreadsLua(t *testing.T, st *Store, fc *clock.Fake, group string, lim limit.Limits) bool {
 	sh := st.Shared(group, limit.Config{Concurrency: 8, Limits: lim})
-	first := admitWithin(t, sh, 5*time.Second)
-	first.Dispatched = time.Now().Add(-replySecs * time.Second)
-	sh.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, time.Now())
-	now := time.Now()
+	first := admitOn(t, fc, sh, 10)
+	now := fc.Now()
+	first.Dispatched = now.Add(-replySecs * time.Second)
+	sh.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
 	_, at, ok := sh.Admit(now, 1, false)
 	return !ok && at.After(now)
 }
@@ -65,7 +66,8 @@ func spreadsLua(t *testing.T, st *Store, group string, lim limit.Limits) bool {
 func TestGoAndLuaStartSlowByOneRule(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	st := newStore(t, srv.url(), time.Minute)
+	fc := clock.NewFake(fakeStart)
+	st := newFakeStore(t, srv.url(), fc, fc)
 	for i, c := range slowStartCases {
 		t.Run(c.name, func(t *testing.T) {
 			if got := c.lim.SlowStart(); got != c.spread {
@@ -74,7 +76,7 @@ func TestGoAndLuaStartSlowByOneRule(t *testing.T) {
 			if got := spreadsGo(c.lim); got != c.spread {
 				t.Errorf("Go: the dispatch after the first answer held back %v, want %v", got, c.spread)
 			}
-			if got := spreadsLua(t, st, "slow-start-"+string(rune('a'+i)), c.lim); got != c.spread {
+			if got := spreadsLua(t, st, fc, "slow-start-"+string(rune('a'+i)), c.lim); got != c.spread {
 				t.Errorf("Lua: the dispatch after the first answer held back %v, want %v", got, c.spread)
 			}
 		})
