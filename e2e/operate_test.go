@@ -85,6 +85,10 @@ func seenWithin(t *testing.T, r *replica, d time.Duration, what string, ok func(
 	}
 }
 
+// changeSeenWithin bounds how long a change made on one replica may take
+// to show on another's /lanes in these tests.
+const changeSeenWithin = 10 * time.Second
+
 // operateToken is the admin token of the replicas that share changes;
 // operateBy is how their logs name who made one.
 const operateToken = "e2e-fleet-admin-token-5f0c2a9e7d31b84c"
@@ -95,8 +99,8 @@ var operateBy = func() string {
 }()
 
 // TestAChangeOnOneReplicaReachesTheOther: limits set on replica A's admin
-// listener are on replica B's /lanes within a second, and B paces by
-// them; a hold made on A holds B's requests (they wait) until A's
+// listener are on replica B's /lanes at its next poll of the changes, and
+// B paces by them; a hold made on A holds B's requests (they wait) until A's
 // release; a replica started later has the limits in force from its
 // start.
 func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
@@ -113,8 +117,12 @@ func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// B polls every 250 ms (DefaultChangesEvery, held by redisstate's
+	// TestChangesArePolledEveryQuarterSecondByDefault), so an idle machine
+	// shows a change within a second; the bound here is one a loaded
+	// machine running every package's tests at once meets.
 	a.adminSend(t, "PUT", "/admin/routes/default/limits", `{"rpm": 120}`)
-	took := seenWithin(t, b, time.Second, "the limits set on A", func(l operatedLanes) bool {
+	took := seenWithin(t, b, changeSeenWithin, "the limits set on A", func(l operatedLanes) bool {
 		return len(l.Lanes) == 1 && l.Lanes[0].RuntimeLimits != nil && l.Lanes[0].RuntimeLimits.RPM == 120 &&
 			len(l.Routes) == 1 && l.Routes[0].Limits.RPM == 120
 	})
@@ -151,7 +159,7 @@ func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
 	}
 
 	a.adminSend(t, "POST", "/admin/routes/default/hold", "")
-	seenWithin(t, b, time.Second, "A's hold", func(l operatedLanes) bool {
+	seenWithin(t, b, changeSeenWithin, "A's hold", func(l operatedLanes) bool {
 		return len(l.Lanes) == 1 && l.Lanes[0].Held == "route" && len(l.Routes) == 1 && l.Routes[0].Held != nil
 	})
 	served := mock.Stats().Requests
@@ -194,7 +202,7 @@ func TestAChangeOnOneReplicaReachesTheOther(t *testing.T) {
 	ignored := func(reason string) string {
 		return `msg="a change in redis ignored" field=route:anthropic:hold reason="` + reason
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(changeSeenWithin)
 	for !strings.Contains(b.stderr.String(), ignored("wrong signature")) && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/llmproxy/llmproxy/clock"
 )
 
 // TestReadSay: x-llmproxy-max-wait takes a number of seconds above 0, and
@@ -159,6 +161,10 @@ func TestTheClientsSayStaysHere(t *testing.T) {
 // budget_exceeded while that slot is still held.
 func TestMaxWaitShortensTheBudget(t *testing.T) {
 	t.Run("paused", func(t *testing.T) {
+		// The proxy runs on a fake clock, which stands still while the
+		// machine is slow: the pause has its 1.5 s left until the test
+		// moves the clock.
+		fc := clock.NewFake(time.Unix(2_000_000_000, 0))
 		var n atomic.Int32
 		h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			readAllQuiet(r)
@@ -169,22 +175,50 @@ func TestMaxWaitShortensTheBudget(t *testing.T) {
 				return
 			}
 			fmt.Fprint(w, `{}`)
-		}), nil)
-		first := make(chan int, 1)
-		go func() {
-			resp := h.post("/v1/chat/completions", `{"model":"m"}`)
-			readAll(t, resp.Body)
-			first <- resp.StatusCode
-		}()
-		waitFor(t, func() bool { return laneState(h.proxy, "m").PausedUntil.After(time.Now()) })
+		}), func(c *Config) { c.Clock = fc })
+		type answer struct {
+			status int
+			at     time.Time // on the fake clock
+		}
+		send := func(say ...string) chan answer {
+			out := make(chan answer, 1)
+			go func() {
+				resp := h.post("/v1/chat/completions", `{"model":"m"}`, say...)
+				readAll(t, resp.Body)
+				out <- answer{resp.StatusCode, fc.Now()}
+			}()
+			return out
+		}
+		first := send()
+		waitFor(t, func() bool { return laneState(h.proxy, "m").PausedUntil.After(fc.Now()) })
+		until := laneState(h.proxy, "m").PausedUntil
 		resp := h.post("/v1/chat/completions", `{"model":"m"}`, "X-Llmproxy-Max-Wait", "0.5")
 		if e := decodeErr(t, resp); resp.StatusCode != 429 || e.Error.Code != "wait_exceeds_budget" || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("with max-wait 0.5 under a 1.5 s pause: %d %+v, Retry-After %q; want 429 wait_exceeds_budget", resp.StatusCode, e.Error, resp.Header.Get("Retry-After"))
 		}
-		resp = h.post("/v1/chat/completions", `{"model":"m"}`, "X-Llmproxy-Max-Wait", "60")
-		readAll(t, resp.Body)
-		if resp.StatusCode != 200 || <-first != 200 {
-			t.Fatalf("with max-wait 60 under the pause: %d, want 200 after it", resp.StatusCode)
+		waited := send("X-Llmproxy-Max-Wait", "60")
+		waitFor(t, func() bool { return laneState(h.proxy, "m").Queued == 2 }) // the first's retry and this one
+		var answers []answer
+		for deadline := time.Now().Add(20 * time.Second); len(answers) < 2; {
+			select {
+			case a := <-first:
+				answers = append(answers, a)
+			case a := <-waited:
+				answers = append(answers, a)
+				if a.status != 200 || a.at.Before(until) {
+					t.Fatalf("with max-wait 60 under the pause: %d, %v from the pause's end; want 200 after it", a.status, a.at.Sub(until))
+				}
+			case <-time.After(5 * time.Millisecond):
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of two answered after the pause, at %v", len(answers), fc.Now())
+				}
+				fc.Advance(50 * time.Millisecond)
+			}
+		}
+		for _, a := range answers {
+			if a.status != 200 {
+				t.Fatalf("answers %+v after the pause, want 200 for both", answers)
+			}
 		}
 	})
 	t.Run("queued", func(t *testing.T) {
