@@ -52,6 +52,28 @@ func adminGet(t *testing.T, c *http.Client, url, auth string) *http.Response {
 	return resp
 }
 
+// adminSend sends method to url with host as its Host (the URL's when
+// empty), body and the header pairs hdr, and reads the answer's status
+// and error.
+func adminSend(t *testing.T, method, url, host, body string, hdr ...string) (int, apiError) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if host != "" {
+		req.Host = host
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := testClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var e apiError
+	_ = json.Unmarshal([]byte(readAll(t, resp.Body)), &e)
+	return resp.StatusCode, e
+}
+
 var guardedPaths = []string{"/lanes", "/lanes?history=1", "/metrics", "/ui", "/ui/", "/"}
 
 // TestAdminTokenGuardsTheLaneViews: with a token set, /lanes, /metrics,
@@ -411,19 +433,7 @@ func TestWithoutATokenOnlyLoopbackHostsAreAnswered(t *testing.T) {
 	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
 	send := func(method, path, host, body string, hdr ...string) (int, apiError) {
 		t.Helper()
-		req, _ := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
-		req.Host = host
-		for i := 0; i+1 < len(hdr); i += 2 {
-			req.Header.Set(hdr[i], hdr[i+1])
-		}
-		resp, err := testClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var e apiError
-		_ = json.Unmarshal([]byte(readAll(t, resp.Body)), &e)
-		return resp.StatusCode, e
+		return adminSend(t, method, srv.URL+path, host, body, hdr...)
 	}
 	evil := "evil.example:" + port
 	page := []string{"Origin", "http://" + evil, "Sec-Fetch-Site", "same-origin"}

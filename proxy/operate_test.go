@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -460,6 +461,53 @@ func TestWithoutATokenOnlyALoopbackListenerTakesChanges(t *testing.T) {
 		if code == "admin_write_refused" && tc.hdr == nil && (!strings.Contains(msg, "LLMPROXY_ADMIN_TOKEN") || !strings.Contains(msg, "loopback")) {
 			t.Errorf("%s on %q: the refusal does not say why: %s", tc.path, tc.listener, msg)
 		}
+	}
+}
+
+// TestWithATokenAPageOfAnotherSiteMayNotWriteEither: the token proves who
+// asks, not that a page of another site did not send the request with
+// it; a change that carries the token (as a header or the login cookie)
+// is refused (403) from a page of another site as it is without one,
+// served from the listener's own page or from no page, and the refused
+// ones change nothing.
+func TestWithATokenAPageOfAnotherSiteMayNotWriteEither(t *testing.T) {
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.AdminHandler(Health{}, RequireToken(testAdminToken)))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	sum := sha256.Sum256([]byte(testAdminToken))
+	bearer := []string{"Authorization", "Bearer " + testAdminToken}
+	cookie := []string{"Cookie", adminCookie + "=" + hex.EncodeToString(sum[:])}
+	send := func(hdr ...string) (int, string) {
+		t.Helper()
+		status, e := adminSend(t, "POST", srv.URL+"/admin/routes/default/hold", "", "", hdr...)
+		return status, e.Error.Code
+	}
+	for _, proof := range [][]string{bearer, cookie} {
+		for _, page := range [][]string{
+			{"Origin", "http://evil.example"},
+			{"Sec-Fetch-Site", "cross-site"},
+			{"Sec-Fetch-Site", "same-site", "Origin", "http://admin.evil.example"},
+		} {
+			if status, code := send(append(slices.Clone(proof), page...)...); status != http.StatusForbidden || code != "admin_write_refused" {
+				t.Errorf("a hold with %s from a page of another site (%v): %d %q, want 403 admin_write_refused", proof[0], page, status, code)
+			}
+		}
+	}
+	p.ops.mu.Lock()
+	changed := len(p.ops.routes)
+	p.ops.mu.Unlock()
+	if changed != 0 {
+		t.Fatalf("a refused request changed a route: %d changed", changed)
+	}
+	if status, code := send(bearer...); status != http.StatusOK {
+		t.Errorf("a hold with the token from no page: %d %q, want 200", status, code)
+	}
+	if status, code := send(append(slices.Clone(cookie), "Sec-Fetch-Site", "same-origin", "Origin", "http://"+host)...); status != http.StatusOK {
+		t.Errorf("a hold with the cookie from the listener's own page: %d %q, want 200", status, code)
 	}
 }
 
