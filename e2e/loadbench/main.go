@@ -77,8 +77,11 @@
 // included). Each proxy row ends with the target for the cell
 // (makespan/ideal, refusals as a share of upstream requests, and no client
 // failure) and whether every run met it; targets are reported only, the exit
-// status does not depend on them. -markdown also prints the proxy rows as a
-// Markdown table. Each run is bounded by -timeout and stops by itself.
+// status does not depend on them. A client failure through the proxy does:
+// the command then names the cells and exits 1 (every request through
+// the proxy is to succeed; the direct rows' failures fail nothing).
+// -markdown also prints the proxy rows as a Markdown table. Each run is
+// bounded by -timeout and stops by itself.
 package main
 
 import (
@@ -298,6 +301,25 @@ func main() {
 		fmt.Println()
 		printMarkdown(os.Stdout, rows)
 	}
+	if failedThroughTheProxy(os.Stderr, rows) {
+		os.Exit(1)
+	}
+}
+
+// failedThroughTheProxy says, on w, which cells had a client fail through
+// the proxy, and whether any did: every request through the proxy is to
+// succeed, so such a run fails the benchmark, whatever its figures. A
+// client that failed sending straight to the upstream is what the direct
+// rows measure, and fails nothing.
+func failedThroughTheProxy(w io.Writer, rows []row) bool {
+	failed := false
+	for _, r := range rows {
+		if n := r.failures(); r.mode == "proxy" && n > 0 {
+			fmt.Fprintf(w, "loadbench: %s: %d client failures through the proxy in %d run(s) (-show-failures N prints them)\n", r.cell, n, len(r.runs))
+			failed = true
+		}
+	}
+	return failed
 }
 
 func run(sc benchcells.Cell, mode string, timeout time.Duration) result {
