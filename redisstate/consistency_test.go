@@ -529,7 +529,7 @@ func TestAFreshReplicaDoesNotPullTheFleetDown(t *testing.T) {
 	sa := a.Shared("g", limit.Config{Concurrency: 32, MaxConcurrency: 64})
 	sb := b.Shared("g", limit.Config{Concurrency: 8, MaxConcurrency: 64})
 	answer := func(sh limit.Shared, r limit.Report) {
-		tk := admitOn(t, fc, sh, 10) // the slow start may spread them
+		tk := admitOn(t, fc, sh, 100) // the slow start may spread them
 		sh.Learn(&tk, r, fc.Now())
 		sh.Return(&tk, fc.Now())
 		sh.(*shared).st.flush()

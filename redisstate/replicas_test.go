@@ -444,7 +444,7 @@ func TestADeclinedPauseIsNotShared(t *testing.T) {
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	answer := func(r limit.Report) {
-		tk := admitOn(t, fc, sa, 10) // the slow start may spread them
+		tk := admitOn(t, fc, sa, 100) // the slow start may spread them
 		sa.Learn(&tk, r, fc.Now())
 		sa.Return(&tk, fc.Now())
 	}
@@ -489,7 +489,7 @@ func TestReplicasJudgeTheBoundFromEveryonesAnswers(t *testing.T) {
 		for i := range n {
 			sh := []limit.Shared{sa, sb}[i%2]
 			// Until a refusal the slow start may spread them a few ms.
-			tk := admitOn(t, fc, sh, 10)
+			tk := admitOn(t, fc, sh, 100)
 			held, from = append(held, tk), append(from, sh)
 		}
 		// The refusals come back first, then the admissions: a learns of
@@ -563,12 +563,12 @@ func TestAReplicasFirstRefusalIsNotAnOutageWhenOthersAreAdmitted(t *testing.T) {
 		sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 		if c.othersAdmit {
 			for range 3 {
-				tk := admitOn(t, fc, sa, 10) // the slow start may spread them
+				tk := admitOn(t, fc, sa, 100) // the slow start may spread them
 				sa.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
 				sa.Return(&tk, fc.Now())
 			}
 		}
-		tk := admitOn(t, fc, sb, 10)
+		tk := admitOn(t, fc, sb, 100)
 		sb.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)}, fc.Now())
 		sb.Return(&tk, fc.Now())
 		sa.Admit(fc.Now(), 1, false) // reads the shared pause
@@ -591,11 +591,11 @@ func TestEveryReplicasRefusalsAreCounted(t *testing.T) {
 	sa, sb := a.Shared("g", cfg), b.Shared("g", cfg)
 	verdicts := []limit.Verdict{limit.Accepted, limit.RateRefused, limit.RateRefused, limit.Failed, limit.ConcurrencyRefused}
 	for _, v := range verdicts {
-		tk := admitOn(t, fc, sa, 10)
+		tk := admitOn(t, fc, sa, 100)
 		sa.Learn(&tk, limit.Report{Status: 429, Verdict: v}, fc.Now())
 		sa.Return(&tk, fc.Now())
 	}
-	if tk := admitOn(t, fc, sb, 10); tk.Refusals != 4 {
+	if tk := admitOn(t, fc, sb, 100); tk.Refusals != 4 {
 		t.Fatalf("b's ticket went after %d refusals (plus one), want 3 + 1", tk.Refusals)
 	}
 }
@@ -727,7 +727,7 @@ func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
 	cfg := limit.Config{Concurrency: 8, MaxConcurrency: 8}
 	const trialKey, member, other = "route\x00cred\x00refused together", "route\x00cred\x00gpt-b", "route\x00cred\x00gpt-a"
 	sa, sb := a.Shared(trialKey, cfg).(*shared), b.Shared(trialKey, cfg).(*shared)
-	tk := admitOn(t, fc, sb, 10)
+	tk := admitOn(t, fc, sb, 100)
 	sb.Return(&tk, fc.Now())
 	if sb.Apart(member) || sb.Apart(other) {
 		t.Fatal("a limit is apart before any replica noted one")
@@ -740,7 +740,7 @@ func TestALimitOneReplicaTakesOffATrialIsApartForEveryReplica(t *testing.T) {
 	if sb.Apart(member) {
 		t.Fatal("b saw the note before asking Redis")
 	}
-	tk = admitOn(t, fc, sb, 10)
+	tk = admitOn(t, fc, sb, 100)
 	sb.Return(&tk, fc.Now())
 	if !sb.Apart(member) || sb.Apart(other) {
 		t.Fatalf("after its next admission b sees gpt-b apart %v, gpt-a apart %v; want true, false", sb.Apart(member), sb.Apart(other))
@@ -767,7 +767,7 @@ func TestALimitOneReplicaFoundSharedIsJoinedForEveryReplica(t *testing.T) {
 	const member, root, other = "route\x00cred\x00gpt-b", "route\x00cred\x00gpt-a", "route\x00cred\x00gpt-c"
 	sa, sb := a.Shared(member, cfg).(*shared), b.Shared(member, cfg).(*shared)
 	learn := func() {
-		tk := admitOn(t, fc, sb, 10)
+		tk := admitOn(t, fc, sb, 100)
 		sb.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, fc.Now())
 		sb.Return(&tk, fc.Now())
 	}

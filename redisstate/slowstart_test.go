@@ -50,7 +50,7 @@ func spreadsGo(lim limit.Limits) bool {
 // whose clock and scripts' clock is fc.
 func spreadsLua(t *testing.T, st *Store, fc *clock.Fake, group string, lim limit.Limits) bool {
 	sh := st.Shared(group, limit.Config{Concurrency: 8, Limits: lim})
-	first := admitOn(t, fc, sh, 10)
+	first := admitOn(t, fc, sh, 100)
 	now := fc.Now()
 	first.Dispatched = now.Add(-replySecs * time.Second)
 	sh.Learn(&first, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
