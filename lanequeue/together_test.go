@@ -444,7 +444,7 @@ func TestAmongReplicasModelsAdmittedOnlyElsewhereJoinTheTrial(t *testing.T) {
 		}
 		if elsewhere {
 			for _, st := range states { // as a store tells of the other replicas' answers
-				st.NoteFleet(t0, 0, 0, 1, t0)
+				st.Fleet().Said(t0, 0, 0, 1, t0)
 			}
 		}
 		var slots []*Slot

@@ -31,7 +31,7 @@ type learner struct {
 	named bool
 
 	estimate float64  // the admitted rate, requests a second; 0 = unknown
-	from     RateFrom // where estimate comes from
+	from     rateFrom // where estimate comes from
 	measured bool     // estimate was measured between refusals once
 	// sample is how many admissions the latest measurement counted: an
 	// estimate counted over few is off by a larger share (see cruise).
@@ -68,7 +68,7 @@ type learner struct {
 	// probeUnseen: the probe's pace did not reach the upstream (another
 	// replica held the raise lease), so it cannot come back clean.
 	probeUnseen bool
-	// fleetRefused counts every replica's refusals (Memory.NoteFleet),
+	// fleetRefused counts every replica's refusals (Fleet.Said),
 	// probeMark its count when the up phase began: a probe is clean only
 	// if no replica was refused during it, as the others send at its pace.
 	fleetRefused, probeMark uint64
@@ -467,7 +467,7 @@ type refusalEvidence struct {
 	// Memory.hintPace); 0: none.
 	hintPace float64
 	// fleetPace is the pace the other replicas learned from refusals (0:
-	// none), and fleetPaceAt when it last changed (see Memory.NoteFleet).
+	// none), and fleetPaceAt when it last changed (see Fleet.Said).
 	fleetPace   float64
 	fleetPaceAt time.Time
 }
@@ -506,7 +506,7 @@ func (l *learner) refusedInProbe(t *Ticket) {
 }
 
 // raiser notes whether this replica holds the lease that lets one replica
-// at a time raise a pace learned from refusals (see Memory.NoteRaiser).
+// at a time raise a pace learned from refusals (see Fleet.Raiser).
 func (l *learner) raiser(holds bool) {
 	if l.phase == probeUp {
 		l.probeUnseen = !holds
@@ -514,7 +514,7 @@ func (l *learner) raiser(holds bool) {
 }
 
 // shareLevels replaces the counts of answers by level with every
-// replica's (see Memory.ShareLevels).
+// replica's (see Fleet.Levels).
 func (l *learner) shareLevels(admitted, refused []float64) {
 	n := min(max(len(admitted), len(refused)), maxLevel+1)
 	l.growLevels(max(n-1, 1))
@@ -530,7 +530,7 @@ func (l *learner) shareLevels(admitted, refused []float64) {
 }
 
 // fleetSaid learns what the store kept elsewhere says of the group (see
-// Memory.NoteFleet): refusals, every replica's so far, and pace, the one
+// Fleet.Said): refusals, every replica's so far, and pace, the one
 // the replicas learned from refusals (0: none). Only a pace learned from
 // refusals (learning) moves. It reports whether the pace changed: a
 // refusal anywhere ends a probe, unclean, and a rate not yet measured (a

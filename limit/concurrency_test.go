@@ -9,25 +9,25 @@ import (
 // Dispatches another store admitted go at the number in flight it says,
 // all replicas together, and are numbered in the group's running count;
 // a refused one's permit stops counting when it is given back.
-func TestNoteDispatchTakesTheFleetsLevelAndCount(t *testing.T) {
+func TestFleetDispatchedTakesTheFleetsLevelAndCount(t *testing.T) {
 	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-	tk := s.NoteDispatch(t0, 3, 100, 0)
+	tk := s.Fleet().Dispatched(t0, 3, 100, 0)
 	if tk.Seq != 100 || tk.Level != 4 || tk.InFlight != 3 || !tk.Dispatched.Equal(t0) {
 		t.Fatalf("seq %d level %d, %d out, at %v; want the fleet's 100, 3 out + itself = 4, 3, t0", tk.Seq, tk.Level, tk.InFlight, tk.Dispatched)
 	}
 	tk.Lease = "l1"
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused}, t0)
-	if level := s.NoteDispatch(t0, 3, 101, 0).Level; level != 3 {
+	if level := s.Fleet().Dispatched(t0, 3, 101, 0).Level; level != 3 {
 		t.Fatalf("level %d beside a refused permit still held, want 3", level)
 	}
-	s.NoteReturn(&tk, t0)
-	if level := s.NoteDispatch(t0, 3, 102, 0).Level; level != 4 {
+	s.Fleet().Returned(&tk, t0)
+	if level := s.Fleet().Dispatched(t0, 3, 102, 0).Level; level != 4 {
 		t.Fatalf("level %d after the refused permit came back, want 4", level)
 	}
 	if n, _ := s.pace.recent.recent(t0); n != 3 {
 		t.Fatalf("%d dispatches in the sending rate, want 3 (one each)", n)
 	}
-	s.NoteDispatch(t0, 0, 112, 0) // nine more elsewhere since
+	s.Fleet().Dispatched(t0, 0, 112, 0) // nine more elsewhere since
 	if n, _ := s.pace.recent.recent(t0); n != 13 {
 		t.Fatalf("%d dispatches in the sending rate, want 13: the other replicas' count too", n)
 	}

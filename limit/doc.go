@@ -72,10 +72,8 @@
 //
 // # Replicas
 //
-// Memory is the in-process state of a group. A Shared kept elsewhere
-// (redisstate) admits from state every replica shares and hands Memory the
-// group's evidence: every replica's dispatches (NoteDispatch), whether the
-// upstream admitted any, the pace the others learned and their refusals
-// (NoteFleet), the counts by level (ShareLevels), so that what each
-// replica learns is about the group as the upstream sees it.
+// Memory is the in-process state of a pool. A Shared kept elsewhere
+// (redisstate) admits from state every replica shares and tells Memory,
+// through Fleet, what the other replicas did, so that what each replica
+// learns is about the pool as the upstream sees it.
 package limit

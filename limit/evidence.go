@@ -20,7 +20,7 @@ type Ticket struct {
 	Paced            bool // a pace learned from refusals had room for it
 	// Lease names the permit when a shared store outside this process
 	// gave it; empty for the in-process state. Such a store gives and
-	// takes back its own permits (see Memory.NoteDispatch, NoteReturn).
+	// takes back its own permits (see Fleet.Dispatched, Fleet.Returned).
 	Lease string
 	// OutNow is the number of permits out, all replicas together, when the
 	// answer came; 0 means the in-process count.
@@ -50,7 +50,7 @@ type Ticket struct {
 
 	// Memory's own account of the dispatch, kept with it because a
 	// Shared kept elsewhere hands Memory the same ticket (see
-	// Memory.NoteReturn): what its answer was and where its permit is.
+	// Fleet.Returned): what its answer was and where its permit is.
 	accepted     bool // its answer was accepted
 	settled      bool // its answer was learned from, or none will come
 	holdsRefused bool // it was refused and still holds its permit
@@ -80,7 +80,7 @@ type View struct {
 	// zero value while nothing is learned. FromHeaders and FromRefusals
 	// ask which of the two kinds of evidence it is.
 	// AdmittedRate is the rate measured from behaviour, requests a second.
-	RateFrom     RateFrom
+	RateFrom     rateFrom
 	AdmittedRate float64
 	// ConcurrencyFrom says where the concurrency limit comes from: the
 	// upstream named concurrency ("words"), its refusals at a number in

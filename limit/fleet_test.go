@@ -30,9 +30,9 @@ func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
 func TestFleetDispatchesCountOnceEach(t *testing.T) {
 	l := NewMemory(Config{})
 	now := time.Unix(1_000_000, 0)
-	l.NoteDispatch(now, 0, 5, 0) // the first count only sets the mark
-	l.NoteDispatch(now, 0, 9, 0) // four dispatches, all replicas
-	l.NoteDispatch(now, 0, 9, 0) // the count had not moved: this one
+	l.Fleet().Dispatched(now, 0, 5, 0) // the first count only sets the mark
+	l.Fleet().Dispatched(now, 0, 9, 0) // four dispatches, all replicas
+	l.Fleet().Dispatched(now, 0, 9, 0) // the count had not moved: this one
 	if n, _ := l.pace.recent.recent(now); n != 6 {
 		t.Fatalf("the sending meter counts %d dispatches, want 1 + 4 + 1", n)
 	}
@@ -45,19 +45,19 @@ func TestFleetDispatchesCountOnceEach(t *testing.T) {
 func TestAReplicasFirstDispatchCountsTheGroupsLastSecond(t *testing.T) {
 	l := NewMemory(Config{})
 	now := time.Unix(1_000_000, 0)
-	l.NoteDispatch(now, 0, 40, 18) // 18 in the last second, this one included
-	l.NoteDispatch(now, 0, 43, 20) // three more since: counted from the running total
+	l.Fleet().Dispatched(now, 0, 40, 18) // 18 in the last second, this one included
+	l.Fleet().Dispatched(now, 0, 43, 20) // three more since: counted from the running total
 	if n, _ := l.pace.recent.recent(now); n != 21 {
 		t.Fatalf("the sending meter counts %d dispatches, want 18 + 3", n)
 	}
 }
 
 // TestAPaceLearnedElsewhereIsProbedUp: a group whose admissions a store
-// kept elsewhere makes (the Redis path: NoteDispatch, never Admit) still
+// kept elsewhere makes (the Redis path: Fleet.Dispatched, never Admit) still
 // runs its probe cycle, so a pace learned too low from refusals rises
 // while it is what holds requests back, and stays put while it is not.
 //
-// A probe made while another replica holds the raise lease (NoteRaiser
+// A probe made while another replica holds the raise lease (Fleet.Raiser
 // false, above the fleet's pace) reached no upstream: it does not raise.
 // What counts is the word during the up phase, not after it.
 func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
@@ -84,13 +84,13 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 		for i := range 600 { // a minute, a dispatch each 100 ms, none refused
 			now = now.Add(100 * time.Millisecond)
 			if c.held {
-				l.NoteHeld(now)
+				l.Fleet().Held(now)
 			}
-			sawProbe = sawProbe || l.NoteDispatch(now, 0, uint64(i+1), 0).Probe
+			sawProbe = sawProbe || l.Fleet().Dispatched(now, 0, uint64(i+1), 0).Probe
 			if l.learn.phase == probeUp {
-				l.NoteRaiser(c.raiser)
+				l.Fleet().Raiser(c.raiser)
 			} else {
-				l.NoteRaiser(c.after)
+				l.Fleet().Raiser(c.after)
 			}
 		}
 		got := l.View(now).Requests.PerSecond
@@ -117,7 +117,7 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		paced     bool // the refused request went at the fleet's pace
 		seenAfter bool // ... but this replica saw that pace only after it went
 		want      float64
-		from      RateFrom
+		from      rateFrom
 	}{
 		{"lower than the sending rate", 7, false, false, 7, rateReplicas},
 		{"lower, and refused at it", 7, true, false, 7 * unmeasuredCut, rateReplicas},
@@ -132,7 +132,7 @@ func TestAReplicaFirstRefusedStartsFromTheFleetsPace(t *testing.T) {
 		if c.seenAfter {
 			seen = now.Add(time.Millisecond)
 		}
-		m.NoteFleet(time.Time{}, c.fleetPace, 0, 0, seen)
+		m.Fleet().Said(time.Time{}, c.fleetPace, 0, 0, seen)
 		first, _, ok := m.Admit(now, 1, false)
 		if !ok {
 			t.Fatal("admit")
@@ -170,13 +170,13 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 		m.pace.fromRefusals = true
 		l := &m.learn
 		l.estimate, l.measured, l.from, l.phaseUntil = 10, true, rateAdmitted, t0
-		m.NoteFleet(time.Time{}, 0, 5, 0, t0)
+		m.Fleet().Said(time.Time{}, 0, 5, 0, t0)
 		l.step(t0, true)
 		if l.phase != probeUp {
 			t.Fatalf("%s: phase %v, want the probe", c.name, l.phase)
 		}
 		up := probeLength(10)
-		m.NoteFleet(time.Time{}, 0, 5+c.elsewhere, 0, t0.Add(up/2))
+		m.Fleet().Said(time.Time{}, 0, 5+c.elsewhere, 0, t0.Add(up/2))
 		// A refusal ends the up phase at once; with none it runs its length.
 		if ended := l.phase == probeDown; ended != (c.elsewhere > 0) {
 			t.Errorf("%s refused elsewhere halfway through the probe: it ended then: %v", c.name, ended)
@@ -198,11 +198,11 @@ func TestAProbeDuringWhichAnyReplicaWasRefusedRaisesNothing(t *testing.T) {
 func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 	for _, c := range []struct {
 		name     string
-		start    RateFrom // where the estimate came from
+		start    rateFrom // where the estimate came from
 		measured bool
 		pace     float64
 		want     float64
-		from     RateFrom
+		from     rateFrom
 	}{
 		{"a guess above the fleet", rateSending, false, 3, 3, rateReplicas},
 		{"a hint's pace above the fleet", rateHint, false, 3, 3, rateReplicas},
@@ -214,7 +214,7 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 		m.pace.fromRefusals = true
 		l := &m.learn
 		l.estimate, l.measured, l.from = 8, c.measured, c.start
-		m.NoteFleet(time.Time{}, c.pace, 5, 0, t0)
+		m.Fleet().Said(time.Time{}, c.pace, 5, 0, t0)
 		if !near(l.estimate, c.want) || l.from != c.from {
 			t.Errorf("%s: estimate %v from %q, want %v from %q", c.name, l.estimate, l.from, c.want, c.from)
 		}
@@ -222,7 +222,7 @@ func TestAGuessFollowsTheFleetsPaceDown(t *testing.T) {
 }
 
 // TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes: the answers
-// every replica had admitted (NoteFleet) count toward what the upstream
+// every replica had admitted (Fleet.Said) count toward what the upstream
 // takes, less this replica's own, which it counted as they came; so a
 // 150 ms wait stated to the millisecond, while the fleet's 20 a second
 // go through, points at a fixed window's end, as in one process, and not
@@ -235,12 +235,12 @@ func TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes(t *testing.T) {
 		for i := range 7 { // this replica's third of a second's 21
 			now := start.Add(time.Duration(i) * 140 * time.Millisecond)
 			sent += 3
-			tk := l.NoteDispatch(now, 0, sent, 0)
+			tk := l.Fleet().Dispatched(now, 0, sent, 0)
 			tk.Lease = "l"
 			l.Learn(&tk, Report{Status: 200, Verdict: Accepted}, now.Add(100*time.Millisecond))
-			l.NoteReturn(&tk, now.Add(100*time.Millisecond))
+			l.Fleet().Returned(&tk, now.Add(100*time.Millisecond))
 			if admitted += 3; fleet {
-				l.NoteFleet(now, 0, 0, admitted, now.Add(100*time.Millisecond))
+				l.Fleet().Said(now, 0, 0, admitted, now.Add(100*time.Millisecond))
 			}
 		}
 		if fleet {
@@ -253,7 +253,7 @@ func TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes(t *testing.T) {
 		}
 		now := start.Add(time.Second)
 		sent++
-		tk := l.NoteDispatch(now, 0, sent, 0)
+		tk := l.Fleet().Dispatched(now, 0, sent, 0)
 		tk.Lease = "l"
 		l.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: 150 * time.Millisecond, PauseUntil: now.Add(150 * time.Millisecond)}, now)
 		w := l.View(now).Window
@@ -270,12 +270,12 @@ func TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes(t *testing.T) {
 func TestAnOwnAdmissionWaitsForTheFleetsCount(t *testing.T) {
 	l := NewMemory(Config{Concurrency: 64, MaxConcurrency: 64})
 	now := time.Unix(1_000_000, 0)
-	l.NoteFleet(now, 0, 0, 10, now) // the mark
-	tk := l.NoteDispatch(now, 0, 11, 0)
+	l.Fleet().Said(now, 0, 0, 10, now) // the mark
+	tk := l.Fleet().Dispatched(now, 0, 11, 0)
 	tk.Lease = "l"
 	l.Learn(&tk, Report{Status: 200, Verdict: Accepted}, now)
-	l.NoteFleet(now, 0, 0, 10, now) // not in the count yet
-	l.NoteFleet(now, 0, 0, 13, now) // now it is, with two of the others'
+	l.Fleet().Said(now, 0, 0, 10, now) // not in the count yet
+	l.Fleet().Said(now, 0, 0, 13, now) // now it is, with two of the others'
 	if n, _ := l.learn.admits.recent(now); n != 3 {
 		t.Fatalf("the admissions meter counts %d, want this replica's 1 and the others' 2", n)
 	}
@@ -324,7 +324,7 @@ func TestFollowingTheFleetsPaceIsACut(t *testing.T) {
 	before := admit()
 	now = now.Add(50 * time.Millisecond)
 	pace := m.learn.estimate / 2
-	m.NoteFleet(time.Time{}, pace, 1, 0, now)
+	m.Fleet().Said(time.Time{}, pace, 1, 0, now)
 	if v := m.View(now); !near(v.AdmittedRate, pace) || v.RateFrom != rateReplicas {
 		t.Fatalf("the guess did not follow the fleet's pace %.2f: %.2f from %q", pace, v.AdmittedRate, v.RateFrom)
 	}

@@ -8,8 +8,8 @@ import (
 
 // Memory is the in-process Shared: the state of one group in this
 // process. A Shared kept elsewhere can learn with one beside it (see
-// redisstate): it hands Memory the answers to learn from and tells it of
-// the dispatches made elsewhere with NoteDispatch.
+// redisstate): it hands Memory the answers to learn from and tells it
+// what the other replicas did through Fleet.
 type Memory struct {
 	cfg    Config // as given, with its defaults
 	pace   pacer
@@ -39,7 +39,7 @@ type Memory struct {
 	fleetPaceAt time.Time
 	// win reads fixed windows from closures: spans the upstream refuses
 	// everything in (see windows). knockNext: the next dispatch noted is
-	// the knock WindowGate allowed.
+	// the knock Fleet.WindowGate allowed.
 	win       windows
 	knockNext bool
 	// unpaid counts the pauses in a row that paid the upstream nothing
@@ -94,122 +94,11 @@ func (s *Memory) StartFrom(inFlight int, answerSecs float64) {
 	}
 }
 
-// NoteDispatch records a dispatch another store admitted, one that every
-// replica of the proxy shares, so that what Memory learns from behaviour
-// is about the group as the upstream sees it, all replicas together: out
-// is the number of permits out, all replicas together, before this one;
-// sent the running count of the group's dispatches, all replicas
-// together, right after it (0: not known); lastSecond the group's
-// dispatches in the second up to now, all replicas, this one included (0:
-// not known). It returns the dispatch's ticket as far as Memory knows it:
-// when it went, the permits out beside it, its number, the number in
-// flight it went at, and whether it goes in a probe of the pace learned
-// from refusals; the store fills in what it charged and gave. The probe
-// cycle moves on here, as Admit moves it for the group's own admissions.
-func (s *Memory) NoteDispatch(now time.Time, out int, sent uint64, lastSecond int) Ticket {
-	s.stepProbe(now)
-	// Dispatches of the other replicas since this one's last count toward
-	// the group's sending rate too (at most a meter's worth at once); at
-	// this replica's first, those of the last second.
-	n := uint64(1)
-	switch {
-	case sent > s.fleetSent && s.fleetSent > 0:
-		n = min(sent-s.fleetSent, 10000)
-	case s.fleetSent == 0 && lastSecond > 1:
-		n = uint64(min(lastSecond, 10000))
-	}
-	s.fleetSent = max(s.fleetSent, sent)
-	s.pace.recent.addN(now, int(n))
-	seq := s.learn.dispatched()
-	if sent > seq {
-		// Numbered in the group's count, so that the dispatches admitted
-		// between two refusals are all the replicas'.
-		s.learn.seq, seq = sent, sent
-	}
-	level := out - s.refusedHolding + 1
-	s.learn.noteSent(level)
-	if s.knockNext {
-		s.knockNext = false
-		s.win.knocked(seq, now)
-	} else {
-		s.win.dispatched(now)
-	}
-	return Ticket{Dispatched: now, InFlight: out, Seq: seq, Level: level, Probe: s.pace.fromRefusals && s.learn.phase == probeUp}
-}
-
-// WindowGate tells a Shared kept elsewhere whether the group's fixed window
-// lets a request go at now, before it admits one from the shared state:
-// not while a closure holds it (until at; zero: until an answer), but one
-// knock at a time, which the next NoteDispatch records. (This replica's
-// count cannot tell the window's allowance spent: its first refusal
-// closes it here, and the store kept elsewhere counts the fleet's.) Knock
-// reports that the request is that knock: the closure's test, which a
-// pause the fleet took for the closure does not hold. Windowed reports
-// that the window's allowance paces the group: a pace learned from
-// refusals does not.
-func (s *Memory) WindowGate(now time.Time) (at time.Time, ok, knock, windowed bool) {
-	at, knock, ok = s.win.gate(now, false)
-	s.knockNext = ok && knock
-	return at, ok, s.knockNext, s.win.pacing()
-}
-
-// NoteFleet records, at now, what the store kept elsewhere says of the
-// group: when the upstream last accepted a request of it sent elsewhere
-// (zero: never; the upstream is live then), the request pace the
-// replicas learned from refusals (0: none), the refusals every replica
-// learned from so far, and the answers every replica had admitted so far
-// (0: not counted), which tell what the upstream takes. The other replicas
-// send at this one's probe when it holds the raise lease, so a refusal
-// anywhere ends the probe, unclean. A replica refused for the first time
-// starts from the fleet's pace when it is lower than what the group was
-// sending, and one whose rate is not yet measured (a guess, a hint's)
-// follows it down when it is under any pace it would send, instead of
-// finding it again with refusals of its own; following is a cut, which a
-// refusal of a request sent before it does not cut again. (Only a
-// refusal lowers the fleet's pace, so a replica never follows its own.)
-func (s *Memory) NoteFleet(accepted time.Time, pace float64, refusals, admitted uint64, now time.Time) {
-	s.learn.acceptedElsewhere(accepted)
-	s.learn.fleetAdmitted(admitted, now)
-	if pace != s.fleetPace {
-		s.fleetPace, s.fleetPaceAt = pace, now
-	}
-	if s.learn.fleetSaid(pace, refusals, s.pace.fromRefusals, now) {
-		s.pace.setFromRefusals(s.pacing(), now)
-	}
-}
-
-// NoteHeld records that the store kept elsewhere held a request back at
-// now for the pace learned from refusals: the probe cycle probes only
-// while the pace is what holds requests back.
-func (s *Memory) NoteHeld(now time.Time) {
-	if s.pace.fromRefusals {
-		s.held = now
-		s.stepProbe(now)
-	}
-}
-
-// NoteRaiser records whether this replica holds the lease that lets one
-// replica at a time raise a pace learned from refusals: a probe made
-// without it reached no upstream, and does not raise the estimate when it
-// ends. The latest word during the up phase counts.
-func (s *Memory) NoteRaiser(holds bool) { s.learn.raiser(holds) }
-
 // stepProbe moves the probe cycle on at now, pacing by the phase it is in.
 func (s *Memory) stepProbe(now time.Time) {
 	if s.pace.fromRefusals && s.learn.step(now, now.Sub(s.held) < time.Second) {
 		s.pace.setFromRefusals(s.pacing(), now)
 	}
-}
-
-// ShareLevels replaces the counts of answers by the number in flight they
-// went at, from which the bound of an upstream without headers is judged,
-// with those of every replica together (admitted[i] and refused[i] for
-// level i): each replica sees only its share of the refusals, too few
-// alone to tell a concurrency limit from a rate. A group paced from
-// refusals judges its bound again at once.
-func (s *Memory) ShareLevels(admitted, refused []float64, now time.Time) {
-	s.learn.shareLevels(admitted, refused)
-	s.judgeAgain(now)
 }
 
 // judgeAgain judges the bound of a group paced from refusals again at now,
@@ -224,17 +113,6 @@ func (s *Memory) judgeAgain(now time.Time) {
 		s.toConcurrency()
 	} else {
 		s.pace.setFromRefusals(s.pacing(), now)
-	}
-}
-
-// NoteReturn records the end of an answer whose permit another store gave,
-// for the mean answer time; Memory's own permit count is not touched.
-func (s *Memory) NoteReturn(t *Ticket, now time.Time) {
-	s.ended(t)
-	s.conc.answered(t, now)
-	s.win.ended(t.Seq)
-	if s.learn.sustains(s.conc.answerSecs) {
-		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
 	}
 }
 
@@ -578,7 +456,17 @@ func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 
 func (s *Memory) Return(t *Ticket, now time.Time) {
 	s.conc.inFlight--
-	s.NoteReturn(t, now)
+	s.returned(t, now)
+}
+
+// returned records the end of t's answer, whose permit went back.
+func (s *Memory) returned(t *Ticket, now time.Time) {
+	s.ended(t)
+	s.conc.answered(t, now)
+	s.win.ended(t.Seq)
+	if s.learn.sustains(s.conc.answerSecs) {
+		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
+	}
 }
 
 // ended settles t, whose permit went back, and takes it off the count of

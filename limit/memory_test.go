@@ -242,11 +242,11 @@ func TestTheRefusedRequestsOwnPermitIsNotTakenOffTwice(t *testing.T) {
 	hint := 160 * time.Millisecond
 	for _, tc := range []struct {
 		sent int
-		from RateFrom
+		from rateFrom
 		rate float64
 	}{{21, rateSending, 21}, {1, rateHint, 1 / hint.Seconds()}} {
 		m := NewMemory(Config{Concurrency: 32, MaxConcurrency: 64})
-		m.NoteFleet(t0, 0, 0, 0, t0) // live: another replica's request was admitted
+		m.Fleet().Said(t0, 0, 0, 0, t0) // live: another replica's request was admitted
 		var last *Ticket
 		for range tc.sent {
 			last = admitted(t, m, t0, 1)
@@ -287,7 +287,7 @@ func TestARefusedProbeMeasuringExactlyTheEstimateLeavesIt(t *testing.T) {
 	for _, tc := range []struct {
 		seq  uint64 // the probe's number: seq-2 admitted since the refusal numbered 1, (seq-3)/s measured
 		want float64
-		from RateFrom
+		from rateFrom
 	}{{25, 22, rateProbe}, {26, 23, rateAdmitted}} {
 		m := quietLocal()
 		l := &m.learn
@@ -317,7 +317,7 @@ func TestABoundByConcurrencyPacesAsFastAsItsLimitAllows(t *testing.T) {
 			v.FromRefusals(), v.Bound, v.AdmittedRate, v.AnswerSeconds)
 	}
 	now = at(600 * time.Millisecond)
-	m.ShareLevels([]float64{0, 20, 20, 0}, []float64{0, 0, 0, 10}, now)
+	m.Fleet().Levels([]float64{0, 20, 20, 0}, []float64{0, 0, 0, 10}, now)
 	v := m.View(now)
 	if v.Bound != BoundConcurrency || v.ConcurrencyFrom != 3 || v.Concurrency != 2 {
 		t.Fatalf("bound %v from %q, limit %d; want concurrency from refusals at 3, limit 2", v.Bound, v.ConcurrencyFrom, v.Concurrency)
@@ -338,14 +338,14 @@ func TestSharedLevelsReplaceEveryLocalCount(t *testing.T) {
 		l.answered(level, false)
 		l.answered(level, true)
 	}
-	m.ShareLevels([]float64{0, 7}, []float64{0, 0, 0, 4}, t0)
+	m.Fleet().Levels([]float64{0, 7}, []float64{0, 0, 0, 4}, t0)
 	if want := []float64{0, 7, 0, 0, 0, 0}; !slices.Equal(l.admitted, want) {
 		t.Errorf("admitted %v, want %v", l.admitted, want)
 	}
 	if want := []float64{0, 0, 0, 4, 0, 0}; !slices.Equal(l.refusedAt, want) {
 		t.Errorf("refused %v, want %v", l.refusedAt, want)
 	}
-	m.ShareLevels([]float64{0, 0, 0, 6}, []float64{0, 3}, t0)
+	m.Fleet().Levels([]float64{0, 0, 0, 6}, []float64{0, 3}, t0)
 	if want := []float64{0, 0, 0, 6, 0, 0}; !slices.Equal(l.admitted, want) {
 		t.Errorf("admitted %v, want %v", l.admitted, want)
 	}
@@ -354,7 +354,7 @@ func TestSharedLevelsReplaceEveryLocalCount(t *testing.T) {
 	}
 	long := make([]float64, maxLevel+2)
 	long[maxLevel], long[maxLevel+1] = 9, 5
-	m.ShareLevels(long, long, t0)
+	m.Fleet().Levels(long, long, t0)
 	if len(l.admitted) != maxLevel+1 || len(l.refusedAt) != maxLevel+1 {
 		t.Fatalf("%d and %d levels kept, want up to maxLevel, %d", len(l.admitted)-1, len(l.refusedAt)-1, maxLevel)
 	}
@@ -365,7 +365,7 @@ func TestSharedLevelsReplaceEveryLocalCount(t *testing.T) {
 
 // TestARefusalHoldsItsPermitUntilItGoesBack: a refused request that still
 // holds its permit is not in flight upstream, so the next dispatch's level
-// leaves it out until the permit goes back (Return, or NoteReturn for a
+// leaves it out until the permit goes back (Return, or Fleet.Returned for a
 // permit another store gave); a refusal learned only after its permit
 // went back holds nothing.
 func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
@@ -378,10 +378,10 @@ func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
 		return first, func(int) int { return admitted(t, m, t0, 1).Level }, func(tk *Ticket) { m.Return(tk, t0) }
 	}
 	elsewhere := func(m *Memory) (*Ticket, func(out int) int, func(*Ticket)) {
-		first := m.NoteDispatch(t0, 0, 0, 0)
-		m.NoteDispatch(t0, 1, 0, 0)
-		next := func(out int) int { return m.NoteDispatch(t0, out, 0, 0).Level }
-		return &first, next, func(tk *Ticket) { m.NoteReturn(tk, t0) }
+		first := m.Fleet().Dispatched(t0, 0, 0, 0)
+		m.Fleet().Dispatched(t0, 1, 0, 0)
+		next := func(out int) int { return m.Fleet().Dispatched(t0, out, 0, 0).Level }
+		return &first, next, func(tk *Ticket) { m.Fleet().Returned(tk, t0) }
 	}
 	for _, c := range []struct {
 		name     string
@@ -418,11 +418,11 @@ func TestARefusalHoldsItsPermitUntilItGoesBack(t *testing.T) {
 func TestAHintSlowerThanTheMeasuredRateIsNoRefill(t *testing.T) {
 	for _, c := range []struct {
 		name     string
-		from     RateFrom
+		from     rateFrom
 		probe    bool
 		measured bool // a refusal a second before: 21 admitted less one, over 1 s
 		want     float64
-		wantFrom RateFrom
+		wantFrom rateFrom
 	}{
 		{"a refusal", rateAdmitted, false, true, 20, rateAdmitted},
 		{"a refused probe", rateProbe, true, true, 20, rateAdmitted},

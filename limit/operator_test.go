@@ -90,12 +90,12 @@ func TestForgetStartsAgainAndKeepsThePermitsOut(t *testing.T) {
 // is counted from.
 func TestForgetKeepsTheFleetsCount(t *testing.T) {
 	m := NewMemory(Config{})
-	m.NoteDispatch(t0, 0, 40, 0)
+	m.Fleet().Dispatched(t0, 0, 40, 0)
 	m.Forget()
 	if m.fleetSent != 40 {
 		t.Fatalf("the fleet's count is %d after Forget, want 40", m.fleetSent)
 	}
-	if tk := m.NoteDispatch(at(time.Millisecond), 0, 45, 0); tk.Seq != 45 {
+	if tk := m.Fleet().Dispatched(at(time.Millisecond), 0, 45, 0); tk.Seq != 45 {
 		t.Fatalf("the next dispatch noted is number %d, want 45", tk.Seq)
 	}
 }

@@ -5,12 +5,12 @@ import (
 	"strconv"
 )
 
-// RateFrom says where a group's request pace comes from. Code compares
+// rateFrom says where a pool's request pace comes from. Code compares
 // the values; String is what /lanes, the logs and the dashboard show.
-type RateFrom uint8
+type rateFrom uint8
 
 const (
-	rateUnknown  RateFrom = iota // nothing learned yet
+	rateUnknown  rateFrom = iota // nothing learned yet
 	rateHeaders                  // the upstream's rate-limit headers
 	rateAdmitted                 // measured between refusals
 	rateSending                  // what the group sent before its first refusals, lowered by later ones
@@ -21,13 +21,13 @@ const (
 
 var rateFromText = [...]string{"", "headers", "admitted rate", "sending rate", "hint", "probe", "replicas"}
 
-func (f RateFrom) String() string { return shown(f, rateFromText[:]) }
+func (f rateFrom) String() string { return shown(f, rateFromText[:]) }
 
 // Learned is the coarse source of f that /lanes and the logs show as
 // learned_from: "headers", "refusals" (every source read from the
 // behaviour of an upstream without headers) or "" (nothing yet). Code
 // asks View.FromHeaders and View.FromRefusals.
-func (f RateFrom) Learned() string {
+func (f rateFrom) Learned() string {
 	switch f {
 	case rateUnknown:
 		return ""

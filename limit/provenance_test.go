@@ -9,12 +9,12 @@ import (
 // show of where a rate comes from and what binds is the text they always
 // showed; a value out of range shows as "unknown", never as another's.
 func TestProvenanceShowsAsBefore(t *testing.T) {
-	for f, want := range map[RateFrom]string{
+	for f, want := range map[rateFrom]string{
 		rateUnknown: "", rateHeaders: "headers", rateAdmitted: "admitted rate", rateSending: "sending rate",
 		rateHint: "hint", rateProbe: "probe", rateReplicas: "replicas", rateReplicas + 1: "unknown",
 	} {
 		if got := f.String(); got != want {
-			t.Errorf("RateFrom(%d) shows %q, want %q", f, got, want)
+			t.Errorf("rateFrom(%d) shows %q, want %q", f, got, want)
 		}
 	}
 	for b, want := range map[Bound]string{

@@ -21,7 +21,7 @@ func TestEachRefusalRuleAlone(t *testing.T) {
 		refusal  refusal
 		applies  bool
 		estimate float64
-		from     RateFrom
+		from     rateFrom
 	}{
 		{"measured between refusals", nil, refusal{sample: 12}, true, 12, rateAdmitted},
 		{"measured between refusals", nil, refusal{}, false, 30, rateProbe},

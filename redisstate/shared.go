@@ -99,7 +99,7 @@ func (s *shared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, tim
 	// A fixed window's closure holds this replica's requests but for one
 	// knock at a time, as it holds one process's; its allowance, not a
 	// pace learned from refusals, paces the group.
-	at, ok, knock, windowed := s.local.WindowGate(now)
+	at, ok, knock, windowed := s.local.Fleet().WindowGate(now)
 	if !ok {
 		return limit.Ticket{}, at, false
 	}
@@ -168,7 +168,7 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 	// The upstream is live when it admits any replica's requests: a
 	// replica whose own first answer is a refusal does not take it for
 	// an outage (and pause the fleet for it).
-	s.local.NoteFleet(rep.accepted, fleetPace, rep.refusals, rep.admitted, now)
+	s.local.Fleet().Said(rep.accepted, fleetPace, rep.refusals, rep.admitted, now)
 	if !rep.ok {
 		at := rep.retryAt
 		if at.IsZero() {
@@ -176,13 +176,13 @@ func (s *shared) admitted(now time.Time, cost int64, lease string, rep admitRepl
 		} else if rep.paused.IsZero() && rep.paceFromRefusals {
 			// The shared pace learned from refusals held it: this
 			// replica's probe cycle may raise it (one replica at a time).
-			s.local.NoteHeld(now)
+			s.local.Fleet().Held(now)
 		}
 		return limit.Ticket{}, at, false
 	}
 	s.since = time.Time{}
 	s.st.hold(lease, s.leases)
-	t := s.local.NoteDispatch(now, rep.out, uint64(max(rep.reqSent, 0)), rep.lastSecond)
+	t := s.local.Fleet().Dispatched(now, rep.out, uint64(max(rep.reqSent, 0)), rep.lastSecond)
 	s.out++
 	s.remoteOut++
 	t.Cost, t.Requests, t.Tokens, t.Limit = cost, float64(rep.reqSent), float64(rep.tokSent), rep.limits.concurrency
@@ -269,10 +269,10 @@ func (s *shared) Learn(t *limit.Ticket, r limit.Report, now time.Time) {
 	s.st.sawClock(rep.redisNow)
 	s.out, s.paused, s.joined = rep.out, rep.paused, rep.joined
 	if v.FromRefusals() {
-		s.local.NoteRaiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
+		s.local.Fleet().Raiser(probeSeen(rep.raiser, s.last.reqRate, v.Requests.PerSecond))
 	}
 	if args.Kind != answerUncounted {
-		s.local.ShareLevels(rep.admitted, rep.refused, now)
+		s.local.Fleet().Levels(rep.admitted, rep.refused, now)
 	}
 }
 
@@ -398,7 +398,7 @@ func (s *shared) Return(t *limit.Ticket, now time.Time) {
 		return
 	}
 	s.remoteOut--
-	s.local.NoteReturn(t, now)
+	s.local.Fleet().Returned(t, now)
 	s.st.drop(t.Lease)
 	if s.out > 0 {
 		s.out--
