@@ -197,6 +197,10 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 	if r.Verdict != Failed {
 		s.learn.answered(t.Level, refusal)
 	}
+	if refusal && !t.returned && !t.holdsRefused {
+		t.holdsRefused = true
+		s.refusedHolding++
+	}
 	quiet := !s.pace.headers() && !r.Limits.Requests.HasRemaining && !r.Limits.Tokens.HasRemaining
 	switch {
 	case r.Verdict == Accepted:
@@ -211,10 +215,6 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 			// A closure: the upstream refuses whatever the group sends
 			// until its window's boundary. The windows hold the group;
 			// the refusal says nothing of a pace or a concurrency.
-			if refusal && !t.returned && !t.holdsRefused {
-				t.holdsRefused = true
-				s.refusedHolding++
-			}
 			s.pace.observe(r.Limits, t, now)
 			e := pauseEvidence{closure: true}
 			if s.win.confirmed {
@@ -222,10 +222,6 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 			}
 			return e
 		}
-	}
-	if refusal && !t.returned && !t.holdsRefused {
-		t.holdsRefused = true
-		s.refusedHolding++
 	}
 	if refusal {
 		if s.learn.live(now) {

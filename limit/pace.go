@@ -214,22 +214,54 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		b.resize(b.limit, remaining+1) // the upstream shows more room than refusals did
 	}
 	b.maxRemaining = math.Max(b.maxRemaining, remaining)
-	if sentAtDispatch >= b.seen {
+	b.count(remaining, sentAtDispatch, dispatched, now)
+	floored := b.readReset(w, remaining, dispatched, now)
+	// A reset read at the floor was sooner than the floor, by how much
+	// nobody knows; and a window nearly full, a few missing until its
+	// reset, is a fixed window's as well as a slow bucket's (one token
+	// missing a second before a window of 3,164 resets read as a refill
+	// of 1 a second, seed 1065). What is missing refills at least as fast
+	// as the arithmetic says, perhaps far faster: only a refusal lowers
+	// the rate then, or a changed stated limit, in its proportion.
+	b.learnRate(floored || remaining >= nearlyFull*b.size())
+	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
+		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
+		b.correctable() {
+		// shown is the refill at a correction: a window already corrected
+		// keeps the one it was corrected with.
+		b.shown = shown
+		b.correct()
+	}
+}
+
+// count sets the bucket from remaining, the room an answer to a request
+// dispatched at dispatched with sentAtDispatch sent showed: less what was
+// sent after it, unless a later request's answer already said more.
+func (b *budget) count(remaining, sentAtDispatch float64, dispatched, now time.Time) {
+	if sentAtDispatch < b.seen {
 		// An answer to a request sent before one already answered is
 		// older news: that answer's count had this request in it, and
 		// what went between, refused requests too, counted or not.
-		b.seen, b.seenAt = sentAtDispatch, dispatched
-		after := b.sent - sentAtDispatch
-		kept := b.refused[:0]
-		for _, r := range b.refused {
-			if !r.at.Before(dispatched) {
-				after -= r.cost // sent with or after it, but never counted
-				kept = append(kept, r)
-			}
-		}
-		b.refused = kept
-		b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, after)))
+		return
 	}
+	b.seen, b.seenAt = sentAtDispatch, dispatched
+	after := b.sent - sentAtDispatch
+	kept := b.refused[:0]
+	for _, r := range b.refused {
+		if !r.at.Before(dispatched) {
+			after -= r.cost // sent with or after it, but never counted
+			kept = append(kept, r)
+		}
+	}
+	b.refused = kept
+	b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, after)))
+}
+
+// readReset reads w's reset, of an answer showing remaining left to a
+// request dispatched at dispatched, into when the window resets and the
+// refill its resets show. It reports whether it read the reset at the
+// early floor.
+func (b *budget) readReset(w headerparse.Window, remaining float64, dispatched, now time.Time) bool {
 	// The reset is counted from the dispatch; seen from now it may be later
 	// by the answer's latency, so only trust it from then. A reset is a
 	// time on the upstream's clock, to its grain: one already past when
@@ -258,22 +290,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		}
 	}
 	b.lastLeft, b.lastSecs = remaining, secs
-	// A reset read at the floor was sooner than the floor, by how much
-	// nobody knows; and a window nearly full, a few missing until its
-	// reset, is a fixed window's as well as a slow bucket's (one token
-	// missing a second before a window of 3,164 resets read as a refill
-	// of 1 a second, seed 1065). What is missing refills at least as fast
-	// as the arithmetic says, perhaps far faster: only a refusal lowers
-	// the rate then, or a changed stated limit, in its proportion.
-	b.learnRate(floored || remaining >= nearlyFull*b.size())
-	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
-		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
-		b.correctable() {
-		// shown is the refill at a correction: a window already corrected
-		// keeps the one it was corrected with.
-		b.shown = shown
-		b.correct()
-	}
+	return floored
 }
 
 // Headers overstate a window when the rate their arithmetic gives is
