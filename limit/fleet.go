@@ -73,17 +73,13 @@ func (f Fleet) WindowGate(now time.Time) (at time.Time, ok, knock, windowed bool
 // Said records, at now, what the store kept elsewhere says of the pool:
 // when the upstream last accepted a request of it sent elsewhere (zero:
 // never; the upstream is live then), the request pace the replicas
-// learned from refusals (0: none), the refusals every replica learned
-// from so far, and the answers every replica had admitted so far (0: not
-// counted), which tell what the upstream takes. The other replicas send
-// at this one's probe when it holds the raise lease, so a refusal
-// anywhere ends the probe, unclean. A replica refused for the first time
-// starts from the fleet's pace when it is lower than what the pool was
-// sending, and one whose rate is not yet measured (a guess, a hint's)
-// follows it down when it is under any pace it would send, instead of
-// finding it again with refusals of its own; following is a cut, which a
-// refusal of a request sent before it does not cut again. (Only a
-// refusal lowers the fleet's pace, so a replica never follows its own.)
+// learned from refusals (0: none; only a refusal lowers it, so a replica
+// never follows its own), the refusals every replica learned from so far,
+// and the answers every replica had admitted so far (0: not counted),
+// which tell what the upstream takes. A refusal anywhere ends a probe,
+// unclean; a replica's first refusal starts from the fleet's pace
+// (ruleFleetPace), and a rate not yet measured follows it down
+// (learner.fleetSaid).
 func (f Fleet) Said(accepted time.Time, pace float64, refusals, admitted uint64, now time.Time) {
 	s := f.s
 	s.learn.acceptedElsewhere(accepted)
@@ -125,4 +121,12 @@ func (f Fleet) Levels(admitted, refused []float64, now time.Time) {
 
 // Returned records the end of an answer whose permit the store gave, for
 // the mean answer time; Memory's own permit count is not touched.
-func (f Fleet) Returned(t *Ticket, now time.Time) { f.s.returned(t, now) }
+func (f Fleet) Returned(t *Ticket, now time.Time) {
+	s := f.s
+	s.ended(t)
+	s.conc.answered(t, now)
+	s.win.ended(t.Seq)
+	if s.learn.sustains(s.conc.answerSecs) {
+		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
+	}
+}

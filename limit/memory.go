@@ -452,17 +452,7 @@ func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 
 func (s *Memory) Return(t *Ticket, now time.Time) {
 	s.conc.inFlight--
-	s.returned(t, now)
-}
-
-// returned records the end of t's answer, whose permit went back.
-func (s *Memory) returned(t *Ticket, now time.Time) {
-	s.ended(t)
-	s.conc.answered(t, now)
-	s.win.ended(t.Seq)
-	if s.learn.sustains(s.conc.answerSecs) {
-		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
-	}
+	s.Fleet().Returned(t, now) // learned from as the end of one another store gave
 }
 
 // ended settles t, whose permit went back, and takes it off the count of

@@ -24,9 +24,9 @@ func TestAShorterReadingFromANamedBoundaryReplacesTheLength(t *testing.T) {
 		{"longer", true, true, 9 * time.Second, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			w := windows{lengthLo: 5 * time.Second, lengthHi: 5*time.Second + time.Millisecond, prevNamed: tt.named}
+			w := shape{lengthLo: 5 * time.Second, lengthHi: 5*time.Second + time.Millisecond}
 			lo := tt.hi - time.Millisecond
-			counted := w.readLength(lo, tt.hi, false, tt.admitted)
+			counted := w.readLength(lo, tt.hi, false, tt.admitted, tt.named)
 			replaced := w.lengthLo == lo && w.lengthHi == tt.hi
 			if counted != tt.want || replaced != tt.want {
 				t.Fatalf("counted %v, length (%v, %v]; want replaced %v", counted, w.lengthLo, w.lengthHi, tt.want)
@@ -41,13 +41,13 @@ func TestAShorterReadingFromANamedBoundaryReplacesTheLength(t *testing.T) {
 // (that replaces it): the reading is held until the next. A millisecond
 // shorter, it replaces the length at once.
 func TestAReadingAnEighthShorterFromANamedBoundaryIsHeld(t *testing.T) {
-	w := windows{lengthLo: 5 * time.Second, lengthHi: 5 * time.Second, prevNamed: true}
+	w := shape{lengthLo: 5 * time.Second, lengthHi: 5 * time.Second}
 	hi := 5*time.Second - 5*time.Second/lengthSlack
-	if w.readLength(hi-time.Millisecond, hi, false, true) || w.lengthLo != 5*time.Second || w.lengthHi != 5*time.Second {
+	if w.readLength(hi-time.Millisecond, hi, false, true, true) || w.lengthLo != 5*time.Second || w.lengthHi != 5*time.Second {
 		t.Fatalf("length (%v, %v] after a reading of %v; want 5 s held", w.lengthLo, w.lengthHi, hi)
 	}
-	w = windows{lengthLo: 5 * time.Second, lengthHi: 5 * time.Second, prevNamed: true}
-	if !w.readLength(hi-2*time.Millisecond, hi-time.Millisecond, false, true) || w.lengthHi != hi-time.Millisecond {
+	w = shape{lengthLo: 5 * time.Second, lengthHi: 5 * time.Second}
+	if !w.readLength(hi-2*time.Millisecond, hi-time.Millisecond, false, true, true) || w.lengthHi != hi-time.Millisecond {
 		t.Fatalf("length (%v, %v] after a reading a millisecond shorter; want it replaced", w.lengthLo, w.lengthHi)
 	}
 }
@@ -56,22 +56,22 @@ func TestAReadingAnEighthShorterFromANamedBoundaryIsHeld(t *testing.T) {
 // named and confirmed is named, one opened on a knock alone or begun at a
 // roll is not, and a closure keeps what the window that ended was.
 func TestNamedFollowsHowAWindowBegan(t *testing.T) {
-	w := windows{stated: true, confirmed: true}
+	w := windows{closure: closure{stated: true, confirmed: true}}
 	w.open(t0, 0)
-	if !w.named {
+	if !w.cur.named {
 		t.Fatal("a window opened at a named boundary is not named")
 	}
 	w.close(at(time.Second), false)
-	if !w.prevNamed {
+	if !w.prev.named {
 		t.Fatal("the closure forgot that the window that ended was named")
 	}
 	w.stated = false
 	w.open(at(2*time.Second), 1)
-	if w.named {
+	if w.cur.named {
 		t.Fatal("a window opened on a knock is named")
 	}
 	w.close(at(3*time.Second), false)
-	if w.prevNamed {
+	if w.prev.named {
 		t.Fatal("the closure took an unnamed window for named")
 	}
 	w.stated = true
@@ -79,7 +79,7 @@ func TestNamedFollowsHowAWindowBegan(t *testing.T) {
 	w.lengthHi = time.Second
 	w.dispatched(at(4 * time.Second))
 	w.roll(at(6 * time.Second))
-	if w.named {
+	if w.cur.named {
 		t.Fatal("a window begun at a roll is named")
 	}
 }

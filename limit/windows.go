@@ -6,40 +6,39 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 )
 
-// windows reads from refusals and admissions whether a group's upstream
+// windows reads from refusals and admissions whether a pool's upstream
 // counts in fixed windows, N requests per window with the count starting
 // again at each boundary (Azure OpenAI, Kong, Gemini's per-minute quotas,
-// a company gateway's Redis INCR + EXPIRE), and holds the group by them:
+// a company gateway's Redis INCR + EXPIRE), and holds the pool by them:
 // once a window's allowance is spent the upstream refuses everything until
-// the boundary, so the group waits for it as a whole, and sends the next
-// window's allowance from its start instead of pacing it out evenly.
-//
-// A closure is a span in which the upstream refuses whatever the group
-// sends. It is read two ways:
-//
-//   - Stated: a refusal names a wait longer than a pace (see boundary),
-//     or, once the shape is known, any wait at all. The wait points at an
-//     instant; a window's refusals all point at its
-//     boundary, while a bucket's (or a gateway's constant Retry-After) move
-//     with the clock. One test request a gap later tells them apart: refused
-//     at the same instant, the closure is real and the boundary lies within
-//     every refusal's hint, to the hint's grain (whole seconds or
-//     milliseconds); admitted, or refused at another instant, the hints
-//     are not boundaries and the group is paced as before. Within the
-//     interval the boundary may lie in, single knocks halve it.
-//   - Silent: refusals with no hint and no admission between them for
-//     minClosure. The group then sends one knock at a time, further apart
-//     the longer the closure lasts, until one is admitted.
-//
-// A closure that ends with the window open again (a knock admitted, or the
-// stated boundary reached) shows the shape: the allowance is what the last
-// window admitted and the length what lay between its opening and the
-// boundary. From then on a window's allowance goes from its start (one
-// more, now and then, to find an allowance that grew), the group closes as
-// soon as it is spent, and the next knock goes at the boundary the length
-// predicts. Its methods require the group's mutex held.
+// the boundary (a closure), so the pool waits for it as a whole, and sends
+// the next window's allowance from its start instead of pacing it out
+// evenly. Its methods require the pool's mutex held.
 type windows struct {
-	// The closure under way, if closed.
+	closure   // the closure under way, and its knocks
+	suspicion // the refusals that suspect a silent closure
+	// cur is the running window; prev the one that ended, whose figures go
+	// on counting answers that come late.
+	cur, prev window
+	shape     // what closures taught: the allowance, the length, the probe
+}
+
+// closure is a span in which the upstream refuses whatever the pool sends,
+// and which holds the pool while it lasts. It is read two ways:
+//
+//   - Stated: a refusal names a wait longer than a pace (see boundary), or,
+//     once the shape is known, any wait at all. A window's refusals all
+//     point at its boundary, while a bucket's (or a gateway's constant
+//     Retry-After) move with the clock. One test request a gap later tells
+//     them apart: refused at the same instant, the closure is real and the
+//     boundary lies within every refusal's hint, to the hint's grain (whole
+//     seconds or milliseconds); admitted, or refused at another instant,
+//     the hints are not boundaries and the pool is paced as before. Within
+//     the interval the boundary may lie in, single knocks halve it.
+//   - Silent: refusals with no hint and no admission between them for
+//     minClosure (see suspicion). The pool then sends one knock at a time,
+//     further apart the longer the closure lasts, until one is admitted.
+type closure struct {
 	closed bool
 	// confirmed: the closure is known, not only suspected from one hint.
 	confirmed bool
@@ -51,37 +50,129 @@ type windows struct {
 	// knockAt is when the next knock may go, knock the Seq of the one in
 	// flight (0: none) and lastKnock the dispatch of the latest refused
 	// one: a silent closure's boundary is after it.
-	knockAt   time.Time
-	knock     uint64
-	knockSent time.Time
-	lastKnock time.Time
+	knockAt, knockSent, lastKnock time.Time
+	knock                         uint64
+	// moving: until then a long hint is not read as a boundary; a test
+	// showed the hints moving with the clock.
+	moving time.Time
+}
 
-	// A run of refusals outside a closure, with no admission since its
-	// first dispatch: run refusals from runFrom.
+// until is how long a closure holds the pool, as a pause would: to its
+// stated boundary once confirmed, else to its next knock or test (zero:
+// no closure). With replicas, that is how the others learn of it, and
+// what keeps a replica from sending into it (a replica's own knocks do
+// not reach the shared state).
+func (c *closure) until() time.Time {
+	switch {
+	case !c.closed:
+		return time.Time{}
+	case c.stated && c.confirmed:
+		return c.hi
+	}
+	return c.knockAt
+}
+
+// knocked records the knock gate allowed, numbered seq, sent at now.
+func (c *closure) knocked(seq uint64, now time.Time) { c.knock, c.knockSent = seq, now }
+
+// ended learns that the dispatch numbered seq gave its permit back: a
+// knock whose answer said nothing of the window (a failure, a client gone,
+// nothing sent) lets the next knock go, instead of holding the pool for
+// an answer that will not come.
+func (c *closure) ended(seq uint64) {
+	if c.knock == seq {
+		c.knock = 0
+	}
+}
+
+// state narrows the stated boundary with a hint naming r, to grain.
+func (c *closure) state(r time.Time, grain time.Duration) {
+	lo := r.Add(-grain)
+	if c.hi.IsZero() || r.Before(c.hi) {
+		c.hi = r
+	}
+	if lo.After(c.lo) {
+		c.lo = lo
+	}
+	if !c.lo.Before(c.hi) {
+		c.lo = c.hi.Add(-time.Millisecond) // hints that disagree: the latest word
+	}
+}
+
+// agrees reports whether a hint naming r, to grain, points at the boundary
+// the closure's hints named.
+func (c *closure) agrees(r time.Time, grain time.Duration) bool {
+	return r.After(c.lo.Add(-grain)) && !r.After(c.hi.Add(grain))
+}
+
+// distrust ends a stated closure whose hints a test showed moving with the
+// clock, and reads no long hint as a boundary until hintTrust from now.
+func (c *closure) distrust(now time.Time) { c.knock, c.moving, c.closed = 0, now.Add(hintTrust), false }
+
+// suspicion is a run of refusals outside a closure, with no admission
+// since its first dispatch: run refusals from runFrom. minRun of them over
+// minClosure read as a silent closure.
+type suspicion struct {
 	runFrom   time.Time
 	run       int
 	lastAdmit time.Time // the latest admitted dispatch
-	// stray: the running window had a refusal that an admission of a
-	// later dispatch followed (prevStray: the window that ended). A
-	// fixed window refuses everything from its allowance's end to its
-	// boundary; an upstream that admits between refusals is a pace,
-	// over-sent (by several replicas, or turns of models sharing it), and
-	// a silent closure after it teaches no window.
-	stray, prevStray bool
+}
 
-	// The windows: the running one began at start (a reopen), its first
-	// dispatch went at opened (a window counted from its first request
-	// starts there), it has sent used and admitted admitted. The previous
-	// one's figures go on counting answers that come late.
+// admit learns of an admitted dispatch at d. It reports whether d ended a
+// run: the running window is stray.
+func (u *suspicion) admit(d time.Time) bool {
+	if d.After(u.lastAdmit) {
+		u.lastAdmit = d
+	}
+	if u.runFrom.IsZero() || d.Before(u.runFrom) {
+		return false
+	}
+	u.runFrom, u.run = time.Time{}, 0
+	return true
+}
+
+// silent counts a refusal with no hint of a dispatch at d, and reports
+// whether the run now reads as a silent closure.
+func (u *suspicion) silent(d time.Time) bool {
+	if u.runFrom.IsZero() || u.runFrom.Before(u.lastAdmit) {
+		u.runFrom, u.run = d, 0
+	}
+	if d.Before(u.runFrom) {
+		u.runFrom = d
+	}
+	u.run++
+	return u.run >= minRun && d.Sub(u.runFrom) >= minClosure
+}
+
+// window is what the pool sent in one window: it began at start (a
+// reopen), its first dispatch went at opened (a window counted from its
+// first request starts there), it has sent used and admitted admitted.
+// guessed: it opened on a knock admitted where no hint named a boundary
+// (an allowance learned short lets a knock through before the boundary:
+// see reopen). named: it began at a boundary the hints named, not at a
+// roll. stray: a refusal in it was followed by an admission of a later
+// dispatch; a fixed window refuses everything from its allowance's end to
+// its boundary, so an upstream that admits between refusals is a pace,
+// over-sent (by several replicas, or turns of models sharing it), and a
+// silent closure after it teaches no window.
+type window struct {
 	start, opened         time.Time
 	used, admitted        int
-	prevStart, prevOpened time.Time
-	prevAdmitted          int
-	// known: a closure ended with the window open again. allowance is
-	// what the last whole window admitted (set at each reopen); the
-	// length lies in
-	// (lengthLo, lengthHi] (lengthHi 0: not known). full counts the
-	// windows that ended in a closure, for the allowance's probe.
+	guessed, named, stray bool
+}
+
+// shape is what a closure that ended with the window open again (a knock
+// admitted, or the stated boundary reached) taught: the allowance is what
+// the last window admitted and the length what lay between its opening and
+// the boundary. From then on a window's allowance goes from its start (one
+// more, now and then, to find an allowance that grew), the pool closes as
+// soon as it is spent, and the next knock goes at the boundary the length
+// predicts.
+type shape struct {
+	// known: a closure ended with the window open again. allowance is set
+	// at each reopen; the length lies in (lengthLo, lengthHi] (lengthHi 0:
+	// not known). full counts the windows that ended in a closure, for the
+	// allowance's probe.
 	known              bool
 	allowance          int
 	lengthLo, lengthHi time.Duration
@@ -92,17 +183,9 @@ type windows struct {
 	// aligned to the clock) reads short; it teaches neither the length
 	// nor the allowance.
 	oddLo, oddHi time.Duration
-	// lengthFirst: the known length is the reading of the group's first
+	// lengthFirst: the known length is the reading of the pool's first
 	// window alone (see readLength).
 	lengthFirst bool
-	// guessed: the running window opened on a knock admitted where no
-	// hint named a boundary (prevGuessed: the window that ended did). An
-	// allowance learned short lets a knock through before the boundary:
-	// see reopen.
-	guessed, prevGuessed bool
-	// named: the running window began at a boundary the upstream's hints
-	// named (prevNamed: the window that ended did), not at a roll.
-	named, prevNamed bool
 	// climb counts the probing windows in a row that admitted all they
 	// sent; lastExtra is what the window that ended last sent past the
 	// allowance (see extra).
@@ -113,9 +196,54 @@ type windows struct {
 	// hinted: the shape was learned from a closure the upstream's hints
 	// stated (else from knocks).
 	hinted bool
-	// moving: until then a long hint is not read as a boundary; a test
-	// showed the hints moving with the clock.
-	moving time.Time
+}
+
+// extra is how many more than the allowance a probing window sends: one,
+// every probeWindows windows; after probes that admitted all they sent,
+// every window, twice as many as the last, so an allowance learned low
+// (from a window the group did not fill) is found in a few windows.
+func (h *shape) extra() int {
+	if h.climb > 0 || h.full%probeWindows == probeWindows-1 {
+		return 1 << min(h.climb, maxClimb)
+	}
+	return 0
+}
+
+// pacing reports whether the shape holds the group's pace: a known
+// window's allowance goes from its start, not at a pace learned from
+// refusals.
+func (h *shape) pacing() bool { return h.known }
+
+// readLength learns from one reading of the window's length, (low, hi],
+// and reports whether it counts: a reading that overlaps the known length
+// narrows it to where both agree; the first reading, one of a window that
+// admitted a request (admitted) and follows only the first (first: the
+// reading of the group's first window, which began wherever its first
+// request fell, anywhere in a window aligned to the clock), one shorter
+// of a window that admitted and began at a named boundary (from one to a
+// later one lie whole windows the group may not have filled), one off the
+// known length by less than a lengthSlack-th of it (dispatches go a few
+// milliseconds late), and the second of two in a row off it that agree
+// with each other (the upstream's window changed) replace it. A single
+// reading further off is held: a window refused before it admitted
+// anything may be a closure read as over a moment early.
+func (h *shape) readLength(low, hi time.Duration, first, admitted, named bool) bool {
+	near := func(lo2, hi2 time.Duration) bool {
+		slack := hi2 / lengthSlack
+		return hi2 > 0 && hi > lo2-slack && low < hi2+slack
+	}
+	overlaps := h.lengthHi > 0 && hi > h.lengthLo && low < h.lengthHi
+	if overlaps {
+		h.lengthLo, h.lengthHi = max(h.lengthLo, low), min(h.lengthHi, hi)
+	} else if h.lengthHi <= 0 || h.lengthFirst && admitted || admitted && named && hi < h.lengthLo-h.lengthLo/lengthSlack || near(h.lengthLo, h.lengthHi) || near(h.oddLo, h.oddHi) {
+		h.lengthLo, h.lengthHi = low, hi
+	} else {
+		h.oddLo, h.oddHi = low, hi
+		return false
+	}
+	h.lengthFirst = first
+	h.oddLo, h.oddHi = 0, 0
+	return true
 }
 
 const (
@@ -172,7 +300,7 @@ const (
 func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool) {
 	if !w.closed {
 		w.roll(now)
-		if !spend || !w.known || w.used < w.allowance+w.extra() { // known: an allowance of 1 or more
+		if !spend || !w.known || w.cur.used < w.allowance+w.extra() { // known: an allowance of 1 or more
 			return time.Time{}, false, true
 		}
 		// The window's allowance is spent: close until the boundary its
@@ -208,50 +336,9 @@ func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool)
 // running one has outlasted the known length with nothing closing it: a
 // load lighter than the allowance never spends one.
 func (w *windows) roll(now time.Time) {
-	if w.known && w.lengthHi > 0 && !w.opened.IsZero() && !now.Before(w.opened.Add(w.lengthHi)) {
-		w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed = w.start, w.opened, w.admitted, w.guessed
-		w.start, w.opened, w.used, w.admitted, w.guessed = now, time.Time{}, 0, 0, false
-		w.stray, w.named = false, false
+	if w.known && w.lengthHi > 0 && !w.cur.opened.IsZero() && !now.Before(w.cur.opened.Add(w.lengthHi)) {
+		w.prev, w.cur = w.cur, window{start: now}
 		w.counted = false // no closure ended the window: what it admitted is no allowance
-	}
-}
-
-// extra is how many more than the allowance a probing window sends: one,
-// every probeWindows windows; after probes that admitted all they sent,
-// every window, twice as many as the last, so an allowance learned low
-// (from a window the group did not fill) is found in a few windows.
-func (w *windows) extra() int {
-	if w.climb > 0 || w.full%probeWindows == probeWindows-1 {
-		return 1 << min(w.climb, maxClimb)
-	}
-	return 0
-}
-
-// until is how long a closure holds the group, as a pause would: to its
-// stated boundary once confirmed, else to its next knock or test (zero:
-// no closure). With replicas, that is how the others learn of it, and
-// what keeps a replica from sending into it (a replica's own knocks do
-// not reach the shared state).
-func (w *windows) until() time.Time {
-	switch {
-	case !w.closed:
-		return time.Time{}
-	case w.stated && w.confirmed:
-		return w.hi
-	}
-	return w.knockAt
-}
-
-// knocked records the knock gate allowed, numbered seq, sent at now.
-func (w *windows) knocked(seq uint64, now time.Time) { w.knock, w.knockSent = seq, now }
-
-// ended learns that the dispatch numbered seq gave its permit back: a
-// knock whose answer said nothing of the window (a failure, a client gone,
-// nothing sent) lets the next knock go, instead of holding the group for
-// an answer that will not come.
-func (w *windows) ended(seq uint64) {
-	if w.knock == seq {
-		w.knock = 0
 	}
 }
 
@@ -259,9 +346,9 @@ func (w *windows) ended(seq uint64) {
 // knock).
 func (w *windows) dispatched(now time.Time) {
 	if !w.closed {
-		w.used++
-		if w.opened.IsZero() {
-			w.opened = now
+		w.cur.used++
+		if w.cur.opened.IsZero() {
+			w.cur.opened = now
 		}
 	}
 }
@@ -270,34 +357,23 @@ func (w *windows) dispatched(now time.Time) {
 // (Memory.Refund), when the running window counted it: one opened after
 // it did not. (A closed window's count starts again when it opens.)
 func (w *windows) undispatched(at time.Time) {
-	if w.used > 0 && !at.Before(w.opened) {
-		w.used--
+	if w.cur.used > 0 && !at.Before(w.cur.opened) {
+		w.cur.used--
 	}
 }
-
-// pacing reports whether the shape holds the group's pace: a known
-// window's allowance goes from its start, not at a pace learned from
-// refusals.
-func (w *windows) pacing() bool { return w.known }
 
 // accepted learns from an admitted answer to t. It returns how far apart
 // the knocks went that ended a closure teaching no window (0: none).
 func (w *windows) accepted(t *Ticket, now time.Time) time.Duration {
 	d := t.Dispatched
-	if d.After(w.lastAdmit) {
-		w.lastAdmit = d
-	}
-	if !w.runFrom.IsZero() && !d.Before(w.runFrom) {
-		w.runFrom, w.run = time.Time{}, 0
-		w.stray = true
+	if w.admit(d) {
+		w.cur.stray = true
 	}
 	if w.closed && w.stated && !w.confirmed && !d.Before(w.knockAt) && d.Before(w.lo) {
 		// The test (or, with replicas, another request sent as late) went
 		// through before the earliest the hint's instant can be: the hint
 		// named no boundary.
-		w.knock = 0
-		w.moving = now.Add(hintTrust)
-		w.closed = false
+		w.distrust(now)
 		return 0
 	}
 	var paid time.Duration
@@ -306,14 +382,14 @@ func (w *windows) accepted(t *Ticket, now time.Time) time.Duration {
 		paid = w.reopen(d, 1)
 	}
 	switch {
-	case !d.Before(w.start):
-		w.admitted++
-	case !d.Before(w.prevStart):
-		w.prevAdmitted++ // an answer to the window that ended, come late
-		if w.counted && w.prevAdmitted > w.allowance {
+	case !d.Before(w.cur.start):
+		w.cur.admitted++
+	case !d.Before(w.prev.start):
+		w.prev.admitted++ // an answer to the window that ended, come late
+		if w.counted && w.prev.admitted > w.allowance {
 			// The reopen took what that window admitted as the
 			// allowance before this answer came: it is one more.
-			w.allowance = w.prevAdmitted
+			w.allowance = w.prev.admitted
 		}
 	}
 	return paid
@@ -330,11 +406,11 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 	if w.closed {
 		return w.refusedClosed(t, hint, hasHint, long, now)
 	}
-	if d.Before(w.start) {
+	if d.Before(w.cur.start) {
 		return true // sent in a window that ended: nothing new
 	}
 	if w.lastAdmit.IsZero() {
-		w.opened = time.Time{} // an outage or a closed door, not a window: the one that admits opens later
+		w.cur.opened = time.Time{} // an outage or a closed door, not a window: the one that admits opens later
 		return false
 	}
 	switch {
@@ -364,14 +440,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		w.next(now)
 		return true
 	}
-	if w.runFrom.IsZero() || w.runFrom.Before(w.lastAdmit) {
-		w.runFrom, w.run = d, 0
-	}
-	if d.Before(w.runFrom) {
-		w.runFrom = d
-	}
-	w.run++
-	if w.run < minRun || d.Sub(w.runFrom) < minClosure {
+	if !w.silent(d) {
 		return false
 	}
 	w.close(w.runFrom, false)
@@ -401,9 +470,7 @@ func (w *windows) refusedClosed(t *Ticket, hint time.Duration, hasHint, long boo
 		if !hasHint || !w.agrees(now.Add(hint), grainOf(hint)) {
 			// Refused at another instant: the hints move with the
 			// clock.
-			w.knock = 0
-			w.moving = now.Add(hintTrust)
-			w.closed = false
+			w.distrust(now)
 			return false
 		}
 		w.confirmed = true
@@ -464,44 +531,21 @@ func (w *windows) close(since time.Time, stated bool) {
 	w.since, w.knock, w.lastKnock = since, 0, time.Time{}
 	w.lo, w.hi = time.Time{}, time.Time{}
 	w.runFrom, w.run = time.Time{}, 0
-	// The running window ended: its figures go on counting late answers
-	// until it opens again (see reopen).
-	w.prevStart, w.prevOpened, w.prevAdmitted, w.prevGuessed, w.prevNamed = w.start, w.opened, w.admitted, w.guessed, w.named
-	w.prevStray, w.stray = w.stray, false
 	w.lastExtra, w.counted = w.extra(), false
 	w.full++
-	// Until it opens again, whatever was sent up to the closure's start
-	// (at that instant too) belongs to the window that ended.
-	w.start, w.opened, w.used, w.admitted, w.guessed = since.Add(1), time.Time{}, 0, 0, false
-}
-
-// state narrows the stated boundary with a hint naming r, to grain.
-func (w *windows) state(r time.Time, grain time.Duration) {
-	lo := r.Add(-grain)
-	if w.hi.IsZero() || r.Before(w.hi) {
-		w.hi = r
-	}
-	if lo.After(w.lo) {
-		w.lo = lo
-	}
-	if !w.lo.Before(w.hi) {
-		w.lo = w.hi.Add(-time.Millisecond) // hints that disagree: the latest word
-	}
-}
-
-// agrees reports whether a hint naming r, to grain, points at the boundary
-// the closure's hints named.
-func (w *windows) agrees(r time.Time, grain time.Duration) bool {
-	return r.After(w.lo.Add(-grain)) && !r.After(w.hi.Add(grain))
+	// The running window ended: its figures go on counting late answers
+	// until it opens again (see reopen), and whatever was sent up to the
+	// closure's start (at that instant too) belongs to it.
+	w.prev, w.cur = w.cur, window{start: since.Add(1)}
 }
 
 // predict sets where a silent closure's boundary should lie: its window's
 // length after the window's first request, when the length is known.
 func (w *windows) predict(now time.Time) {
-	if w.lengthHi <= 0 || w.prevOpened.IsZero() {
+	if w.lengthHi <= 0 || w.prev.opened.IsZero() {
 		return
 	}
-	w.lo, w.hi = w.prevOpened.Add(w.lengthLo), w.prevOpened.Add(w.lengthHi)
+	w.lo, w.hi = w.prev.opened.Add(w.lengthLo), w.prev.opened.Add(w.lengthHi)
 	if !w.hi.After(now) {
 		w.lo, w.hi = time.Time{}, time.Time{} // it should be open already
 	}
@@ -537,17 +581,17 @@ func (w *windows) length() time.Duration {
 	if w.known && w.lengthHi > 0 {
 		return w.lengthLo
 	}
-	if w.prevOpened.IsZero() || w.lo.IsZero() {
+	if w.prev.opened.IsZero() || w.lo.IsZero() {
 		return 0
 	}
-	return max(0, w.lo.Sub(w.prevOpened))
+	return max(0, w.lo.Sub(w.prev.opened))
 }
 
 // reopen ends the closure: the window is open again from at, with used
 // sent in it already (the knock that found it open), and the closure's span
 // teaches the window's length.
 func (w *windows) reopen(at time.Time, used int) time.Duration {
-	if !w.known && !w.stated && (w.prevStray || w.prevAdmitted <= 1) {
+	if !w.known && !w.stated && (w.prev.stray || w.prev.admitted <= 1) {
 		// Silent refusals after a window that admitted between its
 		// refusals (a pace over-sent) or one request alone (a debt paid a
 		// request at a time): no allowance spent. The closure ends, and
@@ -557,33 +601,33 @@ func (w *windows) reopen(at time.Time, used int) time.Duration {
 		w.known = false
 		return gap
 	}
-	if w.prevGuessed && w.prevAdmitted*2 < w.allowance {
+	if w.prev.guessed && w.prev.admitted*2 < w.allowance {
 		// The window that ended opened on a knock and was refused before
 		// it admitted half its allowance: the knock went before the
 		// boundary, on what an allowance learned short had left. What
 		// that window admitted belonged to the one before.
-		w.allowance += w.prevAdmitted
+		w.allowance += w.prev.admitted
 		w.lastExtra, w.counted = 0, false
 		w.open(at, used)
 		return 0
 	}
 	odd := false
-	if !w.prevOpened.IsZero() {
+	if !w.prev.opened.IsZero() {
 		// The boundary lies after the last refused knock (or the known
 		// lo) and at or before at; the window that ended began at the
 		// boundary before (a reopen), whose first request may have gone
 		// later (a loaded machine; a window aligned to the clock began
 		// at the boundary all the same), or at its first request (the
 		// group's first window, or a roll).
-		from := w.prevOpened
-		if !w.prevStart.IsZero() {
-			from = w.prevStart
+		from := w.prev.opened
+		if !w.prev.start.IsZero() {
+			from = w.prev.start
 		}
 		lo := w.lastKnock
 		if w.lo.After(lo) {
 			lo = w.lo
 		}
-		odd = !w.readLength(max(lo.Sub(from), 0), at.Sub(from), w.prevStart.IsZero(), w.prevAdmitted > 0)
+		odd = !w.readLength(max(lo.Sub(from), 0), at.Sub(from), w.prev.start.IsZero(), w.prev.admitted > 0, w.prev.named)
 	}
 	if !w.known {
 		w.hinted = w.stated // how the shape was learned, for the view
@@ -598,58 +642,24 @@ func (w *windows) reopen(at time.Time, used int) time.Duration {
 	// the allowance.
 	if w.lastExtra > 0 {
 		w.climb++
-		if w.prevAdmitted < w.allowance+w.lastExtra {
+		if w.prev.admitted < w.allowance+w.lastExtra {
 			w.climb = 0 // the probe met the allowance's end
 		}
 		w.lastExtra = 0
 	}
-	w.allowance = max(w.prevAdmitted, 1)
+	w.allowance = max(w.prev.admitted, 1)
 	return 0
 }
 
 // open starts the window at at, with used sent in it already (the knock
 // that found it open, which a hint may have named the boundary for).
 func (w *windows) open(at time.Time, used int) {
-	w.guessed = used > 0 && !(w.stated && w.confirmed)
-	w.named = w.stated && w.confirmed
-	w.closed, w.known = false, true
-	w.knock, w.stray = 0, false
-	w.start, w.opened, w.used, w.admitted = at, time.Time{}, used, 0
+	w.cur = window{start: at, used: used, named: w.stated && w.confirmed}
+	w.cur.guessed = used > 0 && !(w.stated && w.confirmed)
 	if used > 0 {
-		w.opened = at // the knock that found it open
+		w.cur.opened = at // the knock that found it open
 	}
-}
-
-// readLength learns from one reading of the window's length, (low, hi],
-// and reports whether it counts: a reading that overlaps the known length
-// narrows it to where both agree; the first reading, one of a window that
-// admitted a request (admitted) and follows only the first (first: the
-// reading of the group's first window, which began wherever its first
-// request fell, anywhere in a window aligned to the clock), one shorter
-// of a window that admitted and began at a named boundary (from one to a
-// later one lie whole windows the group may not have filled), one off the
-// known length by less than a lengthSlack-th of it (dispatches go a few
-// milliseconds late), and the second of two in a row off it that agree
-// with each other (the upstream's window changed) replace it. A single
-// reading further off is held: a window refused before it admitted
-// anything may be a closure read as over a moment early.
-func (w *windows) readLength(low, hi time.Duration, first, admitted bool) bool {
-	near := func(lo2, hi2 time.Duration) bool {
-		slack := hi2 / lengthSlack
-		return hi2 > 0 && hi > lo2-slack && low < hi2+slack
-	}
-	overlaps := w.lengthHi > 0 && hi > w.lengthLo && low < w.lengthHi
-	if overlaps {
-		w.lengthLo, w.lengthHi = max(w.lengthLo, low), min(w.lengthHi, hi)
-	} else if w.lengthHi <= 0 || w.lengthFirst && admitted || admitted && w.prevNamed && hi < w.lengthLo-w.lengthLo/lengthSlack || near(w.lengthLo, w.lengthHi) || near(w.oddLo, w.oddHi) {
-		w.lengthLo, w.lengthHi = low, hi
-	} else {
-		w.oddLo, w.oddHi = low, hi
-		return false
-	}
-	w.lengthFirst = first
-	w.oddLo, w.oddHi = 0, 0
-	return true
+	w.closed, w.known, w.knock = false, true, 0
 }
 
 // view is what the windows show; nil while nothing was learned.
@@ -659,13 +669,10 @@ func (w *windows) view() *windowView {
 	}
 	v := &windowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.hinted, Closed: w.closed}
 	if !w.known {
-		v.Stated = w.stated
+		v.Allowance, v.Length, v.Stated = 0, 0, w.stated
 	}
 	if w.closed && w.stated && w.confirmed {
 		v.ClosedUntil = w.hi
-	}
-	if !w.known {
-		v.Allowance, v.Length = 0, 0
 	}
 	return v
 }

@@ -12,7 +12,7 @@ import (
 // once spent holds the group however long ago it was sent, instead of a
 // new window being counted at once.
 func TestAWindowOfUnknownLengthIsNotRolledOver(t *testing.T) {
-	w := windows{known: true, allowance: 2}
+	w := windows{shape: shape{known: true, allowance: 2}}
 	for i := range 2 {
 		now := t0.Add(time.Duration(i) * time.Second)
 		if _, _, ok := w.gate(now, true); !ok {
@@ -21,7 +21,7 @@ func TestAWindowOfUnknownLengthIsNotRolledOver(t *testing.T) {
 		w.dispatched(now)
 	}
 	if _, _, ok := w.gate(t0.Add(time.Hour), true); ok || !w.closed {
-		t.Fatalf("a spent window of unknown length let a request go an hour on: ok %v, closed %v, used %d", ok, w.closed, w.used)
+		t.Fatalf("a spent window of unknown length let a request go an hour on: ok %v, closed %v, used %d", ok, w.closed, w.cur.used)
 	}
 }
 
@@ -102,7 +102,7 @@ func TestAHintWorthMaxHintAdmitsIsABoundary(t *testing.T) {
 // row exactly one sends one more than the allowance, to find an allowance
 // that grew.
 func TestEveryClosureCountsTowardTheAllowanceProbe(t *testing.T) {
-	r := &winRig{t: t, w: windows{known: true, allowance: 10, lengthLo: 900 * time.Millisecond, lengthHi: time.Second}}
+	r := &winRig{t: t, w: windows{shape: shape{known: true, allowance: 10, lengthLo: 900 * time.Millisecond, lengthHi: time.Second}}}
 	now := t0
 	probes := 0
 	for i := range probeWindows {
@@ -169,7 +169,7 @@ func TestWholeSecondHintsKnockWithinTheSecondBeforeTheNamedInstant(t *testing.T)
 // open.
 func TestKnocksStepThroughTheIntervalBeforeItsEnd(t *testing.T) {
 	lo, hi := t0, t0.Add(time.Second)
-	w := windows{closed: true, stated: true, confirmed: true, lo: lo, hi: hi}
+	w := windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: hi}}
 	w.next(t0)
 	if !w.knockAt.After(lo) || w.knockAt.After(lo.Add(hi.Sub(lo)/knockSteps)) {
 		t.Fatalf("knock at %v, want in (%v, %v]", w.knockAt, lo, lo.Add(hi.Sub(lo)/knockSteps))
@@ -202,8 +202,7 @@ func TestATestNamingAnInstantInsideTheIntervalAgrees(t *testing.T) {
 // knock that found a new reading (low, hi]: the last refused knock went
 // low after the window's first request, the admitted one hi after it.
 func reading(lengthLo, lengthHi, low, hi time.Duration) windows {
-	w := windows{closed: true, known: true, allowance: 5, lengthLo: lengthLo, lengthHi: lengthHi,
-		prevStart: t0, prevOpened: t0, prevAdmitted: 5, lastKnock: t0.Add(low)}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(low)}, prev: window{start: t0, opened: t0, admitted: 5}, shape: shape{known: true, allowance: 5, lengthLo: lengthLo, lengthHi: lengthHi}}
 	w.reopen(t0.Add(hi), 1)
 	return w
 }
@@ -221,9 +220,9 @@ func TestOverlappingLengthReadingsNarrowTheLength(t *testing.T) {
 // again reopens w, reopened a moment ago at t0+past, once more by a knock
 // that finds a new reading (low, hi] of a window that admitted admitted.
 func again(w windows, past, low, hi time.Duration, admitted int) windows {
-	w.closed, w.prevStart, w.prevOpened, w.prevAdmitted = true, t0.Add(past), t0.Add(past), admitted
-	w.lastKnock = w.prevOpened.Add(low)
-	w.reopen(w.prevOpened.Add(hi), 1)
+	w.closed, w.prev.start, w.prev.opened, w.prev.admitted = true, t0.Add(past), t0.Add(past), admitted
+	w.lastKnock = w.prev.opened.Add(low)
+	w.reopen(w.prev.opened.Add(hi), 1)
 	return w
 }
 
@@ -233,14 +232,13 @@ func again(w windows, past, low, hi time.Duration, admitted int) windows {
 // the allowance, whose window it was.
 func TestAReadingAtOddsWithTheKnownLengthIsHeld(t *testing.T) {
 	for _, r := range [][2]time.Duration{{6 * time.Second, 7 * time.Second}, {12 * time.Second, 13 * time.Second}} {
-		w := windows{closed: true, known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second,
-			prevStart: t0, prevOpened: t0, prevAdmitted: 2, lastKnock: t0.Add(r[0])}
+		w := windows{closure: closure{closed: true, lastKnock: t0.Add(r[0])}, prev: window{start: t0, opened: t0, admitted: 2}, shape: shape{known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 		w.reopen(t0.Add(r[1]), 1)
 		if w.lengthLo != 9*time.Second || w.lengthHi != 10*time.Second || w.allowance != 5 {
 			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want (9s, 10s] and 5 held", r, w.lengthLo, w.lengthHi, w.allowance)
 		}
-		if w.closed || w.used != 1 || !w.opened.Equal(t0.Add(r[1])) {
-			t.Fatalf("after the reading %v the window is not open from the knock: closed %v, used %d, opened %v", r, w.closed, w.used, w.opened)
+		if w.closed || w.cur.used != 1 || !w.cur.opened.Equal(t0.Add(r[1])) {
+			t.Fatalf("after the reading %v the window is not open from the knock: closed %v, used %d, opened %v", r, w.closed, w.cur.used, w.cur.opened)
 		}
 	}
 }
@@ -252,8 +250,7 @@ func TestAReadingAtOddsWithTheKnownLengthIsHeld(t *testing.T) {
 // and the allowance is what the window admitted.
 func TestAReadingALittleOffTheKnownLengthReplacesIt(t *testing.T) {
 	for _, r := range [][2]time.Duration{{8 * time.Second, 9 * time.Second}, {10 * time.Second, 11 * time.Second}} {
-		w := windows{closed: true, known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second,
-			prevStart: t0, prevOpened: t0, prevAdmitted: 6, lastKnock: t0.Add(r[0])}
+		w := windows{closure: closure{closed: true, lastKnock: t0.Add(r[0])}, prev: window{start: t0, opened: t0, admitted: 6}, shape: shape{known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 		w.reopen(t0.Add(r[1]), 1)
 		if w.lengthLo != r[0] || w.lengthHi != r[1] || w.allowance != 6 {
 			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want the reading and 6", r, w.lengthLo, w.lengthHi, w.allowance)
@@ -295,9 +292,7 @@ func TestAReadingThatAgreesWithTheKnownLengthDropsTheOneHeld(t *testing.T) {
 // the rest of the allowance was sent.
 func TestAWindowReopenedByAKnockCountsFromTheKnock(t *testing.T) {
 	knockAt := t0.Add(10 * time.Second)
-	r := &winRig{t: t, w: windows{closed: true, known: true, allowance: 2, prevAdmitted: 2,
-		lengthLo: 9 * time.Second, lengthHi: 10 * time.Second, prevOpened: t0, lastKnock: t0.Add(9500 * time.Millisecond),
-		since: t0.Add(9 * time.Second), knockAt: knockAt}}
+	r := &winRig{t: t, w: windows{closure: closure{closed: true, lastKnock: t0.Add(9500 * time.Millisecond), since: t0.Add(9 * time.Second), knockAt: knockAt}, prev: window{admitted: 2, opened: t0}, shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
 	k := r.send(knockAt)
 	if k == nil {
 		t.Fatal("no knock")
@@ -323,8 +318,7 @@ func TestAWindowReopenedByAKnockCountsFromTheKnock(t *testing.T) {
 // after the boundary.
 func TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest(t *testing.T) {
 	b := t0.Add(10 * time.Second)
-	r := &winRig{t: t, w: windows{closed: true, stated: true, confirmed: true, known: true, allowance: 2, prevAdmitted: 2,
-		lengthLo: 9 * time.Second, lengthHi: 10 * time.Second, prevOpened: t0, lo: b.Add(-time.Second), hi: b, since: t0.Add(9 * time.Second)}}
+	r := &winRig{t: t, w: windows{closure: closure{closed: true, stated: true, confirmed: true, lo: b.Add(-time.Second), hi: b, since: t0.Add(9 * time.Second)}, prev: window{admitted: 2, opened: t0}, shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
 	if _, _, ok := r.w.gate(b, true); !ok || r.w.closed {
 		t.Fatal("the stated boundary did not reopen the window")
 	}
@@ -399,9 +393,9 @@ func TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary(t *testi
 		if inFlight {
 			wantStart, wantUsed = knockAt, 1
 		}
-		if !r.w.start.Equal(wantStart) || r.w.used != wantUsed {
+		if !r.w.cur.start.Equal(wantStart) || r.w.cur.used != wantUsed {
 			t.Fatalf("in flight %v: the window opened at %v with %d sent, want %v with %d",
-				inFlight, r.w.start.Sub(t0), r.w.used, wantStart.Sub(t0), wantUsed)
+				inFlight, r.w.cur.start.Sub(t0), r.w.cur.used, wantStart.Sub(t0), wantUsed)
 		}
 	}
 }
@@ -457,8 +451,7 @@ func TestRequestsStillOutCountAsTakenWhenAHintIsJudged(t *testing.T) {
 // window in probeWindows, as before (here the fifth).
 func TestAnAllowanceLearnedLowIsFoundInAFewWindows(t *testing.T) {
 	const real = 20
-	r := &winRig{t: t, w: windows{known: true, allowance: 10, lengthLo: 900 * time.Millisecond, lengthHi: time.Second,
-		full: probeWindows - 1}}
+	r := &winRig{t: t, w: windows{shape: shape{known: true, allowance: 10, lengthLo: 900 * time.Millisecond, lengthHi: time.Second, full: probeWindows - 1}}}
 	now := t0
 	var sentBy []int
 	for range 8 {
@@ -479,7 +472,7 @@ func TestAnAllowanceLearnedLowIsFoundInAFewWindows(t *testing.T) {
 // time.
 func (r *winRig) spend(now time.Time, admits int) (int, time.Time) {
 	r.t.Helper()
-	sent := r.w.used // the knock that reopened it went in it
+	sent := r.w.cur.used // the knock that reopened it went in it
 	for tk := r.send(now); tk != nil; tk = r.send(now) {
 		sent++
 		if sent <= admits {
@@ -507,7 +500,7 @@ func (r *winRig) spend(now time.Time, admits int) (int, time.Time) {
 // they went in, whose allowance the knock that reopens the window takes:
 // 3 again, so two more go after the knock, not none.
 func TestLateAnswersCountTowardTheWindowThatEnded(t *testing.T) {
-	r := &winRig{t: t, w: windows{known: true, allowance: 3, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
+	r := &winRig{t: t, w: windows{shape: shape{known: true, allowance: 3, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
 	var out []*Ticket
 	for range 3 {
 		out = append(out, r.send(t0))
@@ -540,8 +533,7 @@ func TestLateAnswersCountTowardTheWindowThatEnded(t *testing.T) {
 // boundary (a reopen) whose first request went 600 ms late (a loaded
 // machine) reads its length from the boundary, 1 s, not from the request.
 func TestALateFirstRequestDoesNotShortenTheLength(t *testing.T) {
-	w := windows{closed: true, known: true, allowance: 5, prevStart: t0, prevOpened: t0.Add(600 * time.Millisecond),
-		prevAdmitted: 5, lastKnock: t0.Add(990 * time.Millisecond)}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(990 * time.Millisecond)}, prev: window{start: t0, opened: t0.Add(600 * time.Millisecond), admitted: 5}, shape: shape{known: true, allowance: 5}}
 	w.reopen(t0.Add(time.Second), 1)
 	if w.lengthLo != 990*time.Millisecond || w.lengthHi != time.Second {
 		t.Fatalf("length (%v, %v], want (990ms, 1s] from the boundary that opened the window", w.lengthLo, w.lengthHi)
@@ -553,7 +545,7 @@ func TestALateFirstRequestDoesNotShortenTheLength(t *testing.T) {
 // 1 s window aligned to the clock): the next window's reading, far off
 // it, replaces it rather than being held.
 func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
-	w := windows{closed: true, allowance: 5, prevOpened: t0, prevAdmitted: 19, lastKnock: t0.Add(780 * time.Millisecond)}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(780 * time.Millisecond)}, prev: window{opened: t0, admitted: 19}, shape: shape{allowance: 5}}
 	w.reopen(t0.Add(784*time.Millisecond), 1)
 	if w.lengthHi != 784*time.Millisecond || !w.lengthFirst {
 		t.Fatalf("rig: length (%v, %v], first %v", w.lengthLo, w.lengthHi, w.lengthFirst)
@@ -573,7 +565,7 @@ func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
 // 20 in (999 ms, 1 s] (the first window had spanned boundaries) replaces
 // it.
 func TestARefusedEmptyWindowDoesNotReplaceTheFirstLength(t *testing.T) {
-	w := windows{closed: true, prevOpened: t0, prevAdmitted: 180, lastKnock: t0.Add(9998 * time.Millisecond)}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(9998 * time.Millisecond)}, prev: window{opened: t0, admitted: 180}}
 	w.reopen(t0.Add(9999*time.Millisecond), 0)
 	if w.lengthLo != 9998*time.Millisecond || !w.lengthFirst || w.allowance != 180 {
 		t.Fatalf("rig: length (%v, %v], first %v, allowance %d", w.lengthLo, w.lengthHi, w.lengthFirst, w.allowance)
@@ -597,8 +589,7 @@ func TestARefusedEmptyWindowDoesNotReplaceTheFirstLength(t *testing.T) {
 // boundary the hints name reopens the group, the allowance is 20 and the
 // length is not read from the false start.
 func TestAKnockLetThroughByAShortAllowanceIsNoBoundary(t *testing.T) {
-	r := &winRig{t: t, w: windows{known: true, allowance: 19, lengthLo: 783 * time.Millisecond, lengthHi: 784 * time.Millisecond,
-		start: t0, prevStart: t0.Add(-time.Second), prevOpened: t0.Add(-time.Second)}}
+	r := &winRig{t: t, w: windows{cur: window{start: t0}, prev: window{start: t0.Add(-time.Second), opened: t0.Add(-time.Second)}, shape: shape{known: true, allowance: 19, lengthLo: 783 * time.Millisecond, lengthHi: 784 * time.Millisecond}}}
 	end := r.burst(t0, 19)
 	if r.send(end) != nil || !r.w.closed {
 		t.Fatal("rig: the group did not close on its allowance")
@@ -609,8 +600,8 @@ func TestAKnockLetThroughByAShortAllowanceIsNoBoundary(t *testing.T) {
 		t.Fatalf("rig: no knock before the real boundary (at %v)", at.Sub(t0))
 	}
 	r.w.accepted(k, at)
-	if r.w.closed || !r.w.guessed {
-		t.Fatalf("rig: the admitted knock did not open a window (closed %v, guessed %v)", r.w.closed, r.w.guessed)
+	if r.w.closed || !r.w.cur.guessed {
+		t.Fatalf("rig: the admitted knock did not open a window (closed %v, guessed %v)", r.w.closed, r.w.cur.guessed)
 	}
 	// The next request is refused, naming the real boundary.
 	over := r.send(at.Add(time.Millisecond))
@@ -643,8 +634,8 @@ func TestAReadingAnEighthOffIsHeld(t *testing.T) {
 		{11250 * ms, 12 * time.Second, true},
 		{11249 * ms, 12 * time.Second, false},
 	} {
-		w := windows{lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
-		counted := w.readLength(c.low, c.hi, false, true)
+		w := shape{lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+		counted := w.readLength(c.low, c.hi, false, true, false)
 		if counted == c.held || c.held != (w.lengthHi == 10*time.Second) {
 			t.Errorf("reading (%v, %v]: counted %v, length now (%v, %v]; want held %v", c.low, c.hi, counted, w.lengthLo, w.lengthHi, c.held)
 		}
@@ -656,8 +647,7 @@ func TestAReadingAnEighthOffIsHeld(t *testing.T) {
 // read as a window (its allowance and length), not as a knock let through
 // early.
 func TestAKnockWindowThatAdmittedHalfItsAllowanceWasAWindow(t *testing.T) {
-	w := windows{closed: true, known: true, allowance: 20, lengthLo: 990 * time.Millisecond, lengthHi: time.Second,
-		prevStart: t0, prevOpened: t0, prevAdmitted: 10, prevGuessed: true, lastKnock: t0.Add(995 * time.Millisecond)}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(995 * time.Millisecond)}, prev: window{start: t0, opened: t0, admitted: 10, guessed: true}, shape: shape{known: true, allowance: 20, lengthLo: 990 * time.Millisecond, lengthHi: time.Second}}
 	w.reopen(t0.Add(time.Second), 1)
 	if w.allowance != 10 || w.lengthLo != 995*time.Millisecond {
 		t.Fatalf("allowance %d, length (%v, %v]; want 10 and (995ms, 1s] read from the window", w.allowance, w.lengthLo, w.lengthHi)
@@ -671,7 +661,7 @@ func TestAKnockWindowThatAdmittedHalfItsAllowanceWasAWindow(t *testing.T) {
 // sends 20, so the knock at the boundary after it is not the 20th of a
 // window still open.
 func TestAnswersAfterTheReopenStillAddToTheAllowance(t *testing.T) {
-	r := &winRig{t: t, w: windows{known: true, allowance: 20, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
+	r := &winRig{t: t, w: windows{shape: shape{known: true, allowance: 20, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}}
 	var late []*Ticket
 	for i := range 20 {
 		tk := r.send(at(time.Duration(i) * 40 * time.Millisecond))
@@ -716,8 +706,7 @@ func TestAnswersAfterTheReopenStillAddToTheAllowance(t *testing.T) {
 // and so is any hint while hints are known to move with the clock.
 func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
 	known := func() *winRig {
-		return &winRig{t: t, w: windows{known: true, allowance: 34, lengthLo: 1449 * time.Millisecond,
-			lengthHi: 1450 * time.Millisecond, lastAdmit: t0}}
+		return &winRig{t: t, w: windows{suspicion: suspicion{lastAdmit: t0}, shape: shape{known: true, allowance: 34, lengthLo: 1449 * time.Millisecond, lengthHi: 1450 * time.Millisecond}}}
 	}
 	for _, hint := range []time.Duration{800 * time.Millisecond, time.Second} {
 		r := known()
@@ -733,7 +722,7 @@ func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
 			t.Fatalf("a %v hint: sent on in a window refused", hint)
 		}
 	}
-	u := &winRig{t: t, w: windows{lastAdmit: t0}}
+	u := &winRig{t: t, w: windows{suspicion: suspicion{lastAdmit: t0}}}
 	now := u.burst(t0, 20)
 	if u.refuse(u.send(now), 40*time.Millisecond, now) || u.w.closed {
 		t.Fatal("a 40 ms hint closed a group whose shape is not known")
@@ -757,8 +746,7 @@ func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
 			w.accepted(&Ticket{Seq: uint64(100 + i), Dispatched: sent}, sent.Add(time.Second))
 		}
 	}
-	w := windows{known: true, allowance: 5, counted: true, start: at(time.Second), prevStart: t0,
-		lengthLo: 999 * time.Millisecond, lengthHi: time.Second}
+	w := windows{cur: window{start: at(time.Second)}, prev: window{start: t0}, shape: shape{known: true, allowance: 5, counted: true, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
 	late(&w, at(500*time.Millisecond), 6)
 	if w.allowance != 6 {
 		t.Fatalf("allowance %d after 6 answers to the reopened window, want 6", w.allowance)
@@ -768,8 +756,7 @@ func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
 	if w.allowance != 6 {
 		t.Fatalf("allowance %d after answers to a window a new closure ended, want 6 until it reopens", w.allowance)
 	}
-	r := windows{known: true, allowance: 5, counted: true, start: t0, opened: t0,
-		lengthLo: 999 * time.Millisecond, lengthHi: time.Second}
+	r := windows{cur: window{start: t0, opened: t0}, shape: shape{known: true, allowance: 5, counted: true, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
 	r.roll(at(1100 * time.Millisecond))
 	late(&r, at(500*time.Millisecond), 8)
 	if r.allowance != 5 {
@@ -787,33 +774,32 @@ func TestANarrowIntervalIsKnockedAtItsEnd(t *testing.T) {
 	opened := t0
 	lo := t0.Add(9 * time.Second)
 	narrow := lo.Add(time.Duration(lateShare * float64(9*time.Second)))
-	w := windows{closed: true, stated: true, confirmed: true, prevOpened: opened, lo: lo, hi: narrow}
+	w := windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}, prev: window{opened: opened}}
 	w.next(lo)
 	if !w.knockAt.Equal(narrow) {
 		t.Fatalf("interval %v wide after a window of at least 9 s: knock at %v, want its end %v", narrow.Sub(lo), w.knockAt.Sub(lo), narrow.Sub(lo))
 	}
 	wide := narrow.Add(10 * time.Millisecond)
-	w = windows{closed: true, stated: true, confirmed: true, prevOpened: opened, lo: lo, hi: wide}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: wide}, prev: window{opened: opened}}
 	w.next(lo)
 	if want := lo.Add(wide.Sub(lo) / knockSteps); !w.knockAt.Equal(want) {
 		t.Fatalf("interval %v wide: knock at %v, want %v", wide.Sub(lo), w.knockAt.Sub(lo), want.Sub(lo))
 	}
 	// A known length counts, not the time since the window's first
 	// request.
-	w = windows{closed: true, stated: true, confirmed: true, known: true, lengthLo: 20 * time.Second, lengthHi: 21 * time.Second,
-		prevOpened: opened, lo: lo, hi: wide}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: wide}, prev: window{opened: opened}, shape: shape{known: true, lengthLo: 20 * time.Second, lengthHi: 21 * time.Second}}
 	w.next(lo)
 	if !w.knockAt.Equal(wide) {
 		t.Fatalf("interval %v wide in a window known to last 20 s: knock at %v, want its end", wide.Sub(lo), w.knockAt.Sub(lo))
 	}
 	// Known, but with no length read yet: the window that ended counts.
-	w = windows{closed: true, stated: true, confirmed: true, known: true, prevOpened: opened, lo: lo, hi: narrow}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}, prev: window{opened: opened}, shape: shape{known: true}}
 	w.next(lo)
 	if !w.knockAt.Equal(narrow) {
 		t.Fatal("a shape known with no length read: the window that ended did not count")
 	}
 	// Nothing known of the window: step through.
-	w = windows{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}}
 	w.next(lo)
 	if w.knockAt.Equal(narrow) {
 		t.Fatal("a window of unknown length: knocked at the interval's end")

@@ -125,7 +125,7 @@ func TestStatedWindow(t *testing.T) {
 	if knocks := r.knockThrough(now, boundary, true); r.w.closed || knocks > knockSteps+1 {
 		t.Fatalf("closed %v after %d knocks", r.w.closed, knocks)
 	}
-	if late := r.w.start.Sub(boundary); late < 0 || late > 250*time.Millisecond {
+	if late := r.w.cur.start.Sub(boundary); late < 0 || late > 250*time.Millisecond {
 		t.Fatalf("reopened %v after the boundary, want within 250ms", late)
 	}
 	// The group's first window began wherever its first request fell: the
@@ -136,14 +136,14 @@ func TestStatedWindow(t *testing.T) {
 	}
 	// The next window: its allowance goes at once, then the group closes
 	// without a refusal, and knocks find the boundary that ends it.
-	start := r.w.start
+	start := r.w.cur.start
 	end = r.burst(start, 199) // the knock that reopened it was the first
 	if r.send(end) != nil || !r.w.closed {
 		t.Fatal("a request past the allowance went")
 	}
 	boundary = boundary.Add(10 * time.Second)
 	r.knockThrough(end, boundary, true)
-	if late := r.w.start.Sub(boundary); late < 0 || late > time.Second {
+	if late := r.w.cur.start.Sub(boundary); late < 0 || late > time.Second {
 		t.Fatalf("the second window reopened %v after its boundary", late)
 	}
 	if r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || r.w.lengthFirst {
@@ -151,7 +151,7 @@ func TestStatedWindow(t *testing.T) {
 	}
 	// The third: the group closes when its allowance is spent, and knocks
 	// at the boundary the length predicts.
-	start = r.w.start
+	start = r.w.cur.start
 	end = r.burst(start, 199)
 	if r.send(end) != nil {
 		t.Fatal("a request past the allowance went")
@@ -238,7 +238,7 @@ func TestSilentWindow(t *testing.T) {
 		now = now.Add(200 * time.Millisecond)
 	}
 	knocks := r.knockThrough(now, boundary, false)
-	late := r.w.start.Sub(boundary)
+	late := r.w.cur.start.Sub(boundary)
 	if knocks > 30 || late < 0 || late > time.Second {
 		t.Fatalf("%d knocks, reopened %v after the boundary", knocks, late)
 	}
@@ -248,7 +248,7 @@ func TestSilentWindow(t *testing.T) {
 	}
 	// The second window: its refusals close it at once, and the knocks
 	// at the boundary the first window's length predicts find it.
-	start := r.w.start
+	start := r.w.cur.start
 	end = r.burst(start.Add(time.Millisecond), 199)
 	if over := r.send(end); over != nil && !r.refuse(over, 0, end) || !r.w.closed {
 		t.Fatal("a known window's allowance spent or refused did not close it at once")
@@ -260,7 +260,7 @@ func TestSilentWindow(t *testing.T) {
 	}
 	// The third: the first refusal closes it, predicting the boundary a
 	// length after the window's first request.
-	start = r.w.start
+	start = r.w.cur.start
 	end = r.burst(start.Add(time.Millisecond), 199)
 	over := r.send(end)
 	if over == nil {
@@ -291,14 +291,14 @@ func TestOutageIsNotAWindow(t *testing.T) {
 // TestProbingWindowSendsOneMore: one window in probeWindows sends one more
 // than the allowance, to find an allowance that grew.
 func TestProbingWindowSendsOneMore(t *testing.T) {
-	w := windows{known: true, allowance: 10, lengthHi: time.Second}
+	w := windows{shape: shape{known: true, allowance: 10, lengthHi: time.Second}}
 	for full := range probeWindows {
 		w.full = full
 		want := 10
 		if full == probeWindows-1 {
 			want = 11
 		}
-		w.used, w.closed = 0, false
+		w.cur.used, w.closed = 0, false
 		sent := 0
 		for {
 			if _, _, ok := w.gate(t0, true); !ok {
@@ -317,11 +317,11 @@ func TestProbingWindowSendsOneMore(t *testing.T) {
 // no window; once a window's length has passed the count starts again,
 // so the group is never closed for what earlier windows sent.
 func TestAWindowNotSpentRollsOver(t *testing.T) {
-	w := windows{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	w := windows{shape: shape{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 	for i := range 30 {
 		now := t0.Add(time.Duration(i) * 2 * time.Second) // 5 a window
 		if _, _, ok := w.gate(now, true); !ok {
-			t.Fatalf("request %d held at %v: %d used", i, now, w.used)
+			t.Fatalf("request %d held at %v: %d used", i, now, w.cur.used)
 		}
 		w.dispatched(now)
 	}
@@ -448,11 +448,11 @@ func TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow(t *testing.T) {
 // not close it; a dispatch of an earlier window takes nothing off the
 // running one.
 func TestARefundedDispatchLeavesTheWindowsAllowance(t *testing.T) {
-	w := windows{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	w := windows{shape: shape{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 	for i := range 30 {
 		now := t0.Add(time.Duration(i) * time.Millisecond)
 		if _, _, ok := w.gate(now, true); !ok {
-			t.Fatalf("refunded dispatch %d held: %d used", i, w.used)
+			t.Fatalf("refunded dispatch %d held: %d used", i, w.cur.used)
 		}
 		w.dispatched(now)
 		w.undispatched(now)
@@ -460,7 +460,7 @@ func TestARefundedDispatchLeavesTheWindowsAllowance(t *testing.T) {
 	for i := range 10 {
 		now := t0.Add(time.Duration(30+i) * time.Millisecond)
 		if _, _, ok := w.gate(now, true); !ok {
-			t.Fatalf("genuine dispatch %d held after the refunded ones: %d used", i, w.used)
+			t.Fatalf("genuine dispatch %d held after the refunded ones: %d used", i, w.cur.used)
 		}
 		w.dispatched(now)
 	}
@@ -468,23 +468,23 @@ func TestARefundedDispatchLeavesTheWindowsAllowance(t *testing.T) {
 		t.Fatal("the allowance spent, the window did not close")
 	}
 
-	w = windows{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	w = windows{shape: shape{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 	w.gate(t0, true)
 	w.dispatched(t0)
 	next := t0.Add(10 * time.Second)
 	w.gate(next, true) // the window rolls over
 	w.undispatched(t0)
-	if w.used != 0 {
-		t.Fatalf("a refund of the window before left %d used in a new one, want 0", w.used)
+	if w.cur.used != 0 {
+		t.Fatalf("a refund of the window before left %d used in a new one, want 0", w.cur.used)
 	}
 	w.dispatched(next)
 	w.undispatched(t0)
-	if w.used != 1 {
-		t.Fatalf("a refund of the window before left %d used, want the new one's 1", w.used)
+	if w.cur.used != 1 {
+		t.Fatalf("a refund of the window before left %d used, want the new one's 1", w.cur.used)
 	}
 	w.undispatched(next)
-	if w.used != 0 {
-		t.Fatalf("a refund of the window's own dispatch left %d used, want 0", w.used)
+	if w.cur.used != 0 {
+		t.Fatalf("a refund of the window's own dispatch left %d used, want 0", w.cur.used)
 	}
 }
 
@@ -492,7 +492,7 @@ func TestARefundedDispatchLeavesTheWindowsAllowance(t *testing.T) {
 // dispatch's place in a known window back, as it gives back its budgets.
 func TestARefundGivesBackAWindowsPlace(t *testing.T) {
 	m := NewMemory(Config{})
-	m.win = windows{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}
+	m.win = windows{shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 	for i := range 5 {
 		tk, _, ok := m.Admit(t0, 1, true)
 		if !ok {
