@@ -57,7 +57,7 @@ type learner struct {
 	cut         time.Time // when the estimate last changed on a refusal
 	// heldUntil is the end of the latest pause taken while the upstream
 	// admitted nothing lately: refusals sent before it start no
-	// measurement that ends after it, as the group sent nothing in
+	// measurement that ends after it, as the pool sent nothing in
 	// between for the upstream to admit.
 	heldUntil time.Time
 
@@ -82,7 +82,7 @@ type learner struct {
 type refusalMark struct {
 	seq uint64
 	at  time.Time // dispatched
-	// before is Ticket.Refusals: one more than the group's refusals
+	// before is Ticket.Refusals: one more than the pool's refusals
 	// learned before it went, all replicas together; 0 when not counted.
 	before uint64
 }
@@ -121,7 +121,7 @@ const (
 	concurrencyShare = 0.75
 	// minRepeated refusals at one level, where at most half as many were
 	// admitted, show a concurrency bound too: a rate refuses at whatever
-	// level the group is at, and a ramp passes each level in a few
+	// level the pool is at, and a ramp passes each level in a few
 	// requests. (The proxy counts an answer in flight a moment longer than
 	// the upstream, so some admissions show at levels above its limit.)
 	minRepeated = 3
@@ -157,7 +157,7 @@ const (
 	// liveFor: an upstream that admitted a request this recently is
 	// working, and its refusals are about capacity, not an outage.
 	liveFor = 5 * time.Second
-	// concurrencyLoose is how far above the admitted rate a group bound by
+	// concurrencyLoose is how far above the admitted rate a pool bound by
 	// concurrency paces: the concurrency limit holds it, not the pace.
 	concurrencyLoose = 1.5
 	// guessCruise is the cruise between probes while the rate is a guess
@@ -175,13 +175,12 @@ const (
 	// than this many requests a hint lately (a bucket's hint is at most
 	// one request's refill), and from this many on it names a window's
 	// end: a 100-150 ms wait while a 1 s window of 20 admitted 20 a
-	// second, read as a 7-10/s pace, cost a run 1.15-1.5×. A bucket
-	// right after a burst it held, while its admissions and the requests
-	// still out count double its rate, reads as a window too: the test
-	// request does not tell the two apart at millisecond hints, and the
-	// group paces by windows of what it admits, which holds such a
-	// bucket at its rate (the simulator's and loadbench's hint cells
-	// kept their figures).
+	// second, read as a 7-10/s pace, cost a run 1.15-1.5×. A bucket right
+	// after a burst it held, while its admissions and the requests still
+	// out count double its rate, reads as a window too: the test request
+	// does not tell the two apart at millisecond hints, and the pool paces
+	// by windows of what it admits, which holds such a bucket at its rate
+	// (the simulator's and loadbench's hint cells kept their figures).
 	maxHintAdmits = 2
 )
 
@@ -257,11 +256,10 @@ func (l *learner) concurrencyBound() bool { return l.named || l.atLevel > 0 }
 
 // classify reads the bound from the counts by level. A concurrency limit
 // refuses (nearly) every request at the levels above it and none below,
-// where it admits again and again; a rate limit refuses at whatever
-// level the group is at when its pace runs ahead, levels where it also
-// admits. It sets atLevel to the lowest level the upstream refuses at
-// when the counts show a concurrency limit, else 0, and reports whether
-// that changed.
+// where it admits again and again; a rate limit refuses at whatever level
+// the pool is at when its pace runs ahead, levels where it also admits. It
+// sets atLevel to the lowest level the upstream refuses at when the counts
+// show a concurrency limit, else 0, and reports whether that changed.
 func (l *learner) classify() bool {
 	was := l.atLevel
 	l.atLevel = 0
@@ -305,7 +303,7 @@ func (l *learner) reached(level int) bool {
 }
 
 // refused notes a refusal of the dispatch numbered seq at at, with the
-// group's refusals before it (see refusalMark.before), and measures the
+// pool's refusals before it (see refusalMark.before), and measures the
 // admitted rate over the latest refusals. It returns the rate, 0 when the
 // refusals do not span enough time yet.
 func (l *learner) refused(seq uint64, at time.Time, before uint64) float64 {
@@ -374,7 +372,7 @@ func (l *learner) sustains(secs float64) bool {
 	return true
 }
 
-// guess reports whether the estimate is only what the group was sending
+// guess reports whether the estimate is only what the pool was sending
 // when it was first refused, less the cuts of later refusals.
 func (l *learner) guess() bool { return !l.measured && l.from != rateHint }
 
@@ -384,7 +382,7 @@ func probeLength(r float64) time.Duration {
 	return max(probeSpan, time.Duration(probeRequests/((probeGain-1)*r)*float64(time.Second)))
 }
 
-// cruise is how long the group cruises between probes: guessCruise while
+// cruise is how long the pool cruises between probes: guessCruise while
 // the rate is not measured (a guess is probed often, so that refusals
 // measure it or clean probes raise it soon; so is a hint's, which may be
 // a window's boundary read as a pace); else cycleRequests at the
@@ -404,7 +402,7 @@ func (l *learner) cruise() time.Duration {
 
 // step moves the probe cycle on at now and reports whether the phase
 // changed. Probes run only while the pace is what holds requests back
-// (held), and never for a group bound by concurrency, whose limit probes
+// (held), and never for a pool bound by concurrency, whose limit probes
 // on its own.
 func (l *learner) step(now time.Time, held bool) bool {
 	if l.estimate <= 0 || l.concurrencyBound() {
@@ -453,10 +451,10 @@ func (l *learner) step(now time.Time, held bool) bool {
 	return true
 }
 
-// refusalEvidence is what the group knows, besides the learner's own
+// refusalEvidence is what the pool knows, besides the learner's own
 // counts, as it learns from a refusal (see refusedLive).
 type refusalEvidence struct {
-	// sending is the group's sending rate lately (requests a second),
+	// sending is the pool's sending rate lately (requests a second),
 	// over sent dispatches: every replica's, when a store kept elsewhere
 	// counts them.
 	sending float64
@@ -484,7 +482,7 @@ func (l *learner) accepted(t *Ticket, now time.Time) {
 }
 
 // acceptedElsewhere notes that the upstream accepted a request of the
-// group sent elsewhere, answered at at (zero: none).
+// pool sent elsewhere, answered at at (zero: none).
 func (l *learner) acceptedElsewhere(at time.Time) {
 	if at.After(l.lastAccepted) {
 		l.lastAccepted = at
@@ -529,7 +527,7 @@ func (l *learner) shareLevels(admitted, refused []float64) {
 	}
 }
 
-// fleetSaid learns what the store kept elsewhere says of the group (see
+// fleetSaid learns what the store kept elsewhere says of the pool (see
 // Fleet.Said): refusals, every replica's so far, and pace, the one
 // the replicas learned from refusals (0: none). Only a pace learned from
 // refusals (learning) moves. It reports whether the pace changed: a
@@ -563,8 +561,8 @@ func (l *learner) fleetSaid(pace float64, refusals uint64, learning bool, now ti
 
 // refusedDown learns from a refusal of t while the upstream admitted
 // nothing lately: an outage or a closed door, not a limit to measure. The
-// group pauses until pausedUntil (the report's pause, which such a
-// refusal always takes, see groupPause): refusals sent before it start no
+// pool pauses until pausedUntil (the report's pause, which such a
+// refusal always takes, see poolPause): refusals sent before it start no
 // measurement that ends after it. A short hint (hintPace, 0: none) still
 // says how fast to go once it opens, while no rate was measured; it
 // reports whether the estimate took it.

@@ -27,7 +27,7 @@ func TestAdmittedRateIsMeasuredBetweenRefusals(t *testing.T) {
 	}
 }
 
-// TestRefusalsElsewhereAreNotCountedAsAdmitted: with the group's refusals
+// TestRefusalsElsewhereAreNotCountedAsAdmitted: with the pool's refusals
 // counted (every replica's), the dispatches between two of this
 // replica's refusals less all the refusals among them are what was
 // admitted: 31 dispatches after dispatch 10 up to 41, 10 of them refused
@@ -282,7 +282,7 @@ func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
 	s.pace.setFromRefusals(1000, t0)
 	s.pace.requests.bucket.Set(s.pace.requests.bucket.At(), 10)
 	if _, _, ok := s.Admit(t0.Add(gap), 1, true); !ok {
-		t.Fatal("the spread held a group that has a learned pace")
+		t.Fatal("the spread held a pool that has a learned pace")
 	}
 }
 
@@ -482,7 +482,7 @@ func TestStepReturnsToCruiseWhenNothingIsLearned(t *testing.T) {
 	}
 	c := learner{estimate: 10, measured: true, atLevel: 9, phase: probeDown}
 	if !c.step(t0, true) || c.phase != cruise {
-		t.Fatal("a concurrency-bound group kept probing its pace")
+		t.Fatal("a concurrency-bound pool kept probing its pace")
 	}
 }
 
@@ -551,7 +551,7 @@ func TestReplySecsIsTheFirstAnswers(t *testing.T) {
 
 // TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw: refused at 9 in
 // flight with nothing through at 9, answers of 0.5 s: 8 in flight held 16
-// a second, above what the group was sending; and the concurrency limit
+// a second, above what the pool was sending; and the concurrency limit
 // falls to the 8 that went through.
 func TestFirstRefusalAtAnUnreachedLevelSeedsFromLittlesLaw(t *testing.T) {
 	s := NewMemory(Config{Concurrency: 16, MaxConcurrency: 64})
@@ -634,7 +634,7 @@ func TestLittlesLawWaitsForTheFirstAnswerTime(t *testing.T) {
 }
 
 // TestOvershotIsARefusalAtTheLimitNothingWentThroughAt: a silent
-// upstream refuses the request that took the group to its concurrency
+// upstream refuses the request that took the pool to its concurrency
 // limit of 4, nothing through at 4: Overshot. Not when the limit was
 // above the level (8), nor at a level admitted at more than refused.
 func TestOvershotIsARefusalAtTheLimitNothingWentThroughAt(t *testing.T) {
@@ -697,7 +697,7 @@ func TestAHintEqualToTheRateLeavesItsSource(t *testing.T) {
 	}
 }
 
-// TestToConcurrencySetsTheLimitAndTheRefusedLevel: a group found bound at
+// TestToConcurrencySetsTheLimitAndTheRefusedLevel: a pool found bound at
 // 9 in flight holds 8, and remembers 9 as the level refused (a lower one
 // already remembered stays).
 func TestToConcurrencySetsTheLimitAndTheRefusedLevel(t *testing.T) {
@@ -793,7 +793,7 @@ func TestNoHintSeedsFromTheSendingRate(t *testing.T) {
 }
 
 // TestNamedConcurrencyWithoutALevelKeepsTheLimit: toConcurrency for a
-// group that named concurrency but showed no level changes no limit.
+// pool that named concurrency but showed no level changes no limit.
 func TestNamedConcurrencyWithoutALevelKeepsTheLimit(t *testing.T) {
 	s := quietLocal()
 	s.learn.named = true
@@ -845,7 +845,7 @@ func admitN(t *testing.T, m *Memory, n int, now time.Time) []Ticket {
 	return ts
 }
 
-// silentOne is the state of a group whose upstream sends no headers and
+// silentOne is the state of a pool whose upstream sends no headers and
 // admitted one request, still out, answered at t0.
 func silentOne(t *testing.T) (*Memory, *Ticket) {
 	t.Helper()
@@ -887,14 +887,14 @@ func TestConcurrencyBoundRefusalLowersTheLimitNotThePace(t *testing.T) {
 		t.Fatalf("bound %v from %q limit %d; want concurrency 9 from refusals at 10 in flight", v.Bound, v.ConcurrencyFrom, v.Concurrency)
 	}
 	if !v.PausedUntil.IsZero() || !m.PausedUntil().IsZero() {
-		t.Fatalf("a concurrency-bound refusal paused the group until %v", m.PausedUntil())
+		t.Fatalf("a concurrency-bound refusal paused the pool until %v", m.PausedUntil())
 	}
 	if !near(m.pace.requests.bucket.Rate, m.learn.estimate*concurrencyLoose) {
 		t.Fatalf("pace %v, want loose %v", m.pace.requests.bucket.Rate, m.learn.estimate*concurrencyLoose)
 	}
 }
 
-// TestConcurrencyBoundRefusalStopsAtTheLevelBelow: a group whose
+// TestConcurrencyBoundRefusalStopsAtTheLevelBelow: a pool whose
 // refusals start at 10 in flight, at a limit of 9 already, stays at 9.
 func TestConcurrencyBoundRefusalStopsAtTheLevelBelow(t *testing.T) {
 	m, ts, now := topRefused(t)

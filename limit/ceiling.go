@@ -7,7 +7,7 @@ import (
 	"github.com/llmproxy/llmproxy/internal/bucket"
 )
 
-// Ceiling enforces a group's configured limits in front of its Shared
+// Ceiling enforces a pool's configured limits in front of its Shared
 // state: the gap between starts (MinGap, and RPM as even spacing) and the
 // token rate (TPM, a bucket of one second's worth). Guarded by the group's
 // mutex.
@@ -142,7 +142,7 @@ func (c *Ceiling) Settle(estimate, used int64) {
 	}
 }
 
-// ConfiguredView is what a group's configured limits are now.
+// ConfiguredView is what a pool's configured limits are now.
 type ConfiguredView struct {
 	RPM         float64 `json:"rpm,omitempty"`
 	TPM         float64 `json:"tpm,omitempty"`

@@ -7,7 +7,7 @@ import (
 	"github.com/llmproxy/llmproxy/headerparse"
 )
 
-// knowing is a group's state that has learned a limit from headers: an
+// knowing is a pool's state that has learned a limit from headers: an
 // accepted answer said 999 of 1000 requests are left.
 func knowing(t *testing.T) *Memory {
 	t.Helper()
@@ -26,7 +26,7 @@ func knowing(t *testing.T) *Memory {
 }
 
 // wantStart asks c whether a request of cost may start at now (with the
-// group's state sh), and fails unless it must wait until want (zero: it
+// pool's state sh), and fails unless it must wait until want (zero: it
 // may start now).
 func wantStart(t *testing.T, c *Ceiling, sh Shared, now time.Time, cost int64, want time.Time) {
 	t.Helper()

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// concurrency is a group's concurrency limit and its permits. The limit
+// concurrency is a pool's concurrency limit and its permits. The limit
 // falls only on evidence that the number in flight is what the upstream
 // bounds (a concurrency refusal, an overloaded answer, a refusal while the
 // pace is well under the learned rate); a rate refusal slows the pace

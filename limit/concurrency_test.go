@@ -7,7 +7,7 @@ import (
 )
 
 // Dispatches another store admitted go at the number in flight it says,
-// all replicas together, and are numbered in the group's running count;
+// all replicas together, and are numbered in the pool's running count;
 // a refused one's permit stops counting when it is given back.
 func TestFleetDispatchedTakesTheFleetsLevelAndCount(t *testing.T) {
 	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})

@@ -1,9 +1,9 @@
 package limit
 
-// Config is what a new group's state starts from: its concurrency limit,
+// Config is what a new pool's state starts from: its concurrency limit,
 // the bounds it moves in, and the route's configured limits.
 type Config struct {
-	// Concurrency is a new group's concurrency limit; zero = 8. Until the
+	// Concurrency is a new pool's concurrency limit; zero = 8. Until the
 	// upstream first refuses for concurrency, every second accepted answer
 	// while the limit is what holds requests back raises it by one (×1.5
 	// each answer time), so a low start costs a few answer times, and an
@@ -25,7 +25,7 @@ const (
 )
 
 // WithDefaults is c with its zero fields at their defaults and its start
-// inside its bounds, as a group uses it.
+// inside its bounds, as a pool uses it.
 func (c Config) WithDefaults() Config {
 	if c.Concurrency <= 0 {
 		c.Concurrency = defaultConcurrency

@@ -31,7 +31,7 @@ func TestConfigDefaultsFillTheZeroFields(t *testing.T) {
 }
 
 // TestAConfiguredConcurrencyIsTheStartAndACeiling: a route's configured
-// concurrency replaces the group's start; as a ceiling it is also the
+// concurrency replaces the pool's start; as a ceiling it is also the
 // highest (and pulls the lowest down to it), as a start it leaves the
 // bounds as they are.
 func TestAConfiguredConcurrencyIsTheStartAndACeiling(t *testing.T) {
@@ -54,7 +54,7 @@ func TestAConfiguredConcurrencyIsTheStartAndACeiling(t *testing.T) {
 	}
 }
 
-// TestNewMemoryStartsAtTheDefaultedConcurrency: a group's state starts at
+// TestNewMemoryStartsAtTheDefaultedConcurrency: a pool's state starts at
 // its configuration's start, inside the bounds, as WithDefaults gives
 // them: a zero configuration lets 8 go at once and holds the ninth.
 func TestNewMemoryStartsAtTheDefaultedConcurrency(t *testing.T) {

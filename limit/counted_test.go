@@ -159,8 +159,8 @@ func TestACleanProbeRemembersWhatItRaisedFrom(t *testing.T) {
 }
 
 // TestARateIsNotMeasuredAcrossAPause: refusals while nothing has been
-// admitted lately pause the group; the next refusal, sent after the pause,
-// measures nothing over the stretch the group sent nothing in, where the
+// admitted lately pause the pool; the next refusal, sent after the pause,
+// measures nothing over the stretch the pool sent nothing in, where the
 // same two refusals without the pause between them measure the rate.
 func TestARateIsNotMeasuredAcrossAPause(t *testing.T) {
 	for _, paused := range []bool{false, true} {
@@ -172,7 +172,7 @@ func TestARateIsNotMeasuredAcrossAPause(t *testing.T) {
 		// 20 dispatched in the 600 ms after the first refusal, one refused.
 		got := l.refused(22, at(600*time.Millisecond), 0)
 		if paused && got != 0 {
-			t.Errorf("measured %v/s over a span the group was paused for", got)
+			t.Errorf("measured %v/s over a span the pool was paused for", got)
 		}
 		if !paused && !near(got, (20-1)/0.6) {
 			t.Errorf("measured %v/s without a pause, want %v", got, (20-1)/0.6)
@@ -185,7 +185,7 @@ func TestARateIsNotMeasuredAcrossAPause(t *testing.T) {
 	until := at(time.Second)
 	s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, PauseUntil: until}, at(time.Millisecond))
 	if !s.learn.heldUntil.Equal(until) {
-		t.Fatalf("a refusal while down held the group until %v, and measurements from %v", until, s.learn.heldUntil)
+		t.Fatalf("a refusal while down held the pool until %v, and measurements from %v", until, s.learn.heldUntil)
 	}
 }
 

@@ -1,9 +1,11 @@
 // Package limit holds the state of one upstream limit and how it learns
-// from each answer: the Shared interface a group of lanes draws on, the
-// evidence that crosses it (Ticket at dispatch, Report of an answer, View
-// of the state), Memory (the state in this process), and the route's
-// configured ceilings. It decides nothing about queues; package lanequeue
-// asks it whether a request may go and tells it what each answer said.
+// from each answer: the Shared interface a pool (the lanes that draw on
+// one limit) draws on, the evidence that crosses it (Ticket at dispatch,
+// Report of an answer, View of the state), Memory (the state in this
+// process), and the route's configured ceilings. It decides nothing about
+// queues; package lanequeue asks it whether a request may go and tells it
+// what each answer said, with the mutex of the pool's group (the lanes of
+// one route and credential) held.
 //
 // A limit has a shape: a token bucket, or fixed windows learned from
 // refusals that end at one boundary (windows.go). Every call takes the
@@ -48,13 +50,13 @@
 // ends, so the requests it admitted in between, over the time between
 // their dispatches, is its refill rate. Refusals that come only at the top
 // numbers in flight, where admissions are rare, show a concurrency limit;
-// refusals at any level show a rate. The group cruises a little under the
+// refusals at any level show a rate. The pool cruises a little under the
 // measured rate and now and then probes above it for a short spell,
 // followed by as long a spell below: a probe that meets no refusal raises
 // the rate. Words (a hint, Retry-After, "too many concurrent requests")
 // only make it converge sooner. The learner (behaviour.go) alone moves
 // the admitted rate; the concurrency controller (concurrency.go) alone
-// moves its limit and ends its slow start, which a group has unless its
+// moves its limit and ends its slow start, which a pool has unless its
 // concurrency is configured (Limits.SlowStart). ("Probe" means this, sending above what
 // the upstream was seen to admit, everywhere in this package: the pace's
 // probe cycle, and a fixed window sending one more than its allowance.
@@ -64,11 +66,11 @@
 //
 // # Pauses
 //
-// An answer the proxy retries after may ask the group to pause
-// (Report.PauseUntil). Whether the group takes the pause is decided in
-// one place, groupPause (pause.go), from what learning from the answer
+// An answer the proxy retries after may ask the pool to pause
+// (Report.PauseUntil). Whether the pool takes the pause is decided in
+// one place, poolPause (pause.go), from what learning from the answer
 // found: a fixed window's closure, or a refusal the learned pace or
-// concurrency limit holds the group for better, declines it.
+// concurrency limit holds the pool for better, declines it.
 //
 // # Replicas
 //

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Ticket records one dispatch: what it was charged and what the group knew
+// Ticket records one dispatch: what it was charged and what the pool knew
 // when it went, so its answer can be read against that.
 type Ticket struct {
 	Dispatched time.Time
@@ -25,7 +25,7 @@ type Ticket struct {
 	// OutNow is the number of permits out, all replicas together, when the
 	// answer came; 0 means the in-process count.
 	OutNow int
-	// Seq numbers the dispatch among the group's dispatches (all
+	// Seq numbers the dispatch among the pool's dispatches (all
 	// replicas', when a store kept elsewhere counts them), for measuring
 	// the rate admitted between refusals.
 	Seq uint64
@@ -34,7 +34,7 @@ type Ticket struct {
 	// replicas', when a store kept elsewhere counts them; 0: not counted
 	// (one process counts its own).
 	GroupSeq uint64
-	// Refusals is one more than the refusals of the group learned before
+	// Refusals is one more than the refusals of the pool learned before
 	// it went, all replicas together, when a store kept elsewhere counts
 	// them; 0 when not counted (one process counts its own).
 	Refusals uint64
@@ -44,7 +44,7 @@ type Ticket struct {
 	// Level is the number in flight it went at, itself included, less
 	// the permits held by refused requests (not in flight upstream).
 	Level int
-	// Overshot: refused while it took the group to its concurrency limit,
+	// Overshot: refused while it took the pool to its concurrency limit,
 	// a number in flight nothing went through at lately (see behaved).
 	Overshot bool
 
@@ -93,7 +93,7 @@ type View struct {
 	ConcurrencyLowered bool
 	// Corrected is set once a refusal has overruled the headers' figures.
 	Corrected bool
-	// Window is what the group learned of fixed windows: nil while it
+	// Window is what the pool learned of fixed windows: nil while it
 	// has seen no closure (a span the upstream refused everything in).
 	Window *windowView
 	// Shared is "" for state in this process only; a store shared by
@@ -139,7 +139,7 @@ type BudgetView struct {
 	PerSecond float64
 }
 
-// windowView is what a group learned of fixed windows (View.Window).
+// windowView is what a pool learned of fixed windows (View.Window).
 type windowView struct {
 	// Allowance and Length are the window's size and span; zero while
 	// not known.
@@ -155,7 +155,7 @@ type windowView struct {
 	ClosedUntil time.Time
 }
 
-// String says what the group learned of its windows and from what: "window
+// String says what the pool learned of its windows and from what: "window
 // of 200 per 10s, learned from refusals whose waits end at one boundary".
 func (v *windowView) String() string {
 	if v == nil {

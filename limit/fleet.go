@@ -18,11 +18,9 @@ func (s *Memory) Fleet() Fleet { return Fleet{s} }
 // the running count of the pool's dispatches, all replicas together, right
 // after it (0: not known); lastSecond the pool's dispatches in the second
 // up to now, all replicas, this one included (0: not known). It returns
-// the dispatch's ticket as far as Memory knows it: when it went, the
-// permits out beside it, its number, the number in flight it went at, and
-// whether it goes in a probe of the pace learned from refusals; the store
-// fills in what it charged and gave. The probe cycle moves on here, as
-// Admit moves it for the pool's own admissions.
+// the dispatch's ticket as far as Memory knows it; the store fills in what
+// it charged and gave. The probe cycle moves on here, as Admit moves it
+// for the pool's own admissions.
 func (f Fleet) Dispatched(now time.Time, out int, sent uint64, lastSecond int) Ticket {
 	s := f.s
 	s.stepProbe(now)
@@ -72,14 +70,13 @@ func (f Fleet) WindowGate(now time.Time) (at time.Time, ok, knock, windowed bool
 
 // Said records, at now, what the store kept elsewhere says of the pool:
 // when the upstream last accepted a request of it sent elsewhere (zero:
-// never; the upstream is live then), the request pace the replicas
-// learned from refusals (0: none; only a refusal lowers it, so a replica
-// never follows its own), the refusals every replica learned from so far,
-// and the answers every replica had admitted so far (0: not counted),
-// which tell what the upstream takes. A refusal anywhere ends a probe,
-// unclean; a replica's first refusal starts from the fleet's pace
-// (ruleFleetPace), and a rate not yet measured follows it down
-// (learner.fleetSaid).
+// never; the upstream is live then), the request pace the replicas learned
+// from refusals (0: none; only a refusal lowers it, so a replica never
+// follows its own), the refusals every replica learned from so far, and
+// the answers every replica had admitted so far (0: not counted), which
+// tell what the upstream takes. A refusal anywhere ends a probe, unclean;
+// a replica's first refusal starts from the fleet's pace (ruleFleetPace),
+// and a rate not yet measured follows it down (learner.fleetSaid).
 func (f Fleet) Said(accepted time.Time, pace float64, refusals, admitted uint64, now time.Time) {
 	s := f.s
 	s.learn.acceptedElsewhere(accepted)

@@ -7,12 +7,12 @@ import (
 
 // TestAFreshGroupHasNotLoweredItsConcurrency: the view says the
 // concurrency limit was lowered only once refusals lowered it (a shared
-// store publishes only such limits); a fresh group's was not.
+// store publishes only such limits); a fresh pool's was not.
 func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
 	l := NewMemory(Config{Concurrency: 8, MinConcurrency: 1, MaxConcurrency: 8})
 	now := time.Unix(1_000_000, 0)
 	if l.View(now).ConcurrencyLowered {
-		t.Fatal("a fresh group says its concurrency was lowered")
+		t.Fatal("a fresh pool says its concurrency was lowered")
 	}
 	tk, _, ok := l.Admit(now, 1, false)
 	if !ok {
@@ -25,7 +25,7 @@ func TestAFreshGroupHasNotLoweredItsConcurrency(t *testing.T) {
 }
 
 // TestFleetDispatchesCountOnceEach: the dispatches of other replicas
-// between two of this one's count toward the group's sending rate once;
+// between two of this one's count toward the pool's sending rate once;
 // a count that did not move counts this dispatch alone.
 func TestFleetDispatchesCountOnceEach(t *testing.T) {
 	l := NewMemory(Config{})
@@ -39,9 +39,9 @@ func TestFleetDispatchesCountOnceEach(t *testing.T) {
 }
 
 // TestAReplicasFirstDispatchCountsTheGroupsLastSecond: a replica that
-// starts sending after the others counts the group's dispatches of the
+// starts sending after the others counts the pool's dispatches of the
 // last second at its first, so that the sending rate it guesses from at
-// its first refusal is the group's, not the few of its own.
+// its first refusal is the pool's, not the few of its own.
 func TestAReplicasFirstDispatchCountsTheGroupsLastSecond(t *testing.T) {
 	l := NewMemory(Config{})
 	now := time.Unix(1_000_000, 0)
@@ -52,7 +52,7 @@ func TestAReplicasFirstDispatchCountsTheGroupsLastSecond(t *testing.T) {
 	}
 }
 
-// TestAPaceLearnedElsewhereIsProbedUp: a group whose admissions a store
+// TestAPaceLearnedElsewhereIsProbedUp: a pool whose admissions a store
 // kept elsewhere makes (the Redis path: Fleet.Dispatched, never Admit) still
 // runs its probe cycle, so a pace learned too low from refusals rises
 // while it is what holds requests back, and stays put while it is not.
@@ -105,7 +105,7 @@ func TestAPaceLearnedElsewhereIsProbedUp(t *testing.T) {
 
 // TestAReplicaFirstRefusedStartsFromTheFleetsPace: at its first refusal a
 // replica starts from the pace the other replicas learned from refusals
-// when that is lower than what the group was sending, rather than cutting
+// when that is lower than what the pool was sending, rather than cutting
 // its way down with refusals of its own, and below it (by unmeasuredCut)
 // when the refused request was sent at that pace, as one process slows
 // when refused again at a pace not yet measured; a higher one, or none,
@@ -245,7 +245,7 @@ func TestOtherReplicasAdmissionsCountTowardWhatTheUpstreamTakes(t *testing.T) {
 		}
 		if fleet {
 			// The first word only marks the count (it holds the
-			// group's whole past): the others' 2 after each of the 6
+			// pool's whole past): the others' 2 after each of the 6
 			// next.
 			if n, _ := l.learn.admits.recent(start.Add(time.Second)); n != 7+12 {
 				t.Fatalf("the admissions meter counts %d, want this replica's 7 and the others' 12", n)

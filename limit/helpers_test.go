@@ -7,7 +7,7 @@ import (
 
 var t0 = time.Now().UTC().Truncate(time.Second)
 
-// quietLocal is the in-process state of a group whose upstream sends no
+// quietLocal is the in-process state of a pool whose upstream sends no
 // headers, with an admission a moment ago (a live upstream).
 func quietLocal() *Memory {
 	s := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})

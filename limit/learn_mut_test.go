@@ -49,7 +49,7 @@ func TestOneAdmissionBetweenCloseRefusalsShowsAShortRate(t *testing.T) {
 
 // TestBareRefusalsOverASecondCloseASilentWindow: refusals that name no
 // wait, minRun of them over minClosure with nothing admitted between, are
-// a fixed window's silent closure: the group waits for it as a whole. A
+// a fixed window's silent closure: the pool waits for it as a whole. A
 // report without a hint has no hint to read as a pace.
 func TestBareRefusalsOverASecondCloseASilentWindow(t *testing.T) {
 	s := quietLocal()
@@ -71,7 +71,7 @@ func TestBareRefusalsOverASecondCloseASilentWindow(t *testing.T) {
 }
 
 // TestAHintEqualToTheSendingRateDoesNotClaimTheSeed: with enough sent
-// (minSendingSample), the first refusal seeds the rate from what the group
+// (minSendingSample), the first refusal seeds the rate from what the pool
 // was sending; a hint that says exactly that rate leaves it the source.
 func TestAHintEqualToTheSendingRateDoesNotClaimTheSeed(t *testing.T) {
 	s := quietLocal()

@@ -3,7 +3,7 @@ package limit
 import "time"
 
 // Limits are what a route's configuration says of its upstream's limits,
-// per limit group. Zero fields say nothing. By default they are ceilings:
+// per pool. Zero fields say nothing. By default they are ceilings:
 // what is learned from the upstream may only lower them. With Start set
 // they are where learning starts, and what the upstream shows replaces them.
 type Limits struct {
@@ -22,14 +22,14 @@ type Limits struct {
 // MinGap).
 func (l Limits) IsZero() bool { return l.RPM == 0 && l.TPM == 0 && l.Concurrency == 0 && l.MinGap == 0 }
 
-// SlowStart reports whether a group with these limits starts slow: until
+// SlowStart reports whether a pool with these limits starts slow: until
 // the upstream first refuses, its concurrency limit grows by half each
 // answer time, and until a limit is learned the dispatches that growth
 // frees at once are spread over part of an answer time, so that the first
 // refusal comes back before the rest have gone. Only a configured
 // concurrency says how many requests the upstream holds in flight; a
 // configured RPM or TPM is a rate (and, as a ceiling, only the most the
-// upstream may allow), so such a group starts slow too. The one rule for
+// upstream may allow), so such a pool starts slow too. The one rule for
 // the in-process state and for the replicas' shared one (redisstate's
 // admit script is passed it).
 func (l Limits) SlowStart() bool { return l.Concurrency == 0 }

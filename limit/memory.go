@@ -6,7 +6,7 @@ import (
 	"github.com/llmproxy/llmproxy/clock"
 )
 
-// Memory is the in-process Shared: the state of one group in this
+// Memory is the in-process Shared: the state of one pool in this
 // process. A Shared kept elsewhere can learn with one beside it (see
 // redisstate): it hands Memory the answers to learn from and tells it
 // what the other replicas did through Fleet.
@@ -14,7 +14,7 @@ type Memory struct {
 	cfg    Config // as given, with its defaults
 	pace   pacer
 	conc   concurrency
-	paused pause // see groupPause
+	paused pause // see poolPause
 	// Dispatches at one instant form a batch: each is marked as if sent
 	// first in it, since they reach the upstream in any order.
 	batchAt time.Time
@@ -27,15 +27,15 @@ type Memory struct {
 	// refusedHolding counts permits still held by refused requests: they
 	// are not in flight at the upstream.
 	refusedHolding int
-	// fleetSent is the group's running count of dispatches, all replicas
+	// fleetSent is the pool's running count of dispatches, all replicas
 	// together, at the last dispatch another store admitted.
 	fleetSent uint64
 	lastSent  time.Time // the latest dispatch
 	prevSent  time.Time // the one before it, which a refund of the latest puts back
 	// fleetPace is the pace the other replicas learned from refusals, as
-	// the store kept elsewhere holds it (0: none).
-	fleetPace float64
-	// fleetPaceAt is when fleetPace last changed.
+	// the store kept elsewhere holds it (0: none), fleetPaceAt when it
+	// last changed.
+	fleetPace   float64
 	fleetPaceAt time.Time
 	// win reads fixed windows from closures: spans the upstream refuses
 	// everything in (see windows). knockNext: the next dispatch noted is
@@ -51,28 +51,21 @@ type Memory struct {
 	trialOf time.Time
 }
 
-// NewMemory returns the in-process state for a group with cfg's
+// NewMemory returns the in-process state for a pool with cfg's
 // concurrency bounds.
 func NewMemory(cfg Config) *Memory {
 	cfg = cfg.WithDefaults()
 	return &Memory{cfg: cfg, conc: newConcurrency(cfg)}
 }
 
-// Configure takes cfg as the group's configuration from now on (an
-// operator changed the route's configured limits): the concurrency
-// bounds, and a configured concurrency as the limit now. What was learned
-// stays, within the new bounds.
+// Configure keeps what was learned, within cfg's concurrency bounds.
 func (s *Memory) Configure(cfg Config) {
 	s.cfg = cfg.WithDefaults()
 	s.conc.reconfigure(s.cfg)
 }
 
-// Forget drops what the state learned (the budgets read from headers, the
-// pace and the bound learned from behaviour, the fixed windows, the
-// concurrency limit and the answer time, the pause) and starts again as a
-// new group of its configuration. It keeps what the permits out still
-// need: their count, the refused ones among them, and the running totals
-// their tickets were marked with.
+// Forget keeps what the permits out still need: their count, the refused
+// ones among them, and the running totals their tickets were marked with.
 func (s *Memory) Forget() {
 	f := Memory{cfg: s.cfg, conc: newConcurrency(s.cfg), refusedHolding: s.refusedHolding, fleetSent: s.fleetSent}
 	f.conc.inFlight = s.conc.inFlight
@@ -101,8 +94,8 @@ func (s *Memory) stepProbe(now time.Time) {
 	}
 }
 
-// judgeAgain judges the bound of a group paced from refusals again at now,
-// from the counts by level, and holds the group by what it finds: the
+// judgeAgain judges the bound of a pool paced from refusals again at now,
+// from the counts by level, and holds the pool by what it finds: the
 // number in flight, or the pace.
 func (s *Memory) judgeAgain(now time.Time) {
 	if !s.pace.fromRefusals || !s.learn.classify() {
@@ -178,7 +171,7 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 
 func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
-	p := s.lengthen(groupPause(r, s.learnFrom(t, r, now)), t, r, now)
+	p := s.lengthen(poolPause(r, s.learnFrom(t, r, now)), t, r, now)
 	if r.Verdict.Refusal() {
 		s.pace.uncount(t)
 	}
@@ -187,8 +180,8 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	}
 }
 
-// learnFrom folds r, the answer to t, into what the group knows, and
-// returns what it found that bears on r's pause (see groupPause).
+// learnFrom folds r, the answer to t, into what the pool knows, and
+// returns what it found that bears on r's pause (see poolPause).
 func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 	if r.Verdict == NotSent {
 		return pauseEvidence{} // it never reached the upstream
@@ -212,8 +205,8 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 		}
 	case r.Verdict == RateRefused || quiet && r.Verdict == Overloaded:
 		if s.win.refused(t, r.Hint, r.Hint > 0, s.taken(t, now), now) {
-			// A closure: the upstream refuses whatever the group sends
-			// until its window's boundary. The windows hold the group;
+			// A closure: the upstream refuses whatever the pool sends
+			// until its window's boundary. The windows hold the pool;
 			// the refusal says nothing of a pace or a concurrency.
 			s.pace.observe(r.Limits, t, now)
 			e := pauseEvidence{closure: true}
@@ -276,9 +269,9 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 }
 
 // behaved learns from a refusal of an upstream whose headers say nothing,
-// and returns what bears on the refusal's pause (see groupPause). A
+// and returns what bears on the refusal's pause (see poolPause). A
 // refusal while the upstream is admitting other requests is about
-// capacity: the learned pace or concurrency limit holds the group.
+// capacity: the learned pace or concurrency limit holds the pool.
 func (s *Memory) behaved(t *Ticket, r Report, now time.Time) pauseEvidence {
 	l := &s.learn
 	e := pauseEvidence{quiet: true, live: l.live(now)}
@@ -332,7 +325,7 @@ func (s *Memory) refusedWhileDown(t *Ticket, r Report, now time.Time) {
 	}
 }
 
-// refusalEvidence is what the group knows, besides the learner's counts,
+// refusalEvidence is what the pool knows, besides the learner's counts,
 // as it learns from a refusal of t whose hint is r's.
 func (s *Memory) refusalEvidence(t *Ticket, r Report, now time.Time) refusalEvidence {
 	n, span := s.pace.recent.recent(now)
@@ -367,7 +360,7 @@ func (s *Memory) taken(t *Ticket, now time.Time) float64 {
 	return float64(n+max(out, 0)) / span
 }
 
-// toConcurrency holds the group at the level below the one the upstream
+// toConcurrency holds the pool at the level below the one the upstream
 // refuses at, and paces it loosely: the number in flight is what binds.
 func (s *Memory) toConcurrency() {
 	if s.learn.atLevel > 0 {
@@ -376,7 +369,7 @@ func (s *Memory) toConcurrency() {
 	s.pace.setFromRefusals(s.pacing(), s.learnAt)
 }
 
-// spread holds back a dispatch, before the group knows any limit, until
+// spread holds back a dispatch, before the pool knows any limit, until
 // 1/(startSpread × limit) of an answer time has passed since the last one:
 // slow start sends what a burst of answers frees spread over part of an
 // answer time instead of at one instant, so the first refusal, which comes
@@ -396,9 +389,9 @@ func (s *Memory) spread(now time.Time) (time.Time, bool) {
 	return time.Time{}, true
 }
 
-// pacing is the learned pace: the learner's, and for a group bound by
+// pacing is the learned pace: the learner's, and for a pool bound by
 // concurrency never under what its limit allows at the current answer
-// time (loosely): there the limit holds the group, not the pace.
+// time (loosely): there the limit holds the pool, not the pace.
 func (s *Memory) pacing() float64 {
 	p := s.learn.pace()
 	if s.learn.concurrencyBound() && s.conc.answerSecs > 0 {
@@ -503,7 +496,7 @@ func (s *Memory) View(now time.Time) View {
 	return v
 }
 
-// Knows reports whether the group has learned a limit of its own: from
+// Knows reports whether the pool has learned a limit of its own: from
 // headers, or from the upstream's refusals.
 func (s *Memory) Knows() bool { return s.pace.fromRefusals || s.pace.headers() }
 

@@ -91,7 +91,7 @@ func TestAStatedConcurrencyRefusalTakesTheLimitToTheLevelItWentAt(t *testing.T) 
 // just under liveFor after an admission is a live upstream's, whose pace
 // is learned (and no pause taken for a refusal without a wait); at
 // liveFor, the upstream admitted nothing lately: the refusal's pause holds
-// the group and no pace is learned.
+// the pool and no pace is learned.
 func TestAnUpstreamIsLiveForLessThanLiveForAfterAnAdmission(t *testing.T) {
 	for _, tc := range []struct {
 		since time.Duration
@@ -113,7 +113,7 @@ func TestAnUpstreamIsLiveForLessThanLiveForAfterAnAdmission(t *testing.T) {
 // TestARefusalWhileTheUpstreamIsDown: with nothing admitted lately, an
 // overload steps the concurrency limit down and a rate refusal does not;
 // a short hint sets the pace (one request per hint), none sets no pace;
-// the refusal's pause holds the group either way.
+// the refusal's pause holds the pool either way.
 func TestARefusalWhileTheUpstreamIsDown(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -172,7 +172,7 @@ func TestQuietOverloadsCloseASilentWindowFailuresDoNot(t *testing.T) {
 
 // TestOnlyAWaitShortEnoughToBeAPacePausesTheGroup: a live upstream's quiet
 // refusal with a wait under a second (a pace, one request per wait)
-// pauses the whole group for it; a wait of a second or more holds only
+// pauses the whole pool for it; a wait of a second or more holds only
 // the refused request, the learned pace holds the rest.
 func TestOnlyAWaitShortEnoughToBeAPacePausesTheGroup(t *testing.T) {
 	for _, tc := range []struct {
@@ -301,7 +301,7 @@ func TestARefusedProbeMeasuringExactlyTheEstimateLeavesIt(t *testing.T) {
 	}
 }
 
-// TestABoundByConcurrencyPacesAsFastAsItsLimitAllows: a group paced from
+// TestABoundByConcurrencyPacesAsFastAsItsLimitAllows: a pool paced from
 // refusals, whose replicas' counts by level together show refusals only
 // at 3 in flight and above, judges its bound at once: concurrency, its
 // limit the level below (2), and a pace no slower than 1.5 times what 2
@@ -510,7 +510,7 @@ func TestRoomTheUpstreamStatesKeepsASpentWindowOpen(t *testing.T) {
 // quiet refusals that close a silent window, knocks refused and one
 // admitted: the closure teaches no window (one admission is no
 // allowance), and a guessed pace goes no faster than one request per the
-// gap the admitted knock came after; the group is paced so at once. A
+// gap the admitted knock came after; the pool is paced so at once. A
 // guess slower already stays, and a measured pace is the upstream's own:
 // the knocks leave both.
 func TestADebtPaidAtTheKnocksPaceSlowsTheGuess(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 )
 
 // TestAShorterReadingFromANamedBoundaryReplacesTheLength: from a boundary
-// the upstream named to a later one lie whole windows, which the group
+// the upstream named to a later one lie whole windows, which the pool
 // may not have filled: a reading of 5 s teaches at most 5 s, and a
 // window that admitted and began at a named boundary, read as 1 s, makes
 // the length 1 s at once. Refused before it admitted anything, or begun

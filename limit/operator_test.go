@@ -8,7 +8,7 @@ import (
 )
 
 // TestAConfiguredConcurrencyIsTheLimitAtOnce: an operator's configured
-// concurrency is the group's limit from the moment it is set, lowered or
+// concurrency is the pool's limit from the moment it is set, lowered or
 // raised, and as a ceiling its highest; without one the limit stays,
 // within the bounds, and its slow start goes on.
 func TestAConfiguredConcurrencyIsTheLimitAtOnce(t *testing.T) {

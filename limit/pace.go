@@ -234,14 +234,12 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	}
 }
 
-// count sets the bucket from remaining, the room an answer to a request
-// dispatched at dispatched with sentAtDispatch sent showed: less what was
-// sent after it, unless a later request's answer already said more.
+// count sets the bucket from remaining, what an answer showed left, less
+// what was sent after its request. An answer to a request sent before one
+// already answered is older news: that answer's count had this request in
+// it, and what went between, refused requests too, counted or not.
 func (b *budget) count(remaining, sentAtDispatch float64, dispatched, now time.Time) {
 	if sentAtDispatch < b.seen {
-		// An answer to a request sent before one already answered is
-		// older news: that answer's count had this request in it, and
-		// what went between, refused requests too, counted or not.
 		return
 	}
 	b.seen, b.seenAt = sentAtDispatch, dispatched
@@ -257,18 +255,15 @@ func (b *budget) count(remaining, sentAtDispatch float64, dispatched, now time.T
 	b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, after)))
 }
 
-// readReset reads w's reset, of an answer showing remaining left to a
-// request dispatched at dispatched, into when the window resets and the
-// refill its resets show. It reports whether it read the reset at the
-// early floor.
+// readReset reads w's reset, of an answer showing remaining left, and
+// reports whether it read it at the early floor. The reset is counted from
+// the dispatch; seen from now it may be later by the answer's latency, so
+// only trust it from then. A reset is a time on the upstream's clock, to
+// its grain: one already past when the request went, while the window is
+// not full, is early (rounded down, or a clock behind the proxy's). From
+// the first such reset on, every reset is read as late as that one was
+// early and its grain allow: soon, not now.
 func (b *budget) readReset(w headerparse.Window, remaining float64, dispatched, now time.Time) bool {
-	// The reset is counted from the dispatch; seen from now it may be later
-	// by the answer's latency, so only trust it from then. A reset is a
-	// time on the upstream's clock, to its grain: one already past when
-	// the request went, while the window is not full, is early (rounded
-	// down, or a clock behind the proxy's). From the first such reset on,
-	// every reset is read as late as that one was early and its grain
-	// allow: soon, not now.
 	reset := w.Reset
 	if !reset.IsZero() && remaining < b.size() {
 		if w.ResetEarly > 0 || !reset.After(dispatched) {
@@ -375,9 +370,9 @@ func (b *budget) correctable() bool {
 	return b.known && b.maxRemaining+1 < b.size()
 }
 
-// pacer holds a group's two budgets, on separate clocks: a request-window
-// reset never releases a token-exhausted group and vice versa. It also
-// keeps the recent dispatch times, to tell how fast the group really sends.
+// pacer holds a pool's two budgets, on separate clocks: a request-window
+// reset never releases a token-exhausted pool and vice versa. It also
+// keeps the recent dispatch times, to tell how fast the pool really sends.
 type pacer struct {
 	requests budget
 	tokens   budget
@@ -488,11 +483,11 @@ func (p *pacer) contradicted(t *Ticket, l headerparse.Limits, now time.Time) boo
 	return corrected
 }
 
-// underUse: the group sends at less than half the request rate its headers
+// underUse: the pool sends at less than half the request rate its headers
 // report. A refusal then is not about the rate.
 const underUse = 0.5
 
-// underUsed reports whether the group's recent dispatch rate is well under
+// underUsed reports whether the pool's recent dispatch rate is well under
 // the request rate learned from headers.
 func (p *pacer) underUsed(now time.Time) bool {
 	r := p.requests.effectiveRate()
@@ -586,7 +581,7 @@ func (p *pacer) headers() bool {
 	return p.requests.known && !p.fromRefusals || p.tokens.known
 }
 
-// setFromRefusals paces the group at rate requests a second, learned from the
+// setFromRefusals paces the pool at rate requests a second, learned from the
 // upstream's behaviour.
 func (p *pacer) setFromRefusals(rate float64, now time.Time) {
 	rate = math.Max(rate, minPace)

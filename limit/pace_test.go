@@ -200,7 +200,7 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 // whole seconds rounded down), every reset is read at least a floor after
 // its dispatch, and the real one may lie anywhere before it. A window
 // nearly full then reads as a refill of what is missing over the floor:
-// one token over 1.4 s, 0.7 tokens a second, which held a group whose
+// one token over 1.4 s, 0.7 tokens a second, which held a pool whose
 // limit had just grown for ten minutes, past every request's budget. Such a
 // reading does not lower the rate; a changed stated limit moves it in its
 // proportion.

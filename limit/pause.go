@@ -2,7 +2,7 @@ package limit
 
 import "time"
 
-// pause is a group's pause: until when, and why (View.PauseReason). The
+// pause is a pool's pause: until when, and why (View.PauseReason). The
 // zero pause is none.
 type pause struct {
 	until  time.Time
@@ -10,10 +10,10 @@ type pause struct {
 }
 
 // pauseEvidence is what learning from a report found that bears on the
-// pause the report asks for (see groupPause).
+// pause the report asks for (see poolPause).
 type pauseEvidence struct {
 	// closure: the fixed windows read the refusal as a closure; they hold
-	// the group until the window's boundary, whatever pace is asked.
+	// the pool until the window's boundary, whatever pace is asked.
 	// opens: the earliest that boundary can be, where a confirmed
 	// closure knows it (zero: not known).
 	closure bool
@@ -28,27 +28,27 @@ type pauseEvidence struct {
 	concurrencyBound bool
 }
 
-// groupPause decides whether the group takes the pause r asks for
+// poolPause decides whether the pool takes the pause r asks for
 // (r.PauseUntil; the proxy asks for one when it retries after a verdict
 // that Pauses), from what learning from r found (e). It takes it, for
-// r's verdict's reason, unless what was learned holds the group better:
+// r's verdict's reason, unless what was learned holds the pool better:
 //
-//   - a fixed window's closure: the windows hold the group until the
+//   - a fixed window's closure: the windows hold the pool until the
 //     boundary; a confirmed one is a pause to the earliest the boundary
 //     can be, which lengthen lengthens as any other (where refusals
 //     count, a refusal's own charge moves the boundary it named);
 //   - a quiet refusal while the upstream admits other requests is about
-//     capacity: the learned concurrency limit holds the group when the
+//     capacity: the learned concurrency limit holds the pool when the
 //     number in flight is the bound, else the learned pace does, and a
 //     pause would only idle it, unless the upstream named a wait short
 //     enough to be a pace (hintPace). A longer one (Retry-After is in
 //     whole seconds) holds only the refused request.
 //
 // A quiet refusal while the upstream admits nothing is an outage, not a
-// limit: the group takes the pause. It returns the zero pause when the
-// group takes none. (Memory takes a pause only when it ends later than
+// limit: the pool takes the pause. It returns the zero pause when the
+// pool takes none. (Memory takes a pause only when it ends later than
 // the one under way.)
-func groupPause(r Report, e pauseEvidence) pause {
+func poolPause(r Report, e pauseEvidence) pause {
 	if !e.opens.IsZero() {
 		return pause{until: e.opens, reason: pauseWindow}
 	}
@@ -62,20 +62,20 @@ func groupPause(r Report, e pauseEvidence) pause {
 }
 
 // unpaid tracks the pauses in a row that paid the upstream nothing:
-// resumed is the end of the latest pause the group sent after, counted
+// resumed is the end of the latest pause the pool sent after, counted
 // the one found unpaid, last how long the latest pause was.
 type unpaid struct {
 	resumed, counted time.Time
 	last             time.Duration
 }
 
-// lengthen returns p, the pause the answer r to t asks of the group at
+// lengthen returns p, the pause the answer r to t asks of the pool at
 // now, lengthened when the pause before it paid nothing. A wait is the
 // upstream's data, not a guarantee: one that counts refused requests
 // charges each, so a pause as long as the wait it named ends a request (or
 // a burst) short, the next refusal names the same wait again, and the
-// group sends at the refill, refused every time, for ever. So when all
-// the group sent after a pause was refused, nothing admitted since and
+// pool sends at the refill, refused every time, for ever. So when all
+// the pool sent after a pause was refused, nothing admitted since and
 // nothing else out that might be, that pause paid only what its end cost:
 // the next one is its wait and twice that pause (at most maxKnock)
 // besides. (Not when the upstream's new wait is under half the last pause:

@@ -6,9 +6,9 @@ import (
 	"time"
 )
 
-// TestGroupPause: every case of whether a group takes the pause a report
+// TestPoolPause: every case of whether a pool takes the pause a report
 // asks for, and for what reason.
-func TestGroupPause(t *testing.T) {
+func TestPoolPause(t *testing.T) {
 	until := t0.Add(2 * time.Second)
 	ask := func(v Verdict, hint time.Duration) Report {
 		return Report{Status: 429, Verdict: v, Hint: hint, PauseUntil: until}
@@ -28,8 +28,8 @@ func TestGroupPause(t *testing.T) {
 		{"an overload with headers", ask(Overloaded, 0), pauseEvidence{}, pauseOverloaded},
 		{"a concurrency refusal asked to pause", ask(ConcurrencyRefused, 0), pauseEvidence{}, pauseRetry},
 		{"a failure asked to pause", ask(Failed, 0), pauseEvidence{}, pauseRetry},
-		{"a window's closure holds the group", ask(RateRefused, 50*time.Millisecond), pauseEvidence{closure: true}, notPaused},
-		{"a window's closure holds the group, no pause asked", Report{Status: 429, Verdict: RateRefused}, pauseEvidence{closure: true}, notPaused},
+		{"a window's closure holds the pool", ask(RateRefused, 50*time.Millisecond), pauseEvidence{closure: true}, notPaused},
+		{"a window's closure holds the pool, no pause asked", Report{Status: 429, Verdict: RateRefused}, pauseEvidence{closure: true}, notPaused},
 		{"a quiet refusal of an upstream that admits nothing", ask(RateRefused, 0), pauseEvidence{quiet: true}, pauseRateLimited},
 		{"a quiet overload of an upstream that admits nothing", ask(Overloaded, 5*time.Second), pauseEvidence{quiet: true}, pauseOverloaded},
 		{"a quiet refusal while admitting, no hint: the pace holds", ask(RateRefused, 0), quietLive, notPaused},
@@ -43,27 +43,27 @@ func TestGroupPause(t *testing.T) {
 			pauseEvidence{quiet: true, concurrencyBound: true}, pauseRateLimited},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			p := groupPause(tt.r, tt.e)
+			p := poolPause(tt.r, tt.e)
 			want := pause{}
 			if tt.reason != notPaused {
 				want = pause{until: tt.r.PauseUntil, reason: tt.reason}
 			}
 			if p != want {
-				t.Fatalf("groupPause = %+v, want %+v", p, want)
+				t.Fatalf("poolPause = %+v, want %+v", p, want)
 			}
 		})
 	}
 }
 
 // TestAConfirmedClosureIsAPauseToItsBoundary: a closure that knows the
-// earliest its boundary can be pauses the group to then, for the window,
+// earliest its boundary can be pauses the pool to then, for the window,
 // whatever pause the report asks (or none).
 func TestAConfirmedClosureIsAPauseToItsBoundary(t *testing.T) {
 	boundary := t0.Add(700 * time.Millisecond)
 	e := pauseEvidence{closure: true, opens: boundary}
 	for _, r := range []Report{{Status: 429, Verdict: RateRefused, PauseUntil: at(2 * time.Second)}, {Status: 429, Verdict: RateRefused}} {
-		if p := groupPause(r, e); p != (pause{until: boundary, reason: pauseWindow}) {
-			t.Errorf("asked %v: groupPause = %+v, want until the boundary %v for the window", r.PauseUntil, p, boundary)
+		if p := poolPause(r, e); p != (pause{until: boundary, reason: pauseWindow}) {
+			t.Errorf("asked %v: poolPause = %+v, want until the boundary %v for the window", r.PauseUntil, p, boundary)
 		}
 	}
 }
@@ -74,7 +74,7 @@ func TestAConfirmedClosureIsAPauseToItsBoundary(t *testing.T) {
 // request at its boundary is refused again with the same wait, and so on
 // for ever. The closure is a pause to the earliest its boundary can be
 // (the hints' grain before it), and one that paid nothing is lengthened:
-// the next holds the group for its wait and twice the last besides.
+// the next holds the pool for its wait and twice the last besides.
 func TestAStatedBoundaryRefusedAgainIsLengthened(t *testing.T) {
 	const wait, grain = 200 * time.Millisecond, time.Millisecond
 	m := NewMemory(Config{Concurrency: 8})
@@ -96,9 +96,9 @@ func TestAStatedBoundaryRefusedAgainIsLengthened(t *testing.T) {
 	}
 	now := t0.Add(100 * time.Millisecond)
 	if first := refuse(now); !first.Equal(now.Add(wait - grain)) {
-		t.Fatalf("the first refusal pauses the group %v, want to its stated boundary's earliest, %v", first.Sub(now), wait-grain)
+		t.Fatalf("the first refusal pauses the pool %v, want to its stated boundary's earliest, %v", first.Sub(now), wait-grain)
 	}
-	boundary := m.View(now).PausedUntil // the window holds the group to the boundary
+	boundary := m.View(now).PausedUntil // the window holds the pool to the boundary
 	if !boundary.Equal(now.Add(wait)) {
 		t.Fatalf("held until %v, want the stated boundary %v", boundary.Sub(now), wait)
 	}
@@ -108,7 +108,7 @@ func TestAStatedBoundaryRefusedAgainIsLengthened(t *testing.T) {
 	}
 }
 
-// TestLearnTakesOnlyALongerPause: Memory.Learn takes the pause groupPause
+// TestLearnTakesOnlyALongerPause: Memory.Learn takes the pause poolPause
 // decides on when it ends later than the one under way, with its reason.
 func TestLearnTakesOnlyALongerPause(t *testing.T) {
 	m := NewMemory(Config{})
@@ -223,7 +223,7 @@ func TestAPauseAfterOneThatPaidNothingEndsWithOneRequest(t *testing.T) {
 
 // TestASuspectedClosureIsNoPause: a long wait after a burst suspects a
 // window's closure, whose test goes a moment later, long before the
-// boundary the wait names: the group takes no pause that would hold it.
+// boundary the wait names: the pool takes no pause that would hold it.
 func TestASuspectedClosureIsNoPause(t *testing.T) {
 	m := NewMemory(Config{Concurrency: 8})
 	tk, _, _ := m.Admit(t0, 1, true)

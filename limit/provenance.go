@@ -13,7 +13,7 @@ const (
 	rateUnknown  rateFrom = iota // nothing learned yet
 	rateHeaders                  // the upstream's rate-limit headers
 	rateAdmitted                 // measured between refusals
-	rateSending                  // what the group sent before its first refusals, lowered by later ones
+	rateSending                  // what the pool sent before its first refusals, lowered by later ones
 	rateHint                     // one request per "try again in"
 	rateProbe                    // a probe above it met no refusal
 	rateReplicas                 // the pace other replicas learned, at this one's first refusal
@@ -51,7 +51,7 @@ var boundText = [...]string{"", "rate", "concurrency"}
 
 func (b Bound) String() string { return shown(b, boundText[:]) }
 
-// pauseReason says why a group is paused (View.PauseReason). Code compares
+// pauseReason says why a pool is paused (View.PauseReason). Code compares
 // the values; String is what /lanes, the logs and the metrics' reason
 // label show.
 type pauseReason uint8
@@ -69,7 +69,7 @@ var pauseReasonText = [...]string{"", "rate_limited", "overloaded", "retry", "wi
 
 func (p pauseReason) String() string { return shown(p, pauseReasonText[:]) }
 
-// concurrencyFrom says where a group's concurrency limit comes from
+// concurrencyFrom says where a pool's concurrency limit comes from
 // (View.ConcurrencyFrom): the start grown by answers (concurrencyGrown),
 // the upstream's words (concurrencyNamed), or, above zero, the number in
 // flight the upstream's refusals showed is too many. String is what

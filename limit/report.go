@@ -60,8 +60,8 @@ func (v Verdict) Refusal() bool {
 func (v Verdict) Limited() bool { return v == RateRefused || v == ConcurrencyRefused }
 
 // Pauses reports whether a retry after an answer with this verdict pauses
-// the whole limit group rather than waiting alone: a rate refusal or an
-// overload is about the group (a concurrency refusal waits for a permit).
+// the whole pool rather than waiting alone: a rate refusal or an
+// overload is about the pool (a concurrency refusal waits for a permit).
 func (v Verdict) Pauses() bool { return v == RateRefused || v == Overloaded }
 
 // PauseReason names the pause an answer with this verdict sets (see
@@ -88,7 +88,7 @@ type Report struct {
 	Limits headerparse.Limits
 	// Hint is the upstream's own wait before trying again; 0 = none.
 	Hint time.Duration
-	// PauseUntil pauses every lane of the group until then (zero: no
+	// PauseUntil pauses every lane of the pool until then (zero: no
 	// pause). A pause is only ever extended.
 	PauseUntil time.Time
 	// Quota is a quota the answer says is spent, which waiting for a rate

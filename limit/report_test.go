@@ -56,7 +56,7 @@ func TestHeadersThatOverstateTheirWindowAreCorrectedBeforeARefusal(t *testing.T)
 }
 
 // TestMeterReadsRatesAboveItsSampleCount: the meter once kept the last 32
-// dispatches, so it could not read more than 32 a second, and a group at
+// dispatches, so it could not read more than 32 a second, and a pool at
 // its full rate looked under-used.
 func TestMeterReadsRatesAboveItsSampleCount(t *testing.T) {
 	var p pacer
@@ -125,7 +125,7 @@ func TestABudgetWaitingForATimeHoldsALoneRequestBack(t *testing.T) {
 }
 
 // TestWhatEachVerdictMeans: which verdicts are refusals, which of those
-// are of the limits, which pause the group on a retry, and the reason
+// are of the limits, which pause the pool on a retry, and the reason
 // such a pause shows.
 func TestWhatEachVerdictMeans(t *testing.T) {
 	for _, c := range []struct {

@@ -5,7 +5,7 @@ import "time"
 // refusal is what the rules of refusalRules read of one refusal while the
 // upstream admits other requests: its ticket and evidence, when it came,
 // the rate measured between it and the refusals before it (0: none), and
-// whether it is the group's first (no rate measured, none guessed).
+// whether it is the pool's first (no rate measured, none guessed).
 type refusal struct {
 	t      *Ticket
 	e      refusalEvidence
@@ -54,7 +54,7 @@ func ruleMeasured(l *learner, c refusal) bool {
 	return true
 }
 
-// ruleSending: one refusal measures no rate yet; what the group has been
+// ruleSending: one refusal measures no rate yet; what the pool has been
 // sending is too fast, and the first guess.
 func ruleSending(l *learner, c refusal) bool {
 	if !c.first {
@@ -79,7 +79,7 @@ func ruleInFlight(l *learner, c refusal) bool {
 }
 
 // ruleFleetPace: other replicas learned a pace from their refusals
-// already, lower than what the group was sending, and known. Refused at
+// already, lower than what the pool was sending, and known. Refused at
 // that pace (sent after this replica saw it, so not at an older, faster
 // one), it is cut as one process's guess refused again is. (Each
 // replica's first refusal is a first guess of its own; without the cut

@@ -2,7 +2,7 @@ package limit
 
 import "time"
 
-// Shared is the state that the lanes of one limit group share: the budgets
+// Shared is the state that the lanes of one pool share: the budgets
 // learned from the upstream, the pause, and the concurrency permits. The
 // lanes keep their queues and counters; everything that must agree across
 // lanes, and across replicas of the proxy, sits behind this interface.
@@ -19,19 +19,19 @@ type Shared interface {
 	// it. If so it takes the permit, charges the budgets and returns the
 	// dispatch's ticket. If not, at is when to ask again; a zero at means
 	// that only an answer or a returned permit can change the answer.
-	// alone says that no earlier dispatch of the group awaits its answer:
+	// alone says that no earlier dispatch of the pool awaits its answer:
 	// then budgets that can only learn more from an answer let the request
 	// go to find out.
 	Admit(now time.Time, cost int64, alone bool) (t Ticket, at time.Time, ok bool)
 	// Learn folds one answer to t's dispatch into the state: the pause,
 	// the budgets and the concurrency limit. It may note in t what its
 	// later calls on t need. It may decline the report's pause when what
-	// it learned holds the group better (a refusal by an upstream that
+	// it learned holds the pool better (a refusal by an upstream that
 	// admits other requests, with no wait named for a rate): PausedUntil
 	// tells what it took.
 	Learn(t *Ticket, r Report, now time.Time)
 	// Refund gives back what t's dispatch charged to the budgets, when it
-	// never reached the upstream (the group calls it after Learn of a
+	// never reached the upstream (the pool calls it after Learn of a
 	// NotSent answer).
 	Refund(t *Ticket)
 	// Settle swaps t's estimated token cost for what the answer used.
@@ -44,10 +44,10 @@ type Shared interface {
 	// View is what the state shows at now.
 	View(now time.Time) View
 	// Knows reports whether the state has learned a limit from the
-	// upstream (headers or refusals): a group whose configured limits are
+	// upstream (headers or refusals): a pool whose configured limits are
 	// only where learning starts (Limits.Start) then drops them.
 	Knows() bool
-	// Configure takes cfg as the group's configuration from now on: an
+	// Configure takes cfg as the pool's configuration from now on: an
 	// operator changed the route's configured limits while the proxy
 	// runs. The concurrency bounds apply at once; a configured
 	// concurrency is the limit now.
@@ -58,7 +58,7 @@ type Shared interface {
 	Forget()
 	// AnsweredElsewhere reports whether another replica of the proxy
 	// that keeps the state together with this one learned from an answer
-	// of the group lately: the first-answer window need not wait for one
+	// of the pool lately: the first-answer window need not wait for one
 	// of this replica's own. Always false for state in one process.
 	AnsweredElsewhere() bool
 }

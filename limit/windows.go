@@ -13,7 +13,7 @@ import (
 // once a window's allowance is spent the upstream refuses everything until
 // the boundary (a closure), so the pool waits for it as a whole, and sends
 // the next window's allowance from its start instead of pacing it out
-// evenly. Its methods require the pool's mutex held.
+// evenly. Its methods require the group's mutex held.
 type windows struct {
 	closure   // the closure under way, and its knocks
 	suspicion // the refusals that suspect a silent closure
@@ -169,10 +169,9 @@ type window struct {
 // soon as it is spent, and the next knock goes at the boundary the length
 // predicts.
 type shape struct {
-	// known: a closure ended with the window open again. allowance is set
-	// at each reopen; the length lies in (lengthLo, lengthHi] (lengthHi 0:
-	// not known). full counts the windows that ended in a closure, for the
-	// allowance's probe.
+	// known: the shape is known. allowance is set at each reopen; the
+	// length lies in (lengthLo, lengthHi] (lengthHi 0: not known). full
+	// counts the windows that ended in a closure, for the probe.
 	known              bool
 	allowance          int
 	lengthLo, lengthHi time.Duration
@@ -201,7 +200,7 @@ type shape struct {
 // extra is how many more than the allowance a probing window sends: one,
 // every probeWindows windows; after probes that admitted all they sent,
 // every window, twice as many as the last, so an allowance learned low
-// (from a window the group did not fill) is found in a few windows.
+// (from a window the pool did not fill) is found in a few windows.
 func (h *shape) extra() int {
 	if h.climb > 0 || h.full%probeWindows == probeWindows-1 {
 		return 1 << min(h.climb, maxClimb)
@@ -209,19 +208,18 @@ func (h *shape) extra() int {
 	return 0
 }
 
-// pacing reports whether the shape holds the group's pace: a known
-// window's allowance goes from its start, not at a pace learned from
-// refusals.
+// pacing reports whether the shape holds the pool's pace: a known window's
+// allowance goes from its start, not at a pace learned from refusals.
 func (h *shape) pacing() bool { return h.known }
 
 // readLength learns from one reading of the window's length, (low, hi],
 // and reports whether it counts: a reading that overlaps the known length
 // narrows it to where both agree; the first reading, one of a window that
 // admitted a request (admitted) and follows only the first (first: the
-// reading of the group's first window, which began wherever its first
+// reading of the pool's first window, which began wherever its first
 // request fell, anywhere in a window aligned to the clock), one shorter
 // of a window that admitted and began at a named boundary (from one to a
-// later one lie whole windows the group may not have filled), one off the
+// later one lie whole windows the pool may not have filled), one off the
 // known length by less than a lengthSlack-th of it (dispatches go a few
 // milliseconds late), and the second of two in a row off it that agree
 // with each other (the upstream's window changed) replace it. A single
@@ -291,7 +289,7 @@ const (
 	lengthSlack = 8
 )
 
-// gate decides whether the group may dispatch at now: ok with knock set
+// gate decides whether the pool may dispatch at now: ok with knock set
 // when the dispatch is a closure's single knock (the caller reports it to
 // knocked), or not ok until at (zero: until the knock's answer). With
 // spend, a window whose allowance is spent closes at once; without (one
@@ -399,7 +397,7 @@ func (w *windows) accepted(t *Ticket, now time.Time) time.Duration {
 // hasHint) is the upstream's wait, while the upstream took admits
 // requests a second lately (see Memory.taken). It reports whether the
 // refusal is the windows' to answer: a closure began or goes on, so the
-// group waits as a whole and nothing else learns a pace from it.
+// pool waits as a whole and nothing else learns a pace from it.
 func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits float64, now time.Time) bool {
 	d := t.Dispatched
 	long := hasHint && boundary(hint, admits) && !now.Before(w.moving)
@@ -449,7 +447,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 }
 
 // refusedClosed learns from a rate refusal of t at now while a closure
-// holds the group (see refused; long: its hint is the time to a window's
+// holds the pool (see refused; long: its hint is the time to a window's
 // boundary). It reports whether the refusal is still the windows' to
 // answer: not when the hints of a closure stated by the upstream turn
 // out to move with the clock.
@@ -618,7 +616,7 @@ func (w *windows) reopen(at time.Time, used int) time.Duration {
 		// boundary before (a reopen), whose first request may have gone
 		// later (a loaded machine; a window aligned to the clock began
 		// at the boundary all the same), or at its first request (the
-		// group's first window, or a roll).
+		// pool's first window, or a roll).
 		from := w.prev.opened
 		if !w.prev.start.IsZero() {
 			from = w.prev.start

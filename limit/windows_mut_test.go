@@ -9,7 +9,7 @@ import (
 
 // TestAWindowOfUnknownLengthIsNotRolledOver: with the window's length not
 // known, nothing says when the running window ended, so its allowance
-// once spent holds the group however long ago it was sent, instead of a
+// once spent holds the pool however long ago it was sent, instead of a
 // new window being counted at once.
 func TestAWindowOfUnknownLengthIsNotRolledOver(t *testing.T) {
 	w := windows{shape: shape{known: true, allowance: 2}}
@@ -34,7 +34,7 @@ func silentRig(t *testing.T) (*winRig, time.Time) {
 }
 
 // TestTheMinRunthSilentRefusalCloses: refusals with no hint and no
-// admission between them close the group once there are minRun of them
+// admission between them close the pool once there are minRun of them
 // over minClosure; the one that makes minRun is enough, not the one
 // after.
 func TestTheMinRunthSilentRefusalCloses(t *testing.T) {
@@ -49,19 +49,19 @@ func TestTheMinRunthSilentRefusalCloses(t *testing.T) {
 }
 
 // TestSilentRefusalsSpanningExactlyMinClosureClose: a run of silent
-// refusals closes the group as soon as it spans minClosure, at that span
+// refusals closes the pool as soon as it spans minClosure, at that span
 // exactly, not only past it.
 func TestSilentRefusalsSpanningExactlyMinClosureClose(t *testing.T) {
 	r, end := silentRig(t)
 	for i := range minRun {
 		now := end.Add(time.Duration(i) * time.Millisecond)
 		if r.refuse(r.send(now), 0, now) || r.w.closed {
-			t.Fatalf("refusal %d, %v into the run, closed the group", i+1, now.Sub(end))
+			t.Fatalf("refusal %d, %v into the run, closed the pool", i+1, now.Sub(end))
 		}
 	}
 	now := end.Add(minClosure)
 	if !r.refuse(r.send(now), 0, now) || !r.w.closed {
-		t.Fatalf("a run of %d silent refusals spanning %v did not close the group", minRun+1, minClosure)
+		t.Fatalf("a run of %d silent refusals spanning %v did not close the pool", minRun+1, minClosure)
 	}
 }
 
@@ -156,7 +156,7 @@ func TestWholeSecondHintsKnockWithinTheSecondBeforeTheNamedInstant(t *testing.T)
 	}
 	at, knock, ok := r.w.gate(now, true)
 	if ok || knock {
-		t.Fatal("the group went before its first knock")
+		t.Fatal("the pool went before its first knock")
 	}
 	if !at.Before(named) || !at.After(named.Add(-time.Second)) {
 		t.Fatalf("first knock at %v, want within the second before %v", at, named)
@@ -314,7 +314,7 @@ func TestAWindowReopenedByAKnockCountsFromTheKnock(t *testing.T) {
 // TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest: a window
 // reopened at its stated boundary with nothing sent yet starts at its
 // first request, as a window counted from its first request does: its
-// allowance spent holds the group until a length after that request, not
+// allowance spent holds the pool until a length after that request, not
 // after the boundary.
 func TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest(t *testing.T) {
 	b := t0.Add(10 * time.Second)
@@ -387,7 +387,7 @@ func TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary(t *testi
 			r.w.knocked(99, knockAt)
 		}
 		if _, _, ok := r.w.gate(boundary, false); !ok || r.w.closed {
-			t.Fatalf("in flight %v: the group is held at the stated boundary", inFlight)
+			t.Fatalf("in flight %v: the pool is held at the stated boundary", inFlight)
 		}
 		wantStart, wantUsed := boundary, 0
 		if inFlight {
@@ -444,7 +444,7 @@ func TestRequestsStillOutCountAsTakenWhenAHintIsJudged(t *testing.T) {
 }
 
 // TestAnAllowanceLearnedLowIsFoundInAFewWindows: a window learned at 10
-// from one the group did not fill, against an upstream that admits 20 a
+// from one the pool did not fill, against an upstream that admits 20 a
 // window. After the first probe admitted all it sent, every window
 // probes, each twice as far as the last (up to 1<<maxClimb): 11, 13, 17,
 // 21 sent, the last refused past 20. Then the probe is one more, one
@@ -540,7 +540,7 @@ func TestALateFirstRequestDoesNotShortenTheLength(t *testing.T) {
 	}
 }
 
-// TestTheFirstWindowsLengthGivesWayToTheNext: the group's first window
+// TestTheFirstWindowsLengthGivesWayToTheNext: the pool's first window
 // began wherever its first request fell (784 ms before the boundary of a
 // 1 s window aligned to the clock): the next window's reading, far off
 // it, replaces it rather than being held.
@@ -557,7 +557,7 @@ func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
 	}
 }
 
-// TestARefusedEmptyWindowDoesNotReplaceTheFirstLength: the group's first
+// TestARefusedEmptyWindowDoesNotReplaceTheFirstLength: the pool's first
 // window, from its first request to a boundary 10 s on, admitted 180. The
 // window its boundary reopened is refused a millisecond later, before it
 // admitted anything (the boundary was read a moment early): its reading,
@@ -586,13 +586,13 @@ func TestARefusedEmptyWindowDoesNotReplaceTheFirstLength(t *testing.T) {
 // 19 of an upstream's 20 closes after 19, and its knock at the boundary a
 // wrong length predicts is admitted, as the 20th. The window it seemed to
 // open is refused at once, having admitted the knock alone: when the
-// boundary the hints name reopens the group, the allowance is 20 and the
+// boundary the hints name reopens the pool, the allowance is 20 and the
 // length is not read from the false start.
 func TestAKnockLetThroughByAShortAllowanceIsNoBoundary(t *testing.T) {
 	r := &winRig{t: t, w: windows{cur: window{start: t0}, prev: window{start: t0.Add(-time.Second), opened: t0.Add(-time.Second)}, shape: shape{known: true, allowance: 19, lengthLo: 783 * time.Millisecond, lengthHi: 784 * time.Millisecond}}}
 	end := r.burst(t0, 19)
 	if r.send(end) != nil || !r.w.closed {
-		t.Fatal("rig: the group did not close on its allowance")
+		t.Fatal("rig: the pool did not close on its allowance")
 	}
 	at, _, _ := r.w.gate(end, true)
 	k := r.send(at)
@@ -716,7 +716,7 @@ func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
 				hint, r.w.closed, r.w.stated, r.w.confirmed)
 		}
 		if until := r.w.until(); !until.Equal(now.Add(hint)) {
-			t.Fatalf("a %v hint holds the group until %v, want its instant %v", hint, until.Sub(t0), now.Add(hint).Sub(t0))
+			t.Fatalf("a %v hint holds the pool until %v, want its instant %v", hint, until.Sub(t0), now.Add(hint).Sub(t0))
 		}
 		if r.send(now.Add(time.Millisecond)) != nil {
 			t.Fatalf("a %v hint: sent on in a window refused", hint)
@@ -725,7 +725,7 @@ func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
 	u := &winRig{t: t, w: windows{suspicion: suspicion{lastAdmit: t0}}}
 	now := u.burst(t0, 20)
 	if u.refuse(u.send(now), 40*time.Millisecond, now) || u.w.closed {
-		t.Fatal("a 40 ms hint closed a group whose shape is not known")
+		t.Fatal("a 40 ms hint closed a pool whose shape is not known")
 	}
 	m := known()
 	m.w.moving = t0.Add(time.Minute)

@@ -88,7 +88,7 @@ func (r *winRig) knockThrough(now, boundary time.Time, stated bool) int {
 
 // TestStatedWindow: a refusal naming a wait of seconds after a burst
 // suspects a window closing to that instant; a test 1.25 s later refused
-// at the same instant confirms it, and the group holds until it as a
+// at the same instant confirms it, and the pool holds until it as a
 // pause would; knocks step through what whole seconds leave open; the
 // first admitted reopens the window, whose allowance and length are then
 // known, and the next window's allowance goes from its start.
@@ -128,13 +128,13 @@ func TestStatedWindow(t *testing.T) {
 	if late := r.w.cur.start.Sub(boundary); late < 0 || late > 250*time.Millisecond {
 		t.Fatalf("reopened %v after the boundary, want within 250ms", late)
 	}
-	// The group's first window began wherever its first request fell: the
+	// The pool's first window began wherever its first request fell: the
 	// length it teaches holds until the next window's reading.
 	if !r.w.known || r.w.allowance != 200 || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || !r.w.lengthFirst {
 		t.Fatalf("known %v allowance %d length (%v, %v] first %v, want 200 and about 10 s from the first window",
 			r.w.known, r.w.allowance, r.w.lengthLo, r.w.lengthHi, r.w.lengthFirst)
 	}
-	// The next window: its allowance goes at once, then the group closes
+	// The next window: its allowance goes at once, then the pool closes
 	// without a refusal, and knocks find the boundary that ends it.
 	start := r.w.cur.start
 	end = r.burst(start, 199) // the knock that reopened it was the first
@@ -149,7 +149,7 @@ func TestStatedWindow(t *testing.T) {
 	if r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || r.w.lengthFirst {
 		t.Fatalf("length (%v, %v] (first %v) after the second window, want about 10 s", r.w.lengthLo, r.w.lengthHi, r.w.lengthFirst)
 	}
-	// The third: the group closes when its allowance is spent, and knocks
+	// The third: the pool closes when its allowance is spent, and knocks
 	// at the boundary the length predicts.
 	start = r.w.cur.start
 	end = r.burst(start, 199)
@@ -218,7 +218,7 @@ func TestShortHintsAreBoundariesOnlyWhenFarFromARefill(t *testing.T) {
 }
 
 // TestSilentWindow: refusals with no hint and no admission for a second
-// close the group; knocks go a share of the closure's length apart; the
+// close the pool; knocks go a share of the closure's length apart; the
 // first admitted reopens it, and the shape is known; the next window's
 // first refusal closes it at once, with a knock at the predicted boundary.
 func TestSilentWindow(t *testing.T) {
@@ -243,7 +243,7 @@ func TestSilentWindow(t *testing.T) {
 		t.Fatalf("%d knocks, reopened %v after the boundary", knocks, late)
 	}
 	if !r.w.known || r.w.lengthHi < 9*time.Second || r.w.lengthHi > 11*time.Second || !r.w.lengthFirst {
-		t.Fatalf("after the group's first window: known %v, length (%v, %v], first %v; want about 10 s from the first window",
+		t.Fatalf("after the pool's first window: known %v, length (%v, %v], first %v; want about 10 s from the first window",
 			r.w.known, r.w.lengthLo, r.w.lengthHi, r.w.lengthFirst)
 	}
 	// The second window: its refusals close it at once, and the knocks
@@ -315,7 +315,7 @@ func TestProbingWindowSendsOneMore(t *testing.T) {
 
 // TestAWindowNotSpentRollsOver: a load lighter than the allowance spends
 // no window; once a window's length has passed the count starts again,
-// so the group is never closed for what earlier windows sent.
+// so the pool is never closed for what earlier windows sent.
 func TestAWindowNotSpentRollsOver(t *testing.T) {
 	w := windows{shape: shape{known: true, allowance: 10, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 	for i := range 30 {
@@ -329,7 +329,7 @@ func TestAWindowNotSpentRollsOver(t *testing.T) {
 
 // TestAKnockPastAnUnconfirmedBoundaryWaitsForItsAnswer: while a test knock
 // is out and the boundary the hints named has passed unconfirmed, the gate
-// holds the group until the knock's answer (a zero time), never "until"
+// holds the pool until the knock's answer (a zero time), never "until"
 // the instant already gone, which would have the dispatcher ask again at
 // once, without end.
 func TestAKnockPastAnUnconfirmedBoundaryWaitsForItsAnswer(t *testing.T) {
@@ -418,7 +418,7 @@ func TestAKnockThatEndsUnansweredLetsTheNextGo(t *testing.T) {
 // TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow: an upstream
 // that admitted requests sent after it refused one is a pace over-sent,
 // not a window (a window refuses everything from its allowance's end to
-// its boundary). When the group then over-sends it for a second and
+// its boundary). When the pool then over-sends it for a second and
 // more, the closure's knock ends it, and no window is learned from it;
 // the same silent run after a window with no such refusal teaches one.
 func TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow(t *testing.T) {
@@ -433,7 +433,7 @@ func TestRefusalsBetweenAdmissionsThenASilentRunTeachNoWindow(t *testing.T) {
 			took = r.refuse(r.send(now), 0, now)
 		}
 		if !r.w.closed {
-			t.Fatal("a second of silent refusals did not close the group")
+			t.Fatal("a second of silent refusals did not close the pool")
 		}
 		r.knockThrough(now, now, false) // the next knock is admitted
 		if r.w.closed || r.w.known == stray || (r.w.view() == nil) == !stray {
@@ -558,7 +558,7 @@ func TestASilentClosureAfterOneAdmissionTeachesOnlyTheKnocksGap(t *testing.T) {
 }
 
 // TestAWindowAfterAnOutageCountsFromItsFirstAdmission: refusals before
-// anything was ever admitted are an outage, not the window's: the group's
+// anything was ever admitted are an outage, not the window's: the pool's
 // first window opens at its first admitted request, so its closure reads
 // the window's length from there, not from the outage's start.
 func TestAWindowAfterAnOutageCountsFromItsFirstAdmission(t *testing.T) {
