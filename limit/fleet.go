@@ -118,12 +118,4 @@ func (f Fleet) Levels(admitted, refused []float64, now time.Time) {
 
 // Returned records the end of an answer whose permit the store gave, for
 // the mean answer time; Memory's own permit count is not touched.
-func (f Fleet) Returned(t *Ticket, now time.Time) {
-	s := f.s
-	s.ended(t)
-	s.conc.answered(t, now)
-	s.win.ended(t.Seq)
-	if s.learn.sustains(s.conc.answerSecs) {
-		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
-	}
-}
+func (f Fleet) Returned(t *Ticket, now time.Time) { f.s.returned(t, now) }

@@ -209,7 +209,7 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 			// until its window's boundary. The windows hold the pool;
 			// the refusal says nothing of a pace or a concurrency.
 			s.pace.observe(r.Limits, t, now)
-			e := pauseEvidence{closure: true}
+			e := pauseEvidence{closed: true}
 			if s.win.confirmed {
 				e.opens = s.win.lo // the boundary lies in (lo, hi], where known
 			}
@@ -445,7 +445,17 @@ func (s *Memory) Settle(t *Ticket, usedTokens int64) {
 
 func (s *Memory) Return(t *Ticket, now time.Time) {
 	s.conc.inFlight--
-	s.Fleet().Returned(t, now) // learned from as the end of one another store gave
+	s.returned(t, now)
+}
+
+// returned learns from the end of t's answer, its permit given back.
+func (s *Memory) returned(t *Ticket, now time.Time) {
+	s.ended(t)
+	s.conc.answered(t, now)
+	s.win.ended(t.Seq)
+	if s.learn.sustains(s.conc.answerSecs) {
+		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
+	}
 }
 
 // ended settles t, whose permit went back, and takes it off the count of

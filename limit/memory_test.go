@@ -495,7 +495,7 @@ func TestATrialStartsFromTheInFlightAndAnswerTimeItIsGiven(t *testing.T) {
 func TestRoomTheUpstreamStatesKeepsASpentWindowOpen(t *testing.T) {
 	for _, left := range []float64{1, 0} {
 		m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 8})
-		m.win = windows{cur: window{used: 1, start: t0, opened: t0}, shape: shape{known: true, allowance: 1, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
+		m.win = windows{cur: windowCount{used: 1, start: t0, opened: t0}, shape: shape{known: true, allowance: 1, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 		m.pace.requests = budget{known: true, limit: 10, lastLeft: left}
 		m.pace.requests.resize(10, 0)
 		m.pace.requests.bucket.Set(t0, 10)

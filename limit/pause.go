@@ -12,12 +12,12 @@ type pause struct {
 // pauseEvidence is what learning from a report found that bears on the
 // pause the report asks for (see poolPause).
 type pauseEvidence struct {
-	// closure: the fixed windows read the refusal as a closure; they hold
+	// closed: the fixed windows read the refusal as a closure; they hold
 	// the pool until the window's boundary, whatever pace is asked.
 	// opens: the earliest that boundary can be, where a confirmed
 	// closure knows it (zero: not known).
-	closure bool
-	opens   time.Time
+	closed bool
+	opens  time.Time
 	// quiet: a rate refusal or an overload from an upstream whose headers
 	// say nothing, learned from by its behaviour.
 	quiet bool
@@ -52,7 +52,7 @@ func poolPause(r Report, e pauseEvidence) pause {
 	if !e.opens.IsZero() {
 		return pause{until: e.opens, reason: pauseWindow}
 	}
-	if r.PauseUntil.IsZero() || e.closure {
+	if r.PauseUntil.IsZero() || e.closed {
 		return pause{}
 	}
 	if e.quiet && e.live && (e.concurrencyBound || hintPace(r.Hint) == 0) {

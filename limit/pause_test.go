@@ -28,8 +28,8 @@ func TestPoolPause(t *testing.T) {
 		{"an overload with headers", ask(Overloaded, 0), pauseEvidence{}, pauseOverloaded},
 		{"a concurrency refusal asked to pause", ask(ConcurrencyRefused, 0), pauseEvidence{}, pauseRetry},
 		{"a failure asked to pause", ask(Failed, 0), pauseEvidence{}, pauseRetry},
-		{"a window's closure holds the pool", ask(RateRefused, 50*time.Millisecond), pauseEvidence{closure: true}, notPaused},
-		{"a window's closure holds the pool, no pause asked", Report{Status: 429, Verdict: RateRefused}, pauseEvidence{closure: true}, notPaused},
+		{"a window's closure holds the pool", ask(RateRefused, 50*time.Millisecond), pauseEvidence{closed: true}, notPaused},
+		{"a window's closure holds the pool, no pause asked", Report{Status: 429, Verdict: RateRefused}, pauseEvidence{closed: true}, notPaused},
 		{"a quiet refusal of an upstream that admits nothing", ask(RateRefused, 0), pauseEvidence{quiet: true}, pauseRateLimited},
 		{"a quiet overload of an upstream that admits nothing", ask(Overloaded, 5*time.Second), pauseEvidence{quiet: true}, pauseOverloaded},
 		{"a quiet refusal while admitting, no hint: the pace holds", ask(RateRefused, 0), quietLive, notPaused},
@@ -60,7 +60,7 @@ func TestPoolPause(t *testing.T) {
 // whatever pause the report asks (or none).
 func TestAConfirmedClosureIsAPauseToItsBoundary(t *testing.T) {
 	boundary := t0.Add(700 * time.Millisecond)
-	e := pauseEvidence{closure: true, opens: boundary}
+	e := pauseEvidence{closed: true, opens: boundary}
 	for _, r := range []Report{{Status: 429, Verdict: RateRefused, PauseUntil: at(2 * time.Second)}, {Status: 429, Verdict: RateRefused}} {
 		if p := poolPause(r, e); p != (pause{until: boundary, reason: pauseWindow}) {
 			t.Errorf("asked %v: poolPause = %+v, want until the boundary %v for the window", r.PauseUntil, p, boundary)

@@ -19,7 +19,7 @@ type windows struct {
 	suspicion // the refusals that suspect a silent closure
 	// cur is the running window; prev the one that ended, whose figures go
 	// on counting answers that come late.
-	cur, prev window
+	cur, prev windowCount
 	shape     // what closures taught: the allowance, the length, the probe
 }
 
@@ -144,7 +144,7 @@ func (u *suspicion) silent(d time.Time) bool {
 	return u.run >= minRun && d.Sub(u.runFrom) >= minClosure
 }
 
-// window is what the pool sent in one window: it began at start (a
+// windowCount is what the pool sent in one window: it began at start (a
 // reopen), its first dispatch went at opened (a window counted from its
 // first request starts there), it has sent used and admitted admitted.
 // guessed: it opened on a knock admitted where no hint named a boundary
@@ -155,7 +155,7 @@ func (u *suspicion) silent(d time.Time) bool {
 // its boundary, so an upstream that admits between refusals is a pace,
 // over-sent (by several replicas, or turns of models sharing it), and a
 // silent closure after it teaches no window.
-type window struct {
+type windowCount struct {
 	start, opened         time.Time
 	used, admitted        int
 	guessed, named, stray bool
@@ -335,7 +335,7 @@ func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool)
 // load lighter than the allowance never spends one.
 func (w *windows) roll(now time.Time) {
 	if w.known && w.lengthHi > 0 && !w.cur.opened.IsZero() && !now.Before(w.cur.opened.Add(w.lengthHi)) {
-		w.prev, w.cur = w.cur, window{start: now}
+		w.prev, w.cur = w.cur, windowCount{start: now}
 		w.counted = false // no closure ended the window: what it admitted is no allowance
 	}
 }
@@ -534,7 +534,7 @@ func (w *windows) close(since time.Time, stated bool) {
 	// The running window ended: its figures go on counting late answers
 	// until it opens again (see reopen), and whatever was sent up to the
 	// closure's start (at that instant too) belongs to it.
-	w.prev, w.cur = w.cur, window{start: since.Add(1)}
+	w.prev, w.cur = w.cur, windowCount{start: since.Add(1)}
 }
 
 // predict sets where a silent closure's boundary should lie: its window's
@@ -652,7 +652,7 @@ func (w *windows) reopen(at time.Time, used int) time.Duration {
 // open starts the window at at, with used sent in it already (the knock
 // that found it open, which a hint may have named the boundary for).
 func (w *windows) open(at time.Time, used int) {
-	w.cur = window{start: at, used: used, named: w.stated && w.confirmed}
+	w.cur = windowCount{start: at, used: used, named: w.stated && w.confirmed}
 	w.cur.guessed = used > 0 && !(w.stated && w.confirmed)
 	if used > 0 {
 		w.cur.opened = at // the knock that found it open

@@ -202,7 +202,7 @@ func TestATestNamingAnInstantInsideTheIntervalAgrees(t *testing.T) {
 // knock that found a new reading (low, hi]: the last refused knock went
 // low after the window's first request, the admitted one hi after it.
 func reading(lengthLo, lengthHi, low, hi time.Duration) windows {
-	w := windows{closure: closure{closed: true, lastKnock: t0.Add(low)}, prev: window{start: t0, opened: t0, admitted: 5}, shape: shape{known: true, allowance: 5, lengthLo: lengthLo, lengthHi: lengthHi}}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(low)}, prev: windowCount{start: t0, opened: t0, admitted: 5}, shape: shape{known: true, allowance: 5, lengthLo: lengthLo, lengthHi: lengthHi}}
 	w.reopen(t0.Add(hi), 1)
 	return w
 }
@@ -232,7 +232,7 @@ func again(w windows, past, low, hi time.Duration, admitted int) windows {
 // the allowance, whose window it was.
 func TestAReadingAtOddsWithTheKnownLengthIsHeld(t *testing.T) {
 	for _, r := range [][2]time.Duration{{6 * time.Second, 7 * time.Second}, {12 * time.Second, 13 * time.Second}} {
-		w := windows{closure: closure{closed: true, lastKnock: t0.Add(r[0])}, prev: window{start: t0, opened: t0, admitted: 2}, shape: shape{known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
+		w := windows{closure: closure{closed: true, lastKnock: t0.Add(r[0])}, prev: windowCount{start: t0, opened: t0, admitted: 2}, shape: shape{known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 		w.reopen(t0.Add(r[1]), 1)
 		if w.lengthLo != 9*time.Second || w.lengthHi != 10*time.Second || w.allowance != 5 {
 			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want (9s, 10s] and 5 held", r, w.lengthLo, w.lengthHi, w.allowance)
@@ -250,7 +250,7 @@ func TestAReadingAtOddsWithTheKnownLengthIsHeld(t *testing.T) {
 // and the allowance is what the window admitted.
 func TestAReadingALittleOffTheKnownLengthReplacesIt(t *testing.T) {
 	for _, r := range [][2]time.Duration{{8 * time.Second, 9 * time.Second}, {10 * time.Second, 11 * time.Second}} {
-		w := windows{closure: closure{closed: true, lastKnock: t0.Add(r[0])}, prev: window{start: t0, opened: t0, admitted: 6}, shape: shape{known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
+		w := windows{closure: closure{closed: true, lastKnock: t0.Add(r[0])}, prev: windowCount{start: t0, opened: t0, admitted: 6}, shape: shape{known: true, allowance: 5, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}
 		w.reopen(t0.Add(r[1]), 1)
 		if w.lengthLo != r[0] || w.lengthHi != r[1] || w.allowance != 6 {
 			t.Fatalf("after the reading %v: length (%v, %v], allowance %d; want the reading and 6", r, w.lengthLo, w.lengthHi, w.allowance)
@@ -292,7 +292,7 @@ func TestAReadingThatAgreesWithTheKnownLengthDropsTheOneHeld(t *testing.T) {
 // the rest of the allowance was sent.
 func TestAWindowReopenedByAKnockCountsFromTheKnock(t *testing.T) {
 	knockAt := t0.Add(10 * time.Second)
-	r := &winRig{t: t, w: windows{closure: closure{closed: true, lastKnock: t0.Add(9500 * time.Millisecond), since: t0.Add(9 * time.Second), knockAt: knockAt}, prev: window{admitted: 2, opened: t0}, shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
+	r := &winRig{t: t, w: windows{closure: closure{closed: true, lastKnock: t0.Add(9500 * time.Millisecond), since: t0.Add(9 * time.Second), knockAt: knockAt}, prev: windowCount{admitted: 2, opened: t0}, shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
 	k := r.send(knockAt)
 	if k == nil {
 		t.Fatal("no knock")
@@ -318,7 +318,7 @@ func TestAWindowReopenedByAKnockCountsFromTheKnock(t *testing.T) {
 // after the boundary.
 func TestAWindowReopenedAtAStatedBoundaryCountsFromItsFirstRequest(t *testing.T) {
 	b := t0.Add(10 * time.Second)
-	r := &winRig{t: t, w: windows{closure: closure{closed: true, stated: true, confirmed: true, lo: b.Add(-time.Second), hi: b, since: t0.Add(9 * time.Second)}, prev: window{admitted: 2, opened: t0}, shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
+	r := &winRig{t: t, w: windows{closure: closure{closed: true, stated: true, confirmed: true, lo: b.Add(-time.Second), hi: b, since: t0.Add(9 * time.Second)}, prev: windowCount{admitted: 2, opened: t0}, shape: shape{known: true, allowance: 2, lengthLo: 9 * time.Second, lengthHi: 10 * time.Second}}}
 	if _, _, ok := r.w.gate(b, true); !ok || r.w.closed {
 		t.Fatal("the stated boundary did not reopen the window")
 	}
@@ -533,7 +533,7 @@ func TestLateAnswersCountTowardTheWindowThatEnded(t *testing.T) {
 // boundary (a reopen) whose first request went 600 ms late (a loaded
 // machine) reads its length from the boundary, 1 s, not from the request.
 func TestALateFirstRequestDoesNotShortenTheLength(t *testing.T) {
-	w := windows{closure: closure{closed: true, lastKnock: t0.Add(990 * time.Millisecond)}, prev: window{start: t0, opened: t0.Add(600 * time.Millisecond), admitted: 5}, shape: shape{known: true, allowance: 5}}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(990 * time.Millisecond)}, prev: windowCount{start: t0, opened: t0.Add(600 * time.Millisecond), admitted: 5}, shape: shape{known: true, allowance: 5}}
 	w.reopen(t0.Add(time.Second), 1)
 	if w.lengthLo != 990*time.Millisecond || w.lengthHi != time.Second {
 		t.Fatalf("length (%v, %v], want (990ms, 1s] from the boundary that opened the window", w.lengthLo, w.lengthHi)
@@ -545,7 +545,7 @@ func TestALateFirstRequestDoesNotShortenTheLength(t *testing.T) {
 // 1 s window aligned to the clock): the next window's reading, far off
 // it, replaces it rather than being held.
 func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
-	w := windows{closure: closure{closed: true, lastKnock: t0.Add(780 * time.Millisecond)}, prev: window{opened: t0, admitted: 19}, shape: shape{allowance: 5}}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(780 * time.Millisecond)}, prev: windowCount{opened: t0, admitted: 19}, shape: shape{allowance: 5}}
 	w.reopen(t0.Add(784*time.Millisecond), 1)
 	if w.lengthHi != 784*time.Millisecond || !w.lengthFirst {
 		t.Fatalf("rig: length (%v, %v], first %v", w.lengthLo, w.lengthHi, w.lengthFirst)
@@ -565,7 +565,7 @@ func TestTheFirstWindowsLengthGivesWayToTheNext(t *testing.T) {
 // 20 in (999 ms, 1 s] (the first window had spanned boundaries) replaces
 // it.
 func TestARefusedEmptyWindowDoesNotReplaceTheFirstLength(t *testing.T) {
-	w := windows{closure: closure{closed: true, lastKnock: t0.Add(9998 * time.Millisecond)}, prev: window{opened: t0, admitted: 180}}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(9998 * time.Millisecond)}, prev: windowCount{opened: t0, admitted: 180}}
 	w.reopen(t0.Add(9999*time.Millisecond), 0)
 	if w.lengthLo != 9998*time.Millisecond || !w.lengthFirst || w.allowance != 180 {
 		t.Fatalf("rig: length (%v, %v], first %v, allowance %d", w.lengthLo, w.lengthHi, w.lengthFirst, w.allowance)
@@ -589,7 +589,7 @@ func TestARefusedEmptyWindowDoesNotReplaceTheFirstLength(t *testing.T) {
 // boundary the hints name reopens the pool, the allowance is 20 and the
 // length is not read from the false start.
 func TestAKnockLetThroughByAShortAllowanceIsNoBoundary(t *testing.T) {
-	r := &winRig{t: t, w: windows{cur: window{start: t0}, prev: window{start: t0.Add(-time.Second), opened: t0.Add(-time.Second)}, shape: shape{known: true, allowance: 19, lengthLo: 783 * time.Millisecond, lengthHi: 784 * time.Millisecond}}}
+	r := &winRig{t: t, w: windows{cur: windowCount{start: t0}, prev: windowCount{start: t0.Add(-time.Second), opened: t0.Add(-time.Second)}, shape: shape{known: true, allowance: 19, lengthLo: 783 * time.Millisecond, lengthHi: 784 * time.Millisecond}}}
 	end := r.burst(t0, 19)
 	if r.send(end) != nil || !r.w.closed {
 		t.Fatal("rig: the pool did not close on its allowance")
@@ -647,7 +647,7 @@ func TestAReadingAnEighthOffIsHeld(t *testing.T) {
 // read as a window (its allowance and length), not as a knock let through
 // early.
 func TestAKnockWindowThatAdmittedHalfItsAllowanceWasAWindow(t *testing.T) {
-	w := windows{closure: closure{closed: true, lastKnock: t0.Add(995 * time.Millisecond)}, prev: window{start: t0, opened: t0, admitted: 10, guessed: true}, shape: shape{known: true, allowance: 20, lengthLo: 990 * time.Millisecond, lengthHi: time.Second}}
+	w := windows{closure: closure{closed: true, lastKnock: t0.Add(995 * time.Millisecond)}, prev: windowCount{start: t0, opened: t0, admitted: 10, guessed: true}, shape: shape{known: true, allowance: 20, lengthLo: 990 * time.Millisecond, lengthHi: time.Second}}
 	w.reopen(t0.Add(time.Second), 1)
 	if w.allowance != 10 || w.lengthLo != 995*time.Millisecond {
 		t.Fatalf("allowance %d, length (%v, %v]; want 10 and (995ms, 1s] read from the window", w.allowance, w.lengthLo, w.lengthHi)
@@ -746,7 +746,7 @@ func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
 			w.accepted(&Ticket{Seq: uint64(100 + i), Dispatched: sent}, sent.Add(time.Second))
 		}
 	}
-	w := windows{cur: window{start: at(time.Second)}, prev: window{start: t0}, shape: shape{known: true, allowance: 5, counted: true, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
+	w := windows{cur: windowCount{start: at(time.Second)}, prev: windowCount{start: t0}, shape: shape{known: true, allowance: 5, counted: true, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
 	late(&w, at(500*time.Millisecond), 6)
 	if w.allowance != 6 {
 		t.Fatalf("allowance %d after 6 answers to the reopened window, want 6", w.allowance)
@@ -756,7 +756,7 @@ func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
 	if w.allowance != 6 {
 		t.Fatalf("allowance %d after answers to a window a new closure ended, want 6 until it reopens", w.allowance)
 	}
-	r := windows{cur: window{start: t0, opened: t0}, shape: shape{known: true, allowance: 5, counted: true, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
+	r := windows{cur: windowCount{start: t0, opened: t0}, shape: shape{known: true, allowance: 5, counted: true, lengthLo: 999 * time.Millisecond, lengthHi: time.Second}}
 	r.roll(at(1100 * time.Millisecond))
 	late(&r, at(500*time.Millisecond), 8)
 	if r.allowance != 5 {
@@ -774,26 +774,26 @@ func TestANarrowIntervalIsKnockedAtItsEnd(t *testing.T) {
 	opened := t0
 	lo := t0.Add(9 * time.Second)
 	narrow := lo.Add(time.Duration(lateShare * float64(9*time.Second)))
-	w := windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}, prev: window{opened: opened}}
+	w := windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}, prev: windowCount{opened: opened}}
 	w.next(lo)
 	if !w.knockAt.Equal(narrow) {
 		t.Fatalf("interval %v wide after a window of at least 9 s: knock at %v, want its end %v", narrow.Sub(lo), w.knockAt.Sub(lo), narrow.Sub(lo))
 	}
 	wide := narrow.Add(10 * time.Millisecond)
-	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: wide}, prev: window{opened: opened}}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: wide}, prev: windowCount{opened: opened}}
 	w.next(lo)
 	if want := lo.Add(wide.Sub(lo) / knockSteps); !w.knockAt.Equal(want) {
 		t.Fatalf("interval %v wide: knock at %v, want %v", wide.Sub(lo), w.knockAt.Sub(lo), want.Sub(lo))
 	}
 	// A known length counts, not the time since the window's first
 	// request.
-	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: wide}, prev: window{opened: opened}, shape: shape{known: true, lengthLo: 20 * time.Second, lengthHi: 21 * time.Second}}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: wide}, prev: windowCount{opened: opened}, shape: shape{known: true, lengthLo: 20 * time.Second, lengthHi: 21 * time.Second}}
 	w.next(lo)
 	if !w.knockAt.Equal(wide) {
 		t.Fatalf("interval %v wide in a window known to last 20 s: knock at %v, want its end", wide.Sub(lo), w.knockAt.Sub(lo))
 	}
 	// Known, but with no length read yet: the window that ended counts.
-	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}, prev: window{opened: opened}, shape: shape{known: true}}
+	w = windows{closure: closure{closed: true, stated: true, confirmed: true, lo: lo, hi: narrow}, prev: windowCount{opened: opened}, shape: shape{known: true}}
 	w.next(lo)
 	if !w.knockAt.Equal(narrow) {
 		t.Fatal("a shape known with no length read: the window that ended did not count")
