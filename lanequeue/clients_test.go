@@ -119,7 +119,7 @@ func TestALaneNoRequestNamesAClientOfIsOneFIFO(t *testing.T) {
 }
 
 // TestClientsTakeTurnsWithinThePriorityClasses: high-priority requests go
-// ahead, the low ones keep one dispatch in LowShare, and within each class
+// ahead, the low ones keep one dispatch in lowShare, and within each class
 // the clients take turns of their own.
 func TestClientsTakeTurnsWithinThePriorityClasses(t *testing.T) {
 	q := newTurnsLane(t)

@@ -22,18 +22,16 @@ type Config struct {
 	Limits limit.Limits
 }
 
-// DefaultMaxQueue is the default of Config.MaxQueue.
-const DefaultMaxQueue = 10000
-
 // limitConfig is the part of c a group's limit state starts from.
 func (c Config) limitConfig() limit.Config {
 	return limit.Config{Concurrency: c.Concurrency, MinConcurrency: c.MinConcurrency, MaxConcurrency: c.MaxConcurrency, Limits: c.Limits}
 }
 
-// The defaults of TableConfig's zero fields.
+// The defaults of Config's and TableConfig's zero fields.
 const (
-	DefaultMaxLanes = 10000
-	DefaultIdleTTL  = 10 * time.Minute
+	defaultMaxQueue = 10000
+	defaultMaxLanes = 10000
+	defaultIdleTTL  = 10 * time.Minute
 	// defaultMetricLanes is how many lanes have series of their own in
 	// the metrics, as many as a page of /lanes shows: the vouched-for
 	// ones first, then the busiest, then the most recently used (see
@@ -69,7 +67,7 @@ func (c Config) withDefaults() Config {
 	l := c.limitConfig().WithDefaults()
 	c.Concurrency, c.MinConcurrency, c.MaxConcurrency = l.Concurrency, l.MinConcurrency, l.MaxConcurrency
 	if c.MaxQueue <= 0 {
-		c.MaxQueue = DefaultMaxQueue
+		c.MaxQueue = defaultMaxQueue
 	}
 	if c.Clock == nil {
 		c.Clock = clock.Real{}

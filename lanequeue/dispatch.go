@@ -27,7 +27,7 @@ func (g *group) queued() int { return g.queuedBy[High] + g.queuedBy[Low] }
 // headLocked is the waiter to dispatch next: the head in turn order (see
 // Lane.head), from the lane whose turn it is, of the lanes whose limit was
 // not held in this pass; a high-priority one, unless low-priority ones have
-// waited through LowShare-1 high dispatches in a row. Requires g.mu held.
+// waited through lowShare-1 high dispatches in a row. Requires g.mu held.
 func (g *group) headLocked() *Slot {
 	if g.held != nil {
 		return nil // an operator holds the route
@@ -56,7 +56,7 @@ func (g *group) headLocked() *Slot {
 	switch {
 	case lo == nil:
 		return hi
-	case hi == nil || g.highRun >= LowShare-1:
+	case hi == nil || g.highRun >= lowShare-1:
 		return lo
 	}
 	return hi

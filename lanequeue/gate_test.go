@@ -68,7 +68,7 @@ func TestHighPriorityWaitsOneDispatchBehindADeepLowQueue(t *testing.T) {
 }
 
 // TestLowPriorityKeepsItsShare: with both classes queued deep, one
-// dispatch in LowShare goes to a low-priority request.
+// dispatch in lowShare goes to a low-priority request.
 func TestLowPriorityKeepsItsShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := configuredTable(limit.Limits{Concurrency: 1}).laneFor(ckey)
@@ -111,7 +111,7 @@ func TestLowPriorityKeepsItsShare(t *testing.T) {
 			}
 		}
 		if lows < 19 || lows > 20 {
-			t.Errorf("%d of 79 dispatches went to low-priority requests, want one in %d (19-20)", lows, LowShare)
+			t.Errorf("%d of 79 dispatches went to low-priority requests, want one in %d (19-20)", lows, lowShare)
 		}
 	})
 }

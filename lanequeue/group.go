@@ -42,7 +42,7 @@ type group struct {
 	// queuedBy counts the waiters by priority, every lane's.
 	queuedBy [2]int
 	// highRun counts high-priority dispatches in a row while low ones
-	// waited; at LowShare-1 the next dispatch is a low one.
+	// waited; at lowShare-1 the next dispatch is a low one.
 	highRun int
 	// cap is the global cap every dispatch takes a place of; nil: none.
 	cap      *globalCap
@@ -78,7 +78,7 @@ type group struct {
 	// togetherLocked); no more are made.
 	apart bool
 
-	// An operator's changes (see Operation), guarded by mu: the route's
+	// An operator's changes (see Table.HoldRoute), guarded by mu: the route's
 	// hold (nil: none), and its limits set at run time (nil: as
 	// configured).
 	held *mark

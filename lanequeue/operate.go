@@ -8,58 +8,77 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// Operation is an operator's change to lanes while the proxy runs (the
-// admin endpoints): what changes, who asked and when. Table.OperateRoute
-// applies one to every lane of a route, those made later included;
-// Table.OperateLane to one lane. Changes last as long as the table.
-type Operation struct {
-	Kind OpKind
-	// Limits are the route's configured limits from now on (OpLimits):
-	// its RPM, TPM, Concurrency, MinGap and Start; whether its models
-	// share one limit (PerCredential) stays as the route started. nil:
-	// the limits the route started with (TableConfig.RouteLimits).
-	Limits *limit.Limits
-	By     string    // who asked, as State shows it; never a credential
-	At     time.Time // when
-	// Elsewhere: another replica of the proxy took the operation first. A
-	// hold or release of a lane this table does not have is kept for the
-	// lane when it comes.
+// An operator's changes while the proxy runs (the admin endpoints) name
+// who asked (by, as State shows it; never a credential) and when (at),
+// and last as long as the table. A route's ("" for the default upstream)
+// reach its lanes made later too; a lane's name the lane by its ID, as
+// State shows it. With elsewhere (another replica of the proxy took the
+// change first) a lane this table does not have is no error, and a hold
+// or release is kept for the lane when it comes; else it is
+// errUnknownLane, and nothing changes.
+
+// SetRouteLimits makes lim route's configured limits from now on: its RPM,
+// TPM, Concurrency, MinGap and Start; whether its models share one limit
+// (PerCredential) stays as the route started. nil: the limits the route
+// started with (TableConfig.RouteLimits).
+func (t *Table) SetRouteLimits(route string, lim *limit.Limits, by string, at time.Time) {
+	t.operateRoute(route, operation{Kind: opLimits, Limits: lim, By: by, At: at})
+}
+
+// HoldRoute holds route's lanes: they dispatch nothing, their waiters
+// wait (each until its deadline); with held false it releases them, and
+// the waiters go in their order.
+func (t *Table) HoldRoute(route string, held bool, by string, at time.Time) {
+	t.operateRoute(route, operation{Kind: holdKind(held), By: by, At: at})
+}
+
+// ClearRoute forgets what the limits of route's lanes learned (paces,
+// windows, the concurrency limit, a pause, a spent quota); configured
+// limits stay. It touches only the lanes there are.
+func (t *Table) ClearRoute(route, by string, at time.Time) {
+	t.operateRoute(route, operation{Kind: opClear, By: by, At: at})
+}
+
+// HoldLane holds the lane whose ID is id, or with held false releases it,
+// as HoldRoute a route's; kept by ID for a lane of that ID made later too.
+func (t *Table) HoldLane(id string, held bool, by string, at time.Time, elsewhere bool) error {
+	return t.operateLane(id, operation{Kind: holdKind(held), By: by, At: at, Elsewhere: elsewhere})
+}
+
+// ClearLane forgets what the limit the lane whose ID is id draws on learned.
+func (t *Table) ClearLane(id, by string, at time.Time, elsewhere bool) error {
+	return t.operateLane(id, operation{Kind: opClear, By: by, At: at, Elsewhere: elsewhere})
+}
+
+// operation is an operator's change, as the method that made it took it.
+type operation struct {
+	Kind      opKind
+	Limits    *limit.Limits // opLimits
+	By        string
+	At        time.Time
 	Elsewhere bool
 }
 
-// OpKind is what an Operation does.
-type OpKind uint8
+// opKind is what an operation does.
+type opKind uint8
 
 const (
-	_ OpKind = iota // none
-	// OpLimits sets a route's configured limits (a route's only).
-	OpLimits
-	// OpHold holds the lanes: they dispatch nothing, their waiters wait
-	// (each until its deadline), until OpRelease.
-	OpHold
-	// OpRelease ends a hold: the waiters go in their order.
-	OpRelease
-	// OpClear forgets what the lanes' limits learned (budgets, paces,
-	// windows, the concurrency limit, a pause); configured limits stay.
-	OpClear
+	_ opKind = iota // none
+	opLimits
+	opHold
+	opRelease
+	opClear
 )
 
-func (k OpKind) String() string {
-	switch k {
-	case OpLimits:
-		return "limits"
-	case OpHold:
-		return "hold"
-	case OpRelease:
-		return "release"
-	case OpClear:
-		return "clear"
+func holdKind(held bool) opKind {
+	if held {
+		return opHold
 	}
-	return "unknown"
+	return opRelease
 }
 
-// ErrUnknownLane: no lane of the table has the ID OperateLane was given.
-var ErrUnknownLane = errors.New("lanequeue: no lane has that ID")
+// errUnknownLane: no lane of the table has the ID a lane's change named.
+var errUnknownLane = errors.New("lanequeue: no lane has that ID")
 
 // mark is who made an operator's change, and when.
 type mark struct {
@@ -67,7 +86,7 @@ type mark struct {
 	by string
 }
 
-func markOf(op Operation) *mark { return &mark{at: op.At, by: op.By} }
+func markOf(op operation) *mark { return &mark{at: op.At, by: op.By} }
 
 // routeOps are the operators' changes in force on a route: its limits set
 // at run time (nil: as it started) and who set them, and its hold.
@@ -85,11 +104,9 @@ type RuntimeLimits struct {
 	By    string    `json:"by"`
 }
 
-// OperateRoute applies op to every lane of route ("" for the default
-// upstream), and to those its route makes later: its limits, a hold or
-// its release, or a clear of what each of its limits learned (a clear
-// touches only the lanes there are).
-func (t *Table) OperateRoute(route string, op Operation) {
+// operateRoute applies op to every lane of route, and to those its route
+// makes later (a clear touches only the lanes there are).
+func (t *Table) operateRoute(route string, op operation) {
 	t.opMu.Lock()
 	defer t.opMu.Unlock()
 	t.mu.Lock()
@@ -99,16 +116,16 @@ func (t *Table) OperateRoute(route string, op Operation) {
 		t.routeOps[route] = ops
 	}
 	switch op.Kind {
-	case OpLimits:
+	case opLimits:
 		ops.limits = nil
 		if op.Limits != nil {
 			lim := *op.Limits
 			lim.PerCredential = t.cfg.RouteLimits[route].PerCredential
 			ops.limits, ops.set = &lim, *markOf(op)
 		}
-	case OpHold:
+	case opHold:
 		ops.hold = markOf(op)
-	case OpRelease:
+	case opRelease:
 		ops.hold = nil
 	}
 	cfg, set := t.routeConfigLocked(route)
@@ -121,11 +138,11 @@ func (t *Table) OperateRoute(route string, op Operation) {
 	t.mu.Unlock()
 	for _, g := range groups {
 		switch op.Kind {
-		case OpLimits:
+		case opLimits:
 			g.reconfigure(cfg, set)
-		case OpHold, OpRelease:
+		case opHold, opRelease:
 			g.hold(ops.hold)
-		case OpClear:
+		case opClear:
 			g.clear(markOf(op))
 		}
 	}
@@ -148,32 +165,26 @@ func (t *Table) routeConfigLocked(route string) (Config, *RuntimeLimits) {
 	return cfg, set
 }
 
-// OperateLane applies op to the lane whose ID is id (as State shows it): a
-// hold or its release, kept by ID for a lane of that ID made later too,
-// or a clear of what the lane's limit learned. It returns ErrUnknownLane,
-// and changes nothing, when no lane of the table has that ID, unless
-// op.Elsewhere. An OpLimits is a route's, not a lane's: an error.
-func (t *Table) OperateLane(id string, op Operation) error {
-	if op.Kind == OpLimits {
-		return fmt.Errorf("lanequeue: lane %s: limits are set on a route", id)
-	}
+// operateLane applies op to the lane whose ID is id: a hold or its
+// release, kept by ID for a lane of that ID made later too, or a clear.
+func (t *Table) operateLane(id string, op operation) error {
 	t.opMu.Lock()
 	defer t.opMu.Unlock()
 	t.mu.Lock()
 	l := t.ids[id]
 	if l == nil && !op.Elsewhere {
 		t.mu.Unlock()
-		return fmt.Errorf("lane %s: %w", id, ErrUnknownLane)
+		return fmt.Errorf("lane %s: %w", id, errUnknownLane)
 	}
 	switch op.Kind {
-	case OpHold:
+	case opHold:
 		t.laneHolds[id] = markOf(op)
-	case OpRelease:
+	case opRelease:
 		delete(t.laneHolds, id)
 	}
 	hold := t.laneHolds[id]
 	t.mu.Unlock()
-	if l != nil && op.Kind == OpClear {
+	if l != nil && op.Kind == opClear {
 		l.clear(markOf(op))
 	} else if l != nil {
 		l.hold(hold)

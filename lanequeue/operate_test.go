@@ -12,10 +12,8 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// opAt is an operation of kind by "token:ab12cd34" at now.
-func opAt(kind OpKind, lim *limit.Limits) Operation {
-	return Operation{Kind: kind, Limits: lim, By: "token:ab12cd34", At: time.Now()}
-}
+// opBy is who makes the operators' changes of these tests.
+const opBy = "token:ab12cd34"
 
 // keyOf is the key of a lane of the default route for credential and
 // model.
@@ -55,7 +53,7 @@ func TestLimitsSetAtRunTimePaceTheRoutesLanes(t *testing.T) {
 		l := tab.laneFor(keyOf("sk-a", "m"))
 		pastFirstAnswer(l)
 		set := time.Now()
-		tab.OperateRoute("", opAt(OpLimits, &limit.Limits{RPM: 600}))
+		tab.SetRouteLimits("", &limit.Limits{RPM: 600}, opBy, time.Now())
 		starts, _ := runStarts(t, l, 10, 10*time.Millisecond, nil)
 		if g := minGap(starts); g != 100*time.Millisecond {
 			t.Errorf("closest starts %v apart, want 100ms (600 a minute)", g)
@@ -78,7 +76,7 @@ func TestLimitsSetAtRunTimePaceTheRoutesLanes(t *testing.T) {
 		if r := later.State().RuntimeLimits; r == nil || r.RPM != 600 {
 			t.Errorf("a group made after the change shows runtime limits %+v", r)
 		}
-		tab.OperateRoute("", opAt(OpLimits, nil))
+		tab.SetRouteLimits("", nil, opBy, time.Now())
 		st = l.State()
 		if st.Configured != nil || st.RuntimeLimits != nil {
 			t.Errorf("back to the route's own: configured %+v, runtime %+v; want neither", st.Configured, st.RuntimeLimits)
@@ -99,7 +97,7 @@ func TestAConcurrencySetAtRunTimeBoundsTheGroupAtOnce(t *testing.T) {
 		l := tab.laneFor(keyOf("sk-a", "m"))
 		other := tab.laneFor(Key{Route: "other", CredentialHash: HashCredential("sk-a"), Path: "/x", Model: "m"})
 		pastFirstAnswer(l)
-		tab.OperateRoute("", opAt(OpLimits, &limit.Limits{Concurrency: 2}))
+		tab.SetRouteLimits("", &limit.Limits{Concurrency: 2}, opBy, time.Now())
 		if c := l.State().Concurrency; c != 2 {
 			t.Fatalf("concurrency limit %d after 2 was set, want 2", c)
 		}
@@ -122,8 +120,8 @@ func TestAHeldLaneWaitsAndIsReleasedInOrder(t *testing.T) {
 		held, free := tab.laneFor(keyOf("sk-a", "m1")), tab.laneFor(keyOf("sk-a", "m2"))
 		pastFirstAnswer(held)
 		pastFirstAnswer(free)
-		op := opAt(OpHold, nil)
-		if err := tab.OperateLane(held.ID(), op); err != nil {
+		heldAt := time.Now()
+		if err := tab.HoldLane(held.ID(), true, opBy, heldAt, false); err != nil {
 			t.Fatal(err)
 		}
 		order := grantOrder(t, held, held, held, free)
@@ -131,10 +129,10 @@ func TestAHeldLaneWaitsAndIsReleasedInOrder(t *testing.T) {
 			t.Fatalf("request %d went first, want the other lane's (3)", got)
 		}
 		st := held.State()
-		if st.Queued != 3 || st.Rejected != 0 || st.Held != "lane" || !st.HeldSince.Equal(op.At) || st.HeldBy != "token:ab12cd34" {
+		if st.Queued != 3 || st.Rejected != 0 || st.Held != "lane" || !st.HeldSince.Equal(heldAt) || st.HeldBy != opBy {
 			t.Fatalf("held lane: %d queued, %d rejected, held %q since %v by %q", st.Queued, st.Rejected, st.Held, st.HeldSince, st.HeldBy)
 		}
-		if err := tab.OperateLane(held.ID(), opAt(OpRelease, nil)); err != nil {
+		if err := tab.HoldLane(held.ID(), false, opBy, time.Now(), false); err != nil {
 			t.Fatal(err)
 		}
 		for want := range 3 {
@@ -155,7 +153,7 @@ func TestARouteHoldHoldsItsLanesAndThoseMadeLater(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		tab := NewTable(TableConfig{Lane: Config{Concurrency: 8}})
 		before := tab.laneFor(keyOf("sk-a", "m"))
-		tab.OperateRoute("", opAt(OpHold, nil))
+		tab.HoldRoute("", true, opBy, time.Now())
 		after := tab.laneFor(keyOf("sk-b", "m"))
 		other := tab.laneFor(Key{Route: "other", CredentialHash: HashCredential("sk-a"), Path: "/x", Model: "m"})
 		for _, l := range []*Lane{before, after, other} {
@@ -173,13 +171,13 @@ func TestARouteHoldHoldsItsLanesAndThoseMadeLater(t *testing.T) {
 		if st := other.State(); st.Held != "" {
 			t.Fatalf("another route's lane held %q", st.Held)
 		}
-		if err := tab.OperateLane(after.ID(), opAt(OpHold, nil)); err != nil {
+		if err := tab.HoldLane(after.ID(), true, opBy, time.Now(), false); err != nil {
 			t.Fatal(err)
 		}
 		if st := after.State(); st.Held != "lane" {
 			t.Fatalf("a lane held on its own and by its route shows %q, want lane", st.Held)
 		}
-		tab.OperateRoute("", opAt(OpRelease, nil))
+		tab.HoldRoute("", false, opBy, time.Now())
 		if got := <-order; got != 0 {
 			t.Fatalf("request %d went after the route's release, want 0", got)
 		}
@@ -187,7 +185,7 @@ func TestARouteHoldHoldsItsLanesAndThoseMadeLater(t *testing.T) {
 		if st := after.State(); st.Queued != 1 || st.Held != "lane" {
 			t.Fatalf("a lane held on its own: %d queued, held %q after its route's release; want 1, lane", st.Queued, st.Held)
 		}
-		if err := tab.OperateLane(after.ID(), opAt(OpRelease, nil)); err != nil {
+		if err := tab.HoldLane(after.ID(), false, opBy, time.Now(), false); err != nil {
 			t.Fatal(err)
 		}
 		if got := <-order; got != 1 {
@@ -205,7 +203,7 @@ func TestAHoldPastTheDeadlineAnswersAsAPause(t *testing.T) {
 		tab := NewTable(TableConfig{Lane: Config{Concurrency: 8}})
 		l := tab.laneFor(keyOf("sk-a", "m"))
 		pastFirstAnswer(l)
-		tab.OperateRoute("", opAt(OpHold, nil))
+		tab.HoldRoute("", true, opBy, time.Now())
 		begin := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
@@ -229,7 +227,7 @@ func TestAHoldPastTheDeadlineAnswersAsAPause(t *testing.T) {
 		}
 		ctx, cancel = context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		tab.OperateRoute("", opAt(OpRelease, nil))
+		tab.HoldRoute("", false, opBy, time.Now())
 		s, err := l.acquire(ctx, 1, High)
 		if err != nil {
 			t.Fatalf("after the release: %v", err)
@@ -255,12 +253,12 @@ func TestClearForgetsWhatTheLaneLearned(t *testing.T) {
 				t.Fatalf("set-up: learned %v requests, paused until %v", st.RequestsLimit, st.PausedUntil)
 			}
 		}
-		op := opAt(OpClear, nil)
-		if err := tab.OperateLane(a.ID(), op); err != nil {
+		clearedAt := time.Now()
+		if err := tab.ClearLane(a.ID(), opBy, clearedAt, false); err != nil {
 			t.Fatal(err)
 		}
 		st := a.State()
-		if st.RequestsLimit != 0 || !st.PausedUntil.IsZero() || st.Learned != "" || !st.ClearedAt.Equal(op.At) || st.ClearedBy != op.By {
+		if st.RequestsLimit != 0 || !st.PausedUntil.IsZero() || st.Learned != "" || !st.ClearedAt.Equal(clearedAt) || st.ClearedBy != opBy {
 			t.Fatalf("after a clear: %+v", st)
 		}
 		if c := st.Configured; c == nil || c.TPM != 60000 {
@@ -270,7 +268,7 @@ func TestClearForgetsWhatTheLaneLearned(t *testing.T) {
 			t.Fatalf("another credential's lane was cleared too: %+v", st)
 		}
 		mustGet(t, acquireAsync(context.Background(), a)).release()
-		tab.OperateRoute("", opAt(OpClear, nil))
+		tab.ClearRoute("", opBy, time.Now())
 		if st := b.State(); st.RequestsLimit != 0 || !st.PausedUntil.IsZero() || st.ClearedBy != "token:ab12cd34" {
 			t.Fatalf("after the route's clear: %+v", st)
 		}
@@ -284,7 +282,7 @@ func TestAClearStartsTheFirstAnswerWindowAgain(t *testing.T) {
 		tab := NewTable(TableConfig{Lane: Config{Concurrency: 8}})
 		l := tab.laneFor(keyOf("sk-a", "m"))
 		pastFirstAnswer(l)
-		if err := tab.OperateLane(l.ID(), opAt(OpClear, nil)); err != nil {
+		if err := tab.ClearLane(l.ID(), opBy, time.Now(), false); err != nil {
 			t.Fatal(err)
 		}
 		first := mustGet(t, acquireAsync(context.Background(), l))
@@ -301,39 +299,27 @@ func TestAClearStartsTheFirstAnswerWindowAgain(t *testing.T) {
 
 // TestOperateLaneNeedsALaneOfThatID: an ID no lane has is an error and
 // changes nothing, so a lane made later with it is not held; one another
-// replica held first is kept for the lane to come. Limits are a route's.
+// replica held first is kept for the lane to come.
 func TestOperateLaneNeedsALaneOfThatID(t *testing.T) {
 	tab := NewTable(TableConfig{})
 	k, k2 := keyOf("sk-a", "m"), keyOf("sk-b", "m")
-	for _, kind := range []OpKind{OpHold, OpClear} {
-		if err := tab.OperateLane(k.ID(), opAt(kind, nil)); !errors.Is(err, ErrUnknownLane) {
-			t.Fatalf("%s of a lane nobody has: %v, want ErrUnknownLane", kind, err)
-		}
+	by, at := opBy, time.Now()
+	if err := tab.HoldLane(k.ID(), true, by, at, false); !errors.Is(err, errUnknownLane) {
+		t.Fatalf("hold of a lane nobody has: %v, want errUnknownLane", err)
+	}
+	if err := tab.ClearLane(k.ID(), by, at, false); !errors.Is(err, errUnknownLane) {
+		t.Fatalf("clear of a lane nobody has: %v, want errUnknownLane", err)
 	}
 	if st := tab.laneFor(k).State(); st.Held != "" {
 		t.Fatalf("a lane made after a refused hold is held (%q)", st.Held)
 	}
-	elsewhere := opAt(OpHold, nil)
-	elsewhere.Elsewhere = true
-	if err := tab.OperateLane(k2.ID(), elsewhere); err != nil {
+	if err := tab.HoldLane(k2.ID(), true, by, at, true); err != nil {
 		t.Fatal(err)
 	}
-	if st := tab.laneFor(k2).State(); st.Held != "lane" || st.HeldBy != "token:ab12cd34" {
+	if st := tab.laneFor(k2).State(); st.Held != "lane" || st.HeldBy != by {
 		t.Fatalf("a lane made after another replica's hold: held %q by %q", st.Held, st.HeldBy)
 	}
-	elsewhere.Kind = OpClear
-	if err := tab.OperateLane(keyOf("sk-c", "m").ID(), elsewhere); err != nil {
+	if err := tab.ClearLane(keyOf("sk-c", "m").ID(), by, at, true); err != nil {
 		t.Fatalf("another replica's clear of a lane this one lacks: %v", err)
-	}
-	if err := tab.OperateLane(k.ID(), opAt(OpLimits, &limit.Limits{RPM: 1})); err == nil || errors.Is(err, ErrUnknownLane) {
-		t.Fatalf("limits on a lane: %v, want an error of their own", err)
-	}
-}
-
-func TestOpKindNames(t *testing.T) {
-	for k, want := range map[OpKind]string{OpLimits: "limits", OpHold: "hold", OpRelease: "release", OpClear: "clear", 0: "unknown"} {
-		if k.String() != want {
-			t.Errorf("%d is %q, want %q", k, k.String(), want)
-		}
 	}
 }

@@ -52,6 +52,6 @@ func equalFold(a, b string) bool {
 	return true
 }
 
-// LowShare is the share of dispatches kept for low-priority requests while
-// high-priority ones wait: one in LowShare.
-const LowShare = 4
+// lowShare is the share of dispatches kept for low-priority requests while
+// high-priority ones wait: one in lowShare.
+const lowShare = 4

@@ -353,8 +353,8 @@ func TestAClearLiftsAQuota(t *testing.T) {
 			quotaRefusal(t, tb, r)
 			l := tb.laneFor(NewKey("r", "sk-quota", r.Path, "m"))
 			if route {
-				tb.OperateRoute("r", opAt(OpClear, nil))
-			} else if err := tb.OperateLane(l.ID(), opAt(OpClear, nil)); err != nil {
+				tb.ClearRoute("r", opBy, time.Now())
+			} else if err := tb.ClearLane(l.ID(), opBy, time.Now(), false); err != nil {
 				t.Fatal(err)
 			}
 			if st := l.State(); st.Quota != "" || !st.QuotaUntil.IsZero() {

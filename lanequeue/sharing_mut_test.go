@@ -315,7 +315,7 @@ func queueOn(p Priority, lanes ...*Lane) []*Slot {
 // TestTheHeadHonoursPriorityAcrossLanes: the head is a high-priority
 // waiter when there is one in any lane, though the lane whose turn it is
 // has only low-priority waiters; and once low-priority waiters have waited
-// through LowShare-1 high dispatches in a row, it is a low-priority one,
+// through lowShare-1 high dispatches in a row, it is a low-priority one,
 // though the lane whose turn it is has only high-priority waiters.
 func TestTheHeadHonoursPriorityAcrossLanes(t *testing.T) {
 	for _, c := range []struct {
@@ -324,7 +324,7 @@ func TestTheHeadHonoursPriorityAcrossLanes(t *testing.T) {
 		highRun       int
 	}{
 		{"high in a later lane", Low, High, 0},
-		{"low's share in a later lane", High, Low, LowShare - 1},
+		{"low's share in a later lane", High, Low, lowShare - 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			lanes := silentLanes(t, Config{}, "gpt-a", "gpt-b")

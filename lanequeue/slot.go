@@ -13,7 +13,7 @@ import (
 // pause to end and for pacing to allow one more request costing cost
 // tokens, at priority p, as client (""; none): a high-priority request goes
 // ahead of every queued low-priority one, except that one dispatch in
-// LowShare goes to a low-priority request while both wait; within a class
+// lowShare goes to a low-priority request while both wait; within a class
 // the lane's clients take turns (see clients.go). It returns ctx's error
 // when the client goes away (the waiter leaves the queue at once),
 // ErrQueueFull when the lane's queue is full, and ErrDeadlineExceeded when

@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"maps"
@@ -111,15 +112,18 @@ func (t *Table) GateStats() []GateStats {
 	return out
 }
 
+// WithDefaults is c with its zero bounds and its lanes' config at their
+// documented defaults.
+func (c TableConfig) WithDefaults() TableConfig {
+	c.Lane = c.Lane.withDefaults()
+	c.MaxLanes = cmp.Or(max(c.MaxLanes, 0), defaultMaxLanes)
+	c.IdleTTL = cmp.Or(max(c.IdleTTL, 0), defaultIdleTTL)
+	return c
+}
+
 // NewTable returns an empty table.
 func NewTable(cfg TableConfig) *Table {
-	cfg.Lane = cfg.Lane.withDefaults()
-	if cfg.MaxLanes <= 0 {
-		cfg.MaxLanes = DefaultMaxLanes
-	}
-	if cfg.IdleTTL <= 0 {
-		cfg.IdleTTL = DefaultIdleTTL
-	}
+	cfg = cfg.WithDefaults()
 	if cfg.Shared == nil {
 		cfg.Shared = func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }
 	}

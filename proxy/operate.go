@@ -18,7 +18,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
 )
 
@@ -57,11 +56,10 @@ const defaultRoute = "default"
 // change is one operator's change as the log, the answers and the other
 // replicas see it.
 type change struct {
-	Op     string      `json:"op"` // limits, reset, hold, release, clear
-	Limits *limitsJSON `json:"limits,omitempty"`
-	By     string      `json:"by"`
-	At     time.Time   `json:"at"`
-	kind   lanequeue.OpKind
+	Op     string        `json:"op"` // limits, reset, hold, release, clear
+	Limits *limitsJSON   `json:"limits,omitempty"`
+	By     string        `json:"by"`
+	At     time.Time     `json:"at"`
 	lim    *limit.Limits // Limits, parsed
 }
 
@@ -270,7 +268,7 @@ func (p *Proxy) setLimits(w http.ResponseWriter, r *http.Request, open bool) {
 		p.unknownRoute(w, r)
 		return
 	}
-	c := change{Op: "reset", By: asker(r, open), At: p.cfg.Clock.Now(), kind: lanequeue.OpLimits}
+	c := change{Op: "reset", By: asker(r, open), At: p.cfg.Clock.Now()}
 	if r.Method == http.MethodPut {
 		body, err := readAdminBody(w, r)
 		if err != nil {
@@ -317,7 +315,7 @@ func readAdminBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 func (p *Proxy) operateOn(what string, open bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		op := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
-		c := change{Op: op, By: asker(r, open), At: p.cfg.Clock.Now(), kind: opKinds[op]}
+		c := change{Op: op, By: asker(r, open), At: p.cfg.Clock.Now()}
 		name := chi.URLParam(r, what)
 		if what == "route" {
 			route, ok := p.routeOf(r)
@@ -339,9 +337,6 @@ func (p *Proxy) operateOn(what string, open bool) http.HandlerFunc {
 	}
 }
 
-// opKinds are the operations a POST names.
-var opKinds = map[string]lanequeue.OpKind{"hold": lanequeue.OpHold, "release": lanequeue.OpRelease, "clear": lanequeue.OpClear}
-
 // validLaneID reports whether id can be a lane's ID: hex digits, at most a
 // SHA-256's.
 func validLaneID(id string) bool {
@@ -354,24 +349,15 @@ func validLaneID(id string) bool {
 
 // apply makes change c of the route or lane name (what: "route" or
 // "lane") here, logs it with who asked, and, made here (not elsewhere),
-// tells the other replicas. Its error is lanequeue.ErrUnknownLane's.
+// tells the other replicas. Its error is the lane table's: no lane has
+// that ID.
 func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewhere bool) error {
-	op := lanequeue.Operation{Kind: c.kind, Limits: c.lim, By: c.By, At: c.At, Elsewhere: elsewhere}
 	p.ops.mu.Lock()
-	if what == "lane" {
-		if err := p.lanes.OperateLane(name, op); err != nil {
-			p.ops.mu.Unlock()
-			return err
-		}
-	} else {
-		route := name
-		if name == defaultRoute {
-			route = ""
-		}
-		p.ops.recordLocked(route, c)
-		p.lanes.OperateRoute(route, op)
-	}
+	err := p.operate(what, name, c, elsewhere)
 	p.ops.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	attrs := []any{what, name, "op", c.Op, "by", c.By}
 	if c.lim != nil {
 		attrs = append(attrs, "limits", describeLimits(*c.lim))
@@ -384,9 +370,38 @@ func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewher
 	if !elsewhere && p.cfg.Fleet != nil {
 		v, _ := json.Marshal(c)
 		// Made here already: a client gone does not keep it from the others.
-		if err := p.cfg.Fleet.PutChange(context.WithoutCancel(ctx), what+":"+name+":"+fleetField(c.kind), string(v)); err != nil {
+		if err := p.cfg.Fleet.PutChange(context.WithoutCancel(ctx), what+":"+name+":"+fleetField(c.Op), string(v)); err != nil {
 			p.log.Warn("admin change not shared with the other replicas", append(attrs, "err", err.Error())...)
 		}
+	}
+	return nil
+}
+
+// operate makes c on the route or the lane (what) name in the lane
+// table, a route's recorded as in force. Requires p.ops.mu held.
+func (p *Proxy) operate(what, name string, c change, elsewhere bool) error {
+	t := p.lanes
+	if what == "lane" {
+		switch c.Op {
+		case "hold", "release":
+			return t.HoldLane(name, c.Op == "hold", c.By, c.At, elsewhere)
+		case "clear":
+			return t.ClearLane(name, c.By, c.At, elsewhere)
+		}
+		return fmt.Errorf("lane %s: limits are set on a route", name)
+	}
+	route := name
+	if name == defaultRoute {
+		route = ""
+	}
+	p.ops.recordLocked(route, c)
+	switch c.Op {
+	case "hold", "release":
+		t.HoldRoute(route, c.Op == "hold", c.By, c.At)
+	case "clear":
+		t.ClearRoute(route, c.By, c.At)
+	default:
+		t.SetRouteLimits(route, c.lim, c.By, c.At)
 	}
 	return nil
 }
@@ -394,11 +409,14 @@ func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewher
 // fleetField is the part of a change's field that names its kind: a
 // hold and its release are one field, as a route's limits and their
 // reset are.
-func fleetField(k lanequeue.OpKind) string {
-	if k == lanequeue.OpRelease {
-		k = lanequeue.OpHold
+func fleetField(op string) string {
+	switch op {
+	case "release":
+		return "hold"
+	case "reset":
+		return "limits"
 	}
-	return k.String()
+	return op
 }
 
 // recordLocked keeps c as in force on route. Requires o.mu held.
@@ -408,12 +426,12 @@ func (o *operations) recordLocked(route string, c change) {
 		ops = &routeOps{}
 		o.routes[route] = ops
 	}
-	switch c.kind {
-	case lanequeue.OpLimits:
+	switch c.Op {
+	case "limits", "reset":
 		ops.limits, ops.set = c.lim, mark{By: c.By, At: c.At}
-	case lanequeue.OpHold:
+	case "hold":
 		ops.hold = &mark{By: c.By, At: c.At}
-	case lanequeue.OpRelease:
+	case "release":
 		ops.hold = nil
 	}
 }
@@ -437,7 +455,7 @@ func (p *Proxy) applyFleet(field, value string, first bool) {
 		p.log.Warn("another replica's admin change ignored", "field", field, "err", err.Error())
 		return
 	}
-	if c.kind == lanequeue.OpClear && first {
+	if c.Op == "clear" && first {
 		return
 	}
 	_ = p.apply(context.Background(), what, name, c, true)
@@ -459,13 +477,10 @@ func decodeChange(value string) (change, error) {
 		if err != nil {
 			return c, err
 		}
-		c.kind, c.lim = lanequeue.OpLimits, &lim
-	case "reset":
-		c.kind = lanequeue.OpLimits
+		c.lim = &lim
+	case "reset", "hold", "release", "clear":
 	default:
-		if c.kind = opKinds[c.Op]; c.kind == 0 {
-			return c, fmt.Errorf("unknown op %q", c.Op)
-		}
+		return c, fmt.Errorf("unknown op %q", c.Op)
 	}
 	return c, nil
 }

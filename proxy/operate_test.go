@@ -567,7 +567,8 @@ func (m *member) WatchChanges(apply func(field, value string, first bool)) {
 
 // TestChangesReachTheOtherReplicas: a change made on one proxy goes to
 // the fleet and is applied by the other, which logs it as another
-// replica's; a lane the other has not yet is held when it comes; a clear
+// replica's; a lane the other has not yet is held when it comes; limits
+// named for a lane change nothing; a clear
 // made before a replica started, a route it lacks and a change it cannot
 // read are left alone; a fleet that cannot take a change is logged.
 func TestChangesReachTheOtherReplicas(t *testing.T) {
@@ -596,6 +597,10 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 	waitFor(t, func() bool { l := b.lanes(); return len(l.Lanes) == 1 && l.Lanes[0].Queued == 1 })
 	if st := b.lanes().Lanes[0]; st.ID != id || st.Held != "lane" {
 		t.Fatalf("the other replica's lane: %+v", st)
+	}
+	b.proxy.applyFleet("lane:"+id+":limits", mustJSON(t, change{Op: "reset", By: "local"}), false)
+	if st := b.lanes().Lanes[0]; st.Held != "lane" {
+		t.Fatalf("limits named for a lane, which are a route's, released it: %+v", st)
 	}
 	a.mustDo("POST", "/admin/lanes/"+id+"/release", "")
 	if s := <-ch; s != 200 {

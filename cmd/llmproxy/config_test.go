@@ -218,8 +218,9 @@ func TestAdminTokenHasAMinimumLength(t *testing.T) {
 
 // TestTheEnvironmentsDefaultsAreThePackagesOwn: each LLMPROXY_* default
 // that a package also applies for a zero setting is that package's own
-// Default constant, so that -h, config.example.env (checked against -h by
-// deploy's tests) and the packages cannot drift apart.
+// default (its Default constant, or its config's WithDefaults), so that
+// -h, config.example.env (checked against -h by deploy's tests) and the
+// packages cannot drift apart.
 func TestTheEnvironmentsDefaultsAreThePackagesOwn(t *testing.T) {
 	c, err := loadConfig(map[string]string{})
 	if err != nil {
@@ -238,12 +239,12 @@ func TestTheEnvironmentsDefaultsAreThePackagesOwn(t *testing.T) {
 		{"MAX_BUFFERED_BYTES", c.MaxBufferedBytes, int64(proxy.DefaultMaxBufferedBytes)},
 		{"MIN_BODY_RATE", c.MinBodyRate, int64(proxy.DefaultMinBodyRate)},
 		{"BODY_TIMEOUT", c.BodyTimeout, proxy.DefaultBodyTimeout},
-		{"MAX_QUEUE", c.MaxQueue, lanequeue.DefaultMaxQueue},
+		{"MAX_QUEUE", c.MaxQueue, lanequeue.Config{}.WithDefaults().MaxQueue},
 		{"LANE_CONCURRENCY", c.LaneConcurrency, limit.Config{}.WithDefaults().Concurrency},
 		{"LANE_MIN_CONCURRENCY", c.LaneMinConcurrency, limit.Config{}.WithDefaults().MinConcurrency},
 		{"LANE_MAX_CONCURRENCY", c.LaneMaxConcurrency, limit.Config{}.WithDefaults().MaxConcurrency},
-		{"MAX_LANES", c.MaxLanes, lanequeue.DefaultMaxLanes},
-		{"LANE_IDLE_TTL", c.LaneIdleTTL, lanequeue.DefaultIdleTTL},
+		{"MAX_LANES", c.MaxLanes, lanequeue.TableConfig{}.WithDefaults().MaxLanes},
+		{"LANE_IDLE_TTL", c.LaneIdleTTL, lanequeue.TableConfig{}.WithDefaults().IdleTTL},
 		{"REDIS_LEASE_TTL", c.RedisLeaseTTL, redisstate.DefaultLeaseTTL},
 		{"REDIS_SLOW", c.RedisSlow, redisstate.DefaultSlow},
 	} {

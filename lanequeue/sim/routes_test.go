@@ -375,7 +375,7 @@ func priorities(t *testing.T, mc mockupstream.Config, lim limit.Limits) {
 			t.Errorf("a high-priority request waited %v, want about one dispatch interval", waits[len(waits)-1])
 		}
 		if share < 0.2 || share > 0.3 {
-			t.Errorf("low share %.2f, want about 1 in %d", share, lanequeue.LowShare)
+			t.Errorf("low share %.2f, want about 1 in 4", share)
 		}
 	})
 }
