@@ -109,10 +109,10 @@ func (c concurrencyBound) View(now time.Time) limit.View {
 	return v
 }
 
-// TestConcurrencyBoundRetryIsHeldByTheGroup: when the group's state says
-// the number in flight is the bound, Report tells the caller its retry is
-// held (it waits for a free permit, not for its own wait); when it says a
-// rate binds and took no pause, the retry waits alone.
+// TestConcurrencyBoundRetryIsHeldByTheGroup: Report tells the caller
+// whether the group's state says the number in flight is the bound (a
+// retry waits for a free permit, not for its own wait), and that the
+// group took no pause when a rate binds.
 func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
 	for _, bound := range []bool{false, true} {
 		fc := clock.NewFake(t0)
@@ -133,9 +133,12 @@ func TestConcurrencyBoundRetryIsHeldByTheGroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		held := o.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)})
-		if held != bound {
-			t.Fatalf("bound by concurrency %v: the retry held by the group %v", bound, held)
+		paused, held := o.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)})
+		if held != bound || !paused.IsZero() {
+			t.Fatalf("bound by concurrency %v: reported bound %v, paused until %v", bound, held, paused)
+		}
+		if again, held := o.Report(limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: fc.Now().Add(time.Second)}); held || !again.IsZero() {
+			t.Fatalf("a report made again: bound %v, paused until %v; want neither", held, again)
 		}
 		o.Done(429, "upstream_error", -1)
 		s.Done(200, "ok", -1)

@@ -11,9 +11,9 @@ import (
 var (
 	// ErrQueueFull: the lane already has Config.MaxQueue waiters.
 	ErrQueueFull = errors.New("lanequeue: queue full")
-	// ErrDeadlineExceeded: the request's deadline passed, or falls before
-	// the lane's pause ends, so waiting cannot help. Its text says
-	// "budget", the word clients see for a request's deadline.
+	// ErrDeadlineExceeded: the request's deadline passed (the error
+	// wraps the context's too), or falls before the lane's pause ends, so
+	// waiting cannot help. Its text says "budget", the word clients see.
 	ErrDeadlineExceeded = errors.New("lanequeue: request budget exceeded")
 )
 

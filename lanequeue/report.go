@@ -12,20 +12,19 @@ import (
 // Call it once per attempt, as soon as the answer's status and headers are
 // in (or the attempt failed without one), before WaitRetry or Done.
 //
-// It reports whether the group holds the retry: it is paused until
-// r.PauseUntil or later, or it learned that the number in flight is the
-// bound, so a free permit is what the retry waits for. The group may
-// decline a refusal's pause when what it learned holds the group better
-// (see Shared.Learn); a request that asked for the pause and is not held
-// waits out its own wait before it goes again (WaitRetry's after).
-func (s *Slot) Report(r limit.Report) (held bool) {
+// It returns what holds the lane's retry once the group learned from r:
+// its pause, until pausedUntil (zero: none), and, when r asks for a pause
+// (r.PauseUntil), whether the group judges the number in flight to be the
+// bound, so that a free permit is what a retry waits for. The group may
+// decline a pause when what it learned holds the group better (see
+// Shared.Learn).
+func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, concurrencyBound bool) {
 	l := s.lane
 	g := l.g
 	g.mu.Lock()
 	if s.phase != phaseSent {
-		held = holdsRetry(r, l.drawsOn().shared.PausedUntil(), nil)
-		g.mu.Unlock()
-		return held // reported already, or released
+		defer g.mu.Unlock()
+		return l.drawsOn().shared.PausedUntil(), false // reported already, or released
 	}
 	now := g.clock.Now()
 	lim := s.lim
@@ -75,13 +74,14 @@ func (s *Slot) Report(r limit.Report) (held bool) {
 	if g.onChange != nil {
 		changes = g.changesLocked(l, lim, r, v, now, changes, shared)
 	}
-	held = holdsRetry(r, lim.shared.PausedUntil(), func() limit.Bound { return lim.shared.View(now).Bound })
+	pausedUntil = lim.shared.PausedUntil()
+	concurrencyBound = !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == limit.BoundConcurrency
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	for _, c := range changes {
 		g.onChange(c)
 	}
-	return held
+	return pausedUntil, concurrencyBound
 }
 
 // moved reports whether a differs from b by more than a tenth of the larger.
@@ -122,18 +122,4 @@ func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, 
 		s.conc, s.concAt = v.Concurrency, now
 	}
 	return out
-}
-
-// holdsRetry reports whether the group holds the retry of an answer reported
-// as r, which asks for a pause until r.PauseUntil (zero: none): the group
-// is paused until then or later (pausedUntil, after it learned from r),
-// or r is a refusal that asked for a pause and the group's state says the
-// number in flight is the bound, so its concurrency limit holds the retry
-// until a permit frees. bound reads the state's bound when that is asked
-// (nil: it is not; the report was made already).
-func holdsRetry(r limit.Report, pausedUntil time.Time, bound func() limit.Bound) bool {
-	if !pausedUntil.Before(r.PauseUntil) {
-		return true
-	}
-	return bound != nil && r.Verdict.Refusal() && !r.PauseUntil.IsZero() && bound() == limit.BoundConcurrency
 }

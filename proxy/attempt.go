@@ -109,7 +109,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
-		held := slot.Report(d.report(res, now))
+		pausedUntil, concurrencyBound := slot.Report(d.report)
 		if req.retryOff && d.action == retry {
 			// The lane learned from the answer as from any (its pause,
 			// its pace); the client takes the answer as it is.
@@ -141,10 +141,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		watch.end() // now, not when the request ends: nothing waits on a discarded attempt
 		req.retries++
 		req.tries = d.next
-		after := d.wait
-		if d.pauseGroup && held {
-			after = 0 // the group holds the retry: its pause, or its concurrency limit
-		}
+		after := d.retryWait(pausedUntil, concurrencyBound)
 		wait := req.trace.StartWait(true, after)
 		err := slot.WaitRetry(ctx, after)
 		if wait != nil {

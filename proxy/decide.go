@@ -36,8 +36,10 @@ func (a action) String() string {
 
 // decision is what to do with one answer, and what it tells the lane.
 type decision struct {
-	action  action
-	verdict limit.Verdict
+	action action
+	// report is what the lane learns from the answer; with pauseGroup it
+	// asks the group to pause until the retry.
+	report limit.Report
 	// wait is how long before the retry. With pauseGroup it holds every
 	// lane of the group (a refusal speaks for the whole limit); without,
 	// only this request.
@@ -81,7 +83,7 @@ const maxRefusalStep = 3
 // request's earlier attempts met, the time, its deadline and a jitter draw
 // in [0, 1).
 func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
-	d := decision{verdict: verdictOf(res)}
+	d := decision{report: reportOf(res)}
 	if res.Outcome != upstream.Retryable {
 		d.action = pass
 		return d
@@ -95,7 +97,7 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 	}
 	step := t.failures
 	switch {
-	case d.verdict.Limited():
+	case d.report.Verdict.Limited():
 		step = min(t.refusals, maxRefusalStep)
 	case t.failures >= pol.maxRetries:
 		d.why = "retries exhausted (LLMPROXY_MAX_RETRIES)"
@@ -114,9 +116,11 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 		return d
 	}
 	d.action, d.wait = retry, wait
-	d.pauseGroup = d.verdict.Pauses()
+	if d.pauseGroup = d.report.Verdict.Pauses(); d.pauseGroup {
+		d.report.PauseUntil = now.Add(wait)
+	}
 	d.next = t
-	if d.verdict.Limited() {
+	if d.report.Verdict.Limited() {
 		d.next.refusals++
 	} else {
 		d.next.refusals = 0
@@ -130,30 +134,32 @@ func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Ti
 	return d
 }
 
-// verdictOf reads what an answer says about the upstream's capacity; a
-// quota spent says nothing of its rate or load.
-func verdictOf(res upstream.Result) limit.Verdict {
-	if res.Quota.Spent {
-		return limit.Failed
-	}
-	status := 0
-	if res.Resp != nil {
-		status = res.Resp.StatusCode
-	}
-	return limit.VerdictOf(status, res.Outcome == upstream.Retryable, res.Error.Kind == headerparse.KindConcurrency)
-}
-
-// report is what the lane learns from an answer and the decision on it.
-func (d decision) report(res upstream.Result, now time.Time) limit.Report {
-	r := limit.Report{Verdict: d.verdict, Limits: res.Limits, Quota: res.Quota}
+// reportOf is what the lane learns from an answer: its status, hint,
+// limits and quota, and what it says about the upstream's capacity (a
+// quota spent says nothing of its rate or load).
+func reportOf(res upstream.Result) limit.Report {
+	r := limit.Report{Verdict: limit.Failed, Limits: res.Limits, Quota: res.Quota}
 	if res.Resp != nil {
 		r.Status = res.Resp.StatusCode
 	}
 	if res.HasHint {
 		r.Hint = res.Hint
 	}
-	if d.action == retry && d.pauseGroup {
-		r.PauseUntil = now.Add(d.wait)
+	if !res.Quota.Spent {
+		r.Verdict = limit.VerdictOf(r.Status, res.Outcome == upstream.Retryable, res.Error.Kind == headerparse.KindConcurrency)
 	}
 	return r
+}
+
+// retryWait is how long the retry d decided waits before it takes its
+// place in the lane again, given what holds the lane once d.report is
+// told (see lanequeue.Slot.Report): nothing more when d asked the group
+// to pause and the group holds the retry itself, paused at least that
+// long or, after a refusal, bound by the number in flight (a free permit
+// ends that); else d's wait.
+func (d decision) retryWait(pausedUntil time.Time, concurrencyBound bool) time.Duration {
+	if d.pauseGroup && (!pausedUntil.Before(d.report.PauseUntil) || d.report.Verdict.Refusal() && concurrencyBound) {
+		return 0
+	}
+	return d.wait
 }

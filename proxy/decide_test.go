@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -74,22 +75,58 @@ func TestDecide(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := decide(tt.res, tt.tries, pol, now, now.Add(tt.deadline), 0)
-			if d.action != tt.action || d.verdict != tt.verdict || d.wait != tt.wait || d.pauseGroup != tt.pauseGroup {
+			if d.action != tt.action || d.report.Verdict != tt.verdict || d.wait != tt.wait || d.pauseGroup != tt.pauseGroup {
 				t.Fatalf("got %v %v wait %v pause %v (%s); want %v %v wait %v pause %v",
-					d.action, d.verdict, d.wait, d.pauseGroup, d.why, tt.action, tt.verdict, tt.wait, tt.pauseGroup)
+					d.action, d.report.Verdict, d.wait, d.pauseGroup, d.why, tt.action, tt.verdict, tt.wait, tt.pauseGroup)
 			}
 			if (d.action == giveUp) != (d.why != "") {
 				t.Fatalf("why = %q for %v", d.why, d.action)
 			}
-			rep := d.report(tt.res, now)
-			if rep.Verdict != tt.verdict {
-				t.Fatalf("report verdict %v", rep.Verdict)
-			}
+			rep := d.report
 			if wantPause := tt.action == retry && tt.pauseGroup; wantPause != !rep.PauseUntil.IsZero() ||
 				wantPause && !rep.PauseUntil.Equal(now.Add(tt.wait)) {
 				t.Fatalf("report pause until %v, want pause %v for %v", rep.PauseUntil, wantPause, tt.wait)
 			}
 		})
+	}
+}
+
+// laneDeadline is the error a lane gives a request whose deadline passed
+// while it waited.
+var laneDeadline = fmt.Errorf("lane ab12: %w: %w", lanequeue.ErrDeadlineExceeded, context.DeadlineExceeded)
+
+// TestRetryWaitIsNoneWhenTheGroupHoldsIt: a retry that asked its group
+// to pause waits nothing more of its own when the group is paused at
+// least as long as asked, or when a refusal meets a group bound by the
+// number in flight; otherwise, and always when it asked no pause, it
+// waits its decided wait.
+func TestRetryWaitIsNoneWhenTheGroupHoldsIt(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	asked := now.Add(time.Second)
+	for _, c := range []struct {
+		name       string
+		verdict    limit.Verdict
+		pauseGroup bool
+		paused     time.Time
+		bound      bool
+		want       time.Duration
+	}{
+		{"paused as long as asked", limit.RateRefused, true, asked, false, 0},
+		{"paused longer than asked", limit.RateRefused, true, asked.Add(time.Second), false, 0},
+		{"the pause declined, a rate binds", limit.RateRefused, true, time.Time{}, false, time.Second},
+		{"the pause shorter than asked", limit.RateRefused, true, asked.Add(-time.Millisecond), false, time.Second},
+		{"the pause declined, concurrency binds", limit.RateRefused, true, time.Time{}, true, 0},
+		{"an overload meets a concurrency bound", limit.Overloaded, true, time.Time{}, true, 0},
+		{"an overload without one", limit.Overloaded, true, time.Time{}, false, time.Second},
+		{"no pause asked: the request's own wait", limit.ConcurrencyRefused, false, asked, true, time.Second},
+	} {
+		d := decision{action: retry, wait: time.Second, pauseGroup: c.pauseGroup, report: limit.Report{Verdict: c.verdict}}
+		if c.pauseGroup {
+			d.report.PauseUntil = asked
+		}
+		if got := d.retryWait(c.paused, c.bound); got != c.want {
+			t.Errorf("%s: waits %v, want %v", c.name, got, c.want)
+		}
 	}
 }
 
@@ -172,7 +209,7 @@ func TestReplyFor(t *testing.T) {
 		retryAfter time.Duration
 	}{
 		{"queue full", lanequeue.ErrQueueFull, 429, "queue_full", false, time.Second},
-		{"deadline from the lane", lanequeue.ErrDeadlineExceeded, 504, "budget_exceeded", true, 0},
+		{"deadline from the lane", laneDeadline, 504, "budget_exceeded", true, 0},
 		{"deadline from the proxy", fail(failDeadline, "x"), 504, "budget_exceeded", true, 0},
 		{"unreachable", fail(failUnreachable, "x"), 502, "upstream_unreachable", true, 0},
 		{"too large", fail(failTooLarge, "x"), 413, "request_too_large", true, 0},

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -158,7 +159,7 @@ func replyFor(err error, now time.Time) errorReply {
 			msg: why + " holds this key's requests past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry after Retry-After"}
 	case errors.Is(err, lanequeue.ErrQueueFull):
 		f = &failure{kind: failQueueFull, msg: err.Error() + " (LLMPROXY_MAX_QUEUE); retry later"}
-	case errors.Is(err, lanequeue.ErrDeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded): // the lane's wait ran past the request's deadline
 		f = &failure{kind: failDeadline, msg: "request budget ran out (LLMPROXY_MAX_WAIT or the client's timeout): " + err.Error()}
 	default:
 		f = &failure{kind: failInternal, msg: "internal error"}

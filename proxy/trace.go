@@ -64,5 +64,5 @@ func traceAnswer(req *request, res upstream.Result, d decision) {
 	} else if res.Unreachable {
 		errType = "unreachable"
 	}
-	req.trace.Answered(status, id, errType, d.verdict.String(), d.action.String(), d.wait)
+	req.trace.Answered(status, id, errType, d.report.Verdict.String(), d.action.String(), d.wait)
 }

@@ -377,7 +377,7 @@ func TestWaitFailureNamesWhatTheClientGot(t *testing.T) {
 	if got := p.waitFailure(r, lanequeue.ErrQueueFull); got != "queue_full" {
 		t.Errorf("a full queue: %q, want queue_full", got)
 	}
-	if got := p.waitFailure(r, lanequeue.ErrDeadlineExceeded); got != "budget_exceeded" {
+	if got := p.waitFailure(r, laneDeadline); got != "budget_exceeded" {
 		t.Errorf("a deadline: %q, want budget_exceeded", got)
 	}
 	gone, leave := context.WithCancel(context.Background())
@@ -386,7 +386,7 @@ func TestWaitFailureNamesWhatTheClientGot(t *testing.T) {
 		t.Errorf("a client that left: %q, want client_gone", got)
 	}
 	p.Stop()
-	if got := p.waitFailure(r, lanequeue.ErrDeadlineExceeded); got != "shutting_down" {
+	if got := p.waitFailure(r, laneDeadline); got != "shutting_down" {
 		t.Errorf("after Stop: %q, want shutting_down", got)
 	}
 }
