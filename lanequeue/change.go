@@ -68,31 +68,7 @@ func (c change) log(log *slog.Logger) {
 	var msg string
 	switch c.Kind {
 	case changeLimits:
-		msg = "lane limits changed"
-		attrs = append(attrs, slog.String("learned_from", v.RateFrom.Learned()), slog.Bool("corrected_by_refusals", v.Corrected))
-		// What the group believes binds and why, as /lanes says it.
-		attrs = append(attrs, slog.String("bound", v.Bound.String()), slog.String("rate_from", v.RateFrom.String()))
-		if v.AdmittedRate > 0 {
-			attrs = append(attrs, slog.Float64("admitted_rate", round2(v.AdmittedRate)))
-		}
-		attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom.String()))
-		if shape := v.Window.String(); shape != "" {
-			attrs = append(attrs, slog.String("shape", shape))
-		}
-		if len(c.SharesLimitWith) > 0 {
-			with := strings.Join(c.SharesLimitWith, ", ")
-			if c.SharesLimitWithMore > 0 {
-				with += " and " + strconv.Itoa(c.SharesLimitWithMore) + " more"
-			}
-			attrs = append(attrs, slog.String("shares_limit_with", with), slog.String("shared_because", c.SharedBecause))
-		}
-		if v.Requests.Known {
-			attrs = append(attrs, slog.Float64("requests_limit", round2(v.Requests.Limit)), slog.Float64("requests_per_second", round2(v.Requests.PerSecond)))
-		}
-		if v.Tokens.Known {
-			attrs = append(attrs, slog.Float64("tokens_limit", round2(v.Tokens.Limit)), slog.Float64("tokens_per_second", round2(v.Tokens.PerSecond)))
-		}
-		attrs = append(attrs, slog.Int("status", c.Status))
+		msg, attrs = "lane limits changed", c.limitsAttrs(attrs)
 	case changePaused:
 		msg = "lane paused"
 		attrs = append(attrs, slog.String("reason", c.Verdict.PauseReason().String()), slog.Int("status", c.Status),
@@ -119,6 +95,35 @@ func (c change) log(log *slog.Logger) {
 		return
 	}
 	log.LogAttrs(ctx, slog.LevelInfo, msg, attrs...)
+}
+
+// limitsAttrs is attrs and what a changeLimits says: what the group
+// learned, what it believes binds and why (as /lanes says it).
+func (c change) limitsAttrs(attrs []slog.Attr) []slog.Attr {
+	v := c.View
+	attrs = append(attrs, slog.String("learned_from", v.RateFrom.Learned()), slog.Bool("corrected_by_refusals", v.Corrected),
+		slog.String("bound", v.Bound.String()), slog.String("rate_from", v.RateFrom.String()))
+	if v.AdmittedRate > 0 {
+		attrs = append(attrs, slog.Float64("admitted_rate", round2(v.AdmittedRate)))
+	}
+	attrs = append(attrs, slog.String("concurrency_from", v.ConcurrencyFrom.String()))
+	if shape := v.Window.String(); shape != "" {
+		attrs = append(attrs, slog.String("shape", shape))
+	}
+	if len(c.SharesLimitWith) > 0 {
+		with := strings.Join(c.SharesLimitWith, ", ")
+		if c.SharesLimitWithMore > 0 {
+			with += " and " + strconv.Itoa(c.SharesLimitWithMore) + " more"
+		}
+		attrs = append(attrs, slog.String("shares_limit_with", with), slog.String("shared_because", c.SharedBecause))
+	}
+	if v.Requests.Known {
+		attrs = append(attrs, slog.Float64("requests_limit", round2(v.Requests.Limit)), slog.Float64("requests_per_second", round2(v.Requests.PerSecond)))
+	}
+	if v.Tokens.Known {
+		attrs = append(attrs, slog.Float64("tokens_limit", round2(v.Tokens.Limit)), slog.Float64("tokens_per_second", round2(v.Tokens.PerSecond)))
+	}
+	return append(attrs, slog.Int("status", c.Status))
 }
 
 func round2(f float64) float64 { return math.Round(f*100) / 100 }

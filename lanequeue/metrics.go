@@ -64,10 +64,6 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	loads := c.t.loads(true)
 	listed := min(len(loads), c.t.cfg.metricLanes)
-	states := make([]State, listed)
-	for i, ld := range loads[:listed] {
-		states[i] = ld.l.State()
-	}
 	ch <- prometheus.MustNewConstMetric(descLanes, prometheus.GaugeValue, float64(len(loads)))
 	ch <- prometheus.MustNewConstMetric(descListed, prometheus.GaugeValue, float64(listed))
 	if rest := loads[listed:]; len(rest) > 0 {
@@ -79,56 +75,61 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(queued), otherLanes)
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(flights), otherLanes)
 	}
+	for _, ld := range loads[:listed] {
+		collectLane(ch, ld.l.State())
+	}
+}
+
+// collectLane sends the series of the lane whose state is s.
+func collectLane(ch chan<- prometheus.Metric, s State) {
 	counter := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	for _, s := range states {
-		id := s.ID
-		gauge(descInfo, 1, id, s.Route, s.Path, s.Model, s.KeyHash)
-		for k, n := range s.answerCounts {
-			counter(descRequests, float64(n), id, strconv.Itoa(k.Status), k.Outcome)
+	id := s.ID
+	gauge(descInfo, 1, id, s.Route, s.Path, s.Model, s.KeyHash)
+	for k, n := range s.answerCounts {
+		counter(descRequests, float64(n), id, strconv.Itoa(k.Status), k.Outcome)
+	}
+	for status, n := range s.Attempts {
+		label := "error"
+		if status != 0 {
+			label = strconv.Itoa(status)
 		}
-		for status, n := range s.Attempts {
-			label := "error"
-			if status != 0 {
-				label = strconv.Itoa(status)
-			}
-			counter(descAttempts, float64(n), id, label)
-		}
-		counter(descAbsorbed, float64(s.Absorbed429), id)
-		for reason, n := range s.Pauses {
-			counter(descPauses, float64(n), id, reason)
-		}
-		for reason, secs := range s.PausedSeconds {
-			counter(descPausedSecs, secs, id, reason)
-		}
-		gauge(descQueued, float64(s.Queued), id)
-		gauge(descInFlight, float64(s.InFlight), id)
-		gauge(descLimit, float64(s.Concurrency), id)
-		paused := 0.0
-		if !s.PausedUntil.IsZero() {
-			paused = 1
-		}
-		gauge(descPaused, paused, id)
-		gauge(descReqLimit, s.RequestsLimit, id)
-		gauge(descReqLeft, s.RequestsAvailable, id)
-		gauge(descReqRate, s.RequestsPerSecond, id)
-		gauge(descTokLimit, s.TokensLimit, id)
-		gauge(descTokLeft, s.TokensAvailable, id)
-		gauge(descTokRate, s.TokensPerSecond, id)
-		gauge(descAdmitted, s.AdmittedRate, id)
-		gauge(descDrain, s.DrainSeconds, id)
-		if c := s.Configured; c != nil {
-			for _, k := range []struct {
-				kind string
-				v    float64
-			}{{"rpm", c.RPM}, {"tpm", c.TPM}, {"concurrency", float64(c.Concurrency)}, {"min_gap_seconds", c.MinGapSecs}} {
-				if k.v > 0 {
-					gauge(descConfigured, k.v, id, k.kind)
-				}
+		counter(descAttempts, float64(n), id, label)
+	}
+	counter(descAbsorbed, float64(s.Absorbed429), id)
+	for reason, n := range s.Pauses {
+		counter(descPauses, float64(n), id, reason)
+	}
+	for reason, secs := range s.PausedSeconds {
+		counter(descPausedSecs, secs, id, reason)
+	}
+	gauge(descQueued, float64(s.Queued), id)
+	gauge(descInFlight, float64(s.InFlight), id)
+	gauge(descLimit, float64(s.Concurrency), id)
+	paused := 0.0
+	if !s.PausedUntil.IsZero() {
+		paused = 1
+	}
+	gauge(descPaused, paused, id)
+	gauge(descReqLimit, s.RequestsLimit, id)
+	gauge(descReqLeft, s.RequestsAvailable, id)
+	gauge(descReqRate, s.RequestsPerSecond, id)
+	gauge(descTokLimit, s.TokensLimit, id)
+	gauge(descTokLeft, s.TokensAvailable, id)
+	gauge(descTokRate, s.TokensPerSecond, id)
+	gauge(descAdmitted, s.AdmittedRate, id)
+	gauge(descDrain, s.DrainSeconds, id)
+	if c := s.Configured; c != nil {
+		for _, k := range []struct {
+			kind string
+			v    float64
+		}{{"rpm", c.RPM}, {"tpm", c.TPM}, {"concurrency", float64(c.Concurrency)}, {"min_gap_seconds", c.MinGapSecs}} {
+			if k.v > 0 {
+				gauge(descConfigured, k.v, id, k.kind)
 			}
 		}
 	}

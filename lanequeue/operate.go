@@ -8,14 +8,12 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// An operator's changes while the proxy runs (the admin endpoints) name
-// who asked (by, as State shows it; never a credential) and when (at),
-// and last as long as the table. A route's ("" for the default upstream)
-// reach its lanes made later too; a lane's name the lane by its ID, as
-// State shows it. With elsewhere (another replica of the proxy took the
-// change first) a lane this table does not have is no error, and a hold
-// or release is kept for the lane when it comes; else it is
-// errUnknownLane, and nothing changes.
+// An operator's changes (the admin endpoints) name who asked (by, as
+// State shows it; never a credential) and when (at), and last as long as
+// the table. A route's ("" for the default upstream) reach its lanes made
+// later too. A lane's name it by its ID: with elsewhere (another replica
+// took the change first) a lane the table lacks is no error, and a hold
+// is kept for it; else it is errUnknownLane, and nothing changes.
 
 // SetRouteLimits makes lim route's configured limits from now on: its RPM,
 // TPM, Concurrency, MinGap and Start; whether its models share one limit
@@ -63,8 +61,7 @@ type operation struct {
 type opKind uint8
 
 const (
-	_ opKind = iota // none
-	opLimits
+	opLimits opKind = iota + 1
 	opHold
 	opRelease
 	opClear

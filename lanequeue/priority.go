@@ -1,6 +1,9 @@
 package lanequeue
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // Priority is a request's class within its lane: High goes ahead of queued
 // Low requests, which keep a guaranteed share of the dispatches.
@@ -26,30 +29,14 @@ var errPriority = errors.New("a priority is high or low")
 // was on any other text.
 func (p *Priority) UnmarshalText(text []byte) error {
 	switch s := string(text); {
-	case equalFold(s, "high"):
+	case strings.EqualFold(s, "high"):
 		*p = High
-	case equalFold(s, "low"):
+	case strings.EqualFold(s, "low"):
 		*p = Low
 	default:
 		return errPriority
 	}
 	return nil
-}
-
-func equalFold(a, b string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := 0; i < len(a); i++ {
-		c := a[i]
-		if 'A' <= c && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		if c != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // lowShare is the share of dispatches kept for low-priority requests while

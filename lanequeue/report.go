@@ -27,18 +27,33 @@ func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, concurrencyBound b
 		return l.drawsOn().shared.PausedUntil(), false // reported already, or released
 	}
 	now := g.clock.Now()
-	lim := s.lim
 	s.phase = phaseAnswered
 	s.lastStatus = r.Status
-	lim.unanswered--
+	s.lim.unanswered--
 	if r.Verdict != limit.NotSent {
-		lim.learned = true
+		s.lim.learned = true
 	}
 	l.stats.countAttempt(r.Status, now)
 	l.noteAnswer(r)
 	if r.Verdict.Refusal() {
 		l.stats.throttled++
 	}
+	changes := g.learnLocked(s, r, now)
+	lim := l.drawsOn()
+	pausedUntil = lim.shared.PausedUntil()
+	concurrencyBound = !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == limit.BoundConcurrency
+	g.dispatchLocked(now)
+	g.mu.Unlock()
+	for _, c := range changes {
+		g.onChange(c)
+	}
+	return pausedUntil, concurrencyBound
+}
+
+// learnLocked has the limit s drew on learn from its answer r at now,
+// and returns the changes to report. Requires g.mu held.
+func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []change {
+	l, lim := s.lane, s.lim
 	before := lim.shared.PausedUntil()
 	lim.shared.Learn(&s.ticket, r, now)
 	if r.Verdict == limit.NotSent {
@@ -74,14 +89,7 @@ func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, concurrencyBound b
 	if g.onChange != nil {
 		changes = g.changesLocked(l, lim, r, v, now, changes, shared)
 	}
-	pausedUntil = lim.shared.PausedUntil()
-	concurrencyBound = !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == limit.BoundConcurrency
-	g.dispatchLocked(now)
-	g.mu.Unlock()
-	for _, c := range changes {
-		g.onChange(c)
-	}
-	return pausedUntil, concurrencyBound
+	return changes
 }
 
 // moved reports whether a differs from b by more than a tenth of the larger.

@@ -127,34 +127,11 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64)
 		// comparable; read on from this answer.
 		sh.n = 0
 	}
-	isFirst := !sh.read
-	sh.read = true
-	if isFirst {
-		sh.firstLeft = w.Remaining
-	}
-	if isFirst && w.Limit > 0 {
-		// Nothing sent, nothing in flight.
-		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1
-		if now.fleet {
-			// Among replicas, the limit's requests that went from others
-			// just after this one may be counted before it, and would
-			// read as others': as many as it had out when it went.
-			sh.bases[0].inFlight = now.inFlight
-		}
-	}
+	isFirst := sh.readFirst(w, now)
 	if sh.n > 0 && !now.dispatched.After(sh.bases[sh.n-1].dispatched) {
 		return false // an answer to an earlier request, come late
 	}
-	var excess, others float64
-	for _, b := range sh.bases[:sh.n] {
-		own := float64(now.limSent - b.limSent)
-		o := float64(now.groupSent-b.groupSent) - own + float64(out)
-		// Requests sent before the base may reach the upstream after
-		// it: its count may lack them.
-		if e := float64(b.remaining-now.remaining) - own - float64(b.inFlight); e >= 1 && o > 0 && e > excess {
-			excess, others = e, o
-		}
-	}
+	excess, others := sh.excessOver(now, out)
 	// The limit's own requests that went just after this one (at the
 	// same instant, or on another connection) may reach the upstream
 	// first, and show here as others'. Others' stay in the count, theirs
@@ -184,12 +161,45 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64)
 		copy(sh.bases[:], sh.bases[1:])
 		sh.n--
 	}
-	sh.bases[sh.n] = now
-	sh.n++
+	sh.bases[sh.n], sh.n = now, sh.n+1
 	if w.Limit > 0 {
 		sh.stated = w.Limit
 	}
 	return first
+}
+
+// readFirst reports whether now, reading w, is the first answer read,
+// which is read against the window full before anything went.
+func (sh *sharing) readFirst(w headerparse.Window, now tally) (first bool) {
+	if first = !sh.read; first {
+		sh.read, sh.firstLeft = true, w.Remaining
+	}
+	if first && w.Limit > 0 {
+		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1 // nothing sent, nothing in flight
+		if now.fleet {
+			// Among replicas, the limit's requests that went from others
+			// just after this one may be counted before it, and would
+			// read as others': as many as it had out when it went.
+			sh.bases[0].inFlight = now.inFlight
+		}
+	}
+	return first
+}
+
+// excessOver is the most that a base shows the count fell by beyond the
+// limit's own dispatches, reading now, with what the group's other limits
+// sent over it (out besides): zero when no base shows one.
+func (sh *sharing) excessOver(now tally, out int) (excess, others float64) {
+	for _, b := range sh.bases[:sh.n] {
+		own := float64(now.limSent - b.limSent)
+		o := float64(now.groupSent-b.groupSent) - own + float64(out)
+		// Requests sent before the base may reach the upstream after
+		// it: its count may lack them.
+		if e := float64(b.remaining-now.remaining) - own - float64(b.inFlight); e >= 1 && o > 0 && e > excess {
+			excess, others = e, o
+		}
+	}
+	return excess, others
 }
 
 // shows reports whether the answers show the limit shared with others of
