@@ -14,8 +14,8 @@ import (
 // TestAcquireToDoneIsOneRequest: Table.Acquire puts a request in the lane
 // of its key (the credential hashed, never kept), Done gives the permit
 // back and counts the answer once, however often it is called, and a
-// refused Acquire still hands back a Slot whose Done counts the refusal
-// on the lane.
+// refused Acquire gives no slot but an error that names the lane, where
+// Answered counts the refusal.
 func TestAcquireToDoneIsOneRequest(t *testing.T) {
 	tb := NewTable(TableConfig{Lane: Config{Concurrency: 1, MaxConcurrency: 1, MaxQueue: 1}})
 	r := Request{Route: "r", Credential: "sk-secret", Path: "/v1/chat/completions", Model: "gpt", Cost: 10}
@@ -40,10 +40,12 @@ func TestAcquireToDoneIsOneRequest(t *testing.T) {
 	}()
 	waitFor(t, func() bool { return tb.laneFor(key).State().Queued == 1 })
 	full, err := tb.Acquire(context.Background(), r) // the queue of one is full
-	if !errors.Is(err, ErrQueueFull) || full == nil || full.ID() != key.ID() {
-		t.Fatalf("a full queue gave slot %v, err %v; want a slot of the lane and ErrQueueFull", full, err)
+	var refused interface{ LaneID() string }
+	if !errors.Is(err, ErrQueueFull) || full != nil || !errors.As(err, &refused) || refused.LaneID() != key.ID() {
+		t.Fatalf("a full queue gave slot %v, err %v; want no slot and ErrQueueFull naming the lane", full, err)
 	}
-	full.Done(429, "proxy_error", -1)
+	tb.Answered(refused.LaneID(), 429, "proxy_error")
+	tb.Answered("f00d", 429, "proxy_error") // no lane has that ID: nothing to count
 	s.Done(200, "ok", 12)
 	s.Done(200, "ok", 12) // twice is once
 	if err := within(t, queued, "the waiter still waits after Done: the permit did not come back"); err != nil {

@@ -30,22 +30,6 @@ const (
 	changeQuota
 )
 
-func (k changeKind) String() string {
-	switch k {
-	case changeLimits:
-		return "limits"
-	case changePaused:
-		return "paused"
-	case changeConcurrency:
-		return "concurrency"
-	case changeEvicted:
-		return "evicted"
-	case changeQuota:
-		return "quota"
-	}
-	return "unknown"
-}
-
 // concReportEvery bounds how often rises of the concurrency limit are
 // reported: slow start raises it many times a second.
 const concReportEvery = time.Second

@@ -48,3 +48,13 @@ func deadlineErr(err error) error {
 	}
 	return err
 }
+
+// refusal is Acquire's error: err, met in the lane whose ID is id.
+type refusal struct {
+	id  string
+	err error
+}
+
+func (e *refusal) Error() string  { return e.err.Error() }
+func (e *refusal) Unwrap() error  { return e.err }
+func (e *refusal) LaneID() string { return e.id }

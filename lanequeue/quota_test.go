@@ -274,9 +274,6 @@ func TestQuotaErrorSays(t *testing.T) {
 	if got := (&QuotaError{}).Error(); got != "lanequeue: quota spent, reset not known" {
 		t.Errorf("Error() = %q", got)
 	}
-	if got := changeQuota.String(); got != "quota" {
-		t.Errorf("changeQuota = %q", got)
-	}
 }
 
 // spendOnWords reports the answer to s's dispatch as a quota spent on the

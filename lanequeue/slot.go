@@ -172,8 +172,7 @@ func sleep(ctx context.Context, c clock.Clock, d time.Duration) error {
 // Done ends the request's time in its lane: its answer used usedTokens
 // (below 0: not known), the client got status (0: none was sent) and the
 // answer ended as outcome. The permit goes to the next waiter, and the
-// model gate's place to the next model. A Slot whose Acquire failed only
-// counts the answer. Later calls do nothing.
+// model gate's place to the next model. Later calls do nothing.
 func (s *Slot) Done(status int, outcome string, usedTokens int64) {
 	if s.counted {
 		return

@@ -80,8 +80,9 @@ func stillLearned(t *testing.T, tb *Table, l *Lane) {
 
 // TestLanesTheUpstreamRefusedAreNotKept: a request with a key the
 // upstream answers 401 or 403 leaves no lane once it ends; a lane that
-// has one in flight still stays until it ends; a lane the upstream
-// served once stays when it later refuses.
+// has one in flight still stays until it ends, or until the answer to a
+// request it refused is counted; a lane the upstream served once stays
+// when it later refuses.
 func TestLanesTheUpstreamRefusedAreNotKept(t *testing.T) {
 	var reasons []string
 	tb := NewTable(TableConfig{onChange: func(c change) {
@@ -116,6 +117,15 @@ func TestLanesTheUpstreamRefusedAreNotKept(t *testing.T) {
 	b.Done(401, "ok", -1)
 	if tb.laneCount() != 0 {
 		t.Fatal("a refused lane stays after its last request ended")
+	}
+
+	// A refused lane whose last word is a request it refused itself (a
+	// full queue, a deadline) goes once that request's answer is counted.
+	gone := tb.laneFor(NewKey("", "sk-gone", "/p", "m"))
+	gone.standing.Store(standingRefused)
+	tb.Answered(gone.ID(), 504, "proxy_error")
+	if tb.laneCount() != 0 {
+		t.Fatal("a refused lane stays after the answer to a request it refused")
 	}
 
 	// Served once, then refused (a key revoked): what it learned stays.

@@ -317,9 +317,9 @@ type Request struct {
 }
 
 // Acquire queues r in its lane (made when needed), after its route's model
-// gate when it has one, and waits for its turn (see Lane's acquire for the
-// errors). The Slot it returns is never nil: when err is not nil it holds
-// nothing, and its Done counts the refused request on the lane.
+// gate when it has one, and waits for its turn. It returns a slot, or an
+// error (see Lane's acquire) with a LaneID method naming the lane, on
+// which Answered counts the refused request's answer.
 func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	key := NewKey(r.Route, r.Credential, r.Path, r.Model)
 	l := t.laneFor(key)
@@ -328,7 +328,7 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 	if gate := t.gates[key.Route]; gate != nil {
 		var err error
 		if leave, gated, err = gate.enter(ctx, key.Model); err != nil {
-			return &Slot{lane: l, phase: phaseDone}, err
+			return nil, &refusal{l.id, err}
 		}
 	}
 	s, err := l.acquireAs(ctx, r.Cost, r.Priority, bounded(r.Client), r.Output)
@@ -336,13 +336,31 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 		if leave != nil {
 			leave()
 		}
-		return &Slot{lane: l, phase: phaseDone}, err
+		return nil, &refusal{l.id, err}
 	}
 	s.leave = leave
 	if gated {
 		s.held |= heldGate
 	}
 	return s, nil
+}
+
+// Answered counts, on the lane whose ID is id, the answer to a request
+// the lane refused, as Slot.Done counts a slot's.
+func (t *Table) Answered(id string, status int, outcome string) {
+	t.mu.Lock()
+	l := t.ids[id]
+	t.mu.Unlock()
+	if l == nil {
+		return
+	}
+	g := l.g
+	g.mu.Lock()
+	l.stats.countAnswer(status, outcome, g.clock.Now())
+	g.mu.Unlock()
+	if g.refused != nil && l.refusedOnly() {
+		g.refused(l)
+	}
 }
 
 // newIDLocked is the ID of a new lane of key: the first idDigits hex

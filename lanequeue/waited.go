@@ -2,33 +2,23 @@ package lanequeue
 
 import "time"
 
-// QueueWait is what a request met in its lane's queue, its latest wait
-// (Acquire's, or WaitRetry's): read by a trace once the wait is over.
-type QueueWait struct {
-	// Ahead is the number of waiters ahead of it in its queue when it
-	// joined (0: it was first): its client's at its priority, the lane's
-	// when it names no client (see Request.Client).
-	Ahead int
-	// Reasons says why it waited, in this order, each at most once:
-	// "model_gate" (a local route's server held another model), "pause"
-	// (its limit was paused after a refusal), "pace" (the learned or
-	// configured rate or token budget), "concurrency" (no permit free,
-	// or a new limit's one request in flight before its first answer),
-	// "cap" (LLMPROXY_GLOBAL_CONCURRENCY). Empty when it went at once, or
-	// only waited for the requests ahead of it to go.
-	Reasons []string
-}
-
-// Waited is what the slot's latest wait met. Call it after Acquire or
-// WaitRetry returned; it allocates the Reasons it returns.
-func (s *Slot) Waited() QueueWait {
-	w := QueueWait{Ahead: s.ahead}
+// Waited is what the slot's latest wait (Acquire's, or WaitRetry's) met,
+// for a trace once the wait is over: the number of waiters ahead of it in
+// its queue when it joined (0: it was first; its client's at its
+// priority, the lane's when it names no client, see Request.Client), and
+// why it waited, in this order, each at most once: "model_gate" (a local
+// route's server held another model), "pause" (its limit was paused
+// after a refusal), "pace" (the learned or configured rate or token
+// budget), "concurrency" (no permit free, or a new limit's one request
+// in flight before its first answer), "cap" (LLMPROXY_GLOBAL_CONCURRENCY);
+// none when it went at once, or only waited for those ahead of it.
+func (s *Slot) Waited() (ahead int, reasons []string) {
 	for i, name := range heldNames {
 		if s.held&(1<<i) != 0 {
-			w.Reasons = append(w.Reasons, name)
+			reasons = append(reasons, name)
 		}
 	}
-	return w
+	return s.ahead, reasons
 }
 
 // held is a set of the reasons a waiter was held back for, one bit each

@@ -17,9 +17,9 @@ import (
 // before it and met exactly reasons.
 func wantWaited(t *testing.T, name string, s *Slot, ahead int, reasons ...string) {
 	t.Helper()
-	w := s.Waited()
-	if w.Ahead != ahead || !slices.Equal(w.Reasons, reasons) {
-		t.Errorf("%s waited %+v, want %d ahead and reasons %q", name, w, ahead, reasons)
+	gotAhead, gotReasons := s.Waited()
+	if gotAhead != ahead || !slices.Equal(gotReasons, reasons) {
+		t.Errorf("%s waited with %d ahead for %q, want %d ahead and reasons %q", name, gotAhead, gotReasons, ahead, reasons)
 	}
 }
 

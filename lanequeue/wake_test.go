@@ -88,12 +88,11 @@ func TestAWaiterGivenUpAsLateLeavesNoTimer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second) // well before the hour
 	defer cancel()
 	s, err := tb.Acquire(ctx, Request{Path: "/v1/x", Model: "m"})
-	defer s.Done(0, "proxy_error", -1)
 	var we *WaitError
-	if !errors.As(err, &we) || we.Paused {
-		t.Fatalf("acquire: %v, want a WaitError for the pacing", err)
+	if !errors.As(err, &we) || we.Paused || s != nil {
+		t.Fatalf("acquire: %v, %v; want no slot and a WaitError for the pacing", s, err)
 	}
-	g := s.lane.g
+	g := tb.laneFor(NewKey("", "", "/v1/x", "m")).g
 	g.mu.Lock()
 	armed, queued := g.timer != nil, g.queued()
 	g.mu.Unlock()

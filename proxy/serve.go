@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -174,7 +175,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	defer context.AfterFunc(p.stopped, cancel)()
 	wait := req.trace.StartWait(false, 0)
 	req.slot, err = p.lanes.Acquire(ctx, lr)
-	req.laneID = req.slot.ID()
+	req.laneID = laneOf(req.slot, err)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
 	if wait != nil {
@@ -188,6 +189,18 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	p.forward(ctx, w, r, req)
 }
 
+// laneOf is the ID of the lane that gave slot, or refused it with err.
+func laneOf(slot *lanequeue.Slot, err error) string {
+	if err == nil {
+		return slot.ID()
+	}
+	var refused interface{ LaneID() string }
+	if errors.As(err, &refused) {
+		return refused.LaneID()
+	}
+	return ""
+}
+
 // finish logs the request's line and counts it. It never logs headers, the
 // query or anything else that may carry a credential. Answers that went
 // as they should are logged at debug; proxy-made 5xx, upstream 5xx and cut
@@ -199,6 +212,8 @@ func (p *Proxy) finish(r *http.Request, req *request) {
 	if req.slot != nil {
 		req.slot.PromptCounted(req.prompted)
 		req.slot.Done(req.status, string(req.outcome), req.used)
+	} else if req.laneID != "" { // its lane refused it
+		p.lanes.Answered(req.laneID, req.status, string(req.outcome))
 	}
 	req.trace.End(req.status, string(req.outcome), req.retries, req.cutErr)
 	level := slog.LevelDebug

@@ -34,8 +34,7 @@ func (p *Proxy) describe(req *request, lr lanequeue.Request) {
 func (p *Proxy) endWait(wait *tracing.Wait, r *http.Request, req *request, err error) {
 	q := tracing.Queued{Lane: req.laneID, Priority: req.priority.String()}
 	if err == nil {
-		w := req.slot.Waited()
-		q.Ahead, q.Reasons = w.Ahead, w.Reasons
+		q.Ahead, q.Reasons = req.slot.Waited()
 	} else {
 		q.Failure = p.waitFailure(r, err)
 	}

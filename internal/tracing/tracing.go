@@ -166,7 +166,7 @@ type Queued struct {
 	Lane     string   // the lane's short hash, as x-llmproxy-lane shows it
 	Priority string   // high or low
 	Ahead    int      // waiters ahead of it in its queue when it joined
-	Reasons  []string // why it waited (lanequeue.QueueWait's)
+	Reasons  []string // why it waited (see lanequeue.Slot.Waited)
 	// Failure is the error code the wait ended the request with; "" when
 	// it was granted.
 	Failure string
