@@ -37,7 +37,7 @@ const concReportEvery = time.Second
 // log writes one info line for a lane's state change: limits
 // learned or changed, a pause and why, the concurrency limit moving, the
 // lane leaving the table. Lanes are named by their hashed id; no key.
-func (c change) log(log *slog.Logger) {
+func (c laneChange) log(log *slog.Logger) {
 	ctx := context.Background()
 	if !log.Enabled(ctx, slog.LevelInfo) {
 		return
@@ -83,7 +83,7 @@ func (c change) log(log *slog.Logger) {
 
 // limitsAttrs is attrs and what a changeLimits says: what the group
 // learned, what it believes binds and why (as /lanes says it).
-func (c change) limitsAttrs(attrs []slog.Attr) []slog.Attr {
+func (c laneChange) limitsAttrs(attrs []slog.Attr) []slog.Attr {
 	v := c.View
 	attrs = append(attrs, slog.String("learned_from", v.RateFrom.Learned()), slog.Bool("corrected_by_refusals", v.Corrected),
 		slog.String("bound", v.Bound.String()), slog.String("rate_from", v.RateFrom.String()))

@@ -28,7 +28,7 @@ type group struct {
 	// more; the table drops it then. nil outside a table.
 	forgotten func(*group)
 	// onChange receives the group's state changes; nil: none are made.
-	onChange func(change)
+	onChange func(laneChange)
 	// refused is called, outside mu, when a request of a lane the
 	// upstream only refused ends (see Lane.refusedOnly); the table drops
 	// the lane when it is idle. nil outside a table.
@@ -54,7 +54,7 @@ type group struct {
 	// capHeldAt is the latest pass the global cap held the group back in
 	// (see heldLocked).
 	capHeldAt uint64
-	// sent counts the group's dispatches, every limit's (see sharing).
+	// sent counts the group's dispatches, every limit's (see shareEvidence).
 	sent uint64
 	// fleet: replicas share the group's state (a dispatch's ticket came
 	// with every replica's counts). Limits they find they share are
@@ -81,7 +81,7 @@ type group struct {
 	// An operator's changes (see Table.HoldRoute), guarded by mu: the route's
 	// hold (nil: none), and its limits set at run time (nil: as
 	// configured).
-	held *mark
+	held *byOperator
 	set  *RuntimeLimits
 }
 
@@ -123,7 +123,7 @@ type Lane struct {
 	sessions atomic.Int64
 	stats    laneStats
 	// held is an operator's hold of the lane (nil: none).
-	held *mark
+	held *byOperator
 	// standing is what the upstream's answers said of the lane's
 	// credential: standingRefused and standingVouched bits (see
 	// noteAnswer); atomic so the table reads it without the group's lock.
@@ -190,7 +190,7 @@ type Slot struct {
 	// granted (guarded by the group's mutex).
 	lim *pool
 	// limSent and groupSent are lim's and the group's dispatch counts
-	// right after its latest dispatch (see sharing): every replica's when
+	// right after its latest dispatch (see shareEvidence): every replica's when
 	// fleet (a store shared by replicas counted them), else this one's.
 	limSent, groupSent uint64
 	fleet              bool
@@ -264,9 +264,9 @@ func (ln *Lane) drawsOn() *pool {
 // changeKind names what changed in a lane's state.
 type changeKind uint8
 
-// change is one state change of a lane's group, reported through
+// laneChange is one state change of a lane's group, reported through
 // TableConfig.onChange outside every lock. It holds no credential.
-type change struct {
+type laneChange struct {
 	Kind changeKind
 	Lane *Lane
 	At   time.Time

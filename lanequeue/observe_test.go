@@ -12,13 +12,13 @@ import (
 )
 
 // changeLog collects the changes a table reports.
-type changeLog struct{ got []change }
+type changeLog struct{ got []laneChange }
 
-func (c *changeLog) add(ch change) { c.got = append(c.got, ch) }
+func (c *changeLog) add(ch laneChange) { c.got = append(c.got, ch) }
 
 // takeKind takes the changes and returns those of kind k.
-func (c *changeLog) takeKind(k changeKind) []change {
-	var out []change
+func (c *changeLog) takeKind(k changeKind) []laneChange {
+	var out []laneChange
 	for _, ch := range c.take() {
 		if ch.Kind == k {
 			out = append(out, ch)
@@ -27,7 +27,7 @@ func (c *changeLog) takeKind(k changeKind) []change {
 	return out
 }
 
-func (c *changeLog) take() []change {
+func (c *changeLog) take() []laneChange {
 	got := c.got
 	c.got = nil
 	return got

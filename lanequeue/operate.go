@@ -77,20 +77,20 @@ func holdKind(held bool) opKind {
 // errUnknownLane: no lane of the table has the ID a lane's change named.
 var errUnknownLane = errors.New("lanequeue: no lane has that ID")
 
-// mark is who made an operator's change, and when.
-type mark struct {
+// byOperator is who made an operator's change, and when.
+type byOperator struct {
 	at time.Time
 	by string
 }
 
-func markOf(op operation) *mark { return &mark{at: op.At, by: op.By} }
+func operatorOf(op operation) *byOperator { return &byOperator{at: op.At, by: op.By} }
 
 // routeOps are the operators' changes in force on a route: its limits set
 // at run time (nil: as it started) and who set them, and its hold.
 type routeOps struct {
 	limits *limit.Limits
-	set    mark
-	hold   *mark
+	set    byOperator
+	hold   *byOperator
 }
 
 // RuntimeLimits are a route's configured limits as an operator set them
@@ -118,10 +118,10 @@ func (t *Table) operateRoute(route string, op operation) {
 		if op.Limits != nil {
 			lim := *op.Limits
 			lim.PerCredential = t.cfg.RouteLimits[route].PerCredential
-			ops.limits, ops.set = &lim, *markOf(op)
+			ops.limits, ops.set = &lim, *operatorOf(op)
 		}
 	case opHold:
-		ops.hold = markOf(op)
+		ops.hold = operatorOf(op)
 	case opRelease:
 		ops.hold = nil
 	}
@@ -136,11 +136,11 @@ func (t *Table) operateRoute(route string, op operation) {
 	for _, g := range groups {
 		switch op.Kind {
 		case opLimits:
-			g.reconfigure(cfg, set)
+			g.operated(func() { g.reconfigureLocked(cfg, set) })
 		case opHold, opRelease:
-			g.hold(ops.hold)
+			g.operated(func() { g.held = ops.hold })
 		case opClear:
-			g.clear(markOf(op))
+			g.operated(func() { g.clearLocked(operatorOf(op)) })
 		}
 	}
 }
@@ -175,26 +175,33 @@ func (t *Table) operateLane(id string, op operation) error {
 	}
 	switch op.Kind {
 	case opHold:
-		t.laneHolds[id] = markOf(op)
+		t.laneHolds[id] = operatorOf(op)
 	case opRelease:
 		delete(t.laneHolds, id)
 	}
 	hold := t.laneHolds[id]
 	t.mu.Unlock()
 	if l != nil && op.Kind == opClear {
-		l.clear(markOf(op))
+		l.g.operated(func() { l.drawsOn().forget(l.g.cfg, operatorOf(op)) })
 	} else if l != nil {
-		l.hold(hold)
+		l.g.operated(func() { l.held = hold })
 	}
 	return nil
 }
 
-// reconfigure makes cfg the group's config, and its limits' (their
-// ceilings and their states' bounds), with set the limits an operator
-// set (nil: none); then the waiters go as the new limits let them.
-func (g *group) reconfigure(cfg Config, set *RuntimeLimits) {
+// operated makes an operator's change to the group (change, run under
+// its mutex), then lets the waiters go as the group now allows.
+func (g *group) operated(change func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	change()
+	g.dispatchLocked(g.clock.Now())
+}
+
+// reconfigureLocked makes cfg the group's config, and its limits' (their
+// ceilings and their states' bounds), with set the limits an operator
+// set (nil: none). Requires g.mu held.
+func (g *group) reconfigureLocked(cfg Config, set *RuntimeLimits) {
 	g.limMu.Lock()
 	g.cfg, g.set = cfg, set
 	for _, p := range g.limits {
@@ -202,51 +209,22 @@ func (g *group) reconfigure(cfg Config, set *RuntimeLimits) {
 		p.shared.Configure(cfg.limitConfig())
 	}
 	g.limMu.Unlock()
-	g.dispatchLocked(g.clock.Now())
 }
 
-// hold holds the group (m: who and when) or, with nil, releases it.
-func (g *group) hold(m *mark) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.held = m
-	g.dispatchLocked(g.clock.Now())
-}
-
-// clear forgets what each limit of the group learned.
-func (g *group) clear(m *mark) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+// clearLocked has each limit of the group forget what it learned, m
+// having asked. Requires g.mu held.
+func (g *group) clearLocked(m *byOperator) {
 	g.limMu.Lock()
 	for _, p := range g.limits {
 		p.forget(g.cfg, m)
 	}
 	g.limMu.Unlock()
-	g.dispatchLocked(g.clock.Now())
-}
-
-// hold holds the lane (m: who and when) or, with nil, releases it.
-func (l *Lane) hold(m *mark) {
-	g := l.g
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	l.held = m
-	g.dispatchLocked(g.clock.Now())
-}
-
-// clear forgets what the limit the lane draws on learned.
-func (l *Lane) clear(m *mark) {
-	g := l.g
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	l.drawsOn().forget(g.cfg, m)
-	g.dispatchLocked(g.clock.Now())
 }
 
 // operatorHoldLocked is an operator's hold that keeps the lane from
 // dispatching, its own or its route's, and what it holds ("lane" or
 // "route"); nil when none. Requires the group's mutex held.
-func (l *Lane) operatorHoldLocked() (*mark, string) {
+func (l *Lane) operatorHoldLocked() (*byOperator, string) {
 	if l.held != nil {
 		return l.held, "lane"
 	}
@@ -270,7 +248,7 @@ func (l *pool) configure(cfg Config) {
 
 // forget drops what the limit learned, a spent quota too, as a new limit
 // of cfg starts, and notes who asked (m). Requires the group's mutex held.
-func (l *pool) forget(cfg Config, m *mark) {
+func (l *pool) forget(cfg Config, m *byOperator) {
 	l.shared.Forget()
 	l.quota = quotaHold{}
 	l.learned, l.firstAnswerUntil = false, time.Time{}

@@ -10,7 +10,7 @@ import (
 // (providers count limits per credential and model, whatever the
 // endpoint), the credential's when the route says its models share one
 // (Limits.PerCredential), or several models' once the group found them
-// drawing on one (see sharing). It holds the Shared state, the route's
+// drawing on one (see shareEvidence). It holds the Shared state, the route's
 // configured ceilings and the first-answer window. Its fields are guarded by
 // its group's mutex.
 type pool struct {
@@ -19,15 +19,15 @@ type pool struct {
 	shared limit.Shared
 	// ceil holds the route's configured limits; nil when none are.
 	ceil             *limit.Ceiling
-	learned          bool      // an answer came back: the first-answer window is over
-	firstAnswerUntil time.Time // set by the first dispatch; see firstAnswerWindow
-	unanswered       int       // dispatches whose answer has not been reported
-	seen             seen      // what was last reported through onChange
-	pass             uint64    // the group's dispatch pass it last held its lanes in
-	sent             uint64    // dispatches, for sharing
-	firstSeq         uint64    // the group's dispatch count at its first dispatch
-	firstAt          time.Time // and its time
-	share            sharing   // evidence that it shares the upstream's limit with others
+	learned          bool          // an answer came back: the first-answer window is over
+	firstAnswerUntil time.Time     // set by the first dispatch; see firstAnswerWindow
+	unanswered       int           // dispatches whose answer has not been reported
+	seen             seen          // what was last reported through onChange
+	pass             uint64        // the group's dispatch pass it last held its lanes in
+	sent             uint64        // dispatches, for sharing
+	firstSeq         uint64        // the group's dispatch count at its first dispatch
+	firstAt          time.Time     // and its time
+	share            shareEvidence // evidence that it shares the upstream's limit with others
 	// mergedInto is the limit this one was found to share, which its lanes
 	// draw on from then on; nil while it stands alone.
 	mergedInto *pool
@@ -57,7 +57,7 @@ type pool struct {
 	heldAt [limitReasons]uint64
 	// cleared: an operator cleared what it learned, when and who (nil:
 	// never).
-	cleared *mark
+	cleared *byOperator
 	// perEstimate is what the upstream counts a request's tokens as, per
 	// token of tokens.Estimate, learned from the answers' usage; 0 until
 	// an answer reported one (see tokens.go).

@@ -52,7 +52,7 @@ func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, concurrencyBound b
 
 // learnLocked has the limit s drew on learn from its answer r at now,
 // and returns the changes to report. Requires g.mu held.
-func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []change {
+func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []laneChange {
 	l, lim := s.lane, s.lim
 	before := lim.shared.PausedUntil()
 	lim.shared.Learn(&s.ticket, r, now)
@@ -67,9 +67,9 @@ func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []change {
 		shared = true
 	}
 	lim = l.drawsOn() // the limit the lane draws on from now on
-	var changes []change
+	var changes []laneChange
 	if lim.quota.learn(r, s.ticket.Dispatched, now) && g.onChange != nil {
-		changes = append(changes, change{Kind: changeQuota, Lane: l, At: now, Status: r.Status, QuotaUntil: lim.quota.until})
+		changes = append(changes, laneChange{Kind: changeQuota, Lane: l, At: now, Status: r.Status, QuotaUntil: lim.quota.until})
 	}
 	var v limit.View
 	if g.onChange != nil {
@@ -82,7 +82,7 @@ func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []change {
 		started := !before.After(now)
 		l.stats.countPause(r.Verdict.PauseReason().String(), until.Sub(from), started)
 		if started && g.onChange != nil {
-			changes = append(changes, change{Kind: changePaused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
+			changes = append(changes, laneChange{Kind: changePaused, Lane: l, At: now, Status: r.Status, Verdict: r.Verdict,
 				View: v, PauseFor: until.Sub(now)})
 		}
 	}
@@ -100,9 +100,9 @@ func moved(a, b float64) bool {
 // changesLocked compares the view of lim, l's limit, after an answer with
 // what it last reported, and returns the changes to report; shared says
 // the answer showed lim shared with other models. Requires g.mu held.
-func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, now time.Time, out []change, shared bool) []change {
+func (g *group) changesLocked(l *Lane, lim *pool, r limit.Report, v limit.View, now time.Time, out []laneChange, shared bool) []laneChange {
 	s := &lim.seen
-	base := change{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
+	base := laneChange{Lane: l, At: now, Status: r.Status, Verdict: r.Verdict, View: v}
 	base.SharesLimitWith, base.SharesLimitWithMore, base.SharedBecause = lim.sharedWith(l.key.Model)
 	// A window's rate from headers moves with every answer's remaining
 	// count; only its size says the limit changed. A pace learned from

@@ -89,7 +89,7 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.T
 // the stated figure left, the figure is not the window (OpenAI's
 // quantized headers state 1,200 a minute over a bucket of 20), and read
 // against it each fell by far more than anyone sent: it shows nothing of
-// sharing (see sharing.observe). Each limit sent one: windows of their
+// sharing (see shareEvidence.observe). Each limit sent one: windows of their
 // own, of one size as the figure says, show one count alike, and one
 // window counts them down, each one fewer, so counts that differ by no
 // more than the others sent show one window. It returns the round's

@@ -27,7 +27,7 @@ func window20(remaining int64) headerparse.Window { return win(20, remaining, t0
 // excess that tells sharing (minShareExcess), and within what the others
 // sent: the limit shows sharing, and the first answer says it showed it.
 func TestAFirstAnswerOneRequestPastItsOwnDispatchShowsSharing(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	// The group's second dispatch, the limit's first: 20 - 1 own - 1 more.
 	if first := sh.observe(window20(20-1-minShareExcess), sentAs(at(0), 1, 2, 0), 0, anyAfter); !first {
 		t.Fatal("the first answer does not report the excess it showed")
@@ -47,7 +47,7 @@ func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
 		excess int64
 		shows  bool
 	}{{bound, true}, {bound + 1, false}} {
-		var sh sharing
+		var sh shareEvidence
 		// The limit's first dispatch after the others' two.
 		sh.observe(window20(20-1-c.excess), sentAs(at(0), 1, 1+others, 0), 0, anyAfter)
 		if sh.shows() != c.shows {
@@ -62,7 +62,7 @@ func TestAnExcessUpToTheBoundOnWhatOthersSentShowsSharing(t *testing.T) {
 // between two answers with only the limit's own dispatch between them, a
 // fall of two more shows nothing.
 func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	// The limit's second dispatch and the group's second: nobody else sent.
 	if first := sh.observe(window20(19-1-2), sentAs(at(time.Second), 2, 2, 0), 0, anyAfter); first {
@@ -79,7 +79,7 @@ func TestAnExcessWhileNoOtherLaneSentShowsNoSharing(t *testing.T) {
 // of the others', and a count three lower than its own fall explains,
 // kept by the next answer, shows sharing.
 func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	// Its second dispatch, the group's fourth: two of the others' between.
 	sh.observe(window20(19-1-3), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter)
@@ -94,7 +94,7 @@ func TestALimitsOwnDispatchesCountFromTheLastAnswerRead(t *testing.T) {
 // falls by what it sent, whatever the group's other lanes sent meanwhile:
 // it shows no excess, so no sharing.
 func TestACountThatFallsByItsOwnDispatchesShowsNoSharing(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	// Another lane sent first; the limit's count fell by its one alone.
 	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0, anyAfter)
 	// Two more of its own and two of the others': fell by its two.
@@ -110,7 +110,7 @@ func TestACountThatFallsByItsOwnDispatchesShowsNoSharing(t *testing.T) {
 // new dispatch is no excess, though others sent meanwhile.
 func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T) {
 	const late = 2
-	var sh sharing
+	var sh shareEvidence
 	// Its third dispatch, with its first two still out, answered first:
 	// the upstream counted only the third.
 	sh.observe(window20(20-1), sentAs(at(0), 3, 3, late), 0, anyAfter)
@@ -129,7 +129,7 @@ func TestRequestsInFlightAtTheLastAnswerMayReachTheUpstreamAfterIt(t *testing.T)
 // apart, the count fell by what the limit sent and had out; from the
 // first to the third it fell by four more than the limit ever sent since.
 func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
 	sh.observe(unstated(15), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	// Four of its own since, four out when this one went.
@@ -156,7 +156,7 @@ func TestAnExcessEachStepHidesShowsAgainstAnOlderAnswer(t *testing.T) {
 // five gone past the limit's own, with three of the others' since the
 // older answer (within maxShareExcess of them) but one since the newer.
 func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	unstated := func(remaining int64) headerparse.Window { return win(0, remaining, t0.Add(time.Second)) }
 	sh.observe(unstated(19), sentAs(at(0), 1, 1, 0), 0, anyAfter)
 	sh.observe(unstated(18), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter) // its own one
@@ -174,7 +174,7 @@ func TestAnExcessShownAgainstTwoAnswersIsReadAgainstTheOlder(t *testing.T) {
 // excess, later answers are read from it, not from the answers before it:
 // a count that then falls by the limit's own dispatches adds nothing.
 func TestAnExcessCountedOnceIsNotCountedAgain(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	sh.observe(window20(20-1-2), sentAs(at(0), 1, 3, 0), 0, anyAfter) // two of the others' first
 	if sh.excess != 2 {
 		t.Fatalf("the first answer counted %v, want 2", sh.excess)
@@ -396,7 +396,7 @@ func TestAmongReplicasAFirstAnswerAllowsForTheLimitsRequestsOutWhenItWent(t *tes
 		remaining int64
 		shows     bool
 	}{{false, 17, true}, {true, 17, false}, {true, 16, true}} {
-		var sh sharing
+		var sh shareEvidence
 		s := sentAs(at(0), 2, 8, 1)
 		s.fleet = c.fleet
 		sh.observe(window20(c.remaining), s, 0, anyAfter)
@@ -414,7 +414,7 @@ func TestAmongReplicasAFirstAnswerAllowsForTheLimitsRequestsOutWhenItWent(t *tes
 // (The limits of four models of their own, sent at once, were merged so
 // in the simulator now and then.)
 func TestAnExcessTheNextAnswerDoesNotKeepShowsNoSharing(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0, anyAfter)
 	// Another lane's dispatch, then two of the limit's at one instant;
 	// the second reached the upstream first.
@@ -434,7 +434,7 @@ func TestAnExcessTheNextAnswerDoesNotKeepShowsNoSharing(t *testing.T) {
 // next answer still reads it against the answer before it: others drew
 // on the count, and sharing shows, counted once.
 func TestAnExcessTheNextAnswerKeepsShowsSharing(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	sh.observe(window20(19), sentAs(at(0), 1, 2, 0), 0, anyAfter)
 	sh.observe(window20(19-2), sentAs(at(time.Second), 2, 4, 0), 0, anyAfter)
 	if sh.shows() {
@@ -454,8 +454,8 @@ func TestAnExcessTheNextAnswerKeepsShowsSharing(t *testing.T) {
 // the next answer. With one of its own sent after, an excess of one is
 // held and an excess of two counted.
 func TestAnExcessNoOwnRequestSentAfterCouldMakeCountsAtOnce(t *testing.T) {
-	var held, counted sharing
-	for _, sh := range []*sharing{&held, &counted} {
+	var held, counted shareEvidence
+	for _, sh := range []*shareEvidence{&held, &counted} {
 		sh.observe(window20(19), sentAs(at(0), 1, 3, 0), 0, 0)
 	}
 	held.observe(window20(19-1-1), sentAs(at(time.Second), 2, 5, 0), 0, 1)
@@ -490,7 +490,7 @@ func TestAnExcessNoOwnRequestAfterExplainsJoinsAtOnce(t *testing.T) {
 // reached the upstream first; one sent later cannot. Past what the ring
 // of dispatch times holds, all of them count.
 func TestOnlyOwnRequestsSentJustAfterCanHaveOvertaken(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	sh.dispatched(1, at(0))
 	sh.dispatched(2, at(0))                        // the same instant
 	sh.dispatched(3, at(overtake))                 // at the edge
@@ -549,7 +549,7 @@ func TestAmongReplicasALaterExcessWaitsForTheNextAnswer(t *testing.T) {
 // That reading shows nothing of sharing, and must not outweigh the later
 // readings whose excess is what the other lanes sent.
 func TestAFirstReadingAgainstAStatedPerMinuteFigureDoesNotHideSharing(t *testing.T) {
-	var sh sharing
+	var sh shareEvidence
 	perMinute := func(remaining int64) headerparse.Window { return win(1200, remaining, t0.Add(time.Second)) }
 	sh.observe(perMinute(16), sentAs(at(0), 1, 4, 0), 0, 0)
 	if sh.shows() {

@@ -42,7 +42,7 @@ func TestALimitChangeLineCountsTheModelsItDoesNotName(t *testing.T) {
 	}{{0, `shares_limit_with="a, b" `}, {3, `shares_limit_with="a, b and 3 more" `}} {
 		var buf bytes.Buffer
 		l := &Lane{id: "abc", key: Key{Model: "m"}}
-		change{Kind: changeLimits, Lane: l, SharesLimitWith: []string{"a", "b"}, SharesLimitWithMore: tc.more, SharedBecause: "configured"}.
+		laneChange{Kind: changeLimits, Lane: l, SharesLimitWith: []string{"a", "b"}, SharesLimitWithMore: tc.more, SharedBecause: "configured"}.
 			log(slog.New(slog.NewTextHandler(&buf, nil)))
 		if !strings.Contains(buf.String(), tc.want) {
 			t.Errorf("line %q, want %s", buf.String(), tc.want)

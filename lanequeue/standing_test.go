@@ -85,7 +85,7 @@ func stillLearned(t *testing.T, tb *Table, l *Lane) {
 // when it later refuses.
 func TestLanesTheUpstreamRefusedAreNotKept(t *testing.T) {
 	var reasons []string
-	tb := NewTable(TableConfig{onChange: func(c change) {
+	tb := NewTable(TableConfig{onChange: func(c laneChange) {
 		if c.Kind == changeEvicted {
 			reasons = append(reasons, c.Reason)
 		}

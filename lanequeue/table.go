@@ -50,8 +50,8 @@ type TableConfig struct {
 	// by their hashed ID; no line holds a credential.
 	Log *slog.Logger
 	// onChange is called, outside every lock, after Log, for each change
-	// (see change); tests watch them here.
-	onChange func(change)
+	// (see laneChange); tests watch them here.
+	onChange func(laneChange)
 }
 
 // Table holds the lanes, bounded in number; idle lanes are evicted.
@@ -88,7 +88,7 @@ type Table struct {
 	// each route, and the lanes held, by ID.
 	opMu      sync.Mutex
 	routeOps  map[string]*routeOps
-	laneHolds map[string]*mark
+	laneHolds map[string]*byOperator
 }
 
 // CapStats is the state of the global cap; ok is false when there is none
@@ -134,7 +134,7 @@ func NewTable(cfg TableConfig) *Table {
 		cfg.idDigits = shortLen
 	}
 	if log, next := cfg.Log, cfg.onChange; log != nil {
-		cfg.onChange = func(c change) {
+		cfg.onChange = func(c laneChange) {
 			c.log(log)
 			if next != nil {
 				next(c)
@@ -142,7 +142,7 @@ func NewTable(cfg TableConfig) *Table {
 		}
 	}
 	t := &Table{cfg: cfg, groups: map[string]*group{}, ids: map[string]*Lane{}, gates: map[string]*modelGate{},
-		routeOps: map[string]*routeOps{}, laneHolds: map[string]*mark{}}
+		routeOps: map[string]*routeOps{}, laneHolds: map[string]*byOperator{}}
 	if cfg.GlobalConcurrency > 0 {
 		t.cap = newCap(cfg.GlobalConcurrency)
 	}
@@ -508,7 +508,7 @@ func (t *Table) notify(evicted []evicted) {
 			t.cfg.onEvict(e.lane)
 		}
 		if t.cfg.onChange != nil {
-			t.cfg.onChange(change{Kind: changeEvicted, Lane: e.lane, At: now, Reason: e.reason})
+			t.cfg.onChange(laneChange{Kind: changeEvicted, Lane: e.lane, At: now, Reason: e.reason})
 		}
 	}
 }

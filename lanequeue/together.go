@@ -64,7 +64,7 @@ const refusedTogether = "refused together"
 // Overshot. Requires g.mu held.
 func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time, overshot bool) bool {
 	if r.Limits.Requests.HasRemaining || r.Limits.Tokens.HasRemaining {
-		own.spoke = true // its headers tell (see sharing)
+		own.spoke = true // its headers tell (see shareEvidence)
 	}
 	if r.Verdict == limit.Accepted {
 		own.admitted = true

@@ -46,15 +46,15 @@ type decision struct {
 	wait       time.Duration
 	pauseGroup bool
 	why        string // giveUp: the reason, for the client and the log
-	// next is the request's tally with this answer counted: what decide
+	// next is the request's counts with this answer counted: what decide
 	// reads for the next attempt's answer when the action is retry.
-	next tally
+	next attemptCounts
 }
 
-// tally counts what a request's attempts so far have met. Only failures
-// use up maxRetries: a refusal the lane absorbs by waiting is bounded by
-// the request's deadline, however many there are.
-type tally struct {
+// attemptCounts counts what a request's attempts so far have met. Only
+// failures use up maxRetries: a refusal the lane absorbs by waiting is
+// bounded by the request's deadline, however many there are.
+type attemptCounts struct {
 	failures    int // 5xx, 408 and connection errors; checked against maxRetries
 	refusals    int // rate and concurrency 429s in a row, up to the latest answer
 	unreachable int // attempts in a row that made no connection
@@ -82,7 +82,7 @@ const maxRefusalStep = 3
 // decide chooses what to do with an attempt's answer, given what the
 // request's earlier attempts met, the time, its deadline and a jitter draw
 // in [0, 1).
-func decide(res upstream.Result, t tally, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
+func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
 	d := decision{report: reportOf(res)}
 	if res.Outcome != upstream.Retryable {
 		d.action = pass

@@ -35,41 +35,41 @@ func TestDecide(t *testing.T) {
 	tests := []struct {
 		name       string
 		res        upstream.Result
-		tries      tally
+		tries      attemptCounts
 		deadline   time.Duration // after now
 		action     action
 		verdict    limit.Verdict
 		wait       time.Duration
 		pauseGroup bool
 	}{
-		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), tally{}, time.Minute, pass, limit.Accepted, 0, false},
-		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), tally{}, time.Minute, pass, limit.Accepted, 0, false},
-		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), tally{}, time.Minute, pass, limit.Failed, 0, false},
-		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), tally{}, time.Minute, retry, limit.RateRefused, 1500 * time.Millisecond, true},
-		{"rate 429 without a hint backs off", rate429, tally{refusals: 1}, time.Minute, retry, limit.RateRefused, 200 * time.Millisecond, true},
-		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), tally{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
-		{"negative hint backs off", withHint(rate429, -time.Second), tally{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
-		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), tally{}, time.Minute, retry, limit.ConcurrencyRefused, time.Second, false},
-		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
-		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), tally{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
-		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), tally{}, time.Minute, retry, limit.Failed, 100 * time.Millisecond, false},
-		{"connection error is not sent", unreachable, tally{}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
-		{"unreachable gives up after two retries", unreachable, tally{failures: 2, unreachable: 2}, time.Minute, giveUp, limit.NotSent, 0, false},
-		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), tally{failures: 3}, time.Minute, giveUp, limit.Failed, 0, false},
-		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), tally{failures: 3}, time.Minute, retry, limit.RateRefused, time.Second, true},
-		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), tally{failures: 1, refusals: 7}, time.Minute, retry, limit.Failed, 200 * time.Millisecond, false},
-		{"refusals without a hint back off at most 2^3 steps", rate429, tally{refusals: 40}, time.Minute, retry, limit.RateRefused, 800 * time.Millisecond, true},
-		{"unreachable after refusals is retried", unreachable, tally{refusals: 5}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
-		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), tally{}, time.Hour, giveUp, limit.RateRefused, 0, false},
-		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), tally{}, time.Hour, retry, limit.RateRefused, time.Minute, true},
-		{"wait past the deadline", withHint(rate429, 30*time.Second), tally{}, 10 * time.Second, giveUp, limit.RateRefused, 0, false},
+		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), attemptCounts{}, time.Minute, pass, limit.Accepted, 0, false},
+		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), attemptCounts{}, time.Minute, pass, limit.Accepted, 0, false},
+		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), attemptCounts{}, time.Minute, pass, limit.Failed, 0, false},
+		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), attemptCounts{}, time.Minute, retry, limit.RateRefused, 1500 * time.Millisecond, true},
+		{"rate 429 without a hint backs off", rate429, attemptCounts{refusals: 1}, time.Minute, retry, limit.RateRefused, 200 * time.Millisecond, true},
+		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), attemptCounts{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
+		{"negative hint backs off", withHint(rate429, -time.Second), attemptCounts{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
+		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), attemptCounts{}, time.Minute, retry, limit.ConcurrencyRefused, time.Second, false},
+		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), attemptCounts{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
+		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), attemptCounts{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
+		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), attemptCounts{}, time.Minute, retry, limit.Failed, 100 * time.Millisecond, false},
+		{"connection error is not sent", unreachable, attemptCounts{}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
+		{"unreachable gives up after two retries", unreachable, attemptCounts{failures: 2, unreachable: 2}, time.Minute, giveUp, limit.NotSent, 0, false},
+		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), attemptCounts{failures: 3}, time.Minute, giveUp, limit.Failed, 0, false},
+		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), attemptCounts{failures: 3}, time.Minute, retry, limit.RateRefused, time.Second, true},
+		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), attemptCounts{failures: 1, refusals: 7}, time.Minute, retry, limit.Failed, 200 * time.Millisecond, false},
+		{"refusals without a hint back off at most 2^3 steps", rate429, attemptCounts{refusals: 40}, time.Minute, retry, limit.RateRefused, 800 * time.Millisecond, true},
+		{"unreachable after refusals is retried", unreachable, attemptCounts{refusals: 5}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
+		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), attemptCounts{}, time.Hour, giveUp, limit.RateRefused, 0, false},
+		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), attemptCounts{}, time.Hour, retry, limit.RateRefused, time.Minute, true},
+		{"wait past the deadline", withHint(rate429, 30*time.Second), attemptCounts{}, 10 * time.Second, giveUp, limit.RateRefused, 0, false},
 	}
 	// The reasons a client reads when the proxy gives up count what happened.
-	if d := decide(unreachable, tally{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
+	if d := decide(unreachable, attemptCounts{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
 		t.Errorf("unreachable after two retries: %q, want 3 attempts counted", d.why)
 	}
 	// A refusal retried counts one more in a row for the next answer.
-	if d := decide(rate429, tally{refusals: 2}, pol, now, now.Add(time.Minute), 0); d.next.refusals != 3 {
+	if d := decide(rate429, attemptCounts{refusals: 2}, pol, now, now.Add(time.Minute), 0); d.next.refusals != 3 {
 		t.Errorf("a third refusal in a row counts %d for the next answer, want 3", d.next.refusals)
 	}
 	for _, tt := range tests {
@@ -176,7 +176,7 @@ func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			now, counted := start, tally{}
+			now, counted := start, attemptCounts{}
 			last := len(tt.answers) - 1
 			for i, res := range tt.answers[:last] {
 				d := decide(res, counted, pol, now, start.Add(tt.deadline), 0.5)

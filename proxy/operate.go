@@ -53,9 +53,9 @@ type Fleet interface {
 // LLMPROXY_ROUTE_<NAME>_*).
 const defaultRoute = "default"
 
-// change is one operator's change as the log, the answers and the other
-// replicas see it.
-type change struct {
+// adminChange is one operator's change as the log, the answers and the
+// other replicas see it.
+type adminChange struct {
 	Op     string        `json:"op"` // limits, reset, hold, release, clear
 	Limits *limitsJSON   `json:"limits,omitempty"`
 	By     string        `json:"by"`
@@ -63,8 +63,8 @@ type change struct {
 	lim    *limit.Limits // Limits, parsed
 }
 
-// mark is who made a change, and when.
-type mark struct {
+// madeBy is who made a change, and when.
+type madeBy struct {
 	By string    `json:"by"`
 	At time.Time `json:"at"`
 }
@@ -73,8 +73,8 @@ type mark struct {
 // at run time (nil: its own) and who set them, and its hold (nil: none).
 type routeOps struct {
 	limits *limit.Limits
-	set    mark
-	hold   *mark
+	set    madeBy
+	hold   *madeBy
 }
 
 // operations are the changes in force, by route ("" the default
@@ -192,8 +192,8 @@ type routeView struct {
 	// they were set at run time and by whom.
 	Limits     *limitsJSON `json:"limits"`
 	Configured *limitsJSON `json:"configured"`
-	Set        *mark       `json:"set,omitempty"`
-	Held       *mark       `json:"held,omitempty"`
+	Set        *madeBy     `json:"set,omitempty"`
+	Held       *madeBy     `json:"held,omitempty"`
 }
 
 // routeViewLocked is route's view. Requires p.ops.mu held.
@@ -268,7 +268,7 @@ func (p *Proxy) setLimits(w http.ResponseWriter, r *http.Request, open bool) {
 		p.unknownRoute(w, r)
 		return
 	}
-	c := change{Op: "reset", By: asker(r, open), At: p.cfg.Clock.Now()}
+	c := adminChange{Op: "reset", By: asker(r, open), At: p.cfg.Clock.Now()}
 	if r.Method == http.MethodPut {
 		body, err := readAdminBody(w, r)
 		if err != nil {
@@ -315,7 +315,7 @@ func readAdminBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 func (p *Proxy) operateOn(what string, open bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		op := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
-		c := change{Op: op, By: asker(r, open), At: p.cfg.Clock.Now()}
+		c := adminChange{Op: op, By: asker(r, open), At: p.cfg.Clock.Now()}
 		name := chi.URLParam(r, what)
 		if what == "route" {
 			route, ok := p.routeOf(r)
@@ -351,7 +351,7 @@ func validLaneID(id string) bool {
 // "lane") here, logs it with who asked, and, made here (not elsewhere),
 // tells the other replicas. Its error is the lane table's: no lane has
 // that ID.
-func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewhere bool) error {
+func (p *Proxy) apply(ctx context.Context, what, name string, c adminChange, elsewhere bool) error {
 	p.ops.mu.Lock()
 	err := p.operate(what, name, c, elsewhere)
 	p.ops.mu.Unlock()
@@ -379,7 +379,7 @@ func (p *Proxy) apply(ctx context.Context, what, name string, c change, elsewher
 
 // operate makes c on the route or the lane (what) name in the lane
 // table, a route's recorded as in force. Requires p.ops.mu held.
-func (p *Proxy) operate(what, name string, c change, elsewhere bool) error {
+func (p *Proxy) operate(what, name string, c adminChange, elsewhere bool) error {
 	t := p.lanes
 	if what == "lane" {
 		switch c.Op {
@@ -420,7 +420,7 @@ func fleetField(op string) string {
 }
 
 // recordLocked keeps c as in force on route. Requires o.mu held.
-func (o *operations) recordLocked(route string, c change) {
+func (o *operations) recordLocked(route string, c adminChange) {
 	ops := o.routes[route]
 	if ops == nil {
 		ops = &routeOps{}
@@ -428,9 +428,9 @@ func (o *operations) recordLocked(route string, c change) {
 	}
 	switch c.Op {
 	case "limits", "reset":
-		ops.limits, ops.set = c.lim, mark{By: c.By, At: c.At}
+		ops.limits, ops.set = c.lim, madeBy{By: c.By, At: c.At}
 	case "hold":
-		ops.hold = &mark{By: c.By, At: c.At}
+		ops.hold = &madeBy{By: c.By, At: c.At}
 	case "release":
 		ops.hold = nil
 	}
@@ -462,8 +462,8 @@ func (p *Proxy) applyFleet(field, value string, first bool) {
 }
 
 // decodeChange reads a change as the replicas share it.
-func decodeChange(value string) (change, error) {
-	var c change
+func decodeChange(value string) (adminChange, error) {
+	var c adminChange
 	if err := json.Unmarshal([]byte(value), &c); err != nil {
 		return c, err
 	}

@@ -598,7 +598,7 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 	if st := b.lanes().Lanes[0]; st.ID != id || st.Held != "lane" {
 		t.Fatalf("the other replica's lane: %+v", st)
 	}
-	b.proxy.applyFleet("lane:"+id+":limits", mustJSON(t, change{Op: "reset", By: "local"}), false)
+	b.proxy.applyFleet("lane:"+id+":limits", mustJSON(t, adminChange{Op: "reset", By: "local"}), false)
 	if st := b.lanes().Lanes[0]; st.Held != "lane" {
 		t.Fatalf("limits named for a lane, which are a route's, released it: %+v", st)
 	}
@@ -614,7 +614,7 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 		t.Fatalf("the other replica's route is not held: %+v", l.Lanes[0])
 	}
 	a.mustDo("POST", "/admin/routes/default/release", "")
-	c := change{Op: "clear", By: "token:ffffffff", At: time.Now()}
+	c := adminChange{Op: "clear", By: "token:ffffffff", At: time.Now()}
 	value := mustJSON(t, c)
 	b.proxy.applyFleet("lane:"+id+":clear", value, true)
 	if st := b.lanes().Lanes[0]; !st.ClearedAt.IsZero() {
@@ -625,12 +625,12 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 		t.Fatalf("another replica's clear: %+v", st)
 	}
 	for _, bad := range [][2]string{
-		{"route:nope:hold", mustJSON(t, change{Op: "hold"})},
-		{"key:x:hold", mustJSON(t, change{Op: "hold"})},
-		{"lane:XYZ:hold", mustJSON(t, change{Op: "hold"})},
+		{"route:nope:hold", mustJSON(t, adminChange{Op: "hold"})},
+		{"key:x:hold", mustJSON(t, adminChange{Op: "hold"})},
+		{"lane:XYZ:hold", mustJSON(t, adminChange{Op: "hold"})},
 		{"route:default:hold", "{"},
-		{"route:default:hold", mustJSON(t, change{Op: "melt"})},
-		{"route:default:limits", mustJSON(t, change{Op: "limits"})},
+		{"route:default:hold", mustJSON(t, adminChange{Op: "melt"})},
+		{"route:default:limits", mustJSON(t, adminChange{Op: "limits"})},
 		{"route:default:limits", `{"op":"limits","limits":{"rpm":-5}}`},
 	} {
 		b.proxy.applyFleet(bad[0], bad[1], false)
@@ -641,7 +641,7 @@ func TestChangesReachTheOtherReplicas(t *testing.T) {
 	if v := b.routeLimits("default"); v.Held != nil || v.Limits.RPM != 600 {
 		t.Fatalf("a change it could not use changed the route: %+v", v)
 	}
-	b.proxy.applyFleet("route:default:limits", mustJSON(t, change{Op: "reset", By: "local"}), false)
+	b.proxy.applyFleet("route:default:limits", mustJSON(t, adminChange{Op: "reset", By: "local"}), false)
 	if v := b.routeLimits("default"); v.Set != nil {
 		t.Fatalf("another replica's reset: %+v", v)
 	}

@@ -36,7 +36,7 @@ type request struct {
 	deadline     time.Time
 	queueWait    time.Duration
 	retries      int           // re-sends, all causes: x-llmproxy-retries and the log
-	tries        tally         // what the attempts met, for decide
+	tries        attemptCounts // what the attempts met, for decide
 	upstreamTime time.Duration // sum of attempt latencies
 	status       int           // what the client got; 0 = none was sent
 	outcome      Outcome       // how the answer ended

@@ -6,14 +6,14 @@ import (
 	"github.com/llmproxy/llmproxy/headerparse"
 )
 
-// sharing is what a limit's answers show of other limits of its group
+// shareEvidence is what a limit's answers show of other limits of its group
 // drawing on the same upstream limit: a credential's models share one at
 // a company gateway, behind a LiteLLM virtual key, or in a model family
 // with a shared limit. The upstream's remaining count then falls by more
 // than the limit itself sent between two answers, by about what the
 // group's other lanes sent; a limit of its own falls by what it sent, less
 // what refilled. Guarded by the group's mutex.
-type sharing struct {
+type shareEvidence struct {
 	// bases are the answers read since the last that showed an excess
 	// (the first read against the window full before anything went),
 	// oldest first, at most shareBases: each is a reading a later answer
@@ -21,7 +21,7 @@ type sharing struct {
 	// may be counted after it; across several answers those late ones
 	// are allowed for once, so an excess that each step hides shows
 	// against an older base.
-	bases [shareBases]tally
+	bases [shareBases]reading
 	n     int // 0 until an answer with a remaining count was read
 	// excess sums what the remaining count fell by beyond the limit's own
 	// dispatches, over the readings where it did; others what the
@@ -44,11 +44,11 @@ type sharing struct {
 	firstLeft int64
 }
 
-// tally is one answer read: when its request went, what it said was
+// reading is one answer read: when its request went, what it said was
 // left, the limit's and the group's dispatch counts right after it went,
 // and the limit's requests then in flight (the upstream may count any of
 // them after it).
-type tally struct {
+type reading struct {
 	dispatched         time.Time
 	remaining          int64
 	limSent, groupSent uint64
@@ -69,13 +69,13 @@ const (
 )
 
 // dispatched records the limit's dispatch numbered n, sent at at.
-func (sh *sharing) dispatched(n uint64, at time.Time) { sh.sentAt[n%overtakeRing] = at }
+func (sh *shareEvidence) dispatched(n uint64, at time.Time) { sh.sentAt[n%overtakeRing] = at }
 
 // after counts the limit's dispatches after the one numbered n, sent at
 // at, up to the one numbered sent, that went within overtake of it: the
 // upstream may have counted those first. With more sent since than the
 // ring holds, all of them.
-func (sh *sharing) after(n, sent uint64, at time.Time) uint64 {
+func (sh *shareEvidence) after(n, sent uint64, at time.Time) uint64 {
 	if sent-n >= overtakeRing {
 		return sent - n
 	}
@@ -113,14 +113,15 @@ const (
 // those went in any order with it, and count as others' for it.
 //
 // after is how many of the limit's own requests went just after s's (see
-// sharing.after): the upstream may have counted any of them before s's. A later answer's excess they could explain is held
-// until the next answer read, and counts if that one shows an excess too,
-// against the same bases or later ones.
-func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64) (first bool) {
+// shareEvidence.after): the upstream may have counted any of them before
+// s's. A later answer's excess they could explain is held until the next
+// answer read, and counts if that one shows an excess too, against the
+// same bases or later ones.
+func (sh *shareEvidence) observe(w headerparse.Window, s *Slot, out int, after uint64) (first bool) {
 	if !w.HasRemaining {
 		return false
 	}
-	now := tally{dispatched: s.ticket.Dispatched, remaining: w.Remaining,
+	now := reading{dispatched: s.ticket.Dispatched, remaining: w.Remaining,
 		limSent: s.limSent, groupSent: s.groupSent, inFlight: s.ticket.InFlight, fleet: s.fleet}
 	if sh.n > 0 && sh.bases[sh.n-1].fleet != now.fleet {
 		// Counts of another kind (Redis went away, or came back): not
@@ -170,12 +171,12 @@ func (sh *sharing) observe(w headerparse.Window, s *Slot, out int, after uint64)
 
 // readFirst reports whether now, reading w, is the first answer read,
 // which is read against the window full before anything went.
-func (sh *sharing) readFirst(w headerparse.Window, now tally) (first bool) {
+func (sh *shareEvidence) readFirst(w headerparse.Window, now reading) (first bool) {
 	if first = !sh.read; first {
 		sh.read, sh.firstLeft = true, w.Remaining
 	}
 	if first && w.Limit > 0 {
-		sh.bases[0], sh.n = tally{remaining: w.Limit}, 1 // nothing sent, nothing in flight
+		sh.bases[0], sh.n = reading{remaining: w.Limit}, 1 // nothing sent, nothing in flight
 		if now.fleet {
 			// Among replicas, the limit's requests that went from others
 			// just after this one may be counted before it, and would
@@ -189,7 +190,7 @@ func (sh *sharing) readFirst(w headerparse.Window, now tally) (first bool) {
 // excessOver is the most that a base shows the count fell by beyond the
 // limit's own dispatches, reading now, with what the group's other limits
 // sent over it (out besides): zero when no base shows one.
-func (sh *sharing) excessOver(now tally, out int) (excess, others float64) {
+func (sh *shareEvidence) excessOver(now reading, out int) (excess, others float64) {
 	for _, b := range sh.bases[:sh.n] {
 		own := float64(now.limSent - b.limSent)
 		o := float64(now.groupSent-b.groupSent) - own + float64(out)
@@ -204,7 +205,7 @@ func (sh *sharing) excessOver(now tally, out int) (excess, others float64) {
 
 // shows reports whether the answers show the limit shared with others of
 // the group.
-func (sh *sharing) shows() bool {
+func (sh *shareEvidence) shows() bool {
 	return sh.excess >= minShareExcess &&
 		sh.excess <= maxShareExcess*sh.others+2
 }
