@@ -13,8 +13,8 @@ var (
 	ErrQueueFull = errors.New("lanequeue: queue full")
 	// ErrDeadlineExceeded: the request's deadline passed (the error
 	// wraps the context's too), or falls before the lane's pause ends, so
-	// waiting cannot help. Its text says "budget", the word clients see.
-	ErrDeadlineExceeded = errors.New("lanequeue: request budget exceeded")
+	// waiting cannot help.
+	ErrDeadlineExceeded = errors.New("lanequeue: request deadline exceeded")
 )
 
 // WaitError is the error of a request that the group cannot send before

@@ -125,7 +125,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			return
 		case timedOut:
 			res.Discard()
-			p.giveUp(w, req, upstream.Result{}, "request budget ran out waiting for the upstream's answer")
+			p.giveUp(w, req, upstream.Result{}, "the request's deadline passed waiting for the upstream's answer")
 			return
 		case d.action == pass && res.Resp != nil && res.Resp.StatusCode == http.StatusSwitchingProtocols && req.upgrade:
 			p.join(w, req, res)

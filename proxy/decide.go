@@ -112,7 +112,7 @@ func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline
 	}
 	wait := pol.backoff.Choose(step, hint, hasHint, rnd)
 	if now.Add(wait).After(deadline) {
-		d.why = "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's budget"
+		d.why = "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's deadline"
 		return d
 	}
 	d.action, d.wait = retry, wait

@@ -169,7 +169,7 @@ func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 			answered(529, upstream.Retryable, headerparse.KindOverloaded), failed(408), failed(500), failed(502), failed(504)}, 10 * time.Minute, giveUp, "retries exhausted"},
 		{"a mix counts only the failures: the 11th 500 gives up", times(11, rate, conc, failed(500)), 10 * time.Minute, giveUp, "retries exhausted"},
 		{"a mix with 10 failures passes", append(times(10, rate, failed(500), rate), ok), 10 * time.Minute, pass, ""},
-		{"a 429 whose wait passes the deadline gives up", times(6, rate), 5500 * time.Millisecond, giveUp, "would pass the request's budget"},
+		{"a 429 whose wait passes the deadline gives up", times(6, rate), 5500 * time.Millisecond, giveUp, "would pass the request's deadline"},
 		{"a long hint gives up at once after absorbed refusals", append(times(5, rate), withHint(rate, 3*time.Minute)), 10 * time.Minute, giveUp, "longer than LLMPROXY_MAX_RETRY_AFTER"},
 		{"connection errors in a row still give up after 3", append(times(4, rate), unreachable, unreachable, unreachable), 10 * time.Minute, giveUp, "no connection after 3 attempts"},
 		{"connection errors apart are retried", append(times(3, rate, unreachable, unreachable), ok), 10 * time.Minute, pass, ""},

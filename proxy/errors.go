@@ -105,8 +105,9 @@ var replies = map[failKind]errorReply{
 	failQuota: {status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "quota_exhausted", noRetry: true},
 	// The upstream's own limits hold the lane past the request's deadline:
 	// the client learns at once when to come back, instead of at its
-	// deadline; its SDK must not retry sooner on its own. (Clients know
-	// a request's deadline as its budget: the codes and messages say so.)
+	// deadline; its SDK must not retry sooner on its own. (The codes
+	// budget_exceeded and wait_exceeds_budget, which clients match on,
+	// keep the word they were published with.)
 	failWaitTooLong: {status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "wait_exceeds_budget", noRetry: true, shutdownWins: true},
 	// Another replica, or this one restarted, can take the retry.
 	failShutdown: {status: http.StatusServiceUnavailable, typ: "server_error", code: "shutting_down", retryAfter: time.Second},
@@ -147,7 +148,7 @@ func replyFor(err error, now time.Time) errorReply {
 	case errors.As(err, &we) && we.Held:
 		// Nobody knows when a hold ends: a second, as a full queue's.
 		f = &failure{kind: failWaitTooLong, retryAfter: time.Second,
-			msg: "an operator's hold (llmproxy hold) held this lane past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry once it is released"}
+			msg: "an operator's hold (llmproxy hold) held this lane past the request's deadline (LLMPROXY_MAX_WAIT or the client's timeout); retry once it is released"}
 	case errors.As(err, &qe):
 		f = quotaFailure(qe, now)
 	case errors.As(err, &we):
@@ -156,11 +157,11 @@ func replyFor(err error, now time.Time) errorReply {
 			why = "the upstream's wait hint"
 		}
 		f = &failure{kind: failWaitTooLong, retryAfter: max(we.At.Sub(now), time.Millisecond),
-			msg: why + " holds this key's requests past the request's budget (LLMPROXY_MAX_WAIT or the client's timeout); retry after Retry-After"}
+			msg: why + " holds this key's requests past the request's deadline (LLMPROXY_MAX_WAIT or the client's timeout); retry after Retry-After"}
 	case errors.Is(err, lanequeue.ErrQueueFull):
 		f = &failure{kind: failQueueFull, msg: err.Error() + " (LLMPROXY_MAX_QUEUE); retry later"}
 	case errors.Is(err, context.DeadlineExceeded): // the lane's wait ran past the request's deadline
-		f = &failure{kind: failDeadline, msg: "request budget ran out (LLMPROXY_MAX_WAIT or the client's timeout): " + err.Error()}
+		f = &failure{kind: failDeadline, msg: "the request's deadline passed (LLMPROXY_MAX_WAIT or the client's timeout): " + err.Error()}
 	default:
 		f = &failure{kind: failInternal, msg: "internal error"}
 	}

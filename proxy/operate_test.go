@@ -302,11 +302,11 @@ func TestAHoldWaitsAndAReleaseSends(t *testing.T) {
 	}
 }
 
-// TestAHoldPastTheBudgetAnswersAsAPause: a request whose budget runs out
-// while its route is held gets the answer of a pause past its budget:
-// 429 wait_exceeds_budget, Retry-After, x-should-retry: false, and a
-// message that says a hold held it.
-func TestAHoldPastTheBudgetAnswersAsAPause(t *testing.T) {
+// TestAHoldPastTheDeadlineAnswersAsAPause: a request whose deadline
+// passes while its route is held gets the answer of a pause past its
+// deadline: 429 wait_exceeds_budget, Retry-After, x-should-retry: false,
+// and a message that says a hold held it.
+func TestAHoldPastTheDeadlineAnswersAsAPause(t *testing.T) {
 	o := newOpsHarness(t, func(c *Config) { c.MaxWait = 300 * time.Millisecond })
 	o.mustDo("POST", "/admin/routes/default/hold", "")
 	resp := o.post("/v1/chat/completions", `{"model":"m"}`)

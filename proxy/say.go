@@ -9,7 +9,7 @@ import (
 )
 
 // The client's say over its own request, in headers the upstream never
-// sees (see attempt): x-llmproxy-max-wait shortens the request's budget
+// sees (see attempt): x-llmproxy-max-wait shortens the request's deadline
 // below MaxWait, as X-Stainless-Timeout does; x-llmproxy-retry: off hands
 // the first answer back as the upstream sent it, a refusal or a failure
 // included, instead of absorbing it.
@@ -23,12 +23,12 @@ var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, ret
 
 // say is what the client said in them.
 type say struct {
-	maxWait  time.Duration // > 0: the budget it asks for, before MaxWait caps it
+	maxWait  time.Duration // > 0: the time it asks for, before MaxWait caps it
 	retryOff bool
 }
 
 // readSay reads the client's say from h: x-llmproxy-max-wait, a number of
-// seconds above 0 (one past any budget asks for none shorter);
+// seconds above 0 (one past any deadline asks for none shorter);
 // x-llmproxy-retry, on (the default) or off, in any case. Any other value
 // is an error naming its header.
 func readSay(h http.Header) (say, error) {
