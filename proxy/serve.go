@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"path"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/internal/bound"
-	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
@@ -24,72 +22,6 @@ const priorityHeader = "X-Llmproxy-Priority"
 // clientHeader names the client a request comes from (an eval, a user):
 // the clients of a lane take turns. It is not sent upstream.
 const clientHeader = "X-Llmproxy-Client"
-
-// request is one client request on its way through the proxy.
-type request struct {
-	route        string
-	target       *url.URL
-	body         body
-	slot         *lanequeue.Slot // its place in its lane, from Acquire on
-	laneID       string
-	arrived      time.Time
-	deadline     time.Time
-	queueWait    time.Duration
-	retries      int           // re-sends, all causes: x-llmproxy-retries and the log
-	tries        attemptCounts // what the attempts met, for decide
-	upstreamTime time.Duration // sum of attempt latencies
-	status       int           // what the client got; 0 = none was sent
-	outcome      Outcome       // how the answer ended
-	used         int64         // tokens its answer's usage counted; -1: not known
-	prompted     int64         // of used, the prompt's (input) tokens; 0: not known
-	// attempt is the current upstream attempt's watch; the answer's idle
-	// watchdog cancels it.
-	attempt    *attemptWatch
-	cutErr     string // why the upstream's answer broke off (an upstream_cut)
-	id         string // x-llmproxy-request-id
-	upstreamID string // the upstream's own request id, from its latest answer
-	upgrade    bool   // a WebSocket handshake (see isUpgrade)
-	priority   lanequeue.Priority
-	trace      *tracing.Request // its trace; nil without Config.Tracer
-	// retryOff: the client said x-llmproxy-retry: off (see say); the
-	// first answer goes back as the upstream sent it.
-	retryOff bool
-	// headerValues back the x-llmproxy-* header values (see
-	// headerValue), so that they cost no allocation of their own.
-	headerValues [headerCount]string
-}
-
-// The x-llmproxy-* headers' places in request.headerValues.
-const (
-	idValue = iota
-	laneValue
-	queueValue
-	retriesValue
-	headerCount
-)
-
-// idHeader is the request id as a header's values.
-func (req *request) idHeader() []string { return req.headerValues[idValue : idValue+1 : idValue+1] }
-
-// headerValue sets the header value at place i to v and returns it as a
-// header's values. Neither side changes a header value slice, so one may
-// be set on both the client's answer and the upstream request.
-func (req *request) headerValue(i int, v string) []string {
-	req.headerValues[i] = v
-	return req.headerValues[i : i+1 : i+1]
-}
-
-// newRequestID is a request's id: 16 hex digits, random, so ids from
-// replicas do not collide.
-func newRequestID() string {
-	var b [16]byte
-	v := rand.Uint64()
-	const hexDigits = "0123456789abcdef"
-	for i := range b {
-		b[i] = hexDigits[v>>(60-4*i)&0xf]
-	}
-	return string(b[:])
-}
 
 func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
