@@ -74,3 +74,17 @@ func (c Config) withDefaults() Config {
 	}
 	return c
 }
+
+// byOperator is who made an operator's change, and when.
+type byOperator struct {
+	at time.Time
+	by string
+}
+
+// RuntimeLimits are a route's configured limits as an operator set them
+// while the proxy runs, when, and by whom.
+type RuntimeLimits struct {
+	limit.ConfiguredView
+	SetAt time.Time `json:"set_at"`
+	By    string    `json:"by"`
+}

@@ -383,3 +383,48 @@ func (s *Slot) signalLocked() {
 		close(s.ready)
 	}
 }
+
+// startWaitLocked notes, as s joins its lane's queue with ahead waiters
+// before it, where its wait starts: what held the lanes back after this
+// dispatch pass is what s waited for. Requires g.mu held.
+func (g *group) startWaitLocked(s *Slot, ahead int) {
+	s.ahead, s.joinedPass = ahead, g.pass
+}
+
+// heldLocked is what held s back since it joined, read as it is granted
+// from lim: each reason lim held its lanes for in a later pass, and the
+// cap if it held the group in one. A limit held in this pass lets none
+// of its lanes go in it, so a pass that grants s counts no reason of its
+// own. Requires g.mu held.
+func (g *group) heldLocked(s *Slot, lim *pool) held {
+	var h held
+	for i, pass := range lim.heldAt {
+		if pass > s.joinedPass {
+			h |= heldPause << i
+		}
+	}
+	if g.capHeldAt > s.joinedPass {
+		h |= heldCap
+	}
+	return h
+}
+
+// quotaLocked applies lim's quota to its waiters at now, s the head: while
+// it holds, every waiter is refused; when a probe is due, every one but s.
+// It reports whether s may go on to be admitted. Requires g.mu held.
+func (g *group) quotaLocked(lim *pool, s *Slot, now time.Time) bool {
+	switch lim.quota.check(now) {
+	case quotaNone:
+		return true
+	case quotaProbe:
+		g.refuseLocked(lim, func(w *Slot) error {
+			if w == s {
+				return nil
+			}
+			return lim.quota.err()
+		})
+		return true
+	}
+	g.refuseLocked(lim, func(*Slot) error { return lim.quota.err() })
+	return false
+}

@@ -77,12 +77,6 @@ func holdKind(held bool) opKind {
 // errUnknownLane: no lane of the table has the ID a lane's change named.
 var errUnknownLane = errors.New("lanequeue: no lane has that ID")
 
-// byOperator is who made an operator's change, and when.
-type byOperator struct {
-	at time.Time
-	by string
-}
-
 func operatorOf(op operation) *byOperator { return &byOperator{at: op.At, by: op.By} }
 
 // routeOps are the operators' changes in force on a route: its limits set
@@ -91,14 +85,6 @@ type routeOps struct {
 	limits *limit.Limits
 	set    byOperator
 	hold   *byOperator
-}
-
-// RuntimeLimits are a route's configured limits as an operator set them
-// while the proxy runs, when, and by whom.
-type RuntimeLimits struct {
-	limit.ConfiguredView
-	SetAt time.Time `json:"set_at"`
-	By    string    `json:"by"`
 }
 
 // operateRoute applies op to every lane of route, and to those its route
@@ -232,28 +218,4 @@ func (l *Lane) operatorHoldLocked() (*byOperator, string) {
 		return l.g.held, "route"
 	}
 	return nil, ""
-}
-
-// configure takes cfg's configured limits: a new ceiling (nil when none),
-// and a limit they name is known. Requires the group's mutex held.
-func (l *pool) configure(cfg Config) {
-	l.ceil = nil
-	if !cfg.Limits.IsZero() {
-		l.ceil = cfg.Limits.Ceiling()
-	}
-	// A configured limit is known: no need to wait for the first answer
-	// to learn one.
-	l.learned = l.learned || cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
-}
-
-// forget drops what the limit learned, a spent quota too, as a new limit
-// of cfg starts, and notes who asked (m). Requires the group's mutex held.
-func (l *pool) forget(cfg Config, m *byOperator) {
-	l.shared.Forget()
-	l.quota = quotaHold{}
-	l.learned, l.firstAnswerUntil = false, time.Time{}
-	l.configure(cfg)
-	l.seen = seen{}
-	l.admitted, l.spoke, l.refusedAt = false, false, time.Time{}
-	l.cleared = m
 }

@@ -196,3 +196,27 @@ func (t *pool) sentOnTrialLocked(own *pool) {
 // shareWeight is the weight of one dispatch in a lane's share of the
 // latest dispatches of a trial (see together.go).
 const shareWeight = 1.0 / 16
+
+// configure takes cfg's configured limits: a new ceiling (nil when none),
+// and a limit they name is known. Requires the group's mutex held.
+func (l *pool) configure(cfg Config) {
+	l.ceil = nil
+	if !cfg.Limits.IsZero() {
+		l.ceil = cfg.Limits.Ceiling()
+	}
+	// A configured limit is known: no need to wait for the first answer
+	// to learn one.
+	l.learned = l.learned || cfg.Limits.RPM > 0 || cfg.Limits.TPM > 0 || cfg.Limits.Concurrency > 0
+}
+
+// forget drops what the limit learned, a spent quota too, as a new limit
+// of cfg starts, and notes who asked (m). Requires the group's mutex held.
+func (l *pool) forget(cfg Config, m *byOperator) {
+	l.shared.Forget()
+	l.quota = quotaHold{}
+	l.learned, l.firstAnswerUntil = false, time.Time{}
+	l.configure(cfg)
+	l.seen = seen{}
+	l.admitted, l.spoke, l.refusedAt = false, false, time.Time{}
+	l.cleared = m
+}

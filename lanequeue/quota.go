@@ -135,25 +135,5 @@ func (q quotaHold) describe(now time.Time) (until time.Time, words string) {
 	return q.until, "quota spent until " + pacific.Clock(q.until, now)
 }
 
-// quotaLocked applies lim's quota to its waiters at now, s the head: while
-// it holds, every waiter is refused; when a probe is due, every one but s.
-// It reports whether s may go on to be admitted. Requires g.mu held.
-func (g *group) quotaLocked(lim *pool, s *Slot, now time.Time) bool {
-	switch lim.quota.check(now) {
-	case quotaNone:
-		return true
-	case quotaProbe:
-		g.refuseLocked(lim, func(w *Slot) error {
-			if w == s {
-				return nil
-			}
-			return lim.quota.err()
-		})
-		return true
-	}
-	g.refuseLocked(lim, func(*Slot) error { return lim.quota.err() })
-	return false
-}
-
 // refusedCredential reports whether status refuses a request's credential.
 func refusedCredential(status int) bool { return status == 401 || status == 403 }

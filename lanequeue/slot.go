@@ -255,3 +255,22 @@ func (s *Slot) waitLocked() {
 		s.ready = make(chan struct{})
 	}
 }
+
+// Waited is what the slot's latest wait (Acquire's, or WaitRetry's) met,
+// for a trace once the wait is over: the number of waiters ahead of it in
+// its queue when it joined (0: it was first; its client's at its
+// priority, the lane's when it names no client, see Request.Client), and
+// why it waited, in this order, each at most once: "model_gate" (a local
+// route's server held another model), "pause" (its limit was paused
+// after a refusal), "pace" (the learned or configured rate or token
+// budget), "concurrency" (no permit free, or a new limit's one request
+// in flight before its first answer), "cap" (LLMPROXY_GLOBAL_CONCURRENCY);
+// none when it went at once, or only waited for those ahead of it.
+func (s *Slot) Waited() (ahead int, reasons []string) {
+	for i, name := range heldNames {
+		if s.held&(1<<i) != 0 {
+			reasons = append(reasons, name)
+		}
+	}
+	return s.ahead, reasons
+}
