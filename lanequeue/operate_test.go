@@ -297,10 +297,10 @@ func TestAClearStartsTheFirstAnswerWindowAgain(t *testing.T) {
 	})
 }
 
-// TestOperateLaneNeedsALaneOfThatID: an ID no lane has is an error and
+// TestALanesChangeNeedsALaneOfThatID: an ID no lane has is an error and
 // changes nothing, so a lane made later with it is not held; one another
 // replica held first is kept for the lane to come.
-func TestOperateLaneNeedsALaneOfThatID(t *testing.T) {
+func TestALanesChangeNeedsALaneOfThatID(t *testing.T) {
 	tab := NewTable(TableConfig{})
 	k, k2 := keyOf("sk-a", "m"), keyOf("sk-b", "m")
 	by, at := opBy, time.Now()
