@@ -470,7 +470,7 @@ func TestKubernetes(t *testing.T) {
 var envName = regexp.MustCompile(`\bLLMPROXY_[A-Z0-9_]*[A-Z0-9]`)
 
 // documentedNames returns the LLMPROXY_* variables of config.example.env
-// and of the README's Configuration table.
+// and of the tables of docs/configuration.md.
 func documentedNames(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
@@ -484,22 +484,17 @@ func documentedNames(t *testing.T) map[string]bool {
 			names[strings.TrimSpace(k)] = true
 		}
 	}
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Configuration\n")
-	if !ok {
-		t.Fatal("README.md: no ## Configuration section")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
-	for _, line := range strings.Split(section, "\n") {
+	for _, line := range strings.Split(string(doc), "\n") {
 		if strings.HasPrefix(line, "| `LLMPROXY_") {
 			names[envName.FindString(line)] = true
 		}
 	}
 	if len(names) < 10 {
-		t.Fatalf("found only %d documented variables; has the README or config.example.env changed shape?", len(names))
+		t.Fatalf("found only %d documented variables; has docs/configuration.md or config.example.env changed shape?", len(names))
 	}
 	return names
 }
@@ -516,7 +511,7 @@ func TestEnvNamesDocumented(t *testing.T) {
 		}
 		for _, k := range envName.FindAllString(string(b), -1) {
 			if !documented[k] {
-				t.Errorf("%s: %s is in neither config.example.env nor the README's Configuration table", path, k)
+				t.Errorf("%s: %s is in neither config.example.env nor docs/configuration.md's tables", path, k)
 			}
 		}
 		return nil

@@ -79,16 +79,16 @@ func TestRunExportsTracesAndFlushesThemAtStop(t *testing.T) {
 
 // TestTraceVariablesAreDocumented: -h, docs/traces.md and
 // config.example.env each name every OpenTelemetry variable -h lists, and
-// -h its default; the README's Configuration names the endpoint.
+// -h its default; docs/configuration.md names the endpoint.
 func TestTraceVariablesAreDocumented(t *testing.T) {
 	var help bytes.Buffer
 	printUsage(&help)
-	readme, err := readFile("../../README.md")
+	config, err := readFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(readme, "| `OTEL_EXPORTER_OTLP_ENDPOINT` and the other standard `OTEL_*` |") {
-		t.Error("the README's Configuration lacks OTEL_EXPORTER_OTLP_ENDPOINT")
+	if !strings.Contains(config, "| `OTEL_EXPORTER_OTLP_ENDPOINT` and the other standard `OTEL_*` |") {
+		t.Error("docs/configuration.md lacks OTEL_EXPORTER_OTLP_ENDPOINT")
 	}
 	doc, err := readFile("../../docs/traces.md")
 	if err != nil {
