@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A short round of every benchmark, the figures CI printed until issue 50
-# (it now runs only what can fail; see CONTRIBUTING.md). Each command
+# A short round of every benchmark: the figures CI printed until issue 50
+# (CI now runs each command on a tiny load only, to keep it working; see
+# CONTRIBUTING.md). Each command
 # prints a table and its targets, met or not; a target missed does not
-# fail the round, so read the tables. A round takes about eight minutes
-# on a quiet 2-core machine. Each line is also the way to run that part
+# fail the round, so read the tables. A round takes about ten minutes
+# on a 2-core machine. Each line is also the way to run that part
 # alone, and its flags (-scenario, -runs, -markdown) the way to a full
 # matrix (see docs/benchmarks.md).
 #
