@@ -5,7 +5,7 @@ import (
 	"sync"
 )
 
-// globalCap is one concurrency cap over many limit groups
+// globalCap is one concurrency cap over many groups
 // (LLMPROXY_GLOBAL_CONCURRENCY). A group takes it as it dispatches a
 // request, after its pause, pace and concurrency let the request go, and
 // the request holds it until its permit goes back (its answer ended, or it
@@ -22,7 +22,7 @@ type globalCap struct {
 	places  map[*capSeat]*list.Element // their places in waiting
 }
 
-// capSeat is a limit group's seat in the cap's line: wake runs the group's
+// capSeat is a group's seat in the cap's line: wake runs the group's
 // dispatch again when a place is free for it.
 type capSeat struct{ wake func() }
 
@@ -96,7 +96,7 @@ func (c *globalCap) kickLocked() {
 type CapStats struct {
 	Limit int `json:"limit"`
 	InUse int `json:"in_use"`
-	// Waiting is the number of limit groups with a request ready but for
+	// Waiting is the number of groups with a request ready but for
 	// the cap.
 	Waiting int `json:"waiting_groups"`
 	Most    int `json:"most_in_use"`

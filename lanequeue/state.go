@@ -97,7 +97,8 @@ type State struct {
 	SharesLimitWith     []string `json:"shares_limit_with,omitempty"`
 	SharesLimitWithMore int      `json:"shares_limit_with_more,omitempty"`
 	SharedBecause       string   `json:"shared_because,omitempty"`
-	// QueuedLow is how many of the group's waiters are low priority.
+	// QueuedLow is how many of the lane's waiters are low priority (the
+	// JSON name is older than the word and stays).
 	QueuedLow int       `json:"group_queued_low,omitempty"`
 	LastUsed  time.Time `json:"last_used"`
 	// Clients are the lane's clients, by name, once a request named one

@@ -47,7 +47,7 @@ type Route struct {
 // RouteSettings are what the configuration says of a route beyond its URL
 // (LLMPROXY_ROUTE_<NAME>_*).
 type RouteSettings struct {
-	// Limits are the route's configured limits per limit group.
+	// Limits are the route's configured limits per pool.
 	Limits limit.Limits
 	// Priority is the priority of a request that does not send
 	// x-llmproxy-priority.

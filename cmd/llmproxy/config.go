@@ -26,7 +26,7 @@ const envPrefix = "LLMPROXY_"
 
 // config is read from LLMPROXY_* variables. Each field's help tag is what
 // `llmproxy -h` prints; its envDefault is the default (also in
-// config.example.env and the README).
+// config.example.env and docs/configuration.md).
 type config struct {
 	Addr                      string        `env:"ADDR" envDefault:"127.0.0.1:8080" help:"proxy listener"`
 	AdminAddr                 string        `env:"ADMIN_ADDR" envDefault:"127.0.0.1:9090" help:"admin listener: /healthz /readyz /metrics /lanes /ui /admin/; empty = off"`
@@ -35,7 +35,7 @@ type config struct {
 	Upstream                  string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
 	Routes                    string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
 	MaxRetries                int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
-	MaxWait                   time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's whole budget: queue + retries (X-Stainless-Timeout or x-llmproxy-max-wait can shorten it); at least 1s"`
+	MaxWait                   time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's deadline: queue + retries (X-Stainless-Timeout or x-llmproxy-max-wait can shorten it); at least 1s"`
 	MaxRetryAfter             time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
 	MaxQueue                  int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
 	MaxBodyBytes              int64         `env:"MAX_BODY_BYTES" envDefault:"536870912" help:"larger request bodies get 413"`
@@ -46,7 +46,7 @@ type config struct {
 	BodyTimeout               time.Duration `env:"BODY_TIMEOUT" envDefault:"60s" help:"a request's whole body must arrive within this, else 400 body_read_error; at least 1s"`
 	MinBodyRate               int64         `env:"MIN_BODY_RATE" envDefault:"16384" help:"bytes per second a request's body must average after its first 5s, else 408 body_too_slow; 0 = no such bound"`
 	IdleTimeout               time.Duration `env:"IDLE_TIMEOUT" envDefault:"120s" help:"a client's keep-alive connection idle this long is closed (both listeners)"`
-	LaneConcurrency           int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new limit group's concurrency limit, moved into [MIN, MAX]; it grows by half each answer time until the upstream refuses for concurrency"`
+	LaneConcurrency           int           `env:"LANE_CONCURRENCY" envDefault:"8" help:"a new pool's concurrency limit, moved into [MIN, MAX]; it grows by half each answer time until the upstream refuses for concurrency"`
 	LaneMinConcurrency        int           `env:"LANE_MIN_CONCURRENCY" envDefault:"1" help:"lowest concurrency limit of a lane"`
 	LaneMaxConcurrency        int           `env:"LANE_MAX_CONCURRENCY" envDefault:"1024" help:"highest concurrency limit of a lane"`
 	MaxLanes                  int           `env:"MAX_LANES" envDefault:"10000" help:"lanes kept; the least recently used goes first"`
@@ -509,7 +509,7 @@ Environment (default in brackets; other LLMPROXY_* names get a warning):
 	printTraceUsage(w)
 }
 
-// traceVariables are the OpenTelemetry variables -h, the README and
+// traceVariables are the OpenTelemetry variables -h, docs/traces.md and
 // config.example.env name, with their defaults and what they do.
 var traceVariables = []struct{ name, def, help string }{
 	{"OTEL_EXPORTER_OTLP_ENDPOINT", "", "set: traces go there over OTLP (http://collector:4318; /v1/traces is added); unset: no traces"},

@@ -30,17 +30,17 @@ type routeSetting struct {
 }
 
 var routeSettings = []routeSetting{
-	{"RPM", "unset", "requests a minute per limit group (credential + model), as even spacing", func(st *proxy.RouteSettings, v string) error {
+	{"RPM", "unset", "requests a minute per pool (credential + model), as even spacing", func(st *proxy.RouteSettings, v string) error {
 		f, err := positive(v)
 		st.Limits.RPM = f
 		return err
 	}},
-	{"TPM", "unset", "tokens a minute per limit group (estimated before sending, settled from usage)", func(st *proxy.RouteSettings, v string) error {
+	{"TPM", "unset", "tokens a minute per pool (estimated before sending, settled from usage)", func(st *proxy.RouteSettings, v string) error {
 		f, err := positive(v)
 		st.Limits.TPM = f
 		return err
 	}},
-	{"CONCURRENCY", "unset", "requests in flight per limit group: where it starts, and (ceiling) its highest", func(st *proxy.RouteSettings, v string) error {
+	{"CONCURRENCY", "unset", "requests in flight per pool: where it starts, and (ceiling) its highest", func(st *proxy.RouteSettings, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
 			return fmt.Errorf("%q is not a whole number of at least 1", v)
@@ -48,7 +48,7 @@ var routeSettings = []routeSetting{
 		st.Limits.Concurrency = n
 		return nil
 	}},
-	{"MIN_GAP", "unset", "least time between two request starts of a limit group, retries included (pacing: holds no slot); always enforced", func(st *proxy.RouteSettings, v string) error {
+	{"MIN_GAP", "unset", "least time between two request starts of a pool, retries included (pacing: holds no slot); always enforced", func(st *proxy.RouteSettings, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
 			return fmt.Errorf("%q is not a positive duration such as 200ms", v)

@@ -347,7 +347,7 @@ func perSecond(r float64) string {
 	return strconv.FormatFloat(r, 'g', 3, 64) + "/s"
 }
 
-// drainsIn is the proxy's estimate of when the lane's limit group has sent
+// drainsIn is the proxy's estimate of when the lane's pool has sent
 // what waits now.
 func drainsIn(s lanequeue.State) string {
 	if s.Queued == 0 {

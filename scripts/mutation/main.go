@@ -9,7 +9,7 @@
 //
 // CI runs it, package by package, with -diff at the commit of the
 // package's last full run, named in scripts/mutation/BASELINE, so it
-// tests what changed since the figures in CONTRIBUTING.md were measured.
+// tests what changed since the figures in docs/mutation.md were measured.
 //
 // It prints a Markdown table of killed, lived, not covered and timed-out
 // mutants per package, then every unlisted survivor, a mutant no test
