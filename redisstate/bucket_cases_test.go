@@ -14,25 +14,26 @@ import (
 
 // The token bucket's table of cases, shared with the Go bucket's and
 // budget's tests (internal/bucket/cases_test.go,
-// limit/bucket_cases_test.go): the same file, run here on lib's Lua
-// budget on a real Redis. The format is documented in the file's "doc"; its
-// types, checks and judging are in internal/bucketcases.
+// limit/bucket_cases_test.go): the same file, run here on the Lua
+// budget (lua/bucket.lua) on a real Redis. The format is documented in
+// the file's "doc"; its types, checks and judging are in
+// internal/bucketcases.
 
 const bucketCasesPath = "../limit/testdata/bucket_cases.json"
 
-// bucketHarness runs one step of a case on lib's budget at the step's own
-// time (ARGV[2], ms) instead of clock(). KEYS the state hash; ARGV op, now,
+// bucketHarness runs one step of a case on lua/bucket.lua's budget at the
+// step's own time (ARGV[2], ms) instead of clock(). KEYS the state hash; ARGV op, now,
 // cost or n, mark (-1: none). The budget is the tokens one (prefix t_), as
 // in the scripts. advance and admit save nothing (no script saves a bare
 // refill, and a refused admitScript saves nothing); take is admitScript's
 // charge and save; giveback is giveBackScript's loop body for one budget.
 // Returns {avail} or, for admit, {ok, at, avail}; numbers as %.17g text so
-// nothing is rounded on the way. render fills in the numbers lib has
+// nothing is rounded on the way. render fills in the numbers bucket.lua has
 // from Go.
-var bucketHarness = redis.NewScript(render(lib + `
+var bucketHarness = redis.NewScript(render(luaSource("bucket") + `
 local key, p, op, now, x, mark, used = KEYS[1], 't_', ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local function f(v) return string.format('%.17g', v) end
-local b = budget(key, p, now)
+local b = refill(key, p, now)
 if op == 'admit' then
   local ok, at = admit(b, now, x)
   return {ok and 1 or 0, f(at), f(b.avail)}
@@ -57,7 +58,7 @@ return {f(b.avail)}
 
 func fmtNum(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
 
-// runBucketCaseLua runs c on lib's budget under key and returns what did
+// runBucketCaseLua runs c on lua/bucket.lua's budget under key and returns what did
 // not meet the expectations (with instead: as the xfail_on engine is known
 // to give).
 func runBucketCaseLua(ctx context.Context, rdb *redis.Client, key string, c bucketcases.Case, instead bool) ([]string, error) {
@@ -106,9 +107,7 @@ func runBucketCaseLua(ctx context.Context, rdb *redis.Client, key string, c buck
 func TestBucketCasesLua(t *testing.T) {
 	t.Parallel()
 	cases := bucketcases.Load(t, bucketCasesPath)
-	srv := startServer(t)
-	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", srv.port)})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := startServer(t).client(t)
 	ctx := context.Background()
 	var xfail []string
 	for _, c := range cases {

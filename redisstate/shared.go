@@ -337,7 +337,7 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
 	}
 	// A refusal in a fixed window's closure whose boundary the upstream
-	// stated to the millisecond teaches the fleet's window (noteWindow).
+	// stated to the millisecond teaches the fleet's window (windows.refused).
 	bound, sent := int64(0), 0.0
 	if remote {
 		sent = t.Requests

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/limit"
@@ -50,6 +52,13 @@ func startServer(t testing.TB, args ...string) *server {
 }
 
 func (s *server) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", s.port) }
+
+// client is a plain client of the server, closed when the test ends.
+func (s *server) client(t testing.TB) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", s.port)})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
 
 func (s *server) start() {
 	s.t.Helper()

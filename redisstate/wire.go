@@ -79,7 +79,7 @@ type learnArgs struct {
 	// Bound is a refusal's time to the boundary of the fixed window's
 	// closure it is in, stated by the upstream to the millisecond (ms; 0:
 	// none); Sent the requests the group had sent right after its
-	// request went (0: not Redis' permit). See noteWindow.
+	// request went (0: not Redis' permit). See windows.refused.
 	Bound int64   `lua:"bound"`
 	Sent  float64 `lua:"sent"`
 }

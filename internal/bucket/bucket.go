@@ -55,7 +55,8 @@ func (b *Bucket) Set(t time.Time, level float64) { b.level, b.at = level, t }
 // above Size, less any overrun settled since the last Refill (taken after
 // the refill, since the cap would forgive it before). A now at or before
 // At refills nothing and leaves At where it is: a clock that stepped back
-// must not refill the same span twice.
+// must not refill the same span twice. Mirrored by refill in
+// redisstate/lua/bucket.lua.
 func (b *Bucket) Refill(now time.Time) {
 	switch {
 	case b.at.IsZero():
@@ -73,7 +74,7 @@ func (b *Bucket) Refill(now time.Time) {
 // Admit refills the bucket to now and reports whether cost fits it; if
 // not, when it will, at least a millisecond on and at most MaxWait, or
 // the zero time when no refill will (Rate 0). A cost larger than Size fits
-// a full bucket.
+// a full bucket. Mirrored by admit in redisstate/lua/bucket.lua.
 func (b *Bucket) Admit(now time.Time, cost float64) (time.Time, bool) {
 	b.Refill(now)
 	need := b.charge(cost)
@@ -106,7 +107,8 @@ func (b *Bucket) Settle(estimate, used float64) {
 	}
 }
 
-// charge is what a cost takes from the bucket (see Charge).
+// charge is what a cost takes from the bucket (see Charge). Mirrored by
+// charge in redisstate/lua/bucket.lua.
 func (b *Bucket) charge(cost float64) float64 {
 	if b.Size > 0 {
 		return math.Min(cost, b.Size)
