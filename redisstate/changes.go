@@ -256,7 +256,14 @@ func (s *Store) pollChanges(apply func(field, value string, first bool), first b
 		s.failed("changes", err)
 		return false
 	}
-	fields := all.Val()
+	s.takeChanges(all.Val(), apply, first)
+	return true
+}
+
+// takeChanges hands apply the fields of the fleet's changes new to this
+// replica and signed with its token, and logs those passed over (see
+// pollChanges). The caller holds changesMu.
+func (s *Store) takeChanges(fields map[string]string, apply func(field, value string, first bool), first bool) {
 	// A field gone from the hash is forgotten: what is kept follows it.
 	for field := range s.changesSeen {
 		if _, ok := fields[field]; !ok {
@@ -302,7 +309,6 @@ func (s *Store) pollChanges(apply func(field, value string, first bool), first b
 			"count", over, "most_kept", maxChangesSeen)
 	}
 	s.changesStray, s.changesOver = stray > 0, over > 0
-	return true
 }
 
 // clip is s cut to at most n bytes, marked when cut.

@@ -69,21 +69,8 @@ func (cfg Config) options() (*redis.UniversalOptions, error) {
 	default:
 		return nil, bad("URL", "the scheme is not redis:// or rediss:// (the value is not shown: it may hold a password)")
 	}
-	port := u.Port()
-	if port == "" {
-		port = "6379"
-	}
-	o.Addrs = []string{net.JoinHostPort(u.Hostname(), port)}
-	for k, vs := range u.Query() {
-		if k != "addr" {
-			return nil, bad("URL", fmt.Sprintf("unknown parameter %q (the one parameter is addr=host:port, more cluster seeds or Sentinels)", k))
-		}
-		for _, a := range vs {
-			if _, _, err := net.SplitHostPort(a); err != nil {
-				return nil, bad("URL", "an addr parameter is not host:port")
-			}
-			o.Addrs = append(o.Addrs, a)
-		}
+	if o.Addrs, err = addrs(u); err != nil {
+		return nil, err
 	}
 	if db := strings.Trim(u.Path, "/"); db != "" {
 		if o.DB, err = strconv.Atoi(db); err != nil || o.DB < 0 {
@@ -109,6 +96,29 @@ func (cfg Config) options() (*redis.UniversalOptions, error) {
 		return nil, err
 	}
 	return o, cfg.tls(o)
+}
+
+// addrs are the URL's host (port 6379 when it names none) and its addr
+// parameters: more cluster seeds or Sentinels.
+func addrs(u *url.URL) ([]string, error) {
+	bad := func(problem string) error { return setting.Bad("redisstate", "URL", problem) }
+	port := u.Port()
+	if port == "" {
+		port = "6379"
+	}
+	all := []string{net.JoinHostPort(u.Hostname(), port)}
+	for k, vs := range u.Query() {
+		if k != "addr" {
+			return nil, bad(fmt.Sprintf("unknown parameter %q (the one parameter is addr=host:port, more cluster seeds or Sentinels)", k))
+		}
+		for _, a := range vs {
+			if _, _, err := net.SplitHostPort(a); err != nil {
+				return nil, bad("an addr parameter is not host:port")
+			}
+			all = append(all, a)
+		}
+	}
+	return all, nil
 }
 
 // secrets reads the password files into o: the data nodes' (read again at

@@ -95,25 +95,32 @@ func (s *Store) loop() {
 		case <-ping.C:
 			if !s.up.Load() {
 				wait = nextRejoinWait(wait, time.Since(rejoined), s.slow.Load())
-				ctx, cancel := s.ctx()
-				start := time.Now()
-				err := s.reachable(ctx)
-				cancel()
-				// A ping slower than the bound leaves the replica local:
-				// Redis is there but would hold up every request.
-				if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
-					err = errors.New("slow")
-				}
-				if err != nil {
-					s.why(err)
-				}
-				if err == nil && s.rejoin() {
+				if s.pingToRejoin() {
 					rejoined = time.Now()
 				}
 			}
 			ping.Reset(wait)
 		}
 	}
+}
+
+// pingToRejoin pings Redis and, once it answers in time, rejoins; it
+// reports whether the replica rejoined. A ping slower than the bound
+// leaves the replica local: Redis is there but would hold up every
+// request.
+func (s *Store) pingToRejoin() bool {
+	ctx, cancel := s.ctx()
+	start := time.Now()
+	err := s.reachable(ctx)
+	cancel()
+	if err == nil && s.cfg.Slow > 0 && time.Since(start) > s.cfg.Slow {
+		err = errors.New("slow")
+	}
+	if err != nil {
+		s.why(err)
+		return false
+	}
+	return s.rejoin()
 }
 
 // reachable is nil when Redis answers as the store needs it (answers),

@@ -322,16 +322,7 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 		pause = clock.Later(pause, now.Add(r.Hint))
 		s.stated = now.Add(r.Hint)
 	}
-	// The answer counts toward the levels every replica judges the bound
-	// from, when Redis gave its permit (its level is the fleet's).
-	kind := answerUncounted
-	switch {
-	case !remote || r.Verdict == limit.Failed || r.Verdict == limit.NotSent:
-	case r.Verdict == limit.Accepted:
-		kind = answerAdmitted
-	default:
-		kind = answerRefused
-	}
+	kind := answerKindOf(remote, r.Verdict)
 	reply := int64(0) // an accepted answer's time to its headers, for the slow start's spread
 	if kind == answerAdmitted {
 		reply = max(now.Sub(t.Dispatched).Milliseconds(), 1)
@@ -351,6 +342,19 @@ func (s *shared) learnArgsFor(t *limit.Ticket, r limit.Report, v limit.View, now
 		Replica: s.st.replica, Req: newBudgetArgs(v.Requests, syn, reqMode, reqValue, t.Requests),
 		Tok: newBudgetArgs(v.Tokens, false, tokMode, tokValue, t.Tokens), Lowered: v.ConcurrencyLowered, Level: t.Level,
 		Kind: kind, ConcurrencyBound: v.Bound == limit.BoundConcurrency, Refusal: r.Verdict.Refusal(), Reply: reply, Bound: bound, Sent: sent}
+}
+
+// answerKindOf is how an answer of verdict counts toward the levels every
+// replica judges the bound from: only when Redis gave its permit
+// (remote), since only then is its level the fleet's.
+func answerKindOf(remote bool, verdict limit.Verdict) answerKind {
+	if !remote || verdict == limit.Failed || verdict == limit.NotSent {
+		return answerUncounted
+	}
+	if verdict == limit.Accepted {
+		return answerAdmitted
+	}
+	return answerRefused
 }
 
 func (s *shared) Refund(t *limit.Ticket) {
