@@ -1,6 +1,7 @@
 package redisstate
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -117,6 +118,48 @@ func TestAWindowStatedToTheMillisecondReachesTheFleet(t *testing.T) {
 		}
 		if args.Bound != want || args.Bound > 0 && args.Sent != 41 {
 			t.Errorf("%s: after the test the fleet was told a boundary %d ms on, sent %v; want %d ms, 41", c.name, args.Bound, args.Sent, want)
+		}
+	}
+}
+
+// TestAConcurrencyBoundReplicaRaisesAPaceWithoutTheLease: a replica that
+// found the bound is a concurrency limit says so with its answer, and its
+// pace learned from refusals (loose by design: the limit holds the group)
+// then raises the fleet's while another replica holds the raise lease; a
+// replica bound by the rate may not.
+func TestAConcurrencyBoundReplicaRaisesAPaceWithoutTheLease(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	now := time.Now()
+	m := limit.NewMemory(limit.Config{})
+	first, _, _ := m.Admit(now.Add(-2*time.Second), 1, false)
+	m.Learn(&first, limit.Report{Status: 429, Verdict: limit.RateRefused, Hint: 400 * time.Millisecond}, now.Add(-2*time.Second))
+	s := &shared{st: st, local: m}
+	for _, c := range []struct {
+		bound limit.Bound
+		want  string
+	}{
+		{limit.BoundRate, "12"},
+		{limit.BoundConcurrency, "14"},
+	} {
+		paced := st.Shared("paced-"+c.want, groupCfg).(*shared)
+		learnWindow(t, st, paced, "a", true, 10, 10)
+		if rep := learnWindow(t, st, paced, "a", true, 12, 12); !rep.raiser {
+			t.Fatal("a did not take the raise lease")
+		}
+		v := m.View(now)
+		v.Requests, v.Bound = limit.BudgetView{Known: true, Limit: 14, PerSecond: 14}, c.bound
+		if !v.FromRefusals() {
+			t.Fatal("the view does not read as a pace learned from refusals")
+		}
+		tk := limit.Ticket{Lease: "l", Dispatched: now.Add(-time.Second)}
+		args := s.learnArgsFor(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, v, now)
+		if err := learnScript.Run(context.Background(), st.rdb(), []string{paced.state, paced.leases, paced.climits, paced.raise, paced.levels}, argv(args)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if rate := hget(t, st, paced.state, "r_rate"); rate != c.want {
+			t.Errorf("bound %v: the fleet's pace %s after this replica's 14 while a holds the raise lease, want %s", c.bound, rate, c.want)
 		}
 	}
 }

@@ -62,8 +62,8 @@ func newShare(last limits, v limit.View, n int) *share {
 // view is what the share lets the replica send.
 func (sh *share) view() *limit.ShareView {
 	v := &limit.ShareView{Replicas: sh.n, Concurrency: sh.concurrency, TokensPerSecond: sh.tokens.Rate}
-	if sh.gap > 0 {
-		v.RequestsPerSecond = float64(time.Second) / float64(sh.gap)
+	if gap := sh.gap; gap > 0 {
+		v.RequestsPerSecond = float64(time.Second) / float64(gap)
 	}
 	return v
 }
