@@ -55,12 +55,13 @@ import (
 
 // The scripts are in lua/: the budget arithmetic (bucket.lua, the Go
 // bucket's), the fleet's slow-start spread (spread.lua), its fixed window
-// (window.lua) and its counts by level (levels.lua), each function of
-// which says the Go function it mirrors (and mirrors_test.go holds the
-// pairs to naming each other), and a file per script (admit.lua,
-// learn.lua, giveback.lua, apart.lua, forget.lua, heartbeat.lua), opening
-// with what it takes (KEYS, args) and returns. The numbers they share
-// with Go are rendered into them from sharedNumbers.
+// (window.lua) and its counts by level (levels.lua), whose functions take
+// the names of the Go functions they mirror and say which (the pairs are
+// listed in mirrors_test.go, and those of one rule run on shared cases);
+// and a file per script (admit.lua, learn.lua, giveback.lua, apart.lua,
+// forget.lua, heartbeat.lua), opening with what it takes (KEYS, args) and
+// returns. A script is its file after the files whose functions it calls.
+// The numbers they share with Go are rendered in from sharedNumbers.
 //
 //go:embed lua/*.lua
 var luaFiles embed.FS

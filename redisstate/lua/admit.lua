@@ -4,10 +4,10 @@
 -- in the last minute; rates are per second × replyScale; rsyn is 1 when
 -- the request pace was learned from refusals; acc is when some replica
 -- last had an answer the upstream accepted (0: none); rn counts the
--- refusals every replica learned from (learnScript); lastsec is the
+-- refusals every replica learned from (learn.lua); lastsec is the
 -- group's dispatches in the last second, all replicas (0 unless
 -- admitted); apn counts the limits some replica took out of the trial
--- this state paces (apartScript).
+-- this state paces (apart.lua).
 
 -- The concurrency limit: the lowest any replica's refusals lowered it to
 -- lately, since a replica that saw concurrency refusals is not overruled

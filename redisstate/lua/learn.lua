@@ -18,7 +18,7 @@
 -- mode 2 caps it at value; mode 0 leaves it.
 
 -- learn merges the budget of prefix p that the replica sent (given, a
--- budgetArgs) into the state (see learnScript).
+-- budgetArgs) into the state (see the head of this file).
 local function learn(p, given, now)
   local known = tonumber(given.known)
   if known ~= 1 then return end
