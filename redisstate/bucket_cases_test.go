@@ -30,7 +30,7 @@ const bucketCasesPath = "../limit/testdata/bucket_cases.json"
 // Returns {avail} or, for admit, {ok, at, avail}; numbers as %.17g text so
 // nothing is rounded on the way. render fills in the numbers bucket.lua has
 // from Go.
-var bucketHarness = redis.NewScript(render(luaSource("bucket") + `
+var bucketHarness = redis.NewScript(render(bucketLua + `
 local key, p, op, now, x, mark, used = KEYS[1], 't_', ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local function f(v) return string.format('%.17g', v) end
 local b = refill(key, p, now)

@@ -21,7 +21,7 @@ const mirrorCasesPath = "testdata/mirror_cases.json"
 // ARGV op and its inputs: extra, climb, full: windows.extra's figure;
 // answered, then level, kind pairs: learner.answered on the hash KEYS[1]
 // for each, and the hash.
-var mirrorHarness = redis.NewScript(render(luaSource("bucket", "window", "levels") + `
+var mirrorHarness = redis.NewScript(render(bucketLua + windowLua + levelsLua + `
 local op = ARGV[1]
 if op == 'extra' then return tostring(windows.extra(tonumber(ARGV[2]), tonumber(ARGV[3]))) end
 if op == 'answered' then

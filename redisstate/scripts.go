@@ -1,7 +1,7 @@
 package redisstate
 
 import (
-	"embed"
+	_ "embed"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -62,17 +62,37 @@ import (
 // forget.lua, heartbeat.lua), opening with what it takes (KEYS, args) and
 // returns. A script is its file after the files whose functions it calls.
 // The numbers they share with Go are rendered in from sharedNumbers.
-//
-//go:embed lua/*.lua
-var luaFiles embed.FS
-
 var (
-	admitScript     = newScript(admitArgs{}, luaSource("bucket", "spread", "window", "admit"))
-	learnScript     = newScript(learnArgs{}, luaSource("bucket", "window", "levels", "learn"))
-	giveBackScript  = newScript(giveBackArgs{}, luaSource("bucket", "giveback"))
-	apartScript     = newScript(apartArgs{}, luaSource("apart"))
-	forgetScript    = newScript(struct{}{}, luaSource("forget"))
-	heartbeatScript = newScript(heartbeatArgs{}, luaSource("bucket", "heartbeat"))
+	admitScript     = newScript(admitArgs{}, bucketLua, spreadLua, windowLua, admitLua)
+	learnScript     = newScript(learnArgs{}, bucketLua, windowLua, levelsLua, learnLua)
+	giveBackScript  = newScript(giveBackArgs{}, bucketLua, giveBackLua)
+	apartScript     = newScript(apartArgs{}, apartLua)
+	forgetScript    = newScript(struct{}{}, forgetLua)
+	heartbeatScript = newScript(heartbeatArgs{}, bucketLua, heartbeatLua)
+)
+
+// The files in lua/, each whole: one missing is a build error.
+var (
+	//go:embed lua/bucket.lua
+	bucketLua string
+	//go:embed lua/spread.lua
+	spreadLua string
+	//go:embed lua/window.lua
+	windowLua string
+	//go:embed lua/levels.lua
+	levelsLua string
+	//go:embed lua/admit.lua
+	admitLua string
+	//go:embed lua/learn.lua
+	learnLua string
+	//go:embed lua/giveback.lua
+	giveBackLua string
+	//go:embed lua/apart.lua
+	apartLua string
+	//go:embed lua/forget.lua
+	forgetLua string
+	//go:embed lua/heartbeat.lua
+	heartbeatLua string
 )
 
 // script is a Lua script, the text it runs and the text that was
@@ -82,11 +102,12 @@ type script struct {
 	text, src string
 }
 
-// newScript is the script of src, which reads its ARGV, laid out as argv
-// lays out args, from the table args (see wire.go), with each ${name}
-// rendered (see render). A script's text is fixed when the package
-// starts, so its SHA is too.
-func newScript(args any, src string) script {
+// newScript is the script of the files' text, one after the other, which
+// reads its ARGV, laid out as argv lays out args, from the table args (see
+// wire.go), with each ${name} rendered (see render). A script's text is
+// fixed when the package starts, so its SHA is too.
+func newScript(args any, files ...string) script {
+	src := strings.Join(files, "")
 	text := argsPrologue(reflect.TypeOf(args)) + render(src)
 	return script{redis.NewScript(text), text, src}
 }
@@ -171,19 +192,6 @@ var replyLists = map[string]string{
 	"learnReply":     luaList(learnWire{}),
 	"levelCount":     luaList(levelWire{}),
 	"heartbeatReply": luaList(heartbeatWire{}),
-}
-
-// luaSource is the files lua/<name>.lua, one after the other.
-func luaSource(files ...string) string {
-	var b strings.Builder
-	for _, f := range files {
-		src, err := luaFiles.ReadFile("lua/" + f + ".lua")
-		if err != nil {
-			panic("redisstate: " + err.Error())
-		}
-		b.Write(src)
-	}
-	return b.String()
 }
 
 var placeholder = regexp.MustCompile(`\$\{(\w+)\}`)
