@@ -232,7 +232,8 @@ func (l *learner) settled(level int) {
 	}
 }
 
-// answered notes an answer at level in flight.
+// answered notes an answer at level in flight. Mirrored by
+// learner.answered in redisstate/lua/levels.lua.
 func (l *learner) answered(level int, refused bool) {
 	level = min(max(level, 1), maxLevel)
 	l.growLevels(level)

@@ -14,9 +14,9 @@ import (
 func TestMirrorCasesGo(t *testing.T) {
 	tab := mirrorcases.Load(t, "../redisstate/testdata/mirror_cases.json")
 	for _, c := range tab.Extra {
-		w := &windows{climb: c.Climb, full: c.Full}
+		w := &shape{climb: c.Climb, full: c.Full}
 		if got := w.extra(); got != c.Want {
-			t.Errorf("windows.extra %s: %d, want %d", c.Name, got, c.Want)
+			t.Errorf("shape.extra %s: %d, want %d", c.Name, got, c.Want)
 		}
 	}
 	for _, c := range tab.Answered {

@@ -201,6 +201,7 @@ type shape struct {
 // every probeWindows windows; after probes that admitted all they sent,
 // every window, twice as many as the last, so an allowance learned low
 // (from a window the pool did not fill) is found in a few windows.
+// Mirrored by windows.extra in redisstate/lua/window.lua.
 func (h *shape) extra() int {
 	if h.climb > 0 || h.full%probeWindows == probeWindows-1 {
 		return 1 << min(h.climb, maxClimb)

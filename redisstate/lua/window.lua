@@ -9,7 +9,7 @@ local windows = {}
 -- sends: one, every ${probeWindows} windows (full counts those that ended
 -- in a closure); after probes that admitted all they sent (climb in a
 -- row), every window, twice as many as the last.
--- Mirrors limit's windows.extra.
+-- Mirrors limit's shape.extra.
 function windows.extra(climb, full)
   if climb > 0 then return 2 ^ math.min(climb, ${maxClimb}) end
   if full % ${probeWindows} == ${probeWindows} - 1 then return 1 end
@@ -69,7 +69,7 @@ end
 -- every window since wo instead, as long as the readings agree with it.
 -- Two neighbours that saw a length shorter by more than a
 -- ${lengthSlack}th (a first reading over two windows) replace it.
--- The fleet's form of limit's windows.readLength.
+-- The fleet's form of limit's shape.readLength.
 function windows.readLength(b, wlen, wo, wp)
   if wp <= 0 then return wlen, wo end
   local seen = b - wp
