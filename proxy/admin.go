@@ -6,7 +6,6 @@ import (
 	"crypto/subtle"
 	_ "embed"
 	"encoding/hex"
-	"encoding/json"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -251,9 +250,6 @@ func loopbackHostOnly(next http.Handler) http.Handler {
 	})
 }
 
-// adminCookie holds a browser's proof of the admin token.
-const adminCookie = "llmproxy_admin"
-
 // adminToken checks the admin token. Only its SHA-256 is kept, and every
 // comparison is of two SHA-256 sums in constant time, so neither the
 // token's bytes nor its length show in the timing.
@@ -339,13 +335,4 @@ func refuseAdmin(w http.ResponseWriter) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="llmproxy admin"`)
 	w.Header().Set("Cache-Control", "no-store")
 	replyFor(fail(failAdminToken, "this admin endpoint needs the admin token (LLMPROXY_ADMIN_TOKEN): send Authorization: Bearer <token>, or open /ui?token=<token> once in a browser"), time.Time{}).write(w)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
 }

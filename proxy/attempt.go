@@ -2,12 +2,8 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
-	"net/url"
-	"strings"
-	"sync"
 
 	"github.com/llmproxy/llmproxy/upstream"
 )
@@ -49,50 +45,6 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 	a.mu.Unlock()
 	req.upstreamTime += res.Latency
 	return res, a, late
-}
-
-// attemptWatch ends an attempt: when the deadline comes before the answer's
-// headers arrive (timedOut), and at Stop, before or after them.
-type attemptWatch struct {
-	p        *Proxy
-	cancel   context.CancelFunc // cancels the attempt's context
-	mu       sync.Mutex
-	headers  bool        // the answer's headers arrived
-	timedOut bool        // the deadline came first
-	unwatch  func() bool // stops the AfterFunc in force
-	ended    bool        // end ran: deadlineDone, if it runs late, registers nothing
-}
-
-// deadlineDone runs when attempt's deadline context ends. Before the
-// headers it cuts the attempt. After them it cuts it at Stop; the
-// request's deadline alone does not end an answer under way, which is
-// then watched for Stop only.
-func (a *attemptWatch) deadlineDone() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	switch {
-	case a.ended:
-	case !a.headers:
-		a.timedOut = true
-		a.cancel()
-	case a.p.stopping():
-		a.cancel()
-	default:
-		a.unwatch = context.AfterFunc(a.p.stopped, a.cancel)
-	}
-}
-
-// end stops watching and cancels the attempt's context; the answer's
-// body is done with. A deadlineDone already started and waiting for the
-// lock finds ended, so no watch on Stop outlives the attempt. Safe to
-// call more than once.
-func (a *attemptWatch) end() {
-	a.mu.Lock()
-	a.ended = true
-	unwatch := a.unwatch
-	a.mu.Unlock()
-	unwatch()
-	a.cancel()
 }
 
 // forward runs the attempts and answers the client. The slot is held
@@ -154,22 +106,6 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	}
 }
 
-// giveUp hands the client the upstream's own last answer, or a proxy error
-// when there is none, marked so SDKs do not retry on top of the proxy.
-func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result, why string) {
-	if res.Resp != nil {
-		p.log.Debug("giving up on retries", "lane", req.laneID, "status", res.Resp.StatusCode, "reason", why)
-		p.respond(w, req, res, false)
-		return
-	}
-	setLLMHeaders(w.Header(), req)
-	err := fail(failDeadline, why)
-	if res.Err != nil {
-		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
-	}
-	p.failRequest(w, req, err)
-}
-
 // upstreamRequestID is the provider's own id for an answer: OpenAI's
 // x-request-id, Anthropic's request-id. Cut short: it is only for logs.
 func upstreamRequestID(h http.Header) string {
@@ -181,18 +117,4 @@ func upstreamRequestID(h http.Header) string {
 		id = id[:128]
 	}
 	return id
-}
-
-// redactErr returns a transport error without the URL's query, which a
-// client may have used for an api key.
-func redactErr(err error, u *url.URL) string {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		err = ue.Err
-	}
-	s := err.Error()
-	if u.RawQuery != "" {
-		s = strings.ReplaceAll(s, u.RawQuery, "…")
-	}
-	return s
 }

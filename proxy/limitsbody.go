@@ -9,16 +9,6 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// limitsJSON is a route's configured limits as the admin endpoints show
-// and take them: 0 (or "" for MinGap) is none.
-type limitsJSON struct {
-	RPM         float64 `json:"rpm"`
-	TPM         float64 `json:"tpm"`
-	Concurrency int     `json:"concurrency"`
-	MinGap      string  `json:"min_gap"` // a Go duration: "200ms"
-	Mode        string  `json:"mode"`    // ceiling or start
-}
-
 func toJSON(l limit.Limits) *limitsJSON {
 	j := &limitsJSON{RPM: l.RPM, TPM: l.TPM, Concurrency: l.Concurrency, Mode: "ceiling"}
 	if l.MinGap > 0 {

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -36,54 +35,10 @@ import (
 // shared with the other replicas through the Fleet; it lasts until the
 // proxy stops.
 
-// Fleet carries the operators' changes between the replicas of the proxy
-// (redisstate.Store is one): each field names what a change is about,
-// its value is the change.
-type Fleet interface {
-	// PutChange records value under field for every replica.
-	PutChange(ctx context.Context, field, value string) error
-	// WatchChanges hands apply every field whose value is new to this
-	// replica: those in force at once (first), then each as it changes,
-	// one at a time. The replica's own PutChange's are not new to it.
-	WatchChanges(apply func(field, value string, first bool))
-}
-
 // defaultRoute is how the admin endpoints name the default upstream's
 // route (no route may have its name: it would share DEFAULT in
 // LLMPROXY_ROUTE_<NAME>_*).
 const defaultRoute = "default"
-
-// adminChange is one operator's change as the log, the answers and the
-// other replicas see it.
-type adminChange struct {
-	Op     string        `json:"op"` // limits, reset, hold, release, clear
-	Limits *limitsJSON   `json:"limits,omitempty"`
-	By     string        `json:"by"`
-	At     time.Time     `json:"at"`
-	lim    *limit.Limits // Limits, parsed
-}
-
-// madeBy is who made a change, and when.
-type madeBy struct {
-	By string    `json:"by"`
-	At time.Time `json:"at"`
-}
-
-// routeOps are the operators' changes in force on a route: its limits set
-// at run time (nil: its own) and who set them, and its hold (nil: none).
-type routeOps struct {
-	limits *limit.Limits
-	set    madeBy
-	hold   *madeBy
-}
-
-// operations are the changes in force, by route ("" the default
-// upstream); mu also orders the changes, so that a change's record and
-// the lanes' agree.
-type operations struct {
-	mu     sync.Mutex
-	routes map[string]*routeOps
-}
 
 // operateRoutes mounts the endpoints that change lanes on r. open: no
 // admin token guards them; locked: nor may they change anything (see
@@ -419,23 +374,6 @@ func fleetField(op string) string {
 	return op
 }
 
-// recordLocked keeps c as in force on route. Requires o.mu held.
-func (o *operations) recordLocked(route string, c adminChange) {
-	ops := o.routes[route]
-	if ops == nil {
-		ops = &routeOps{}
-		o.routes[route] = ops
-	}
-	switch c.Op {
-	case "limits", "reset":
-		ops.limits, ops.set = c.lim, madeBy{By: c.By, At: c.At}
-	case "hold":
-		ops.hold = &madeBy{By: c.By, At: c.At}
-	case "release":
-		ops.hold = nil
-	}
-}
-
 // applyFleet makes a change another replica made (see Fleet), unless it
 // is a clear made before this replica started (first: nothing of it is
 // here to clear).
@@ -483,4 +421,16 @@ func decodeChange(value string) (adminChange, error) {
 		return c, fmt.Errorf("unknown op %q", c.Op)
 	}
 	return c, nil
+}
+
+// adminCookie holds a browser's proof of the admin token.
+const adminCookie = "llmproxy_admin"
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -243,4 +244,34 @@ func (m *bodyMeter) Usage() (tokens.Usage, bool) {
 		return tokens.Usage{}, false
 	}
 	return tokens.FromBody(m.buf)
+}
+
+// giveUp hands the client the upstream's own last answer, or a proxy error
+// when there is none, marked so SDKs do not retry on top of the proxy.
+func (p *Proxy) giveUp(w http.ResponseWriter, req *request, res upstream.Result, why string) {
+	if res.Resp != nil {
+		p.log.Debug("giving up on retries", "lane", req.laneID, "status", res.Resp.StatusCode, "reason", why)
+		p.respond(w, req, res, false)
+		return
+	}
+	setLLMHeaders(w.Header(), req)
+	err := fail(failDeadline, why)
+	if res.Err != nil {
+		err = fail(failUnreachable, "upstream "+req.target.Host+" unreachable: "+redactErr(res.Err, req.target)+" ("+why+")")
+	}
+	p.failRequest(w, req, err)
+}
+
+// redactErr returns a transport error without the URL's query, which a
+// client may have used for an api key.
+func redactErr(err error, u *url.URL) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	s := err.Error()
+	if u.RawQuery != "" {
+		s = strings.ReplaceAll(s, u.RawQuery, "…")
+	}
+	return s
 }

@@ -54,3 +54,11 @@ func readSay(h http.Header) (say, error) {
 	}
 	return s, nil
 }
+
+// priorityHeader is a request's priority within its lane, high or low;
+// it is not sent upstream.
+const priorityHeader = "X-Llmproxy-Priority"
+
+// clientHeader names the client a request comes from (an eval, a user):
+// the clients of a lane take turns. It is not sent upstream.
+const clientHeader = "X-Llmproxy-Client"

@@ -15,14 +15,6 @@ import (
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
 
-// priorityHeader is a request's priority within its lane, high or low;
-// it is not sent upstream.
-const priorityHeader = "X-Llmproxy-Priority"
-
-// clientHeader names the client a request comes from (an eval, a user):
-// the clients of a lane take turns. It is not sent upstream.
-const clientHeader = "X-Llmproxy-Client"
-
 func (p *Proxy) routeHandler(route string, base *url.URL, prefix string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p.serve(w, r, route, base, strings.TrimPrefix(r.URL.Path, prefix))

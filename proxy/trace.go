@@ -12,9 +12,9 @@ import (
 // nil without a Tracer; the calls below are made only with one, so that
 // a proxy without traces does none of their work.
 
-// providers is each route's gen_ai.provider.name, by its name ("" for
+// routeProviders is each route's gen_ai.provider.name, by its name ("" for
 // the default upstream).
-func providers(cfg Config) map[string]string {
+func routeProviders(cfg Config) map[string]string {
 	m := map[string]string{"": tracing.ProviderName("", cfg.Upstream)}
 	for _, rt := range cfg.Routes {
 		m[rt.Name] = tracing.ProviderName(rt.Name, rt.URL)
