@@ -11,25 +11,6 @@ import (
 	"github.com/llmproxy/llmproxy/internal/pacific"
 )
 
-const (
-	// changeLimits: the group learned its limits or where they come from
-	// changed, a window's size or a pace learned from refusals moved by
-	// more than a tenth, or refusals began to overrule the headers.
-	changeLimits changeKind = iota + 1
-	// changePaused: an answer started a pause of the group (not an extension of
-	// one under way).
-	changePaused
-	// changeConcurrency: the group's concurrency limit moved. Rises are
-	// reported at most once a second, from the last level reported; falls
-	// at once.
-	changeConcurrency
-	// changeEvicted: the lane left the table.
-	changeEvicted
-	// changeQuota: an answer said the limit's quota is spent (not a
-	// renewal of a quota spent already).
-	changeQuota
-)
-
 // concReportEvery bounds how often rises of the concurrency limit are
 // reported: slow start raises it many times a second.
 const concReportEvery = time.Second

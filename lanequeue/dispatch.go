@@ -428,3 +428,16 @@ func (g *group) quotaLocked(lim *pool, s *Slot, now time.Time) bool {
 	g.refuseLocked(lim, func(*Slot) error { return lim.quota.err() })
 	return false
 }
+
+// refusedFor is why lim's Shared state refused a dispatch at now, when
+// it said to ask again at at: its pause, else its pace, else (a zero at,
+// only an answer or a returned permit can change it) its concurrency.
+func refusedFor(lim *pool, now, at time.Time) int {
+	switch {
+	case lim.shared.PausedUntil().After(now):
+		return limitPause
+	case at.IsZero():
+		return limitConcurrency
+	}
+	return limitPace
+}

@@ -264,6 +264,25 @@ func (ln *Lane) drawsOn() *pool {
 // changeKind names what changed in a lane's state.
 type changeKind uint8
 
+const (
+	// changeLimits: the group learned its limits or where they come from
+	// changed, a window's size or a pace learned from refusals moved by
+	// more than a tenth, or refusals began to overrule the headers.
+	changeLimits changeKind = iota + 1
+	// changePaused: an answer started a pause of the group (not an extension of
+	// one under way).
+	changePaused
+	// changeConcurrency: the group's concurrency limit moved. Rises are
+	// reported at most once a second, from the last level reported; falls
+	// at once.
+	changeConcurrency
+	// changeEvicted: the lane left the table.
+	changeEvicted
+	// changeQuota: an answer said the limit's quota is spent (not a
+	// renewal of a quota spent already).
+	changeQuota
+)
+
 // laneChange is one state change of a lane's group, reported through
 // TableConfig.onChange outside every lock. It holds no credential.
 type laneChange struct {
@@ -315,4 +334,17 @@ func (g *group) newLane(key Key, id string, lim *pool) *Lane {
 	l := &Lane{key: key, id: id, g: g, lim: lim}
 	l.touch(g.clock.Now())
 	return l
+}
+
+// operatorHoldLocked is an operator's hold that keeps the lane from
+// dispatching, its own or its route's, and what it holds ("lane" or
+// "route"); nil when none. Requires the group's mutex held.
+func (l *Lane) operatorHoldLocked() (*byOperator, string) {
+	if l.held != nil {
+		return l.held, "lane"
+	}
+	if l.g.held != nil {
+		return l.g.held, "route"
+	}
+	return nil, ""
 }

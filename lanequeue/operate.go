@@ -79,14 +79,6 @@ var errUnknownLane = errors.New("lanequeue: no lane has that ID")
 
 func operatorOf(op operation) *byOperator { return &byOperator{at: op.At, by: op.By} }
 
-// routeOps are the operators' changes in force on a route: its limits set
-// at run time (nil: as it started) and who set them, and its hold.
-type routeOps struct {
-	limits *limit.Limits
-	set    byOperator
-	hold   *byOperator
-}
-
 // operateRoute applies op to every lane of route, and to those its route
 // makes later (a clear touches only the lanes there are).
 func (t *Table) operateRoute(route string, op operation) {
@@ -129,23 +121,6 @@ func (t *Table) operateRoute(route string, op operation) {
 			g.operated(func() { g.clearLocked(operatorOf(op)) })
 		}
 	}
-}
-
-// routeConfigLocked is the config a group of route starts from now, and
-// its limits set at run time (nil: none). Requires t.mu held.
-func (t *Table) routeConfigLocked(route string) (Config, *RuntimeLimits) {
-	cfg := t.cfg.Lane
-	lim, ok := t.cfg.RouteLimits[route]
-	var set *RuntimeLimits
-	if ops := t.routeOps[route]; ops != nil && ops.limits != nil {
-		lim, ok = *ops.limits, true
-		set = &RuntimeLimits{ConfiguredView: lim.View(), SetAt: ops.set.at, By: ops.set.by}
-	}
-	if ok {
-		cfg.Limits = lim
-		cfg = cfg.withDefaults()
-	}
-	return cfg, set
 }
 
 // operateLane applies op to the lane whose ID is id: a hold or its
@@ -205,17 +180,4 @@ func (g *group) clearLocked(m *byOperator) {
 		p.forget(g.cfg, m)
 	}
 	g.limMu.Unlock()
-}
-
-// operatorHoldLocked is an operator's hold that keeps the lane from
-// dispatching, its own or its route's, and what it holds ("lane" or
-// "route"); nil when none. Requires the group's mutex held.
-func (l *Lane) operatorHoldLocked() (*byOperator, string) {
-	if l.held != nil {
-		return l.held, "lane"
-	}
-	if l.g.held != nil {
-		return l.g.held, "route"
-	}
-	return nil, ""
 }

@@ -512,3 +512,28 @@ func (t *Table) notify(evicted []evicted) {
 		}
 	}
 }
+
+// routeOps are the operators' changes in force on a route: its limits set
+// at run time (nil: as it started) and who set them, and its hold.
+type routeOps struct {
+	limits *limit.Limits
+	set    byOperator
+	hold   *byOperator
+}
+
+// routeConfigLocked is the config a group of route starts from now, and
+// its limits set at run time (nil: none). Requires t.mu held.
+func (t *Table) routeConfigLocked(route string) (Config, *RuntimeLimits) {
+	cfg := t.cfg.Lane
+	lim, ok := t.cfg.RouteLimits[route]
+	var set *RuntimeLimits
+	if ops := t.routeOps[route]; ops != nil && ops.limits != nil {
+		lim, ok = *ops.limits, true
+		set = &RuntimeLimits{ConfiguredView: lim.View(), SetAt: ops.set.at, By: ops.set.by}
+	}
+	if ok {
+		cfg.Limits = lim
+		cfg = cfg.withDefaults()
+	}
+	return cfg, set
+}

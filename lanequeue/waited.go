@@ -1,7 +1,5 @@
 package lanequeue
 
-import "time"
-
 // held is a set of the reasons a waiter was held back for, one bit each
 // (heldNames' order).
 type held uint8
@@ -26,16 +24,3 @@ const (
 	limitConcurrency
 	limitReasons
 )
-
-// refusedFor is why lim's Shared state refused a dispatch at now, when
-// it said to ask again at at: its pause, else its pace, else (a zero at,
-// only an answer or a returned permit can change it) its concurrency.
-func refusedFor(lim *pool, now, at time.Time) int {
-	switch {
-	case lim.shared.PausedUntil().After(now):
-		return limitPause
-	case at.IsZero():
-		return limitConcurrency
-	}
-	return limitPace
-}
