@@ -62,10 +62,10 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
 		pausedUntil, concurrencyBound := slot.Report(d.report)
-		if req.retryOff && d.action == retry {
+		if req.retryOff && d.action == actRetry {
 			// The lane learned from the answer as from any (its pause,
 			// its pace); the client takes the answer as it is.
-			d.action, d.why = giveUp, "x-llmproxy-retry: off"
+			d.action, d.why = actGiveUp, "x-llmproxy-retry: off"
 		}
 		if req.trace != nil {
 			traceAnswer(req, res, d)
@@ -79,13 +79,13 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			res.Discard()
 			p.giveUp(w, req, upstream.Result{}, "the request's deadline passed waiting for the upstream's answer")
 			return
-		case d.action == pass && res.Resp != nil && res.Resp.StatusCode == http.StatusSwitchingProtocols && req.upgrade:
+		case d.action == actPass && res.Resp != nil && res.Resp.StatusCode == http.StatusSwitchingProtocols && req.upgrade:
 			p.join(w, req, res)
 			return
-		case d.action == pass:
+		case d.action == actPass:
 			p.respond(w, req, res, true)
 			return
-		case d.action == giveUp:
+		case d.action == actGiveUp:
 			p.giveUp(w, req, res, d.why)
 			return
 		}

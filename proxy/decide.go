@@ -14,21 +14,21 @@ import (
 type action uint8
 
 const (
-	// pass hands the upstream's answer to the client.
-	pass action = iota
-	// retry sends the request again after decision.wait; the request
+	// actPass hands the upstream's answer to the client.
+	actPass action = iota
+	// actRetry sends the request again after decision.wait; the request
 	// keeps its place in the lane.
-	retry
-	// giveUp ends the request: the client gets the upstream's answer, or a
+	actRetry
+	// actGiveUp ends the request: the client gets the upstream's answer, or a
 	// proxy error when there is none.
-	giveUp
+	actGiveUp
 )
 
 func (a action) String() string {
 	switch a {
-	case pass:
+	case actPass:
 		return "pass"
-	case retry:
+	case actRetry:
 		return "retry"
 	}
 	return "give_up"
@@ -45,19 +45,10 @@ type decision struct {
 	// only this request.
 	wait       time.Duration
 	pauseGroup bool
-	why        string // giveUp: the reason, for the client and the log
+	why        string // actGiveUp: the reason, for the client and the log
 	// next is the request's counts with this answer counted: what decide
-	// reads for the next attempt's answer when the action is retry.
+	// reads for the next attempt's answer when the action is actRetry.
 	next attemptCounts
-}
-
-// attemptCounts counts what a request's attempts so far have met. Only
-// failures use up maxRetries: a refusal the lane absorbs by waiting is
-// bounded by the request's deadline, however many there are.
-type attemptCounts struct {
-	failures    int // 5xx, 408 and connection errors; checked against maxRetries
-	refusals    int // rate and concurrency 429s in a row, up to the latest answer
-	unreachable int // attempts in a row that made no connection
 }
 
 // retryPolicy is the part of Config that decides retries.
@@ -85,10 +76,10 @@ const maxRefusalStep = 3
 func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline time.Time, rnd float64) decision {
 	d := decision{report: reportOf(res)}
 	if res.Outcome != upstream.Retryable {
-		d.action = pass
+		d.action = actPass
 		return d
 	}
-	d.action = giveUp
+	d.action = actGiveUp
 	hint, hasHint := res.Hint, res.HasHint
 	if hasHint && hint <= 0 {
 		// "Retry now" (Retry-After: 0, a past date or reset) from a server
@@ -115,7 +106,7 @@ func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline
 		d.why = "waiting " + wait.Round(time.Millisecond).String() + " would pass the request's deadline"
 		return d
 	}
-	d.action, d.wait = retry, wait
+	d.action, d.wait = actRetry, wait
 	if d.pauseGroup = d.report.Verdict.Pauses(); d.pauseGroup {
 		d.report.PauseUntil = now.Add(wait)
 	}

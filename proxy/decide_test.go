@@ -42,27 +42,27 @@ func TestDecide(t *testing.T) {
 		wait       time.Duration
 		pauseGroup bool
 	}{
-		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), attemptCounts{}, time.Minute, pass, limit.Accepted, 0, false},
-		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), attemptCounts{}, time.Minute, pass, limit.Accepted, 0, false},
-		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), attemptCounts{}, time.Minute, pass, limit.Failed, 0, false},
-		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), attemptCounts{}, time.Minute, retry, limit.RateRefused, 1500 * time.Millisecond, true},
-		{"rate 429 without a hint backs off", rate429, attemptCounts{refusals: 1}, time.Minute, retry, limit.RateRefused, 200 * time.Millisecond, true},
-		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), attemptCounts{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
-		{"negative hint backs off", withHint(rate429, -time.Second), attemptCounts{}, time.Minute, retry, limit.RateRefused, 100 * time.Millisecond, true},
-		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), attemptCounts{}, time.Minute, retry, limit.ConcurrencyRefused, time.Second, false},
-		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), attemptCounts{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
-		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), attemptCounts{}, time.Minute, retry, limit.Overloaded, 100 * time.Millisecond, true},
-		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), attemptCounts{}, time.Minute, retry, limit.Failed, 100 * time.Millisecond, false},
-		{"connection error is not sent", unreachable, attemptCounts{}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
-		{"unreachable gives up after two retries", unreachable, attemptCounts{failures: 2, unreachable: 2}, time.Minute, giveUp, limit.NotSent, 0, false},
-		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), attemptCounts{failures: 3}, time.Minute, giveUp, limit.Failed, 0, false},
-		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), attemptCounts{failures: 3}, time.Minute, retry, limit.RateRefused, time.Second, true},
-		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), attemptCounts{failures: 1, refusals: 7}, time.Minute, retry, limit.Failed, 200 * time.Millisecond, false},
-		{"refusals without a hint back off at most 2^3 steps", rate429, attemptCounts{refusals: 40}, time.Minute, retry, limit.RateRefused, 800 * time.Millisecond, true},
-		{"unreachable after refusals is retried", unreachable, attemptCounts{refusals: 5}, time.Minute, retry, limit.NotSent, 100 * time.Millisecond, false},
-		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), attemptCounts{}, time.Hour, giveUp, limit.RateRefused, 0, false},
-		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), attemptCounts{}, time.Hour, retry, limit.RateRefused, time.Minute, true},
-		{"wait past the deadline", withHint(rate429, 30*time.Second), attemptCounts{}, 10 * time.Second, giveUp, limit.RateRefused, 0, false},
+		{"200 passes", answered(200, upstream.Success, headerparse.KindNone), attemptCounts{}, time.Minute, actPass, limit.Accepted, 0, false},
+		{"400 passes as it is", answered(400, upstream.Final, headerparse.KindOther), attemptCounts{}, time.Minute, actPass, limit.Accepted, 0, false},
+		{"hard-quota 429 passes, teaching nothing", answered(429, upstream.Final, headerparse.KindHardQuota), attemptCounts{}, time.Minute, actPass, limit.Failed, 0, false},
+		{"rate 429 with a hint pauses the lane for it", withHint(rate429, 1500*time.Millisecond), attemptCounts{}, time.Minute, actRetry, limit.RateRefused, 1500 * time.Millisecond, true},
+		{"rate 429 without a hint backs off", rate429, attemptCounts{refusals: 1}, time.Minute, actRetry, limit.RateRefused, 200 * time.Millisecond, true},
+		{"zero hint backs off instead of retrying at once", withHint(rate429, 0), attemptCounts{}, time.Minute, actRetry, limit.RateRefused, 100 * time.Millisecond, true},
+		{"negative hint backs off", withHint(rate429, -time.Second), attemptCounts{}, time.Minute, actRetry, limit.RateRefused, 100 * time.Millisecond, true},
+		{"concurrency 429 delays only the request", withHint(answered(429, upstream.Retryable, headerparse.KindConcurrency), time.Second), attemptCounts{}, time.Minute, actRetry, limit.ConcurrencyRefused, time.Second, false},
+		{"503 pauses the lane", answered(503, upstream.Retryable, headerparse.KindOverloaded), attemptCounts{}, time.Minute, actRetry, limit.Overloaded, 100 * time.Millisecond, true},
+		{"529 pauses the lane", answered(529, upstream.Retryable, headerparse.KindOverloaded), attemptCounts{}, time.Minute, actRetry, limit.Overloaded, 100 * time.Millisecond, true},
+		{"500 delays only the request", answered(500, upstream.Retryable, headerparse.KindOther), attemptCounts{}, time.Minute, actRetry, limit.Failed, 100 * time.Millisecond, false},
+		{"connection error is not sent", unreachable, attemptCounts{}, time.Minute, actRetry, limit.NotSent, 100 * time.Millisecond, false},
+		{"unreachable gives up after two retries", unreachable, attemptCounts{failures: 2, unreachable: 2}, time.Minute, actGiveUp, limit.NotSent, 0, false},
+		{"retries exhausted", withHint(answered(500, upstream.Retryable, headerparse.KindOther), time.Second), attemptCounts{failures: 3}, time.Minute, actGiveUp, limit.Failed, 0, false},
+		{"a refusal after maxRetries failures is still absorbed", withHint(rate429, time.Second), attemptCounts{failures: 3}, time.Minute, actRetry, limit.RateRefused, time.Second, true},
+		{"a failure backs off by the failures, not the refusals", answered(500, upstream.Retryable, headerparse.KindOther), attemptCounts{failures: 1, refusals: 7}, time.Minute, actRetry, limit.Failed, 200 * time.Millisecond, false},
+		{"refusals without a hint back off at most 2^3 steps", rate429, attemptCounts{refusals: 40}, time.Minute, actRetry, limit.RateRefused, 800 * time.Millisecond, true},
+		{"unreachable after refusals is retried", unreachable, attemptCounts{refusals: 5}, time.Minute, actRetry, limit.NotSent, 100 * time.Millisecond, false},
+		{"hint beyond MaxRetryAfter", withHint(rate429, 2*time.Minute), attemptCounts{}, time.Hour, actGiveUp, limit.RateRefused, 0, false},
+		{"hint of exactly MaxRetryAfter is waited for", withHint(rate429, time.Minute), attemptCounts{}, time.Hour, actRetry, limit.RateRefused, time.Minute, true},
+		{"wait past the deadline", withHint(rate429, 30*time.Second), attemptCounts{}, 10 * time.Second, actGiveUp, limit.RateRefused, 0, false},
 	}
 	// The reasons a client reads when the proxy gives up count what happened.
 	if d := decide(unreachable, attemptCounts{failures: 2, unreachable: 2}, pol, now, now.Add(time.Minute), 0); !strings.Contains(d.why, "after 3 attempts") {
@@ -79,11 +79,11 @@ func TestDecide(t *testing.T) {
 				t.Fatalf("got %v %v wait %v pause %v (%s); want %v %v wait %v pause %v",
 					d.action, d.report.Verdict, d.wait, d.pauseGroup, d.why, tt.action, tt.verdict, tt.wait, tt.pauseGroup)
 			}
-			if (d.action == giveUp) != (d.why != "") {
+			if (d.action == actGiveUp) != (d.why != "") {
 				t.Fatalf("why = %q for %v", d.why, d.action)
 			}
 			rep := d.report
-			if wantPause := tt.action == retry && tt.pauseGroup; wantPause != !rep.PauseUntil.IsZero() ||
+			if wantPause := tt.action == actRetry && tt.pauseGroup; wantPause != !rep.PauseUntil.IsZero() ||
 				wantPause && !rep.PauseUntil.Equal(now.Add(tt.wait)) {
 				t.Fatalf("report pause until %v, want pause %v for %v", rep.PauseUntil, wantPause, tt.wait)
 			}
@@ -120,7 +120,7 @@ func TestRetryWaitIsNoneWhenTheGroupHoldsIt(t *testing.T) {
 		{"an overload without one", limit.Overloaded, true, time.Time{}, false, time.Second},
 		{"no pause asked: the request's own wait", limit.ConcurrencyRefused, false, asked, true, time.Second},
 	} {
-		d := decision{action: retry, wait: time.Second, pauseGroup: c.pauseGroup, report: limit.Report{Verdict: c.verdict}}
+		d := decision{action: actRetry, wait: time.Second, pauseGroup: c.pauseGroup, report: limit.Report{Verdict: c.verdict}}
 		if c.pauseGroup {
 			d.report.PauseUntil = asked
 		}
@@ -158,21 +158,21 @@ func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 		action   action
 		why      string
 	}{
-		{"50 absorbed 429s then a 200", append(times(50, rate), ok), 10 * time.Minute, pass, ""},
-		{"30 concurrency 429s then a 200", append(times(30, conc), ok), 10 * time.Minute, pass, ""},
-		{"429s without a hint then a 200", append(times(40, withHint(rate, 0)), ok), 10 * time.Minute, pass, ""},
-		{"11 × 500 gives up", times(11, failed(500)), 10 * time.Minute, giveUp, "retries exhausted (LLMPROXY_MAX_RETRIES)"},
-		{"10 × 500 then a 200", append(times(10, failed(500)), ok), 10 * time.Minute, pass, ""},
-		{"11 × 503 gives up", times(11, answered(503, upstream.Retryable, headerparse.KindOverloaded)), 10 * time.Minute, giveUp, "retries exhausted"},
-		{"11 × 408 gives up", times(11, failed(408)), 10 * time.Minute, giveUp, "retries exhausted"},
+		{"50 absorbed 429s then a 200", append(times(50, rate), ok), 10 * time.Minute, actPass, ""},
+		{"30 concurrency 429s then a 200", append(times(30, conc), ok), 10 * time.Minute, actPass, ""},
+		{"429s without a hint then a 200", append(times(40, withHint(rate, 0)), ok), 10 * time.Minute, actPass, ""},
+		{"11 × 500 gives up", times(11, failed(500)), 10 * time.Minute, actGiveUp, "retries exhausted (LLMPROXY_MAX_RETRIES)"},
+		{"10 × 500 then a 200", append(times(10, failed(500)), ok), 10 * time.Minute, actPass, ""},
+		{"11 × 503 gives up", times(11, answered(503, upstream.Retryable, headerparse.KindOverloaded)), 10 * time.Minute, actGiveUp, "retries exhausted"},
+		{"11 × 408 gives up", times(11, failed(408)), 10 * time.Minute, actGiveUp, "retries exhausted"},
 		{"every failure kind counts", []upstream.Result{failed(500), failed(502), unreachable, failed(503), failed(504), unreachable,
-			answered(529, upstream.Retryable, headerparse.KindOverloaded), failed(408), failed(500), failed(502), failed(504)}, 10 * time.Minute, giveUp, "retries exhausted"},
-		{"a mix counts only the failures: the 11th 500 gives up", times(11, rate, conc, failed(500)), 10 * time.Minute, giveUp, "retries exhausted"},
-		{"a mix with 10 failures passes", append(times(10, rate, failed(500), rate), ok), 10 * time.Minute, pass, ""},
-		{"a 429 whose wait passes the deadline gives up", times(6, rate), 5500 * time.Millisecond, giveUp, "would pass the request's deadline"},
-		{"a long hint gives up at once after absorbed refusals", append(times(5, rate), withHint(rate, 3*time.Minute)), 10 * time.Minute, giveUp, "longer than LLMPROXY_MAX_RETRY_AFTER"},
-		{"connection errors in a row still give up after 3", append(times(4, rate), unreachable, unreachable, unreachable), 10 * time.Minute, giveUp, "no connection after 3 attempts"},
-		{"connection errors apart are retried", append(times(3, rate, unreachable, unreachable), ok), 10 * time.Minute, pass, ""},
+			answered(529, upstream.Retryable, headerparse.KindOverloaded), failed(408), failed(500), failed(502), failed(504)}, 10 * time.Minute, actGiveUp, "retries exhausted"},
+		{"a mix counts only the failures: the 11th 500 gives up", times(11, rate, conc, failed(500)), 10 * time.Minute, actGiveUp, "retries exhausted"},
+		{"a mix with 10 failures passes", append(times(10, rate, failed(500), rate), ok), 10 * time.Minute, actPass, ""},
+		{"a 429 whose wait passes the deadline gives up", times(6, rate), 5500 * time.Millisecond, actGiveUp, "would pass the request's deadline"},
+		{"a long hint gives up at once after absorbed refusals", append(times(5, rate), withHint(rate, 3*time.Minute)), 10 * time.Minute, actGiveUp, "longer than LLMPROXY_MAX_RETRY_AFTER"},
+		{"connection errors in a row still give up after 3", append(times(4, rate), unreachable, unreachable, unreachable), 10 * time.Minute, actGiveUp, "no connection after 3 attempts"},
+		{"connection errors apart are retried", append(times(3, rate, unreachable, unreachable), ok), 10 * time.Minute, actPass, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -180,7 +180,7 @@ func TestDecideCountsFailuresNotRefusals(t *testing.T) {
 			last := len(tt.answers) - 1
 			for i, res := range tt.answers[:last] {
 				d := decide(res, counted, pol, now, start.Add(tt.deadline), 0.5)
-				if d.action != retry {
+				if d.action != actRetry {
 					t.Fatalf("answer %d of %d: %v (%s), want retry", i+1, len(tt.answers), d.action, d.why)
 				}
 				counted, now = d.next, now.Add(d.wait)

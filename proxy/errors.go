@@ -216,9 +216,9 @@ func (e errorReply) write(w http.ResponseWriter) {
 	h.Set("Content-Type", "application/json")
 	h.Del("Content-Length")
 	w.WriteHeader(e.status)
-	body := apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}
+	out := apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}
 	if e.param != "" {
-		body.Param = &e.param
+		out.Param = &e.param
 	}
-	_ = json.NewEncoder(w).Encode(apiError{Error: body})
+	_ = json.NewEncoder(w).Encode(apiError{Error: out})
 }

@@ -74,3 +74,12 @@ func newRequestID() string {
 	}
 	return string(b[:])
 }
+
+// attemptCounts counts what a request's attempts so far have met. Only
+// failures use up maxRetries: a refusal the lane absorbs by waiting is
+// bounded by the request's deadline, however many there are.
+type attemptCounts struct {
+	failures    int // 5xx, 408 and connection errors; checked against maxRetries
+	refusals    int // rate and concurrency 429s in a row, up to the latest answer
+	unreachable int // attempts in a row that made no connection
+}
