@@ -45,7 +45,7 @@ var (
 	descTokLimit    = laneDesc("llmproxy_lane_tokens_limit", "The token window the lane has learned, as corrected by refusals (0: unknown).")
 	descTokLeft     = laneDesc("llmproxy_lane_tokens_remaining", "Tokens left in the learned window now.")
 	descTokRate     = laneDesc("llmproxy_lane_tokens_per_second", "The token rate the lane has learned (0: unknown).")
-	descAdmitted    = laneDesc("llmproxy_lane_admitted_rate", "The request rate the lane's group measured from the upstream's behaviour, without rate-limit headers (0: not learned so).")
+	descAdmitted    = laneDesc("llmproxy_lane_admitted_rate", "The request rate the lane's pool measured from the upstream's behaviour, without rate-limit headers (0: not learned so).")
 	descDrain       = laneDesc("llmproxy_lane_drain_seconds", "Estimated time until the lane's pool has sent what waits now (0: nothing waits, or nothing learned).")
 	descConfigured  = laneDesc("llmproxy_lane_configured_limit", "A limit the lane's route configures (LLMPROXY_ROUTE_<NAME>_*), by kind: rpm, tpm, concurrency, min_gap_seconds; only those set.", "kind")
 	descLanes       = prometheus.NewDesc("llmproxy_lanes", "Lanes in the table.", nil, nil)

@@ -61,7 +61,7 @@ type operation struct {
 type opKind uint8
 
 const (
-	opLimits opKind = iota + 1
+	opLimits opKind = iota
 	opHold
 	opRelease
 	opClear

@@ -144,7 +144,7 @@ func (p *Proxy) clientOf(r *http.Request) bodyClient {
 // within BodyTimeout, and, past BodyRateGrace, at MinBodyRate on average
 // since its headers. A body that falls behind is refused as it does (408
 // body_too_slow; past BodyTimeout, 400 body_read_error), rather than hold
-// its connection and its share of the budgets for as long as it likes.
+// its connection and its share of the bounds for as long as it likes.
 //
 // The bounds are a read deadline on the connection, moved on as the bytes
 // arrive, and gone once the body has been read: after that the server

@@ -78,7 +78,7 @@ func answering(got chan<- int) http.Handler {
 }
 
 // TestIdleAnnouncedBodiesDoNotFillTheProxy is issue 49's reproduction:
-// 256 connections each announce a 1 MiB body (the whole memory budget,
+// 256 connections each announce a 1 MiB body (the whole memory bound,
 // were it held as announced) and send a few bytes; a chat from another
 // client still gets the upstream's answer, as the bodies hold only what
 // arrived.
@@ -96,7 +96,7 @@ func TestIdleAnnouncedBodiesDoNotFillTheProxy(t *testing.T) {
 }
 
 // TestIdleHugeBodiesLeaveTheSpoolToOthers: four connections announce
-// 512 MiB each (the whole spool budget, were it held as announced) and
+// 512 MiB each (the whole spool bound, were it held as announced) and
 // send nothing; an upload of 4 MiB from another client is spooled and
 // forwarded whole.
 func TestIdleHugeBodiesLeaveTheSpoolToOthers(t *testing.T) {
@@ -198,19 +198,19 @@ func TestBodyFastEnoughIsKept(t *testing.T) {
 
 // TestOneClientHoldsItsShareAndNoMore: while client B holds a body, client
 // A (another credential) gets its bodies held up to a third of the memory
-// budget (two clients hold bytes: a third is kept for a newcomer) and no further (429 queue_full saying why), and B's next chat
+// bound (two clients hold bytes: a third is kept for a newcomer) and no further (429 queue_full saying why), and B's next chat
 // still fits.
 func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
-	const budget, memory = 1 << 20, 64 << 10 // a share of 341 KiB for each of two
+	const bound, memory = 1 << 20, 64 << 10 // a share of 341 KiB for each of two
 	h := newHarness(t, answering(nil), func(c *Config) {
-		c.MaxBufferedBytes, c.MemoryBodyBytes = budget, memory
+		c.MaxBufferedBytes, c.MemoryBodyBytes = bound, memory
 		c.MinBodyRate = -1
 	})
 	head := bytes.Repeat([]byte("x"), 40<<10) // held as 64 KiB
 	openBody(t, h, "sk-b", memory, head)
 	waitFor(t, func() bool { return h.proxy.buffered.Load() == memory })
 	held, refused := 0, 0
-	for range budget/memory - 1 { // what would fill the budget
+	for range bound/memory - 1 { // what would fill the bound
 		before := h.proxy.buffered.Load()
 		conn := openBody(t, h, "sk-a", memory, head)
 		answered := make(chan string, 1)
@@ -242,8 +242,8 @@ func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
 			}
 		}
 	}
-	if held != budget/3/memory || refused == 0 {
-		t.Errorf("A got %d bodies held and %d refused, want %d held", held, refused, budget/3/memory)
+	if held != bound/3/memory || refused == 0 {
+		t.Errorf("A got %d bodies held and %d refused, want %d held", held, refused, bound/3/memory)
 	}
 	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[]}`, "Authorization", "Bearer sk-b")
 	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != okAnswer {
@@ -251,12 +251,12 @@ func TestOneClientHoldsItsShareAndNoMore(t *testing.T) {
 	}
 }
 
-// TestBodyBudgetShares: a client may hold budget/(n+1) while n clients
+// TestBodyBoundShares: a client may hold bound/(n+1) while n clients
 // hold bytes (itself counted), never less than the floor; clients are
 // told apart by address and by credential, and a request must fit both
 // shares; what is given back leaves no client behind.
-func TestBodyBudgetShares(t *testing.T) {
-	var b bodyBudget
+func TestBodyBoundShares(t *testing.T) {
+	var b bodyBound
 	b.init(1000, 100, "LLMPROXY_X", "kept")
 	if b.floor != 100 {
 		t.Fatalf("floor %d, want the largest body, 100", b.floor)
@@ -299,7 +299,7 @@ func TestBodyBudgetShares(t *testing.T) {
 	if err := b.take(&bodyClient{addr: 3}, new(int64), 250); err != nil {
 		t.Fatalf("a newcomer beside two full shares: %v", err)
 	}
-	b = bodyBudget{}
+	b = bodyBound{}
 	b.init(1000, 100, "LLMPROXY_X", "kept")
 	// One credential from many addresses is one client: while another
 	// credential holds bytes, it holds a third.
@@ -325,18 +325,18 @@ func TestBodyBudgetShares(t *testing.T) {
 	if _, ok := b.byCred[8]; ok || b.Load() != 300 {
 		t.Fatalf("a credential given back is still counted: %v", b.byCred)
 	}
-	// The whole budget: a floor as large as it lets one client fill it,
-	// and the next is refused naming the budget.
-	var w bodyBudget
+	// The whole bound: a floor as large as it lets one client fill it,
+	// and the next is refused naming the bound.
+	var w bodyBound
 	w.init(1000, 1000, "LLMPROXY_X", "kept")
 	if err := w.take(&a, new(int64), 1000); err != nil {
-		t.Fatalf("a floor of the whole budget: %v", err)
+		t.Fatalf("a floor of the whole bound: %v", err)
 	}
 	if err := w.take(&bodyClient{addr: 2}, new(int64), 1); err == nil || !strings.Contains(err.Error(), "bodies kept by the proxy reached LLMPROXY_X") {
-		t.Fatalf("past the budget: %v", err)
+		t.Fatalf("past the bound: %v", err)
 	}
 	// The floor: with 20 holders a share is 47, but a client may hold 100.
-	var f bodyBudget
+	var f bodyBound
 	f.init(1000, 100, "LLMPROXY_X", "kept")
 	for i := range 19 {
 		if err := f.take(&bodyClient{addr: uint64(i)}, new(int64), 1); err != nil {
@@ -351,7 +351,7 @@ func TestBodyBudgetShares(t *testing.T) {
 	if err := f.take(&last, &mine, 1); err == nil {
 		t.Fatal("past the floor with 20 clients: held")
 	}
-	// A floor is a sixteenth when that is more, and never the budget's
+	// A floor is a sixteenth when that is more, and never the bound's
 	// whole past it.
 	f.init(1600, 10, "", "")
 	if f.floor != 100 {
@@ -359,7 +359,7 @@ func TestBodyBudgetShares(t *testing.T) {
 	}
 	f.init(50, 100, "", "")
 	if f.floor != 50 {
-		t.Errorf("floor %d, want the budget, 50", f.floor)
+		t.Errorf("floor %d, want the bound, 50", f.floor)
 	}
 }
 
@@ -468,8 +468,8 @@ func TestBodyPastItsTimeoutIsRefused(t *testing.T) {
 }
 
 // TestBodyIsCountedAsItGrows: a body's memory is counted in the steps it
-// grows by, and a step past the budget refuses the body (429 queue_full
-// naming the budget) and gives back the steps before it.
+// grows by, and a step past the bound refuses the body (429 queue_full
+// naming the bound) and gives back the steps before it.
 func TestBodyIsCountedAsItGrows(t *testing.T) {
 	h := newHarness(t, answering(nil), func(c *Config) {
 		c.MaxBufferedBytes = 20 << 10 // the first 16 KiB, not the next
@@ -536,17 +536,17 @@ func TestSlowBodyIsRefusedWithoutADeadline(t *testing.T) {
 }
 
 // TestIdleBodiesFromOneAddressHoldNothing is the review's reproduction
-// with a small budget: more connections than the budget has first chunks
+// with a small bound: more connections than the bound has first chunks
 // (1 MiB / 16 KiB) announce 64 KiB each from one address, each with a new
 // credential, and send nothing: they hold nothing, and a chat from
 // another address gets through.
 func TestIdleBodiesFromOneAddressHoldNothing(t *testing.T) {
-	const budget, memory = 1 << 20, 64 << 10
+	const bound, memory = 1 << 20, 64 << 10
 	h := newHarness(t, answering(nil), func(c *Config) {
-		c.MaxBufferedBytes, c.MemoryBodyBytes = budget, memory
+		c.MaxBufferedBytes, c.MemoryBodyBytes = bound, memory
 		c.MinBodyRate = -1
 	})
-	const idle = budget/firstChunk + 40
+	const idle = bound/firstChunk + 40
 	for i := range idle {
 		openBodyFrom(t, h, "127.0.0.2", fmt.Sprintf("sk-idle-%d", i), memory, nil)
 	}
@@ -561,16 +561,16 @@ func TestIdleBodiesFromOneAddressHoldNothing(t *testing.T) {
 }
 
 // TestOneAddressAloneHoldsHalf: the same crowd of connections from one
-// address, each sending its first bytes, holds half the memory budget at
+// address, each sending its first bytes, holds half the memory bound at
 // most (the rest are refused 429 queue_full by its address), and a chat
 // from another address gets through.
 func TestOneAddressAloneHoldsHalf(t *testing.T) {
-	const budget, memory = 1 << 20, 64 << 10
+	const bound, memory = 1 << 20, 64 << 10
 	h := newHarness(t, answering(nil), func(c *Config) {
-		c.MaxBufferedBytes, c.MemoryBodyBytes = budget, memory
+		c.MaxBufferedBytes, c.MemoryBodyBytes = bound, memory
 		c.MinBodyRate = -1
 	})
-	const idle = budget/firstChunk + 40
+	const idle = bound/firstChunk + 40
 	conns := make([]net.Conn, idle)
 	for i := range conns {
 		conns[i] = openBodyFrom(t, h, "127.0.0.2", fmt.Sprintf("sk-idle-%d", i), memory, []byte(`{"model":`))
@@ -598,8 +598,8 @@ func TestOneAddressAloneHoldsHalf(t *testing.T) {
 		}
 		refused++
 	}
-	if n := h.proxy.buffered.Load(); n != budget/2 || refused != idle-budget/2/firstChunk {
-		t.Fatalf("one address holds %d bytes with %d of %d refused, want half the budget, %d, and %d refused", n, refused, idle, budget/2, idle-budget/2/firstChunk)
+	if n := h.proxy.buffered.Load(); n != bound/2 || refused != idle-bound/2/firstChunk {
+		t.Fatalf("one address holds %d bytes with %d of %d refused, want half the bound, %d, and %d refused", n, refused, idle, bound/2, idle-bound/2/firstChunk)
 	}
 	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[]}`)
 	if got := readAll(t, resp.Body); resp.StatusCode != 200 || got != okAnswer {

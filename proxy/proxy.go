@@ -124,8 +124,8 @@ type Proxy struct {
 	stop    context.CancelFunc
 
 	cfg      Config
-	buffered bodyBudget // request body bytes held in memory; see hold
-	spooled  bodyBudget // request body bytes spooled; see holdSpool
+	buffered bodyBound // request body bytes held in memory; see hold
+	spooled  bodyBound // request body bytes spooled; see holdSpool
 	// bodySeed hashes the clients' addresses and credentials for the
 	// budgets' shares.
 	bodySeed maphash.Seed

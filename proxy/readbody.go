@@ -13,7 +13,7 @@ import (
 // MaxBodyBytes is refused before it is read; one up to MemoryBodyBytes is
 // held in memory within MaxBufferedBytes, a larger one is spooled within
 // MaxSpoolBytes. Both are counted as the bytes arrive, not as announced,
-// and within the client's fair share (see bodyBudget); nothing is held or
+// and within the client's fair share (see bodyBound); nothing is held or
 // made for a body before its first byte arrives (see firstByte). The body must
 // arrive within BodyTimeout and, past BodyRateGrace, at MinBodyRate at
 // least (see paced). What it holds is given back when the request ends

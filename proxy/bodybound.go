@@ -15,7 +15,7 @@ type bodyClient struct {
 	hasCred    bool
 }
 
-// bodyBudget is one of the bounds on what request bodies hold: memory
+// bodyBound is one of the bounds on what request bodies hold: memory
 // (MaxBufferedBytes) or spool files (MaxSpoolBytes). Besides the total,
 // it bounds each client to its fair share: while n clients hold bytes of
 // it (the one asking included), one client may hold a 1/(n+1) of it, and
@@ -25,7 +25,7 @@ type bodyClient struct {
 // told apart by address and by credential, each bounded so: many
 // addresses with one key, or many keys from one address, are one client
 // for their share.
-type bodyBudget struct {
+type bodyBound struct {
 	total atomic.Int64 // what all requests hold; read without mu
 	// max is the bound; floor the least share; setting the variable
 	// that sets max and what the bodies it bounds, for the refusals.
@@ -37,20 +37,20 @@ type bodyBudget struct {
 	byAddr, byCred map[uint64]int64
 }
 
-// init makes b a budget of limit bytes, where the largest body is
+// init makes b a bound of limit bytes, where the largest body is
 // largest bytes, set by the variable setting, of the bodies what
 // ("held in memory").
-func (b *bodyBudget) init(limit, largest int64, setting, what string) {
+func (b *bodyBound) init(limit, largest int64, setting, what string) {
 	b.max, b.floor, b.setting, b.what = limit, min(limit, max(limit/16, largest)), setting, what
 	b.byAddr, b.byCred = map[uint64]int64{}, map[uint64]int64{}
 }
 
 // Load is what all requests hold.
-func (b *bodyBudget) Load() int64 { return b.total.Load() }
+func (b *bodyBound) Load() int64 { return b.total.Load() }
 
 // share is the most one client may hold while holders hold bytes (it
-// among them): a part of the budget kept for one more.
-func (b *bodyBudget) share(holders int) int64 {
+// among them): a part of the bound kept for one more.
+func (b *bodyBound) share(holders int) int64 {
 	return max(b.floor, b.max/int64(holders+1))
 }
 
@@ -66,7 +66,7 @@ func holders(m map[uint64]int64, id uint64) int {
 // take counts n more bytes as held by a request of client c, and adds
 // them to mine; it refuses them (429 queue_full) when that would take the
 // total past max or c past its share.
-func (b *bodyBudget) take(c *bodyClient, mine *int64, n int64) error {
+func (b *bodyBound) take(c *bodyClient, mine *int64, n int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.total.Load()+n > b.max {
@@ -88,13 +88,13 @@ func (b *bodyBudget) take(c *bodyClient, mine *int64, n int64) error {
 }
 
 // overShare is the refusal of a client over its share, told apart by by.
-func (b *bodyBudget) overShare(by string, holders int) error {
+func (b *bodyBound) overShare(by string, holders int) error {
 	return fail(failQueueFull, "the request bodies "+b.what+" for this client (by its "+by+") reached its fair share of "+b.setting+
 		", "+strconv.FormatInt(b.share(holders), 10)+" bytes while "+strconv.Itoa(holders)+" clients hold bodies; retry later")
 }
 
 // give gives back mine, what a request of client c holds.
-func (b *bodyBudget) give(c *bodyClient, mine *int64) {
+func (b *bodyBound) give(c *bodyClient, mine *int64) {
 	n := *mine
 	if n == 0 {
 		return
