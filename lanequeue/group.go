@@ -268,7 +268,7 @@ const (
 	// changeLimits: the group learned its limits or where they come from
 	// changed, a window's size or a pace learned from refusals moved by
 	// more than a tenth, or refusals began to overrule the headers.
-	changeLimits changeKind = iota + 1
+	changeLimits changeKind = iota
 	// changePaused: an answer started a pause of the group (not an extension of
 	// one under way).
 	changePaused

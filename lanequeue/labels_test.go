@@ -89,3 +89,19 @@ func TestOfBasesShowingOneExcessTheOldestCounts(t *testing.T) {
 		t.Fatalf("excess %v with others %v, want 10 with the 6 sent since the older base", excess, others)
 	}
 }
+
+// TestAnExcessWithNothingElseSentShowsNoSharing: a count that fell by
+// more than the limit's own dispatches while nothing else of the group
+// was sent is a count read at another instant (a refill late, a request
+// counted twice), not another model's requests: no excess.
+func TestAnExcessWithNothingElseSentShowsNoSharing(t *testing.T) {
+	var sh shareEvidence
+	sh.bases[0] = reading{remaining: 100}
+	sh.n = 1
+	if excess, others := sh.excessOver(reading{remaining: 89, limSent: 10, groupSent: 10}, 0); excess != 0 || others != 0 {
+		t.Fatalf("excess %v with others %v, want none: nothing else was sent", excess, others)
+	}
+	if excess, others := sh.excessOver(reading{remaining: 88, limSent: 10, groupSent: 11}, 0); excess != 2 || others != 1 {
+		t.Fatalf("excess %v with others %v, want 2 with the 1 other sent", excess, others)
+	}
+}
