@@ -201,7 +201,7 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 // its dispatch, and the real one may lie anywhere before it. A window
 // nearly full then reads as a refill of what is missing over the floor:
 // one token over 1.4 s, 0.7 tokens a second, which held a pool whose
-// limit had just grown for ten minutes, past every request's budget. Such a
+// limit had just grown for ten minutes, past every request's deadline. Such a
 // reading does not lower the rate; a changed stated limit moves it in its
 // proportion.
 func TestFlooredResetDoesNotLowerTheRate(t *testing.T) {

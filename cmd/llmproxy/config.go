@@ -34,7 +34,7 @@ type config struct {
 	AdminTokenFile            string        `env:"ADMIN_TOKEN_FILE" help:"a file holding the admin token (a mounted secret), read at start, instead of ADMIN_TOKEN"`
 	Upstream                  string        `env:"UPSTREAM" envDefault:"https://api.openai.com" help:"default upstream; the request path is appended"`
 	Routes                    string        `env:"ROUTES" envDefault:"anthropic=https://api.anthropic.com" help:"comma list name=url; /name/rest goes to url/rest; empty = no routes"`
-	MaxRetries                int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's budget (MAX_WAIT) bounds them"`
+	MaxRetries                int           `env:"MAX_RETRIES" envDefault:"10" help:"retries of failures (408, 5xx, connection errors) per request; rate and concurrency 429s absorbed by waiting do not count, the request's deadline (MAX_WAIT) bounds them"`
 	MaxWait                   time.Duration `env:"MAX_WAIT" envDefault:"10m" help:"a request's deadline: queue + retries (X-Stainless-Timeout or x-llmproxy-max-wait can shorten it); at least 1s"`
 	MaxRetryAfter             time.Duration `env:"MAX_RETRY_AFTER" envDefault:"2m" help:"a longer upstream wait hint is not waited for: the answer goes to the client; at least 1s"`
 	MaxQueue                  int           `env:"MAX_QUEUE" envDefault:"10000" help:"waiting requests per lane before new ones get 429"`
