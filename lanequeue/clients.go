@@ -166,18 +166,6 @@ func (l *Lane) head(p Priority) *Slot {
 	return s
 }
 
-// granted counts the dispatch of s, the head of its class, for its client,
-// and passes the turn on when it was its client's. Call it before s leaves
-// the queue.
-func (l *Lane) granted(s *Slot) {
-	c := s.client
-	c.dispatched++
-	r := &l.rounds[s.prio]
-	if c == r.next || r.next == nil && c == r.first {
-		r.next = c.turn[s.prio].next
-	}
-}
-
 func (r *round) join(c *client, p Priority) {
 	c.turn[p].prev, c.turn[p].next = r.last, nil
 	if r.last != nil {

@@ -168,7 +168,7 @@ func newLane(key Key, cfg Config) *Lane {
 	cfg = cfg.withDefaults()
 	g := newGroup(key.groupKey(), cfg, func(_ string, c limit.Config) limit.Shared { return limit.NewMemory(c) }, nil)
 	g.refs.Store(1) // the lane's own
-	return g.newLane(key, key.ID(), g.limitOf(key))
+	return g.newLane(key, key.ID())
 }
 
 // lookup returns the lane with this ID, if the table has it.

@@ -60,7 +60,7 @@ type pool struct {
 	cleared *byOperator
 	// perEstimate is what the upstream counts a request's tokens as, per
 	// token of tokens.Estimate, learned from the answers' usage; 0 until
-	// an answer reported one (see tokens.go).
+	// an answer reported one (see counted, in dispatch.go).
 	perEstimate float64
 }
 

@@ -2,7 +2,6 @@ package lanequeue
 
 import (
 	"cmp"
-	"context"
 	"log/slog"
 	"maps"
 	"slices"
@@ -201,66 +200,6 @@ func (t *Table) forgotten(g *group) {
 	}
 }
 
-// laneFor returns the lane for key, creating it when needed.
-func (t *Table) laneFor(key Key) *Lane {
-	t.mu.Lock()
-	now := t.cfg.Lane.Clock.Now()
-	l, ok := t.getLocked(key)
-	if !ok {
-		gk := key.groupKey()
-		g := t.groups[gk]
-		if g == nil {
-			cfg, set := t.routeConfigLocked(key.Route)
-			g = newGroup(gk, cfg, t.cfg.Shared, t.forgotten)
-			g.route, g.set = key.Route, set
-			if ops := t.routeOps[key.Route]; ops != nil {
-				g.held = ops.hold
-			}
-			g.cap, g.seat.wake = t.cap, g.kick
-			g.onChange = t.cfg.onChange
-			g.refused = t.dropRefused
-			t.groups[gk] = g
-		}
-		g.refs.Add(1)
-		id := t.newIDLocked(key)
-		lim := g.limitOf(key)
-		l = g.newLane(key, id, lim)
-		l.held = t.laneHolds[id]
-		t.ids[l.id] = l
-		t.makeRoomLocked()
-		t.unproven.Add(key, l)
-	} else {
-		l.touch(now) // so the sweep below cannot drop the lane it returns
-	}
-	t.sweepLocked(now)
-	evicted := t.takeEvictedLocked()
-	t.mu.Unlock()
-	t.notify(evicted)
-	return l
-}
-
-// getLocked returns the table's lane for key, now its most recently used,
-// moving it among the vouched lanes when it became one. Requires t.mu held.
-func (t *Table) getLocked(key Key) (*Lane, bool) {
-	if l, ok := t.lanes.Get(key); ok {
-		return l, true
-	}
-	l, ok := t.unproven.Get(key)
-	if ok && l.vouched() {
-		t.promoteLocked(key, l)
-	}
-	return l, ok
-}
-
-// promoteLocked moves l, of key, from unproven to lanes, as the most
-// recently used. Requires t.mu held.
-func (t *Table) promoteLocked(key Key, l *Lane) {
-	t.moving = true
-	t.unproven.Remove(key)
-	t.moving = false
-	t.lanes.Add(key, l)
-}
-
 // makeRoomLocked evicts lanes until one more fits in MaxLanes: the least
 // recently used of those the upstream never vouched for first (one
 // vouched for since is moved instead), then the least recently used of
@@ -300,51 +239,6 @@ func (t *Table) dropRefused(l *Lane) {
 	t.notify(evicted)
 }
 
-// Request is what Acquire needs of a request: the parts of its lane's key,
-// its estimated cost and priority, and the client it comes from.
-type Request struct {
-	Route      string // "" for the default upstream
-	Credential string // as sent ("" for none): hashed at once, never kept
-	Path       string
-	Model      string
-	Cost       int64 // estimated tokens
-	Output     int64 // of Cost, the output it reserves (max_tokens)
-	Priority   Priority
-	// Client names who sent it (an eval, a user; "" for none): the
-	// lane's clients take turns (see State.Clients). Shown as given,
-	// bounded as a key's model is.
-	Client string
-}
-
-// Acquire queues r in its lane (made when needed), after its route's model
-// gate when it has one, and waits for its turn. It returns a slot, or an
-// error (see Lane's acquire) with a LaneID method naming the lane, on
-// which Answered counts the refused request's answer.
-func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
-	key := NewKey(r.Route, r.Credential, r.Path, r.Model)
-	l := t.laneFor(key)
-	var leave func()
-	var gated bool
-	if gate := t.gates[key.Route]; gate != nil {
-		var err error
-		if leave, gated, err = gate.enter(ctx, key.Model); err != nil {
-			return nil, &refusal{l.id, err}
-		}
-	}
-	s, err := l.acquireAs(ctx, r.Cost, r.Priority, bounded(r.Client), r.Output)
-	if err != nil {
-		if leave != nil {
-			leave()
-		}
-		return nil, &refusal{l.id, err}
-	}
-	s.leave = leave
-	if gated {
-		s.held |= heldGate
-	}
-	return s, nil
-}
-
 // Answered counts, on the lane whose ID is id, the answer to a request
 // the lane refused, as Slot.Done counts a slot's.
 func (t *Table) Answered(id string, status int, outcome string) {
@@ -361,21 +255,6 @@ func (t *Table) Answered(id string, status int, outcome string) {
 	if g.refused != nil && l.refusedOnly() {
 		g.refused(l)
 	}
-}
-
-// newIDLocked is the ID of a new lane of key: the first idDigits hex
-// digits of the key's digest, or more of them when a lane of the table
-// already has that ID. IDs name lanes in headers, logs and metric labels,
-// where two lanes must not share one; 48 bits make a chance collision
-// negligible, not one a client could search for. Requires t.mu held.
-func (t *Table) newIDLocked(key Key) string {
-	digest := key.digest()
-	for n := t.cfg.idDigits; n < len(digest); n += 4 {
-		if _, taken := t.ids[digest[:n]]; !taken {
-			return digest[:n]
-		}
-	}
-	return digest
 }
 
 // allLanes returns every lane, least recently used first.
@@ -519,21 +398,4 @@ type routeOps struct {
 	limits *limit.Limits
 	set    byOperator
 	hold   *byOperator
-}
-
-// routeConfigLocked is the config a group of route starts from now, and
-// its limits set at run time (nil: none). Requires t.mu held.
-func (t *Table) routeConfigLocked(route string) (Config, *RuntimeLimits) {
-	cfg := t.cfg.Lane
-	lim, ok := t.cfg.RouteLimits[route]
-	var set *RuntimeLimits
-	if ops := t.routeOps[route]; ops != nil && ops.limits != nil {
-		lim, ok = *ops.limits, true
-		set = &RuntimeLimits{ConfiguredView: lim.View(), SetAt: ops.set.at, By: ops.set.by}
-	}
-	if ok {
-		cfg.Limits = lim
-		cfg = cfg.withDefaults()
-	}
-	return cfg, set
 }
