@@ -64,8 +64,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
 		id: newRequestID(), used: -1}
 	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
+	defer func() { p.finish(r, req) }() // reads req.trace as it is when the request ends
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
-	defer func() { p.finish(r, req) }()
 	if p.stopping() {
 		unread(w, r)
 		p.failRequest(w, req, errShutdown)
