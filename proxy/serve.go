@@ -7,9 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -39,24 +37,6 @@ func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
 	u.Fragment = ""
 	u.User = nil
 	return &u
-}
-
-// deadline is the request's deadline: MaxWait, shortened by the client's
-// own X-Stainless-Timeout (seconds) when it sends one, and by maxWait, its
-// x-llmproxy-max-wait, when that is above 0.
-func (p *Proxy) deadline(r *http.Request, now time.Time, maxWait time.Duration) time.Time {
-	d := p.cfg.MaxWait
-	if maxWait > 0 {
-		d = min(d, maxWait)
-	}
-	if v := r.Header.Get("X-Stainless-Timeout"); v != "" {
-		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e7 {
-			if c := time.Duration(secs * float64(time.Second)); c < d {
-				d = c
-			}
-		}
-	}
-	return now.Add(d)
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {

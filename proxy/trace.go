@@ -4,7 +4,6 @@ import (
 	"net/http"
 
 	"github.com/llmproxy/llmproxy/internal/tracing"
-	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -20,12 +19,6 @@ func routeProviders(cfg Config) map[string]string {
 		m[rt.Name] = tracing.ProviderName(rt.Name, rt.URL)
 	}
 	return m
-}
-
-// describe tells req's trace what it asks for, lr: its model, of its
-// route's provider, by its path's operation, for its client.
-func (p *Proxy) describe(req *request, lr lanequeue.Request) {
-	req.trace.Describe(lr.Model, tracing.Operation(req.target.Path), p.providers[req.route], lr.Client)
 }
 
 // endWait ends the span of req's wait in its lane, which ended with err:
