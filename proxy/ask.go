@@ -161,8 +161,9 @@ func queryKey(rawQuery string) string {
 // laneRequest is what the lane table needs of r (see lanequeue.Request):
 // its lane's key, its estimated cost, its priority, the route's unless the
 // client's x-llmproxy-priority says otherwise, and the client that
-// x-llmproxy-client names. It notes whether r is a WebSocket handshake.
-func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, error) {
+// x-llmproxy-client names; cred is r's credential. It notes whether r is
+// a WebSocket handshake.
+func (p *Proxy) laneRequest(r *http.Request, req *request, cred string) (lanequeue.Request, error) {
 	req.upgrade = isUpgrade(r)
 	prio := p.settings[req.route].Priority
 	if v := r.Header.Get(priorityHeader); v != "" {
@@ -187,7 +188,7 @@ func (p *Proxy) laneRequest(r *http.Request, req *request) (lanequeue.Request, e
 	}
 	return lanequeue.Request{
 		Route:      req.route,
-		Credential: credential(r.Header, r.URL.RawQuery),
+		Credential: cred,
 		Path:       req.target.Path,
 		Model:      read.Model,
 		Cost:       read.Cost,

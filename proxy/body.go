@@ -114,9 +114,10 @@ func unread(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// clientOf is r's bodyClient. An IPv6 address counts by its /64, which
-// one host is commonly given whole: its addresses are one client.
-func (p *Proxy) clientOf(r *http.Request) bodyClient {
+// clientOf is the bodyClient of r, whose credential is cred ("" for
+// none). An IPv6 address counts by its /64, which one host is commonly
+// given whole: its addresses are one client.
+func (p *Proxy) clientOf(r *http.Request, cred string) bodyClient {
 	host := r.RemoteAddr
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
@@ -134,7 +135,7 @@ func (p *Proxy) clientOf(r *http.Request) bodyClient {
 	} else {
 		c.addr = maphash.String(p.bodySeed, host)
 	}
-	if cred := credential(r.Header, r.URL.RawQuery); cred != "" {
+	if cred != "" {
 		c.cred, c.hasCred = maphash.String(p.bodySeed, cred), true
 	}
 	return c

@@ -17,8 +17,9 @@ import (
 // made for a body before its first byte arrives (see firstByte). The body must
 // arrive within BodyTimeout and, past BodyRateGrace, at MinBodyRate at
 // least (see paced). What it holds is given back when the request ends
-// (see releaseBody).
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) error {
+// (see releaseBody). cred is r's credential, which its bytes count to
+// with its address (see clientOf).
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request, cred string) error {
 	tooLarge := func() error {
 		return fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
 	}
@@ -29,7 +30,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil
 	}
-	req.body.from = p.clientOf(r)
+	req.body.from = p.clientOf(r, cred)
 	in := &req.body.in
 	in.start(p, w, r.Body)
 	first := &req.body.first

@@ -46,25 +46,24 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
 	defer func() { p.finish(r, req) }() // reads req.trace as it is when the request ends
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
-	if p.stopping() {
-		unread(w, r)
-		p.failRequest(w, req, errShutdown)
-		return
-	}
 	said, err := readSay(r.Header)
+	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
+	cred := credential(r.Header, r.URL.RawQuery)
+	if p.stopping() {
+		err = errShutdown // whatever the client said
+	}
 	if err != nil {
 		unread(w, r)
 		p.failRequest(w, req, err)
 		return
 	}
-	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
 
 	defer p.releaseBody(req)
-	if err = p.readBody(w, r, req); err != nil {
+	if err = p.readBody(w, r, req, cred); err != nil {
 		p.failRequest(w, req, err)
 		return
 	}
-	lr, err := p.laneRequest(r, req)
+	lr, err := p.laneRequest(r, req, cred)
 	if err != nil {
 		p.failRequest(w, req, err)
 		return
