@@ -2,11 +2,15 @@ package proxy
 
 import (
 	"errors"
+	"hash/maphash"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // readBody keeps the body so it can be sent again: a body larger than
@@ -76,6 +80,49 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request, c
 		return fail(failBodyRead, "could not read the request body: "+err.Error())
 	}
 	return nil
+}
+
+// unread marks the answer to r, a request whose body the proxy answers
+// without reading it whole, as the connection's last, and ends the
+// connection's reads: else the server, once the handler returns, would
+// read what is left of the body (up to 256 KiB) for as long as the client
+// takes to send it, answer sent or not. (Over HTTP/2 an unread body holds
+// only its stream, which the answer ends.)
+func unread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength == 0 || r.ProtoMajor != 1 {
+		return
+	}
+	w.Header().Set("Connection", "close")
+	if rd := deadliner(w); rd != nil {
+		_ = rd.SetReadDeadline(time.Now())
+	}
+}
+
+// clientOf is the bodyClient of r, whose credential is cred ("" for
+// none). An IPv6 address counts by its /64, which one host is commonly
+// given whole: its addresses are one client.
+func (p *Proxy) clientOf(r *http.Request, cred string) bodyClient {
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	var c bodyClient
+	if a, err := netip.ParseAddr(host); err == nil {
+		a = a.Unmap()
+		if a.Is4() {
+			b := a.As4()
+			c.addr = maphash.Bytes(p.bodySeed, b[:])
+		} else {
+			b := a.As16()
+			c.addr = maphash.Bytes(p.bodySeed, b[:8])
+		}
+	} else {
+		c.addr = maphash.String(p.bodySeed, host)
+	}
+	if cred != "" {
+		c.cred, c.hasCred = maphash.String(p.bodySeed, cred), true
+	}
+	return c
 }
 
 // readKnown reads a body of known length n into memory: a first buffer of
