@@ -81,11 +81,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.laneID = laneOf(req.slot, err)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
-	if wait != nil {
-		p.endWait(wait, r, req, err)
-	}
-	if err != nil {
-		p.refuse(w, r, req, err)
+	if !p.waited(w, r, req, wait, err) {
 		return
 	}
 	p.metrics.route(route).queueWait.Observe(req.queueWait.Seconds())
