@@ -96,11 +96,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		after := d.retryWait(pausedUntil, concurrencyBound)
 		wait := req.trace.StartWait(true, after)
 		err := slot.WaitRetry(ctx, after)
-		if wait != nil {
-			p.endWait(wait, r, req, err)
-		}
-		if err != nil {
-			p.refuse(w, r, req, err)
+		if !p.waited(w, r, req, wait, err) {
 			return
 		}
 	}

@@ -3,12 +3,9 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"hash/maphash"
 	"io"
 	"math/bits"
-	"net"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -97,48 +94,6 @@ const spoolPrefix = "llmproxy-spool-"
 // firstChunk is the most memory a body of known length takes before its
 // bytes arrive; past it, its buffer doubles as they do, up to its length.
 const firstChunk = 16 << 10
-
-// unread marks the answer to r, a request whose body the proxy answers
-// without reading it whole, as the connection's last, and ends the
-// connection's reads: else the server, once the handler returns, would
-// read what is left of the body (up to 256 KiB) for as long as the client
-// takes to send it, answer sent or not. (Over HTTP/2 an unread body holds
-// only its stream, which the answer ends.)
-func unread(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength == 0 || r.ProtoMajor != 1 {
-		return
-	}
-	w.Header().Set("Connection", "close")
-	if rd := deadliner(w); rd != nil {
-		_ = rd.SetReadDeadline(time.Now())
-	}
-}
-
-// clientOf is r's bodyClient. An IPv6 address counts by its /64, which
-// one host is commonly given whole: its addresses are one client.
-func (p *Proxy) clientOf(r *http.Request) bodyClient {
-	host := r.RemoteAddr
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	var c bodyClient
-	if a, err := netip.ParseAddr(host); err == nil {
-		a = a.Unmap()
-		if a.Is4() {
-			b := a.As4()
-			c.addr = maphash.Bytes(p.bodySeed, b[:])
-		} else {
-			b := a.As16()
-			c.addr = maphash.Bytes(p.bodySeed, b[:8])
-		}
-	} else {
-		c.addr = maphash.String(p.bodySeed, host)
-	}
-	if cred := credential(r.Header, r.URL.RawQuery); cred != "" {
-		c.cred, c.hasCred = maphash.String(p.bodySeed, cred), true
-	}
-	return c
-}
 
 // paced reads a request's body within its time bounds: the whole of it
 // within BodyTimeout, and, past BodyRateGrace, at MinBodyRate on average

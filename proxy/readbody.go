@@ -2,11 +2,15 @@ package proxy
 
 import (
 	"errors"
+	"hash/maphash"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // readBody keeps the body so it can be sent again: a body larger than
@@ -17,8 +21,9 @@ import (
 // made for a body before its first byte arrives (see firstByte). The body must
 // arrive within BodyTimeout and, past BodyRateGrace, at MinBodyRate at
 // least (see paced). What it holds is given back when the request ends
-// (see releaseBody).
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) error {
+// (see releaseBody). cred is r's credential, which its bytes count to
+// with its address (see clientOf).
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request, cred string) error {
 	tooLarge := func() error {
 		return fail(failTooLarge, "request body larger than "+strconv.FormatInt(p.cfg.MaxBodyBytes, 10)+" bytes (LLMPROXY_MAX_BODY_BYTES)")
 	}
@@ -29,7 +34,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil
 	}
-	req.body.from = p.clientOf(r)
+	req.body.from = p.clientOf(r, cred)
 	in := &req.body.in
 	in.start(p, w, r.Body)
 	first := &req.body.first
@@ -75,6 +80,49 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request, req *request) e
 		return fail(failBodyRead, "could not read the request body: "+err.Error())
 	}
 	return nil
+}
+
+// unread marks the answer to r, a request whose body the proxy answers
+// without reading it whole, as the connection's last, and ends the
+// connection's reads: else the server, once the handler returns, would
+// read what is left of the body (up to 256 KiB) for as long as the client
+// takes to send it, answer sent or not. (Over HTTP/2 an unread body holds
+// only its stream, which the answer ends.)
+func unread(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength == 0 || r.ProtoMajor != 1 {
+		return
+	}
+	w.Header().Set("Connection", "close")
+	if rd := deadliner(w); rd != nil {
+		_ = rd.SetReadDeadline(time.Now())
+	}
+}
+
+// clientOf is the bodyClient of r, whose credential is cred ("" for
+// none). An IPv6 address counts by its /64, which one host is commonly
+// given whole: its addresses are one client.
+func (p *Proxy) clientOf(r *http.Request, cred string) bodyClient {
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	var c bodyClient
+	if a, err := netip.ParseAddr(host); err == nil {
+		a = a.Unmap()
+		if a.Is4() {
+			b := a.As4()
+			c.addr = maphash.Bytes(p.bodySeed, b[:])
+		} else {
+			b := a.As16()
+			c.addr = maphash.Bytes(p.bodySeed, b[:8])
+		}
+	} else {
+		c.addr = maphash.String(p.bodySeed, host)
+	}
+	if cred != "" {
+		c.cred, c.hasCred = maphash.String(p.bodySeed, cred), true
+	}
+	return c
 }
 
 // readKnown reads a body of known length n into memory: a first buffer of

@@ -23,16 +23,6 @@ func (p *Proxy) failRequest(w http.ResponseWriter, req *request, err error) {
 	req.outcome = OutcomeProxyError
 }
 
-// refuse answers a request that never got a slot, or lost it waiting.
-func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, req *request, err error) {
-	if r.Context().Err() != nil {
-		req.outcome = OutcomeClientGone // nobody to answer
-		return
-	}
-	setLLMHeaders(w.Header(), req)
-	p.failRequest(w, req, err)
-}
-
 // setLLMHeaders adds the x-llmproxy-* headers every answer carries.
 func setLLMHeaders(h http.Header, req *request) {
 	if req.laneID != "" {

@@ -7,9 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -41,50 +39,31 @@ func targetURL(base *url.URL, rest, rawQuery string) *url.URL {
 	return &u
 }
 
-// deadline is the request's deadline: MaxWait, shortened by the client's
-// own X-Stainless-Timeout (seconds) when it sends one, and by maxWait, its
-// x-llmproxy-max-wait, when that is above 0.
-func (p *Proxy) deadline(r *http.Request, now time.Time, maxWait time.Duration) time.Time {
-	d := p.cfg.MaxWait
-	if maxWait > 0 {
-		d = min(d, maxWait)
-	}
-	if v := r.Header.Get("X-Stainless-Timeout"); v != "" {
-		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e7 {
-			if c := time.Duration(secs * float64(time.Second)); c < d {
-				d = c
-			}
-		}
-	}
-	return now.Add(d)
-}
-
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base *url.URL, rest string) {
 	now := p.cfg.Clock.Now()
 	req := &request{route: route, target: targetURL(base, rest, r.URL.RawQuery), arrived: now,
 		id: newRequestID(), used: -1}
 	w.Header()["X-Llmproxy-Request-Id"] = req.headerValue(idValue, req.id)
+	defer func() { p.finish(r, req) }() // reads req.trace as it is when the request ends
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
-	defer func() { p.finish(r, req) }()
-	if p.stopping() {
-		unread(w, r)
-		p.failRequest(w, req, errShutdown)
-		return
-	}
 	said, err := readSay(r.Header)
+	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
+	cred := credential(r.Header, r.URL.RawQuery)
+	if p.stopping() {
+		err = errShutdown // whatever the client said
+	}
 	if err != nil {
 		unread(w, r)
 		p.failRequest(w, req, err)
 		return
 	}
-	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
 
 	defer p.releaseBody(req)
-	if err = p.readBody(w, r, req); err != nil {
+	if err = p.readBody(w, r, req, cred); err != nil {
 		p.failRequest(w, req, err)
 		return
 	}
-	lr, err := p.laneRequest(r, req)
+	lr, err := p.laneRequest(r, req, cred)
 	if err != nil {
 		p.failRequest(w, req, err)
 		return
@@ -102,11 +81,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.laneID = laneOf(req.slot, err)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
-	if wait != nil {
-		p.endWait(wait, r, req, err)
-	}
-	if err != nil {
-		p.refuse(w, r, req, err)
+	if !p.waited(w, r, req, wait, err) {
 		return
 	}
 	p.metrics.route(route).queueWait.Observe(req.queueWait.Seconds())

@@ -1,10 +1,7 @@
 package proxy
 
 import (
-	"net/http"
-
 	"github.com/llmproxy/llmproxy/internal/tracing"
-	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -20,38 +17,6 @@ func routeProviders(cfg Config) map[string]string {
 		m[rt.Name] = tracing.ProviderName(rt.Name, rt.URL)
 	}
 	return m
-}
-
-// describe tells req's trace what it asks for, lr: its model, of its
-// route's provider, by its path's operation, for its client.
-func (p *Proxy) describe(req *request, lr lanequeue.Request) {
-	req.trace.Describe(lr.Model, tracing.Operation(req.target.Path), p.providers[req.route], lr.Client)
-}
-
-// endWait ends the span of req's wait in its lane, which ended with err:
-// where it stood and why it waited when it was granted, else the error
-// code its client gets (client_gone when it left).
-func (p *Proxy) endWait(wait *tracing.Wait, r *http.Request, req *request, err error) {
-	q := tracing.Queued{Lane: req.laneID, Priority: req.priority.String()}
-	if err == nil {
-		q.Ahead, q.Reasons = req.slot.Waited()
-	} else {
-		q.Failure = p.waitFailure(r, err)
-	}
-	wait.End(q)
-}
-
-// waitFailure is the error code a wait that ended with err gives its
-// client: none, as it left (client_gone); shutting_down once Stop was
-// called (a lane's every error gives way to it); else its answer's.
-func (p *Proxy) waitFailure(r *http.Request, err error) string {
-	if r.Context().Err() != nil {
-		return string(OutcomeClientGone)
-	}
-	if p.stopping() {
-		return replies[failShutdown].code
-	}
-	return replyFor(err, p.cfg.Clock.Now()).code
 }
 
 // traceAnswer records on req's trace the latest attempt's answer, res,

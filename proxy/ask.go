@@ -1,0 +1,252 @@
+package proxy
+
+import (
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/llmproxy/llmproxy/internal/tracing"
+	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/tokens"
+)
+
+// What the client asks for, read from its request's headers (and, for
+// its model, its body): its say over the request, its deadline, the
+// credential that keys its lane, and what the lane table and the trace
+// are told of it.
+
+// priorityHeader is a request's priority within its lane, high or low;
+// it is not sent upstream.
+const priorityHeader = "X-Llmproxy-Priority"
+
+// clientHeader names the client a request comes from (an eval, a user):
+// the clients of a lane take turns. It is not sent upstream.
+const clientHeader = "X-Llmproxy-Client"
+
+// The client's say over its own request, in headers the upstream never
+// sees (see attempt): x-llmproxy-max-wait shortens the request's deadline
+// below MaxWait, as X-Stainless-Timeout does; x-llmproxy-retry: off hands
+// the first answer back as the upstream sent it, a refusal or a failure
+// included, instead of absorbing it.
+const (
+	maxWaitHeader = "X-Llmproxy-Max-Wait"
+	retryHeader   = "X-Llmproxy-Retry"
+)
+
+// clientHeaders are the request headers that speak to the proxy alone.
+var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader}
+
+// say is what the client said in them.
+type say struct {
+	maxWait  time.Duration // > 0: the time it asks for, before MaxWait caps it
+	retryOff bool
+}
+
+// readSay reads the client's say from h: x-llmproxy-max-wait, a number of
+// seconds above 0 (one past any deadline asks for none shorter);
+// x-llmproxy-retry, on (the default) or off, in any case. Any other value
+// is an error naming its header.
+func readSay(h http.Header) (say, error) {
+	var s say
+	if v, ok := h[maxWaitHeader]; ok {
+		secs, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64)
+		if err != nil || !(secs > 0) || math.IsInf(secs, 1) {
+			return say{}, fail(failBadMaxWait, "x-llmproxy-max-wait must be a number of seconds above 0, such as 30 or 2.5")
+		}
+		s.maxWait = time.Duration(math.MaxInt64)
+		if secs < s.maxWait.Seconds() {
+			s.maxWait = max(time.Duration(secs*float64(time.Second)), 1)
+		}
+	}
+	if v, ok := h[retryHeader]; ok {
+		switch strings.ToLower(strings.TrimSpace(v[0])) {
+		case "off":
+			s.retryOff = true
+		case "on":
+		default:
+			return say{}, fail(failBadRetry, "x-llmproxy-retry must be on or off")
+		}
+	}
+	return s, nil
+}
+
+// deadline is the request's deadline: MaxWait, shortened by the client's
+// own X-Stainless-Timeout (seconds) when it sends one, and by maxWait, its
+// x-llmproxy-max-wait, when that is above 0.
+func (p *Proxy) deadline(r *http.Request, now time.Time, maxWait time.Duration) time.Time {
+	d := p.cfg.MaxWait
+	if maxWait > 0 {
+		d = min(d, maxWait)
+	}
+	if v := r.Header.Get("X-Stainless-Timeout"); v != "" {
+		if secs, err := strconv.ParseFloat(v, 64); err == nil && secs > 0 && secs < 1e7 {
+			if c := time.Duration(secs * float64(time.Second)); c < d {
+				d = c
+			}
+		}
+	}
+	return now.Add(d)
+}
+
+// credential returns the first credential the request carries, in the
+// places the big providers take one: Authorization (OpenAI's Bearer, and
+// any other scheme whole), x-api-key (Anthropic), api-key (Azure OpenAI),
+// x-goog-api-key and the key query parameter (Gemini's own API). Requests
+// with different keys never share a lane.
+func credential(h http.Header, rawQuery string) string {
+	if v := h.Get("Authorization"); v != "" {
+		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+			return strings.TrimSpace(v[7:])
+		}
+		if id, ok := sigV4Credential(v); ok {
+			return id
+		}
+		return v
+	}
+	for _, k := range []string{"X-Api-Key", "Api-Key", "X-Goog-Api-Key"} {
+		if v := h.Get(k); v != "" {
+			return v
+		}
+	}
+	return queryKey(rawQuery)
+}
+
+// sigV4Credential is what names the signer of an AWS Signature Version 4
+// Authorization (Amazon Bedrock's own API): the access key ID, region and
+// service of its Credential=, never the date or the signature, which
+// change from request to request. ok is false for any other scheme, or a
+// Credential= that does not have its five parts.
+func sigV4Credential(auth string) (string, bool) {
+	const scheme = "AWS4-HMAC-SHA256 "
+	if len(auth) <= len(scheme) || !strings.EqualFold(auth[:len(scheme)], scheme) {
+		return "", false
+	}
+	for _, part := range strings.Split(auth[len(scheme):], ",") {
+		name, value, _ := strings.Cut(strings.TrimSpace(part), "=")
+		if name != "Credential" {
+			continue
+		}
+		// AKID/yyyymmdd/region/service/aws4_request
+		f := strings.Split(value, "/")
+		if len(f) != 5 || f[0] == "" || f[4] != "aws4_request" {
+			return "", false
+		}
+		return "sigv4 " + f[0] + "/" + f[2] + "/" + f[3], true
+	}
+	return "", false
+}
+
+// queryKey is the first key parameter of a raw query, unescaped when it
+// can be; a value that does not unescape is still a distinct key.
+func queryKey(rawQuery string) string {
+	for rawQuery != "" {
+		var part string
+		part, rawQuery, _ = strings.Cut(rawQuery, "&")
+		name, value, _ := strings.Cut(part, "=")
+		if name != "key" || value == "" {
+			continue
+		}
+		if v, err := url.QueryUnescape(value); err == nil {
+			return v
+		}
+		return value
+	}
+	return ""
+}
+
+// laneRequest is what the lane table needs of r (see lanequeue.Request):
+// its lane's key, its estimated cost, its priority, the route's unless the
+// client's x-llmproxy-priority says otherwise, and the client that
+// x-llmproxy-client names; cred is r's credential. It notes whether r is
+// a WebSocket handshake.
+func (p *Proxy) laneRequest(r *http.Request, req *request, cred string) (lanequeue.Request, error) {
+	req.upgrade = isUpgrade(r)
+	prio := p.settings[req.route].Priority
+	if v := r.Header.Get(priorityHeader); v != "" {
+		if prio.UnmarshalText([]byte(strings.TrimSpace(v))) != nil {
+			return lanequeue.Request{}, fail(failBadPriority, "x-llmproxy-priority must be high or low")
+		}
+	}
+	client := r.Header.Get(clientHeader)
+	if !validClient(client) {
+		return lanequeue.Request{}, fail(failBadClient, "x-llmproxy-client must be a name of 1 to 64 visible ASCII characters, without spaces")
+	}
+	// One read of the body for its model and its cost. A spooled body is
+	// not read for its prompt (that would take it into memory): it
+	// reserves the default output, and its answer's usage settles the
+	// rest.
+	read := tokens.ReadRequest(req.target.Path, req.body.mem)
+	switch {
+	case req.body.file != nil:
+		read.Model = modelOfSpool(req.body.reader())
+	case req.upgrade: // the Realtime API names it in the query
+		read.Model = r.URL.Query().Get("model")
+	}
+	return lanequeue.Request{
+		Route:      req.route,
+		Credential: cred,
+		Path:       req.target.Path,
+		Model:      read.Model,
+		Cost:       read.Cost,
+		Output:     read.Output,
+		Priority:   prio,
+		Client:     client,
+	}, nil
+}
+
+// maxClientName is the longest name x-llmproxy-client may give.
+const maxClientName = 64
+
+// validClient reports whether name may name a client: at most
+// maxClientName bytes, each visible ASCII (no space, no control). "" is
+// no name.
+func validClient(name string) bool {
+	if len(name) > maxClientName {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] <= ' ' || name[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+// modelOfSpool reads the top-level "model" of a spooled JSON body, ""
+// when there is none, through a window of 16 KiB, whatever the body's
+// size: every value before it is checked and let go as it is read, and
+// what follows it is not read. The key matches as tokens.ReadRequest's
+// does (escapes decoded, in any case), but here the first one counts,
+// where ReadRequest takes the last: reading on would mean reading the
+// rest of the body. A model of more than 1 KiB as written is not read.
+func modelOfSpool(r io.Reader) string {
+	model, _ := tokens.FirstString(r, "model", 1<<10)
+	return model
+}
+
+// isUpgrade reports whether r asks to switch to WebSocket.
+func isUpgrade(r *http.Request) bool {
+	return strings.EqualFold(r.Header.Get("Upgrade"), "websocket") && hasToken(r.Header.Values("Connection"), "upgrade")
+}
+
+// hasToken reports whether a comma-separated header holds token.
+func hasToken(values []string, token string) bool {
+	for _, v := range values {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// describe tells req's trace what it asks for, lr: its model, of its
+// route's provider, by its path's operation, for its client.
+func (p *Proxy) describe(req *request, lr lanequeue.Request) {
+	req.trace.Describe(lr.Model, tracing.Operation(req.target.Path), p.providers[req.route], lr.Client)
+}
