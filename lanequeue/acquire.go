@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"time"
 
 	"github.com/llmproxy/llmproxy/internal/bound"
 )
@@ -57,15 +56,6 @@ func (t *Table) Acquire(ctx context.Context, r Request) (*Slot, error) {
 		s.held |= heldGate
 	}
 	return s, nil
-}
-
-// Key identifies a lane: the route, the credential's hash, the request path
-// (without query) and the model. The raw credential is never part of it.
-type Key struct {
-	Route          string // route name; "" for the default upstream
-	CredentialHash string // hex SHA-256 of the credential, or "" when none was sent
-	Path           string
-	Model          string
 }
 
 // NewKey is the key of a request on route that carries credential (""
@@ -199,18 +189,6 @@ func (t *Table) newIDLocked(key Key) string {
 	return digest
 }
 
-// shortLen is how many hex digits of a hash are shown: 48 bits, enough to
-// tell lanes apart on a status page, far too few to help guess a key.
-const shortLen = 12
-
-// shortKeyHash is the displayable prefix of the credential hash.
-func (k Key) shortKeyHash() string {
-	if len(k.CredentialHash) < shortLen {
-		return k.CredentialHash
-	}
-	return k.CredentialHash[:shortLen]
-}
-
 // ID is the key's short hashed identifier, stable for a given key: what
 // its lane is named by, unless another lane of the table had it first
 // (see Table.newIDLocked).
@@ -225,37 +203,3 @@ func (k Key) digest() string {
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
-
-// groupKey identifies the group a lane belongs to: its route and
-// credential, whose lanes take turns and may share limits.
-func (k Key) groupKey() string { return k.Route + "\x00" + k.CredentialHash }
-
-// limitKey identifies the upstream limit a lane draws on to begin with.
-// Providers count rate limits per credential and model, whatever the
-// endpoint, so lanes that differ only in path share one learned request
-// and token budget; perCredential (a route whose models share one limit)
-// makes it the credential's, whatever the model.
-//
-// Without a model in the body (multipart uploads, GET polling, upstreams
-// that name the model or deployment in the path) nothing says two paths
-// share a limit, so each path keeps its own budget.
-func (k Key) limitKey(perCredential bool) string {
-	switch {
-	case perCredential:
-		return k.groupKey()
-	case k.Model == "":
-		return k.Route + "\x00" + k.CredentialHash + "\x00\x00" + k.Path
-	}
-	return k.Route + "\x00" + k.CredentialHash + "\x00" + k.Model
-}
-
-// String is a compact form for logs: no raw credential.
-func (k Key) String() string {
-	return k.Route + "|" + k.shortKeyHash() + "|" + k.Path + "|" + k.Model
-}
-
-// touch records a use of the lane at now.
-func (l *Lane) touch(now time.Time) { l.lastUsed.Store(now.UnixNano()) }
-
-// used is when the lane was last used.
-func (l *Lane) used() time.Time { return time.Unix(0, l.lastUsed.Load()) }

@@ -169,6 +169,12 @@ func (l *Lane) openSession() (closed func()) {
 	return func() { once.Do(func() { l.sessions.Add(-1) }) }
 }
 
+// touch records a use of the lane at now.
+func (l *Lane) touch(now time.Time) { l.lastUsed.Store(now.UnixNano()) }
+
+// used is when the lane was last used.
+func (l *Lane) used() time.Time { return time.Unix(0, l.lastUsed.Load()) }
+
 // ID is the lane's short hashed identifier.
 func (l *Lane) ID() string { return l.id }
 
@@ -326,7 +332,7 @@ func (g *group) limitOf(key Key) *pool {
 // (see limitOf). The caller accounts for the lane's reference.
 func (g *group) newLane(key Key, id string) *Lane {
 	l := &Lane{key: key, id: id, g: g, lim: g.limitOf(key)}
-	l.lastUsed.Store(g.clock.Now().UnixNano()) // used now (see touch)
+	l.touch(g.clock.Now())
 	return l
 }
 

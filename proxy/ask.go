@@ -40,8 +40,8 @@ const (
 // clientHeaders are the request headers that speak to the proxy alone.
 var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader}
 
-// say is what the client said in them.
-type say struct {
+// clientSay is what the client said in them.
+type clientSay struct {
 	maxWait  time.Duration // > 0: the time it asks for, before MaxWait caps it
 	retryOff bool
 }
@@ -50,12 +50,12 @@ type say struct {
 // seconds above 0 (one past any deadline asks for none shorter);
 // x-llmproxy-retry, on (the default) or off, in any case. Any other value
 // is an error naming its header.
-func readSay(h http.Header) (say, error) {
-	var s say
+func readSay(h http.Header) (clientSay, error) {
+	var s clientSay
 	if v, ok := h[maxWaitHeader]; ok {
 		secs, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64)
 		if err != nil || !(secs > 0) || math.IsInf(secs, 1) {
-			return say{}, fail(failBadMaxWait, "x-llmproxy-max-wait must be a number of seconds above 0, such as 30 or 2.5")
+			return clientSay{}, fail(failBadMaxWait, "x-llmproxy-max-wait must be a number of seconds above 0, such as 30 or 2.5")
 		}
 		s.maxWait = time.Duration(math.MaxInt64)
 		if secs < s.maxWait.Seconds() {
@@ -68,7 +68,7 @@ func readSay(h http.Header) (say, error) {
 			s.retryOff = true
 		case "on":
 		default:
-			return say{}, fail(failBadRetry, "x-llmproxy-retry must be on or off")
+			return clientSay{}, fail(failBadRetry, "x-llmproxy-retry must be on or off")
 		}
 	}
 	return s, nil
@@ -92,12 +92,12 @@ func (p *Proxy) deadline(r *http.Request, now time.Time, maxWait time.Duration) 
 	return now.Add(d)
 }
 
-// credential returns the first credential the request carries, in the
+// credentialOf returns the first credential the request carries, in the
 // places the big providers take one: Authorization (OpenAI's Bearer, and
 // any other scheme whole), x-api-key (Anthropic), api-key (Azure OpenAI),
 // x-goog-api-key and the key query parameter (Gemini's own API). Requests
 // with different keys never share a lane.
-func credential(h http.Header, rawQuery string) string {
+func credentialOf(h http.Header, rawQuery string) string {
 	if v := h.Get("Authorization"); v != "" {
 		if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
 			return strings.TrimSpace(v[7:])

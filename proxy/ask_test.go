@@ -21,27 +21,27 @@ import (
 func TestReadSay(t *testing.T) {
 	for _, c := range []struct {
 		header, value string
-		want          say
+		want          clientSay
 		bad           string // the header the error names; "" for none
 	}{
-		{"X-Llmproxy-Max-Wait", "30", say{maxWait: 30 * time.Second}, ""},
-		{"X-Llmproxy-Max-Wait", " 2.5 ", say{maxWait: 2500 * time.Millisecond}, ""},
-		{"X-Llmproxy-Max-Wait", "1e3", say{maxWait: 1000 * time.Second}, ""},
-		{"X-Llmproxy-Max-Wait", "0.0000000001", say{maxWait: 1}, ""}, // under a nanosecond: the least there is
-		{"X-Llmproxy-Max-Wait", "1e300", say{maxWait: time.Duration(1<<63 - 1)}, ""},
-		{"X-Llmproxy-Max-Wait", "9223372036.854775807", say{maxWait: time.Duration(1<<63 - 1)}, ""}, // the longest there is
-		{"X-Llmproxy-Max-Wait", "0", say{}, "x-llmproxy-max-wait"},
-		{"X-Llmproxy-Max-Wait", "-5", say{}, "x-llmproxy-max-wait"},
-		{"X-Llmproxy-Max-Wait", "NaN", say{}, "x-llmproxy-max-wait"},
-		{"X-Llmproxy-Max-Wait", "Inf", say{}, "x-llmproxy-max-wait"},
-		{"X-Llmproxy-Max-Wait", "30s", say{}, "x-llmproxy-max-wait"},
-		{"X-Llmproxy-Max-Wait", "", say{}, "x-llmproxy-max-wait"},
-		{"X-Llmproxy-Retry", "off", say{retryOff: true}, ""},
-		{"X-Llmproxy-Retry", " OFF ", say{retryOff: true}, ""},
-		{"X-Llmproxy-Retry", "on", say{}, ""},
-		{"X-Llmproxy-Retry", "On", say{}, ""},
-		{"X-Llmproxy-Retry", "no", say{}, "x-llmproxy-retry"},
-		{"X-Llmproxy-Retry", "", say{}, "x-llmproxy-retry"},
+		{"X-Llmproxy-Max-Wait", "30", clientSay{maxWait: 30 * time.Second}, ""},
+		{"X-Llmproxy-Max-Wait", " 2.5 ", clientSay{maxWait: 2500 * time.Millisecond}, ""},
+		{"X-Llmproxy-Max-Wait", "1e3", clientSay{maxWait: 1000 * time.Second}, ""},
+		{"X-Llmproxy-Max-Wait", "0.0000000001", clientSay{maxWait: 1}, ""}, // under a nanosecond: the least there is
+		{"X-Llmproxy-Max-Wait", "1e300", clientSay{maxWait: time.Duration(1<<63 - 1)}, ""},
+		{"X-Llmproxy-Max-Wait", "9223372036.854775807", clientSay{maxWait: time.Duration(1<<63 - 1)}, ""}, // the longest there is
+		{"X-Llmproxy-Max-Wait", "0", clientSay{}, "x-llmproxy-max-wait"},
+		{"X-Llmproxy-Max-Wait", "-5", clientSay{}, "x-llmproxy-max-wait"},
+		{"X-Llmproxy-Max-Wait", "NaN", clientSay{}, "x-llmproxy-max-wait"},
+		{"X-Llmproxy-Max-Wait", "Inf", clientSay{}, "x-llmproxy-max-wait"},
+		{"X-Llmproxy-Max-Wait", "30s", clientSay{}, "x-llmproxy-max-wait"},
+		{"X-Llmproxy-Max-Wait", "", clientSay{}, "x-llmproxy-max-wait"},
+		{"X-Llmproxy-Retry", "off", clientSay{retryOff: true}, ""},
+		{"X-Llmproxy-Retry", " OFF ", clientSay{retryOff: true}, ""},
+		{"X-Llmproxy-Retry", "on", clientSay{}, ""},
+		{"X-Llmproxy-Retry", "On", clientSay{}, ""},
+		{"X-Llmproxy-Retry", "no", clientSay{}, "x-llmproxy-retry"},
+		{"X-Llmproxy-Retry", "", clientSay{}, "x-llmproxy-retry"},
 	} {
 		got, err := readSay(http.Header{c.header: {c.value}})
 		switch {
@@ -53,7 +53,7 @@ func TestReadSay(t *testing.T) {
 			t.Errorf("%s: %q: %+v, want %+v", c.header, c.value, got, c.want)
 		}
 	}
-	if got, err := readSay(http.Header{}); err != nil || got != (say{}) {
+	if got, err := readSay(http.Header{}); err != nil || got != (clientSay{}) {
 		t.Errorf("no headers: %+v, %v; want the defaults", got, err)
 	}
 }
@@ -129,8 +129,8 @@ func TestTheClientsSayStaysHere(t *testing.T) {
 		mu.Unlock()
 		up.ServeHTTP(w, r)
 	}), nil)
-	say := []string{"X-Llmproxy-Priority", "low", "X-Llmproxy-Max-Wait", "30", "X-Llmproxy-Retry", "off"}
-	resp := h.post("/v1/chat/completions", `{"model":"m"}`, say...)
+	clientSay := []string{"X-Llmproxy-Priority", "low", "X-Llmproxy-Max-Wait", "30", "X-Llmproxy-Retry", "off"}
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`, clientSay...)
 	readAll(t, resp.Body)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -138,8 +138,8 @@ func TestTheClientsSayStaysHere(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	hdr := http.Header{"Authorization": {"Bearer " + testKey}}
-	for i := 0; i+1 < len(say); i += 2 {
-		hdr.Set(say[i], say[i+1])
+	for i := 0; i+1 < len(clientSay); i += 2 {
+		hdr.Set(clientSay[i], clientSay[i+1])
 	}
 	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(h.front.URL, "http")+"/v1/realtime?model=gpt-realtime",
 		&websocket.DialOptions{HTTPHeader: hdr, Subprotocols: []string{"realtime"}})
@@ -180,10 +180,10 @@ func TestMaxWaitShortensTheBudget(t *testing.T) {
 			status int
 			at     time.Time // on the fake clock
 		}
-		send := func(say ...string) chan answer {
+		send := func(clientSay ...string) chan answer {
 			out := make(chan answer, 1)
 			go func() {
-				resp := h.post("/v1/chat/completions", `{"model":"m"}`, say...)
+				resp := h.post("/v1/chat/completions", `{"model":"m"}`, clientSay...)
 				readAll(t, resp.Body)
 				out <- answer{resp.StatusCode, fc.Now()}
 			}()
@@ -311,19 +311,19 @@ func TestRetryOffShowsAnErrorsRateLimitHeaders(t *testing.T) {
 		fmt.Fprint(w, `{}`)
 	}), nil)
 	for _, c := range []struct {
-		status int
-		say    []string
-		want   string
+		status    int
+		clientSay []string
+		want      string
 	}{
 		{400, []string{"X-Llmproxy-Retry", "off"}, "5"},
 		{400, nil, ""},
 		{200, []string{"X-Llmproxy-Retry", "off"}, ""},
 	} {
 		status.Store(int32(c.status))
-		resp := h.post("/v1/chat/completions", `{"model":"m"}`, c.say...)
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`, c.clientSay...)
 		readAll(t, resp.Body)
 		if got := resp.Header.Get("X-Ratelimit-Remaining-Requests"); resp.StatusCode != c.status || got != c.want {
-			t.Errorf("%d with %v: x-ratelimit-remaining-requests %q, want %q", resp.StatusCode, c.say, got, c.want)
+			t.Errorf("%d with %v: x-ratelimit-remaining-requests %q, want %q", resp.StatusCode, c.clientSay, got, c.want)
 		}
 	}
 }

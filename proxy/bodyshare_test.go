@@ -373,7 +373,7 @@ func TestClientOfTellsClientsApart(t *testing.T) {
 		if key != "" {
 			r.Header.Set("Authorization", "Bearer "+key)
 		}
-		return p.clientOf(r, credential(r.Header, r.URL.RawQuery))
+		return p.clientOf(r, credentialOf(r.Header, r.URL.RawQuery))
 	}
 	a1, a2 := req("10.0.0.1:1000", ""), req("10.0.0.1:2000", "")
 	if a1 != a2 || a1.hasCred {

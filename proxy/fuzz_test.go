@@ -33,7 +33,7 @@ func FuzzLaneKey(f *testing.F) {
 				h[k] = []string{v}
 			}
 		}
-		cred := credential(h, rawQuery)
+		cred := credentialOf(h, rawQuery)
 		// The first place that holds something is the one used.
 		var want string
 		switch {

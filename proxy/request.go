@@ -32,10 +32,10 @@ type request struct {
 	cutErr     string // why the upstream's answer broke off (an upstream_cut)
 	id         string // x-llmproxy-request-id
 	upstreamID string // the upstream's own request id, from its latest answer
-	upgrade    bool   // a WebSocket handshake (see isUpgrade)
+	upgrade    bool   // a WebSocket handshake (Upgrade: websocket, read in ask.go)
 	priority   lanequeue.Priority
 	trace      *tracing.Request // its trace; nil without Config.Tracer
-	// retryOff: the client said x-llmproxy-retry: off (see say); the
+	// retryOff: the client said x-llmproxy-retry: off (see clientSay); the
 	// first answer goes back as the upstream sent it.
 	retryOff bool
 	// headerValues back the x-llmproxy-* header values (see

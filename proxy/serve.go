@@ -48,7 +48,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
 	said, err := readSay(r.Header)
 	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
-	cred := credential(r.Header, r.URL.RawQuery)
+	cred := credentialOf(r.Header, r.URL.RawQuery)
 	if p.stopping() {
 		err = errShutdown // whatever the client said
 	}
