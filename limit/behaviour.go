@@ -275,19 +275,15 @@ func (l *learner) classify() bool {
 		if refused < 2 || refusedShare*admitted > refused || refused < concurrencyShare*total {
 			continue
 		}
-		below := l.admitted[level-1] + l.admitted[max(level-2, 1)]*boolFloat(level > 2)
+		below := l.admitted[level-1]
+		if level > 2 {
+			below += l.admitted[level-2]
+		}
 		if below >= minBelow || l.refusedAt[level] >= minRepeated && 2*(l.admitted[level]+l.pending[level]) <= l.refusedAt[level] {
 			l.atLevel = level
 		}
 	}
 	return l.atLevel != was
-}
-
-func boolFloat(b bool) float64 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // reached reports whether the upstream admitted more requests than it

@@ -216,3 +216,39 @@ func TestARefusalThatLowersTheRateEndsARowOfCleanProbes(t *testing.T) {
 		t.Fatalf("a refusal that lowered nothing (%v to %v) changed the row to %d", before, s.learn.estimate, s.learn.streak)
 	}
 }
+
+// TestAWaitThatEndsLaterThanTheFirstIsAPause: refusals of a live upstream
+// with no headers name whole-second waits, which the learned pace holds
+// better than a pause would. But one that counts refusals charges each:
+// a refusal names a wait that ends later than the first one named since
+// an admission, by more than its grain, and whoever goes when that first
+// wait ends is refused again. The pool takes that wait as a whole, with
+// one request at its end; refusals that name the same end (a window's
+// boundary) take no pause.
+func TestAWaitThatEndsLaterThanTheFirstIsAPause(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		second time.Duration // the second refusal's wait, half a second after the first
+		paused bool
+	}{{"an end within its grain", 2 * time.Second, false}, {"an end a grain later", 3 * time.Second, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := quietLocal()
+			now := t0
+			for i, hint := range []time.Duration{2 * time.Second, c.second} {
+				tk := Ticket{Seq: uint64(i + 1), Dispatched: now, Level: 1}
+				s.Learn(&tk, Report{Status: 429, Verdict: RateRefused, Hint: hint, PauseUntil: now.Add(hint)}, now)
+				if i == 0 {
+					now = now.Add(500 * time.Millisecond)
+				}
+			}
+			got := s.View(now).PausedUntil
+			if c.paused && (!got.Equal(now.Add(c.second)) || !s.paused.trial) {
+				t.Fatalf("paused until %v (zero: none; one request at its end: %v), want for %v with one request at its end",
+					got, s.paused.trial, c.second)
+			}
+			if !c.paused && !got.IsZero() {
+				t.Fatalf("paused for %v, want no pause: the pace holds the pool", got.Sub(now))
+			}
+		})
+	}
+}

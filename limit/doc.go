@@ -67,10 +67,10 @@
 // # Pauses
 //
 // An answer the proxy retries after may ask the pool to pause
-// (Report.PauseUntil). Whether the pool takes the pause is decided in
-// one place, poolPause (pause.go), from what learning from the answer
-// found: a fixed window's closure, or a refusal the learned pace or
-// concurrency limit holds the pool for better, declines it.
+// (Report.PauseUntil). Whether the pool takes it is decided in pause.go:
+// poolPause declines it for a fixed window's closure, or a refusal the
+// learned pace or concurrency limit holds the pool for better; lengthen
+// lengthens, or takes, one the upstream's refusals show charged.
 //
 // # Replicas
 //

@@ -114,11 +114,10 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 		return Ticket{}, s.paused.until, false
 	}
 	if s.trial != 0 {
-		// A pause after one that paid nothing (see lengthen): its wait
-		// is the upstream's word, not a guarantee, so the queue that
-		// built up in it goes once one request shows the upstream admits
-		// again, not all at once into a limit that may still be spent
-		// and count each refusal.
+		// A pause after one that paid nothing, or one refusals showed
+		// charged (see lengthen): the queue built up in it goes once one
+		// request shows the upstream admits again, not all at once into a
+		// limit that may still be spent and count each refusal.
 		return Ticket{}, time.Time{}, false
 	}
 	if !s.conc.free() {
@@ -155,7 +154,7 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced,
 		Seq: s.learn.dispatched(), Probe: s.pace.fromRefusals && s.learn.phase == probeUp,
 		Level: s.conc.inFlight - s.refusedHolding + 1}
-	if !s.unpaid.counted.IsZero() && !s.paused.until.IsZero() && !s.paused.until.Equal(s.trialOf) {
+	if (s.paused.trial || !s.unpaid.counted.IsZero()) && !s.paused.until.IsZero() && !s.paused.until.Equal(s.trialOf) {
 		s.trial, s.trialOf = t.Seq, s.paused.until
 	}
 	s.conc.inFlight++

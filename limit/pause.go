@@ -7,6 +7,7 @@ import "time"
 type pause struct {
 	until  time.Time
 	reason pauseReason
+	trial  bool // one request goes alone at its end (see lengthen)
 }
 
 // pauseEvidence is what learning from a report found that bears on the
@@ -63,10 +64,11 @@ func poolPause(r Report, e pauseEvidence) pause {
 
 // unpaid tracks the pauses in a row that paid the upstream nothing:
 // resumed is the end of the latest pause the pool sent after, counted
-// the one found unpaid, last how long the latest pause was.
+// the one found unpaid, last how long the latest pause was, named the
+// end of the first wait refused since an admission.
 type unpaid struct {
-	resumed, counted time.Time
-	last             time.Duration
+	resumed, counted, named time.Time
+	last                    time.Duration
 }
 
 // lengthen returns p, the pause the answer r to t asks of the pool at
@@ -81,10 +83,23 @@ type unpaid struct {
 // besides. (Not when the upstream's new wait is under half the last pause:
 // a short wait after a long pause is a pace, which the lengthening only
 // turned into refusals elsewhere. A refusal with no wait names no pace.)
+// Words show it too: a refusal naming a wait that ends over its grain
+// after the first named since an admission, nothing else out, shows the
+// refusals between charged: the pool takes it, one request at its end.
 func (s *Memory) lengthen(p pause, t *Ticket, r Report, now time.Time) pause {
 	u := &s.unpaid
 	if r.Verdict == Accepted {
 		*u = unpaid{}
+	}
+	if end := now.Add(r.Hint); r.Hint > 0 && r.Verdict.Refusal() && s.fleetSent == 0 {
+		if u.named.IsZero() {
+			u.named = end
+		} else if end.After(u.named.Add(grainOf(r.Hint))) && s.conc.inFlight <= s.refusedHolding {
+			p.trial = true
+			if r.PauseUntil.After(p.until.Add(grainOf(r.Hint))) {
+				p.until, p.reason = r.PauseUntil, r.Verdict.PauseReason()
+			}
+		}
 	}
 	if p.until.IsZero() || s.fleetSent > 0 {
 		// Among replicas one sees only its part: another's admissions,
