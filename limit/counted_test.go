@@ -252,3 +252,47 @@ func TestAWaitThatEndsLaterThanTheFirstIsAPause(t *testing.T) {
 		})
 	}
 }
+
+// TestOnlyNamedWaitsWithNothingElseOutShowACharge: the first wait that
+// counts is the first one named (a refusal naming none names no end), and
+// the pool takes a later one as a charged debt only when all it has out
+// was refused: one still out may yet be admitted, and pay.
+func TestOnlyNamedWaitsWithNothingElseOutShowACharge(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		hints  []time.Duration // the refusals' waits, half a second apart
+		out    int             // requests dispatched, each refused in turn
+		paused bool
+	}{
+		{"every request out refused", []time.Duration{2 * time.Second, 3 * time.Second}, 2, true},
+		{"one still out", []time.Duration{2 * time.Second, 3 * time.Second}, 3, false},
+		{"the first refusal names no wait", []time.Duration{0, 3 * time.Second}, 2, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := quietLocal()
+			now := t0
+			var tickets []Ticket
+			for range c.out {
+				tk, _, ok := s.Admit(now, 1, false)
+				if !ok {
+					t.Fatalf("dispatch %d refused", len(tickets)+1)
+				}
+				tickets = append(tickets, tk)
+			}
+			for i, hint := range c.hints {
+				r := Report{Status: 429, Verdict: RateRefused, Hint: hint}
+				if hint > 0 {
+					r.PauseUntil = now.Add(hint)
+				}
+				s.Learn(&tickets[i], r, now)
+				now = now.Add(500 * time.Millisecond)
+			}
+			now = now.Add(-500 * time.Millisecond)
+			got := s.View(now).PausedUntil
+			if c.paused != s.paused.trial || c.paused && !got.Equal(now.Add(c.hints[1])) {
+				t.Fatalf("paused until %v (one request at its end: %v), want a pause with one request at its end: %v",
+					got, s.paused.trial, c.paused)
+			}
+		})
+	}
+}
