@@ -263,7 +263,7 @@ func TestShortHintsArePacesLongOnesAreWaits(t *testing.T) {
 // learned the pace holds instead.
 func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
 	var s Memory
-	s.conc = newConcurrency(Config{Concurrency: 4, MaxConcurrency: 64}.WithDefaults())
+	s.conc = newConcLimit(Config{Concurrency: 4, MaxConcurrency: 64}.WithDefaults())
 	s.learn.replySecs = 0.4
 	if _, _, ok := s.Admit(t0, 1, true); !ok {
 		t.Fatal("the first dispatch was held")
@@ -291,7 +291,7 @@ func TestSlowStartSpreadsABurstBeforeAnyLimitIsKnown(t *testing.T) {
 // it goes at a level without it; the permit's return ends that.
 func TestRefusedPermitsDoNotCountAsInFlight(t *testing.T) {
 	var s Memory
-	s.conc = newConcurrency(Config{Concurrency: 8, MaxConcurrency: 64}.WithDefaults())
+	s.conc = newConcLimit(Config{Concurrency: 8, MaxConcurrency: 64}.WithDefaults())
 	a, _, _ := s.Admit(t0, 1, true)
 	b, _, _ := s.Admit(t0, 1, true)
 	if a.Level != 1 || b.Level != 2 {
@@ -926,7 +926,7 @@ func TestShortHintCapsTheRate(t *testing.T) {
 // one (refused for its credential) puts back the one before it.
 func TestARefundedDispatchLeavesTheSpread(t *testing.T) {
 	var s Memory
-	s.conc = newConcurrency(Config{Concurrency: 4, MaxConcurrency: 64}.WithDefaults())
+	s.conc = newConcLimit(Config{Concurrency: 4, MaxConcurrency: 64}.WithDefaults())
 	s.learn.replySecs = 0.4
 	gap := time.Duration(0.4 / (startSpread * 4) * float64(time.Second)) // 50ms
 	first, _, _ := s.Admit(t0, 1, true)

@@ -5,13 +5,13 @@ import (
 	"time"
 )
 
-// concurrency is a pool's concurrency limit and its permits. The limit
+// concLimit is a pool's concurrency limit and its permits. The limit
 // falls only on evidence that the number in flight is what the upstream
 // bounds (a concurrency refusal, an overloaded answer, a refusal while the
 // pace is well under the learned rate); a rate refusal slows the pace
 // instead. Rate and concurrency are separate controls because in flight =
 // rate × answer time: long answers need many in flight to keep a rate.
-type concurrency struct {
+type concLimit struct {
 	min, max int
 	start    int // the configured start
 	limit    int
@@ -45,15 +45,15 @@ const (
 	answerWeight = 0.2
 )
 
-func newConcurrency(cfg Config) concurrency {
-	return concurrency{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
+func newConcLimit(cfg Config) concLimit {
+	return concLimit{min: cfg.MinConcurrency, max: cfg.MaxConcurrency, start: cfg.Concurrency, limit: cfg.Concurrency,
 		slowStart: cfg.Limits.SlowStart(), regrowAcks: minRegrowAcks}
 }
 
 // reconfigure takes cfg's bounds: a configured concurrency is the limit
 // from now on (and no slow start), else the limit stays, moved into the
 // bounds.
-func (c *concurrency) reconfigure(cfg Config) {
+func (c *concLimit) reconfigure(cfg Config) {
 	c.min, c.max, c.start = cfg.MinConcurrency, cfg.MaxConcurrency, cfg.Concurrency
 	if cfg.Limits.Concurrency > 0 {
 		c.limit = cfg.Concurrency
@@ -71,12 +71,12 @@ func littleFloor(rate, secs float64) int {
 	return int(math.Ceil(rate * secs))
 }
 
-func (c *concurrency) free() bool { return c.inFlight < c.limit }
+func (c *concLimit) free() bool { return c.inFlight < c.limit }
 
 // accepted learns from an accepted answer, with out permits out now. little
 // is the concurrency the learned rate needs for answers of the current
 // length (0: unknown): below it the limit grows at once.
-func (c *concurrency) accepted(t *Ticket, now time.Time, out, little int) {
+func (c *concLimit) accepted(t *Ticket, now time.Time, out, little int) {
 	binding := out >= c.limit || t.InFlight+1 >= t.Limit
 	if !binding || c.limit >= c.max {
 		return // the limit was not what held requests back
@@ -115,7 +115,7 @@ func (c *concurrency) accepted(t *Ticket, now time.Time, out, little int) {
 // upstream held no more. An overload or an inferred refusal only steps.
 // least bounds a decrease that was inferred (0: none). A refusal never
 // raises the limit.
-func (c *concurrency) refused(t *Ticket, now time.Time, out, least int, stated bool) {
+func (c *concLimit) refused(t *Ticket, now time.Time, out, least int, stated bool) {
 	c.lastRefusal = now
 	c.acks = 0
 	c.slowStart = false
@@ -137,13 +137,13 @@ func (c *concurrency) refused(t *Ticket, now time.Time, out, least int, stated b
 
 // endSlowStart ends the slow start: the upstream said no, so the limit
 // grows no faster than by one a limit's worth of answers from now on.
-func (c *concurrency) endSlowStart() { c.slowStart = false }
+func (c *concLimit) endSlowStart() { c.slowStart = false }
 
 // overshot learns that nothing went through at level in flight or above
 // while the slow start grew the limit: it goes back to what went through,
 // but not under the configured start (a rate limit's first refusals come
 // at any level) nor floor (Little's law needs the room for long answers).
-func (c *concurrency) overshot(level, floor int) {
+func (c *concLimit) overshot(level, floor int) {
 	c.limit = min(c.limit, max(level-1, c.start, floor))
 }
 
@@ -151,7 +151,7 @@ func (c *concurrency) overshot(level, floor int) {
 // a concurrency limit: the limit holds the level below (within its
 // bounds), the lowest such level is remembered as refused, and the slow
 // start ends.
-func (c *concurrency) boundAt(level int) {
+func (c *concLimit) boundAt(level int) {
 	c.limit = min(c.limit, c.max, max(level-1, c.min))
 	if c.refusedAt == 0 || level < c.refusedAt {
 		c.refusedAt = level
@@ -161,7 +161,7 @@ func (c *concurrency) boundAt(level int) {
 
 // answered feeds an accepted answer's time with its permit into the mean
 // answer time.
-func (c *concurrency) answered(t *Ticket, now time.Time) {
+func (c *concLimit) answered(t *Ticket, now time.Time) {
 	if !t.accepted {
 		return
 	}

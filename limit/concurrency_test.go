@@ -38,7 +38,7 @@ func TestFleetDispatchedTakesTheFleetsLevelAndCount(t *testing.T) {
 // requests back, even when the others have come back by the time it
 // arrives; one that went with room to spare does not.
 func TestAnswerThatWentAtTheLimitIsBindingAfterOthersLeft(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
+	c := newConcLimit(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
 	last := Ticket{InFlight: 3, Limit: 4} // went with 3 others at limit 4
 	c.accepted(&last, t0, 1, 0)
 	c.accepted(&last, t0, 1, 0)
@@ -133,7 +133,7 @@ func TestAnAnswerThatFindsTheLimitFullIsBinding(t *testing.T) {
 	for _, tc := range []struct {
 		out, want int
 	}{{4, 5}, {3, 4}} {
-		c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
+		c := newConcLimit(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 64})
 		c.accepted(&roomy, t0, tc.out, 0)
 		c.accepted(&roomy, t0, tc.out, 0)
 		if c.limit != tc.want {
@@ -146,7 +146,7 @@ func TestAnAnswerThatFindsTheLimitFullIsBinding(t *testing.T) {
 // found it full raise it no further, not even below the concurrency the
 // learned rate needs.
 func TestTheLimitNeverGrowsPastItsHighest(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 4})
+	c := newConcLimit(Config{Concurrency: 4, MinConcurrency: 1, MaxConcurrency: 4})
 	full := Ticket{InFlight: 3, Limit: 4}
 	for range 20 {
 		c.accepted(&full, t0, 4, 8)

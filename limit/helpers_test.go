@@ -17,8 +17,8 @@ func quietLocal() *Memory {
 
 // grownConc is a concurrency past slow start (a refusal was seen far above
 // limit), bounded by 1 and 64.
-func grownConc(limit int) concurrency {
-	return concurrency{min: 1, max: 64, limit: limit, refusedAt: 65, regrowAcks: minRegrowAcks, lastRefusal: t0}
+func grownConc(limit int) concLimit {
+	return concLimit{min: 1, max: 64, limit: limit, refusedAt: 65, regrowAcks: minRegrowAcks, lastRefusal: t0}
 }
 
 // quantizedBudget is a window stated as 1200 whose upstream never shows

@@ -13,7 +13,7 @@ import (
 type Memory struct {
 	cfg    Config // as given, with its defaults
 	pace   pacer
-	conc   concurrency
+	conc   concLimit
 	paused pause // see poolPause
 	// Dispatches at one instant form a batch: each is marked as if sent
 	// first in it, since they reach the upstream in any order.
@@ -55,7 +55,7 @@ type Memory struct {
 // concurrency bounds.
 func NewMemory(cfg Config) *Memory {
 	cfg = cfg.WithDefaults()
-	return &Memory{cfg: cfg, conc: newConcurrency(cfg)}
+	return &Memory{cfg: cfg, conc: newConcLimit(cfg)}
 }
 
 // Configure keeps what was learned, within cfg's concurrency bounds.
@@ -67,7 +67,7 @@ func (s *Memory) Configure(cfg Config) {
 // Forget keeps what the permits out still need: their count, the refused
 // ones among them, and the running totals their tickets were marked with.
 func (s *Memory) Forget() {
-	f := Memory{cfg: s.cfg, conc: newConcurrency(s.cfg), refusedHolding: s.refusedHolding, fleetSent: s.fleetSent}
+	f := Memory{cfg: s.cfg, conc: newConcLimit(s.cfg), refusedHolding: s.refusedHolding, fleetSent: s.fleetSent}
 	f.conc.inFlight = s.conc.inFlight
 	f.learn.seq = s.learn.seq
 	f.pace.requests.sent, f.pace.tokens.sent = s.pace.requests.sent, s.pace.tokens.sent

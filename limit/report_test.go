@@ -78,7 +78,7 @@ func TestMeterReadsRatesAboveItsSampleCount(t *testing.T) {
 // learned rate times the answer time) once lifted the limit above
 // MaxConcurrency.
 func TestRefusalNeverRaisesConcurrency(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 8}.WithDefaults())
+	c := newConcLimit(Config{Concurrency: 8, MaxConcurrency: 8}.WithDefaults())
 	c.slowStart = false
 	c.inFlight = 1
 	c.refused(&Ticket{InFlight: 0, Limit: 8}, t0, 1, 200, false)
@@ -92,7 +92,7 @@ func TestRefusalNeverRaisesConcurrency(t *testing.T) {
 // slow regrowth (about 5,000 answers from 1 back to 32). Now it costs one
 // step, and the refused level is forgotten after refusedMemory.
 func TestOneOverloadDoesNotCrippleGrowth(t *testing.T) {
-	c := newConcurrency(Config{Concurrency: 8, MaxConcurrency: 1024}.WithDefaults())
+	c := newConcLimit(Config{Concurrency: 8, MaxConcurrency: 1024}.WithDefaults())
 	c.refused(&Ticket{InFlight: 0, Limit: 8}, t0, 1, 0, false)
 	if c.limit != 7 {
 		t.Fatalf("limit %d after one overload, want one step down to 7", c.limit)

@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 max_stays=${WALK_MAX_STAYS:-20}
 max_visits=${WALK_MAX_VISITS:-2}
-declare -A arrows_budget=([lanequeue]=4 [proxy]=8 [limit]=5)
+declare -A arrows_budget=([lanequeue]=4 [proxy]=8 [limit]=4)
 if ! command -v farm-studio >/dev/null; then
   echo "studio budget: farm-studio not installed here; not checked"
   exit 0
