@@ -129,8 +129,8 @@ func TestTheClientsSayStaysHere(t *testing.T) {
 		mu.Unlock()
 		up.ServeHTTP(w, r)
 	}), nil)
-	clientSay := []string{"X-Llmproxy-Priority", "low", "X-Llmproxy-Max-Wait", "30", "X-Llmproxy-Retry", "off"}
-	resp := h.post("/v1/chat/completions", `{"model":"m"}`, clientSay...)
+	say := []string{"X-Llmproxy-Priority", "low", "X-Llmproxy-Max-Wait", "30", "X-Llmproxy-Retry", "off"}
+	resp := h.post("/v1/chat/completions", `{"model":"m"}`, say...)
 	readAll(t, resp.Body)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -138,8 +138,8 @@ func TestTheClientsSayStaysHere(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	hdr := http.Header{"Authorization": {"Bearer " + testKey}}
-	for i := 0; i+1 < len(clientSay); i += 2 {
-		hdr.Set(clientSay[i], clientSay[i+1])
+	for i := 0; i+1 < len(say); i += 2 {
+		hdr.Set(say[i], say[i+1])
 	}
 	c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(h.front.URL, "http")+"/v1/realtime?model=gpt-realtime",
 		&websocket.DialOptions{HTTPHeader: hdr, Subprotocols: []string{"realtime"}})
@@ -154,12 +154,12 @@ func TestTheClientsSayStaysHere(t *testing.T) {
 	}
 }
 
-// TestMaxWaitShortensTheBudget: a request whose lane a refusal's pause
+// TestMaxWaitShortensTheDeadline: a request whose lane a refusal's pause
 // holds longer than its x-llmproxy-max-wait is answered 429
 // wait_exceeds_budget at once, while one without it waits the pause out;
 // a request queued behind a slot held longer than its max-wait gets 504
 // budget_exceeded while that slot is still held.
-func TestMaxWaitShortensTheBudget(t *testing.T) {
+func TestMaxWaitShortensTheDeadline(t *testing.T) {
 	t.Run("paused", func(t *testing.T) {
 		// The proxy runs on a fake clock, which stands still while the
 		// machine is slow: the pause has its 1.5 s left until the test
@@ -180,10 +180,10 @@ func TestMaxWaitShortensTheBudget(t *testing.T) {
 			status int
 			at     time.Time // on the fake clock
 		}
-		send := func(clientSay ...string) chan answer {
+		send := func(say ...string) chan answer {
 			out := make(chan answer, 1)
 			go func() {
-				resp := h.post("/v1/chat/completions", `{"model":"m"}`, clientSay...)
+				resp := h.post("/v1/chat/completions", `{"model":"m"}`, say...)
 				readAll(t, resp.Body)
 				out <- answer{resp.StatusCode, fc.Now()}
 			}()
@@ -311,19 +311,19 @@ func TestRetryOffShowsAnErrorsRateLimitHeaders(t *testing.T) {
 		fmt.Fprint(w, `{}`)
 	}), nil)
 	for _, c := range []struct {
-		status    int
-		clientSay []string
-		want      string
+		status int
+		say    []string
+		want   string
 	}{
 		{400, []string{"X-Llmproxy-Retry", "off"}, "5"},
 		{400, nil, ""},
 		{200, []string{"X-Llmproxy-Retry", "off"}, ""},
 	} {
 		status.Store(int32(c.status))
-		resp := h.post("/v1/chat/completions", `{"model":"m"}`, c.clientSay...)
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`, c.say...)
 		readAll(t, resp.Body)
 		if got := resp.Header.Get("X-Ratelimit-Remaining-Requests"); resp.StatusCode != c.status || got != c.want {
-			t.Errorf("%d with %v: x-ratelimit-remaining-requests %q, want %q", resp.StatusCode, c.clientSay, got, c.want)
+			t.Errorf("%d with %v: x-ratelimit-remaining-requests %q, want %q", resp.StatusCode, c.say, got, c.want)
 		}
 	}
 }
