@@ -449,7 +449,7 @@ func (l *learner) step(now time.Time, held bool) bool {
 }
 
 // refusalEvidence is what the pool knows, besides the learner's own
-// counts, as it learns from a refusal (see refusedLive).
+// counts, as it learns from a refusal (see estimateOnRefusal).
 type refusalEvidence struct {
 	// sending is the pool's sending rate lately (requests a second),
 	// over sent dispatches: every replica's, when a store kept elsewhere
@@ -480,25 +480,7 @@ func (l *learner) accepted(t *Ticket, now time.Time) {
 
 // acceptedElsewhere notes that the upstream accepted a request of the
 // pool sent elsewhere, answered at at (zero: none).
-func (l *learner) acceptedElsewhere(at time.Time) {
-	if at.After(l.lastAccepted) {
-		l.lastAccepted = at
-	}
-}
-
-// namedConcurrency notes a refusal of t that named the number in flight.
-func (l *learner) namedConcurrency(t *Ticket) {
-	l.named = true
-	l.refused(t.Seq, t.Dispatched, t.Refusals)
-}
-
-// refusedInProbe notes a refusal of t: one sent in the up phase makes the
-// probe unclean.
-func (l *learner) refusedInProbe(t *Ticket) {
-	if t.Probe {
-		l.probeHit = true
-	}
-}
+func (l *learner) acceptedElsewhere(at time.Time) { l.lastAccepted = clock.Later(at, l.lastAccepted) }
 
 // raiser notes whether this replica holds the lease that lets one replica
 // at a time raise a pace learned from refusals (see Fleet.Raiser).
@@ -571,16 +553,6 @@ func (l *learner) refusedDown(t *Ticket, hintPace float64, pausedUntil time.Time
 		return true
 	}
 	return false
-}
-
-// refusedLive learns from a refusal of t while the upstream admits other
-// requests: the admitted rate moves (see estimateOnRefusal), and the
-// probe cycle starts with a cruise: soon, while the rate is a guess.
-func (l *learner) refusedLive(t *Ticket, e refusalEvidence, now time.Time) {
-	l.estimateOnRefusal(t, e, now)
-	if l.phaseUntil.IsZero() {
-		l.phaseUntil = now.Add(l.cruise()) // before the first probe
-	}
 }
 
 // estimateOnRefusal moves the admitted rate on a refusal while the

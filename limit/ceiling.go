@@ -51,11 +51,6 @@ func (l Limits) Ceiling() *Ceiling {
 func (c *Ceiling) rpmOn() bool { return c.lim.RPM > 0 && !c.replaced }
 func (c *Ceiling) tpmOn() bool { return c.lim.TPM > 0 && !c.replaced }
 
-// rpmGap is the spacing of starts that RPM asks for.
-func (c *Ceiling) rpmGap() time.Duration {
-	return time.Duration(float64(time.Minute) / (c.lim.RPM * c.growth))
-}
-
 // sizeTokens sets the token bucket to TPM at the present growth: a
 // second's worth, at least one token.
 func (c *Ceiling) sizeTokens() {
@@ -66,10 +61,8 @@ func (c *Ceiling) sizeTokens() {
 // admit reports whether a request of cost tokens may start now, or else
 // when it may.
 func (c *Ceiling) Admit(now time.Time, cost int64, sh Shared) (time.Time, bool) {
-	if c.lim.Start && !c.replaced {
-		if sh.Knows() {
-			c.replaced = true
-		}
+	if c.lim.Start && !c.replaced && sh.Knows() {
+		c.replaced = true
 	}
 	at := now
 	if c.lim.MinGap > 0 {
@@ -110,8 +103,8 @@ func (c *Ceiling) Take(now time.Time, cost int64) {
 		c.gapNext = now.Add(g)
 	}
 	if c.rpmOn() {
-		// Even spacing; an idle spell gives no burst.
-		c.rpm.Take(now, c.rpmGap())
+		// Even spacing, at RPM's gap; an idle spell gives no burst.
+		c.rpm.Take(now, time.Duration(float64(time.Minute)/(c.lim.RPM*c.growth)))
 	}
 	if c.tpmOn() {
 		c.tok.Refill(now)

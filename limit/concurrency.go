@@ -135,10 +135,6 @@ func (c *concLimit) refused(t *Ticket, now time.Time, out, least int, stated boo
 	c.limit = min(c.limit, c.max, max(next, least, c.min))
 }
 
-// endSlowStart ends the slow start: the upstream said no, so the limit
-// grows no faster than by one a limit's worth of answers from now on.
-func (c *concLimit) endSlowStart() { c.slowStart = false }
-
 // overshot learns that nothing went through at level in flight or above
 // while the slow start grew the limit: it goes back to what went through,
 // but not under the configured start (a rate limit's first refusals come

@@ -215,15 +215,15 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 			return e
 		}
 	}
-	if refusal {
-		if s.learn.live(now) {
-			// The upstream said no while it admits others: no more
-			// doubling. A refusal while it admits nothing (a fresh state
-			// whose first requests met a spent limit) says nothing of
-			// the number in flight.
-			s.conc.endSlowStart()
-		}
-		s.learn.refusedInProbe(t)
+	if refusal && s.learn.live(now) {
+		// The upstream said no while it admits others: no more
+		// doubling. A refusal while it admits nothing (a fresh state
+		// whose first requests met a spent limit) says nothing of
+		// the number in flight.
+		s.conc.slowStart = false
+	}
+	if refusal && t.Probe {
+		s.learn.probeHit = true // sent in the up phase: the probe is unclean
 	}
 	if quiet && (r.Verdict == RateRefused || r.Verdict == Overloaded) {
 		// Nothing but the upstream's behaviour tells the limit.
@@ -260,7 +260,8 @@ func (s *Memory) learnVerdict(t *Ticket, r Report, now time.Time, corrected bool
 			s.conc.refused(t, now, s.outNow(t), s.floor(), false)
 		}
 	case ConcurrencyRefused:
-		s.learn.namedConcurrency(t)
+		s.learn.named = true
+		s.learn.refused(t.Seq, t.Dispatched, t.Refusals)
 		s.conc.refused(t, now, s.outNow(t), 0, true)
 	case Overloaded:
 		s.conc.refused(t, now, s.outNow(t), 0, false)
@@ -280,7 +281,12 @@ func (s *Memory) behaved(t *Ticket, r Report, now time.Time) pauseEvidence {
 		s.refusedWhileDown(t, r, now)
 		return e
 	}
-	l.refusedLive(t, s.refusalEvidence(t, r, now), now)
+	// The admitted rate moves, and the probe cycle starts with a cruise:
+	// soon, while the rate is a guess.
+	l.estimateOnRefusal(t, s.refusalEvidence(t, r, now), now)
+	if l.phaseUntil.IsZero() {
+		l.phaseUntil = now.Add(l.cruise()) // before the first probe
+	}
 	if !l.reached(level) {
 		// Nothing went through at this number in flight or above: slow
 		// start overshot. Until the counts tell a rate from a
@@ -447,24 +453,19 @@ func (s *Memory) Return(t *Ticket, now time.Time) {
 	s.returned(t, now)
 }
 
-// returned learns from the end of t's answer, its permit given back.
+// returned learns from the end of t's answer, its permit given back: t
+// is settled, and off the count of refused requests holding theirs.
 func (s *Memory) returned(t *Ticket, now time.Time) {
-	s.ended(t)
-	s.conc.answered(t, now)
-	s.win.ended(t.Seq)
-	if s.learn.sustains(s.conc.answerSecs) {
-		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
-	}
-}
-
-// ended settles t, whose permit went back, and takes it off the count of
-// refused requests holding theirs.
-func (s *Memory) ended(t *Ticket) {
 	s.settle(t) // an answer nobody reported
 	t.returned = true
 	if t.holdsRefused {
 		t.holdsRefused = false
 		s.refusedHolding--
+	}
+	s.conc.answered(t, now)
+	s.win.ended(t.Seq)
+	if s.learn.sustains(s.conc.answerSecs) {
+		s.pace.setFromRefusals(s.pacing(), now) // the first answer time
 	}
 }
 

@@ -473,14 +473,9 @@ func (p *pacer) contradicted(t *Ticket, l headerparse.Limits, now time.Time) boo
 	if !reqOut && !tokOut {
 		reqOut, tokOut = true, true
 	}
-	corrected := false
-	if reqOut && !p.fromRefusals && p.requests.correct() {
-		corrected = true
-	}
-	if tokOut && p.tokens.correct() {
-		corrected = true
-	}
-	return corrected
+	reqCorrected := reqOut && !p.fromRefusals && p.requests.correct()
+	tokCorrected := tokOut && p.tokens.correct()
+	return reqCorrected || tokCorrected
 }
 
 // underUse: the pool sends at less than half the request rate its headers

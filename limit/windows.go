@@ -87,13 +87,10 @@ func (c *closure) ended(seq uint64) {
 
 // state narrows the stated boundary with a hint naming r, to grain.
 func (c *closure) state(r time.Time, grain time.Duration) {
-	lo := r.Add(-grain)
 	if c.hi.IsZero() || r.Before(c.hi) {
 		c.hi = r
 	}
-	if lo.After(c.lo) {
-		c.lo = lo
-	}
+	c.lo = clock.Later(r.Add(-grain), c.lo)
 	if !c.lo.Before(c.hi) {
 		c.lo = c.hi.Add(-time.Millisecond) // hints that disagree: the latest word
 	}
@@ -622,10 +619,7 @@ func (w *windows) reopen(at time.Time, used int) time.Duration {
 		if !w.prev.start.IsZero() {
 			from = w.prev.start
 		}
-		lo := w.lastKnock
-		if w.lo.After(lo) {
-			lo = w.lo
-		}
+		lo := clock.Later(w.lo, w.lastKnock)
 		odd = !w.readLength(max(lo.Sub(from), 0), at.Sub(from), w.prev.start.IsZero(), w.prev.admitted > 0, w.prev.named)
 	}
 	if !w.known {
