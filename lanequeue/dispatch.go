@@ -76,7 +76,9 @@ func (g *group) enqueueLocked(s *Slot) {
 	l.queued++
 	l.queuedCost += s.cost
 	g.queuedBy[s.prio]++
-	g.startWaitLocked(s, l.push(s))
+	// Where its wait starts: what held the lanes back after this dispatch
+	// pass is what s waited for.
+	s.ahead, s.joinedPass = l.push(s), g.pass
 }
 
 // dequeueLocked takes a waiting s out of its lane's queue. Requires g.mu
@@ -387,13 +389,6 @@ func (s *Slot) signalLocked() {
 	if s.ready != nil {
 		close(s.ready)
 	}
-}
-
-// startWaitLocked notes, as s joins its lane's queue with ahead waiters
-// before it, where its wait starts: what held the lanes back after this
-// dispatch pass is what s waited for. Requires g.mu held.
-func (g *group) startWaitLocked(s *Slot, ahead int) {
-	s.ahead, s.joinedPass = ahead, g.pass
 }
 
 // heldLocked is what held s back since it joined, read as it is granted

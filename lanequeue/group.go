@@ -257,9 +257,7 @@ func (p phase) holdsPermit() bool { return p == phaseSent || p == phaseAnswered 
 
 // drawsOn is the pool the lane draws on now: the one it was made with, or
 // the one that took it over. Requires the group's mutex held.
-func (ln *Lane) drawsOn() *pool {
-	return ln.lim.root()
-}
+func (ln *Lane) drawsOn() *pool { return ln.lim.root() }
 
 // changeKind names what changed in a lane's state.
 type changeKind uint8

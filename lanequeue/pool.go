@@ -1,6 +1,7 @@
 package lanequeue
 
 import (
+	"slices"
 	"time"
 
 	"github.com/llmproxy/llmproxy/limit"
@@ -79,26 +80,24 @@ func newPool(key string, cfg Config, sh limit.Shared) *pool {
 // dispatch may go, or else until when it may not. Requires the group's
 // mutex held.
 func (l *pool) firstAnswerLocked(now time.Time) (time.Time, bool) {
-	if !l.learned && l.unanswered > 0 && l.shared.AnsweredElsewhere() {
-		l.learned = true // another replica's answer taught the limit
-	}
 	if !l.learned && l.unanswered > 0 {
-		if now.Before(l.firstAnswerUntil) {
+		if now.Before(l.firstAnswerUntil) && !l.shared.AnsweredElsewhere() {
 			return l.firstAnswerUntil, false
 		}
-		l.learned = true // the first answer is slow; stop waiting for it
+		// Another replica's answer taught the limit, or the first answer
+		// is slow: stop waiting for it.
+		l.learned = true
 	}
 	return time.Time{}, true
 }
 
-// addModel notes that lanes for model draw on the limit.
-func (l *pool) addModel(model string) {
-	for _, m := range l.models {
-		if m == model {
-			return
+// addModel notes that lanes for models draw on the limit.
+func (l *pool) addModel(models ...string) {
+	for _, m := range models {
+		if !slices.Contains(l.models, m) {
+			l.models = append(l.models, m)
 		}
 	}
-	l.models = append(l.models, model)
 }
 
 // maxSharedNames is the most models a lane's state names among those

@@ -86,7 +86,7 @@ func (q *quotaHold) learn(r limit.Report, dispatched, now time.Time) (began bool
 	if q.since.IsZero() || r.Status <= 0 || r.Status >= 500 || !dispatched.After(q.since) {
 		return false
 	}
-	if refusedCredential(r.Status) {
+	if r.Status == 401 || r.Status == 403 {
 		q.probeAt = now // that probe told nothing: the next may go at once
 	} else {
 		*q = quotaHold{}
@@ -134,6 +134,3 @@ func (q quotaHold) describe(now time.Time) (until time.Time, words string) {
 	}
 	return q.until, "quota spent until " + pacific.Clock(q.until, now)
 }
-
-// refusedCredential reports whether status refuses a request's credential.
-func refusedCredential(status int) bool { return status == 401 || status == 403 }

@@ -63,9 +63,7 @@ func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []laneChange
 		}
 	}
 	shared := g.shareLocked(lim, s, r.Limits.Requests, now) || g.joinedElsewhereLocked(lim)
-	if g.togetherLocked(l.lim, s.lim, r, now, s.ticket.Overshot) {
-		shared = true
-	}
+	shared = g.togetherLocked(l.lim, s.lim, r, now, s.ticket.Overshot) || shared
 	lim = l.drawsOn() // the limit the lane draws on from now on
 	var changes []laneChange
 	if lim.quota.learn(r, s.ticket.Dispatched, now) && g.onChange != nil {

@@ -129,9 +129,7 @@ func (g *group) mergeLocked(with []*pool, why string) {
 	into := with[0]
 	for _, o := range with[1:] {
 		o.mergedInto = into
-		for _, m := range o.models {
-			into.addModel(m)
-		}
+		into.addModel(o.models...)
 	}
 	into.sharedBy = why
 	for _, o := range with[1:] {

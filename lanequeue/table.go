@@ -267,7 +267,14 @@ func (t *Table) allLanes() []*Lane {
 }
 
 // States returns a snapshot of every lane, least recently used first.
-func (t *Table) States() []State { return t.states((*Lane).State) }
+func (t *Table) States() []State {
+	lanes := t.allLanes()
+	out := make([]State, 0, len(lanes))
+	for _, l := range lanes {
+		out = append(out, l.State())
+	}
+	return out
+}
 
 // Busiest returns at most n lanes' states (with their History when
 // history is set), those with the most queued and in flight first, then
@@ -311,21 +318,9 @@ func (t *Table) loads(vouchedFirst bool) []load {
 			}
 			return 1
 		}
-		if busyA, busyB := a.queued+a.flights, b.queued+b.flights; busyA != busyB {
-			return busyB - busyA
-		}
-		return b.used.Compare(a.used)
+		return cmp.Or(cmp.Compare(b.queued+b.flights, a.queued+a.flights), b.used.Compare(a.used))
 	})
 	return loads
-}
-
-func (t *Table) states(state func(*Lane) State) []State {
-	lanes := t.allLanes()
-	out := make([]State, 0, len(lanes))
-	for _, l := range lanes {
-		out = append(out, state(l))
-	}
-	return out
 }
 
 // sweepLocked removes idle lanes whose last use is older than the TTL. It

@@ -116,16 +116,11 @@ func (g *group) togetherLocked(own, issuer *pool, r limit.Report, now time.Time,
 // decide, and among replicas each sees a third of them or so: 4 against
 // 7 is as even as asking gets there. Requires g.limMu held.
 func (g *group) evenLocked(with []*pool) bool {
-	var lo, hi uint64
-	first := true
+	lo, hi := uint64(math.MaxUint64), uint64(0)
 	for _, l := range g.limits {
-		if !slices.Contains(with, l.root()) {
-			continue
+		if slices.Contains(with, l.root()) {
+			lo, hi = min(lo, l.arrived), max(hi, l.arrived)
 		}
-		if first {
-			lo, hi, first = l.arrived, l.arrived, false
-		}
-		lo, hi = min(lo, l.arrived), max(hi, l.arrived)
 	}
 	return float64(lo)+math.Sqrt(float64(hi)) >= evenArrivals*float64(hi)
 }
@@ -167,9 +162,7 @@ func (g *group) joinLocked(with []*pool) {
 			m.mergedInto = t
 			m.standing = standing{}
 			t.trial.members = append(t.trial.members, m)
-			for _, model := range m.models {
-				t.addModel(model)
-			}
+			t.addModel(m.models...)
 		}
 	}
 }
@@ -294,9 +287,7 @@ func (g *group) splitLocked(own, t *pool) {
 	t.models = t.models[:0]
 	for _, m := range tr.members {
 		m.standing = standing{}
-		for _, model := range m.models {
-			t.addModel(model)
-		}
+		t.addModel(m.models...)
 	}
 	tr.refusals = 0
 	if len(tr.members) < 2 {
