@@ -28,9 +28,11 @@ type shareEvidence struct {
 	// group's other limits sent over them.
 	excess, others float64
 	// held is an excess one answer showed, with others what the group's
-	// other limits sent over it, until the next answer says whether it
-	// stays (see observe); zero: none.
+	// other limits sent over it, until an answer to a request sent after
+	// the limit's own heldThrough-th says whether it stays (see
+	// observe); zero: none.
 	held, heldOthers float64
+	heldThrough      uint64
 	// sentAt holds the limit's latest dispatch times, by its dispatch
 	// count (this replica's) modulo overtakeRing: which of its requests
 	// went just after an answer's (see after).
@@ -137,7 +139,7 @@ func (sh *shareEvidence) observe(w headerparse.Window, s *Slot, out int, after u
 	// same instant, or on another connection) may reach the upstream
 	// first, and show here as others'. Others' stay in the count, theirs
 	// do not: the next answer's reading against the same bases tells.
-	if excess > maxShareExcess*others+2 {
+	if excess > maxShareExcess*others+2 || isFirst && excess > others {
 		// More than the others sent could take: the window is not what
 		// the count was read against (a first reading against a stated
 		// per-minute figure that the upstream enforces as a bucket of a
@@ -146,8 +148,13 @@ func (sh *shareEvidence) observe(w headerparse.Window, s *Slot, out int, after u
 		excess, sh.n, sh.held, sh.heldOthers = 0, 0, 0, 0
 	}
 	if excess > 0 {
-		if !isFirst && sh.held == 0 && excess <= float64(after) {
-			sh.held, sh.heldOthers = excess, others
+		if !isFirst && excess <= float64(after) && (sh.held == 0 || now.limSent <= sh.heldThrough) {
+			// Among the requests that may have overtaken the held one's,
+			// an answer tells nothing new: the same one may be counted.
+			if sh.held == 0 && !now.fleet {
+				sh.heldThrough = now.limSent + after
+			}
+			sh.held, sh.heldOthers = max(sh.held, excess), max(sh.heldOthers, others)
 		} else {
 			sh.excess += max(excess, sh.held)
 			sh.others += max(others, sh.heldOthers)
