@@ -99,15 +99,25 @@ func (g *group) shareLocked(lim *pool, s *Slot, w headerparse.Window, now time.T
 // Requires g.limMu held.
 func (g *group) firstRoundLocked(lim *pool, stated int64) []*pool {
 	round := []*pool{lim.root()}
-	lo, hi, n := lim.share.firstLeft, lim.share.firstLeft, 1
+	left := []int64{lim.share.firstLeft}
 	for _, o := range g.limits {
 		if o == lim || !o.share.read || o.share.stated != stated || o.firstAt.Sub(lim.firstAt).Abs() > overtake {
 			continue
 		}
-		lo, hi, n = min(lo, o.share.firstLeft), max(hi, o.share.firstLeft), n+1
+		left = append(left, o.share.firstLeft)
 		if r := o.root(); !slices.Contains(round, r) {
 			round = append(round, r)
 		}
+	}
+	slices.Sort(left)
+	lo, hi, n := left[0], left[len(left)-1], int64(len(left))
+	if stated == 0 {
+		// No figure to read them against (Azure's remaining alone): only
+		// counts one apart, all of them, show one window counting down.
+		if n < 2 || hi-lo != n-1 || int64(len(slices.Compact(left))) != n {
+			return nil
+		}
+		return round
 	}
 	if lo == hi || 2*(hi+1) > stated || float64(hi-lo) > maxShareExcess*float64(n-1)+2 {
 		return nil

@@ -112,7 +112,9 @@ func TestALimitThatNeverSentJoinsNoFirstAnswersShare(t *testing.T) {
 // another. Read against 1,200, each count fell by far more than anyone
 // sent; the four counts, 16 to 19, are one window counted down, and the
 // lanes draw on one limit from the first answers on. Windows of their own
-// would each show 19.
+// would each show 19. With no figure stated, only counts one apart, each
+// of them, show one window (seed 199: three models on one bucket behind
+// Azure's remaining count, 74 % of the upstream's requests refused).
 func TestFirstAnswersOfOneRoundShowAQuantizedWindowShared(t *testing.T) {
 	for _, c := range []struct {
 		stated int64
@@ -128,6 +130,10 @@ func TestFirstAnswersOfOneRoundShowAQuantizedWindowShared(t *testing.T) {
 		{1200, []int64{12, 16}, false, 0},            // 4 apart, more than one other sent (1.5×1+2)
 		{1200, []int64{16, 18}, true, overtake},      // first requests overtake apart: one round
 		{1200, []int64{16, 18}, false, overtake + 1}, // further apart: not one round
+		// No figure (Azure's remaining alone): only counts one apart, all of them.
+		{0, []int64{2, 0, 1}, true, 0},
+		{0, []int64{2, 2, 2}, false, 0},
+		{0, []int64{2, 0}, false, 0},
 	} {
 		fc := clock.NewFake(t0)
 		tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
