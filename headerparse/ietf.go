@@ -46,7 +46,20 @@ func parseIETFSplit(h http.Header, policies []sfMember, now time.Time, b *budget
 	} else if len(policies) > 0 && isDecimal(policies[0].item) {
 		limit = policies[0].item // old-style policy: 100;w=10
 	}
-	b.addRequests(window(limit, get(h, "Ratelimit-Remaining"), get(h, "Ratelimit-Reset"), now, monthHorizon))
+	w := window(limit, get(h, "Ratelimit-Remaining"), get(h, "Ratelimit-Reset"), now, monthHorizon)
+	if len(policies) > 0 && isDecimal(policies[0].item) {
+		w.Period = period(policies[0].param("w"))
+	}
+	b.addRequests(w)
+}
+
+// period reads a policy's w, in whole seconds; zero when absent or not
+// a positive count.
+func period(w string) time.Duration {
+	if n, ok := parseCount(w); ok && n > 0 && n <= int64(monthHorizon/time.Second) {
+		return time.Duration(n) * time.Second
+	}
+	return 0
 }
 
 // parseIETFDictionary reads draft -07's RateLimit: limit=10, remaining=0,
@@ -88,11 +101,15 @@ func parseIETFPolicies(policies, members []sfMember, now time.Time, b *budgets) 
 				break
 			}
 		}
-		addIETF(policy.param("qu"), window(policy.param("q"), m.param("r"), m.param("t"), now, monthHorizon), b)
+		w := window(policy.param("q"), m.param("r"), m.param("t"), now, monthHorizon)
+		w.Period = period(policy.param("w"))
+		addIETF(policy.param("qu"), w, b)
 	}
 	for i, p := range policies {
 		if !used[i] && !isDecimal(p.item) {
-			addIETF(p.param("qu"), window(p.param("q"), "", "", now, monthHorizon), b)
+			w := window(p.param("q"), "", "", now, monthHorizon)
+			w.Period = period(p.param("w"))
+			addIETF(p.param("qu"), w, b)
 		}
 	}
 }

@@ -22,6 +22,10 @@ type Window struct {
 	// (Reset then reads as now): rounded down, or read on a clock ahead of
 	// the upstream's. Zero when it was not past.
 	ResetEarly time.Duration
+	// Period is the span Limit is stated over, where the upstream says
+	// (an IETF policy's w): Limit per Period is a rate it allows. Zero
+	// when not stated.
+	Period time.Duration
 }
 
 // Known reports whether the upstream reported this budget at all.

@@ -440,6 +440,29 @@ func TestResetGrain(t *testing.T) {
 	}
 }
 
+// TestPeriod: an IETF policy's w is the span its q is stated over, in
+// every draft that names one; other dialects state none.
+func TestPeriod(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		h      http.Header
+		period time.Duration
+	}{
+		{"draft 08", http.Header{"Ratelimit": {`"default";r=5;t=1`}, "Ratelimit-Policy": {`"default";q=6;w=1`}}, time.Second},
+		{"draft 08 policy alone", http.Header{"Ratelimit-Policy": {`"default";q=100;w=60`}}, time.Minute},
+		{"old-style policy", http.Header{"Ratelimit-Remaining": {"9"}, "Ratelimit-Policy": {"100;w=10"}}, 10 * time.Second},
+		{"no w", http.Header{"Ratelimit": {`"req";r=9;t=1`}, "Ratelimit-Policy": {`"req";q=10`}}, 0},
+		{"w not a count", http.Header{"Ratelimit": {`"req";r=9;t=1`}, "Ratelimit-Policy": {`"req";q=10;w=-5`}}, 0},
+		{"openai", http.Header{"X-Ratelimit-Limit-Requests": {"60"}, "X-Ratelimit-Remaining-Requests": {"5"}}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Parse(tt.h, now).Requests.Period; got != tt.period {
+				t.Errorf("Period = %v, want %v", got, tt.period)
+			}
+		})
+	}
+}
+
 func BenchmarkParse(b *testing.B) {
 	h := http.Header{
 		"X-Ratelimit-Limit-Requests":     {"60"},

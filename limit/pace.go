@@ -224,6 +224,11 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	// as the arithmetic says, perhaps far faster: only a refusal lowers
 	// the rate then, or a changed stated limit, in its proportion.
 	b.learnRate(floored || remaining >= nearlyFull*b.size())
+	if w.Period > 0 {
+		// Its limit per the period it names is a rate the upstream allows
+		// (refusals may show its window smaller, not its rate slower).
+		b.bucket.Rate = math.Max(b.bucket.Rate, b.limit/w.Period.Seconds())
+	}
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
 		b.correctable() {

@@ -203,6 +203,30 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 // one token over 1.4 s, 0.7 tokens a second, which held a pool whose
 // limit had just grown for ten minutes, past every request's deadline. Such a
 // reading does not lower the rate; a changed stated limit moves it in its
+// TestAStatedPeriodIsARateAllowed: an IETF policy states q per w seconds,
+// and its resets are whole seconds: t=1 for a bucket full in a third of a
+// second reads as a refill of what is missing in a second. q/w is a rate
+// the upstream allows, and the refill is no slower, also once refusals
+// showed the window smaller than q (a burst of 2 under q=6 over w=1 was
+// paced at one a second, seed 44: 7× its ideal).
+func TestAStatedPeriodIsARateAllowed(t *testing.T) {
+	var b budget
+	w := win(6, 1, at(time.Second))
+	w.ResetGrain, w.Period = time.Second, time.Second
+	b.observe(w, 1, t0, t0)
+	if !near(b.bucket.Rate, 6) {
+		t.Fatalf("rate %v, want the policy's 6/s", b.bucket.Rate)
+	}
+	if !b.correct() || b.size() != 2 {
+		t.Fatalf("a refusal with room: window %v, want corrected to 2", b.size())
+	}
+	w.Reset = at(2 * time.Second)
+	b.observe(w, 1, at(time.Second), at(time.Second))
+	if !near(b.bucket.Rate, 6) || b.size() != 2 {
+		t.Fatalf("corrected window: rate %v, size %v; want 6/s over 2", b.bucket.Rate, b.size())
+	}
+}
+
 // proportion.
 func TestFlooredResetDoesNotLowerTheRate(t *testing.T) {
 	var b budget
