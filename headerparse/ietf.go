@@ -53,10 +53,10 @@ func parseIETFSplit(h http.Header, policies []sfMember, now time.Time, b *budget
 	b.addRequests(w)
 }
 
-// period reads a policy's w, in whole seconds; zero when absent or not
-// a positive count.
+// period reads a policy's w, in whole seconds up to monthHorizon; zero
+// when absent, not a count, or longer.
 func period(w string) time.Duration {
-	if n, ok := parseCount(w); ok && n > 0 && n <= int64(monthHorizon/time.Second) {
+	if n, ok := parseCount(w); ok && n <= int64(monthHorizon/time.Second) {
 		return time.Duration(n) * time.Second
 	}
 	return 0

@@ -453,6 +453,8 @@ func TestPeriod(t *testing.T) {
 		{"old-style policy", http.Header{"Ratelimit-Remaining": {"9"}, "Ratelimit-Policy": {"100;w=10"}}, 10 * time.Second},
 		{"no w", http.Header{"Ratelimit": {`"req";r=9;t=1`}, "Ratelimit-Policy": {`"req";q=10`}}, 0},
 		{"w not a count", http.Header{"Ratelimit": {`"req";r=9;t=1`}, "Ratelimit-Policy": {`"req";q=10;w=-5`}}, 0},
+		{"w of 31 days, the longest believed", http.Header{"Ratelimit": {`"m";r=9;t=1`}, "Ratelimit-Policy": {`"m";q=10;w=2678400`}}, 31 * 24 * time.Hour},
+		{"w past 31 days", http.Header{"Ratelimit": {`"m";r=9;t=1`}, "Ratelimit-Policy": {`"m";q=10;w=2678401`}}, 0},
 		{"openai", http.Header{"X-Ratelimit-Limit-Requests": {"60"}, "X-Ratelimit-Remaining-Requests": {"5"}}, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

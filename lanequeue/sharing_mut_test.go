@@ -475,13 +475,16 @@ func TestAnExcessTheNextAnswerKeepsShowsSharing(t *testing.T) {
 func TestAnExcessAnotherOvertakenAnswerShowsIsNotKept(t *testing.T) {
 	var sh shareEvidence
 	sh.observe(window20(19), sentAs(at(0), 1, 1, 0), 0, 0)
-	d := at(time.Second) // another lane sent one (the group's 2nd), then the limit three
+	d := at(time.Second) // another lane sent one (the group's 2nd), then the limit three, then more
 	sh.observe(window20(19-2), sentAs(d, 2, 3, 0), 0, 2)
 	sh.observe(window20(19-3), sentAs(d.Add(time.Millisecond), 3, 4, 0), 0, 1)
+	// The last that may have overtaken the first, its own overtaken
+	// by a later one and another lane's between.
+	sh.observe(window20(19-4), sentAs(d.Add(2*time.Millisecond), 4, 6, 0), 0, 1)
 	if sh.shows() {
-		t.Fatalf("two answers among requests sent together showed sharing: excess %v", sh.excess)
+		t.Fatalf("answers among requests sent together showed sharing: excess %v", sh.excess)
 	}
-	sh.observe(window20(19-4-1), sentAs(at(2*time.Second), 5, 6, 0), 0, 0)
+	sh.observe(window20(19-6), sentAs(at(2*time.Second), 6, 8, 0), 0, 0)
 	if !sh.shows() {
 		t.Fatal("an answer past the requests that went together kept no excess")
 	}

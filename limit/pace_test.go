@@ -208,22 +208,30 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 // second reads as a refill of what is missing in a second. q/w is a rate
 // the upstream allows, and the refill is no slower, also once refusals
 // showed the window smaller than q (a burst of 2 under q=6 over w=1 was
-// paced at one a second, seed 44: 7× its ideal).
+// paced at one a second, seed 44: 7× its ideal; here 12 over 2 s).
 func TestAStatedPeriodIsARateAllowed(t *testing.T) {
 	var b budget
-	w := win(6, 1, at(time.Second))
-	w.ResetGrain, w.Period = time.Second, time.Second
+	w := win(12, 1, at(2*time.Second)) // 11 missing over 2 s: 5.5 a second
+	w.ResetGrain, w.Period = time.Second, 2*time.Second
 	b.observe(w, 1, t0, t0)
 	if !near(b.bucket.Rate, 6) {
-		t.Fatalf("rate %v, want the policy's 6/s", b.bucket.Rate)
+		t.Fatalf("rate %v, want the policy's 12 per 2 s", b.bucket.Rate)
 	}
 	if !b.correct() || b.size() != 2 {
 		t.Fatalf("a refusal with room: window %v, want corrected to 2", b.size())
 	}
-	w.Reset = at(2 * time.Second)
+	w.Reset = at(3 * time.Second)
 	b.observe(w, 1, at(time.Second), at(time.Second))
 	if !near(b.bucket.Rate, 6) || b.size() != 2 {
 		t.Fatalf("corrected window: rate %v, size %v; want 6/s over 2", b.bucket.Rate, b.size())
+	}
+	// A faster refill the counts show stands: the period's is a floor.
+	var fast budget
+	w = win(12, 1, at(time.Second))
+	w.ResetGrain, w.Period = time.Second, 2*time.Second
+	fast.observe(w, 1, t0, t0)
+	if !near(fast.bucket.Rate, 11) {
+		t.Fatalf("rate %v, want the 11 a second the reset shows", fast.bucket.Rate)
 	}
 }
 
