@@ -107,7 +107,7 @@ func sendDraw(p *proxy.Proxy, d universe.Draw, i int) error {
 // in.
 var (
 	universeTarget = bars{median: 1.05, within: 95, beyond: 0}
-	universeFloor  = bars{median: 1.18, within: 30, beyond: 0.32}
+	universeFloor  = bars{median: 1.16, within: 33, beyond: 0.30}
 )
 
 // bars: the median draw's makespan ÷ the omniscient sender's; the share
