@@ -207,7 +207,7 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 			// A closure: the upstream refuses whatever the pool sends
 			// until its window's boundary. The windows hold the pool;
 			// the refusal says nothing of a pace or a concurrency.
-			s.pace.observe(r.Limits, t, now)
+			s.pace.observe(r.Limits, t, now, true)
 			e := pauseEvidence{closed: true}
 			if s.win.confirmed {
 				e.opens = s.win.lo // the boundary lies in (lo, hi], where known
@@ -236,7 +236,7 @@ func (s *Memory) learnFrom(t *Ticket, r Report, now time.Time) pauseEvidence {
 		// how far to trust what the headers said before.
 		corrected = s.pace.contradicted(t, r.Limits, now)
 	}
-	s.pace.observe(r.Limits, t, now)
+	s.pace.observe(r.Limits, t, now, r.Verdict.Refusal())
 	s.learnVerdict(t, r, now, corrected)
 	return pauseEvidence{}
 }

@@ -42,6 +42,10 @@ type budget struct {
 	// a bucket's remaining is its size less its rate times the time to
 	// full, at any instant, whatever its size (see observe).
 	slope float64
+	// fullAt is when a refusal's reset said the window is full again,
+	// the dispatch total then fullSent (see owes); zero: none pending.
+	fullAt   time.Time
+	fullSent float64
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -91,6 +95,10 @@ func (b *budget) advance(now time.Time) {
 		b.resetAt = time.Time{}
 	}
 	b.bucket.Refill(now)
+	if !b.fullAt.IsZero() && !now.Before(b.fullAt) {
+		b.bucket.Set(now, math.Max(b.bucket.Level(), b.size()-(b.sent-b.fullSent)))
+		b.fullAt = time.Time{}
+	}
 }
 
 // admit reports whether cost fits now, or else when it will. A cost larger
@@ -450,14 +458,39 @@ func (p *pacer) refund(cost int64) {
 	p.tokens.refund(float64(cost))
 }
 
-func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time) {
+func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused bool) {
 	if p.fromRefusals && l.Requests.HasRemaining {
 		// Real headers replace what refusals taught.
 		p.fromRefusals = false
 		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
 	}
+	rr, rt := p.requests.bucket.Rate, p.tokens.bucket.Rate
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
 	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
+	if refused {
+		p.requests.owes(l.Requests, rr, now)
+		p.tokens.owes(l.Tokens, rt, now)
+	}
+}
+
+// owes reads a refusal's empty window w, whose budget refilled at rate
+// before it: the count says nothing less than nothing, but a reset to
+// the millisecond says when the window is full again, and a bucket that
+// owes (an upstream that charges refusals) is full later than its size
+// at its rate. The reading bounds the rate only from below, and what the
+// reset shows owed is taken off. (Paced at the refill, each request
+// refused and charged, models of their own never got out of their debt:
+// seed 969, 34× its ideal, 98 % refused.)
+func (b *budget) owes(w headerparse.Window, rate float64, now time.Time) {
+	if !w.HasRemaining || w.Remaining > 0 || w.Reset.IsZero() || w.ResetGrain > 0 || b.early > 0 {
+		return
+	}
+	b.bucket.Rate = max(b.bucket.Rate, rate)
+	if owed := b.bucket.Rate*b.lastSecs - b.size(); owed > 0 {
+		b.bucket.Set(now, b.bucket.Level()-owed)
+		// Full by the reset, whatever a rate read since repays it at.
+		b.fullAt, b.fullSent = w.Reset, b.seen
+	}
 }
 
 func (p *pacer) settle(estimate, actual int64, tokensAtDispatch float64) {

@@ -117,7 +117,7 @@ func TestABudgetWaitingForATimeHoldsALoneRequestBack(t *testing.T) {
 	p.observe(headerparse.Limits{
 		Requests: headerparse.Window{Remaining: 0, HasRemaining: true},                                      // exhausted, no limit or reset
 		Tokens:   headerparse.Window{Limit: 1000, Remaining: 0, HasRemaining: true, Reset: at(time.Second)}, // refills by +1s
-	}, &Ticket{Dispatched: t0}, t0)
+	}, &Ticket{Dispatched: t0}, t0, false)
 	at1, ok, _, _ := p.admit(t0, 100, true, true)
 	if ok || at1.IsZero() {
 		t.Fatalf("admit = %v, %v; want to wait for the token refill", at1, ok)
