@@ -98,9 +98,9 @@ func TestAStatedBoundaryRefusedAgainIsLengthened(t *testing.T) {
 	if first := refuse(now); !first.Equal(now.Add(wait - grain)) {
 		t.Fatalf("the first refusal pauses the pool %v, want to its stated boundary's earliest, %v", first.Sub(now), wait-grain)
 	}
-	boundary := m.View(now).PausedUntil // the window holds the pool to the boundary, a grain late
-	if !boundary.Equal(now.Add(wait + grain)) {
-		t.Fatalf("held until %v, want the stated boundary and its grain %v", boundary.Sub(now), wait+grain)
+	boundary := m.View(now).PausedUntil // the window holds the pool to the boundary
+	if !boundary.Equal(now.Add(wait)) {
+		t.Fatalf("held until %v, want the stated boundary %v", boundary.Sub(now), wait)
 	}
 	second := refuse(boundary)
 	if want := boundary.Add(wait - grain + 2*(wait-grain)); !second.Equal(want) {

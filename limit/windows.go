@@ -87,13 +87,10 @@ func (c *closure) ended(seq uint64) {
 
 // state narrows the stated boundary with a hint naming r, to grain.
 func (c *closure) state(r time.Time, grain time.Duration) {
-	c.lo = clock.Later(r.Add(-grain), c.lo)
-	if grain < time.Second {
-		r = r.Add(grain) // a fine hint may be cut, not rounded up: a grain late rather than refused
-	}
 	if c.hi.IsZero() || r.Before(c.hi) {
 		c.hi = r
 	}
+	c.lo = clock.Later(r.Add(-grain), c.lo)
 	if !c.lo.Before(c.hi) {
 		c.lo = c.hi.Add(-time.Millisecond) // hints that disagree: the latest word
 	}

@@ -381,7 +381,7 @@ func TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary(t *testi
 		end := r.burst(t0, 20)
 		boundary := t0.Add(10 * time.Second)
 		r.w.close(end, true)
-		r.w.state(boundary.Add(-time.Millisecond), time.Millisecond) // read a grain late
+		r.w.state(boundary, time.Millisecond)
 		knockAt := boundary.Add(-5 * time.Millisecond)
 		if inFlight {
 			r.w.knocked(99, knockAt)
@@ -715,12 +715,8 @@ func TestAShortHintInAKnownWindowClosesItAtTheHint(t *testing.T) {
 			t.Fatalf("a %v hint in a known window: closed %v, stated %v, confirmed %v; want all",
 				hint, r.w.closed, r.w.stated, r.w.confirmed)
 		}
-		want := now.Add(hint)
-		if hint%time.Second != 0 {
-			want = want.Add(time.Millisecond) // a fine hint may be cut: a grain late
-		}
-		if until := r.w.until(); !until.Equal(want) {
-			t.Fatalf("a %v hint holds the pool until %v, want its instant %v", hint, until.Sub(t0), want.Sub(t0))
+		if until := r.w.until(); !until.Equal(now.Add(hint)) {
+			t.Fatalf("a %v hint holds the pool until %v, want its instant %v", hint, until.Sub(t0), now.Add(hint).Sub(t0))
 		}
 		if r.send(now.Add(time.Millisecond)) != nil {
 			t.Fatalf("a %v hint: sent on in a window refused", hint)

@@ -80,14 +80,11 @@ func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline
 		return d
 	}
 	d.action = actGiveUp
-	hint, hasHint := res.Hint, res.HasHint
+	hint, hasHint := lateHint(res.Hint), res.HasHint
 	if hasHint && hint <= 0 {
 		// "Retry now" (Retry-After: 0, a past date or reset) from a server
 		// that just refused would make a retry storm: back off instead.
 		hasHint = false
-	}
-	if hasHint && hint%time.Second != 0 {
-		hint += time.Millisecond // a finer hint may be cut, not rounded up: a grain late rather than refused
 	}
 	step := t.failures
 	switch {
@@ -128,6 +125,21 @@ func decide(res upstream.Result, t attemptCounts, pol retryPolicy, now, deadline
 	return d
 }
 
+// lateHint is a wait the upstream named, read a millisecond late when it
+// is finer than a second (OpenAI's reset and message, Azure's
+// retry-after-ms): it may be cut, not rounded up, and a pause that ended
+// on the named instant sent a window's whole queue a fraction of a
+// millisecond before its boundary, all refused (the universe's seed 23:
+// up to 28 % of its requests). Whole seconds are read as they are. The
+// request's own wait and the lane's (its pause, a window's closure) read
+// the same instant.
+func lateHint(h time.Duration) time.Duration {
+	if h > 0 && h%time.Second != 0 {
+		return h + time.Millisecond
+	}
+	return h
+}
+
 // reportOf is what the lane learns from an answer: its status, hint,
 // limits and quota, and what it says about the upstream's capacity (a
 // quota spent says nothing of its rate or load).
@@ -137,7 +149,7 @@ func reportOf(res upstream.Result) limit.Report {
 		r.Status = res.Resp.StatusCode
 	}
 	if res.HasHint {
-		r.Hint = res.Hint
+		r.Hint = lateHint(res.Hint)
 	}
 	if !res.Quota.Spent {
 		r.Verdict = limit.VerdictOf(r.Status, res.Outcome == upstream.Retryable, res.Error.Kind == headerparse.KindConcurrency)

@@ -88,6 +88,11 @@ func TestDecide(t *testing.T) {
 				wantPause && !rep.PauseUntil.Equal(now.Add(tt.wait)) {
 				t.Fatalf("report pause until %v, want pause %v for %v", rep.PauseUntil, wantPause, tt.wait)
 			}
+			// The lane reads the hint the request waits for: a fine one
+			// a grain late (its window's closure ends where the pause does).
+			if tt.res.HasHint && tt.res.Hint > 0 && tt.action == actRetry && rep.Hint != tt.wait {
+				t.Fatalf("report hint %v, want the %v waited", rep.Hint, tt.wait)
+			}
 		})
 	}
 }

@@ -51,8 +51,7 @@ func TestOnlyARateRefusalEmptiesAPaceLearnedFromRefusals(t *testing.T) {
 // to the millisecond, points at a fixed window's boundary pauses the fleet
 // to that boundary while the closure is only suspected (this replica
 // holds only until its test), and, once the test confirmed it, tells
-// Redis the boundary (a millisecond late, as it may be cut) for the
-// fleet's window (learnArgs.Bound) with the
+// Redis the boundary for the fleet's window (learnArgs.Bound) with the
 // requests sent at the refused request's dispatch. A wait in whole
 // seconds, or an answer that is no rate refusal, does neither.
 func TestAWindowStatedToTheMillisecondReachesTheFleet(t *testing.T) {
@@ -113,7 +112,7 @@ func TestAWindowStatedToTheMillisecondReachesTheFleet(t *testing.T) {
 		if w := m.View(test).Window; w == nil || w.ClosedUntil.IsZero() {
 			t.Fatalf("%s: the test did not confirm the closure", c.name)
 		}
-		want := boundary.Sub(test).Milliseconds() + 1 // a fine hint read a grain late
+		want := boundary.Sub(test).Milliseconds()
 		if c.whole {
 			want = 0 // only to the second: each replica's own
 		}
