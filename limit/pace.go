@@ -43,9 +43,14 @@ type budget struct {
 	// full, at any instant, whatever its size (see observe).
 	slope float64
 	// fullAt is when a refusal's reset said the window is full again,
-	// the dispatch total then fullSent (see owes); zero: none pending.
+	// and fullSent the running total its request went with (see owes);
+	// zero: none pending.
 	fullAt   time.Time
 	fullSent float64
+	// correctedAt is when refusals last corrected the window, and
+	// periodRefused that one had room after (see refusedAfterCorrection).
+	correctedAt   time.Time
+	periodRefused bool
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -232,9 +237,10 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	// as the arithmetic says, perhaps far faster: only a refusal lowers
 	// the rate then, or a changed stated limit, in its proportion.
 	b.learnRate(floored || remaining >= nearlyFull*b.size())
-	if w.Period > 0 {
+	if w.Period > 0 && !b.periodRefused {
 		// Its limit per the period it names is a rate the upstream allows
-		// (refusals may show its window smaller, not its rate slower).
+		// (refusals may show its window smaller; once one had room in a
+		// window no larger than shown, they show its rate slower).
 		b.bucket.Rate = math.Max(b.bucket.Rate, b.limit/w.Period.Seconds())
 	}
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
@@ -243,7 +249,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		// shown is the refill at a correction: a window already corrected
 		// keeps the one it was corrected with.
 		b.shown = shown
-		b.correct()
+		b.correct(now)
 	}
 }
 
@@ -367,11 +373,13 @@ func (b *budget) learnRate(keep bool) {
 // room for. Its headers overstated the window (a per-minute limit enforced
 // per second, say): the upstream has never shown more than maxRemaining
 // left, so that, plus one, is taken as the window's size, and the rate is
-// learned again from it. It reports whether that lowered anything.
-func (b *budget) correct() bool {
+// learned again from it, at now. It reports whether that lowered
+// anything.
+func (b *budget) correct(now time.Time) bool {
 	if !b.correctable() {
 		return false
 	}
+	b.correctedAt = now
 	b.resize(b.limit, b.maxRemaining+1)
 	b.learnRate(false)
 	return true
@@ -468,20 +476,21 @@ func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused 
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
 	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
 	if refused {
-		p.requests.owes(l.Requests, rr, now)
-		p.tokens.owes(l.Tokens, rt, now)
+		p.requests.owes(l.Requests, rr, t.Requests, now)
+		p.tokens.owes(l.Tokens, rt, t.Tokens, now)
 	}
 }
 
-// owes reads a refusal's empty window w, whose budget refilled at rate
-// before it: the count says nothing less than nothing, but a reset to
+// owes reads a refusal's empty window w, whose request went with the
+// running total sentAtDispatch and whose budget refilled at rate before
+// it: the count says nothing less than nothing, but a reset to
 // the millisecond says when the window is full again, and a bucket that
 // owes (an upstream that charges refusals) is full later than its size
 // at its rate. The reading bounds the rate only from below, and what the
 // reset shows owed is taken off. (Paced at the refill, each request
 // refused and charged, models of their own never got out of their debt:
 // seed 969, 34× its ideal, 98 % refused.)
-func (b *budget) owes(w headerparse.Window, rate float64, now time.Time) {
+func (b *budget) owes(w headerparse.Window, rate, sentAtDispatch float64, now time.Time) {
 	if !w.HasRemaining || w.Remaining > 0 || w.Reset.IsZero() || w.ResetGrain > 0 || b.early > 0 {
 		return
 	}
@@ -489,7 +498,7 @@ func (b *budget) owes(w headerparse.Window, rate float64, now time.Time) {
 	if owed := b.bucket.Rate*b.lastSecs - b.size(); owed > 0 {
 		b.bucket.Set(now, b.bucket.Level()-owed)
 		// Full by the reset, whatever a rate read since repays it at.
-		b.fullAt, b.fullSent = w.Reset, b.seen
+		b.fullAt, b.fullSent = w.Reset, sentAtDispatch
 	}
 }
 
@@ -511,9 +520,22 @@ func (p *pacer) contradicted(t *Ticket, l headerparse.Limits, now time.Time) boo
 	if !reqOut && !tokOut {
 		reqOut, tokOut = true, true
 	}
-	reqCorrected := reqOut && !p.fromRefusals && p.requests.correct()
-	tokCorrected := tokOut && p.tokens.correct()
+	reqCorrected := reqOut && !p.fromRefusals && p.requests.correct(now)
+	tokCorrected := tokOut && p.tokens.correct(now)
+	p.requests.refusedAfterCorrection(reqOut, t.Dispatched)
+	p.tokens.refusedAfterCorrection(tokOut, t.Dispatched)
 	return reqCorrected || tokCorrected
+}
+
+// refusedAfterCorrection notes a refusal with room, pointing at this
+// budget when out, of a request dispatched then: sent after refusals
+// corrected the window, the rate is what was wrong, and a stated period
+// floors it no more. (The refusals of the burst that showed the window
+// were sent before it, and say nothing of the rate.)
+func (b *budget) refusedAfterCorrection(out bool, dispatched time.Time) {
+	if out && !b.correctedAt.IsZero() && dispatched.After(b.correctedAt) {
+		b.periodRefused = true
+	}
 }
 
 // underUse: the pool sends at less than half the request rate its headers

@@ -100,9 +100,9 @@ func TestAnEmptyWindowFullLaterThanItsSizeOwes(t *testing.T) {
 		t.Fatalf("rate %v, want 2/s", b.bucket.Rate)
 	}
 	d := at(time.Second)
-	rate, w := b.bucket.Rate, win(4, 0, d.Add(2136*time.Millisecond))
-	b.observe(w, b.take(1), d, d)
-	b.owes(w, rate, d)
+	rate, w, sent := b.bucket.Rate, win(4, 0, d.Add(2136*time.Millisecond)), b.take(1)
+	b.observe(w, sent, d, d)
+	b.owes(w, rate, sent, d)
 	if !near(b.bucket.Rate, 2) {
 		t.Fatalf("rate %v after an empty reading, want 2/s kept", b.bucket.Rate)
 	}
@@ -125,9 +125,9 @@ func TestAnEmptyWindowFullLaterThanItsSizeOwes(t *testing.T) {
 	// Full 2 s on, as its size at its rate says: nothing owed.
 	var even budget
 	even.observe(win(4, 3, at(500*time.Millisecond)), even.take(1), t0, t0)
-	w = win(4, 0, d.Add(2*time.Second))
-	even.observe(w, even.take(1), d, d)
-	even.owes(w, 2, d)
+	w, sent = win(4, 0, d.Add(2*time.Second)), even.take(1)
+	even.observe(w, sent, d, d)
+	even.owes(w, 2, sent, d)
 	if got, _ := even.admit(d, 1); got.Sub(d.Add(500*time.Millisecond)).Abs() > time.Millisecond {
 		t.Fatalf("nothing owed: waits until +%v, want +500ms", got.Sub(d))
 	}
@@ -265,13 +265,26 @@ func TestAStatedPeriodIsARateAllowed(t *testing.T) {
 	if !near(b.bucket.Rate, 6) {
 		t.Fatalf("rate %v, want the policy's 12 per 2 s", b.bucket.Rate)
 	}
-	if !b.correct() || b.size() != 2 {
+	if !b.correct(t0) || b.size() != 2 {
 		t.Fatalf("a refusal with room: window %v, want corrected to 2", b.size())
 	}
 	w.Reset = at(3 * time.Second)
 	b.observe(w, 1, at(time.Second), at(time.Second))
 	if !near(b.bucket.Rate, 6) || b.size() != 2 {
 		t.Fatalf("corrected window: rate %v, size %v; want 6/s over 2", b.bucket.Rate, b.size())
+	}
+	// Refused with room again, sent before the correction (the same
+	// burst): nothing said of the rate. Sent after it: the stated rate is
+	// what was wrong, and floors it no more.
+	b.refusedAfterCorrection(true, t0)
+	b.observe(w, 1, at(time.Second), at(time.Second))
+	if !near(b.bucket.Rate, 6) {
+		t.Fatalf("rate %v after a refusal of the burst that showed the window, want 6/s", b.bucket.Rate)
+	}
+	b.refusedAfterCorrection(true, at(1500*time.Millisecond))
+	b.observe(w, 1, at(2*time.Second), at(2*time.Second))
+	if b.bucket.Rate >= 6 {
+		t.Fatalf("rate %v after a refusal with room in the corrected window, want the headers' own", b.bucket.Rate)
 	}
 	// A faster refill the counts show stands: the period's is a floor.
 	var fast budget
@@ -596,7 +609,7 @@ func TestAnswerWithoutALimitKeepsTheLearnedLimit(t *testing.T) {
 func TestCorrectedWindowGrowsWhenTheUpstreamShowsAsMuchLeftAsItsSize(t *testing.T) {
 	var b budget
 	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
-	if !b.correct() || b.size() != 20 {
+	if !b.correct(t0) || b.size() != 20 {
 		t.Fatalf("correct: size %v, want 20", b.size())
 	}
 	b.observe(win(1200, 20, at(2*time.Second)), 0, at(time.Second), at(time.Second))
@@ -838,7 +851,7 @@ func TestWindowWhoseShownSizeReachesHalfIsNotOverstated(t *testing.T) {
 func TestACorrectedWindowHoldsNoMoreThanItsSize(t *testing.T) {
 	var b budget
 	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
-	if !b.correct() {
+	if !b.correct(t0) {
 		t.Fatal("not corrected")
 	}
 	if b.bucket.Level() > 20 {
@@ -873,7 +886,7 @@ func TestCorrectedWindowRateFromItsLine(t *testing.T) {
 	b.observe(win(58229, 291, at(2572*time.Millisecond)), 0, t0, t0)
 	d := at(50 * time.Millisecond) // too soon to measure a refill from the counts
 	b.observe(win(58229, 1462, d.Add(1365*time.Millisecond)), 0, d, d)
-	if !b.correct() {
+	if !b.correct(t0) {
 		t.Fatal("not corrected")
 	}
 	if want := (1462.0 - 291) / (2.572 - 1.365); math.Abs(b.bucket.Rate-want) > 1e-6 {

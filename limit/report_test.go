@@ -12,14 +12,14 @@ import (
 func TestMoreRoomShownLiftsACorrection(t *testing.T) {
 	var b budget
 	b.observe(win(1200, 19, at(time.Second)), 0, t0, t0)
-	if !b.correct() || b.size() != 20 {
+	if !b.correct(t0) || b.size() != 20 {
 		t.Fatalf("correct: size %v", b.size())
 	}
 	b.observe(win(1200, 500, at(time.Second)), 0, t0, t0)
 	if b.size() != 501 {
 		t.Fatalf("size %v after 500 shown left, want 501", b.size())
 	}
-	if b.correct() {
+	if b.correct(t0) {
 		t.Fatal("correct lowered a window below what it has shown")
 	}
 }
