@@ -114,7 +114,7 @@ func (g *group) firstRoundLocked(lim *pool, stated int64) []*pool {
 	if stated == 0 {
 		// No figure to read them against (Azure's remaining alone): only
 		// counts one apart, all of them, show one window counting down.
-		if n < 2 || hi-lo != n-1 || int64(len(slices.Compact(left))) != n {
+		if hi-lo != n-1 || int64(len(slices.Compact(left))) != n {
 			return nil
 		}
 		return round

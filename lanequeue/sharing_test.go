@@ -131,7 +131,7 @@ func TestFirstAnswersOfOneRoundShowAQuantizedWindowShared(t *testing.T) {
 		{1200, []int64{16, 18}, true, overtake},      // first requests overtake apart: one round
 		{1200, []int64{16, 18}, false, overtake + 1}, // further apart: not one round
 		// No figure (Azure's remaining alone): only counts one apart, all of them.
-		{0, []int64{2, 0, 1}, true, 0},
+		{0, []int64{5, 3, 4}, true, 0},
 		{0, []int64{2, 2, 2}, false, 0},
 		{0, []int64{2, 0}, false, 0},
 	} {
