@@ -483,18 +483,17 @@ func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused 
 
 // owes reads a refusal's empty window w, whose request went with the
 // running total sentAtDispatch and whose budget refilled at rate before
-// it: the count says nothing less than nothing, but a reset to
-// the millisecond says when the window is full again, and a bucket that
-// owes (an upstream that charges refusals) is full later than its size
-// at its rate. The reading bounds the rate only from below, and what the
-// reset shows owed is taken off. (Paced at the refill, each request
-// refused and charged, models of their own never got out of their debt:
-// seed 969, 34× its ideal, 98 % refused.)
+// it: a reset to the millisecond says when the window is full again, and
+// a bucket that owes (an upstream that charges refusals) is full later
+// than its size at its rate. The reading bounds the rate only from below,
+// and what the reset shows owed is taken off (seed 969: 34×, 98 % refused).
 func (b *budget) owes(w headerparse.Window, rate, sentAtDispatch float64, now time.Time) {
 	if !w.HasRemaining || w.Remaining > 0 || w.Reset.IsZero() || w.ResetGrain > 0 || b.early > 0 {
 		return
 	}
-	b.bucket.Rate = max(b.bucket.Rate, rate)
+	if !b.correctedAt.Equal(now) { // a correction read now stands
+		b.bucket.Rate = max(b.bucket.Rate, rate)
+	}
 	if owed := b.bucket.Rate*b.lastSecs - b.size(); owed > 0 {
 		b.bucket.Set(now, b.bucket.Level()-owed)
 		// Full by the reset, whatever a rate read since repays it at.

@@ -133,6 +133,28 @@ func TestAnEmptyWindowFullLaterThanItsSizeOwes(t *testing.T) {
 	}
 }
 
+// TestARefusalThatCorrectsTheWindowOwesNothingAtTheOldRate: a stated
+// 1,200 whose counts show no refill over 2 s is corrected by the refusal
+// that reads it; the debt rule keeps the rate read before a refusal, but
+// not one that same reading showed overstated (kept, it paced the
+// quantized per-minute figure again).
+func TestARefusalThatCorrectsTheWindowOwesNothingAtTheOldRate(t *testing.T) {
+	var b budget
+	b.observe(win(1200, 1, at(50*time.Second)), b.take(1), t0, t0)
+	rate := b.bucket.Rate
+	b.take(1)
+	d := at(2 * time.Second)
+	w, sent := win(1200, 0, d.Add(50*time.Second)), b.take(1)
+	b.observe(w, sent, d, d)
+	if b.size() != 2 {
+		t.Fatalf("size %v, want the refusal's reading to correct it to 2", b.size())
+	}
+	b.owes(w, rate, sent, d)
+	if b.bucket.Rate >= 1 {
+		t.Fatalf("rate %v/s after the correction, want the corrected one, not %v/s", b.bucket.Rate, rate)
+	}
+}
+
 func TestBudgetRefillCapsAtLimit(t *testing.T) {
 	b := learnedBudget(win(10, 0, at(time.Second)))
 	b.advance(at(time.Hour))
