@@ -2,6 +2,7 @@ package tokens
 
 import (
 	"encoding/json"
+	"errors"
 	"strconv"
 )
 
@@ -166,5 +167,70 @@ func (c *count) UnmarshalJSON(b []byte) error {
 		return nil // null, a string, an object: not a count
 	}
 	c.n, c.ok = clampCount(f), true
+	return nil
+}
+
+// usageByDecoding is FromBody by encoding/json: the body decoded into
+// decodedAnswer. A value of the wrong type for its field (a usage that is
+// not an object) leaves the field unset, as the decoder does, and the
+// rest is still decoded.
+func usageByDecoding(body []byte) (Usage, bool) {
+	var a decodedAnswer
+	var typeErr *json.UnmarshalTypeError
+	if err := json.Unmarshal(body, &a); err != nil && !errors.As(err, &typeErr) {
+		return Usage{}, false
+	}
+	var u Usage
+	ok := false
+	if a.Usage != nil {
+		f := a.Usage.usageFields
+		f.PromptCached = a.Usage.PromptDetails.Cached
+		f.InputCached = a.Usage.InputDetails.Cached
+		f.Tier = string(a.Usage.Tier)
+		u, ok = f.usage()
+	}
+	if a.Tier != "" {
+		u.Tier = string(a.Tier)
+	}
+	return u, ok
+}
+
+// decodedAnswer is what FromBody reads of an answer, for encoding/json.
+type decodedAnswer struct {
+	Usage *decodedUsage `json:"usage"`
+	Tier  decodedTier   `json:"service_tier"`
+}
+
+// decodedUsage is a usage object, with the members usageFields leaves to
+// its oracles.
+type decodedUsage struct {
+	usageFields
+	PromptDetails decodedDetails `json:"prompt_tokens_details"`
+	InputDetails  decodedDetails `json:"input_tokens_details"`
+	Tier          decodedTier    `json:"service_tier"`
+}
+
+// decodedDetails is a usage details object's cached_tokens.
+type decodedDetails struct {
+	Cached count `json:"cached_tokens"`
+}
+
+// UnmarshalJSON decodes a details object into d; what is not an object
+// leaves d as it was.
+func (d *decodedDetails) UnmarshalJSON(b []byte) error {
+	type plain decodedDetails
+	_ = json.Unmarshal(b, (*plain)(d)) // on a type error, nothing is set
+	return nil
+}
+
+// decodedTier is a service tier: a value that is not a tier name (see
+// tierOf) leaves it as it was.
+type decodedTier string
+
+// UnmarshalJSON sets t to b when b is a tier name.
+func (t *decodedTier) UnmarshalJSON(b []byte) error {
+	if s, ok := tierOf(b); ok && len(s)+2 == len(b) {
+		*t = decodedTier(s)
+	}
 	return nil
 }

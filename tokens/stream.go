@@ -12,7 +12,10 @@ const (
 	lineTail = 64 << 10
 )
 
-var usageKey = []byte(`"usage"`)
+var (
+	usageKey = []byte(`"usage"`)
+	tierKey  = []byte(`"service_tier"`)
+)
 
 // StreamScanner picks the token usage out of a server-sent event stream as
 // the stream is copied to the client; it is an io.Writer meant for an
@@ -27,10 +30,15 @@ var usageKey = []byte(`"usage"`)
 //     is cumulative.
 //
 // It finds every non-null "usage" object on each line and keeps the latest
-// value of each field. Lines may arrive split across writes at any point;
-// the result is the same. Ordinary content lines are only searched for the
-// "usage" key, not decoded. At most 1 MiB of an unfinished line is held;
-// of a longer line only its last 64 KiB is examined.
+// value of each field, the cached tokens included (see Usage.Cached). The
+// tier is the latest "service_tier" string anywhere on a line that is a
+// tier name: OpenAI Chat's on every chunk, the Responses' in the response
+// object of response.completed (after that of response.created, which
+// echoes the request's), Anthropic's in message_start's usage. Lines may
+// arrive split across writes at any point; the result is the same.
+// Ordinary content lines are only searched for the "usage" and
+// "service_tier" keys, not decoded. At most 1 MiB of an unfinished line is
+// held; of a longer line only its last 64 KiB is examined.
 //
 // The zero value is ready to use. A StreamScanner is not safe for
 // concurrent use.
@@ -64,7 +72,8 @@ func (s *StreamScanner) Write(p []byte) (int, error) {
 }
 
 // Usage returns the usage seen so far. ok is false when the stream has
-// carried none. An unfinished last line counts, as if the stream ended there.
+// carried none; the Usage then has only the tier, if one was seen. An
+// unfinished last line counts, as if the stream ended there.
 func (s *StreamScanner) Usage() (u Usage, ok bool) {
 	f := s.fields
 	scanLine(&f, s.line)
@@ -102,25 +111,34 @@ func (s *StreamScanner) carry(p []byte) {
 }
 
 // scanLine merges into f every usage object on line, up to one that is
-// not valid JSON or does not close within the line: there the scan of the
-// line stops. A line longer than maxLine is cut to its tail first, as
-// carry does when it arrives in pieces.
+// not valid JSON or does not close within the line: there the scan for
+// usage stops. Then it takes the line's last service_tier that is a tier
+// name. A line longer than maxLine is cut to its tail first, as carry
+// does when it arrives in pieces.
 func scanLine(f *usageFields, line []byte) {
 	if len(line) > maxLine {
 		line = line[len(line)-lineTail:]
 	}
-	for {
-		i := bytes.Index(line, usageKey)
-		if i < 0 {
+	scanUsage(f, line)
+	for rest := line; ; {
+		var ok bool
+		if rest, ok = afterKey(rest, tierKey); !ok {
 			return
 		}
-		// A quote inside a JSON string is escaped, so an unescaped
-		// "usage" followed by a colon is a key.
-		line = skipSpace(line[i+len(usageKey):])
-		if len(line) == 0 || line[0] != ':' {
-			continue
+		if t, ok := tierOf(rest); ok {
+			f.Tier = t
 		}
-		line = skipSpace(line[1:])
+	}
+}
+
+// scanUsage merges into f every usage object on line, up to one that is
+// not valid JSON or does not close within the line.
+func scanUsage(f *usageFields, line []byte) {
+	for {
+		var ok bool
+		if line, ok = afterKey(line, usageKey); !ok {
+			return
+		}
 		if len(line) == 0 || line[0] != '{' {
 			continue // "usage":null in every OpenAI chunk but the last
 		}
@@ -134,6 +152,26 @@ func scanLine(f *usageFields, line []byte) {
 	}
 }
 
+// afterKey finds the next key on line that is quoted, as written, and
+// followed by a colon, and returns the rest of the line from its value
+// (spaces skipped); ok is false when there is none. A quote inside a JSON
+// string is escaped, and in valid JSON no key follows a backslash, so what
+// it finds is a key.
+func afterKey(line, quoted []byte) (rest []byte, ok bool) {
+	for {
+		i := bytes.Index(line, quoted)
+		if i < 0 {
+			return nil, false
+		}
+		escaped := i > 0 && line[i-1] == '\\'
+		line = skipSpace(line[i+len(quoted):])
+		if !escaped && len(line) > 0 && line[0] == ':' {
+			return skipSpace(line[1:]), true
+		}
+	}
+}
+
+// skipSpace is b without its leading spaces and tabs.
 func skipSpace(b []byte) []byte {
 	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
 		b = b[1:]

@@ -38,7 +38,7 @@ func withoutUsage(stream string) string {
 }
 
 const responsesStream = `event: response.created
-data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}
+data: {"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","service_tier":"auto","output":[],"usage":null}}
 
 event: response.in_progress
 data: {"type":"response.in_progress","sequence_number":1,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}
@@ -47,12 +47,12 @@ event: response.output_text.delta
 data: {"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"The word \"usage\": {\"input_tokens\": 999} is just text"}
 
 event: response.completed
-data: {"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"The word \"usage\": {\"input_tokens\": 999} is just text"}]}],"usage":{"input_tokens":37,"input_tokens_details":{"cached_tokens":0},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":48},"user":null,"metadata":{}}}
+data: {"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","object":"response","status":"completed","service_tier":"flex","output":[{"type":"message","content":[{"type":"output_text","text":"The word \"usage\": {\"input_tokens\": 999} is just text, and \"service_tier\":\"priority\" too"}]}],"usage":{"input_tokens":37,"input_tokens_details":{"cached_tokens":32},"output_tokens":11,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":48},"user":null,"metadata":{}}}
 
 `
 
 const anthropicStream = "event: message_start\r\n" +
-	`data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":1}}}` + "\r\n\r\n" +
+	`data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"claude-sonnet-4-5","stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":25,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":1,"service_tier":"standard"}}}` + "\r\n\r\n" +
 	"event: content_block_start\r\n" +
 	`data: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}` + "\r\n\r\n" +
 	"event: ping\r\n" +
@@ -100,42 +100,44 @@ func TestStreamScanner(t *testing.T) {
 		{
 			name:   "openai chat include_usage",
 			stream: chatStream(20),
-			want:   Usage{Input: 1117, Output: 200},
+			want:   Usage{Input: 1117, Output: 200, Cached: 1024, Tier: "default"},
 			wantOK: true,
 		},
 		{
 			name:   "openai chat without include_usage",
 			stream: withoutUsage(chatStream(20)),
+			want:   Usage{Tier: "default"}, // the tier alone
 			wantOK: false,
 		},
 		{
 			name:   "openai chat cut before the usage chunk",
 			stream: chatStream(20)[:strings.Index(chatStream(20), `"choices":[]`)],
+			want:   Usage{Tier: "default"},
 			wantOK: false,
 		},
 		{
 			name:   "openai responses",
 			stream: responsesStream,
-			want:   Usage{Input: 37, Output: 11},
+			want:   Usage{Input: 37, Output: 11, Cached: 32, Tier: "flex"},
 			wantOK: true,
 		},
 		{
 			name:   "anthropic cumulative message_delta",
 			stream: anthropicStream,
-			want:   Usage{Input: 2125, Output: 15},
+			want:   Usage{Input: 2125, Output: 15, Cached: 2000, Tier: "standard"},
 			wantOK: true,
 		},
 		{
 			name:   "anthropic message_delta restating input",
 			stream: anthropicStream + `data: {"type":"message_delta","usage":{"input_tokens":30,"output_tokens":16}}` + "\n\n",
-			want:   Usage{Input: 2130, Output: 16},
+			want:   Usage{Input: 2130, Output: 16, Cached: 2000, Tier: "standard"},
 			wantOK: true,
 		},
 		{
 			name: "anthropic error mid-stream keeps what was seen",
 			stream: anthropicStream[:strings.Index(anthropicStream, "event: message_delta")] +
 				"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
-			want:   Usage{Input: 2125, Output: 1},
+			want:   Usage{Input: 2125, Output: 1, Cached: 2000, Tier: "standard"},
 			wantOK: true,
 		},
 		{
@@ -190,11 +192,11 @@ func TestStreamScannerUsageMidStream(t *testing.T) {
 	var s StreamScanner
 	i := strings.Index(anthropicStream, "event: content_block_start")
 	s.Write([]byte(anthropicStream[:i]))
-	if got, ok := s.Usage(); !ok || got != (Usage{Input: 2125, Output: 1}) {
+	if got, ok := s.Usage(); !ok || got != (Usage{Input: 2125, Output: 1, Cached: 2000, Tier: "standard"}) {
 		t.Errorf("after message_start: Usage = %+v, %v", got, ok)
 	}
 	s.Write([]byte(anthropicStream[i:]))
-	if got, ok := s.Usage(); !ok || got != (Usage{Input: 2125, Output: 15}) {
+	if got, ok := s.Usage(); !ok || got != (Usage{Input: 2125, Output: 15, Cached: 2000, Tier: "standard"}) {
 		t.Errorf("at the end: Usage = %+v, %v", got, ok)
 	}
 }
@@ -448,5 +450,39 @@ func TestStreamScannerKeepsLineTailBuffer(t *testing.T) {
 	s.Write([]byte("}\n"))
 	if s.line != nil {
 		t.Errorf("after the line ended, buffer of capacity %d kept, want it let go", cap(s.line))
+	}
+}
+
+// TestStreamScannerTier: the latest service_tier on any line that is a
+// tier name, found by its key as written; the cached tokens from each
+// provider's usage.
+func TestStreamScannerTier(t *testing.T) {
+	for _, tt := range []struct {
+		name, stream string
+		want         Usage
+		ok           bool
+	}{
+		{"the latest", `data: {"service_tier":"auto"}` + "\n" + `data: {"service_tier":"flex"}` + "\n", Usage{Tier: "flex"}, false},
+		{"spaces", `data: {"service_tier" : 	"priority"}`, Usage{Tier: "priority"}, false},
+		{"null keeps the earlier", `data: {"service_tier":"flex"}` + "\n" + `data: {"service_tier":null}` + "\n", Usage{Tier: "flex"}, false},
+		{"too long", `data: {"service_tier":"` + strings.Repeat("x", 33) + `"}`, Usage{}, false},
+		{"unclosed", `data: {"service_tier":"flex`, Usage{}, false},
+		{"in a string", `data: {"text":"\"service_tier\":\"flex\""}`, Usage{}, false},
+		{"key with an escaped quote", `data: {"a\"service_tier":"flex"}`, Usage{}, false},
+		{"a value, not a key", `data: {"a":"service_tier","b":"flex"}`, Usage{}, false},
+		{"last on the line", `data: {"service_tier":"flex","usage":{"prompt_tokens":3,"service_tier":"batch"}}`, Usage{Input: 3, Tier: "batch"}, true},
+		{"chat cached", `data: {"choices":[],"usage":{"prompt_tokens":30,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":20}}}`, Usage{Input: 30, Output: 2, Cached: 20}, true},
+		{"usage without cached", `data: {"choices":[],"usage":{"prompt_tokens":30,"completion_tokens":2}}`, Usage{Input: 30, Output: 2}, true},
+		{"a later usage without cached keeps the earlier", `data: {"usage":{"prompt_tokens":30,"prompt_tokens_details":{"cached_tokens":20}}}` + "\n" +
+			`data: {"usage":{"prompt_tokens":40}}`, Usage{Input: 40, Cached: 20}, true},
+		{"anthropic restating cache reads", `data: {"usage":{"input_tokens":1,"cache_read_input_tokens":20}}` + "\n" +
+			`data: {"usage":{"output_tokens":5,"cache_read_input_tokens":30}}`, Usage{Input: 31, Output: 5, Cached: 30}, true},
+		{"unknown name", `data: {"service_tier":"gold-2"}`, Usage{Tier: "gold-2"}, false},
+	} {
+		for _, n := range []int{1, 5, 1 << 20} {
+			if got, ok := scanChunks(tt.stream, n); got != tt.want || ok != tt.ok {
+				t.Errorf("%s, writes of %d: Usage = %+v, %v; want %+v, %v", tt.name, n, got, ok, tt.want, tt.ok)
+			}
+		}
 	}
 }

@@ -35,7 +35,7 @@ func TestFromBody(t *testing.T) {
 		{
 			name:   "anthropic with cache",
 			body:   `{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":6,"service_tier":"standard"}}`,
-			want:   Usage{Input: 2112, Output: 6},
+			want:   Usage{Input: 2112, Output: 6, Cached: 2000, Tier: "standard"},
 			wantOK: true,
 		},
 		{
@@ -71,7 +71,7 @@ func TestFromBody(t *testing.T) {
 		{
 			name:   "huge counts are clamped",
 			body:   `{"usage":{"input_tokens":1e300,"output_tokens":1e300,"cache_read_input_tokens":1e300}}`,
-			want:   Usage{Input: 2 * maxCount, Output: maxCount},
+			want:   Usage{Input: 2 * maxCount, Output: maxCount, Cached: maxCount},
 			wantOK: true,
 		},
 		{name: "no usage", body: `{"id":"x","choices":[]}`},
@@ -164,20 +164,17 @@ func TestFromBodyFindsTheTopLevelUsage(t *testing.T) {
 // one struct; the walk takes the last).
 func FuzzFromBodyAgreesWithDecoding(f *testing.F) {
 	for _, s := range []string{`{"usage":{"prompt_tokens":19,"completion_tokens":10}}`, `{"id":"x","usage":null}`,
-		`{"a":[1,{"b":"}"}],"USAGE":{"total_tokens":40}}`, `[1]`, `"usage"`, `{"usage":{"input_tokens":1e300}}`} {
+		`{"a":[1,{"b":"}"}],"USAGE":{"total_tokens":40}}`, `[1]`, `"usage"`, `{"usage":{"input_tokens":1e300}}`,
+		`{"service_tier":"flex","usage":{"prompt_tokens":19,"prompt_tokens_details":{"cached_tokens":3}}}`,
+		`{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":3},"service_tier":"x-1"},"service_tier":5}`,
+		`{"usage":1,"service_tier":"priority"}`, `{"usage":{"cache_read_input_tokens":2,"service_tier":"\u0062atch"}}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if json.Valid(body) && usageKeys(body) > 1 {
 			return // duplicate keys decode into one struct; the walk takes the last
 		}
-		var r struct {
-			Usage *usageFields `json:"usage"`
-		}
-		want, wantOK := Usage{}, false
-		if json.Unmarshal(body, &r) == nil && r.Usage != nil {
-			want, wantOK = r.Usage.usage()
-		}
+		want, wantOK := usageByDecoding(body)
 		if got, ok := FromBody(body); got != want || ok != wantOK {
 			t.Errorf("FromBody(%q) = %+v, %v; decoding the whole body gives %+v, %v", body, got, ok, want, wantOK)
 		}
@@ -232,4 +229,83 @@ func BenchmarkFromBody(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestFromBodyCachedAndTier: the cached part of the input from each
+// provider's field, and the tier from the top level or else the usage.
+func TestFromBodyCachedAndTier(t *testing.T) {
+	for _, tt := range []struct {
+		name, body string
+		want       Usage
+		ok         bool
+	}{
+		{"chat cached and tier", `{"service_tier":"default","usage":{"prompt_tokens":2006,"completion_tokens":300,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0}}}`,
+			Usage{Input: 2006, Output: 300, Cached: 1920, Tier: "default"}, true},
+		{"tier after the usage", `{"usage":{"prompt_tokens":5,"completion_tokens":1},"service_tier":"flex"}`,
+			Usage{Input: 5, Output: 1, Tier: "flex"}, true},
+		{"responses cached", `{"object":"response","service_tier":"priority","usage":{"input_tokens":100,"input_tokens_details":{"cached_tokens":64},"output_tokens":7,"total_tokens":107}}`,
+			Usage{Input: 100, Output: 7, Cached: 64, Tier: "priority"}, true},
+		{"anthropic cache read and usage tier", `{"usage":{"input_tokens":10,"cache_creation_input_tokens":0,"cache_read_input_tokens":500,"output_tokens":3,"service_tier":"batch"}}`,
+			Usage{Input: 510, Output: 3, Cached: 500, Tier: "batch"}, true},
+		{"top-level tier wins", `{"service_tier":"scale","usage":{"input_tokens":1,"output_tokens":1,"service_tier":"standard"}}`,
+			Usage{Input: 1, Output: 1, Tier: "scale"}, true},
+		{"an odd top-level tier leaves the usage's", `{"service_tier":null,"usage":{"input_tokens":1,"output_tokens":1,"service_tier":"priority"}}`,
+			Usage{Input: 1, Output: 1, Tier: "priority"}, true},
+		{"counts without cached", `{"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"audio_tokens":4}}}`,
+			Usage{Input: 9, Output: 2}, true},
+		{"details not an object", `{"usage":{"prompt_tokens":9,"prompt_tokens_details":7,"input_tokens_details":null}}`,
+			Usage{Input: 9}, true},
+		{"cached null", `{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":null}}}`,
+			Usage{Input: 9}, true},
+		{"chat details before responses details", `{"usage":{"prompt_tokens":9,"input_tokens_details":{"cached_tokens":2},"prompt_tokens_details":{"cached_tokens":4}}}`,
+			Usage{Input: 9, Cached: 4}, true},
+		{"details before cache reads", `{"usage":{"prompt_tokens":9,"cache_read_input_tokens":8,"prompt_tokens_details":{"cached_tokens":5}}}`,
+			Usage{Input: 9, Cached: 5}, true},
+		{"cached at most the input", `{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":50}}}`,
+			Usage{Input: 9, Cached: 9}, true},
+		{"the last details count", `{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":3},"prompt_tokens_details":{"x":1}}}`,
+			Usage{Input: 9, Cached: 3}, true},
+		{"nested tier ignored", `{"choices":[{"service_tier":"flex"}],"usage":{"prompt_tokens":1}}`,
+			Usage{Input: 1}, true},
+		{"tier without usage", `{"service_tier":"flex"}`, Usage{Tier: "flex"}, false},
+		{"tier with null usage", `{"service_tier":"flex","usage":null}`, Usage{Tier: "flex"}, false},
+		{"usage tier without counts", `{"usage":{"service_tier":"standard"}}`, Usage{Tier: "standard"}, false},
+		{"tier of invalid JSON", `{"service_tier":"flex","usage":{"prompt_tokens":1}`, Usage{}, false},
+		{"other tier names", `{"service_tier":"Tier_3-b","usage":{"prompt_tokens":1}}`, Usage{Input: 1, Tier: "Tier_3-b"}, true},
+		{"32 bytes", `{"service_tier":"` + strings.Repeat("t", 32) + `","usage":{"prompt_tokens":1}}`, Usage{Input: 1, Tier: strings.Repeat("t", 32)}, true},
+		{"33 bytes", `{"service_tier":"` + strings.Repeat("t", 33) + `","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"empty", `{"service_tier":"","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"space", `{"service_tier":"on demand","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"escaped", `{"service_tier":"fle\u0078","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"not ASCII", `{"service_tier":"flé","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"number", `{"service_tier":1,"usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"key folded as a decoder does", `{"Service_Tier":"flex","usage":{"prompt_tokens":1}}`, Usage{Input: 1, Tier: "flex"}, true},
+		{"the last valid one", `{"service_tier":"flex","service_tier":"priority","service_tier":false,"usage":{"prompt_tokens":1}}`, Usage{Input: 1, Tier: "priority"}, true},
+	} {
+		got, ok := FromBody([]byte(tt.body))
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("%s: FromBody = %+v, %v; want %+v, %v", tt.name, got, ok, tt.want, tt.ok)
+		}
+		if wantD, okD := usageByDecoding([]byte(tt.body)); got != wantD || ok != okD {
+			t.Errorf("%s: FromBody = %+v, %v; decoding gives %+v, %v", tt.name, got, ok, wantD, okD)
+		}
+	}
+}
+
+// TestTierNamesDoNotAllocate: a tier name providers send is read without
+// allocating; another is read as itself.
+func TestTierNamesDoNotAllocate(t *testing.T) {
+	for _, name := range knownTiers {
+		body := []byte(`{"service_tier":"` + name + `","usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":1}}}`)
+		var u Usage
+		if a := testing.AllocsPerRun(50, func() { u, _ = FromBody(body) }); a != 0 {
+			t.Errorf("%s: FromBody allocates %v times, want 0", name, a)
+		}
+		if u.Tier != name {
+			t.Errorf("%s: Tier = %q", name, u.Tier)
+		}
+	}
+	if got, ok := tierOf([]byte(`"Default"`)); !ok || got != "Default" {
+		t.Errorf(`tierOf("Default") = %q, %v; want it as it is`, got, ok)
+	}
 }
