@@ -72,8 +72,9 @@ func (e *eventStream) send(name string, v any, flush bool) {
 	}
 }
 
-// answerChat answers /v1/chat/completions.
-func (s *Server) answerChat(ctx context.Context, w http.ResponseWriter, q *request) {
+// answerChat answers /v1/chat/completions, naming the tier that serves it
+// on the answer and on every chunk, as OpenAI does.
+func (s *Server) answerChat(ctx context.Context, w http.ResponseWriter, q *request) bool {
 	id, created := s.newID("chatcmpl-mock-"), s.now().Unix()
 	finish := "stop"
 	if s.truncated(q) {
@@ -87,6 +88,7 @@ func (s *Server) answerChat(ctx context.Context, w http.ResponseWriter, q *reque
 	if !q.stream {
 		writeJSON(w, http.StatusOK, obj{
 			"id": id, "object": "chat.completion", "created": created, "model": q.model,
+			"service_tier": servedTier(q),
 			"choices": []any{obj{
 				"index":         0,
 				"message":       obj{"role": "assistant", "content": strings.Join(s.pieces(), "")},
@@ -94,11 +96,12 @@ func (s *Server) answerChat(ctx context.Context, w http.ResponseWriter, q *reque
 			}},
 			"usage": usage,
 		})
-		return
+		return true
 	}
 
 	chunk := func(choices []any) obj {
-		c := obj{"id": id, "object": "chat.completion.chunk", "created": created, "model": q.model, "choices": choices}
+		c := obj{"id": id, "object": "chat.completion.chunk", "created": created, "model": q.model,
+			"service_tier": servedTier(q), "choices": choices}
 		if q.includeUsage {
 			c["usage"] = nil // as OpenAI does on every chunk but the last
 		}
@@ -113,7 +116,7 @@ func (s *Server) answerChat(ctx context.Context, w http.ResponseWriter, q *reque
 		ev.send("", chunk([]any{obj{"index": 0, "delta": delta, "finish_reason": nil}}), true)
 	})
 	if !ok {
-		return
+		return false
 	}
 	ev.send("", chunk([]any{obj{"index": 0, "delta": obj{}, "finish_reason": finish}}), true)
 	if q.includeUsage {
@@ -122,10 +125,12 @@ func (s *Server) answerChat(ctx context.Context, w http.ResponseWriter, q *reque
 		ev.send("", last, true)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
+	return true
 }
 
-// answerResponses answers /v1/responses.
-func (s *Server) answerResponses(ctx context.Context, w http.ResponseWriter, q *request) {
+// answerResponses answers /v1/responses, naming the tier that serves it in
+// the response object.
+func (s *Server) answerResponses(ctx context.Context, w http.ResponseWriter, q *request) bool {
 	id, msgID, created := s.newID("resp_mock_"), s.newID("msg_mock_"), s.now().Unix()
 	response := func(status string, text string, usage any) obj {
 		output := []any{}
@@ -139,7 +144,7 @@ func (s *Server) answerResponses(ctx context.Context, w http.ResponseWriter, q *
 			status = "incomplete"
 		}
 		return obj{"id": id, "object": "response", "created_at": created, "status": status,
-			"model": q.model, "output": output, "usage": usage}
+			"model": q.model, "service_tier": servedTier(q), "output": output, "usage": usage}
 	}
 	usage := obj{
 		"input_tokens":  q.promptTokens,
@@ -149,7 +154,7 @@ func (s *Server) answerResponses(ctx context.Context, w http.ResponseWriter, q *
 	text := strings.Join(s.pieces(), "")
 	if !q.stream {
 		writeJSON(w, http.StatusOK, response("completed", text, usage))
-		return
+		return true
 	}
 
 	ev := startEventStream(w)
@@ -166,11 +171,12 @@ func (s *Server) answerResponses(ctx context.Context, w http.ResponseWriter, q *
 	if ok {
 		send("response.completed", obj{"response": response("completed", text, usage)}, false)
 	}
+	return ok
 }
 
 // answerEmbeddings answers /v1/embeddings with a small vector per input,
 // derived from its text so that equal inputs embed equally. It never streams.
-func (s *Server) answerEmbeddings(_ context.Context, w http.ResponseWriter, q *request) {
+func (s *Server) answerEmbeddings(_ context.Context, w http.ResponseWriter, q *request) bool {
 	data := make([]any, len(q.inputs))
 	for i, text := range q.inputs {
 		data[i] = obj{"object": "embedding", "index": i, "embedding": embed(text)}
@@ -179,6 +185,7 @@ func (s *Server) answerEmbeddings(_ context.Context, w http.ResponseWriter, q *r
 		"object": "list", "data": data, "model": q.model,
 		"usage": obj{"prompt_tokens": q.promptTokens, "total_tokens": q.promptTokens},
 	})
+	return true
 }
 
 // embed maps text to 8 numbers in [-1, 1).
@@ -195,7 +202,7 @@ func embed(text string) []float64 {
 }
 
 // answerMessages answers Anthropic's /v1/messages.
-func (s *Server) answerMessages(ctx context.Context, w http.ResponseWriter, q *request) {
+func (s *Server) answerMessages(ctx context.Context, w http.ResponseWriter, q *request) bool {
 	id := s.newID("msg_mock_")
 	stop := "end_turn"
 	if s.truncated(q) {
@@ -211,7 +218,7 @@ func (s *Server) answerMessages(ctx context.Context, w http.ResponseWriter, q *r
 	if !q.stream {
 		text := strings.Join(s.pieces(), "")
 		writeJSON(w, http.StatusOK, message([]any{obj{"type": "text", "text": text}}, stop, q.completionTokens))
-		return
+		return true
 	}
 
 	ev := startEventStream(w)
@@ -226,7 +233,7 @@ func (s *Server) answerMessages(ctx context.Context, w http.ResponseWriter, q *r
 		send("content_block_delta", obj{"index": 0, "delta": obj{"type": "text_delta", "text": text}}, true)
 	})
 	if !ok {
-		return
+		return false
 	}
 	send("content_block_stop", obj{"index": 0}, true)
 	send("message_delta", obj{
@@ -234,4 +241,5 @@ func (s *Server) answerMessages(ctx context.Context, w http.ResponseWriter, q *r
 		"usage": obj{"output_tokens": q.completionTokens},
 	}, true)
 	send("message_stop", obj{}, false)
+	return true
 }

@@ -19,7 +19,9 @@
 //     as QuotaForm picks: Gemini's per-day quota, Groq's requests per day,
 //     Azure API Management's quota 403), renewed at QuotaUntil, a per-key
 //     concurrency limit, scripted failures, slow and held streams;
-//   - a local model server that holds one model at a time (see below).
+//   - a local model server that holds one model at a time (see below);
+//   - OpenAI's flex service tier, and a ledger of what was served and
+//     what it cost, by tier (see below).
 //
 // It does not imitate model output (answers are "tok 1 tok 2 …"), real
 // tokenisation, organisations or projects, or any endpoint not listed above.
@@ -110,6 +112,32 @@
 // at once, the most distinct models among the requests in the handler at
 // once (served or waiting: 1 means the client never had two models in
 // flight) and the arrival time of every request in the line.
+//
+// # Flex processing and the ledger
+//
+// A request to /v1/chat/completions or /v1/responses with a top-level
+// "service_tier": "flex" asks for OpenAI's flex tier; any other value, or
+// none, is served at the standard tier, and other paths ignore the field.
+// Before admission, a flex request for a model outside Config.FlexModels
+// gets a 400 invalid_request_error (param service_tier, code
+// unsupported_value), and a FlexRefuseShare of the others, drawn from
+// Seed, a 429 "Resource Unavailable" (type server_error, code
+// resource_unavailable) with no rate-limit headers and no retry-after:
+// neither touches the key's limits, is counted in Stats, or is billed. An
+// admitted flex request waits FlexSlowdown times longer before it
+// answers. Chat and Responses answers name the tier that served them in a
+// top-level "service_tier", "flex" or "default": on every chunk of a chat
+// stream, and in the response object of a Responses stream. Anthropic's
+// answers are unchanged.
+//
+// Server.Ledger tells, by tier served (TierStandard, TierFlex) and by
+// key, the answers billed, their prompt and completion tokens as their
+// usage reports them (a stream's whether or not its usage chunk is sent)
+// and their cost at Config.Prices in nano-dollars, each answer rounded
+// to the nano-dollar. An answer is billed when its handler has written
+// all of it with status 200: a stream the client abandons is not. The
+// ledger also counts the flex requests refused for capacity and for an
+// unsupported model.
 //
 // # Time
 //

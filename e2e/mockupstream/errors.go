@@ -25,6 +25,7 @@ type apiError struct {
 	status  int
 	typ     string // error.type
 	code    string // OpenAI error.code; "" renders as null
+	param   string // OpenAI error.param; "" renders as null
 	message string
 	detail  string // Anthropic error.details.error_code; "" = no details
 	// gemini renders the body in Gemini's form: {"error":{"code",
@@ -71,12 +72,15 @@ func writeError(w http.ResponseWriter, d dialect, requestID string, e apiError) 
 		}
 		body = map[string]any{"type": "error", "error": inner, "request_id": requestID}
 	} else {
-		var code any
+		var code, param any
 		if e.code != "" {
 			code = e.code
 		}
+		if e.param != "" {
+			param = e.param
+		}
 		body = map[string]any{"error": map[string]any{
-			"message": e.message, "type": e.typ, "param": nil, "code": code,
+			"message": e.message, "type": e.typ, "param": param, "code": code,
 		}}
 	}
 	writeJSON(w, e.status, body)
@@ -107,6 +111,21 @@ func missingKey(d dialect) apiError {
 	}
 	return apiError{status: http.StatusUnauthorized, typ: "invalid_request_error",
 		message: "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."}
+}
+
+// flexUnavailable is the 429 of a flex request refused for capacity
+// (Config.FlexRefuseShare): no retry-after, and not a rate limit.
+func flexUnavailable() apiError {
+	return apiError{status: http.StatusTooManyRequests, typ: "server_error", code: "resource_unavailable",
+		message: "Resource Unavailable: flex capacity is exhausted; retry later or use service_tier auto."}
+}
+
+// flexUnsupported is the 400 of a flex request for a model that does not
+// offer flex (Config.FlexModels).
+func flexUnsupported(model string) apiError {
+	e := invalidRequest(fmt.Sprintf("Flex processing is not available for model %s.", model))
+	e.param, e.code = "service_tier", "unsupported_value"
+	return e
 }
 
 // failureTexts gives each injectable status its OpenAI type and code,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"unicode/utf8"
 )
 
@@ -19,13 +20,15 @@ const defaultMaxTokens = 16
 type endpoint struct {
 	dialect    dialect
 	embeddings bool // charged prompt tokens only
-	answer     func(s *Server, ctx context.Context, w http.ResponseWriter, q *request)
+	flex       bool // honours "service_tier": "flex"
+	// answer writes the answer and reports whether it wrote all of it.
+	answer func(s *Server, ctx context.Context, w http.ResponseWriter, q *request) bool
 }
 
 // endpoints are the only paths served; everything else is a 404.
 var endpoints = map[string]endpoint{
-	"/v1/chat/completions": {dialect: openAI, answer: (*Server).answerChat},
-	"/v1/responses":        {dialect: openAI, answer: (*Server).answerResponses},
+	"/v1/chat/completions": {dialect: openAI, flex: true, answer: (*Server).answerChat},
+	"/v1/responses":        {dialect: openAI, flex: true, answer: (*Server).answerResponses},
 	"/v1/embeddings":       {dialect: openAI, embeddings: true, answer: (*Server).answerEmbeddings},
 	"/v1/messages":         {dialect: anthropic, answer: (*Server).answerMessages},
 }
@@ -35,6 +38,7 @@ type request struct {
 	model            string
 	stream           bool
 	includeUsage     bool     // chat: stream_options.include_usage
+	flex             bool     // asks for, and is served at, the flex tier
 	inputs           []string // embeddings: the text of each input
 	promptTokens     int64
 	maxTokens        int64 // the completion cap: the request's, or defaultMaxTokens
@@ -56,6 +60,7 @@ type requestBody struct {
 	MaxTokens           int64 `json:"max_tokens"`
 	MaxCompletionTokens int64 `json:"max_completion_tokens"`
 	MaxOutputTokens     int64 `json:"max_output_tokens"`
+	ServiceTier         any   `json:"service_tier"` // any: only "flex" matters
 }
 
 // parseRequest reads a body and applies the token rule of the package doc.
@@ -64,7 +69,7 @@ func parseRequest(body []byte, ep endpoint, completionTokens int64) (*request, e
 	if err := json.Unmarshal(body, &b); err != nil {
 		return nil, err
 	}
-	q := &request{model: b.Model, stream: b.Stream}
+	q := &request{model: b.Model, stream: b.Stream, flex: ep.flex && b.ServiceTier == "flex"}
 	if b.StreamOptions != nil {
 		q.includeUsage = b.StreamOptions.IncludeUsage
 	}
@@ -142,7 +147,8 @@ func textOf(v any) string {
 	return ""
 }
 
-// serveHTTP routes, authenticates, parses, admits, waits Latency and answers.
+// serveHTTP routes, authenticates, parses, turns flex away or admits,
+// waits Latency, answers and bills.
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	ep, ok := endpoints[r.URL.Path]
 	if !ok {
@@ -157,25 +163,8 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		w.Header().Set("x-request-id", requestID)
 	}
-	if r.Method != http.MethodPost {
-		e := invalidRequest(fmt.Sprintf("%s %s is not supported; use POST.", r.Method, r.URL.Path))
-		e.status = http.StatusMethodNotAllowed
-		writeError(w, d, requestID, e)
-		return
-	}
-	key := apiKey(r)
-	if key == "" {
-		writeError(w, d, requestID, missingKey(d))
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
-	if err != nil {
-		writeError(w, d, requestID, invalidRequest("could not read the request body: "+err.Error()))
-		return
-	}
-	q, err := parseRequest(body, ep, int64(s.cfg.CompletionTokens))
-	if err != nil {
-		writeError(w, d, requestID, invalidRequest("We could not parse the JSON body of your request: "+err.Error()))
+	key, q, ok := s.readRequest(w, r, ep, requestID)
+	if !ok || s.turnFlexAway(w, requestID, key, q) {
 		return
 	}
 
@@ -203,7 +192,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	// Deferred calls run before net/http sends the buffered end of the
 	// response, so a client that has read the whole answer finds the slot
-	// already free.
+	// already free and the answer billed.
 	defer s.release(key, q.model)
 	if s.models != nil {
 		leave, ok := s.models.enter(r.Context(), q.model)
@@ -212,10 +201,72 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		defer leave()
 	}
-	if !s.sleep(r.Context(), s.latency()) {
-		return
+	if s.sleep(r.Context(), s.latency(q.flex)) && ep.answer(s, r.Context(), w, q) {
+		s.bill(key, q)
 	}
-	ep.answer(s, r.Context(), w, q)
+}
+
+// readRequest checks the method and the API key and parses the body of a
+// request to ep. If any is wrong it answers the error and reports false.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, ep endpoint, requestID string) (key string, q *request, ok bool) {
+	d := ep.dialect
+	if r.Method != http.MethodPost {
+		e := invalidRequest(fmt.Sprintf("%s %s is not supported; use POST.", r.Method, r.URL.Path))
+		e.status = http.StatusMethodNotAllowed
+		writeError(w, d, requestID, e)
+		return "", nil, false
+	}
+	key = apiKey(r)
+	if key == "" {
+		writeError(w, d, requestID, missingKey(d))
+		return "", nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	if err != nil {
+		writeError(w, d, requestID, invalidRequest("could not read the request body: "+err.Error()))
+		return "", nil, false
+	}
+	q, err = parseRequest(body, ep, int64(s.cfg.CompletionTokens))
+	if err != nil {
+		writeError(w, d, requestID, invalidRequest("We could not parse the JSON body of your request: "+err.Error()))
+		return "", nil, false
+	}
+	return key, q, true
+}
+
+// turnFlexAway answers a flex request that is not served, before
+// admission: a 400 for a model outside FlexModels, or a 429 for a
+// FlexRefuseShare draw. It reports whether it answered. Neither answer
+// carries rate-limit headers or a retry-after, and the ledger counts
+// both.
+func (s *Server) turnFlexAway(w http.ResponseWriter, requestID, key string, q *request) bool {
+	if !q.flex {
+		return false
+	}
+	if s.cfg.FlexModels != nil && !slices.Contains(s.cfg.FlexModels, q.model) {
+		s.countFlexTurnedAway(key, true)
+		writeError(w, openAI, requestID, flexUnsupported(q.model))
+		return true
+	}
+	if s.cfg.FlexRefuseShare <= 0 {
+		return false
+	}
+	s.mu.Lock()
+	refused := s.flexDraw.Float64() < s.cfg.FlexRefuseShare
+	s.mu.Unlock()
+	if refused {
+		s.countFlexTurnedAway(key, false)
+		writeError(w, openAI, requestID, flexUnavailable())
+	}
+	return refused
+}
+
+// servedTier is the top-level "service_tier" of an OpenAI answer to q.
+func servedTier(q *request) string {
+	if q.flex {
+		return "flex"
+	}
+	return "default"
 }
 
 // headerForm is the dialect of the rate-limit headers on a path of dialect d.

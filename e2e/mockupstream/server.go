@@ -183,6 +183,30 @@ type Config struct {
 	// with a google.rpc.RetryInfo detail whose retryDelay is whole
 	// seconds, rounded up ("7s"). Other values panic in New.
 	HintForm string
+
+	// Flex processing (see the package doc, Flex processing and the
+	// ledger). A request asks for it with a top-level "service_tier":
+	// "flex" on /v1/chat/completions or /v1/responses.
+
+	// FlexRefuseShare is the share, from 0 to 1, of flex requests refused
+	// with a 429 "Resource Unavailable" (code resource_unavailable),
+	// drawn per request from Seed. The refusal comes before admission:
+	// the key's limits never see it, and it carries no rate-limit
+	// headers and no Retry-After. Values outside [0, 1] panic in New.
+	FlexRefuseShare float64
+	// FlexSlowdown multiplies a flex answer's wait before it starts
+	// (Latency and its LatencyJitter draw). 0 or 1 = as fast as standard;
+	// negative values panic in New.
+	FlexSlowdown float64
+	// FlexModels are the models that offer flex; a flex request for
+	// another gets a 400 invalid_request_error (param service_tier, code
+	// unsupported_value) before admission. nil = every model offers flex.
+	FlexModels []string
+	// Prices are what the ledger bills, by tier: "standard" and "flex".
+	// A missing "flex" is half of "standard", OpenAI's flex (Batch)
+	// price; a missing "standard" is free. nil = the ledger counts
+	// requests and tokens but no cost.
+	Prices map[string]TierPrice
 }
 
 // Stats is a snapshot of what the server has seen.
@@ -247,6 +271,8 @@ type Server struct {
 	inFlight   int64
 	retryAfter time.Duration
 	jitter     *rand.Rand
+	flexDraw   *rand.Rand // FlexRefuseShare's draws
+	ledger     book
 }
 
 // keyState is everything tracked per API key; Server.mu guards it.
@@ -293,6 +319,10 @@ func newServer(cfg Config) *Server {
 	default:
 		panic(fmt.Sprintf("mockupstream: unknown QuotaForm %q", cfg.QuotaForm))
 	}
+	if cfg.FlexRefuseShare < 0 || cfg.FlexRefuseShare > 1 || cfg.FlexSlowdown < 0 {
+		panic(fmt.Sprintf("mockupstream: FlexRefuseShare %v or FlexSlowdown %v out of range",
+			cfg.FlexRefuseShare, cfg.FlexSlowdown))
+	}
 	if cfg.CompletionTokens <= 0 {
 		cfg.CompletionTokens = 8
 	}
@@ -307,6 +337,8 @@ func newServer(cfg Config) *Server {
 		keys:      make(map[string]*keyState),
 		limits:    make(map[string]*limitState),
 		jitter:    rand.New(rand.NewPCG(max(cfg.Seed, 1), 0)),
+		flexDraw:  rand.New(rand.NewPCG(max(cfg.Seed, 1), 1)),
+		ledger:    book{byKey: make(map[string]*Ledger)},
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -607,14 +639,18 @@ func take(l limiter, n float64, now time.Time) {
 }
 
 // latency is an admitted answer's wait before it starts: Latency and a
-// draw of LatencyJitter.
-func (s *Server) latency() time.Duration {
-	if s.cfg.LatencyJitter <= 0 {
-		return s.cfg.Latency
+// draw of LatencyJitter, times FlexSlowdown for a flex answer.
+func (s *Server) latency(flex bool) time.Duration {
+	d := s.cfg.Latency
+	if s.cfg.LatencyJitter > 0 {
+		s.mu.Lock()
+		d += time.Duration(s.jitter.Int64N(int64(s.cfg.LatencyJitter)))
+		s.mu.Unlock()
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg.Latency + time.Duration(s.jitter.Int64N(int64(s.cfg.LatencyJitter)))
+	if flex && s.cfg.FlexSlowdown > 0 {
+		d = time.Duration(float64(d) * s.cfg.FlexSlowdown)
+	}
+	return d
 }
 
 // advertised is the wait a 429 advertises: the SetRetryAfter override if
