@@ -23,6 +23,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
@@ -673,4 +674,52 @@ func TestDashboardNotesQuotaSessionsShareAndClients(t *testing.T) {
 	if got != want {
 		t.Fatalf("the page's notes:\n%+v\nwant\n%+v", got, want)
 	}
+}
+
+// TestDashboardShowsRunsAndTheirSpend: a run's row, as /lanes has it:
+// its requests and its cost, and the spend over the lanes.
+func TestDashboardShowsRunsAndTheirSpend(t *testing.T) {
+	ctx, stop := browser(t, 1280, 800, 60*time.Second)
+	defer stop()
+	prices, err := cost.Parse([]byte(costPrices))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newStack(t, mockupstream.Config{Latency: 10 * time.Millisecond, Prices: mockPrices}, func(c *proxy.Config) { c.Prices = prices })
+	admin := httptest.NewServer(s.proxy.AdminHandler(proxy.Health{}))
+	defer admin.Close()
+	client := s.openai("sk-dashboard-runs", option.WithHeader("X-Llmproxy-Run", "nightly-eval"))
+	for range 3 {
+		if _, err := client.Chat.Completions.New(context.Background(), chatParams("gpt-4o-mini", "hello")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := s.proxy.Runs()
+	if len(runs) != 1 || runs[0].Requests != 3 {
+		t.Fatalf("runs %+v", runs)
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(admin.URL+"/ui"), chromedp.WaitVisible(chromedp.CSS(`tr[data-run="nightly-eval"]`))); err != nil {
+		t.Fatal(err)
+	}
+	type shown struct{ Requests, Cost, Spent string }
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[shown](`(() => {
+		  const tr = document.querySelector('tr[data-run="nightly-eval"]');
+		  const f = name => tr.querySelector('[data-field="' + name + '"]').textContent.trim();
+		  return { Requests: f("requests"), Cost: f("cost"), Spent: document.getElementById("t-spent").textContent };
+		})()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (shown{Requests: "3", Cost: "$" + runs[0].CostUSD, Spent: "$" + fmt.Sprintf("%.6f", mustDollars(t, runs[0].CostUSD))}); got != want {
+		t.Fatalf("the page shows %+v, want %+v", got, want)
+	}
+}
+
+func mustDollars(t *testing.T, s string) float64 {
+	t.Helper()
+	a, err := cost.ParseDollars(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.Dollars()
 }

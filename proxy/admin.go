@@ -219,6 +219,12 @@ func (p *Proxy) laneViews(r chi.Router, h Health) {
 		if changed := p.changedRoutes(); len(changed) > 0 {
 			body["routes"] = changed
 		}
+		if runs := p.spends.Runs(); len(runs) > 0 {
+			body["runs"] = runs
+		}
+		if spend := p.spends.Lanes(limit); len(spend) > 0 {
+			body["lane_spend"] = spend
+		}
 		writeJSON(w, http.StatusOK, body)
 	})
 	r.Get("/ui", func(w http.ResponseWriter, _ *http.Request) {
@@ -336,3 +342,6 @@ func refuseAdmin(w http.ResponseWriter) {
 	w.Header().Set("Cache-Control", "no-store")
 	replyFor(fail(failAdminToken, "this admin endpoint needs the admin token (LLMPROXY_ADMIN_TOKEN): send Authorization: Bearer <token>, or open /ui?token=<token> once in a browser"), time.Time{}).write(w)
 }
+
+// Runs is the spend by run, the latest first (see RunView).
+func (p *Proxy) Runs() []RunView { return p.spends.Runs() }

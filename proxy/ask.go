@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"math"
 	"net/http"
@@ -9,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/tokens"
@@ -38,12 +41,17 @@ const (
 )
 
 // clientHeaders are the request headers that speak to the proxy alone.
-var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader}
+var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader, tierHeader, runHeader, budgetHeader}
 
 // clientSay is what the client said in them.
 type clientSay struct {
 	maxWait  time.Duration // > 0: the time it asks for, before MaxWait caps it
 	retryOff bool
+	// tier, run and budget are x-llmproxy-tier, x-llmproxy-run and
+	// x-llmproxy-budget-usd (see readCostSay).
+	tier   cost.Tier
+	run    string
+	budget cost.Amount
 }
 
 // readSay reads the client's say from h: x-llmproxy-max-wait, a number of
@@ -71,7 +79,35 @@ func readSay(h http.Header) (clientSay, error) {
 			return clientSay{}, fail(failBadRetry, "x-llmproxy-retry must be on or off")
 		}
 	}
-	return s, nil
+	return s, readCostSay(h, &s)
+}
+
+// readCostSay reads into s what the client says of its request's cost:
+// x-llmproxy-tier, flex or standard, in any case; x-llmproxy-run, a name
+// as x-llmproxy-client's; x-llmproxy-budget-usd, a number of dollars
+// above 0.
+func readCostSay(h http.Header, s *clientSay) error {
+	if v, ok := h[tierHeader]; ok {
+		switch t := cost.Tier(strings.ToLower(strings.TrimSpace(v[0]))); t {
+		case cost.Flex, cost.Standard:
+			s.tier = t
+		default:
+			return fail(failBadTier, "x-llmproxy-tier must be flex or standard")
+		}
+	}
+	if v, ok := h[runHeader]; ok {
+		if s.run = v[0]; s.run == "" || !validClient(s.run) {
+			return fail(failBadRun, "x-llmproxy-run must be a name of 1 to 64 visible ASCII characters, without spaces")
+		}
+	}
+	if v, ok := h[budgetHeader]; ok {
+		usd, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64)
+		if err != nil || !(usd > 0) || usd > 9e9 {
+			return fail(failBadBudget, "x-llmproxy-budget-usd must be a number of dollars above 0, such as 5 or 0.25")
+		}
+		s.budget = cost.Amount(math.Round(usd * float64(cost.Dollar)))
+	}
+	return nil
 }
 
 // deadline is the request's deadline: MaxWait, shortened by the client's
@@ -162,7 +198,8 @@ func queryKey(rawQuery string) string {
 // its lane's key, its estimated cost, its priority, the route's unless the
 // client's x-llmproxy-priority says otherwise, and the client that
 // x-llmproxy-client names; cred is r's credential. It notes whether r is
-// a WebSocket handshake.
+// a WebSocket handshake, and readies its cost side when it has one (see
+// prepareSpend).
 func (p *Proxy) laneRequest(r *http.Request, req *request, cred string) (lanequeue.Request, error) {
 	req.upgrade = isUpgrade(r)
 	prio := p.settings[req.route].Priority
@@ -185,6 +222,16 @@ func (p *Proxy) laneRequest(r *http.Request, req *request, cred string) (laneque
 		read.Model = modelOfSpool(req.body.reader())
 	case req.upgrade: // the Realtime API names it in the query
 		read.Model = r.URL.Query().Get("model")
+	}
+	if p.costly(req) {
+		s := &req.spend
+		s.model, s.estimate, s.output = read.Model, read.Cost, read.Output
+		if s.run != "" || s.runBudget > 0 || p.cfg.Budget > 0 {
+			s.key = shortHash(cred)
+		}
+		if err := p.prepareSpend(req); err != nil {
+			return lanequeue.Request{}, err
+		}
 	}
 	return lanequeue.Request{
 		Route:      req.route,
@@ -249,4 +296,11 @@ func hasToken(values []string, token string) bool {
 // route's provider, by its path's operation, for its client.
 func (p *Proxy) describe(req *request, lr lanequeue.Request) {
 	req.trace.Describe(lr.Model, tracing.Operation(req.target.Path), p.providers[req.route], lr.Client)
+}
+
+// shortHash is the first 12 hex digits of cred's SHA-256, as the lanes
+// show a key: enough to tell keys apart, far too few to guess one.
+func shortHash(cred string) string {
+	sum := sha256.Sum256([]byte(cred))
+	return hex.EncodeToString(sum[:6])
 }

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
+	"time"
 
+	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -32,7 +35,10 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 		out.Header.Set("Connection", "Upgrade")
 		out.Header.Set("Upgrade", "websocket")
 	}
-	if req.body.size > 0 {
+	if wire := req.spend.wire(); wire != nil {
+		out.Body, out.ContentLength = io.NopCloser(bytes.NewReader(wire)), int64(len(wire))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(wire)), nil }
+	} else if req.body.size > 0 {
 		b := &req.body
 		out.Body, out.ContentLength = b.reader(), b.size
 		out.GetBody = func() (io.ReadCloser, error) { return b.reader(), nil }
@@ -52,7 +58,10 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) {
 	slot := req.slot
 	for {
-		res, watch, timedOut := p.attempt(ctx, r, req)
+		actx, cancelFlex := flexContext(ctx, req)
+		defer cancelFlex()
+		onFlex := req.spend.onFlex
+		res, watch, timedOut := p.attempt(actx, r, req)
 		defer watch.end()
 		req.attempt = watch
 		if res.Resp != nil {
@@ -61,7 +70,12 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		}
 		now := p.cfg.Clock.Now()
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
-		pausedUntil, concurrencyBound := slot.Report(d.report)
+		d, timedOut = p.decideTier(ctx, req, res, onFlex, timedOut, now, d)
+		var pausedUntil time.Time
+		var concurrencyBound bool
+		if !d.quiet {
+			pausedUntil, concurrencyBound = slot.Report(req.spend.heard(d.report))
+		}
 		if req.retryOff && d.action == actRetry {
 			// The lane learned from the answer as from any (its pause,
 			// its pace); the client takes the answer as it is.
@@ -95,8 +109,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		req.tries = d.next
 		after := d.retryWait(pausedUntil, concurrencyBound)
 		wait := req.trace.StartWait(true, after)
-		err := slot.WaitRetry(ctx, after)
-		if !p.waited(w, r, req, wait, err) {
+		if !p.waited(w, r, req, wait, d.waitRetry(ctx, slot, after)) {
 			return
 		}
 	}
@@ -113,4 +126,41 @@ func upstreamRequestID(h http.Header) string {
 		id = id[:128]
 	}
 	return id
+}
+
+// decideTier revises d, the decision on res, the answer to an attempt
+// of req that asked for flex (onFlex) or not, when flex said no (see
+// flexDecide): a flex attempt cut at flexUntil (timedOut while the
+// request's own context, ctx, lives) goes at standard, as does a flex
+// refusal once flex retries would leave standard no time. A standard
+// success teaches how long standard takes.
+func (p *Proxy) decideTier(ctx context.Context, req *request, res upstream.Result, onFlex, timedOut bool, now time.Time, d decision) (decision, bool) {
+	switch {
+	case onFlex && timedOut && ctx.Err() == nil:
+		return p.flexDecide(req, flexBusy, now, 1, d), false
+	case onFlex && !req.retryOff:
+		if a := flexAnswerOf(res, req.target.Path); a != flexServed {
+			d = p.flexDecide(req, a, now, p.cfg.Rand(), d)
+		}
+	case !onFlex && d.action == actPass && res.Resp != nil && res.Resp.StatusCode < 300 && req.spend.asked != "":
+		p.tiers.noteStandard(req.route, req.spend.model, res.Latency)
+	}
+	return d, timedOut
+}
+
+// waitRetry waits after before the retry d decided: in the lane (see
+// lanequeue.Slot.WaitRetry), or, when d is quiet, holding its place
+// and permit, as the same dispatch.
+func (d decision) waitRetry(ctx context.Context, slot *lanequeue.Slot, after time.Duration) error {
+	if !d.quiet {
+		return slot.WaitRetry(ctx, after)
+	}
+	t := time.NewTimer(after)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

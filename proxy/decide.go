@@ -49,6 +49,9 @@ type decision struct {
 	// next is the request's counts with this answer counted: what decide
 	// reads for the next attempt's answer when the action is actRetry.
 	next attemptCounts
+	// quiet: the lane is not told of the answer, and the retry goes as
+	// the same dispatch (a flex refusal: see flexDecide).
+	quiet bool
 }
 
 // retryPolicy is the part of Config that decides retries.

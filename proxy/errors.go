@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/internal/pacific"
 	"github.com/llmproxy/llmproxy/lanequeue"
 )
@@ -21,6 +22,10 @@ type apiErrorBody struct {
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
 	Code    string  `json:"code"`
+	// SpentUSD and BudgetUSD are a spent budget's spend and cap, in
+	// dollars (budget_exhausted only).
+	SpentUSD  *string `json:"spent_usd,omitempty"`
+	BudgetUSD *string `json:"budget_usd,omitempty"`
 }
 
 // failure is an error the proxy answers itself; its kind picks the answer
@@ -31,6 +36,9 @@ type failure struct {
 	retryAfter time.Duration // > 0: overrides the kind's Retry-After
 	param      string        // the input at fault, the error's param ("": none)
 	status     int           // > 0: overrides the kind's status
+	// spent and cap are a spent budget's (hasSpend), for the body.
+	spent, cap cost.Amount
+	hasSpend   bool
 }
 
 func (f *failure) Error() string { return f.msg }
@@ -60,6 +68,11 @@ const (
 	failAdminWrite
 	failAdminHost
 	failBodyTooSlow
+	failBadTier
+	failBadRun
+	failBadBudget
+	failBudgetUnpriced
+	failBudget
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -78,6 +91,8 @@ type errorReply struct {
 	param      string        // the error's param; "": null
 	retryAfter time.Duration // > 0: send Retry-After
 	noRetry    bool          // send x-should-retry: false
+	// spent and budget are a spent budget's, in dollars ("": none).
+	spent, budget string
 	// shutdownWins: once the proxy is stopping, a request that failed
 	// so (waiting, or at the upstream) is answered shutting_down instead,
 	// so that its client retries elsewhere; not the client's own faults.
@@ -131,6 +146,14 @@ var replies = map[failKind]errorReply{
 	// A request body that arrived under LLMPROXY_MIN_BODY_RATE: it gave
 	// back what it held rather than keep it at the client's pace.
 	failBodyTooSlow: {status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "body_too_slow"},
+	failBadTier:     {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_tier", noRetry: true},
+	failBadRun:      {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_run", noRetry: true},
+	failBadBudget:   {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_budget", noRetry: true},
+	// A budget applies and the price table cannot price the model.
+	failBudgetUnpriced: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "budget_unpriced", noRetry: true},
+	// A run's, key's or route's budget is spent: nothing was sent
+	// upstream, and a retry would meet the same budget.
+	failBudget: {status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "budget_exhausted", noRetry: true},
 }
 
 // errShutdown is the answer to requests cut short by Stop.
@@ -167,6 +190,9 @@ func replyFor(err error, now time.Time) errorReply {
 	}
 	r := replies[f.kind]
 	r.msg, r.param = f.msg, f.param
+	if f.hasSpend {
+		r.spent, r.budget = f.spent.String(), f.cap.String()
+	}
 	if f.retryAfter > 0 {
 		r.retryAfter = f.retryAfter
 	}
@@ -219,6 +245,9 @@ func (e errorReply) write(w http.ResponseWriter) {
 	out := apiErrorBody{Message: "llmproxy: " + e.msg, Type: e.typ, Code: e.code}
 	if e.param != "" {
 		out.Param = &e.param
+	}
+	if e.budget != "" {
+		out.SpentUSD, out.BudgetUSD = &e.spent, &e.budget
 	}
 	_ = json.NewEncoder(w).Encode(apiError{Error: out})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
@@ -28,6 +29,9 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.sessions = map[*session]struct{}{}
+	if p.ledger = cfg.Ledger; p.ledger == nil {
+		p.ledger = cost.NewLocal()
+	}
 	p.bodySeed = maphash.MakeSeed()
 	p.buffered.init(cfg.MaxBufferedBytes, cfg.MemoryBodyBytes, "LLMPROXY_MAX_BUFFERED_BYTES", "held in memory")
 	p.spooled.init(cfg.MaxSpoolBytes, cfg.MaxBodyBytes, "LLMPROXY_MAX_SPOOL_BYTES", "spooled to disk")
@@ -44,7 +48,7 @@ func New(cfg Config) (*Proxy, error) {
 		routes = routesCollector{p}
 	}
 	m, err := newMetrics(cfg.Registry, p.lanes, slices.Collect(maps.Keys(p.settings)), func() float64 { return float64(p.buffered.Load()) },
-		func() float64 { return float64(p.spooled.Load()) }, func() float64 { return float64(p.Sessions()) }, routes)
+		func() float64 { return float64(p.spooled.Load()) }, func() float64 { return float64(p.Sessions()) }, routes, spendCollector{&p.spends})
 	if err != nil {
 		return nil, err
 	}

@@ -298,8 +298,13 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	}
 	var n atomic.Int32
 	h := newHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.RawQuery == "priced" { // a priced answer, for the spend's series
+			fmt.Fprint(w, `{"usage":{"prompt_tokens":10,"completion_tokens":5}}`)
+			return
+		}
 		limitedThenRefusedOnce(w, &n, true)
 	}), func(c *Config) {
+		c.Prices = testPrices
 		c.MaxBodyBytes = 64
 		// Configured limits, the global cap and a local route have their
 		// series too.
@@ -310,6 +315,7 @@ func TestEveryMetricIsDocumented(t *testing.T) {
 	readAll(t, h.post("/v1/chat/completions", `{"model":"m"}`).Body)
 	readAll(t, h.post("/v1/chat/completions", `{"model":"`+strings.Repeat("x", 100)+`"}`).Body)
 	readAll(t, h.post("/local/v1/chat/completions", `{"model":"m"}`).Body)
+	readAll(t, h.post("/v1/chat/completions?priced", `{"model":"m"}`, "X-Llmproxy-Run", "r").Body)
 	fams, err := h.proxy.cfg.Gatherer.Gather()
 	if err != nil {
 		t.Fatal(err)

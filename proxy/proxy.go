@@ -25,6 +25,7 @@ import (
 
 	"github.com/llmproxy/llmproxy/backoff"
 	"github.com/llmproxy/llmproxy/clock"
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -53,6 +54,15 @@ type RouteSettings struct {
 	// LocalFairness bounds how long a request for another model waits
 	// while the loaded one keeps being asked for; zero = 30s.
 	LocalFairness time.Duration
+	// ServiceTier is the tier a request asks for when it does not say
+	// (x-llmproxy-tier): cost.Flex, or "" for the upstream's default.
+	ServiceTier cost.Tier
+	// FlexNever keeps a flex request on flex until its deadline, never
+	// at standard (FLEX_FALLBACK=never).
+	FlexNever bool
+	// Budget caps the route's spend, every credential's together; 0 =
+	// none.
+	Budget cost.Amount
 }
 
 // Config is everything the proxy needs. Zero fields take the documented
@@ -111,6 +121,15 @@ type Config struct {
 	// Tracer makes each request's trace (see internal/tracing); nil = no
 	// traces, and an incoming traceparent passes upstream untouched.
 	Tracer *tracing.Tracer
+	// Prices prices answers (x-llmproxy-cost-usd, spend by lane and run)
+	// and bounds budgets; nil = no prices, and no budget can be set.
+	Prices *cost.Table
+	// Budget caps each credential's spend (LLMPROXY_BUDGET_USD); 0 =
+	// none.
+	Budget cost.Amount
+	// Ledger keeps the budgets' spend and holds; nil = in this process.
+	// Replicas share one through Redis.
+	Ledger cost.Ledger
 	// Fleet shares the operators' changes (the admin endpoints') with
 	// the other replicas of the proxy; nil: this process only.
 	Fleet Fleet
@@ -147,6 +166,13 @@ type Proxy struct {
 	providers map[string]string
 	// ops are the operators' changes in force (see operate.go).
 	ops operations
+	// tiers is what the proxy learned of flex by model; budgets the
+	// budgets found spent; ledger keeps spend and holds; runs and
+	// spends are the spend by run and lane.
+	tiers   tierMemory
+	budgets budgetMarks
+	ledger  cost.Ledger
+	spends  spendTable
 }
 
 // Validate reports the first of cfg's settings the proxy cannot use, as

@@ -38,6 +38,8 @@ type request struct {
 	// retryOff: the client said x-llmproxy-retry: off (see clientSay); the
 	// first answer goes back as the upstream sent it.
 	retryOff bool
+	// spend is its cost side: tier, run, budgets, what it cost.
+	spend spend
 	// headerValues back the x-llmproxy-* header values (see
 	// headerValue), so that they cost no allocation of their own.
 	headerValues [headerCount]string

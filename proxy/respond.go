@@ -6,10 +6,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/headerparse"
 	"github.com/llmproxy/llmproxy/tokens"
 	"github.com/llmproxy/llmproxy/upstream"
@@ -31,12 +33,23 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 	if resp.StatusCode >= 400 {
 		req.outcome = OutcomeUpstreamError
 	}
-	w.WriteHeader(resp.StatusCode)
 	stream := flushEachWrite(resp)
 	var meter usageMeter
 	if metered && resp.StatusCode < 300 {
 		meter = newUsageMeter(stream)
 	}
+	pricing := meter != nil && p.cfg.Prices != nil && p.cfg.Prices.Model(req.spend.model) != nil
+	if pricing && !stream {
+		p.respondPriced(w, req, resp, meter.(*bodyMeter))
+		return
+	}
+	var out io.Writer
+	if pricing {
+		f := priceStream(w, req)
+		defer f.Close()
+		out = f
+	}
+	w.WriteHeader(resp.StatusCode)
 	// An answer that stalls must not hold its slot forever when the
 	// client has no timeout of its own: the upstream sending nothing for
 	// MaxWait cuts the attempt.
@@ -45,32 +58,131 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		upstreamIdle = time.AfterFunc(p.cfg.MaxWait, a.cancel)
 		defer upstreamIdle.Stop()
 	}
-	if err := copyBody(w, resp.Body, stream, meter, p.cfg.MaxWait, upstreamIdle); err != nil {
+	if err := copyBody(w, out, resp.Body, stream, meter, p.cfg.MaxWait, upstreamIdle); err != nil {
 		// A failure after the status went out can only be signalled by
 		// breaking the connection; the deferred releases still run, and
 		// the attempt's cancellation ends the upstream call.
-		req.outcome = OutcomeClientGone
-		switch {
-		case p.stopping():
-			req.outcome, req.cutErr = OutcomeProxyError, "cut by shutdown"
-		case errors.Is(err, errClientStalled):
-			req.outcome, req.cutErr = OutcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
-		case !errors.Is(err, errClientGone):
-			req.outcome = OutcomeUpstreamCut
-			req.cutErr = redactErr(err, req.target)
-		}
-		panic(http.ErrAbortHandler)
+		p.cut(req, err)
 	}
 	if meter != nil {
 		if u, ok := meter.Usage(); ok {
-			req.used = u.Total()
-			req.prompted = u.Input
-			req.trace.Usage(u.Input, u.Output)
+			p.counted(req, u)
+			if pricing {
+				p.price(req, u, resp.Header)
+				w.Header().Set(costHeader, req.spend.amount.String())
+			}
 		}
 		if m, ok := meter.(*bodyMeter); ok {
 			m.release()
 		}
 	}
+}
+
+// cut ends an answer whose copy failed with err after its status went
+// out: that can only be signalled by breaking the connection; the
+// deferred releases still run, and the attempt's cancellation ends the
+// upstream call.
+func (p *Proxy) cut(req *request, err error) {
+	req.outcome = OutcomeClientGone
+	switch {
+	case p.stopping():
+		req.outcome, req.cutErr = OutcomeProxyError, "cut by shutdown"
+	case errors.Is(err, errClientStalled):
+		req.outcome, req.cutErr = OutcomeClientStalled, "the client accepted nothing for "+p.cfg.MaxWait.String()
+	case !errors.Is(err, errClientGone):
+		req.outcome = OutcomeUpstreamCut
+		req.cutErr = redactErr(err, req.target)
+	}
+	panic(http.ErrAbortHandler)
+}
+
+// priceStream readies w for a stream whose price the client gets at its
+// end, in a trailer (x-llmproxy-cost-usd), so with no length; the
+// writer returned takes the usage chunk out when the proxy asked for it
+// (see askUsage). Close it once the stream is copied.
+func priceStream(w http.ResponseWriter, req *request) io.WriteCloser {
+	w.Header().Set("Trailer", costHeader)
+	w.Header().Del("Content-Length")
+	if req.spend.stripUsage {
+		return &tokens.UsageChunkFilter{W: w}
+	}
+	return nopWriteCloser{w}
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
+
+// counted notes the usage u of req's answer: for its lane to settle its
+// estimate, and on its trace.
+func (p *Proxy) counted(req *request, u tokens.Usage) {
+	req.used = u.Total()
+	req.prompted = u.Input
+	req.trace.Usage(u.Input, u.Output)
+}
+
+// respondPriced answers with a non-streamed answer whose price the
+// client gets in its headers (x-llmproxy-cost-usd): the body, at most
+// maxMeteredBody, is read whole before the headers go out.
+func (p *Proxy) respondPriced(w http.ResponseWriter, req *request, resp *http.Response, m *bodyMeter) {
+	defer m.release()
+	if a := req.attempt; a != nil {
+		idle := time.AfterFunc(p.cfg.MaxWait, a.cancel)
+		defer idle.Stop()
+	}
+	_, err := io.Copy(m, io.LimitReader(resp.Body, maxMeteredBody+1))
+	if err == nil && !m.overflow {
+		if u, ok := m.Usage(); ok {
+			p.counted(req, u)
+			p.price(req, u, resp.Header)
+			w.Header().Set(costHeader, req.spend.amount.String())
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(m.buf)))
+	}
+	w.WriteHeader(resp.StatusCode)
+	if err != nil {
+		req.outcome, req.cutErr = OutcomeUpstreamCut, redactErr(err, req.target)
+		_, _ = w.Write(m.buf)
+		panic(http.ErrAbortHandler)
+	}
+	if _, werr := w.Write(m.buf); werr != nil {
+		req.outcome = OutcomeClientGone
+		return
+	}
+	if m.overflow { // larger than it said: the rest as it comes, unpriced
+		m.buf = m.buf[:0]
+		if err := copyBody(w, nil, resp.Body, false, nil, p.cfg.MaxWait, nil); err != nil {
+			p.cut(req, err)
+		}
+	}
+}
+
+// price prices req's answer from its usage u and headers h, at the tier
+// that served it.
+func (p *Proxy) price(req *request, u tokens.Usage, h http.Header) {
+	s := &req.spend
+	s.served = servedTier(req, u.Tier, h)
+	s.amount, s.priced = p.cfg.Prices.Cost(s.model, s.served, u)
+	if s.priced {
+		p.metrics.spent(req.route, s.served, s.amount)
+		req.trace.Cost(s.amount.Dollars(), string(s.served), s.run)
+	}
+}
+
+// servedTier is the tier that served req's answer: what its body says
+// (said, OpenAI's service_tier), else Gemini's x-gemini-service-tier,
+// else the tier its last attempt asked for.
+func servedTier(req *request, said string, h http.Header) cost.Tier {
+	if t := cost.TierOf(said); t != "" {
+		return t
+	}
+	if t := cost.TierOf(h.Get("X-Gemini-Service-Tier")); t != "" {
+		return t
+	}
+	if req.spend.onFlex {
+		return cost.Flex
+	}
+	return cost.Standard
 }
 
 // answerHeaders sets h, the client's answer's headers, from resp's: the
@@ -96,6 +208,9 @@ func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) 
 		delete(h, "Content-Encoding")
 	}
 	setLLMHeaders(h, req)
+	if req.spend.asked != "" && resp.StatusCode < 300 {
+		h.Set(servedTierHeader, string(servedTier(req, "", resp.Header)))
+	}
 	if upstream.RetryableStatus(resp.StatusCode) && !asSent {
 		// The proxy already retried, or knows retrying cannot help (hard
 		// quota): stop SDKs from multiplying attempts. Other statuses are
@@ -130,14 +245,17 @@ var (
 	errClientStalled = errors.New("client stopped reading")
 )
 
-// copyBody copies src to w, flushing after each write when flush is set,
+// copyBody copies src to w (through out, when not nil), flushing after each write when flush is set,
 // and shows every chunk to tap when it is not nil. A client that accepts
 // nothing for idle is cut (errClientStalled): without a write deadline a
 // client that stops reading would hold its slot, and the upstream call,
 // for as long as it keeps the connection open. srcIdle, when not nil,
 // is the source's idle timer: it is pushed back with the deadline, to
 // idle.
-func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, idle time.Duration, srcIdle *time.Timer) error {
+func copyBody(w http.ResponseWriter, out io.Writer, src io.Reader, flush bool, tap io.Writer, idle time.Duration, srcIdle *time.Timer) error {
+	if out == nil {
+		out = w
+	}
 	rc := http.NewResponseController(w)
 	set := time.Now() // when the deadline and srcIdle were last pushed back
 	deadlines := rc.SetWriteDeadline(set.Add(idle)) == nil
@@ -169,7 +287,7 @@ func copyBody(w http.ResponseWriter, src io.Reader, flush bool, tap io.Writer, i
 				}
 				set = now
 			}
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			if _, werr := out.Write(buf[:n]); werr != nil {
 				return writeErr(werr)
 			}
 			if flush {

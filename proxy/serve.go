@@ -48,6 +48,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.trace = p.cfg.Tracer.Start(r, route, req.id)
 	said, err := readSay(r.Header)
 	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
+	req.spend.asked, req.spend.run, req.spend.runBudget = said.tier, said.run, said.budget
 	cred := credentialOf(r.Header, r.URL.RawQuery)
 	if p.stopping() {
 		err = errShutdown // whatever the client said
@@ -76,8 +77,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
+	if ends := req.spend.ended; ends != nil { // a budget found spent ends its wait
+		defer context.AfterFunc(ends, cancel)()
+	}
 	wait := req.trace.StartWait(false, 0)
 	req.slot, err = p.lanes.Acquire(ctx, lr)
+	err = req.spend.why(err)
 	req.laneID = laneOf(req.slot, err)
 	req.queueWait = p.cfg.Clock.Now().Sub(now)
 	w.Header()["X-Llmproxy-Lane"] = req.headerValue(laneValue, req.laneID)
@@ -85,6 +90,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		return
 	}
 	p.metrics.route(route).queueWait.Observe(req.queueWait.Seconds())
+	if err = p.reserve(req); err != nil {
+		p.failRequest(w, req, err)
+		return
+	}
 	p.forward(ctx, w, r, req)
 }
 
@@ -107,6 +116,10 @@ func laneOf(slot *lanequeue.Slot, err error) string {
 func (p *Proxy) finish(r *http.Request, req *request) {
 	if req.outcome == "" {
 		req.outcome = OutcomeClientGone // left before anything was decided
+	}
+	if p.costly(req) {
+		p.settle(req)
+		p.spends.note(req.laneID, &req.spend, req.outcome == OutcomeOK, req.used, req.prompted)
 	}
 	if req.slot != nil {
 		req.slot.PromptCounted(req.prompted)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/internal/setting"
 	"github.com/llmproxy/llmproxy/proxy"
@@ -67,11 +68,17 @@ type config struct {
 	GlobalConcurrency         int           `env:"GLOBAL_CONCURRENCY" envDefault:"0" help:"upstream calls in flight over all lanes together, taken as a lane dispatches (a paused or paced lane holds none); 0 = no cap"`
 	Pprof                     bool          `env:"PPROF" envDefault:"false" help:"true: the admin listener serves Go's runtime profiles under /debug/pprof/ (behind LLMPROXY_ADMIN_TOKEN; without it, only on a loopback ADMIN_ADDR), mutex and block profiles included; they cost some speed"`
 	ShutdownTimeout           time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
+	Prices                    string        `env:"PRICES" help:"a JSON price table (US dollars per million tokens, by model and tier; see cost/prices.json) that replaces the one built in; answers are priced by it (x-llmproxy-cost-usd) and budgets bounded"`
+	BudgetUSD                 string        `env:"BUDGET_USD" help:"a cap on each API key's spend, in US dollars, through this proxy (shared by the replicas through Redis); at the cap its requests get 429 budget_exhausted; empty = none"`
 
 	upstreamURL *url.URL
 	routes      []proxy.Route
 	// defaultRoute is LLMPROXY_ROUTE_DEFAULT_*.
 	defaultRoute proxy.RouteSettings
+	// prices is the price table (PRICES, or the one built in); budget
+	// BUDGET_USD.
+	prices *cost.Table
+	budget cost.Amount
 	// laneConcurrencyGiven is LANE_CONCURRENCY as set, when validate moved
 	// it into [MIN, MAX]; zero otherwise.
 	laneConcurrencyGiven int
@@ -114,7 +121,7 @@ func describeEnvError(err error) error {
 // validate checks every setting, first problem first, and fills in what
 // is parsed from them (the upstream, the routes, the concurrency start).
 func (c *config) validate() error {
-	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices, c.checkOwned} {
+	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices, c.checkOwned, c.checkCost} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -532,4 +539,21 @@ headers, TLS, timeouts, compression, OTEL_BSP_*, OTEL_RESOURCE_ATTRIBUTES):
 		fmt.Fprintf(tw, "  %s	[%s]	%s\n", v.name, v.def, v.help)
 	}
 	tw.Flush()
+}
+
+// checkCost reads the price table and the keys' budget.
+func (c *config) checkCost() error {
+	t, err := cost.Load(c.Prices)
+	if err != nil {
+		return bad("PRICES", "%v", err)
+	}
+	c.prices = t
+	if c.BudgetUSD != "" {
+		a, err := cost.ParseDollars(c.BudgetUSD)
+		if err != nil || a <= 0 {
+			return bad("BUDGET_USD", "%q is not a number of dollars above 0", c.BudgetUSD)
+		}
+		c.budget = a
+	}
+	return nil
 }

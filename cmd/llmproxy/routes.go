@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
@@ -92,6 +93,40 @@ var routeSettings = []routeSetting{
 			return fmt.Errorf("%q is not a duration of at least 1s", v)
 		}
 		st.LocalFairness = d
+		return nil
+	}},
+	{"SERVICE_TIER", "", "flex: requests that send no x-llmproxy-tier ask the upstream for its flex tier (half price, slower, refused when short of capacity; a flex refusal is capacity, not rate); empty: the upstream's default", func(st *proxy.RouteSettings, v string) error {
+		switch strings.ToLower(v) {
+		case "", "standard", "default":
+			st.ServiceTier = ""
+		case "flex":
+			st.ServiceTier = cost.Flex
+		default:
+			return fmt.Errorf("%q is not flex or standard", v)
+		}
+		return nil
+	}},
+	{"FLEX_FALLBACK", "standard", "standard: a flex request goes at standard once only the time a standard answer needs is left before its deadline; never: it stays on flex until its deadline", func(st *proxy.RouteSettings, v string) error {
+		switch strings.ToLower(v) {
+		case "standard":
+			st.FlexNever = false
+		case "never":
+			st.FlexNever = true
+		default:
+			return fmt.Errorf("%q is not standard or never", v)
+		}
+		return nil
+	}},
+	{"BUDGET_USD", "", "a cap on the route's spend, in US dollars, every key's together (needs a price for each model, LLMPROXY_PRICES); at the cap requests get 429 budget_exhausted", func(st *proxy.RouteSettings, v string) error {
+		if v == "" {
+			st.Budget = 0
+			return nil
+		}
+		a, err := cost.ParseDollars(v)
+		if err != nil || a <= 0 {
+			return fmt.Errorf("%q is not a number of dollars above 0", v)
+		}
+		st.Budget = a
 		return nil
 	}},
 	{"PRIORITY", "high", "the priority of requests that send no x-llmproxy-priority: high or low (low keeps one dispatch in four)", func(st *proxy.RouteSettings, v string) error {

@@ -91,7 +91,7 @@ func TestRouteSettingErrors(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"LLMPROXY_ROUTE_FOO_RPM": "5"}, "LLMPROXY_ROUTE_FOO_RPM: no route of that name (LLMPROXY_ROUTE_<NAME>_<SETTING>; names: ANTHROPIC, DEFAULT)"},
-		{map[string]string{"LLMPROXY_ROUTE_ANTHROPIC_RPMS": "5"}, "LLMPROXY_ROUTE_ANTHROPIC_RPMS: unknown setting RPMS (one of RPM, TPM, CONCURRENCY, MIN_GAP, LIMITS, SHARED_LIMIT, LOCAL, LOCAL_FAIRNESS, PRIORITY)"},
+		{map[string]string{"LLMPROXY_ROUTE_ANTHROPIC_RPMS": "5"}, "LLMPROXY_ROUTE_ANTHROPIC_RPMS: unknown setting RPMS (one of RPM, TPM, CONCURRENCY, MIN_GAP, LIMITS, SHARED_LIMIT, LOCAL, LOCAL_FAIRNESS, SERVICE_TIER, FLEX_FALLBACK, BUDGET_USD, PRIORITY)"},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "fast"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "fast" is not a number from 0.0001 to 1e+12`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_RPM": "0"}, `LLMPROXY_ROUTE_DEFAULT_RPM: "0" is not a number from 0.0001 to 1e+12`},
 		{map[string]string{"LLMPROXY_ROUTE_DEFAULT_TPM": "-5"}, `LLMPROXY_ROUTE_DEFAULT_TPM: "-5" is not a number from 0.0001 to 1e+12`},

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
@@ -101,6 +102,7 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 	}}
 	closeStore = func() {}
 	var fleet proxy.Fleet // the operators' changes reach the other replicas through Redis
+	var ledger cost.Ledger
 	if cfg.RedisURL != "" {
 		sc := storeConfig(cfg)
 		sc.Logger, sc.Registerer = log, reg
@@ -110,6 +112,7 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		}
 		closeStore = func() { store.Close() }
 		lanes.Shared = store.Shared
+		ledger = store.Ledger()
 		health.Degraded = redisDegraded(store.Ready)
 		health.Shared = store.Status
 		// The replicas take only changes signed with the admin token:
@@ -123,6 +126,9 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 	pc := proxyConfig(cfg, lanes, log, reg)
 	pc.Tracer = tracer
 	pc.Fleet = fleet
+	if ledger != nil {
+		pc.Ledger = ledger // budgets hold across the replicas
+	}
 	p, err = proxy.New(pc)
 	if err != nil {
 		closeStore()
@@ -193,6 +199,8 @@ func proxyConfig(cfg config, lanes lanequeue.TableConfig, log *slog.Logger, reg 
 		Logger:               log,
 		Registry:             reg,
 		Gatherer:             reg,
+		Prices:               cfg.prices,
+		Budget:               cfg.budget,
 	}
 }
 

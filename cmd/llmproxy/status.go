@@ -45,6 +45,10 @@ type lanesReply struct {
 	LocalRoutes []lanequeue.GateStats `json:"local_routes"`
 	// Routes are the routes an operator changed: limits set, or held.
 	Routes []routeReply `json:"routes"`
+	// Runs are the runs (x-llmproxy-run) of the last day; LaneSpend
+	// what the lanes spent.
+	Runs      []proxy.RunView   `json:"runs"`
+	LaneSpend []proxy.LaneSpend `json:"lane_spend"`
 }
 
 // status prints the lane table of a running proxy, once or (-w) every
@@ -176,6 +180,39 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 			fmt.Fprintf(w, "%s: %s\n", s.ID, n)
 		}
 	}
+	printSpend(w, r)
+}
+
+// printSpend writes the runs' rows, and what the lanes spent, when there
+// are any.
+func printSpend(w io.Writer, r lanesReply) {
+	if len(r.LaneSpend) > 0 {
+		var parts []string
+		for _, l := range r.LaneSpend {
+			parts = append(parts, l.Lane+" $"+l.CostUSD)
+		}
+		fmt.Fprintf(w, "\nspend by lane: %s\n", strings.Join(parts, ", "))
+	}
+	if len(r.Runs) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tKEY\tREQUESTS\tFAILED\tTOKENS IN\tTOKENS OUT\tCOST\tBY TIER\tBUDGET\tFLEX REFUSALS\tLAST\t")
+	for _, run := range r.Runs {
+		tiers := make([]string, 0, len(run.ByTier))
+		for t, c := range run.ByTier {
+			tiers = append(tiers, t+" $"+c)
+		}
+		sort.Strings(tiers)
+		budget := "-"
+		if run.BudgetUSD != "" {
+			budget = "$" + run.BudgetUSD
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t$%s\t%s\t%s\t%d\t%s\t\n", short(run.Name, 32), run.Key, run.Requests, run.Failures,
+			run.InputTokens, run.OutputTokens, run.CostUSD, orDash(strings.Join(tiers, ", ")), budget, run.FlexRefusals, run.Last.Local().Format("15:04:05"))
+	}
+	tw.Flush()
 }
 
 // notes says, for a line under the table, what a lane has beyond its

@@ -8,14 +8,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/llmproxy/llmproxy/cost"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
+	"github.com/llmproxy/llmproxy/proxy"
 )
 
 // TestStatusShowsTheLanesOfARunningProxy runs the proxy, sends one request
@@ -259,5 +262,45 @@ func TestStatusNotesWhatALaneHasBeyondItsRow(t *testing.T) {
 	}
 	if got := notes(lanequeue.State{Sessions: 1}); got != "1 WebSocket session" {
 		t.Fatalf("one session: %q", got)
+	}
+}
+
+// TestStatusShowsTheRunsAndWhatTheySpent: a run's row, with its cost by
+// tier and its budget, and the lanes' spend, from a real proxy's /lanes.
+func TestStatusShowsTheRunsAndWhatTheySpent(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"service_tier":"flex","usage":{"prompt_tokens":1000000,"completion_tokens":0}}`)
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	prices, _ := cost.Parse([]byte(`{"models":{"m":{"standard":{"input":1,"output":1},"flex":{"input":0.5,"output":0.5}}}}`))
+	p, err := proxy.New(proxy.Config{Upstream: u, Prices: prices})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(p)
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","max_tokens":1}`))
+	req.Header.Set("X-Llmproxy-Run", "eval-7")
+	req.Header.Set("X-Llmproxy-Budget-Usd", "2")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	admin := httptest.NewServer(p.AdminHandler(proxy.Health{}))
+	defer admin.Close()
+	r, err := fetchLanes(context.Background(), admin.Client(), admin.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	printStatus(&out, r, admin.URL, time.Now())
+	s := out.String()
+	for _, want := range []string{"spend by lane: ", " $0.5\n", "RUN", "eval-7", "$0.5", "flex $0.5", "$2"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("status lacks %q:\n%s", want, s)
+		}
 	}
 }

@@ -48,6 +48,9 @@ const (
 	attrAction        = attribute.Key("llmproxy.action")
 	attrNextWait      = attribute.Key("llmproxy.retry.wait_ms")
 	attrUpstreamReqID = attribute.Key("llmproxy.upstream_request_id")
+	attrCostUSD       = attribute.Key("llmproxy.cost_usd")
+	attrServedTier    = attribute.Key("llmproxy.served_tier")
+	attrRun           = attribute.Key("llmproxy.run")
 )
 
 // scope is the instrumentation scope the spans are made under.
@@ -287,6 +290,19 @@ func (rq *Request) Usage(input, output int64) {
 	if rq.open != nil && !rq.open.ended {
 		rq.open.span.SetAttributes(usage...)
 	}
+}
+
+// Cost records what the answer cost, in dollars, and the service tier
+// that served it, on the request's span.
+func (rq *Request) Cost(usd float64, tier, run string) {
+	if rq == nil {
+		return
+	}
+	attrs := []attribute.KeyValue{attrCostUSD.Float64(usd), attrServedTier.String(tier)}
+	if run != "" {
+		attrs = append(attrs, attrRun.String(run))
+	}
+	rq.span.SetAttributes(attrs...)
 }
 
 // End ends the request's spans: its latest attempt's, whose answer ended
