@@ -701,16 +701,18 @@ func TestDashboardShowsRunsAndTheirSpend(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(admin.URL+"/ui"), chromedp.WaitVisible(chromedp.CSS(`tr[data-run="nightly-eval"]`))); err != nil {
 		t.Fatal(err)
 	}
-	type shown struct{ Requests, Cost, Spent string }
+	type shown struct{ Requests, Cost, Spent, LaneSpent string }
 	got, err := chromedp.Run(ctx, chromedp.Evaluate[shown](`(() => {
 		  const tr = document.querySelector('tr[data-run="nightly-eval"]');
 		  const f = name => tr.querySelector('[data-field="' + name + '"]').textContent.trim();
-		  return { Requests: f("requests"), Cost: f("cost"), Spent: document.getElementById("t-spent").textContent };
+		  return { Requests: f("requests"), Cost: f("cost"), Spent: document.getElementById("t-spent").textContent,
+		           LaneSpent: document.querySelector('tr.lane [data-field="spent"]').textContent };
 		})()`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (shown{Requests: "3", Cost: "$" + runs[0].CostUSD, Spent: "$" + fmt.Sprintf("%.6f", mustDollars(t, runs[0].CostUSD))}); got != want {
+	if want := (shown{Requests: "3", Cost: "$" + runs[0].CostUSD, Spent: "$" + fmt.Sprintf("%.6f", mustDollars(t, runs[0].CostUSD)),
+		LaneSpent: "$" + runs[0].CostUSD}); got != want {
 		t.Fatalf("the page shows %+v, want %+v", got, want)
 	}
 }
