@@ -470,3 +470,18 @@ func TestFlexBackoffIsShortAndCapped(t *testing.T) {
 		}
 	}
 }
+
+// TestTheServedTierIsWhatTheAnswerSays: a flex request the upstream
+// served at standard (its body says "default") is priced and named as
+// standard.
+func TestTheServedTierIsWhatTheAnswerSays(t *testing.T) {
+	h := costHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		io.WriteString(w, `{"service_tier":"default","usage":{"prompt_tokens":1000,"completion_tokens":500}}`)
+	}), nil)
+	resp := h.post("/v1/chat/completions", chat, "X-Llmproxy-Tier", "flex")
+	readAll(t, resp.Body)
+	if got, cost := resp.Header.Get(servedTierHeader), resp.Header.Get(costHeader); got != "standard" || cost != "0.002" {
+		t.Errorf("served %q at %q, want standard at 0.002", got, cost)
+	}
+}

@@ -136,6 +136,9 @@ func (p *Proxy) respondPriced(w http.ResponseWriter, req *request, resp *http.Re
 			p.counted(req, u)
 			p.price(req, u, resp.Header)
 			w.Header().Set(costHeader, req.spend.amount.String())
+			if req.spend.asked != "" { // what the body says served it
+				w.Header().Set(servedTierHeader, string(req.spend.served))
+			}
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(m.buf)))
 	}
