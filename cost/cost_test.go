@@ -67,14 +67,14 @@ func TestModelMatchesByNameThenLongestPrefix(t *testing.T) {
 	}
 	for name, want := range map[string]float64{
 		"gpt-4o": 2, "gpt-4o-2024-08-06": 2, "gpt-4o-mini": 1, "gpt-4o-mini-2024-07-18": 1,
-		"openai/gpt-4o-mini": 1, "models/gpt-4o@latest": 2,
+		"openai/gpt-4o-mini": 1, "models/gpt-4o@latest": 2, "gpt-4o-latest": 2, "gpt-4o-0613": 2,
 	} {
 		m := tab.Model(name)
 		if m == nil || m.Standard.Input != want {
 			t.Errorf("%q: %+v, want input %v", name, m, want)
 		}
 	}
-	for _, name := range []string{"", "gpt-4", "gpt-4omini", "claude"} {
+	for _, name := range []string{"", "gpt-4", "gpt-4omini", "claude", "gpt-4o-pro", "gpt-4o-mini-search-preview"} {
 		if m := tab.Model(name); m != nil {
 			t.Errorf("%q matched %+v", name, m)
 		}
@@ -201,5 +201,20 @@ func TestReserveNeverPassesTheCapUnderConcurrency(t *testing.T) {
 	spent, held, _ := l.Spent(context.Background(), "run:c")
 	if spent > limit || spent <= limit-bound || held != 0 {
 		t.Errorf("spent %d held %d: want within (%d, %d]", spent, held, limit-bound, limit)
+	}
+}
+
+func TestABoundIsAtTheDearestTierAndNeverOverflows(t *testing.T) {
+	tab, _ := Parse([]byte(`{"models":{"m":{"max_output":100,"standard":{"input":1,"output":2},"priority":{"input":3,"output":1},"flex":{"input":0.5,"output":1}}}}`))
+	b, _ := tab.Bound("m", Dearest, 1e6, 1e6)
+	if b != 5*Dollar { // $3 input (priority) and $2 output (standard)
+		t.Errorf("dearest: %v, want 5", b)
+	}
+	b, _ = tab.Bound("m", Dearest, 1<<40, 1<<40*128)
+	if b <= 0 || b > Amount(maxBound) {
+		t.Errorf("a huge request's bound: %d", b)
+	}
+	if tab.MaxOutput("m") != 100 || tab.MaxOutput("x") != DefaultMaxOutput {
+		t.Errorf("MaxOutput %d %d", tab.MaxOutput("m"), tab.MaxOutput("x"))
 	}
 }

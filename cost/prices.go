@@ -16,12 +16,14 @@ import (
 // Tier is a service tier an answer is billed at.
 type Tier string
 
-// The tiers a price table knows.
+// The tiers a price table knows. Dearest is none of them: the dearest
+// of a model's prices, for a bound on a request whatever tier serves it.
 const (
 	Standard Tier = "standard"
 	Flex     Tier = "flex"
 	Batch    Tier = "batch"
 	Priority Tier = "priority"
+	Dearest  Tier = "dearest"
 )
 
 // TierOf is the tier a provider's name for one means: OpenAI's
@@ -62,10 +64,18 @@ type Model struct {
 }
 
 // tier is m's price at t; a tier m has no price for is priced as
-// standard.
+// standard. Dearest is each of its prices at its dearest tier.
 func (m *Model) tier(t Tier) Price {
 	p := m.Standard
 	switch t {
+	case Dearest:
+		d := *m.Standard
+		for _, q := range []*Price{m.Flex, m.Batch, m.Priority} {
+			if q != nil {
+				d = Price{Input: max(d.Input, q.Input), CachedInput: max(d.CachedInput, q.CachedInput), Output: max(d.Output, q.Output)}
+			}
+		}
+		return d
 	case Flex:
 		p = cmpOr(m.Flex, p)
 	case Batch:
@@ -84,9 +94,10 @@ func cmpOr(a, b *Price) *Price {
 }
 
 // Table is a price table: models by name. A name matches a model of
-// its own name, or the longest entry it starts with followed by '-' or
-// '@' ("gpt-4o-mini-2024-07-18" is priced as "gpt-4o-mini"), after a
-// provider's prefix ("models/", "openai/") is removed.
+// its own name, or the longest entry it starts with followed by a
+// version: '-' and a digit, "-latest", or '@' ("gpt-4o-mini-2024-07-18"
+// is priced as "gpt-4o-mini"; "o3-pro", another model, is not priced as
+// "o3"), after a provider's prefix ("models/", "openai/") is removed.
 type Table struct {
 	models map[string]*Model
 	// names are the entries, longest first, for prefix matches.
@@ -172,11 +183,24 @@ func (t *Table) Model(name string) *Model {
 		return m
 	}
 	for _, n := range t.names {
-		if len(name) > len(n) && strings.HasPrefix(name, n) && (name[len(n)] == '-' || name[len(n)] == '@') {
+		if rest, ok := strings.CutPrefix(name, n); ok && isVersion(rest) {
 			return t.models[n]
 		}
 	}
 	return nil
+}
+
+// isVersion reports whether rest, what follows an entry's name in a
+// model's, names a version of it: "-2024-07-18", "-0613", "-latest",
+// "@001".
+func isVersion(rest string) bool {
+	switch {
+	case strings.HasPrefix(rest, "@") && len(rest) > 1, rest == "-latest":
+		return true
+	case len(rest) > 1 && rest[0] == '-':
+		return rest[1] >= '0' && rest[1] <= '9'
+	}
+	return false
 }
 
 // Cost is what u cost at model's price for tier, rounded to the
@@ -207,12 +231,28 @@ func (t *Table) Bound(model string, tier Tier, input, output int64) (Amount, boo
 		return 0, false
 	}
 	if output < 0 {
-		output = cmp0(m.MaxOutput, DefaultMaxOutput)
+		output = m.maxOutput()
 	}
 	p := m.tier(tier)
 	c := float64(input)*perToken(p.Input) + float64(output)*perToken(p.Output)
-	return Amount(math.Ceil(c)), true
+	return Amount(min(math.Ceil(c), maxBound)), true
 }
+
+// maxBound is the most Bound gives: a billion dollars, far from what an
+// Amount holds, so that sums of holds cannot overflow.
+const maxBound = 1e18
+
+// MaxOutput is the most model writes when a request sets no limit: its
+// entry's max_output, or DefaultMaxOutput; DefaultMaxOutput for a model
+// the table does not price.
+func (t *Table) MaxOutput(model string) int64 {
+	if m := t.Model(model); m != nil {
+		return m.maxOutput()
+	}
+	return DefaultMaxOutput
+}
+
+func (m *Model) maxOutput() int64 { return cmp0(m.MaxOutput, DefaultMaxOutput) }
 
 func cmp0(v, def int64) int64 {
 	if v > 0 {

@@ -105,7 +105,9 @@ func readCostSay(h http.Header, s *clientSay) error {
 		if err != nil || !(usd > 0) || usd > 9e9 {
 			return fail(failBadBudget, "x-llmproxy-budget-usd must be a number of dollars above 0, such as 5 or 0.25")
 		}
-		s.budget = cost.Amount(math.Round(usd * float64(cost.Dollar)))
+		if s.budget = cost.Amount(math.Round(usd * float64(cost.Dollar))); s.budget <= 0 {
+			return fail(failBadBudget, "x-llmproxy-budget-usd must be at least 0.000000001 (a nano-dollar)")
+		}
 	}
 	return nil
 }
@@ -225,7 +227,8 @@ func (p *Proxy) laneRequest(r *http.Request, req *request, cred string) (laneque
 	}
 	if p.costly(req) {
 		s := &req.spend
-		s.model, s.estimate, s.output = read.Model, read.Cost, read.Output
+		s.model, s.estimate, s.output, s.outputLimited = read.Model, read.Cost, read.Output, read.OutputLimited
+		s.client = r.Context()
 		if s.run != "" || s.runBudget > 0 || p.cfg.Budget > 0 {
 			s.key = shortHash(cred)
 		}

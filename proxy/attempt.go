@@ -138,7 +138,11 @@ func (p *Proxy) decideTier(ctx context.Context, req *request, res upstream.Resul
 	switch {
 	case onFlex && timedOut && ctx.Err() == nil:
 		return p.flexDecide(req, flexBusy, now, 1, d), false
-	case onFlex && !req.retryOff:
+	case onFlex && req.retryOff:
+		if flexAnswerOf(res, req.target.Path) != flexServed {
+			d.report = reportOf(upstream.Result{}) // the client takes it; the lane learns nothing
+		}
+	case onFlex:
 		if a := flexAnswerOf(res, req.target.Path); a != flexServed {
 			d = p.flexDecide(req, a, now, p.cfg.Rand(), d)
 		}

@@ -4,67 +4,77 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/llmproxy/llmproxy/cost"
 )
 
-// budgetMarks are the budgets this process found spent, and the queued
-// requests that spend from them: when one is found spent, its queued
-// requests are answered at once, and new ones before they queue. A
-// budget is spent for a cap: a request that carries a larger one (its
-// run's x-llmproxy-budget-usd raised) goes on.
+// budgetMarks are the spend this process found on budgets that could
+// not take a request, and the queued requests that spend from them:
+// when a budget is found too spent for one request, the queued requests
+// whose own bound does not fit what is left either are answered at
+// once, and new ones before they queue. Spend only grows, so a mark
+// holds until it is markTTL old (a run's spend lapses after a day, and
+// another replica's marks are not these).
 type budgetMarks struct {
 	mu      sync.Mutex
-	spent   map[string]cost.Exhausted
+	spent   map[string]budgetMark
 	waiters map[string]map[*budgetWaiter]struct{}
 }
 
-// budgetWaiter is a queued request: its cap on one account, and what
-// ends its wait.
-type budgetWaiter struct {
-	cap    cost.Amount
-	cancel context.CancelCauseFunc
+// budgetMark is an account's spend as a refused reservation found it.
+type budgetMark struct {
+	spent cost.Amount
+	at    time.Time
 }
 
-// maxBudgetMarks bounds the accounts marked spent (runs are named by
+// budgetWaiter is a queued request: its cap on one account, its bound,
+// and what ends its wait.
+type budgetWaiter struct {
+	cap, bound cost.Amount
+	cancel     context.CancelCauseFunc
+}
+
+// maxBudgetMarks bounds the accounts marked (runs are named by
 // clients); past it the marks start over, and a spent budget is found
 // again by its next reservation.
 const maxBudgetMarks = 10000
 
-// exhausted is the failure of a request spending from scopes when one
-// of them is marked spent at its cap or above.
-func (b *budgetMarks) exhausted(scopes []cost.Scope) error {
+// markTTL is how long a mark is believed.
+const markTTL = 10 * time.Minute
+
+// exhausted is the failure of a request of bound spending from scopes
+// when one of them is marked too spent to take it.
+func (b *budgetMarks) exhausted(scopes []cost.Scope, bound cost.Amount) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, s := range scopes {
-		if m, ok := b.spent[s.Key]; ok && s.Cap > 0 && s.Cap <= m.Cap {
-			return budgetFailure(&cost.Exhausted{Key: s.Key, Spent: m.Spent, Cap: s.Cap})
+		if m, ok := b.spent[s.Key]; ok && s.Cap > 0 && time.Since(m.at) < markTTL && m.spent+bound > s.Cap {
+			return budgetFailure(&cost.Exhausted{Key: s.Key, Spent: m.spent, Cap: s.Cap})
 		}
 	}
 	return nil
 }
 
-// mark notes ex's account spent at its cap, and ends the wait of the
-// queued requests that carry that cap or a smaller one.
+// mark notes ex's account's spend, and ends the wait of the queued
+// requests whose bound does not fit under their cap beside it.
 func (b *budgetMarks) mark(ex *cost.Exhausted) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.spent == nil || len(b.spent) >= maxBudgetMarks {
-		b.spent = map[string]cost.Exhausted{}
+		b.spent = map[string]budgetMark{}
 	}
-	if m, ok := b.spent[ex.Key]; !ok || ex.Cap >= m.Cap {
-		b.spent[ex.Key] = *ex
-	}
+	b.spent[ex.Key] = budgetMark{spent: max(ex.Spent, b.spent[ex.Key].spent), at: time.Now()}
 	for w := range b.waiters[ex.Key] {
-		if w.cap <= ex.Cap {
+		if ex.Spent+w.bound > w.cap {
 			w.cancel(budgetFailure(&cost.Exhausted{Key: ex.Key, Spent: ex.Spent, Cap: w.cap}))
 		}
 	}
 }
 
-// wait registers a queued request spending from scopes, whose wait
-// cancel ends; the function returned unregisters it.
-func (b *budgetMarks) wait(scopes []cost.Scope, cancel context.CancelCauseFunc) func() {
+// wait registers a queued request of bound spending from scopes, whose
+// wait cancel ends; the function returned unregisters it.
+func (b *budgetMarks) wait(scopes []cost.Scope, bound cost.Amount, cancel context.CancelCauseFunc) func() {
 	var ws []*budgetWaiter
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -75,7 +85,7 @@ func (b *budgetMarks) wait(scopes []cost.Scope, cancel context.CancelCauseFunc) 
 		if s.Cap <= 0 {
 			continue
 		}
-		w := &budgetWaiter{cap: s.Cap, cancel: cancel}
+		w := &budgetWaiter{cap: s.Cap, bound: bound, cancel: cancel}
 		if b.waiters[s.Key] == nil {
 			b.waiters[s.Key] = map[*budgetWaiter]struct{}{}
 		}

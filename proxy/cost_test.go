@@ -485,3 +485,102 @@ func TestTheServedTierIsWhatTheAnswerSays(t *testing.T) {
 		t.Errorf("served %q at %q, want standard at 0.002", got, cost)
 	}
 }
+
+// TestOnlyChatAndCompletionStreamsOfAPricedModelAreAskedForUsage: a
+// Responses or Anthropic stream, and a stream of a model without a
+// price, go upstream as the client wrote them.
+func TestOnlyChatAndCompletionStreamsOfAPricedModelAreAskedForUsage(t *testing.T) {
+	up := &flexUpstream{}
+	h := costHarness(t, up, nil)
+	for _, c := range [][2]string{
+		{"/v1/responses", `{"model":"m","stream":true,"input":"hi"}`},
+		{"/v1/messages", `{"model":"m","stream":true,"max_tokens":5,"messages":[]}`},
+		{"/v1/chat/completions", `{"model":"unpriced","stream":true,"messages":[]}`},
+	} {
+		readAll(t, h.post(c[0], c[1]).Body)
+		up.mu.Lock()
+		got := up.bodies[len(up.bodies)-1]
+		up.mu.Unlock()
+		if got != c[1] {
+			t.Errorf("%s: upstream got %s", c[0], got)
+		}
+	}
+}
+
+// TestALargePricedAnswerArrivesWhole: a non-streamed answer over the 4
+// MiB the proxy reads before its headers goes whole, unpriced.
+func TestALargePricedAnswerArrivesWhole(t *testing.T) {
+	big := `{"usage":{"prompt_tokens":1},"pad":"` + strings.Repeat("x", 5<<20) + `"}`
+	h := costHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, big)
+	}), nil)
+	resp := h.post("/v1/chat/completions", chat)
+	if body := readAll(t, resp.Body); body != big {
+		t.Fatalf("the client got %d bytes of %d", len(body), len(big))
+	}
+	if resp.Header.Get(costHeader) != "" {
+		t.Errorf("priced without its usage read: %q", resp.Header.Get(costHeader))
+	}
+}
+
+// TestAnAnswerOfUnknownLengthIsPricedInItsHeaders: a JSON answer sent
+// without a length (chunked, as a compressing upstream's is once
+// uncompressed), pretty-printed, is priced before its headers go.
+func TestAnAnswerOfUnknownLengthIsPricedInItsHeaders(t *testing.T) {
+	h := costHarness(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, "{\n  \"usage\": {\n    \"prompt_tokens\": 1000,\n")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, "    \"completion_tokens\": 500\n  }\n}\n")
+	}), nil)
+	resp := h.post("/v1/chat/completions", chat)
+	readAll(t, resp.Body)
+	if got := resp.Header.Get(costHeader); got != "0.002" {
+		t.Errorf("cost %q, want 0.002 in the headers", got)
+	}
+}
+
+// TestOneLargeRequestDoesNotSpendABudgetForTheSmallOnes: a request whose
+// bound passes what is left is refused; one that fits still goes.
+func TestOneLargeRequestDoesNotSpendABudgetForTheSmallOnes(t *testing.T) {
+	h := costHarness(t, &flexUpstream{}, func(c *Config) { c.Budget = cost.Dollar / 100 })
+	huge := `{"model":"m","messages":[],"max_tokens":100000000}`
+	if resp := h.post("/v1/chat/completions", huge); resp.StatusCode != 429 {
+		t.Fatalf("a $200 request under a $0.01 cap: %d", resp.StatusCode)
+	}
+	resp := h.post("/v1/chat/completions", chat)
+	readAll(t, resp.Body)
+	if resp.StatusCode != 200 {
+		t.Errorf("a small request after it: %d", resp.StatusCode)
+	}
+}
+
+// TestUnderRetryOffAFlexRefusalGoesBackAndTeachesNothing: the client
+// that said x-llmproxy-retry: off gets the refusal; the lane is not
+// paused by it.
+func TestUnderRetryOffAFlexRefusalGoesBackAndTeachesNothing(t *testing.T) {
+	up := &flexUpstream{}
+	up.refuse.Store(1)
+	h := costHarness(t, up, nil)
+	resp := h.post("/v1/chat/completions", chat, "X-Llmproxy-Tier", "flex", "X-Llmproxy-Retry", "off")
+	readAll(t, resp.Body)
+	if resp.StatusCode != 429 || up.calls.Load() != 1 {
+		t.Fatalf("%d after %d calls", resp.StatusCode, up.calls.Load())
+	}
+	for _, s := range h.proxy.States() {
+		if !s.PausedUntil.IsZero() || s.Throttled != 0 {
+			t.Errorf("lane %s learned from a flex refusal: paused until %v, throttled %d", s.ID, s.PausedUntil, s.Throttled)
+		}
+	}
+}
+
+func TestABudgetUnderANanoDollarIsRefused(t *testing.T) {
+	h := costHarness(t, &flexUpstream{}, nil)
+	resp := h.post("/v1/chat/completions", chat, "X-Llmproxy-Budget-Usd", "1e-12")
+	if body := readAll(t, resp.Body); resp.StatusCode != 400 || !strings.Contains(body, "invalid_budget") {
+		t.Errorf("%d %s", resp.StatusCode, body)
+	}
+}

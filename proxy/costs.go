@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/llmproxy/llmproxy/cost"
@@ -42,6 +43,10 @@ func (p *Proxy) prepareSpend(req *request) error {
 // usage chunk is taken out of what the client gets.
 func (p *Proxy) askUsage(req *request) {
 	s := &req.spend
+	path := req.target.Path
+	if !strings.HasSuffix(path, "/completions") || p.cfg.Prices.Model(s.model) == nil {
+		return // only chat and completions streams leave usage out unless asked, and only a price needs it
+	}
 	with, added := tokens.IncludeUsage(req.body.mem)
 	if !added {
 		return
@@ -73,56 +78,60 @@ func (p *Proxy) scopeBudgets(req *request) error {
 		s.scopes = append(s.scopes, cost.Scope{Key: "run:" + s.key + ":" + s.run, Cap: s.runBudget, TTL: runTTL})
 	}
 	if p.cfg.Budget > 0 {
-		s.scopes = append(s.scopes, cost.Scope{Key: "key:" + s.key, Cap: p.cfg.Budget})
+		s.scopes = append(s.scopes, cost.Scope{Key: "key:" + s.key, Cap: p.cfg.Budget, TTL: accountTTL})
 	}
 	if routeCap > 0 {
-		s.scopes = append(s.scopes, cost.Scope{Key: "route:" + req.route, Cap: routeCap})
+		s.scopes = append(s.scopes, cost.Scope{Key: "route:" + req.route, Cap: routeCap, TTL: accountTTL})
 	}
-	capped := s.runBudget > 0 || p.cfg.Budget > 0 || routeCap > 0
-	if capped && p.cfg.Prices.Model(s.model) == nil {
+	switch {
+	case p.cfg.Prices.Model(s.model) == nil:
 		return fail(failBudgetUnpriced, "a budget applies to this request, and the price table (LLMPROXY_PRICES) has no price for model "+
 			quoteModel(s.model)+": the proxy cannot hold a budget it cannot price")
+	case req.upgrade:
+		return fail(failBudgetUnpriced, "a budget applies to this request, and a WebSocket session's cost has no bound the proxy can reserve before it opens")
 	}
-	if err := p.budgets.exhausted(s.scopes); err != nil {
+	s.bound = p.bound(req)
+	if err := p.budgets.exhausted(s.scopes, s.bound); err != nil {
 		return err
 	}
 	s.ended, s.end = context.WithCancelCause(context.Background())
-	s.unwait = p.budgets.wait(s.scopes, s.end)
+	s.unwait = p.budgets.wait(s.scopes, s.bound, s.end)
 	return nil
 }
+
+// accountTTL is how long a key's or a route's spend is kept once it
+// spends no more: an account a month idle starts again from nothing.
+const accountTTL = 30 * 24 * time.Hour
 
 // bound is the most req can cost: its prompt's bytes bound its text's
 // tokens (no tokenizer makes more tokens than bytes), with each
 // message's overhead and each image by the largest rule, plus its
-// output limit (the model's most when it sets none), at the dearest
-// tier that may serve it.
+// output limit (the model's most, for each choice, when it sets none),
+// at the dearest of its model's prices, whatever tier serves it.
 func (p *Proxy) bound(req *request) cost.Amount {
 	s := &req.spend
 	input := req.body.size + s.estimate // the estimate counts every message's overhead and image
-	output := int64(-1)
-	if s.output != tokens.DefaultMaxOutput || setsOutputLimit(req.body.mem) {
-		output = s.output
+	output := s.output
+	if !s.outputLimited {
+		output = p.cfg.Prices.MaxOutput(s.model) * max(1, s.output/tokens.DefaultMaxOutput)
 	}
-	tier := cost.Standard
-	if s.onFlex && !s.fallback {
-		tier = cost.Flex
-	}
-	a, _ := p.cfg.Prices.Bound(s.model, tier, input, output)
+	a, _ := p.cfg.Prices.Bound(s.model, cost.Dearest, input, output)
 	return a
 }
 
 // reserve holds req's bound under its budgets before it is sent,
-// waiting while holds under way may leave room, until its deadline or
-// Stop; an exhausted budget ends the queued requests of its account
-// too.
+// waiting while holds under way may leave room, until its deadline, its
+// client leaves or Stop; an exhausted budget ends the queued requests of
+// its account too.
 func (p *Proxy) reserve(req *request) error {
 	s := &req.spend
 	if len(s.scopes) == 0 || s.hold != nil {
 		return nil
 	}
-	ctx, cancel := context.WithDeadline(p.stopped, req.deadline)
+	ctx, cancel := context.WithDeadline(s.client, req.deadline)
 	defer cancel()
-	h := cost.Hold{ID: cost.NewHoldID(), Amount: p.bound(req), Scopes: s.scopes, Expires: req.deadline.Add(time.Minute)}
+	defer context.AfterFunc(p.stopped, cancel)()
+	h := cost.Hold{ID: cost.NewHoldID(), Amount: s.bound, Scopes: s.scopes, Expires: req.deadline.Add(time.Minute)}
 	err := cost.Reserve(ctx, p.ledger, h)
 	var ex *cost.Exhausted
 	switch {

@@ -77,10 +77,16 @@ func (p *Proxy) flexDecide(req *request, a flexAnswer, now time.Time, rnd float6
 
 // flexContext bounds a flex attempt to flexUntil when req may fall back
 // to standard: a flex answer slower than that gives way to a standard
-// one. The context's cancel is for the request's end.
+// one, and a request whose turn came after it goes at standard at once.
+// Under x-llmproxy-retry: off the first answer is the client's, whenever
+// it comes. The context's cancel is for the request's end.
 func flexContext(ctx context.Context, req *request) (context.Context, context.CancelFunc) {
 	s := &req.spend
-	if !s.onFlex || !s.fallback || s.flexUntil.IsZero() {
+	if !s.onFlex || !s.fallback || s.flexUntil.IsZero() || req.retryOff {
+		return ctx, func() {}
+	}
+	if !time.Now().Before(s.flexUntil) {
+		s.onFlex = false // its turn came too late for flex: standard at once
 		return ctx, func() {}
 	}
 	return context.WithDeadline(ctx, s.flexUntil)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -34,18 +35,18 @@ func (p *Proxy) respond(w http.ResponseWriter, req *request, res upstream.Result
 		req.outcome = OutcomeUpstreamError
 	}
 	stream := flushEachWrite(resp)
+	pricing := metered && resp.StatusCode < 300 && p.cfg.Prices != nil && p.cfg.Prices.Model(req.spend.model) != nil
+	if pricing && !isEventStream(resp) {
+		p.respondPriced(w, req, resp)
+		return
+	}
 	var meter usageMeter
 	if metered && resp.StatusCode < 300 {
 		meter = newUsageMeter(stream)
 	}
-	pricing := meter != nil && p.cfg.Prices != nil && p.cfg.Prices.Model(req.spend.model) != nil
-	if pricing && !stream {
-		p.respondPriced(w, req, resp, meter.(*bodyMeter))
-		return
-	}
 	var out io.Writer
-	if pricing {
-		f := priceStream(w, req)
+	if pricing || req.spend.stripUsage && stream {
+		f := priceStream(w, req, pricing)
 		defer f.Close()
 		out = f
 	}
@@ -96,12 +97,15 @@ func (p *Proxy) cut(req *request, err error) {
 	panic(http.ErrAbortHandler)
 }
 
-// priceStream readies w for a stream whose price the client gets at its
-// end, in a trailer (x-llmproxy-cost-usd), so with no length; the
-// writer returned takes the usage chunk out when the proxy asked for it
-// (see askUsage). Close it once the stream is copied.
-func priceStream(w http.ResponseWriter, req *request) io.WriteCloser {
-	w.Header().Set("Trailer", costHeader)
+// priceStream readies w for a stream whose price (priced) the client
+// gets at its end, in a trailer (x-llmproxy-cost-usd), or whose usage
+// chunk the proxy asked for, so with no length; the writer returned
+// takes that chunk out (see askUsage). Close it once the stream is
+// copied.
+func priceStream(w http.ResponseWriter, req *request, priced bool) io.WriteCloser {
+	if priced {
+		w.Header().Set("Trailer", costHeader)
+	}
 	w.Header().Del("Content-Length")
 	if req.spend.stripUsage {
 		return &tokens.UsageChunkFilter{W: w}
@@ -122,17 +126,23 @@ func (p *Proxy) counted(req *request, u tokens.Usage) {
 }
 
 // respondPriced answers with a non-streamed answer whose price the
-// client gets in its headers (x-llmproxy-cost-usd): the body, at most
-// maxMeteredBody, is read whole before the headers go out.
-func (p *Proxy) respondPriced(w http.ResponseWriter, req *request, resp *http.Response, m *bodyMeter) {
+// client gets in its headers (x-llmproxy-cost-usd): the body, up to
+// maxMeteredBody, is read whole before the headers go out. A larger one
+// goes on unpriced after what was read; one the upstream cut is cut.
+func (p *Proxy) respondPriced(w http.ResponseWriter, req *request, resp *http.Response) {
+	m := bodyMeters.Get().(*bodyMeter)
 	defer m.release()
+	var idle *time.Timer
 	if a := req.attempt; a != nil {
-		idle := time.AfterFunc(p.cfg.MaxWait, a.cancel)
+		idle = time.AfterFunc(p.cfg.MaxWait, a.cancel)
 		defer idle.Stop()
 	}
-	_, err := io.Copy(m, io.LimitReader(resp.Body, maxMeteredBody+1))
-	if err == nil && !m.overflow {
-		if u, ok := m.Usage(); ok {
+	buf := bytes.NewBuffer(m.buf[:0])
+	_, err := io.Copy(buf, io.LimitReader(resp.Body, maxMeteredBody+1))
+	m.buf = buf.Bytes()
+	whole := err == nil && len(m.buf) <= maxMeteredBody
+	if whole {
+		if u, ok := tokens.FromBody(m.buf); ok {
 			p.counted(req, u)
 			p.price(req, u, resp.Header)
 			w.Header().Set(costHeader, req.spend.amount.String())
@@ -143,21 +153,28 @@ func (p *Proxy) respondPriced(w http.ResponseWriter, req *request, resp *http.Re
 		w.Header().Set("Content-Length", strconv.Itoa(len(m.buf)))
 	}
 	w.WriteHeader(resp.StatusCode)
-	if err != nil {
-		req.outcome, req.cutErr = OutcomeUpstreamCut, redactErr(err, req.target)
-		_, _ = w.Write(m.buf)
-		panic(http.ErrAbortHandler)
+	rest := io.Reader(bytes.NewReader(m.buf))
+	switch {
+	case err != nil:
+		rest = io.MultiReader(rest, failingReader{err})
+	case !whole:
+		rest = io.MultiReader(rest, resp.Body)
 	}
-	if _, werr := w.Write(m.buf); werr != nil {
-		req.outcome = OutcomeClientGone
-		return
+	if err := copyBody(w, nil, rest, false, nil, p.cfg.MaxWait, idle); err != nil {
+		p.cut(req, err)
 	}
-	if m.overflow { // larger than it said: the rest as it comes, unpriced
-		m.buf = m.buf[:0]
-		if err := copyBody(w, nil, resp.Body, false, nil, p.cfg.MaxWait, nil); err != nil {
-			p.cut(req, err)
-		}
-	}
+}
+
+// failingReader gives its error: an upstream's cut, after what was read
+// of its answer before it.
+type failingReader struct{ err error }
+
+func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
+
+// isEventStream reports whether resp is a server-sent event stream.
+func isEventStream(resp *http.Response) bool {
+	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // price prices req's answer from its usage u and headers h, at the tier
@@ -226,11 +243,7 @@ func (p *Proxy) answerHeaders(h http.Header, req *request, resp *http.Response) 
 // or a body of unknown length. Those are flushed after every write so each
 // event reaches the client as soon as the upstream sends it.
 func flushEachWrite(resp *http.Response) bool {
-	if resp.ContentLength == -1 {
-		return true
-	}
-	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";") // a media type's parameters follow ';'
-	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+	return resp.ContentLength == -1 || isEventStream(resp)
 }
 
 // rearmEvery is how often an idle bound's timer or deadline is pushed back

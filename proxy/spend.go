@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"time"
@@ -65,8 +64,14 @@ type spend struct {
 	// runBudget is x-llmproxy-budget-usd; 0: none.
 	runBudget cost.Amount
 	// estimate and output are the lane's estimate of its tokens and the
-	// part of it for its output (see tokens.Request).
+	// part of it for its output; outputLimited: the body sets its
+	// output's limit (see tokens.Request).
 	estimate, output int64
+	outputLimited    bool
+	// bound is the most it can cost (see bound); client is its client's
+	// context, whose leaving ends a wait for a budget's room.
+	bound  cost.Amount
+	client context.Context
 	// scopes are the accounts it spends from when a cap applies (see
 	// scopeBudgets); hold what it reserved under them.
 	scopes []cost.Scope
@@ -81,18 +86,6 @@ type spend struct {
 	served cost.Tier
 	amount cost.Amount
 	priced bool
-}
-
-// setsOutputLimit reports whether a body may name its output limit
-// (max_tokens and the like): a body that does not has no limit of its
-// own, and is bounded by its model's most.
-func setsOutputLimit(body []byte) bool {
-	for _, k := range [...]string{`"max_tokens"`, `"max_completion_tokens"`, `"max_output_tokens"`} {
-		if bytes.Contains(body, []byte(k)) {
-			return true
-		}
-	}
-	return false
 }
 
 // wire is the body the next attempt sends; nil: the client's own.

@@ -18,6 +18,10 @@ type Request struct {
 	// Output is the part of Cost reserved for its output (max_tokens and
 	// the like, times the choices); the rest is its prompt.
 	Output int64
+	// OutputLimited: the body sets max_completion_tokens, max_tokens or
+	// max_output_tokens, so Output is its limit, not DefaultMaxOutput's
+	// guess.
+	OutputLimited bool
 }
 
 // ReadRequest reads body once for its model and its estimated cost. The
@@ -44,6 +48,7 @@ func ReadRequest(path string, body []byte) Request {
 	}
 	if r.kind != apiUnknown {
 		out.Cost, out.Output = r.cost()
+		out.OutputLimited = r.limits[0].ok || r.limits[1].ok || r.limits[2].ok
 	}
 	return out
 }
