@@ -58,6 +58,8 @@ func TestUsageChunkFilter(t *testing.T) {
 	}
 	chunk := func(s string) string { return "data: " + s + "\n\n" }
 	big := `{"choices":[],"usage":{"prompt_tokens":1},"pad":"` + strings.Repeat("p", maxLine) + `"}`
+	// 1 MiB with "data: ", and a byte more.
+	mib := `{"choices":[],"usage":{},"pad":"` + strings.Repeat("p", maxLine-len(`data: {"choices":[],"usage":{},"pad":""}`)) + `"}`
 	for _, tt := range []struct {
 		name, in, want string
 	}{
@@ -86,6 +88,8 @@ func TestUsageChunkFilter(t *testing.T) {
 		{"blank lines", "\n\n\r\n" + chunk(`{"choices":[],"usage":{}}`) + "\n", "\n\n\r\n\n"},
 		{"CR then CRLF", `data: {"choices":[],"usage":{}}` + "\r\r\n" + chunk("x"), chunk("x")},
 		{"over 1 MiB", "data: " + big + "\n\n", "data: " + big + "\n\n"},
+		{"1 MiB", "data: " + mib + "\n\n" + chunk("[DONE]"), chunk("[DONE]")},
+		{"1 MiB and a byte", "data:  " + mib + "\n\n", "data:  " + mib + "\n\n"},
 		{"not SSE", "<html>\n<body>502</body>\n</html>\n", "<html>\n<body>502</body>\n</html>\n"},
 		{"empty", "", ""},
 	} {
@@ -215,8 +219,8 @@ func TestUsageChunkFilterWriteErrors(t *testing.T) {
 	}
 	w := &failingWriter{err: boom}
 	f := UsageChunkFilter{W: w}
-	if _, err := f.Write([]byte("event: x\n")); !errors.Is(err, boom) {
-		t.Errorf("Write = %v, want %v", err, boom)
+	if n, err := f.Write([]byte("event: x\n")); n != 0 || !errors.Is(err, boom) {
+		t.Errorf("Write = %d, %v; want 0, %v: W took none of it", n, err, boom)
 	}
 	short := UsageChunkFilter{W: shortWriter{}}
 	if _, err := short.Write([]byte("event: x\n")); err == nil {
@@ -227,6 +231,47 @@ func TestUsageChunkFilterWriteErrors(t *testing.T) {
 	if err := f.Close(); !errors.Is(err, boom) {
 		t.Errorf("Close writing the held line = %v, want %v", err, boom)
 	}
+}
+
+// TestUsageChunkFilterWritesNoEmptySlice: W is never called with nothing
+// to write (a zero-length Write to an http.ResponseWriter still sends its
+// header), so Close with nothing held does not call it, and reports no
+// error even from a W that would fail.
+func TestUsageChunkFilterWritesNoEmptySlice(t *testing.T) {
+	for _, stream := range []string{chatStream(3), crlf(chatStream(2)), "datum: 1\n\ndata: x\n\n: c\n\n", "dx\r\rdata: [DONE]\n\n"} {
+		for _, feed := range feeds {
+			var w noEmptyWriter
+			f := UsageChunkFilter{W: &w}
+			next := feed.next()
+			for p := []byte(stream); len(p) > 0; {
+				k := min(max(next(), 1), len(p))
+				f.Write(p[:k])
+				p = p[k:]
+			}
+			f.Close()
+			if w.empty > 0 || w.out.String() != filterWhole(stream) {
+				t.Errorf("%.40q, %s: %d empty writes, out %.60q; want none, %.60q", stream, feed.name, w.empty, w.out.String(), filterWhole(stream))
+			}
+		}
+	}
+	f := UsageChunkFilter{W: &failingWriter{err: errors.New("boom")}}
+	if err := f.Close(); err != nil {
+		t.Errorf("Close with nothing held = %v, want nil: nothing is written", err)
+	}
+}
+
+// noEmptyWriter keeps what is written to it, and counts the writes of
+// nothing.
+type noEmptyWriter struct {
+	out   bytes.Buffer
+	empty int
+}
+
+func (w *noEmptyWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		w.empty++
+	}
+	return w.out.Write(p)
 }
 
 // failingWriter fails every write.
@@ -258,6 +303,22 @@ func TestUsageChunkFilterBoundedBuffer(t *testing.T) {
 	f.Write([]byte("\n"))
 	if f.line != nil {
 		t.Errorf("after the line ended, still holding a buffer of %d bytes", cap(f.line))
+	}
+}
+
+// TestUsageChunkFilterKeepsAShortBuffer: the buffer of a held line of up
+// to lineTail bytes is kept for the next, so holding one again, split
+// across writes, allocates nothing; a longer one's is let go (see
+// TestUsageChunkFilterBoundedBuffer).
+func TestUsageChunkFilterKeepsAShortBuffer(t *testing.T) {
+	line := []byte("data: " + strings.Repeat("x", lineTail-len("data: ")))
+	end := []byte("\n\n")
+	f := UsageChunkFilter{W: &countingWriter{}}
+	if a := testing.AllocsPerRun(20, func() { f.Write(line); f.Write(end) }); a != 0 {
+		t.Errorf("holding a line of %d bytes again allocates %v times, want 0", len(line), a)
+	}
+	if cap(f.line) != lineTail {
+		t.Errorf("after the line, a buffer of %d bytes is kept, want %d", cap(f.line), lineTail)
 	}
 }
 

@@ -56,7 +56,6 @@ func IncludeUsage(body []byte) (out []byte, added bool) {
 	var o streamOptions
 	w := walker{b: body}
 	valid := w.object(func(quoted []byte, _ int64) {
-		o.members++
 		switch string(unquotedKey(quoted)) {
 		case "stream":
 			from, to := w.span()
@@ -72,20 +71,20 @@ func IncludeUsage(body []byte) (out []byte, added bool) {
 		return body, false
 	}
 	if !o.given {
+		// The body has members: "stream" is one.
 		member := []byte(`"stream_options":{"include_usage":true}`)
-		o.edits = append(o.edits, insertion(openingBrace(body), member, o.members > 0))
+		o.edits = append(o.edits, insertion(openingBrace(body), member, true))
 	}
 	return applyEdits(body, o.edits), true
 }
 
 // streamOptions is what IncludeUsage reads of a request body.
 type streamOptions struct {
-	members int    // the body's top-level members
-	stream  bool   // the last "stream" is true
-	given   bool   // there is a "stream_options"
-	on      bool   // the last one has include_usage true, its last one counting
-	odd     bool   // the last one is neither an object nor null
-	edits   []edit // what sets include_usage true in each
+	stream bool   // the last "stream" is true
+	given  bool   // there is a "stream_options"
+	on     bool   // the last one has include_usage true, its last one counting
+	odd    bool   // the last one is neither an object nor null
+	edits  []edit // what sets include_usage true in each
 }
 
 // streamOptions reads a stream_options value at the cursor into o, with

@@ -19,6 +19,9 @@ func rewrite(t *testing.T, body string, f func([]byte) ([]byte, bool)) (string, 
 	if len(in) > 0 && len(out) > 0 && &in[0] == &out[0] && ok {
 		t.Errorf("%s: the output shares the input's memory", body)
 	}
+	if ok && cap(out) != len(out) {
+		t.Errorf("%s: the output has room for %d bytes, holds %d: a body kept to send again should not carry spare room", body, cap(out), len(out))
+	}
 	return string(out), ok
 }
 

@@ -275,6 +275,8 @@ func TestFromBodyCachedAndTier(t *testing.T) {
 		{"32 bytes", `{"service_tier":"` + strings.Repeat("t", 32) + `","usage":{"prompt_tokens":1}}`, Usage{Input: 1, Tier: strings.Repeat("t", 32)}, true},
 		{"33 bytes", `{"service_tier":"` + strings.Repeat("t", 33) + `","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
 		{"empty", `{"service_tier":"","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
+		{"empty keeps the earlier", `{"service_tier":"flex","service_tier":"","usage":{"prompt_tokens":1,"service_tier":"scale","service_tier":""}}`, Usage{Input: 1, Tier: "flex"}, true},
+		{"one byte", `{"service_tier":"x","usage":{"prompt_tokens":1}}`, Usage{Input: 1, Tier: "x"}, true},
 		{"space", `{"service_tier":"on demand","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
 		{"escaped", `{"service_tier":"fle\u0078","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
 		{"not ASCII", `{"service_tier":"flé","usage":{"prompt_tokens":1}}`, Usage{Input: 1}, true},
