@@ -561,3 +561,88 @@ func TestBudgetOnACluster(t *testing.T) {
 	wantSpent(t, other, "run:c", 7, 0)
 	wantSpent(t, other, "key:c", 7, 0)
 }
+
+// TestBudgetHoldWithoutExpiresLivesTenMinutes: a hold with a zero
+// Expires lives DefaultHoldTTL, ten minutes on Redis' clock, and no
+// longer.
+func TestBudgetHoldWithoutExpiresLivesTenMinutes(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	fc := clock.NewFake(fakeStart)
+	l := newFakeStore(t, srv.url(), fc, fc).Ledger()
+	run := []cost.Scope{{Key: "run:x", Cap: 1000}}
+	if err := l.TryReserve(context.Background(), cost.Hold{ID: "h", Amount: 600, Scopes: run}); err != nil {
+		t.Fatal(err)
+	}
+	fc.Advance(10*time.Minute - time.Second)
+	wantSpent(t, l, "run:x", 0, 600)
+	fc.Advance(time.Second - time.Millisecond)
+	wantSpent(t, l, "run:x", 0, 600)
+	fc.Advance(time.Millisecond)
+	wantSpent(t, l, "run:x", 0, 0)
+}
+
+// TestBudgetScopeNamedTwiceCountsOnce: a hold naming one scope key
+// twice holds it once, under the smallest positive cap given for it (a
+// cap of 0, none, given beside one does not lift it), and keeps its keys
+// the longest TTL given.
+func TestBudgetScopeNamedTwiceCountsOnce(t *testing.T) {
+	t.Parallel()
+	srv := startServer(t)
+	st := newStore(t, srv.url(), time.Minute)
+	l, b := st.Ledger(), st.Ledger().(*budgets)
+	rdb := srv.client(t)
+	ctx := context.Background()
+	for i, c := range []struct {
+		caps []cost.Amount // the caps given for the one key, in order
+		cap  cost.Amount   // the cap that applies; 0: none
+	}{
+		{[]cost.Amount{100, 0}, 100},
+		{[]cost.Amount{0, 100}, 100},
+		{[]cost.Amount{0, 0}, 0},
+		{[]cost.Amount{100, 50}, 50},
+		{[]cost.Amount{50, 100}, 50},
+		{[]cost.Amount{0, 100, 50, 0, 70}, 50},
+		{[]cost.Amount{80, 80}, 80},
+	} {
+		key := fmt.Sprintf("run:twice%d", i)
+		var scopes []cost.Scope
+		for j, cp := range c.caps {
+			scopes = append(scopes, cost.Scope{Key: key, Cap: cp, TTL: time.Duration(j+1) * time.Hour})
+		}
+		reserve := func(id string, amount cost.Amount) error {
+			return l.TryReserve(ctx, cost.Hold{ID: id, Amount: amount, Scopes: scopes})
+		}
+		if c.cap > 0 {
+			// One past the cap is exhausted, under that cap.
+			var ex *cost.Exhausted
+			if err := reserve("over", c.cap+1); !errors.As(err, &ex) || ex.Key != key || ex.Cap != c.cap || ex.Spent != 0 {
+				t.Fatalf("caps %v: reserved %d: %v, want exhausted under the cap %d", c.caps, c.cap+1, err, c.cap)
+			}
+		}
+		amount := cost.Amount(1000) // uncapped: any amount
+		if c.cap > 0 {
+			amount = c.cap
+		}
+		// Exactly to the cap is taken, and held once.
+		if err := reserve("h", amount); err != nil {
+			t.Fatalf("caps %v: reserved %d: %v", c.caps, amount, err)
+		}
+		wantSpent(t, l, key, 0, amount)
+		if c.cap > 0 {
+			if err := reserve("more", 1); !errors.Is(err, cost.ErrFull) {
+				t.Fatalf("caps %v: reserved 1 beside a hold of the cap: %v, want full", c.caps, err)
+			}
+		}
+		spend, holds := b.scopeKeys(key)
+		for _, k := range []string{spend, holds} {
+			if d, err := rdb.PTTL(ctx, k).Result(); err != nil || d <= time.Duration(len(c.caps)-1)*time.Hour {
+				t.Fatalf("caps %v: %s: PTTL %v (%v), want the longest TTL given, %d h", c.caps, k, d, err, len(c.caps))
+			}
+		}
+		if err := l.Settle(ctx, cost.Hold{ID: "h", Amount: amount, Scopes: scopes}, amount-1); err != nil {
+			t.Fatal(err)
+		}
+		wantSpent(t, l, key, amount-1, 0)
+	}
+}
