@@ -54,7 +54,6 @@ func (p *Proxy) askUsage(req *request) {
 	if p.hold(req, int64(len(with))) != nil {
 		return // no room to hold a second body: the answer goes unpriced
 	}
-	s.extra += int64(len(with))
 	s.std, s.stripUsage = with, true
 	if s.flexBody != nil {
 		if f, ok := tokens.IncludeUsage(s.flexBody); ok {

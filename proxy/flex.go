@@ -31,7 +31,6 @@ func (p *Proxy) askFlex(req *request) {
 	if !ok || p.hold(req, int64(len(b))) != nil {
 		return
 	}
-	s.extra += int64(len(b))
 	s.flexBody, s.onFlex = b, true
 	s.flexUntil = p.tiers.flexUntil(req.route, s.model, req.arrived, req.deadline)
 }

@@ -45,9 +45,6 @@ type spend struct {
 	// body sent at standard when it differs from the client's (the
 	// proxy asked a stream for its usage). nil: the client's.
 	flexBody, std []byte
-	// extra is the bytes flexBody and std hold beyond the client's body,
-	// counted against MaxBufferedBytes.
-	extra int64
 	// stripUsage: the proxy asked the stream for its usage, and takes the
 	// usage chunk out of what the client gets.
 	stripUsage bool
