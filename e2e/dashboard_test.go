@@ -694,9 +694,21 @@ func TestDashboardShowsRunsAndTheirSpend(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	runs := s.proxy.Runs()
-	if len(runs) != 1 || runs[0].Requests != 3 {
-		t.Fatalf("runs %+v", runs)
+	var lanes struct {
+		Runs []struct {
+			Requests int    `json:"requests"`
+			CostUSD  string `json:"cost_usd"`
+		} `json:"runs"`
+	}
+	resp, err := http.Get(admin.URL + "/lanes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&lanes)
+	resp.Body.Close()
+	runs := lanes.Runs
+	if err != nil || len(runs) != 1 || runs[0].Requests != 3 {
+		t.Fatalf("runs %+v (%v)", runs, err)
 	}
 	if err := chromedp.Do(ctx, chromedp.Navigate(admin.URL+"/ui"), chromedp.WaitVisible(chromedp.CSS(`tr[data-run="nightly-eval"]`))); err != nil {
 		t.Fatal(err)

@@ -342,6 +342,3 @@ func refuseAdmin(w http.ResponseWriter) {
 	w.Header().Set("Cache-Control", "no-store")
 	replyFor(fail(failAdminToken, "this admin endpoint needs the admin token (LLMPROXY_ADMIN_TOKEN): send Authorization: Bearer <token>, or open /ui?token=<token> once in a browser"), time.Time{}).write(w)
 }
-
-// Runs is the spend by run, the latest first (see RunView).
-func (p *Proxy) Runs() []RunView { return p.spends.Runs() }

@@ -265,7 +265,7 @@ func TestARunsBudgetStopsWithinOneRequestOfItsCap(t *testing.T) {
 	if up.calls.Load() != 4 {
 		t.Errorf("%d upstream calls, want 4", up.calls.Load())
 	}
-	runs := h.proxy.Runs()
+	runs := h.proxy.spends.Runs()
 	if len(runs) != 1 || runs[0].Name != "eval-1" || runs[0].CostUSD != "0.008" || runs[0].Requests != 6 ||
 		runs[0].Failures != 2 || runs[0].InputTokens != 4000 || runs[0].ByTier["standard"] != "0.008" {
 		t.Errorf("runs %+v", runs)
@@ -365,8 +365,8 @@ func TestSpendIsShownInLanesAndMetrics(t *testing.T) {
 	admin := httptest.NewServer(h.proxy.AdminHandler(Health{}))
 	defer admin.Close()
 	var lanes struct {
-		Runs      []RunView   `json:"runs"`
-		LaneSpend []LaneSpend `json:"lane_spend"`
+		Runs      []runView   `json:"runs"`
+		LaneSpend []laneSpend `json:"lane_spend"`
 	}
 	if err := json.Unmarshal([]byte(adminBody(t, admin.URL+"/lanes")), &lanes); err != nil {
 		t.Fatal(err)

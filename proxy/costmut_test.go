@@ -215,7 +215,7 @@ func TestARunsRowCountsItsRequestsTokensAndCostByTier(t *testing.T) {
 	if len(runs) != 2 {
 		t.Fatalf("runs %+v", runs)
 	}
-	r := runs[slices.IndexFunc(runs, func(r RunView) bool { return r.Name == "r" })]
+	r := runs[slices.IndexFunc(runs, func(r runView) bool { return r.Name == "r" })]
 	if r.Key != "k" || r.Requests != 4 || r.Failures != 2 || r.InputTokens != 130 || r.OutputTokens != 60 || r.FlexRefusals != 3 ||
 		r.BudgetUSD != "5" || r.CostUSD != "0.0000045" || r.ByTier["flex"] != "0.0000015" || r.ByTier["standard"] != "0.000003" {
 		t.Errorf("row %+v", r)
@@ -261,11 +261,11 @@ func TestARunIdlePastRunTTLGoesAndTheOldestWhenFull(t *testing.T) {
 // table takes the place of the one that spent last longest ago.
 func TestTheLaneIdleLongestMakesRoomAtMaxSpendLanes(t *testing.T) {
 	var tb spendTable
-	tb.lanes = map[string]*LaneSpend{}
+	tb.lanes = map[string]*laneSpend{}
 	base := time.Now()
 	for i := range maxSpendLanes {
 		id := "l" + strconv.Itoa(i)
-		tb.lanes[id] = &LaneSpend{Lane: id, last: base.Add(time.Duration((i+7)%maxSpendLanes) * time.Second)}
+		tb.lanes[id] = &laneSpend{Lane: id, last: base.Add(time.Duration((i+7)%maxSpendLanes) * time.Second)}
 	}
 	oldest := "l" + strconv.Itoa(maxSpendLanes-7)
 	tb.lane("new")

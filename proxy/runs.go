@@ -14,8 +14,8 @@ import (
 // maxSpendLanes lanes are; past that the one idle longest goes.
 type spendTable struct {
 	mu    sync.Mutex
-	runs  map[runKey]*RunView
-	lanes map[string]*LaneSpend
+	runs  map[runKey]*runView
+	lanes map[string]*laneSpend
 }
 
 type runKey struct{ key, name string }
@@ -26,9 +26,9 @@ const (
 	maxSpendLanes = 10000
 )
 
-// RunView is one run's row: its requests, tokens, failures and cost by
+// runView is one run's row: its requests, tokens, failures and cost by
 // tier, as /lanes shows it.
-type RunView struct {
+type runView struct {
 	Name string `json:"name"`
 	// Key is the short hash of the credential its requests carried.
 	Key          string `json:"key"`
@@ -51,8 +51,8 @@ type RunView struct {
 	byTier    map[cost.Tier]cost.Amount
 }
 
-// LaneSpend is one lane's spend, as /lanes shows it.
-type LaneSpend struct {
+// laneSpend is one lane's spend, as /lanes shows it.
+type laneSpend struct {
 	Lane    string `json:"lane"`
 	CostUSD string `json:"cost_usd"`
 	Priced  int    `json:"priced_answers"`
@@ -100,12 +100,12 @@ func (t *spendTable) note(lane string, s *spend, ok bool, used, prompted int64) 
 
 // run is the row of k, made (and room made for it) when there is none.
 // Requires t.mu held.
-func (t *spendTable) run(k runKey, now time.Time) *RunView {
+func (t *spendTable) run(k runKey, now time.Time) *runView {
 	if r := t.runs[k]; r != nil {
 		return r
 	}
 	if t.runs == nil {
-		t.runs = map[runKey]*RunView{}
+		t.runs = map[runKey]*runView{}
 	}
 	var oldest *runKey
 	for key, r := range t.runs {
@@ -119,7 +119,7 @@ func (t *spendTable) run(k runKey, now time.Time) *RunView {
 	if len(t.runs) >= maxRuns && oldest != nil {
 		delete(t.runs, *oldest)
 	}
-	r := &RunView{Name: k.name, Key: k.key, First: now, CostUSD: "0",
+	r := &runView{Name: k.name, Key: k.key, First: now, CostUSD: "0",
 		ByTier: map[string]string{}, byTier: map[cost.Tier]cost.Amount{}}
 	t.runs[k] = r
 	return r
@@ -127,12 +127,12 @@ func (t *spendTable) run(k runKey, now time.Time) *RunView {
 
 // lane is lane id's spend, made when there is none. Requires t.mu
 // held.
-func (t *spendTable) lane(id string) *LaneSpend {
+func (t *spendTable) lane(id string) *laneSpend {
 	if l := t.lanes[id]; l != nil {
 		return l
 	}
 	if t.lanes == nil {
-		t.lanes = map[string]*LaneSpend{}
+		t.lanes = map[string]*laneSpend{}
 	}
 	if len(t.lanes) >= maxSpendLanes {
 		var oldest string
@@ -143,16 +143,16 @@ func (t *spendTable) lane(id string) *LaneSpend {
 		}
 		delete(t.lanes, oldest)
 	}
-	l := &LaneSpend{Lane: id}
+	l := &laneSpend{Lane: id}
 	t.lanes[id] = l
 	return l
 }
 
 // Runs is every run kept, the latest first.
-func (t *spendTable) Runs() []RunView {
+func (t *spendTable) Runs() []runView {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]RunView, 0, len(t.runs))
+	out := make([]runView, 0, len(t.runs))
 	for _, r := range t.runs {
 		v := *r
 		v.ByTier = make(map[string]string, len(r.ByTier))
@@ -165,19 +165,19 @@ func (t *spendTable) Runs() []RunView {
 		}
 		out = append(out, v)
 	}
-	slices.SortFunc(out, func(a, b RunView) int { return b.Last.Compare(a.Last) })
+	slices.SortFunc(out, func(a, b runView) int { return b.Last.Compare(a.Last) })
 	return out
 }
 
 // Lanes is the spend of the lanes that had priced answers, dearest
 // first, at most n.
-func (t *spendTable) Lanes(n int) []LaneSpend {
+func (t *spendTable) Lanes(n int) []laneSpend {
 	t.mu.Lock()
-	out := make([]LaneSpend, 0, len(t.lanes))
+	out := make([]laneSpend, 0, len(t.lanes))
 	for _, l := range t.lanes {
 		out = append(out, *l)
 	}
 	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b LaneSpend) int { return int(b.cost - a.cost) })
+	slices.SortFunc(out, func(a, b laneSpend) int { return int(b.cost - a.cost) })
 	return out[:min(n, len(out))]
 }

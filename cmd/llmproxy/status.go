@@ -47,8 +47,29 @@ type lanesReply struct {
 	Routes []routeReply `json:"routes"`
 	// Runs are the runs (x-llmproxy-run) of the last day; LaneSpend
 	// what the lanes spent.
-	Runs      []proxy.RunView   `json:"runs"`
-	LaneSpend []proxy.LaneSpend `json:"lane_spend"`
+	Runs      []runReply       `json:"runs"`
+	LaneSpend []laneSpendReply `json:"lane_spend"`
+}
+
+// runReply is a run's row in /lanes.
+type runReply struct {
+	Name         string            `json:"name"`
+	Key          string            `json:"key"`
+	Requests     int               `json:"requests"`
+	Failures     int               `json:"failures"`
+	InputTokens  int64             `json:"input_tokens"`
+	OutputTokens int64             `json:"output_tokens"`
+	FlexRefusals int               `json:"flex_refusals"`
+	CostUSD      string            `json:"cost_usd"`
+	ByTier       map[string]string `json:"cost_by_tier_usd"`
+	BudgetUSD    string            `json:"budget_usd"`
+	Last         time.Time         `json:"last"`
+}
+
+// laneSpendReply is a lane's spend in /lanes.
+type laneSpendReply struct {
+	Lane    string `json:"lane"`
+	CostUSD string `json:"cost_usd"`
 }
 
 // status prints the lane table of a running proxy, once or (-w) every
