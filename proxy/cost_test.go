@@ -584,3 +584,19 @@ func TestABudgetUnderANanoDollarIsRefused(t *testing.T) {
 		t.Errorf("%d %s", resp.StatusCode, body)
 	}
 }
+
+// TestAModelNamedAtLengthIsRememberedBounded: the flex memory keys a
+// model as a lane does, bounded.
+func TestAModelNamedAtLengthIsRememberedBounded(t *testing.T) {
+	var tm tierMemory
+	long := strings.Repeat("m", 1<<20)
+	tm.markNoFlex("", long)
+	for k := range tm.noFlexes {
+		if len(k) > 1024 {
+			t.Errorf("a key of %d bytes kept", len(k))
+		}
+	}
+	if !tm.noFlex("", long) {
+		t.Error("the long model was not remembered")
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -80,7 +81,9 @@ type tierMemory struct {
 // clients' words).
 const maxTierMemory = 4096
 
-func tierKey(route, model string) string { return route + "\x00" + model }
+// tierKey is route's and model's key, the model bounded as a lane's is
+// (a body may name a model of a megabyte).
+func tierKey(route, model string) string { return route + "\x00" + bound.Field(model) }
 
 func (t *tierMemory) noFlex(route, model string) bool {
 	t.mu.Lock()
