@@ -41,7 +41,7 @@ const (
 )
 
 // clientHeaders are the request headers that speak to the proxy alone.
-var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader, tierHeader, runHeader, budgetHeader}
+var clientHeaders = [...]string{priorityHeader, clientHeader, maxWaitHeader, retryHeader, tierHeader, runHeader, budgetHeader, journalHeader}
 
 // clientSay is what the client said in them.
 type clientSay struct {
@@ -52,6 +52,9 @@ type clientSay struct {
 	tier   cost.Tier
 	run    string
 	budget cost.Amount
+	// keep is what it said of the journal and its retries (see
+	// readKeepSay).
+	keep keepSay
 }
 
 // readSay reads the client's say from h: x-llmproxy-max-wait, a number of
@@ -108,6 +111,26 @@ func readCostSay(h http.Header, s *clientSay) error {
 		if s.budget = cost.Amount(math.Round(usd * float64(cost.Dollar))); s.budget <= 0 {
 			return fail(failBadBudget, "x-llmproxy-budget-usd must be at least 0.000000001 (a nano-dollar)")
 		}
+	}
+	return readKeepSay(h, s)
+}
+
+// readKeepSay reads x-llmproxy-journal, X-Stainless-Retry-Count and
+// Idempotency-Key from h into s.
+func readKeepSay(h http.Header, s *clientSay) error {
+	if v, ok := h[journalHeader]; ok {
+		m, ok := journalModes[strings.ToLower(strings.TrimSpace(v[0]))]
+		if !ok {
+			return fail(failBadJournal, "x-llmproxy-journal must be record, replay, strict or off")
+		}
+		s.keep.mode, s.keep.said = m, true
+	}
+	if v, ok := h[retryCountHeader]; ok {
+		n, err := strconv.Atoi(strings.TrimSpace(v[0]))
+		s.keep.retry, s.keep.retries = err == nil && n > 0, true
+	}
+	if v, ok := h[idempotencyHeader]; ok && len(v[0]) <= 256 {
+		s.keep.idem = v[0]
 	}
 	return nil
 }
@@ -298,6 +321,9 @@ func hasToken(values []string, token string) bool {
 // describe tells req's trace what it asks for, lr: its model, of its
 // route's provider, by its path's operation, for its client.
 func (p *Proxy) describe(req *request, lr lanequeue.Request) {
+	if req.trace == nil {
+		return
+	}
 	req.trace.Describe(lr.Model, tracing.Operation(req.target.Path), p.providers[req.route], lr.Client)
 }
 

@@ -16,7 +16,7 @@ import (
 // it. deadline is serve's context: it ends at the request's deadline, when
 // the client goes and at Stop.
 func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request) (upstream.Result, *attemptWatch, bool) {
-	actx, cancel := context.WithCancel(r.Context())
+	actx, cancel := context.WithCancel(req.keep.parent())
 	a := &attemptWatch{p: p, cancel: cancel}
 	a.unwatch = context.AfterFunc(deadline, a.deadlineDone)
 	// Built as http.NewRequestWithContext builds it, without parsing the
@@ -57,6 +57,7 @@ func (p *Proxy) attempt(deadline context.Context, r *http.Request, req *request)
 // throughout, retries included.
 func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Request, req *request) {
 	slot := req.slot
+	req.keep.sentNow()
 	for {
 		actx, cancelFlex := flexContext(ctx, req)
 		defer cancelFlex()
@@ -85,7 +86,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 			traceAnswer(req, res, d)
 		}
 		switch {
-		case r.Context().Err() != nil:
+		case req.keep.parent().Err() != nil:
 			res.Discard()
 			req.outcome = OutcomeClientGone
 			return

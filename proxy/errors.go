@@ -73,6 +73,8 @@ const (
 	failBadBudget
 	failBudgetUnpriced
 	failBudget
+	failBadJournal
+	failJournalMiss
 )
 
 func fail(kind failKind, msg string) error { return &failure{kind: kind, msg: msg} }
@@ -153,7 +155,9 @@ var replies = map[failKind]errorReply{
 	failBudgetUnpriced: {status: http.StatusBadRequest, typ: "invalid_request_error", code: "budget_unpriced", noRetry: true},
 	// A run's, key's or route's budget is spent: nothing was sent
 	// upstream, and a retry would meet the same budget.
-	failBudget: {status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "budget_exhausted", noRetry: true},
+	failBudget:      {status: http.StatusTooManyRequests, typ: "insufficient_quota", code: "budget_exhausted", noRetry: true},
+	failBadJournal:  {status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_journal", noRetry: true},
+	failJournalMiss: {status: http.StatusNotFound, typ: "invalid_request_error", code: "journal_miss", noRetry: true},
 }
 
 // errShutdown is the answer to requests cut short by Stop.

@@ -16,6 +16,7 @@ type metrics struct {
 	proxyErrors *prometheus.CounterVec   // route, code, status
 	spend       *prometheus.CounterVec   // route, tier
 	flexRefused *prometheus.CounterVec   // route
+	journaled   *prometheus.CounterVec   // result
 	// byRoute holds each route's series of the two histograms, resolved
 	// once: a request observes them without hashing its labels.
 	byRoute map[string]routeSeries
@@ -33,6 +34,12 @@ func (m *metrics) route(name string) routeSeries {
 		return s
 	}
 	return routeSeries{m.queueWait.WithLabelValues(name), m.upstreamLat.WithLabelValues(name), m.flexRefused.WithLabelValues(name)}
+}
+
+// journal is the counter of the journal's answers with result: hit,
+// miss (strict), recorded or joined.
+func (m *metrics) journal(result string) prometheus.Counter {
+	return m.journaled.WithLabelValues(result)
 }
 
 // spent counts a priced answer's cost to its route and tier.
@@ -59,6 +66,9 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, routeNames []
 		flexRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmproxy_flex_refusals_total", Help: "Flex refusals (no flex capacity) the proxy absorbed, by route; they teach the lanes nothing.",
 		}, []string{"route"}),
+		journaled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmproxy_journal_answers_total", Help: "Answers the journal served (hit), refused in strict mode (miss) or recorded, and answers given by joining a call in flight (joined).",
+		}, []string{"result"}),
 	}
 	m.byRoute = map[string]routeSeries{}
 	for _, name := range routeNames {
@@ -73,7 +83,7 @@ func newMetrics(reg prometheus.Registerer, lanes *lanequeue.Table, routeNames []
 	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "llmproxy_websocket_sessions", Help: "WebSocket sessions open now (joined after their handshake; they hold no lane permit).",
 	}, sessions)
-	cs := []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, m.spend, m.flexRefused, held, spool, open, lanes.Collector(), spends}
+	cs := []prometheus.Collector{m.queueWait, m.upstreamLat, m.proxyErrors, m.spend, m.flexRefused, m.journaled, held, spool, open, lanes.Collector(), spends}
 	if routes != nil {
 		cs = append(cs, routes)
 	}

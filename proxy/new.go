@@ -29,6 +29,7 @@ func New(cfg Config) (*Proxy, error) {
 	p := &Proxy{cfg: cfg, log: cfg.Logger, stopped: stopped, stop: stop,
 		policy: retryPolicy{maxRetries: cfg.MaxRetries, maxRetryAfter: cfg.MaxRetryAfter, backoff: cfg.Backoff}}
 	p.sessions = map[*session]struct{}{}
+	p.keeping.init(cfg.Journal, cfg.JournalMode, cfg.JournalPassGap)
 	if p.ledger = cfg.Ledger; p.ledger == nil {
 		p.ledger = cost.NewLocal()
 	}

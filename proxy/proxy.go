@@ -30,6 +30,7 @@ import (
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
+	"github.com/llmproxy/llmproxy/state"
 	"github.com/llmproxy/llmproxy/upstream"
 )
 
@@ -133,6 +134,14 @@ type Config struct {
 	// Fleet shares the operators' changes (the admin endpoints') with
 	// the other replicas of the proxy; nil: this process only.
 	Fleet Fleet
+	// Journal keeps complete answers by run and occurrence (the state
+	// file's); nil = no journal, and x-llmproxy-journal is refused.
+	// JournalMode is the mode of requests that do not say one: "" or
+	// off, record, replay, strict. JournalPassGap is how long a run
+	// rests before its next request starts a new pass; zero = 30s.
+	Journal        *state.Journal
+	JournalMode    string
+	JournalPassGap time.Duration
 }
 
 // Proxy is the request handler plus its lane table and metrics.
@@ -173,6 +182,8 @@ type Proxy struct {
 	budgets budgetMarks
 	ledger  cost.Ledger
 	spends  spendTable
+	// keeping is the journal's and the joins' (see keepOn).
+	keeping keeping
 }
 
 // Validate reports the first of cfg's settings the proxy cannot use, as
@@ -189,6 +200,12 @@ func (cfg Config) Validate() error {
 		if err := CheckUpstream(cfg.Upstream); err != nil {
 			return setting.Bad("proxy", "Upstream", err.Error())
 		}
+	}
+	if _, ok := parseJournalMode(cfg.JournalMode); !ok {
+		return setting.Bad("proxy", "JournalMode", fmt.Sprintf("%q: use record, replay, strict or off", cfg.JournalMode))
+	}
+	if m, _ := parseJournalMode(cfg.JournalMode); m != journalOff && cfg.Journal == nil {
+		return setting.Bad("proxy", "JournalMode", "a journal mode needs a journal (LLMPROXY_STATE)")
 	}
 	seen := map[string]bool{}
 	for _, r := range cfg.Routes {

@@ -40,6 +40,8 @@ type request struct {
 	retryOff bool
 	// spend is its cost side: tier, run, budgets, what it cost.
 	spend spend
+	// keep is its journal and join side (see keepOn).
+	keep keepSay
 	// headerValues back the x-llmproxy-* header values (see
 	// headerValue), so that they cost no allocation of their own.
 	headerValues [headerCount]string

@@ -50,6 +50,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
 	req.spend.asked, req.spend.run, req.spend.runBudget = said.tier, said.run, said.budget
 	cred := credentialOf(r.Header, r.URL.RawQuery)
+	req.keep, req.keep.cred, req.keep.post, req.keep.client = said.keep, cred, r.Method == http.MethodPost, r.Context()
 	if p.stopping() {
 		err = errShutdown // whatever the client said
 	}
@@ -64,17 +65,19 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 		p.failRequest(w, req, err)
 		return
 	}
+	if w = p.keepOn(w, req); w == nil {
+		return // answered from the journal, or by a call it joined
+	}
+	defer p.keepDone(req)
 	lr, err := p.laneRequest(r, req, cred)
 	if err != nil {
 		p.failRequest(w, req, err)
 		return
 	}
 	req.priority = lr.Priority
-	if req.trace != nil {
-		p.describe(req, lr)
-	}
+	p.describe(req, lr)
 
-	ctx, cancel := context.WithDeadline(r.Context(), req.deadline)
+	ctx, cancel := context.WithDeadline(req.keep.parent(), req.deadline)
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
 	if ends := req.spend.ended; ends != nil { // a budget found spent ends its wait

@@ -1,0 +1,174 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/llmproxy/llmproxy/state"
+)
+
+// keepOn readies req's journal and joins (see tape.go): it answers a
+// hit, a strict miss or a join itself (and returns nil), or returns the
+// writer the answer goes through.
+func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter {
+	k := &req.keep
+	mode := p.keeping.mode
+	if k.said {
+		mode = k.mode
+	}
+	if !k.post || mode == journalOff && !k.retries && k.idem == "" {
+		return w
+	}
+	if mode != journalOff && p.keeping.journal == nil {
+		p.failRequest(w, req, fail(failBadJournal, "x-llmproxy-journal needs a state file: start the proxy with LLMPROXY_STATE"))
+		return nil
+	}
+	raw, _ := io.ReadAll(io.LimitReader(req.body.reader(), canonicalMax+1))
+	c := callOf(k, req.target, raw)
+	if t := p.keeping.joinable(c, k); t != nil && p.joinCall(w, req, t) {
+		return nil
+	}
+	var j *journaled
+	if mode != journalOff {
+		j = p.keeping.take(c, req.spend.run, k.retry, time.Now())
+		if mode != journalRecord && p.replayed(w, req, c, j, mode) {
+			return nil
+		}
+	}
+	k.tape = p.keeping.newTape(w, k.client, c, j, k.idem != "")
+	return k.tape
+}
+
+// replayed answers req from the journal when its occurrence was
+// recorded, or joins the call recording it now; in strict mode it
+// answers a miss with 404 journal_miss. It reports whether it answered.
+func (p *Proxy) replayed(w http.ResponseWriter, req *request, c callKey, j *journaled, mode journalMode) bool {
+	e, ok, err := p.keeping.journal.Lookup(j.run, c.sum, j.occ, p.cfg.Clock.Now())
+	if err != nil {
+		p.log.Warn("journal read failed", "err", err)
+	}
+	if ok {
+		p.keeping.answered(j, true)
+		p.metrics.journal("hit").Inc()
+		serveEntry(w, req, e)
+		return true
+	}
+	if t := p.keeping.recording(c, j); t != nil && p.joinCall(w, req, t) {
+		p.keeping.answered(j, true)
+		return true
+	}
+	if mode == journalStrict {
+		p.keeping.answered(j, false)
+		p.metrics.journal("miss").Inc()
+		p.failRequest(w, req, fail(failJournalMiss, "no recording of this request (occurrence "+
+			strconv.Itoa(int(j.occ))+" in run "+strconv.Quote(j.run)+"); x-llmproxy-journal: strict answers from the journal only"))
+		return true
+	}
+	return false
+}
+
+// serveEntry writes a recorded answer: its headers as recorded, its body
+// byte for byte.
+func serveEntry(w http.ResponseWriter, req *request, e *state.Entry) {
+	h := w.Header()
+	for name, v := range e.Header {
+		h[name] = v
+	}
+	h.Set(journalHeader, "hit")
+	if !e.Stream {
+		h.Set("Content-Length", strconv.Itoa(len(e.Body)))
+	}
+	req.status, req.outcome = e.Status, OutcomeOK
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(e.Body)
+}
+
+// keepDone ends req's tape: a complete answer is recorded (its write
+// ends after the answer), and calls waiting on it are answered.
+func (p *Proxy) keepDone(req *request) {
+	t := req.keep.tape
+	if t == nil {
+		return
+	}
+	ok, status, header, body := t.wrapUp(req.outcome == OutcomeOK)
+	keep := ok && t.orphaned()
+	if !ok || t.j == nil {
+		p.keeping.forget(t, keep)
+		return
+	}
+	raw, _ := io.ReadAll(io.LimitReader(req.body.reader(), canonicalMax+1))
+	canon, _ := canonicalBody(raw)
+	e := &state.Entry{Run: t.j.run, Key: t.c.sum, Occurrence: t.j.occ, RecordedAt: p.cfg.Clock.Now(),
+		Path: req.target.Path, Model: t.c.model, Stream: isStreamHeader(header), Status: status,
+		Header: header, Request: canon, Body: body}
+	go func() {
+		if err := p.keeping.journal.Put(e); err != nil {
+			p.log.Warn("journal write failed", "err", err)
+		} else {
+			p.metrics.journal("recorded").Inc()
+		}
+		p.keeping.forget(t, keep)
+	}()
+}
+
+// joinCall answers req with t's answer, as far as it has come and
+// then as it comes. It reports false, having written nothing, when t
+// ended without an answer to give (req then goes upstream itself).
+func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape) bool {
+	client := req.keep.client
+	stop := context.AfterFunc(client, t.changed.Broadcast)
+	defer stop()
+	t.mu.Lock()
+	t.joiners++
+	for t.status == 0 && !t.done && client.Err() == nil {
+		t.changed.Wait()
+	}
+	if t.status == 0 || t.over || t.done && !t.ok || client.Err() != nil {
+		t.mu.Unlock()
+		return false
+	}
+	h := w.Header()
+	for name, v := range t.header {
+		h[name] = v
+	}
+	h.Set("X-Llmproxy-Joined", "true")
+	if t.j != nil || req.keep.mode != journalOff {
+		h.Set(journalHeader, "hit")
+	}
+	req.status, req.outcome = t.status, OutcomeOK
+	status := t.status
+	t.mu.Unlock()
+	p.metrics.journal("joined").Inc()
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	pos := 0
+	for {
+		t.mu.Lock()
+		for pos == len(t.buf) && !t.done && !t.over && client.Err() == nil {
+			t.changed.Wait()
+		}
+		chunk, done, ok := t.buf[pos:], t.done, t.ok && !t.over
+		t.mu.Unlock()
+		if len(chunk) > 0 {
+			if _, err := w.Write(chunk); err != nil {
+				return true
+			}
+			_ = rc.Flush()
+			pos += len(chunk)
+			continue
+		}
+		if client.Err() != nil {
+			return true
+		}
+		if done || !ok {
+			if !ok {
+				req.outcome = OutcomeUpstreamCut
+				panic(http.ErrAbortHandler)
+			}
+			return true
+		}
+	}
+}
