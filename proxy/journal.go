@@ -104,14 +104,14 @@ func (p *Proxy) keepDone(req *request) {
 	e := &state.Entry{Run: t.j.run, Key: t.c.sum, Occurrence: t.j.occ, RecordedAt: p.cfg.Clock.Now(),
 		Path: req.target.Path, Model: t.c.model, Stream: isStreamHeader(header), Status: status,
 		Header: header, Request: canon, Body: body}
-	go func() {
-		if err := p.keeping.journal.Put(e); err != nil {
+	p.keeping.journal.PutLater(e, func(err error) {
+		if err != nil {
 			p.log.Warn("journal write failed", "err", err)
 		} else {
 			p.metrics.journal("recorded").Inc()
 		}
 		p.keeping.forget(t, keep)
-	}()
+	})
 }
 
 // joinCall answers req with t's answer, as far as it has come and

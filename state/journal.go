@@ -184,6 +184,16 @@ func dropOldest(b, age *bolt.Bucket, more func(ak []byte, freed int64) bool) (n,
 	return n, freed, nil
 }
 
+// PutLater puts e on its own goroutine, and then calls then with the
+// put's error; the store's Close waits for it.
+func (j *Journal) PutLater(e *Entry, then func(error)) {
+	j.s.writes.Add(1)
+	go func() {
+		defer j.s.writes.Done()
+		then(j.Put(e))
+	}()
+}
+
 // Sweep deletes the entries that expired by now, and returns how many.
 func (j *Journal) Sweep(now time.Time) (int, error) {
 	if j.ttl <= 0 {

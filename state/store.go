@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -20,6 +21,8 @@ import (
 type Store struct {
 	db   *bolt.DB
 	path string
+	// writes are the puts under way that Close waits for.
+	writes sync.WaitGroup
 }
 
 // ErrLocked is returned by Open when another process holds the file.
@@ -53,7 +56,11 @@ func Open(path string) (*Store, error) {
 func (s *Store) Path() string { return s.path }
 
 // Close closes the file. Writes already returned are on disk.
-func (s *Store) Close() error { return s.db.Close() }
+// Puts started with PutLater end first.
+func (s *Store) Close() error {
+	s.writes.Wait()
+	return s.db.Close()
+}
 
 // FileBytes is the file's size on disk.
 func (s *Store) FileBytes() int64 {

@@ -69,6 +69,11 @@ type config struct {
 	Pprof                     bool          `env:"PPROF" envDefault:"false" help:"true: the admin listener serves Go's runtime profiles under /debug/pprof/ (behind LLMPROXY_ADMIN_TOKEN; without it, only on a loopback ADMIN_ADDR), mutex and block profiles included; they cost some speed"`
 	ShutdownTimeout           time.Duration `env:"SHUTDOWN_TIMEOUT" envDefault:"30s" help:"SIGTERM/SIGINT: how long queued and in-flight requests may finish; then (or at a second signal) the rest get 503 shutting_down"`
 	Prices                    string        `env:"PRICES" help:"a JSON price table (US dollars per million tokens, by model and tier; see cost/prices.json) that replaces the one built in; answers are priced by it (x-llmproxy-cost-usd) and budgets bounded"`
+	State                     string        `env:"STATE" help:"a file (made if missing, mode 0600) that keeps the journal across restarts, in an embedded store; one process at a time; empty = none"`
+	Journal                   string        `env:"JOURNAL" envDefault:"off" help:"record, replay, strict or off: what the journal does with requests that do not say (x-llmproxy-journal); record keeps complete answers by run (x-llmproxy-run) and occurrence, replay serves them again and records a miss, strict answers a miss 404 journal_miss; needs STATE"`
+	JournalTTL                time.Duration `env:"JOURNAL_TTL" envDefault:"720h" help:"how long a recorded answer is served and kept; 0 = for ever"`
+	JournalMaxBytes           int64         `env:"JOURNAL_MAX_BYTES" envDefault:"1073741824" help:"the most bytes of recorded answers the state file keeps; past it the oldest go; 0 = no bound"`
+	JournalPassGap            time.Duration `env:"JOURNAL_PASS_GAP" envDefault:"30s" help:"how long a run rests, with none of its requests at the proxy, before its next request counts the occurrences of its requests from 1 again (a run whose clients all leave at once starts again at once)"`
 	BudgetUSD                 string        `env:"BUDGET_USD" help:"a cap on each API key's spend, in US dollars, through this proxy (shared by the replicas through Redis); at the cap its requests get 429 budget_exhausted; empty = none"`
 
 	upstreamURL *url.URL
@@ -121,7 +126,7 @@ func describeEnvError(err error) error {
 // validate checks every setting, first problem first, and fills in what
 // is parsed from them (the upstream, the routes, the concurrency start).
 func (c *config) validate() error {
-	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices, c.checkOwned, c.checkCost} {
+	for _, check := range []func() error{c.checkListeners, c.checkUpstreams, c.checkCounts, c.checkDurations, c.checkChoices, c.checkOwned, c.checkCost, c.checkJournal} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -539,6 +544,29 @@ headers, TLS, timeouts, compression, OTEL_BSP_*, OTEL_RESOURCE_ATTRIBUTES):
 		fmt.Fprintf(tw, "  %s	[%s]	%s\n", v.name, v.def, v.help)
 	}
 	tw.Flush()
+}
+
+// checkJournal checks the journal's settings: a mode it knows, that
+// needs STATE when not off.
+func (c *config) checkJournal() error {
+	switch strings.ToLower(strings.TrimSpace(c.Journal)) {
+	case "", "off":
+	case "record", "replay", "strict":
+		if c.State == "" {
+			return bad("JOURNAL", "%s needs LLMPROXY_STATE, the file that keeps the journal", c.Journal)
+		}
+	default:
+		return bad("JOURNAL", "%q: use record, replay, strict or off", c.Journal)
+	}
+	switch {
+	case c.JournalTTL < 0:
+		return bad("JOURNAL_TTL", "%v is below 0", c.JournalTTL)
+	case c.JournalMaxBytes < 0:
+		return bad("JOURNAL_MAX_BYTES", "%d is below 0", c.JournalMaxBytes)
+	case c.JournalPassGap <= 0:
+		return bad("JOURNAL_PASS_GAP", "%v is not above 0", c.JournalPassGap)
+	}
+	return nil
 }
 
 // checkCost reads the price table and the keys' budget.

@@ -23,6 +23,7 @@ import (
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/redisstate"
+	"github.com/llmproxy/llmproxy/state"
 )
 
 // listening is told the bound addresses once both listeners are up (tests
@@ -124,6 +125,15 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		}
 	}
 	pc := proxyConfig(cfg, lanes, log, reg)
+	if cfg.State != "" {
+		closeState, err := openState(cfg, &pc, log)
+		if err != nil {
+			closeStore()
+			return nil, health, func() {}, err
+		}
+		closeRedis := closeStore
+		closeStore = func() { closeState(); closeRedis() }
+	}
 	pc.Tracer = tracer
 	pc.Fleet = fleet
 	if ledger != nil {
@@ -135,6 +145,43 @@ func newProxy(cfg config, build buildinfo.Info, log *slog.Logger, draining *atom
 		return nil, health, func() {}, err
 	}
 	return p, health, closeStore, nil
+}
+
+// openState opens LLMPROXY_STATE's file and sets its journal into pc;
+// closeState stops its sweeps and closes it.
+func openState(cfg config, pc *proxy.Config, log *slog.Logger) (closeState func(), err error) {
+	st, err := state.Open(cfg.State)
+	if err != nil {
+		return nil, fmt.Errorf("LLMPROXY_STATE: %w", err)
+	}
+	j, err := st.Journal(cfg.JournalTTL, cfg.JournalMaxBytes)
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("LLMPROXY_STATE: %w", err)
+	}
+	pc.Journal, pc.JournalMode, pc.JournalPassGap = j, cfg.Journal, cfg.JournalPassGap
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // expired answers go once a minute
+		defer close(done)
+		tick := time.NewTicker(time.Minute)
+		defer tick.Stop()
+		for {
+			if n, err := j.Sweep(time.Now()); err != nil {
+				log.Warn("journal sweep failed", "err", err)
+			} else if n > 0 {
+				log.Info("journal: expired answers removed", "entries", n)
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	st0 := j.Stats()
+	log.Info("state file open", "path", cfg.State, "journal", cfg.Journal, "entries", st0.Entries, "bytes", st0.Bytes)
+	return func() { close(stop); <-done; st.Close() }, nil
 }
 
 // errRedisUnreachable is /readyz's reason while Redis is not shared.
