@@ -28,7 +28,7 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 	}
 	raw, _ := io.ReadAll(io.LimitReader(req.body.reader(), canonicalMax+1))
 	c := callOf(k, req.target, raw)
-	if t := p.keeping.joinable(c, k); t != nil && p.joinCall(w, req, t) {
+	if t, claimed := p.keeping.joinable(c, k); t != nil && p.joinCall(w, req, t, claimed) {
 		return nil
 	}
 	var j *journaled
@@ -39,6 +39,13 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 		}
 	}
 	k.tape = p.keeping.newTape(w, k.client, c, j, k.idem != "")
+	// A call kept for a retry or the journal outlives its client's own
+	// timeout (X-Stainless-Timeout): the retry wants its answer.
+	wait := p.cfg.MaxWait
+	if k.maxWait > 0 {
+		wait = min(wait, k.maxWait)
+	}
+	req.deadline = req.arrived.Add(wait)
 	return k.tape
 }
 
@@ -56,7 +63,7 @@ func (p *Proxy) replayed(w http.ResponseWriter, req *request, c callKey, j *jour
 		serveEntry(w, req, e)
 		return true
 	}
-	if t := p.keeping.recording(c, j); t != nil && p.joinCall(w, req, t) {
+	if t := p.keeping.recording(c, j); t != nil && p.joinCall(w, req, t, false) {
 		p.keeping.answered(j, true)
 		return true
 	}
@@ -115,14 +122,19 @@ func (p *Proxy) keepDone(req *request) {
 }
 
 // joinCall answers req with t's answer, as far as it has come and
-// then as it comes. It reports false, having written nothing, when t
-// ended without an answer to give (req then goes upstream itself).
-func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape) bool {
+// then as it comes; claimed says joinable claimed t for req, a retry.
+// It reports false, having written nothing, when t ended without an
+// answer to give (req then goes on by itself).
+func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape, claimed bool) (served bool) {
 	client := req.keep.client
 	stop := context.AfterFunc(client, t.changed.Broadcast)
 	defer stop()
+	complete := false
+	defer func() { p.keeping.unclaim(t, complete, claimed) }()
 	t.mu.Lock()
-	t.joiners++
+	if !claimed {
+		t.joiners++
+	}
 	for t.status == 0 && !t.done && client.Err() == nil {
 		t.changed.Wait()
 	}
@@ -143,32 +155,36 @@ func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape) bool {
 	t.mu.Unlock()
 	p.metrics.journal("joined").Inc()
 	w.WriteHeader(status)
+	complete = p.copyJoined(w, req, t)
+	return true
+}
+
+// copyJoined writes t's answer to w as it comes, and reports whether
+// all of it went.
+func (p *Proxy) copyJoined(w http.ResponseWriter, req *request, t *tape) bool {
+	client := req.keep.client
 	rc := http.NewResponseController(w)
-	pos := 0
-	for {
+	for pos := 0; ; {
 		t.mu.Lock()
 		for pos == len(t.buf) && !t.done && !t.over && client.Err() == nil {
 			t.changed.Wait()
 		}
 		chunk, done, ok := t.buf[pos:], t.done, t.ok && !t.over
 		t.mu.Unlock()
-		if len(chunk) > 0 {
+		switch {
+		case len(chunk) > 0:
 			if _, err := w.Write(chunk); err != nil {
-				return true
+				return false
 			}
 			_ = rc.Flush()
 			pos += len(chunk)
-			continue
-		}
-		if client.Err() != nil {
+		case client.Err() != nil:
+			return false
+		case done && ok:
 			return true
-		}
-		if done || !ok {
-			if !ok {
-				req.outcome = OutcomeUpstreamCut
-				panic(http.ErrAbortHandler)
-			}
-			return true
+		default: // the call broke off, or outgrew the tape
+			req.outcome = OutcomeUpstreamCut
+			panic(http.ErrAbortHandler)
 		}
 	}
 }

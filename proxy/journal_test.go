@@ -288,3 +288,34 @@ func TestARunKilledStartsANewPass(t *testing.T) {
 		t.Fatalf("upstream called %d times, want 1", n)
 	}
 }
+
+// TestARequestWithTheSameIdempotencyKeyJoinsTheCall: two requests with
+// one Idempotency-Key and credential are one call upstream; another
+// credential with the same key is a call of its own.
+func TestARequestWithTheSameIdempotencyKeyJoinsTheCall(t *testing.T) {
+	up := &numberedUpstream{hold: make(chan struct{})}
+	h := newHarness(t, up, nil)
+	got := make(chan string, 3)
+	send := func(key string) {
+		resp := h.post("/v1/chat/completions", `{"model":"m"}`, idempotencyHeader, "idem-1", "Authorization", "Bearer "+key)
+		got <- key + " " + readAll(t, resp.Body)
+	}
+	go send(testKey)
+	for up.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	go send(testKey)
+	go send("sk-another")
+	for up.calls.Load() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(up.hold)
+	answers := map[string]int{}
+	for range 3 {
+		answers[<-got]++
+	}
+	if answers[testKey+` {"call":1}`] != 2 || up.calls.Load() != 2 {
+		t.Fatalf("answers %v, %d upstream calls; want the key's two requests answered by call 1, and two calls", answers, up.calls.Load())
+	}
+}

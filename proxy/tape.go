@@ -56,6 +56,10 @@ type keepSay struct {
 	// a call it gives up on.
 	retries bool
 	idem    string
+	// maxWait is its x-llmproxy-max-wait (0: none); a kept call's
+	// deadline is MaxWait less it, not the client's own timeout (see
+	// keepOn).
+	maxWait time.Duration
 	cred    string
 	post    bool
 	// client is the client's context, as the request arrived.
@@ -224,24 +228,48 @@ func callOf(say *keepSay, target *url.URL, raw []byte) callKey {
 // joinable is the call a retry or a request with the same
 // Idempotency-Key joins: one with that key, or the oldest call of the
 // same request whose client left. nil when none.
-func (k *keeping) joinable(c callKey, say *keepSay) *tape {
+func (k *keeping) joinable(c callKey, say *keepSay) (t *tape, claimed bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if say.idem != "" {
 		if t := k.byIdem[c.idem]; t != nil {
-			return t
+			return t, false
 		}
 	}
 	if !say.retry {
-		return nil
+		return nil, false
 	}
-	list := k.orphans[c.sum]
-	if len(list) == 0 {
-		return nil
+	for _, t := range k.orphans[c.sum] {
+		if t.claim() {
+			return t, true
+		}
 	}
-	t := list[0]
-	k.dropOrphanLocked(c.sum, t)
-	return t
+	return nil, false
+}
+
+// claim takes t for one retry: an orphan serves one retry at a time, and
+// is there for the next if that one's client leaves too.
+func (t *tape) claim() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.joiners > 0 {
+		return false
+	}
+	t.joiners++
+	return true
+}
+
+// unclaim ends a join; complete says the joiner got the whole answer,
+// and then an orphan it claimed as a retry is spent.
+func (k *keeping) unclaim(t *tape, complete, retry bool) {
+	t.mu.Lock()
+	t.joiners--
+	t.mu.Unlock()
+	if complete && retry {
+		k.mu.Lock()
+		k.dropOrphanLocked(t.c.sum, t)
+		k.mu.Unlock()
+	}
 }
 
 func (k *keeping) dropOrphanLocked(sum [state.KeySize]byte, t *tape) {
