@@ -243,4 +243,3 @@ func TestAClientRetryJoinsItsCallInFlight(t *testing.T) {
 		t.Fatalf("the upstream was called %d times, want once", n)
 	}
 }
-

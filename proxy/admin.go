@@ -126,9 +126,10 @@ const (
 	maxLanesPage     = 2000
 )
 
-// AdminHandler serves /healthz, /readyz, /metrics, /lanes and /ui; all
-// but the first two are guarded, by a token (RequireToken) or, without
-// one, by the Host they are addressed to.
+// AdminHandler serves /healthz, /readyz, /metrics, /lanes, /ui, the
+// journal's /journal endpoints and the /admin/ changes; all but the
+// first two are guarded, by a token (RequireToken) or, without one, by
+// the Host they are addressed to.
 func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	var o adminOptions
 	for _, opt := range opts {
@@ -136,7 +137,7 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 	}
 	r := chi.NewRouter()
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		replyFor(fail(failNotFound, "the admin listener serves /healthz, /readyz, /metrics, /lanes, /ui and /admin/; not "+r.URL.Path), time.Time{}).write(w)
+		replyFor(fail(failNotFound, "the admin listener serves /healthz, /readyz, /metrics, /lanes, /ui, /journal and /admin/; not "+r.URL.Path), time.Time{}).write(w)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		allow := allowedAt(r.URL.Path)
@@ -169,6 +170,7 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 		}
 		p.laneViews(r, h)
 		p.operateRoutes(r, o.token == nil, o.token == nil && !o.loopback, o.addr)
+		p.journalRoutes(r, o.token == nil, o.token == nil && !o.loopback, o.addr)
 		if o.profile && profilesServed(o.token != nil, o.addr) {
 			r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 			r.HandleFunc("/debug/pprof/profile", pprof.Profile)
@@ -182,6 +184,9 @@ func (p *Proxy) AdminHandler(h Health, opts ...AdminOption) http.Handler {
 
 // allowedAt is the methods the admin endpoint at path answers.
 func allowedAt(path string) string {
+	if path == "/journal" {
+		return "GET, DELETE"
+	}
 	if !strings.HasPrefix(path, "/admin/") || path == "/admin/routes" {
 		return "GET"
 	}
@@ -224,6 +229,9 @@ func (p *Proxy) laneViews(r chi.Router, h Health) {
 		}
 		if spend := p.spends.Lanes(limit); len(spend) > 0 {
 			body["lane_spend"] = spend
+		}
+		if j := p.keeping.journal; j != nil {
+			body["journal"] = j.Stats()
 		}
 		writeJSON(w, http.StatusOK, body)
 	})

@@ -129,7 +129,6 @@ func readKeepSay(h http.Header, s *clientSay) error {
 		n, err := strconv.Atoi(strings.TrimSpace(v[0]))
 		s.keep.retry, s.keep.retries = err == nil && n > 0, true
 	}
-	s.keep.maxWait = s.maxWait
 	if v, ok := h[idempotencyHeader]; ok && len(v[0]) <= 256 {
 		s.keep.idem = v[0]
 	}

@@ -50,7 +50,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.deadline, req.retryOff = p.deadline(r, now, said.maxWait), said.retryOff
 	req.spend.asked, req.spend.run, req.spend.runBudget = said.tier, said.run, said.budget
 	cred := credentialOf(r.Header, r.URL.RawQuery)
-	req.keep, req.keep.cred, req.keep.post, req.keep.client = said.keep, cred, r.Method == http.MethodPost, r.Context()
+	req.keep, req.keep.cred, req.keep.post, req.keep.client, req.keep.maxWait = said.keep, cred, r.Method == http.MethodPost, r.Context(), said.maxWait
 	if p.stopping() {
 		err = errShutdown // whatever the client said
 	}

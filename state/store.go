@@ -29,9 +29,15 @@ type Store struct {
 var ErrLocked = errors.New("the state file is open in another process")
 
 // Open opens (or makes, mode 0600: answers can hold what clients asked)
-// the state file at path.
-func Open(path string) (*Store, error) {
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 3 * time.Second})
+// the state file at path, waiting up to 3 s for another process to let
+// go of it.
+func Open(path string) (*Store, error) { return OpenTimeout(path, 3*time.Second) }
+
+// OpenTimeout is Open waiting up to wait for another process to let go
+// of the file; it tries once at least (a wait of 0 or less tries once).
+func OpenTimeout(path string, wait time.Duration) (*Store, error) {
+	// bbolt's Timeout of 0 waits for ever.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: max(wait, time.Nanosecond)})
 	if err != nil {
 		if errors.Is(err, bolt.ErrTimeout) {
 			return nil, fmt.Errorf("state %s: %w", path, ErrLocked)

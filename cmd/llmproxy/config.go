@@ -499,6 +499,11 @@ Usage:
                         hold a route's or a lane's requests (they wait,
                         none is refused), let them go, or forget what the
                         lanes learned; ROUTE default is LLMPROXY_UPSTREAM
+  llmproxy journal ls | show [RUN] | export [RUN] | rm RUN | rm -all
+                        the journal in LLMPROXY_STATE: its runs, an entry a
+                        line, its entries as JSON lines (requests and
+                        answers), or remove some; while a proxy holds the
+                        file, through its admin address
   llmproxy -h           this help
 
 Point a client at it: OPENAI_BASE_URL=http://127.0.0.1:8080/v1

@@ -56,7 +56,7 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 	case "version", "-version", "--version":
 		fmt.Fprint(stdout, buildinfo.Read().Describe())
 		return 0
-	case "healthcheck", "status", "limits", "hold", "release", "clear":
+	case "healthcheck", "status", "limits", "hold", "release", "clear", "journal":
 		cfg, err := loadConfig(environ)
 		if err != nil {
 			fmt.Fprintln(stderr, "llmproxy:", err)
@@ -67,6 +67,8 @@ func run(ctx context.Context, again <-chan os.Signal, args []string, environ map
 			return healthcheck(cfg.AdminAddr, stderr)
 		case "status":
 			return status(ctx, args[1:], cfg.AdminAddr, cfg.AdminToken, stdout, stderr)
+		case "journal":
+			return journalCommand(ctx, args[1:], cfg, stdout, stderr)
 		}
 		return operate(ctx, args[0], args[1:], cfg.AdminAddr, cfg.AdminToken, stdout, stderr)
 	}
