@@ -375,6 +375,19 @@ func (k *keeping) passEnd(j *journaled, consumed, left bool) {
 	p.last = time.Now()
 	if p.live == 0 {
 		p.abandoned = left
+		// A pass that rests its gap would start again from 1 at the run's
+		// next request: it is dropped then, and its counts with it.
+		time.AfterFunc(k.passGap, func() { k.dropRested(j.run, p) })
+	}
+}
+
+// dropRested drops p, run's pass, if it is still the run's and rested
+// its gap.
+func (k *keeping) dropRested(run string, p *runPass) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.runs[run] == p && p.live == 0 && time.Since(p.last) >= k.passGap {
+		delete(k.runs, run)
 	}
 }
 

@@ -68,6 +68,9 @@ type Journal struct {
 	mu      sync.Mutex // the totals as last written
 	entries int64
 	bytes   int64
+
+	start sync.Once // the writer, at the first PutLater
+	queue chan queued
 }
 
 // Journal returns the store's journal: entries older than ttl are not
@@ -123,33 +126,47 @@ func (j *Journal) Lookup(run string, key [KeySize]byte, occurrence uint32, now t
 }
 
 // Put records e, in place of an earlier recording of its occurrence.
-// Puts from many goroutines share the disk's writes.
-func (j *Journal) Put(e *Entry) error {
+func (j *Journal) Put(e *Entry) error { return j.putAll([]*Entry{e}) }
+
+func checkEntry(e *Entry) error {
 	if e.Occurrence == 0 || e.Run == "" || bytes.IndexByte([]byte(e.Run), 0) >= 0 {
 		return errors.New("journal: an entry needs a run without a 0 byte and an occurrence from 1")
 	}
-	v, err := encode(e)
-	if err != nil {
-		return err
+	return nil
+}
+
+// putAll records es in one transaction: one write to the disk for all.
+func (j *Journal) putAll(es []*Entry) error {
+	vs := make([][]byte, len(es))
+	for i, e := range es {
+		if err := checkEntry(e); err != nil {
+			return err
+		}
+		v, err := encode(e)
+		if err != nil {
+			return err
+		}
+		vs[i] = v
 	}
-	k := entryKey(e.Run, e.Key, e.Occurrence)
-	var entries, size int64
-	err = j.s.db.Batch(func(tx *bolt.Tx) error {
+	err := j.s.db.Update(func(tx *bolt.Tx) error {
 		b, age, m := tx.Bucket(journalBucket), tx.Bucket(ageBucket), tx.Bucket(metaBucket)
-		entries, size = getInt(m, entriesKey), getInt(m, bytesKey)
-		if old := b.Get(k); old != nil {
-			if err := age.Delete(ageKey(recordedAt(old), k)); err != nil {
+		entries, size := getInt(m, entriesKey), getInt(m, bytesKey)
+		for i, e := range es {
+			k := entryKey(e.Run, e.Key, e.Occurrence)
+			if old := b.Get(k); old != nil {
+				if err := age.Delete(ageKey(recordedAt(old), k)); err != nil {
+					return err
+				}
+				entries, size = entries-1, size-int64(len(old))
+			}
+			if err := b.Put(k, vs[i]); err != nil {
 				return err
 			}
-			entries, size = entries-1, size-int64(len(old))
+			if err := age.Put(ageKey(e.RecordedAt, k), nil); err != nil {
+				return err
+			}
+			entries, size = entries+1, size+int64(len(vs[i]))
 		}
-		if err := b.Put(k, v); err != nil {
-			return err
-		}
-		if err := age.Put(ageKey(e.RecordedAt, k), nil); err != nil {
-			return err
-		}
-		entries, size = entries+1, size+int64(len(v))
 		if j.maxBytes > 0 && size > j.maxBytes {
 			need := size - j.maxBytes
 			n, freed, err := dropOldest(b, age, func(_ []byte, freed int64) bool { return freed < need })
@@ -184,14 +201,64 @@ func dropOldest(b, age *bolt.Bucket, more func(ak []byte, freed int64) bool) (n,
 	return n, freed, nil
 }
 
-// PutLater puts e on its own goroutine, and then calls then with the
-// put's error; the store's Close waits for it.
+// queued is a put waiting for the journal's writer.
+type queued struct {
+	e    *Entry
+	then func(error)
+}
+
+// writeQueue bounds the puts waiting for the writer: past it PutLater
+// waits, so that a run faster than the disk slows to it rather than
+// holding its answers in memory; writeBatch is the most one transaction
+// writes.
+const (
+	writeQueue = 1024
+	writeBatch = 256
+)
+
+// PutLater hands e to the journal's writer, which puts it with the puts
+// waiting beside it in one transaction and then calls then with the
+// error; it waits while writeQueue puts wait. The store's Close waits
+// for them.
 func (j *Journal) PutLater(e *Entry, then func(error)) {
+	if err := checkEntry(e); err != nil {
+		then(err)
+		return
+	}
+	j.start.Do(func() {
+		j.queue = make(chan queued, writeQueue)
+		go j.writer()
+		j.s.closers = append(j.s.closers, func() { j.s.writes.Wait(); close(j.queue) })
+	})
 	j.s.writes.Add(1)
-	go func() {
-		defer j.s.writes.Done()
-		then(j.Put(e))
-	}()
+	j.queue <- queued{e, then}
+}
+
+func (j *Journal) writer() {
+	for q := range j.queue {
+		batch := []queued{q}
+	more:
+		for len(batch) < writeBatch {
+			select {
+			case q, ok := <-j.queue:
+				if !ok {
+					break more
+				}
+				batch = append(batch, q)
+			default:
+				break more
+			}
+		}
+		es := make([]*Entry, len(batch))
+		for i, q := range batch {
+			es[i] = q.e
+		}
+		err := j.putAll(es)
+		for _, q := range batch {
+			q.then(err)
+			j.s.writes.Done()
+		}
+	}
 }
 
 // Sweep deletes the entries that expired by now, and returns how many.

@@ -23,6 +23,9 @@ type Store struct {
 	path string
 	// writes are the puts under way that Close waits for.
 	writes sync.WaitGroup
+	// closers end what writes to the file on its own (the book's
+	// flushes), first thing in Close.
+	closers []func()
 }
 
 // ErrLocked is returned by Open when another process holds the file.
@@ -62,8 +65,12 @@ func OpenTimeout(path string, wait time.Duration) (*Store, error) {
 func (s *Store) Path() string { return s.path }
 
 // Close closes the file. Writes already returned are on disk.
-// Puts started with PutLater end first.
+// Puts started with PutLater end first, and the book of learned limits
+// writes what changed last.
 func (s *Store) Close() error {
+	for _, c := range s.closers {
+		c()
+	}
 	s.writes.Wait()
 	return s.db.Close()
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/llmproxy/llmproxy/internal/buildinfo"
 	"github.com/llmproxy/llmproxy/internal/tracing"
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
 	"github.com/llmproxy/llmproxy/redisstate"
 	"github.com/llmproxy/llmproxy/state"
@@ -160,6 +161,16 @@ func openState(cfg config, pc *proxy.Config, log *slog.Logger) (closeState func(
 		return nil, fmt.Errorf("LLMPROXY_STATE: %w", err)
 	}
 	pc.Journal, pc.JournalMode, pc.JournalPassGap = j, cfg.Journal, cfg.JournalPassGap
+	if pc.Lanes.Shared == nil { // with Redis, what the pools learned is Redis's
+		book, err := st.Limits()
+		if err != nil {
+			st.Close()
+			return nil, fmt.Errorf("LLMPROXY_STATE: %w", err)
+		}
+		pc.Lanes.Shared = func(key string, c limit.Config) limit.Shared {
+			return book.Shared(key, c, func(c limit.Config) limit.Shared { return limit.NewMemory(c) })
+		}
+	}
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() { // expired answers go once a minute
