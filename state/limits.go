@@ -253,6 +253,10 @@ type remembered struct {
 	pausedUntil   time.Time
 	quota         bool // a spent quota: one request goes to see
 	probing       bool
+	// spent is a quota the answers said spent (renews: when it renews,
+	// zero when not said), until an answer admits a request.
+	spent  bool
+	renews time.Time
 	// win follows the upstream's fixed windows from the answers; gate: it
 	// holds the pool by them (a restored window), and the refusals it
 	// reads are not the wrapped state's to learn from.
@@ -480,6 +484,12 @@ func (r *remembered) Learn(t *limit.Ticket, rep limit.Report, now time.Time) {
 	if r.probing && rep.Verdict != limit.NotSent {
 		r.quota, r.probing = false, false // the answer says; the lanes keep a quota it names
 	}
+	switch {
+	case rep.Quota.Spent:
+		r.spent, r.renews = true, rep.Quota.Renews
+	case rep.Verdict == limit.Accepted && rep.Status < 400:
+		r.spent = false
+	}
 	if w := v.Window; w != nil && w.Allowance > 0 && w.Length > 0 && !r.gate {
 		r.win.allowance, r.win.length = w.Allowance, w.Length
 	}
@@ -555,7 +565,9 @@ func (r *remembered) View(now time.Time) limit.View {
 func (r *remembered) Forget() {
 	r.Shared.Forget()
 	r.mu.Lock()
-	*r = remembered{Shared: r.Shared, book: r.book, key: r.key}
+	r.restored, r.restoredAt, r.knewAt, r.requests, r.tokens = false, time.Time{}, time.Time{}, nil, nil
+	r.pausedUntil, r.quota, r.probing, r.gate = time.Time{}, false, false, false
+	r.win, r.last = windowTrack{}, Saved{}
 	r.mu.Unlock()
 	r.book.changed(r)
 }
@@ -593,6 +605,9 @@ func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
 		if now.Before(v.PausedUntil) {
 			s.PausedUntil, s.PauseReason = v.PausedUntil, v.PauseReason.String()
 		}
+	}
+	if r.spent && (r.renews.IsZero() || now.Before(r.renews)) {
+		s.Quota, s.QuotaUntil = true, r.renews
 	}
 	if s.WindowAllowance > 0 && !r.win.closed && !r.win.start.IsZero() {
 		r.win.roll(now)

@@ -26,6 +26,7 @@ type Store struct {
 	// closers end what writes to the file on its own (the book's
 	// flushes), first thing in Close.
 	closers []func()
+	closing sync.Once
 }
 
 // ErrLocked is returned by Open when another process holds the file.
@@ -68,9 +69,11 @@ func (s *Store) Path() string { return s.path }
 // Puts started with PutLater end first, and the book of learned limits
 // writes what changed last.
 func (s *Store) Close() error {
-	for _, c := range s.closers {
-		c()
-	}
+	s.closing.Do(func() {
+		for _, c := range s.closers {
+			c()
+		}
+	})
 	s.writes.Wait()
 	return s.db.Close()
 }

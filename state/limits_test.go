@@ -1,0 +1,254 @@
+package state
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmproxy/llmproxy/limit"
+)
+
+// fakeShared is a pool's state that admits everything and shows the
+// view it is given.
+type fakeShared struct {
+	limit.Shared // nil: the methods not written here are not called
+	view         limit.View
+	knows        bool
+	seq          uint64
+	cfg          limit.Config
+}
+
+func (f *fakeShared) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
+	f.seq++
+	return limit.Ticket{Dispatched: now, Seq: f.seq, Cost: cost}, time.Time{}, true
+}
+func (f *fakeShared) Learn(*limit.Ticket, limit.Report, time.Time) {}
+func (f *fakeShared) Return(*limit.Ticket, time.Time)              {}
+func (f *fakeShared) PausedUntil() time.Time                       { return time.Time{} }
+func (f *fakeShared) View(time.Time) limit.View                    { return f.view }
+func (f *fakeShared) Knows() bool                                  { return f.knows }
+func (f *fakeShared) Forget()                                      { f.view = limit.View{} }
+
+var opened = map[string]*Store{}
+
+var t0 = time.Date(2026, 12, 6, 14, 2, 0, 0, time.UTC)
+
+// bookAt opens the state file at path with its book's clock at now.
+func bookAt(t *testing.T, path string, now time.Time) (*Store, *Book) {
+	t.Helper()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Limits()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.now = func() time.Time { return now }
+	b.began = time.Time{}
+	return s, b
+}
+
+// learnedThen makes a pool in a fresh file, shows it view through one
+// answer at t0, and closes the file as a SIGTERM would.
+func learnedThen(t *testing.T, view limit.View) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, b := bookAt(t, path, t0)
+	inner := &fakeShared{view: view}
+	sh := b.Shared("pool", limit.Config{}, func(limit.Config) limit.Shared { return inner })
+	tk, _, _ := sh.Admit(t0, 1, true)
+	sh.Learn(&tk, limit.Report{Status: 200, Verdict: limit.Accepted}, t0)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// restart opens path again at now (closing it when the test ends, or
+// before the next restart of the same test) and makes the pool anew.
+func restart(t *testing.T, path string, now time.Time) (limit.Shared, *fakeShared, limit.Config) {
+	t.Helper()
+	if c := opened[path]; c != nil {
+		c.Close()
+	}
+	s, b := bookAt(t, path, now)
+	opened[path] = s
+	t.Cleanup(func() { s.Close(); delete(opened, path) })
+	inner := &fakeShared{}
+	sh := b.Shared("pool", limit.Config{}, func(c limit.Config) limit.Shared { inner.cfg = c; return inner })
+	return sh, inner, inner.cfg
+}
+
+func TestARestartedPoolIsPacedByTheBudgetItLearned(t *testing.T) {
+	path := learnedThen(t, limit.View{Concurrency: 12, Requests: limit.BudgetView{Known: true, Limit: 4, PerSecond: 2, Available: 0}})
+	now := t0.Add(time.Second) // 2 refilled since
+	sh, _, cfg := restart(t, path, now)
+	if cfg.Limits.Concurrency != 12 || !cfg.Limits.Start {
+		t.Errorf("the new pool starts at concurrency %d (start %v), want the 12 it had", cfg.Limits.Concurrency, cfg.Limits.Start)
+	}
+	if v := sh.View(now); !strings.HasPrefix(v.Shared, "restored from state at 14:02:00 UTC") || v.Requests.PerSecond != 2 {
+		t.Fatalf("view %q, %v", v.Shared, v.Requests)
+	}
+	for i := range 2 {
+		if _, _, ok := sh.Admit(now, 1, false); !ok {
+			t.Fatalf("request %d of the 2 the budget refilled since the snapshot was held", i+1)
+		}
+	}
+	_, at, ok := sh.Admit(now, 1, false)
+	if ok || at.Sub(now) != 500*time.Millisecond {
+		t.Fatalf("a third at once: %v, next at +%v; want held 0.5 s (2 a second)", ok, at.Sub(now))
+	}
+}
+
+func TestABucketRestoreEndsAtARefusalOrOnceThePoolLearnedForAWhile(t *testing.T) {
+	view := limit.View{Requests: limit.BudgetView{Known: true, Limit: 1, PerSecond: 1}}
+	path := learnedThen(t, view)
+	now := t0.Add(time.Second)
+	sh, inner, _ := restart(t, path, now)
+	sh.Admit(now, 1, false)
+	if _, _, ok := sh.Admit(now, 1, false); ok {
+		t.Fatal("not paced after the restart")
+	}
+	inner.knows = true
+	sh.View(now) // the pool learned from the upstream at now
+	if _, _, ok := sh.Admit(now.Add(5*time.Second), 1, false); !ok {
+		t.Fatal("held past what the restored budget allows")
+	}
+	if _, _, ok := sh.Admit(now.Add(5*time.Second), 1, false); ok {
+		t.Fatal("the restored cap ended before confirmFor")
+	}
+	if _, _, ok := sh.Admit(now.Add(confirmFor+time.Second), 1, false); !ok {
+		t.Fatal("held by the restored budget confirmFor after the pool learned anew")
+	}
+
+	sh2, _, _ := restart(t, learnedThen(t, view), now)
+	tk, _, _ := sh2.Admit(now, 1, false)
+	sh2.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, now)
+	for range 3 {
+		if _, _, ok := sh2.Admit(now, 1, false); !ok {
+			t.Fatal("a refusal did not end the restored budget: the upstream's refusals are the ground truth")
+		}
+	}
+}
+
+func TestARestoredPauseHoldsUntilItEnds(t *testing.T) {
+	path := learnedThen(t, limit.View{PausedUntil: t0.Add(time.Minute), Requests: limit.BudgetView{Known: true, Limit: 9, PerSecond: 9, Available: 9}})
+	sh, _, _ := restart(t, path, t0.Add(10*time.Second))
+	if _, at, ok := sh.Admit(t0.Add(10*time.Second), 1, false); ok || !at.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("during the restored pause: %v until %v", ok, at)
+	}
+	if u := sh.PausedUntil(); !u.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("PausedUntil %v", u)
+	}
+	late, _, _ := restart(t, path, t0.Add(2*time.Minute))
+	if _, _, ok := late.Admit(t0.Add(2*time.Minute), 1, false); !ok {
+		t.Fatal("a pause that ended before the restart holds the pool")
+	}
+}
+
+func TestARestoredWindowWaitsForItsBoundary(t *testing.T) {
+	s := Saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), WindowCount: 2, Clean: true}
+	r := &remembered{Shared: &fakeShared{}, book: &Book{dirty: map[string]*remembered{}}}
+	now := t0.Add(time.Second)
+	r.restore(s, now)
+	if _, _, ok := r.Admit(now, 1, false); !ok {
+		t.Fatal("the window's last request was held")
+	}
+	_, at, ok := r.Admit(now, 1, false)
+	if boundary := t0.Add(8 * time.Second); ok || !at.Equal(boundary) {
+		t.Fatalf("a spent window: %v, next at %v; want held to its boundary %v", ok, at, boundary)
+	}
+	next := t0.Add(8 * time.Second)
+	for i := range 3 {
+		if _, _, ok := r.Admit(next, 1, false); !ok {
+			t.Fatalf("request %d of the next window held", i+1)
+		}
+	}
+	if _, _, ok := r.Admit(next, 1, false); ok {
+		t.Fatal("a fourth in a window of 3")
+	}
+}
+
+func TestAfterAKillTheRunningWindowIsProbedOneRequestAtATime(t *testing.T) {
+	s := Saved{At: t0, WindowAllowance: 5, WindowLength: 10 * time.Second, WindowStart: t0.Add(-time.Second), WindowCount: 1}
+	r := &remembered{Shared: &fakeShared{}, book: &Book{dirty: map[string]*remembered{}}}
+	now := t0.Add(time.Second)
+	r.restore(s, now)
+	probe, _, ok := r.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("the probe was held")
+	}
+	if _, _, ok := r.Admit(now, 1, false); ok {
+		t.Fatal("a second request went while the probe's answer was awaited")
+	}
+	r.Learn(&probe, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
+	r.Return(&probe, now)
+	probe, _, ok = r.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("the next probe was held after an admitted one")
+	}
+	r.Learn(&probe, limit.Report{Status: 429, Verdict: limit.RateRefused}, now)
+	r.Return(&probe, now)
+	_, at, ok := r.Admit(now.Add(time.Second), 1, false)
+	if boundary := t0.Add(9 * time.Second); ok || !at.Equal(boundary) {
+		t.Fatalf("after the refused probe: %v, next at %v; want held to the boundary %v", ok, at, boundary)
+	}
+}
+
+func TestForgetDropsWhatWasKept(t *testing.T) {
+	path := learnedThen(t, limit.View{Requests: limit.BudgetView{Known: true, Limit: 1, PerSecond: 1}})
+	s, b := bookAt(t, path, t0)
+	inner := &fakeShared{}
+	sh := b.Shared("pool", limit.Config{}, func(limit.Config) limit.Shared { return inner })
+	sh.Forget()
+	if v := sh.View(t0); v.Shared != "" {
+		t.Fatalf("after Forget the view says %q", v.Shared)
+	}
+	s.Close()
+	s2, b2 := bookAt(t, path, t0)
+	defer s2.Close()
+	if _, ok := b2.Load("pool"); ok {
+		t.Fatal("the snapshot is still in the file: a forgotten pool would be restored")
+	}
+}
+
+func TestTheFileNamesNoPoolInClear(t *testing.T) {
+	if k := string(fileKey("route\x00credhash\x00gpt-4o")); strings.Contains(k, "gpt") || len(k) != 32 {
+		t.Fatalf("file key %q", k)
+	}
+}
+
+func TestASpentQuotaIsProbedByOneRequestAfterARestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, b := bookAt(t, path, t0)
+	sh := b.Shared("pool", limit.Config{}, func(limit.Config) limit.Shared { return &fakeShared{} })
+	tk, _, _ := sh.Admit(t0, 1, true)
+	rep := limit.Report{Status: 429, Verdict: limit.Accepted}
+	rep.Quota.Spent, rep.Quota.Renews = true, t0.Add(time.Hour)
+	sh.Learn(&tk, rep, t0)
+	s.Close()
+
+	r, _, _ := restart(t, path, t0.Add(time.Minute))
+	now := t0.Add(time.Minute)
+	if _, _, ok := r.Admit(now, 1, false); ok {
+		t.Fatal("a request went while others were under way, with the quota still said spent")
+	}
+	probe, _, ok := r.Admit(now, 1, true)
+	if !ok {
+		t.Fatal("no request went to see whether the quota renewed")
+	}
+	if _, _, ok := r.Admit(now, 1, true); ok {
+		t.Fatal("a second request went before the probe's answer")
+	}
+	r.Learn(&probe, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
+	if _, _, ok := r.Admit(now, 1, false); !ok {
+		t.Fatal("held after the probe was admitted")
+	}
+
+	late, _, _ := restart(t, path, t0.Add(2*time.Hour))
+	if _, _, ok := late.Admit(t0.Add(2*time.Hour), 1, false); !ok {
+		t.Fatal("a quota past its renewal holds the pool")
+	}
+}
