@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
+	"github.com/llmproxy/llmproxy/state"
 	"github.com/llmproxy/llmproxy/proxy"
 )
 
@@ -49,6 +50,8 @@ type lanesReply struct {
 	// what the lanes spent.
 	Runs      []runReply       `json:"runs"`
 	LaneSpend []laneSpendReply `json:"lane_spend"`
+	// Journal is the state file's journal, when there is one.
+	Journal *state.Stats `json:"journal"`
 }
 
 // runReply is a run's row in /lanes.
@@ -202,6 +205,13 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		}
 	}
 	printSpend(w, r)
+	if j := r.Journal; j != nil {
+		bound := "no bound"
+		if j.MaxBytes > 0 {
+			bound = fmt.Sprintf("of %.1f MiB", float64(j.MaxBytes)/(1<<20))
+		}
+		fmt.Fprintf(w, "\njournal: %d answers, %.1f MiB %s (file %.1f MiB)\n", j.Entries, float64(j.Bytes)/(1<<20), bound, float64(j.FileBytes)/(1<<20))
+	}
 }
 
 // printSpend writes the runs' rows, and what the lanes spent, when there

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/llmproxy/llmproxy/lanequeue"
 	"github.com/llmproxy/llmproxy/limit"
 	"github.com/llmproxy/llmproxy/proxy"
+	"github.com/llmproxy/llmproxy/state"
 )
 
 // TestStatusShowsTheLanesOfARunningProxy runs the proxy, sends one request
@@ -302,5 +304,43 @@ func TestStatusShowsTheRunsAndWhatTheySpent(t *testing.T) {
 		if !strings.Contains(s, want) {
 			t.Errorf("status lacks %q:\n%s", want, s)
 		}
+	}
+}
+
+func TestStatusShowsTheJournalsSize(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{"ok":true}`) }))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	j, _ := st.Journal(0, 64<<20)
+	p, err := proxy.New(proxy.Config{Upstream: u, Journal: j, JournalMode: "record"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(p)
+	defer front.Close()
+	resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	for deadline := time.Now().Add(5 * time.Second); j.Stats().Entries == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	admin := httptest.NewServer(p.AdminHandler(proxy.Health{}))
+	defer admin.Close()
+	r, err := fetchLanes(context.Background(), admin.Client(), admin.URL, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	printStatus(&out, r, admin.URL, time.Now())
+	if s := out.String(); !strings.Contains(s, "journal: 1 answers") || !strings.Contains(s, "of 64.0 MiB") {
+		t.Fatalf("status says:\n%s", s)
 	}
 }
