@@ -152,8 +152,7 @@ func TestJournalResumesAKilledEvalAndReplaysItOffline(t *testing.T) {
 		t.Fatalf("the proxy did not stop on SIGTERM: %v", err)
 	}
 	closed := mock.URL()
-	mock.Close() // the upstream's port is closed from here on
-	before := mock.Stats().Requests
+	mock.Close() // the upstream's port is closed from here on: a miss could only fail
 
 	offline := startReplica(t, "offline proxy", bin, closed, "LLMPROXY_STATE="+file, "LLMPROXY_JOURNAL=strict")
 	replay := runJournalNode(t, nt, env(offline), 0)
@@ -170,9 +169,6 @@ func TestJournalResumesAKilledEvalAndReplaysItOffline(t *testing.T) {
 	t.Logf("promptfoo, strict replay: %d of %d passed in %v", again.passed, again.tests, again.took.Round(time.Millisecond))
 	if again.passed != recorded.tests {
 		t.Fatalf("promptfoo, strict replay: %d of %d passed; %q", again.passed, recorded.tests, again.firstErrors)
-	}
-	if mock.Stats().Requests != before {
-		t.Fatal("the closed upstream was reached")
 	}
 }
 

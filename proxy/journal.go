@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"strconv"
@@ -26,8 +28,7 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 		p.failRequest(w, req, fail(failBadJournal, "x-llmproxy-journal needs a state file: start the proxy with LLMPROXY_STATE"))
 		return nil
 	}
-	raw, _ := io.ReadAll(io.LimitReader(req.body.reader(), canonicalMax+1))
-	c := callOf(k, req.target, raw)
+	c := callOf(k, req.target, keyBody(req))
 	if t, claimed := p.keeping.joinable(c, k); t != nil && p.joinCall(w, req, t, claimed) {
 		return nil
 	}
@@ -49,6 +50,21 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 	return k.tape
 }
 
+// keyBody is what of req's body names it: the body, or, past
+// canonicalMax, the SHA-256 of all of it.
+func keyBody(req *request) []byte {
+	b := req.body.reader()
+	defer b.Close()
+	raw, _ := io.ReadAll(io.LimitReader(b, canonicalMax+1))
+	if len(raw) <= canonicalMax {
+		return raw
+	}
+	h := sha256.New()
+	h.Write(raw)
+	_, _ = io.Copy(h, b)
+	return []byte("sha256:" + hex.EncodeToString(h.Sum(nil)))
+}
+
 // replayed answers req from the journal when its occurrence was
 // recorded, or joins the call recording it now; in strict mode it
 // answers a miss with 404 journal_miss. It reports whether it answered.
@@ -63,8 +79,7 @@ func (p *Proxy) replayed(w http.ResponseWriter, req *request, c callKey, j *jour
 		serveEntry(w, req, e)
 		return true
 	}
-	if t := p.keeping.recording(c, j); t != nil && p.joinCall(w, req, t, false) {
-		p.keeping.answered(j, true)
+	if t := p.keeping.recording(c, j); t != nil && p.joinRecording(w, req, t, j) {
 		return true
 	}
 	if mode == journalStrict {
@@ -75,6 +90,20 @@ func (p *Proxy) replayed(w http.ResponseWriter, req *request, c callKey, j *jour
 		return true
 	}
 	return false
+}
+
+// joinRecording joins t, the call recording j's occurrence, and ends
+// j in its pass whatever happens, a join cut off included.
+func (p *Proxy) joinRecording(w http.ResponseWriter, req *request, t *tape, j *journaled) (served bool) {
+	defer func() {
+		if served {
+			p.keeping.answered(j, true)
+		} else if v := recover(); v != nil {
+			p.keeping.answered(j, false)
+			panic(v)
+		}
+	}()
+	return p.joinCall(w, req, t, false)
 }
 
 // serveEntry writes a recorded answer: its headers as recorded, its body
@@ -106,8 +135,7 @@ func (p *Proxy) keepDone(req *request) {
 		p.keeping.forget(t, keep)
 		return
 	}
-	raw, _ := io.ReadAll(io.LimitReader(req.body.reader(), canonicalMax+1))
-	canon, _ := canonicalBody(raw)
+	canon, _ := canonicalBody(keyBody(req))
 	e := &state.Entry{Run: t.j.run, Key: t.c.sum, Occurrence: t.j.occ, RecordedAt: p.cfg.Clock.Now(),
 		Path: req.target.Path, Model: t.c.model, Stream: isStreamHeader(header), Status: status,
 		Header: header, Request: canon, Body: body}
@@ -127,7 +155,11 @@ func (p *Proxy) keepDone(req *request) {
 // answer to give (req then goes on by itself).
 func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape, claimed bool) (served bool) {
 	client := req.keep.client
-	stop := context.AfterFunc(client, t.changed.Broadcast)
+	stop := context.AfterFunc(client, func() {
+		t.mu.Lock()
+		t.changed.Broadcast()
+		t.mu.Unlock()
+	})
 	defer stop()
 	complete := false
 	defer func() { p.keeping.unclaim(t, complete, claimed) }()
@@ -135,10 +167,11 @@ func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape, claimed b
 	if !claimed {
 		t.joiners++
 	}
-	for t.status == 0 && !t.done && client.Err() == nil {
+	// An error's status waits for the end: a joiner takes only a success.
+	for (t.status < 200 || t.status > 299) && !t.done && client.Err() == nil {
 		t.changed.Wait()
 	}
-	if t.status == 0 || t.over || t.done && !t.ok || client.Err() != nil {
+	if t.status < 200 || t.status > 299 || t.over || t.done && !t.ok || client.Err() != nil {
 		t.mu.Unlock()
 		return false
 	}
@@ -169,7 +202,11 @@ func (p *Proxy) copyJoined(w http.ResponseWriter, req *request, t *tape) bool {
 		for pos == len(t.buf) && !t.done && !t.over && client.Err() == nil {
 			t.changed.Wait()
 		}
-		chunk, done, ok := t.buf[pos:], t.done, t.ok && !t.over
+		var chunk []byte
+		if !t.over { // an answer that outgrew its tape is gone from it
+			chunk = t.buf[pos:]
+		}
+		done, ok := t.done, t.ok && !t.over
 		t.mu.Unlock()
 		switch {
 		case len(chunk) > 0:

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/llmproxy/llmproxy/state"
@@ -173,7 +174,15 @@ type keeping struct {
 	byIdem  map[[state.KeySize]byte]*tape // by credential and Idempotency-Key
 	orphans map[[state.KeySize]byte][]*tape
 	kept    int64 // bytes of answers kept for joins whose client left
+	// buffered is the bytes all tapes hold (tapeBudget bounds it): every
+	// SDK request carries X-Stainless-Retry-Count, so each has a tape.
+	buffered atomic.Int64
 }
+
+// tapeBudget bounds the answer bytes all tapes hold together; a tape
+// that would pass it lets its answer go unkept (neither recorded nor
+// joined). The answers waiting for the journal's writer are in it.
+const tapeBudget = 256 << 20
 
 // orphanMax bounds the bytes of complete answers kept for retries to
 // join (joinKeep).
@@ -196,7 +205,14 @@ type runPass struct {
 	abandoned bool // live fell to 0 as clients left (a run killed)
 	last      time.Time
 	occs      map[[16]byte]*occurrences
+	gen       uint64      // counts the passes: an occurrence goes back only to its own
+	rest      *time.Timer // drops the pass once it rested its gap
 }
+
+// maxOccurrences bounds the distinct requests a pass counts (about 80
+// bytes each); past it, a new request is its run's first of its kind
+// and the identical ones after it are not told apart.
+const maxOccurrences = 200_000
 
 type occurrences struct {
 	next uint32   // the highest taken
@@ -208,6 +224,7 @@ type journaled struct {
 	run   string
 	occ   uint32
 	pass  *runPass
+	gen   uint64 // the pass's, when it was taken
 	short [16]byte
 	ended bool // its end was counted to the pass
 }
@@ -264,7 +281,11 @@ func (t *tape) claim() bool {
 func (k *keeping) unclaim(t *tape, complete, retry bool) {
 	t.mu.Lock()
 	t.joiners--
+	rearm := t.joiners == 0 && t.gone && !t.done
 	t.mu.Unlock()
+	if rearm && !complete {
+		t.cutUnjoined() // its joiner left too: the next retry has joinWindow
+	}
 	if complete && retry {
 		k.mu.Lock()
 		k.dropOrphanLocked(t.c.sum, t)
@@ -309,16 +330,19 @@ func (k *keeping) take(c callKey, run string, retry bool, now time.Time) *journa
 		k.runs[run] = p
 	} else if !retry && p.live == 0 && (p.abandoned || now.Sub(p.last) >= k.passGap) {
 		p.occs = map[[16]byte]*occurrences{}
+		p.gen++
 	}
 	p.live++
 	p.abandoned = false
 	p.last = now
-	j := &journaled{run: run, pass: p}
+	j := &journaled{run: run, pass: p, gen: p.gen}
 	copy(j.short[:], c.sum[:16])
 	o := p.occs[j.short]
 	if o == nil {
 		o = &occurrences{}
-		p.occs[j.short] = o
+		if len(p.occs) < maxOccurrences {
+			p.occs[j.short] = o
+		}
 	}
 	if n := len(o.free); n > 0 {
 		low := 0
@@ -360,11 +384,8 @@ func (k *keeping) passEnd(j *journaled, consumed, left bool) {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if !consumed {
-		if o := j.pass.occs[j.short]; o != nil {
-			o.free = append(o.free, j.occ)
-		}
-		consumed = true // given back once
+	if o := j.pass.occs[j.short]; !consumed && o != nil && j.gen == j.pass.gen {
+		o.free = append(o.free, j.occ) // into its own pass only
 	}
 	if j.ended {
 		return
@@ -377,7 +398,11 @@ func (k *keeping) passEnd(j *journaled, consumed, left bool) {
 		p.abandoned = left
 		// A pass that rests its gap would start again from 1 at the run's
 		// next request: it is dropped then, and its counts with it.
-		time.AfterFunc(k.passGap, func() { k.dropRested(j.run, p) })
+		if p.rest == nil {
+			p.rest = time.AfterFunc(k.passGap, func() { k.dropRested(j.run, p) })
+		} else {
+			p.rest.Reset(k.passGap)
+		}
 	}
 }
 
@@ -386,7 +411,11 @@ func (k *keeping) passEnd(j *journaled, consumed, left bool) {
 func (k *keeping) dropRested(run string, p *runPass) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.runs[run] == p && p.live == 0 && time.Since(p.last) >= k.passGap {
+	if k.runs[run] == p && p.live == 0 {
+		if rested := time.Since(p.last); rested < k.passGap {
+			p.rest.Reset(k.passGap - rested)
+			return
+		}
 		delete(k.runs, run)
 	}
 }
@@ -424,6 +453,7 @@ type tape struct {
 	joiners   int
 	orphan    bool
 	keptBytes int64
+	released  bool // its bytes went back to keeping.buffered
 }
 
 func (k *keeping) newTape(w http.ResponseWriter, client context.Context, c callKey, j *journaled, idem bool) *tape {
@@ -471,18 +501,29 @@ func (t *tape) left() {
 		return
 	}
 	t.k.mu.Lock()
-	t.k.orphans[t.c.sum] = append(t.k.orphans[t.c.sum], t)
-	t.k.mu.Unlock()
-	if t.j == nil {
-		time.AfterFunc(joinWindow, func() {
-			t.mu.Lock()
-			idle := t.joiners == 0 && !t.done
-			t.mu.Unlock()
-			if idle {
-				t.cancel()
-			}
-		})
+	t.mu.Lock()
+	if !t.done { // not forgotten already
+		t.k.orphans[t.c.sum] = append(t.k.orphans[t.c.sum], t)
 	}
+	t.mu.Unlock()
+	t.k.mu.Unlock()
+	t.cutUnjoined()
+}
+
+// cutUnjoined ends, joinWindow from now, a call whose client left that
+// the journal does not record, unless a retry joined it by then.
+func (t *tape) cutUnjoined() {
+	if t.j != nil {
+		return
+	}
+	time.AfterFunc(joinWindow, func() {
+		t.mu.Lock()
+		idle := t.joiners == 0 && !t.done
+		t.mu.Unlock()
+		if idle {
+			t.cancel()
+		}
+	})
 }
 
 func (t *tape) Header() http.Header { return t.w.Header() }
@@ -517,7 +558,11 @@ func (t *tape) WriteHeader(code int) {
 func (t *tape) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	if !t.over {
-		if len(t.buf)+len(b) > tapeMax {
+		if len(t.buf)+len(b) > tapeMax || t.k.buffered.Add(int64(len(b))) > tapeBudget {
+			if len(t.buf)+len(b) <= tapeMax {
+				t.k.buffered.Add(-int64(len(b)))
+			}
+			t.k.buffered.Add(-int64(len(t.buf)))
 			t.over, t.buf = true, nil
 		} else {
 			t.buf = append(t.buf, b...)
@@ -605,6 +650,10 @@ func (k *keeping) forget(t *tape, keep bool) {
 	}
 	if k.byIdem[t.c.idem] == t {
 		delete(k.byIdem, t.c.idem)
+	}
+	if !t.released {
+		t.released = true
+		k.buffered.Add(-int64(len(t.buf)))
 	}
 	k.dropOrphanLocked(t.c.sum, t)
 	k.mu.Unlock()

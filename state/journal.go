@@ -69,14 +69,25 @@ type Journal struct {
 	entries int64
 	bytes   int64
 
-	start sync.Once // the writer, at the first PutLater
-	queue chan queued
+	queue  chan queued
+	closed bool // under mu: the store is closing, puts are refused
 }
+
+// ErrClosed is a put's error once the store is closing.
+var ErrClosed = errors.New("journal: the state file is closing")
 
 // Journal returns the store's journal: entries older than ttl are not
 // served and are swept; past maxBytes of entries the oldest go.
 func (s *Store) Journal(ttl time.Duration, maxBytes int64) (*Journal, error) {
-	j := &Journal{s: s, ttl: ttl, maxBytes: maxBytes}
+	j := &Journal{s: s, ttl: ttl, maxBytes: maxBytes, queue: make(chan queued, writeQueue)}
+	go j.writer()
+	s.closers = append(s.closers, func() {
+		j.mu.Lock()
+		j.closed = true
+		j.mu.Unlock()
+		s.writes.Wait()
+		close(j.queue)
+	})
 	err := s.db.View(func(tx *bolt.Tx) error {
 		m := tx.Bucket(metaBucket)
 		j.entries, j.bytes = getInt(m, entriesKey), getInt(m, bytesKey)
@@ -225,12 +236,14 @@ func (j *Journal) PutLater(e *Entry, then func(error)) {
 		then(err)
 		return
 	}
-	j.start.Do(func() {
-		j.queue = make(chan queued, writeQueue)
-		go j.writer()
-		j.s.closers = append(j.s.closers, func() { j.s.writes.Wait(); close(j.queue) })
-	})
+	j.mu.Lock()
+	if j.closed {
+		j.mu.Unlock()
+		then(ErrClosed)
+		return
+	}
 	j.s.writes.Add(1)
+	j.mu.Unlock()
 	j.queue <- queued{e, then}
 }
 

@@ -133,10 +133,11 @@ func (b *Book) Load(key string) (Saved, bool) {
 // the route configures one).
 func (b *Book) Shared(key string, cfg limit.Config, newShared func(limit.Config) limit.Shared) limit.Shared {
 	s, ok := b.Load(key)
+	own := cfg
 	if ok && s.Concurrency > 0 && cfg.Limits.Concurrency == 0 {
 		cfg.Limits.Concurrency, cfg.Limits.Start = s.Concurrency, true
 	}
-	r := &remembered{Shared: newShared(cfg), book: b, key: fileKey(key)}
+	r := &remembered{Shared: newShared(cfg), book: b, key: fileKey(key), cfg: own}
 	if ok {
 		r.restore(s, b.now())
 	}
@@ -239,6 +240,7 @@ type remembered struct {
 	limit.Shared
 	book *Book
 	key  []byte
+	cfg  limit.Config // the pool's own, before a restored concurrency
 
 	mu sync.Mutex
 	// restored: the snapshot it started from paces it (requests and
@@ -562,11 +564,31 @@ func (r *remembered) View(now time.Time) limit.View {
 	return v
 }
 
+// StartFrom passes on to the wrapped state, when it has it (see
+// limit.Memory.StartFrom).
+func (r *remembered) StartFrom(inFlight int, answerSecs float64) {
+	if s, ok := r.Shared.(interface{ StartFrom(int, float64) }); ok {
+		s.StartFrom(inFlight, answerSecs)
+	}
+}
+
+// Configure takes cfg as the pool's own from now on.
+func (r *remembered) Configure(cfg limit.Config) {
+	r.mu.Lock()
+	r.cfg = cfg
+	r.mu.Unlock()
+	r.Shared.Configure(cfg)
+}
+
 func (r *remembered) Forget() {
+	r.mu.Lock()
+	cfg := r.cfg
+	r.mu.Unlock()
+	r.Shared.Configure(cfg) // a restored concurrency is not where it starts again
 	r.Shared.Forget()
 	r.mu.Lock()
 	r.restored, r.restoredAt, r.knewAt, r.requests, r.tokens = false, time.Time{}, time.Time{}, nil, nil
-	r.pausedUntil, r.quota, r.probing, r.gate = time.Time{}, false, false, false
+	r.pausedUntil, r.quota, r.probing, r.gate, r.spent, r.renews = time.Time{}, false, false, false, false, time.Time{}
 	r.win, r.last = windowTrack{}, Saved{}
 	r.mu.Unlock()
 	r.book.changed(r)

@@ -29,6 +29,7 @@ func (f *fakeShared) PausedUntil() time.Time                       { return time
 func (f *fakeShared) View(time.Time) limit.View                    { return f.view }
 func (f *fakeShared) Knows() bool                                  { return f.knows }
 func (f *fakeShared) Forget()                                      { f.view = limit.View{} }
+func (f *fakeShared) Configure(c limit.Config)                     { f.cfg = c }
 
 var opened = map[string]*Store{}
 
