@@ -171,7 +171,12 @@ func (p *Proxy) joinCall(w http.ResponseWriter, req *request, t *tape, claimed b
 	for (t.status < 200 || t.status > 299) && !t.done && client.Err() == nil {
 		t.changed.Wait()
 	}
-	if t.status < 200 || t.status > 299 || t.over || t.done && !t.ok || client.Err() != nil {
+	if client.Err() != nil {
+		t.mu.Unlock()
+		req.outcome = OutcomeClientGone
+		return true // nobody to answer: not sent again either
+	}
+	if t.status < 200 || t.status > 299 || t.over || t.done && !t.ok {
 		t.mu.Unlock()
 		return false
 	}

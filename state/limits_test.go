@@ -253,3 +253,20 @@ func TestASpentQuotaIsProbedByOneRequestAfterARestart(t *testing.T) {
 		t.Fatal("a quota past its renewal holds the pool")
 	}
 }
+
+// TestAKeptPoolStillStartsFromWhatWasInFlight: lanequeue starts a pool of
+// models found sharing one limit from what they had in flight
+// (limit.Memory.StartFrom); the wrapper passes it on.
+func TestAKeptPoolStillStartsFromWhatWasInFlight(t *testing.T) {
+	s, b := bookAt(t, filepath.Join(t.TempDir(), "s.db"), t0)
+	defer s.Close()
+	sh := b.Shared("k", limit.Config{}, func(c limit.Config) limit.Shared { return limit.NewMemory(c) })
+	from, ok := sh.(interface{ StartFrom(int, float64) })
+	if !ok {
+		t.Fatal("the kept state hides StartFrom")
+	}
+	from.StartFrom(40, 1)
+	if c := sh.View(t0).Concurrency; c != 40 {
+		t.Fatalf("concurrency %d after StartFrom(40), want 40", c)
+	}
+}
