@@ -205,13 +205,19 @@ func printStatus(w io.Writer, r lanesReply, base string, now time.Time) {
 		}
 	}
 	printSpend(w, r)
-	if j := r.Journal; j != nil {
-		bound := "no bound"
-		if j.MaxBytes > 0 {
-			bound = fmt.Sprintf("of %.1f MiB", float64(j.MaxBytes)/(1<<20))
-		}
-		fmt.Fprintf(w, "\njournal: %d answers, %.1f MiB %s (file %.1f MiB)\n", j.Entries, float64(j.Bytes)/(1<<20), bound, float64(j.FileBytes)/(1<<20))
+	printJournal(w, r.Journal)
+}
+
+// printJournal writes the journal's size, when there is one.
+func printJournal(w io.Writer, j *state.Stats) {
+	if j == nil {
+		return
 	}
+	bound := "no bound"
+	if j.MaxBytes > 0 {
+		bound = fmt.Sprintf("of %.1f MiB", float64(j.MaxBytes)/(1<<20))
+	}
+	fmt.Fprintf(w, "\njournal: %d answers, %.1f MiB %s (file %.1f MiB)\n", j.Entries, float64(j.Bytes)/(1<<20), bound, float64(j.FileBytes)/(1<<20))
 }
 
 // printSpend writes the runs' rows, and what the lanes spent, when there
