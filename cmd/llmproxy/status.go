@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/llmproxy/llmproxy/lanequeue"
-	"github.com/llmproxy/llmproxy/state"
 	"github.com/llmproxy/llmproxy/proxy"
+	"github.com/llmproxy/llmproxy/state"
 )
 
 // adminURL is the base URL of an admin listener address; a wildcard host
