@@ -23,7 +23,10 @@ import (
 	"github.com/llmproxy/llmproxy/e2e/mockupstream"
 )
 
-var restoreChats = flag.Int("restore.chats", 500, "chats in each run of the restart tests")
+var (
+	restoreChats   = flag.Int("restore.chats", 500, "chats in each run of the restart tests")
+	restoreNoState = flag.Bool("restore.nostate", false, "restart without LLMPROXY_STATE: the figures before the restore (the test then fails)")
+)
 
 // restartRun is one run's figures.
 type restartRun struct {
@@ -215,6 +218,9 @@ func restartOnce(t *testing.T, bin string, mcfg mockupstream.Config, n int, how 
 	mock := startMockUpstream(t, mcfg)
 	addr := freeAddr(t)
 	env := []string{"LLMPROXY_ADDR=" + addr, "LLMPROXY_STATE=" + filepath.Join(t.TempDir(), "state.db"), "LLMPROXY_LANE_MAX_CONCURRENCY=64"}
+	if *restoreNoState {
+		env[1] = "LLMPROXY_STATE="
+	}
 	p := startReplica(t, how, bin, mock.URL(), env...)
 	var restart func()
 	switch how {
