@@ -15,7 +15,9 @@ type verdictsSeen struct {
 	got []limit.Verdict
 }
 
-func (v *verdictsSeen) Learn(_ *limit.Ticket, r limit.Report, _ time.Time) { v.got = append(v.got, r.Verdict) }
+func (v *verdictsSeen) Learn(_ *limit.Ticket, r limit.Report, _ time.Time) {
+	v.got = append(v.got, r.Verdict)
+}
 
 func restoredAt(s Saved, now time.Time, inner limit.Shared) *remembered {
 	r := &remembered{Shared: inner, book: &Book{dirty: map[string]*remembered{}}}
