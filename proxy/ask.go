@@ -129,6 +129,13 @@ func readKeepSay(h http.Header, s *clientSay) error {
 		n, err := strconv.Atoi(strings.TrimSpace(v[0]))
 		s.keep.retry, s.keep.retries = err == nil && n > 0, true
 	}
+	for _, name := range [...]string{"X-Stainless-Timeout", "X-Stainless-Read-Timeout"} {
+		if v, ok := h[name]; ok {
+			if secs, err := strconv.ParseFloat(strings.TrimSpace(v[0]), 64); err == nil && secs > 0 && secs < 1e6 {
+				s.keep.timeout = time.Duration(secs * float64(time.Second))
+			}
+		}
+	}
 	if v, ok := h[idempotencyHeader]; ok && len(v[0]) <= 256 {
 		s.keep.idem = v[0]
 	}

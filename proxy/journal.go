@@ -40,6 +40,9 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 		}
 	}
 	k.tape = p.keeping.newTape(w, k.client, c, j, k.idem != "")
+	if k.timeout > 0 {
+		k.tape.timesOut = req.arrived.Add(k.timeout)
+	}
 	// A call kept for a retry or the journal outlives its client's own
 	// timeout (X-Stainless-Timeout): the retry wants its answer.
 	wait := p.cfg.MaxWait

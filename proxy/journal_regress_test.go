@@ -171,6 +171,7 @@ func TestARetryJoinsAStreamInFlightFromItsFirstByte(t *testing.T) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+testKey)
 		req.Header.Set(retryCountHeader, retry)
+		req.Header.Set("X-Stainless-Timeout", "0.01") // it leaves at its timeout, as an SDK does
 		return testClient.Do(req)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -215,6 +215,7 @@ func TestARetryJoinsTheCallItsClientLeft(t *testing.T) {
 		req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+testKey)
 		req.Header.Set(retryCountHeader, retry)
+		req.Header.Set("X-Stainless-Timeout", "1") // it leaves at its timeout, as an SDK does
 		return testClient.Do(req)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -223,7 +224,8 @@ func TestARetryJoinsTheCallItsClientLeft(t *testing.T) {
 	for up.calls.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
-	cancel() // the client's timeout
+	time.Sleep(time.Second) // the client's timeout
+	cancel()
 	<-done
 	time.Sleep(50 * time.Millisecond) // the proxy sees it leave
 	got := make(chan string, 1)
@@ -317,5 +319,39 @@ func TestARequestWithTheSameIdempotencyKeyJoinsTheCall(t *testing.T) {
 	}
 	if answers[testKey+` {"call":1}`] != 2 || up.calls.Load() != 2 {
 		t.Fatalf("answers %v, %d upstream calls; want the key's two requests answered by call 1, and two calls", answers, up.calls.Load())
+	}
+}
+
+// TestAClientThatGivesUpBeforeItsTimeoutLeavesNoCall: a client that
+// leaves well before its own timeout gave up (a user's cancel): its call
+// ends at once, and no retry can join it.
+func TestAClientThatGivesUpBeforeItsTimeoutLeavesNoCall(t *testing.T) {
+	up := &numberedUpstream{hold: make(chan struct{})}
+	defer close(up.hold)
+	h := newHarness(t, up, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+	req.Header.Set("Authorization", "Bearer "+testKey)
+	req.Header.Set(retryCountHeader, "0")
+	req.Header.Set("X-Stainless-Timeout", "600")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := testClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	for up.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if st := h.proxy.States(); len(st) == 1 && st[0].InFlight == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the call of a client that gave up is still in flight")
+		}
 	}
 }

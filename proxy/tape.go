@@ -61,6 +61,11 @@ type keepSay struct {
 	// deadline is MaxWait less it, not the client's own timeout (see
 	// keepOn).
 	maxWait time.Duration
+	// timeout is the client's own timeout (X-Stainless-Timeout, or the
+	// Python SDK's X-Stainless-Read-Timeout), 0 when it says none: a
+	// client that leaves at it will retry; one that leaves before it
+	// gave up.
+	timeout time.Duration
 	cred    string
 	post    bool
 	// client is the client's context, as the request arrived.
@@ -90,9 +95,10 @@ var recordedHeaders = [...]string{"Content-Type", "Content-Encoding", servedTier
 // canonical body. idem is the same over its credential and
 // Idempotency-Key, when it sent one.
 type callKey struct {
-	sum   [state.KeySize]byte
-	idem  [state.KeySize]byte
-	model string
+	sum    [state.KeySize]byte
+	idem   [state.KeySize]byte
+	model  string
+	stream bool // it asks for a stream
 }
 
 // canonicalMax is the largest body read as JSON for its key; a larger
@@ -234,7 +240,7 @@ type journaled struct {
 func callOf(say *keepSay, target *url.URL, raw []byte) callKey {
 	canon, model := canonicalBody(raw)
 	cred := []byte(say.cred)
-	c := callKey{model: model}
+	c := callKey{model: model, stream: bytes.Contains(canon, []byte(`"stream":true`))}
 	c.sum = keySum(cred, []byte(http.MethodPost), []byte(target.Path), []byte(keyQuery(target.RawQuery)), canon)
 	if say.idem != "" {
 		c.idem = keySum(cred, []byte(say.idem))
@@ -441,17 +447,20 @@ type tape struct {
 	cancel  context.CancelFunc
 	unwatch func() bool
 
-	mu        sync.Mutex
-	changed   *sync.Cond
-	status    int
-	header    http.Header
-	buf       []byte
-	over      bool // past tapeMax: neither recorded nor joined
-	gone      bool // the client left
-	sent      bool // the request went upstream
-	done, ok  bool
-	joiners   int
-	orphan    bool
+	mu       sync.Mutex
+	changed  *sync.Cond
+	status   int
+	header   http.Header
+	buf      []byte
+	over     bool // past tapeMax: neither recorded nor joined
+	gone     bool // the client left
+	sent     bool // the request went upstream
+	done, ok bool
+	joiners  int
+	orphan   bool
+	// timesOut is when its client's own timeout ends its wait (zero: it
+	// states none).
+	timesOut  time.Time
 	keptBytes int64
 	released  bool // its bytes went back to keeping.buffered
 }
@@ -492,7 +501,13 @@ func (t *tape) left() {
 		return
 	}
 	t.gone = true
-	sent := t.sent
+	// A client that left well before its own timeout gave up rather than
+	// timed out: no retry follows, and unless the journal keeps its answer
+	// the call ends now.
+	// Stating no timeout, a stream's client that leaves stopped reading;
+	// one waiting for a whole answer may have timed out.
+	gaveUp := t.j == nil && (t.timesOut.IsZero() && t.c.stream || !t.timesOut.IsZero() && time.Now().Before(t.timesOut.Add(-time.Second/4)))
+	sent := t.sent && !gaveUp
 	t.orphan = sent
 	t.mu.Unlock()
 	t.k.passEnd(t.j, true, true)

@@ -30,7 +30,9 @@ const options = {
   defaultHeaders: { 'x-llmproxy-run': run },
 };
 if (process.env.JOURNAL) options.defaultHeaders['x-llmproxy-journal'] = process.env.JOURNAL;
-if (process.env.TIMEOUT_MS) options.timeout = positiveInt(process.env.TIMEOUT_MS, 600000);
+// A timeout given with each request is one the SDK states to the server
+// (X-Stainless-Timeout); a client-level one it does not.
+const perRequest = process.env.TIMEOUT_MS ? { timeout: positiveInt(process.env.TIMEOUT_MS, 600000) } : undefined;
 const client = new OpenAI(options);
 
 function positiveInt(v, dflt) {
@@ -44,7 +46,7 @@ async function one(i) {
     ? { model, temperature: 1, messages: [{ role: 'user', content: 'the same question' }] }
     : { model, messages: [{ role: 'user', content: `question ${i}` }], stream };
   // asResponse: the raw answer, after the SDK's own retries.
-  const res = await client.chat.completions.create(params).asResponse();
+  const res = await client.chat.completions.create(params, perRequest).asResponse();
   const body = Buffer.from(await res.arrayBuffer());
   if (res.status !== 200) throw new Error(`status ${res.status}: ${body.toString().slice(0, 200)}`);
   return {
