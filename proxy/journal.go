@@ -28,7 +28,7 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 		p.failRequest(w, req, fail(failBadJournal, "x-llmproxy-journal needs a state file: start the proxy with LLMPROXY_STATE"))
 		return nil
 	}
-	c := callOf(k, req.target, keyBody(req))
+	c := callOf(k, req.target, keyBody(req), mode != journalOff)
 	if t, claimed := p.keeping.joinable(c, k); t != nil && p.joinCall(w, req, t, claimed) {
 		return nil
 	}
@@ -56,6 +56,9 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 // keyBody is what of req's body names it: the body, or, past
 // canonicalMax, the SHA-256 of all of it.
 func keyBody(req *request) []byte {
+	if req.body.file == nil && len(req.body.mem) <= canonicalMax {
+		return req.body.mem // read, not kept: no copy
+	}
 	b := req.body.reader()
 	defer b.Close()
 	raw, _ := io.ReadAll(io.LimitReader(b, canonicalMax+1))

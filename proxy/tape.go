@@ -235,12 +235,18 @@ type journaled struct {
 	ended bool // its end was counted to the pass
 }
 
-// callOf is the key of a request with say, target and body (its first
-// canonicalMax+1 bytes): see callKey.
-func callOf(say *keepSay, target *url.URL, raw []byte) callKey {
-	canon, model := canonicalBody(raw)
+// callOf is the key of a request with say, target and body raw (see
+// keyBody): see callKey. Only the journal needs the body canonical (two
+// clients that write one request differently); a retry of a call sends
+// the same bytes, so a join alone keys the body as it is, which costs a
+// request with the journal off no JSON decoding.
+func callOf(say *keepSay, target *url.URL, raw []byte, canonical bool) callKey {
+	canon, model := raw, ""
+	if canonical {
+		canon, model = canonicalBody(raw)
+	}
 	cred := []byte(say.cred)
-	c := callKey{model: model, stream: bytes.Contains(canon, []byte(`"stream":true`))}
+	c := callKey{model: model, stream: bytes.Contains(canon, []byte(`"stream":true`)) || bytes.Contains(canon, []byte(`"stream": true`))}
 	c.sum = keySum(cred, []byte(http.MethodPost), []byte(target.Path), []byte(keyQuery(target.RawQuery)), canon)
 	if say.idem != "" {
 		c.idem = keySum(cred, []byte(say.idem))
