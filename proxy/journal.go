@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmproxy/llmproxy/internal/bound"
 	"github.com/llmproxy/llmproxy/state"
 )
 
@@ -143,8 +144,8 @@ func (p *Proxy) keepDone(req *request) {
 	}
 	canon, _ := canonicalBody(keyBody(req))
 	e := &state.Entry{Run: t.j.run, Key: t.c.sum, Occurrence: t.j.occ, RecordedAt: p.cfg.Clock.Now(),
-		Path: req.target.Path, Model: t.c.model, Stream: isStreamHeader(header), Status: status,
-		Header: header, Request: canon, Body: body}
+		Path: bound.Field(req.target.Path), Model: bound.Field(t.c.model), // a client's words, shown by ls and show
+		Stream: eventStreamHeader(header), Status: status, Header: header, Request: canon, Body: body}
 	p.keeping.journal.PutLater(e, func(err error) {
 		if err != nil {
 			p.log.Warn("journal write failed", "err", err)

@@ -172,8 +172,12 @@ type failingReader struct{ err error }
 func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
 
 // isEventStream reports whether resp is a server-sent event stream.
-func isEventStream(resp *http.Response) bool {
-	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+func isEventStream(resp *http.Response) bool { return eventStreamHeader(resp.Header) }
+
+// eventStreamHeader reports whether h says its body is server-sent
+// events.
+func eventStreamHeader(h http.Header) bool {
+	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 

@@ -680,11 +680,6 @@ func (k *keeping) forget(t *tape, keep bool) {
 	k.mu.Unlock()
 }
 
-func isStreamHeader(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	return len(ct) >= 17 && ct[:17] == "text/event-stream"
-}
-
 // init readies k for journal, in mode (as LLMPROXY_JOURNAL says it),
 // with passes that end after passGap of rest.
 func (k *keeping) init(journal *state.Journal, mode string, passGap time.Duration) {

@@ -32,6 +32,10 @@ const flushEvery = 250 * time.Millisecond
 // after it, the pool learns as a new one would.
 const restoredFor = time.Hour
 
+// obeyPause is the longest restored pause obeyed as it is; a longer one
+// is probed by one request.
+const obeyPause = time.Minute
+
 // confirmFor is how long restored budgets still cap a pool once it has
 // learned from the upstream itself: a new state's first figures overshoot
 // (its first remaining counts, its slow start), the restored ones do not.
@@ -372,10 +376,16 @@ func (r *remembered) restore(s Saved, now time.Time) {
 			r.requests.Set(now, 1)
 		}
 	}
-	if now.Before(s.PausedUntil) {
+	r.quota = s.Quota && (s.QuotaUntil.IsZero() || now.Before(s.QuotaUntil))
+	switch rest := s.PausedUntil.Sub(now); {
+	case rest > obeyPause:
+		// Longer than a rate's pause: re-probed rather than obeyed, as a
+		// spent quota is (the file may hold what the upstream's words set,
+		// or what someone wrote).
+		r.quota = true
+	case rest > 0:
 		r.pausedUntil = s.PausedUntil
 	}
-	r.quota = s.Quota && (s.QuotaUntil.IsZero() || now.Before(s.QuotaUntil))
 }
 
 // activeLocked reports whether the restored limits still pace the pool:

@@ -270,3 +270,23 @@ func TestAKeptPoolStillStartsFromWhatWasInFlight(t *testing.T) {
 		t.Fatalf("concurrency %d after StartFrom(40), want 40", c)
 	}
 }
+
+// TestALongRestoredPauseIsProbedNotObeyed: a pause longer than a rate's
+// (an hour, from an upstream's words or a file someone wrote) is tried
+// by one request rather than held.
+func TestALongRestoredPauseIsProbedNotObeyed(t *testing.T) {
+	path := learnedThen(t, limit.View{PausedUntil: t0.Add(time.Hour)})
+	now := t0.Add(time.Second)
+	sh, _, _ := restart(t, path, now)
+	probe, _, ok := sh.Admit(now, 1, true)
+	if !ok {
+		t.Fatal("held by an hour's restored pause, not probed")
+	}
+	if _, _, ok := sh.Admit(now, 1, true); ok {
+		t.Fatal("a second request went before the probe's answer")
+	}
+	sh.Learn(&probe, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
+	if _, _, ok := sh.Admit(now, 1, false); !ok {
+		t.Fatal("held after the probe was admitted")
+	}
+}
