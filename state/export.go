@@ -17,11 +17,11 @@ import (
 // The journal as people read it (llmproxy journal show and export, and
 // the admin listener's /journal/show and /journal/export): one JSON
 // object a line per entry. A key shows as its first 12 hex digits (see
-// ShortKey); an entry holds no credential, only that hash of one.
+// shortKey); an entry holds no credential, only that hash of one.
 
-// ShortKey is the first 12 hex digits of key: enough to tell a run's
+// shortKey is the first 12 hex digits of key: enough to tell a run's
 // requests apart, and no more of the hash than that.
-func ShortKey(key [KeySize]byte) string { return hex.EncodeToString(key[:6]) }
+func shortKey(key [KeySize]byte) string { return hex.EncodeToString(key[:6]) }
 
 // Summary is an entry as a listing shows it: what names it, and the
 // sizes of its request and answer.
@@ -41,7 +41,7 @@ type Summary struct {
 // Summary is e as a listing shows it, its time in UTC.
 func (e *Entry) Summary() Summary {
 	return Summary{Run: e.Run, Occurrence: e.Occurrence, RecordedAt: e.RecordedAt.UTC(), Path: e.Path,
-		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: ShortKey(e.Key),
+		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: shortKey(e.Key),
 		RequestBytes: len(e.Request), AnswerBytes: len(e.Body)}
 }
 
@@ -79,7 +79,7 @@ func readable(b []byte, asJSON bool) (v any, b64 string) {
 
 func exportOf(e *Entry) exported {
 	x := exported{Run: e.Run, Occurrence: e.Occurrence, RecordedAt: e.RecordedAt.UTC(), Path: e.Path,
-		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: ShortKey(e.Key),
+		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: shortKey(e.Key),
 		ContentEncoding: e.Header.Get("Content-Encoding")}
 	x.Request, x.RequestBase64 = readable(e.Request, true)
 	x.Answer, x.AnswerBase64 = readable(e.Body, !e.Stream)

@@ -73,8 +73,8 @@ type Journal struct {
 	closed bool // under mu: the store is closing, puts are refused
 }
 
-// ErrClosed is a put's error once the store is closing.
-var ErrClosed = errors.New("journal: the state file is closing")
+// errClosed is a put's error once the store is closing.
+var errClosed = errors.New("journal: the state file is closing")
 
 // Journal returns the store's journal: entries older than ttl are not
 // served and are swept; past maxBytes of entries the oldest go.
@@ -239,7 +239,7 @@ func (j *Journal) PutLater(e *Entry, then func(error)) {
 	j.mu.Lock()
 	if j.closed {
 		j.mu.Unlock()
-		then(ErrClosed)
+		then(errClosed)
 		return
 	}
 	j.s.writes.Add(1)

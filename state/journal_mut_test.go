@@ -102,7 +102,7 @@ func TestPutLaterAnswersEachPutOnce(t *testing.T) {
 	}
 	s.Close()
 	j.PutLater(e, then)
-	if err := answer(); !errors.Is(err, ErrClosed) || len(got) != 0 {
+	if err := answer(); !errors.Is(err, errClosed) || len(got) != 0 {
 		t.Fatalf("a put after Close: %v, %d more answers", err, len(got))
 	}
 }

@@ -41,8 +41,8 @@ const obeyPause = time.Minute
 // (its first remaining counts, its slow start), the restored ones do not.
 const confirmFor = 10 * time.Second
 
-// Saved is one pool's snapshot, as the file keeps it.
-type Saved struct {
+// saved is one pool's snapshot, as the file keeps it.
+type saved struct {
 	At time.Time `json:"at"`
 	// Requests and Tokens are the learned budgets: a bucket of Limit
 	// refilled at PerSecond, holding Available at At; zero when not
@@ -79,7 +79,7 @@ type budget struct {
 	Available float64 `json:"available"`
 }
 
-func (s Saved) learned() bool {
+func (s saved) learned() bool {
 	return s.Requests.PerSecond > 0 || s.Tokens.PerSecond > 0 || s.WindowAllowance > 0 ||
 		!s.PausedUntil.IsZero() || s.Quota
 }
@@ -118,9 +118,9 @@ func fileKey(key string) []byte {
 	return []byte(hex.EncodeToString(sum[:16]))
 }
 
-// Load is the snapshot kept for the pool with key, if any.
-func (b *Book) Load(key string) (Saved, bool) {
-	var s Saved
+// load is the snapshot kept for the pool with key, if any.
+func (b *Book) load(key string) (saved, bool) {
+	var s saved
 	var ok bool
 	_ = b.s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(limitsBucket).Get(fileKey(key)); v != nil {
@@ -136,7 +136,7 @@ func (b *Book) Load(key string) (Saved, bool) {
 // file has one (a learned concurrency limit as where cfg starts, unless
 // the route configures one).
 func (b *Book) Shared(key string, cfg limit.Config, newShared func(limit.Config) limit.Shared) limit.Shared {
-	s, ok := b.Load(key)
+	s, ok := b.load(key)
 	own := cfg
 	if ok && s.Concurrency > 0 && cfg.Limits.Concurrency == 0 {
 		cfg.Limits.Concurrency, cfg.Limits.Start = s.Concurrency, true
@@ -214,7 +214,7 @@ func (b *Book) markClean() {
 		lb := tx.Bucket(limitsBucket)
 		var fixed [][2][]byte
 		err := lb.ForEach(func(k, v []byte) error {
-			var s Saved
+			var s saved
 			if json.Unmarshal(v, &s) == nil && !s.Clean && !s.At.Before(b.began) {
 				s.Clean = true
 				nv, _ := json.Marshal(s)
@@ -269,7 +269,7 @@ type remembered struct {
 	win  windowTrack
 	gate bool
 	// last is the latest snapshot, for the book to write.
-	last Saved
+	last saved
 }
 
 // windowTrack follows a fixed window of allowance per length: where the
@@ -340,7 +340,7 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 	}
 }
 
-func (r *remembered) restore(s Saved, now time.Time) {
+func (r *remembered) restore(s saved, now time.Time) {
 	r.restored, r.restoredAt, r.restoredUntil = true, s.At, now.Add(restoredFor)
 	r.last = s
 	elapsed := max(now.Sub(s.At).Seconds(), 0)
@@ -599,7 +599,7 @@ func (r *remembered) Forget() {
 	r.mu.Lock()
 	r.restored, r.restoredAt, r.knewAt, r.requests, r.tokens = false, time.Time{}, time.Time{}, nil, nil
 	r.pausedUntil, r.quota, r.probing, r.gate, r.spent, r.renews = time.Time{}, false, false, false, false, time.Time{}
-	r.win, r.last = windowTrack{}, Saved{}
+	r.win, r.last = windowTrack{}, saved{}
 	r.mu.Unlock()
 	r.book.changed(r)
 }
@@ -609,7 +609,7 @@ func (r *remembered) Forget() {
 // window stands; while the restored limits pace a pool that learned
 // nothing itself, what was restored, its window brought up to date.
 func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
-	s := Saved{At: now}
+	s := saved{At: now}
 	if r.activeLocked(now) && !v.Requests.Known && !v.Tokens.Known {
 		s = r.last
 		s.At = now

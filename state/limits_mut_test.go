@@ -19,7 +19,7 @@ func (v *verdictsSeen) Learn(_ *limit.Ticket, r limit.Report, _ time.Time) {
 	v.got = append(v.got, r.Verdict)
 }
 
-func restoredAt(s Saved, now time.Time, inner limit.Shared) *remembered {
+func restoredAt(s saved, now time.Time, inner limit.Shared) *remembered {
 	r := &remembered{Shared: inner, book: &Book{dirty: map[string]*remembered{}}}
 	r.restore(s, now)
 	return r
@@ -38,7 +38,7 @@ var accepted = limit.Report{Status: 200, Verdict: limit.Accepted}
 
 func TestAnUncleanRestoreTakesOffWhatMayHaveGoneUnseen(t *testing.T) {
 	// 2 a second for 1 s, less flushEvery's 0.5: 1.5 requests.
-	r := restoredAt(Saved{At: t0, Requests: budget{Limit: 4, PerSecond: 2}}, t0.Add(time.Second), &fakeShared{})
+	r := restoredAt(saved{At: t0, Requests: budget{Limit: 4, PerSecond: 2}}, t0.Add(time.Second), &fakeShared{})
 	if _, _, ok := r.Admit(t0.Add(time.Second), 1, false); !ok {
 		t.Fatal("the one request refilled was held")
 	}
@@ -49,14 +49,14 @@ func TestAnUncleanRestoreTakesOffWhatMayHaveGoneUnseen(t *testing.T) {
 
 func TestARestoredWindowAloneGatesThePoolAndItsFirstRequestGoes(t *testing.T) {
 	now := t0.Add(time.Second)
-	r := restoredAt(Saved{At: t0, Requests: budget{Limit: 1, PerSecond: 0.01}, WindowAllowance: 3, WindowLength: 10 * time.Second,
+	r := restoredAt(saved{At: t0, Requests: budget{Limit: 1, PerSecond: 0.01}, WindowAllowance: 3, WindowLength: 10 * time.Second,
 		WindowStart: t0.Add(-2 * time.Second), Clean: true}, now, &fakeShared{})
 	for i := range 3 {
 		if _, _, ok := r.Admit(now, 1, false); !ok {
 			t.Fatalf("request %d of the window held by the request budget the window replaces", i+1)
 		}
 	}
-	r = restoredAt(Saved{At: t0, WindowAllowance: 2, WindowLength: 10 * time.Second, Clean: true}, now, &fakeShared{})
+	r = restoredAt(saved{At: t0, WindowAllowance: 2, WindowLength: 10 * time.Second, Clean: true}, now, &fakeShared{})
 	if _, _, ok := r.Admit(now, 1, false); !ok {
 		t.Fatal("the first request of a window with no boundary seen was held")
 	}
@@ -66,7 +66,7 @@ func TestARestoredWindowAloneGatesThePoolAndItsFirstRequestGoes(t *testing.T) {
 }
 
 func TestARestoredTokenBudgetHoldsWhatItCannotPay(t *testing.T) {
-	r := restoredAt(Saved{At: t0, Tokens: budget{Limit: 1000, PerSecond: 10, Available: 1000}, Clean: true}, t0, &fakeShared{})
+	r := restoredAt(saved{At: t0, Tokens: budget{Limit: 1000, PerSecond: 10, Available: 1000}, Clean: true}, t0, &fakeShared{})
 	if _, _, ok := r.Admit(t0, 600, false); !ok {
 		t.Fatal("600 of 1000 tokens held")
 	}
@@ -91,7 +91,7 @@ func TestTheRestoreEndsExactlyConfirmForAfterThePoolKnows(t *testing.T) {
 func TestAClosedRestoredWindowIsKnockedOnByOneRequestAtATime(t *testing.T) {
 	inner := &verdictsSeen{}
 	now := t0.Add(time.Second)
-	r := restoredAt(Saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), Clean: true}, now, inner)
+	r := restoredAt(saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), Clean: true}, now, inner)
 	tk, _, _ := r.Admit(now, 1, false)
 	r.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, now)
 	if len(inner.got) != 1 || inner.got[0] != limit.Failed {
@@ -113,7 +113,7 @@ func TestAClosedRestoredWindowIsKnockedOnByOneRequestAtATime(t *testing.T) {
 
 func TestAProbeAnsweredOrReturnedLetsTheNextGoAndANewWindowIsSure(t *testing.T) {
 	now := t0.Add(time.Second)
-	r := restoredAt(Saved{At: t0, WindowAllowance: 5, WindowLength: 10 * time.Second, WindowStart: t0.Add(-time.Second), WindowCount: 1}, now, &fakeShared{})
+	r := restoredAt(saved{At: t0, WindowAllowance: 5, WindowLength: 10 * time.Second, WindowStart: t0.Add(-time.Second), WindowCount: 1}, now, &fakeShared{})
 	p, _, _ := r.Admit(now, 1, false)
 	r.Learn(&p, accepted, now) // its permit still out
 	p, _, ok := r.Admit(now, 1, false)
@@ -148,7 +148,7 @@ func TestAQuotaSpentEndsAtAnAdmittedAnswerAndAProbeNotSentGoesAgain(t *testing.T
 		t.Fatal("an admitted answer did not end the spent quota")
 	}
 
-	q := restoredAt(Saved{At: t0, Quota: true, QuotaUntil: t0.Add(time.Hour), Clean: true}, t0, &fakeShared{})
+	q := restoredAt(saved{At: t0, Quota: true, QuotaUntil: t0.Add(time.Hour), Clean: true}, t0, &fakeShared{})
 	p, _, _ := q.Admit(t0, 1, true)
 	q.Learn(&p, limit.Report{Verdict: limit.NotSent}, t0)
 	q.Return(&p, t0)
@@ -200,7 +200,7 @@ func TestAWindowsShapeIsSeenFromAClosureWhileTheStateHeldIt(t *testing.T) {
 
 func TestAfterTheRestoreEndsThePoolsOwnWindowIsKept(t *testing.T) {
 	inner := &fakeShared{}
-	r := restoredAt(Saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), Clean: true}, t0, inner)
+	r := restoredAt(saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), Clean: true}, t0, inner)
 	later := t0.Add(restoredFor + 2*time.Second)
 	tk, _, _ := r.Admit(later, 1, false)
 	r.Learn(&tk, accepted, later)
@@ -217,7 +217,7 @@ func TestAfterTheRestoreEndsThePoolsOwnWindowIsKept(t *testing.T) {
 
 func TestASnapshotOfARestoredPoolIsBroughtUpToDate(t *testing.T) {
 	inner := &fakeShared{}
-	r := restoredAt(Saved{At: t0, Requests: budget{Limit: 4, PerSecond: 2}, Clean: true}, t0.Add(time.Second), inner)
+	r := restoredAt(saved{At: t0, Requests: budget{Limit: 4, PerSecond: 2}, Clean: true}, t0.Add(time.Second), inner)
 	tk, _, _ := r.Admit(t0.Add(time.Second), 1, false) // 2 refilled, 1 left
 	r.Learn(&tk, accepted, t0.Add(2*time.Second))
 	if s := r.last; !s.At.Equal(t0.Add(2*time.Second)) || s.Requests.Available != 3 {

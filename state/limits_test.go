@@ -150,7 +150,7 @@ func TestARestoredPauseHoldsUntilItEnds(t *testing.T) {
 }
 
 func TestARestoredWindowWaitsForItsBoundary(t *testing.T) {
-	s := Saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), WindowCount: 2, Clean: true}
+	s := saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), WindowCount: 2, Clean: true}
 	r := &remembered{Shared: &fakeShared{}, book: &Book{dirty: map[string]*remembered{}}}
 	now := t0.Add(time.Second)
 	r.restore(s, now)
@@ -173,7 +173,7 @@ func TestARestoredWindowWaitsForItsBoundary(t *testing.T) {
 }
 
 func TestAfterAKillTheRunningWindowIsProbedOneRequestAtATime(t *testing.T) {
-	s := Saved{At: t0, WindowAllowance: 5, WindowLength: 10 * time.Second, WindowStart: t0.Add(-time.Second), WindowCount: 1}
+	s := saved{At: t0, WindowAllowance: 5, WindowLength: 10 * time.Second, WindowStart: t0.Add(-time.Second), WindowCount: 1}
 	r := &remembered{Shared: &fakeShared{}, book: &Book{dirty: map[string]*remembered{}}}
 	now := t0.Add(time.Second)
 	r.restore(s, now)
@@ -210,7 +210,7 @@ func TestForgetDropsWhatWasKept(t *testing.T) {
 	s.Close()
 	s2, b2 := bookAt(t, path, t0)
 	defer s2.Close()
-	if _, ok := b2.Load("pool"); ok {
+	if _, ok := b2.load("pool"); ok {
 		t.Fatal("the snapshot is still in the file: a forgotten pool would be restored")
 	}
 }
