@@ -23,26 +23,34 @@ import (
 // requests apart, and no more of the hash than that.
 func shortKey(key [KeySize]byte) string { return hex.EncodeToString(key[:6]) }
 
+// named is what names an entry, as a listing and an export show it.
+type named struct {
+	Run        string    `json:"run"`
+	Occurrence uint32    `json:"occurrence"`
+	RecordedAt time.Time `json:"recorded_at"`
+	Path       string    `json:"path"`
+	Model      string    `json:"model"`
+	Stream     bool      `json:"stream"`
+	Status     int       `json:"status"`
+	Key        string    `json:"key"`
+}
+
+func (e *Entry) naming() named {
+	return named{Run: e.Run, Occurrence: e.Occurrence, RecordedAt: e.RecordedAt.UTC(), Path: e.Path,
+		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: shortKey(e.Key)}
+}
+
 // Summary is an entry as a listing shows it: what names it, and the
 // sizes of its request and answer.
 type Summary struct {
-	Run          string    `json:"run"`
-	Occurrence   uint32    `json:"occurrence"`
-	RecordedAt   time.Time `json:"recorded_at"`
-	Path         string    `json:"path"`
-	Model        string    `json:"model"`
-	Stream       bool      `json:"stream"`
-	Status       int       `json:"status"`
-	Key          string    `json:"key"`
-	RequestBytes int       `json:"request_bytes"`
-	AnswerBytes  int       `json:"answer_bytes"`
+	named
+	RequestBytes int `json:"request_bytes"`
+	AnswerBytes  int `json:"answer_bytes"`
 }
 
 // Summary is e as a listing shows it, its time in UTC.
 func (e *Entry) Summary() Summary {
-	return Summary{Run: e.Run, Occurrence: e.Occurrence, RecordedAt: e.RecordedAt.UTC(), Path: e.Path,
-		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: shortKey(e.Key),
-		RequestBytes: len(e.Request), AnswerBytes: len(e.Body)}
+	return Summary{named: e.naming(), RequestBytes: len(e.Request), AnswerBytes: len(e.Body)}
 }
 
 // exported is an entry as Export writes it. Request is the canonical
@@ -50,19 +58,12 @@ func (e *Entry) Summary() Summary {
 // JSON answer as JSON, any other (a stream's events) as a string. Bytes
 // that are not UTF-8 go as base64 under the _base64 names instead.
 type exported struct {
-	Run             string    `json:"run"`
-	Occurrence      uint32    `json:"occurrence"`
-	RecordedAt      time.Time `json:"recorded_at"`
-	Path            string    `json:"path"`
-	Model           string    `json:"model"`
-	Stream          bool      `json:"stream"`
-	Status          int       `json:"status"`
-	Key             string    `json:"key"`
-	ContentEncoding string    `json:"content_encoding,omitempty"`
-	Request         any       `json:"request,omitempty"`
-	RequestBase64   string    `json:"request_base64,omitempty"`
-	Answer          any       `json:"answer,omitempty"`
-	AnswerBase64    string    `json:"answer_base64,omitempty"`
+	named
+	ContentEncoding string `json:"content_encoding,omitempty"`
+	Request         any    `json:"request,omitempty"`
+	RequestBase64   string `json:"request_base64,omitempty"`
+	Answer          any    `json:"answer,omitempty"`
+	AnswerBase64    string `json:"answer_base64,omitempty"`
 }
 
 // readable is b as a person reads it in JSON: itself when asJSON and it
@@ -78,9 +79,7 @@ func readable(b []byte, asJSON bool) (v any, b64 string) {
 }
 
 func exportOf(e *Entry) exported {
-	x := exported{Run: e.Run, Occurrence: e.Occurrence, RecordedAt: e.RecordedAt.UTC(), Path: e.Path,
-		Model: e.Model, Stream: e.Stream, Status: e.Status, Key: shortKey(e.Key),
-		ContentEncoding: e.Header.Get("Content-Encoding")}
+	x := exported{named: e.naming(), ContentEncoding: e.Header.Get("Content-Encoding")}
 	x.Request, x.RequestBase64 = readable(e.Request, true)
 	x.Answer, x.AnswerBase64 = readable(e.Body, !e.Stream)
 	return x

@@ -100,8 +100,8 @@ func TestListGivesSizesNotBodies(t *testing.T) {
 	if err := json.Unmarshal(b.Bytes(), &s); err != nil {
 		t.Fatal(err)
 	}
-	want := Summary{Run: "run", Occurrence: 3, RecordedAt: at.UTC(), Path: e.Path, Model: "m", Status: 200,
-		Key: "070000000000", RequestBytes: len(e.Request), AnswerBytes: len(e.Body)}
+	want := Summary{named: named{Run: "run", Occurrence: 3, RecordedAt: at.UTC(), Path: e.Path, Model: "m", Status: 200,
+		Key: "070000000000"}, RequestBytes: len(e.Request), AnswerBytes: len(e.Body)}
 	if s != want {
 		t.Fatalf("got %+v, want %+v", s, want)
 	}
