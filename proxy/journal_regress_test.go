@@ -49,23 +49,7 @@ func TestAJoinedRecordingCutOffStillEndsItsRequestInThePass(t *testing.T) {
 	h, _ := journalHarness(t, up, "replay")
 	h.proxy.keeping.passGap = 200 * time.Millisecond
 	body := `{"model":"m","messages":[],"stream":true}`
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		req.Header.Set(runHeader, "k")
-		if resp, err := testClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	for calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	<-done
-	time.Sleep(50 * time.Millisecond)
+	leaveMidCall(h, body, func() bool { return calls.Load() > 0 }, 0, runHeader, "k")
 	got := make(chan string, 1)
 	go func() {
 		req, _ := http.NewRequest("POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
@@ -121,23 +105,7 @@ func TestAnOccurrenceGoesBackOnlyToItsOwnPass(t *testing.T) {
 		return resp.Header.Get(journalHeader) + " " + readAll(t, resp.Body)
 	}
 	t.Log("pass1 occ1:", post())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		req.Header.Set(runHeader, "k")
-		if resp, err := testClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	for calls.Load() < 2 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel() // the eval killed with occ 2 in flight
-	<-done
-	time.Sleep(50 * time.Millisecond)
+	leaveMidCall(h, body, func() bool { return calls.Load() >= 2 }, 0, runHeader, "k") // the eval killed with occ 2 in flight
 	t.Log("pass2 occ1:", post())
 	close(hold) // the orphan fails: gives occ 2 back, into pass 2
 	time.Sleep(100 * time.Millisecond)
@@ -174,15 +142,7 @@ func TestARetryJoinsAStreamInFlightFromItsFirstByte(t *testing.T) {
 		req.Header.Set("X-Stainless-Timeout", "0.01") // it leaves at its timeout, as an SDK does
 		return testClient.Do(req)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { _, err := send(ctx, "0"); done <- err }()
-	for calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	<-done
-	time.Sleep(50 * time.Millisecond)
+	leaveMidCall(h, body, func() bool { return calls.Load() > 0 }, 0, retryCountHeader, "0", "X-Stainless-Timeout", "0.01")
 	got := make(chan string, 1)
 	go func() {
 		resp, err := send(context.Background(), "1")

@@ -218,16 +218,8 @@ func TestARetryJoinsTheCallItsClientLeft(t *testing.T) {
 		req.Header.Set("X-Stainless-Timeout", "1") // it leaves at its timeout, as an SDK does
 		return testClient.Do(req)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { _, err := send(ctx, "0"); done <- err }()
-	for up.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	time.Sleep(time.Second) // the client's timeout
-	cancel()
-	<-done
-	time.Sleep(50 * time.Millisecond) // the proxy sees it leave
+	called := func() bool { return up.calls.Load() > 0 }
+	leaveMidCall(h, body, called, time.Second, retryCountHeader, "0", "X-Stainless-Timeout", "1") // at its timeout
 	got := make(chan string, 1)
 	go func() {
 		resp, err := send(context.Background(), "1")
@@ -258,23 +250,7 @@ func TestARunKilledStartsANewPass(t *testing.T) {
 	h, j := journalHarness(t, up, "replay")
 	h.proxy.keeping.passGap = time.Hour // only the kill can end the pass
 	body := `{"model":"m","messages":[]}`
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+testKey)
-		req.Header.Set(runHeader, "k")
-		if resp, err := testClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	for up.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	<-done
-	time.Sleep(50 * time.Millisecond)
+	leaveMidCall(h, body, func() bool { return up.calls.Load() > 0 }, 0, runHeader, "k") // the eval killed
 	got := make(chan string, 1)
 	go func() {
 		resp := h.post("/v1/chat/completions", body, runHeader, "k")
@@ -329,23 +305,7 @@ func TestAClientThatGivesUpBeforeItsTimeoutLeavesNoCall(t *testing.T) {
 	up := &numberedUpstream{hold: make(chan struct{})}
 	defer close(up.hold)
 	h := newHarness(t, up, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
-	req.Header.Set("Authorization", "Bearer "+testKey)
-	req.Header.Set(retryCountHeader, "0")
-	req.Header.Set("X-Stainless-Timeout", "600")
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := testClient.Do(req); err == nil {
-			resp.Body.Close()
-		}
-	}()
-	for up.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
-	cancel()
-	<-done
+	leaveMidCall(h, `{"model":"m"}`, func() bool { return up.calls.Load() > 0 }, 0, retryCountHeader, "0", "X-Stainless-Timeout", "600")
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		if st := h.proxy.States(); len(st) == 1 && st[0].InFlight == 0 {
 			break
@@ -354,4 +314,31 @@ func TestAClientThatGivesUpBeforeItsTimeoutLeavesNoCall(t *testing.T) {
 			t.Fatal("the call of a client that gave up is still in flight")
 		}
 	}
+}
+
+// leaveMidCall sends a chat with body and hdr (name, value pairs) and
+// leaves, as a client whose timeout or kill ends it, once upstream
+// reports the call arrived and stay more has passed; it returns when the
+// proxy has seen it go.
+func leaveMidCall(h *harness, body string, upstream func() bool, stay time.Duration, hdr ...string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, "POST", h.front.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+testKey)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		if resp, err := testClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	for !upstream() {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(stay)
+	cancel()
+	<-done
+	time.Sleep(50 * time.Millisecond) // the proxy sees it leave
 }
