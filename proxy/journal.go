@@ -45,12 +45,14 @@ func (p *Proxy) keepOn(w http.ResponseWriter, req *request) http.ResponseWriter 
 		k.tape.timesOut = req.arrived.Add(k.timeout)
 	}
 	// A call kept for a retry or the journal outlives its client's own
-	// timeout (X-Stainless-Timeout): the retry wants its answer.
+	// timeout (X-Stainless-Timeout): the retry wants its answer. What is
+	// decided by the deadline (a Retry-After too long to wait, flex's
+	// turn to standard) still keeps to the client's.
 	wait := p.cfg.MaxWait
 	if k.maxWait > 0 {
 		wait = min(wait, k.maxWait)
 	}
-	req.deadline = req.arrived.Add(wait)
+	k.tape.until = req.arrived.Add(wait)
 	return k.tape
 }
 

@@ -77,7 +77,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, route string, base
 	req.priority = lr.Priority
 	p.describe(req, lr)
 
-	ctx, cancel := context.WithDeadline(req.keep.parent(), req.deadline)
+	ctx, cancel := context.WithDeadline(req.keep.parent(), req.keep.bound(req.deadline))
 	defer cancel()
 	defer context.AfterFunc(p.stopped, cancel)()
 	if ends := req.spend.ended; ends != nil { // a budget found spent ends its wait

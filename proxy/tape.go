@@ -75,6 +75,15 @@ type keepSay struct {
 	tape *tape
 }
 
+// bound is the end of the request's context: deadline, its own, or a
+// kept call's longer one (see keepOn).
+func (k *keepSay) bound(deadline time.Time) time.Time {
+	if k.tape != nil && k.tape.until.After(deadline) {
+		return k.tape.until
+	}
+	return deadline
+}
+
 // parent is the context the request's upstream call runs in: the
 // client's, or, once a tape keeps the answer, one the client's leaving
 // ends only before the request is sent (see tape.left).
@@ -465,8 +474,9 @@ type tape struct {
 	joiners  int
 	orphan   bool
 	// timesOut is when its client's own timeout ends its wait (zero: it
-	// states none).
+	// states none); until is when the kept call's context ends.
 	timesOut  time.Time
+	until     time.Time
 	keptBytes int64
 	released  bool // its bytes went back to keeping.buffered
 }
