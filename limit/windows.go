@@ -106,13 +106,13 @@ func (c *closure) agrees(r time.Time, grain time.Duration) bool {
 // clock, and reads no long hint as a boundary until hintTrust from now.
 func (c *closure) distrust(now time.Time) { c.knock, c.moving, c.closed = 0, now.Add(hintTrust), false }
 
-// suspicion is a run of refusals outside a closure, with no admission
-// since its first dispatch: run refusals from runFrom. minRun of them over
-// minClosure read as a silent closure.
+// suspicion is a run of refusals outside a closure: run refusals from
+// runFrom, the first answered at runSeen; minRun of them over minClosure
+// read as a silent closure. Requests reach the upstream in another order
+// than they went, so only an admission sent after runSeen ends the run.
 type suspicion struct {
-	runFrom   time.Time
-	run       int
-	lastAdmit time.Time // the latest admitted dispatch
+	runFrom, runSeen, lastAdmit time.Time // lastAdmit: the latest admitted dispatch
+	run                         int
 }
 
 // admit learns of an admitted dispatch at d. It reports whether d ended a
@@ -121,18 +121,18 @@ func (u *suspicion) admit(d time.Time) bool {
 	if d.After(u.lastAdmit) {
 		u.lastAdmit = d
 	}
-	if u.runFrom.IsZero() || d.Before(u.runFrom) {
+	if u.runFrom.IsZero() || d.Before(u.runSeen) {
 		return false
 	}
 	u.runFrom, u.run = time.Time{}, 0
 	return true
 }
 
-// silent counts a refusal with no hint of a dispatch at d, and reports
-// whether the run now reads as a silent closure.
-func (u *suspicion) silent(d time.Time) bool {
-	if u.runFrom.IsZero() || u.runFrom.Before(u.lastAdmit) {
-		u.runFrom, u.run = d, 0
+// silent counts a refusal with no hint of a dispatch at d, answered at
+// now, and reports whether the run now reads as a silent closure.
+func (u *suspicion) silent(d, now time.Time) bool {
+	if u.runFrom.IsZero() {
+		u.runFrom, u.runSeen, u.run = d, now, 0
 	}
 	if d.Before(u.runFrom) {
 		u.runFrom = d
@@ -436,7 +436,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		w.next(now)
 		return true
 	}
-	if !w.silent(d) {
+	if !w.silent(d, now) {
 		return false
 	}
 	w.close(w.runFrom, false)

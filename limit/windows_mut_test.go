@@ -805,3 +805,35 @@ func TestANarrowIntervalIsKnockedAtItsEnd(t *testing.T) {
 		t.Fatal("a window of unknown length: knocked at the interval's end")
 	}
 }
+
+// TestAnAdmissionSentBeforeARefusalCameBackLeavesTheRunGoing: requests
+// reach the upstream in another order than they went, so one sent a
+// moment after a refused one may have been counted before it: its
+// admission, answered after the refusal, neither marks the window stray
+// nor ends the run of refusals, which closes the pool as it would have.
+// One sent after the refusal came back was counted after it, and does.
+func TestAnAdmissionSentBeforeARefusalCameBackLeavesTheRunGoing(t *testing.T) {
+	r, end := silentRig(t)
+	refused := r.send(end)
+	overtook := r.send(end.Add(2 * time.Millisecond))
+	r.refuse(refused, 0, end.Add(50*time.Millisecond)) // the refusal comes back
+	r.w.accepted(overtook, end.Add(60*time.Millisecond))
+	if r.w.cur.stray || r.w.runFrom.IsZero() {
+		t.Fatalf("an admission sent 2 ms after a refusal, before it came back, ended the run (stray %v)", r.w.cur.stray)
+	}
+	for i := 1; i < minRun; i++ {
+		now := end.Add(time.Duration(i) * minClosure)
+		r.refuse(r.send(now), 0, now)
+	}
+	if !r.w.closed {
+		t.Fatal("the run of silent refusals did not close the pool")
+	}
+
+	r, end = silentRig(t)
+	r.refuse(r.send(end), 0, end.Add(50*time.Millisecond))
+	after := r.send(end.Add(51 * time.Millisecond))
+	r.w.accepted(after, end.Add(100*time.Millisecond))
+	if !r.w.cur.stray || !r.w.runFrom.IsZero() {
+		t.Fatal("an admission sent after the refusal came back did not end the run")
+	}
+}

@@ -70,7 +70,8 @@
 // are one across all its models.
 // ResetRoundDown and ClockAhead state Anthropic's reset times rounded
 // down, or on a clock ahead of or behind the caller's. LatencyJitter
-// varies answer times.
+// varies answer times; ArrivalJitter counts requests in another order
+// than they were sent.
 //
 // # What refusals say
 //

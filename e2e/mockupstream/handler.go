@@ -164,7 +164,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("x-request-id", requestID)
 	}
 	key, q, ok := s.readRequest(w, r, ep, requestID)
-	if !ok || s.turnFlexAway(w, requestID, key, q) {
+	if !ok || s.turnFlexAway(w, requestID, key, q) || !s.arrive(r.Context()) {
 		return
 	}
 

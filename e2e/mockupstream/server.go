@@ -174,7 +174,12 @@ type Config struct {
 	// LatencyJitter adds a random wait in [0, LatencyJitter) to each
 	// answer's Latency, drawn from Seed: answer times that vary.
 	LatencyJitter time.Duration
-	// Seed seeds LatencyJitter's draws; 0 = 1.
+	// ArrivalJitter holds each request a random wait in [0,
+	// ArrivalJitter), drawn from Seed, before its limits count it: requests
+	// sent in one order are counted in another, as a network and a loaded
+	// machine reorder them.
+	ArrivalJitter time.Duration
+	// Seed seeds LatencyJitter's and ArrivalJitter's draws; 0 = 1.
 	Seed uint64
 	// HintForm is how a refusal's body names its wait (unless NoHint):
 	// "" = OpenAI's "Please try again in 1.5s."; "azure" = Azure
@@ -651,6 +656,18 @@ func (s *Server) latency(flex bool) time.Duration {
 		d = time.Duration(float64(d) * s.cfg.FlexSlowdown)
 	}
 	return d
+}
+
+// arrive holds a request for its draw of ArrivalJitter; false: its
+// caller left first.
+func (s *Server) arrive(ctx context.Context) bool {
+	if s.cfg.ArrivalJitter <= 0 {
+		return true
+	}
+	s.mu.Lock()
+	d := time.Duration(s.jitter.Int64N(int64(s.cfg.ArrivalJitter)))
+	s.mu.Unlock()
+	return s.sleep(ctx, d)
 }
 
 // advertised is the wait a 429 advertises: the SetRetryAfter override if

@@ -75,9 +75,13 @@ type Draw struct {
 	SharedModels bool
 	Latency      time.Duration
 	Jitter       time.Duration // each answer takes up to this much more
-	Stream       bool
-	MaxTokens    int
-	N, C         int
+	// Arrival: each request reaches the limits up to this much after it
+	// came, so they are counted in another order than they were sent (a
+	// network, a new connection's handshake, a loaded machine).
+	Arrival   time.Duration
+	Stream    bool
+	MaxTokens int
+	N, C      int
 	// expected is how long the run would take without Change, for when
 	// the change comes.
 	expected time.Duration
@@ -150,6 +154,9 @@ func Generate(seed uint64) Draw {
 		d.Limits = append(d.Limits, t)
 	}
 	d.N = d.size(r)
+	if r.IntN(4) > 0 { // drawn last: the draws before it stay as they were
+		d.Arrival = time.Duration(logUniform(1, 50) * float64(time.Millisecond)).Round(time.Millisecond)
+	}
 	return d
 }
 
@@ -263,6 +270,11 @@ func (d Draw) answerTime(body []byte) time.Duration {
 	return d.Latency + time.Duration(unitOf(body, 3)*float64(d.Jitter))
 }
 
+// arrival is how long body takes to reach the limits.
+func (d Draw) arrival(body []byte) time.Duration {
+	return time.Duration(unitOf(body, 4) * float64(d.Arrival))
+}
+
 // scale is the limits' size at elapsed into the run.
 func (d Draw) scale(elapsed time.Duration) float64 {
 	if !d.Change {
@@ -326,6 +338,9 @@ func (d Draw) String() string {
 		share = "shared"
 	}
 	fmt.Fprintf(&b, "; %d model(s) %s; answers %v+%v", d.Models, share, d.Latency, d.Jitter)
+	if d.Arrival > 0 {
+		fmt.Fprintf(&b, "; arriving up to %v late", d.Arrival)
+	}
 	if d.Stream {
 		b.WriteString(" streamed")
 	}

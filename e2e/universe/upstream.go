@@ -137,6 +137,9 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":{"message":"bad body","type":"invalid_request_error"}}`, http.StatusBadRequest)
 		return
 	}
+	if wait := u.d.arrival(body); wait > 0 && !sleep(r.Context(), wait) {
+		return
+	}
 	cost := u.d.Charge(body)
 	u.mu.Lock()
 	now := time.Now()
