@@ -58,6 +58,9 @@ type saved struct {
 	// what was sent in it by At; zero when not seen.
 	WindowStart time.Time `json:"window_start,omitzero"`
 	WindowCount int       `json:"window_count,omitempty"`
+	// WindowAhead is how many requests of that window were counted before
+	// they went (see aheadLocked): what a kill -9 may have sent in it.
+	WindowAhead int `json:"window_ahead,omitempty"`
 	// Concurrency is the concurrency limit: learned from refusals, named
 	// by the upstream, or the start grown by answers.
 	Concurrency int `json:"concurrency,omitempty"`
@@ -89,6 +92,7 @@ type Book struct {
 	s     *Store
 	mu    sync.Mutex
 	dirty map[string]*remembered // by file key, to write at the next flush
+	soon  chan struct{}          // a window's count to write ahead: flush now
 	stop  chan struct{}
 	done  chan struct{}
 	now   func() time.Time
@@ -104,7 +108,7 @@ func (s *Store) Limits() (*Book, error) {
 	}); err != nil {
 		return nil, err
 	}
-	b := &Book{s: s, dirty: map[string]*remembered{}, stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
+	b := &Book{s: s, dirty: map[string]*remembered{}, soon: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), now: time.Now}
 	b.began = b.now()
 	go b.flushing()
 	s.closers = append(s.closers, b.close)
@@ -154,6 +158,20 @@ func (b *Book) changed(r *remembered) {
 	b.mu.Unlock()
 }
 
+// reserve has r's window count ahead written at once; true when it is
+// already (a book without a file, as in tests, keeps nothing to lose).
+func (b *Book) reserve(r *remembered) bool {
+	if b.s == nil {
+		return true
+	}
+	b.changed(r)
+	select {
+	case b.soon <- struct{}{}:
+	default:
+	}
+	return false
+}
+
 func (b *Book) flushing() {
 	defer close(b.done)
 	t := time.NewTicker(flushEvery)
@@ -165,6 +183,8 @@ func (b *Book) flushing() {
 			b.markClean()
 			return
 		case <-t.C:
+			b.flush()
+		case <-b.soon:
 			b.flush()
 		}
 	}
@@ -180,17 +200,19 @@ func (b *Book) flush() {
 		return
 	}
 	snaps := make(map[string][]byte, len(dirty))
+	written := make(map[*remembered]saved, len(dirty))
 	for k, r := range dirty {
 		r.mu.Lock()
 		s := r.last
 		r.mu.Unlock()
+		written[r] = s
 		if s.learned() {
 			snaps[k], _ = json.Marshal(s)
 		} else {
 			snaps[k] = nil
 		}
 	}
-	_ = b.s.db.Update(func(tx *bolt.Tx) error {
+	err := b.s.db.Update(func(tx *bolt.Tx) error {
 		lb := tx.Bucket(limitsBucket)
 		for k, v := range snaps {
 			var err error
@@ -205,6 +227,16 @@ func (b *Book) flush() {
 		}
 		return nil
 	})
+	if err != nil {
+		return
+	}
+	for r, s := range written {
+		r.mu.Lock()
+		if w := &r.win; w.start.Equal(s.WindowStart) && s.WindowAhead > w.ahead {
+			w.ahead = s.WindowAhead
+		}
+		r.mu.Unlock()
+	}
 }
 
 // markClean marks the snapshots this book wrote clean: the proxy
@@ -290,6 +322,9 @@ type windowTrack struct {
 	unsure   int
 	probeOut bool
 	probeSeq uint64 // the probe's dispatch
+	// ahead is how many of the running window's requests the file counts
+	// already; asked, how many a write on its way will.
+	ahead, asked int
 	// accepted counts the running window's admitted answers; seen* are
 	// the shape the answers showed (the allowance a window admitted, the
 	// time from one opening to the next), read while the wrapped state
@@ -311,7 +346,7 @@ func (w *windowTrack) roll(now time.Time) {
 	}
 	w.accepted = 0
 	w.start = w.start.Add(now.Sub(w.start).Truncate(w.length))
-	w.count, w.unsure, w.probeOut = 0, 0, false
+	w.count, w.unsure, w.probeOut, w.ahead, w.asked = 0, 0, false, 0, 0
 }
 
 // answered reads an answer to a request dispatched at sent: a refusal
@@ -334,7 +369,7 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 			w.seenAllowance, w.seenLength = w.accepted, sent.Sub(w.start)
 		}
 		w.closed, w.knockOut, w.windowHeld, w.provisional = false, false, false, false
-		w.start, w.count, w.accepted = sent, 1, 1
+		w.start, w.count, w.accepted, w.ahead, w.asked = sent, 1, 1, 0, 0
 	case !w.closed && !w.start.IsZero() && !sent.Before(w.start):
 		w.accepted++
 	}
@@ -363,10 +398,17 @@ func (r *remembered) restore(s saved, now time.Time) {
 		r.gate, r.requests = true, nil
 		r.win = windowTrack{allowance: s.WindowAllowance, length: s.WindowLength, start: s.WindowStart, count: s.WindowCount}
 		if !s.WindowStart.IsZero() {
-			// A window's allowance goes in a burst, as fast as the
-			// concurrency limit lets it: after a kill -9 any of the running
-			// window's may have gone unseen, so all of it is probed.
-			if !s.Clean {
+			r.win.ahead = max(s.WindowCount, s.WindowAhead) // what the file counts
+			r.win.asked = r.win.ahead
+			switch {
+			case s.Clean:
+			case s.WindowAhead > 0:
+				// Counted before they went: no more than that went.
+				r.win.count = r.win.ahead
+			default:
+				// Not counted ahead (a file from before): a window's
+				// allowance goes in a burst, so after a kill -9 any of it
+				// may have gone unseen, and all of it is probed.
 				r.win.unsure = s.WindowAllowance
 			}
 		} else {
@@ -441,9 +483,48 @@ func (r *remembered) holdLocked(now time.Time, cost int64, alone bool) (time.Tim
 	return time.Time{}, true
 }
 
+// aheadWait is how soon a request held for its window's count to be
+// written goes again: a write takes about a millisecond.
+const aheadWait = 2 * time.Millisecond
+
+// aheadLocked holds a request in a window of known shape until the file
+// counts it: the count written runs ahead of what went by up to a
+// twentieth of the allowance, and is asked for again once half of that is
+// used, so the pool made again after a kill -9 starts from at least what
+// went (the unused part of one step is what that costs).
+func (r *remembered) aheadLocked(now time.Time) (time.Time, bool) {
+	w := &r.win
+	if w.allowance <= 0 || w.length <= 0 || w.start.IsZero() && w.closed {
+		return time.Time{}, true
+	}
+	if w.start.IsZero() {
+		w.start, w.provisional = now, true // a window from the first request
+	}
+	w.roll(now)
+	if step := max(2, w.allowance/20); w.asked-w.count <= step/2 {
+		w.asked = w.count + step
+		s := &r.last
+		if s.At.IsZero() {
+			s.At = now
+		}
+		s.WindowAllowance, s.WindowLength = w.allowance, w.length
+		s.WindowStart, s.WindowCount, s.WindowAhead = w.start, w.count, w.asked
+		if r.book.reserve(r) {
+			w.ahead = w.asked
+		}
+	}
+	if w.count < w.ahead {
+		return time.Time{}, true
+	}
+	return now.Add(aheadWait), false
+}
+
 func (r *remembered) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
 	r.mu.Lock()
 	at, ok := r.holdLocked(now, cost, alone)
+	if ok {
+		at, ok = r.aheadLocked(now)
+	}
 	r.mu.Unlock()
 	if !ok {
 		return limit.Ticket{}, at, false
@@ -643,7 +724,7 @@ func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
 	}
 	if s.WindowAllowance > 0 && !r.win.closed && !r.win.start.IsZero() {
 		r.win.roll(now)
-		s.WindowStart, s.WindowCount = r.win.start, r.win.count
+		s.WindowStart, s.WindowCount, s.WindowAhead = r.win.start, r.win.count, r.win.asked
 	}
 	r.last = s
 }

@@ -290,3 +290,48 @@ func TestALongRestoredPauseIsProbedNotObeyed(t *testing.T) {
 		t.Fatal("held after the probe was admitted")
 	}
 }
+
+func TestAWindowsRequestsAreCountedInTheFileBeforeTheyGo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, b := bookAt(t, path, t0)
+	defer s.Close()
+	inner := &fakeShared{view: withWindow(limit.View{}, 40, 10*time.Second)}
+	sh := b.Shared("pool", limit.Config{}, func(limit.Config) limit.Shared { return inner })
+	now := t0
+	first, _, _ := sh.Admit(now, 1, false)
+	sh.Learn(&first, accepted, now) // the pool knows its window: 40 per 10 s
+	sent, held := 1, 0
+	for sent < 26 {
+		_, at, ok := sh.Admit(now, 1, false)
+		if !ok {
+			if !at.Equal(now.Add(aheadWait)) {
+				t.Fatalf("held until +%v, want aheadWait for the write", at.Sub(now))
+			}
+			held++
+			time.Sleep(time.Millisecond) // the book writes on its own goroutine
+			continue
+		}
+		sent++
+		if f, _ := b.load("pool"); f.WindowAhead < sent {
+			t.Fatalf("%d went in the window while the file counted %d: a kill -9 now would lose some", sent, f.WindowAhead)
+		}
+	}
+	if held == 0 {
+		t.Fatal("no request waited for the file to count it")
+	}
+	f, _ := b.load("pool")
+	if step := 40 / 20; f.WindowAhead > sent+step {
+		t.Fatalf("the file counts %d for %d sent: ahead by more than a step of %d", f.WindowAhead, sent, step)
+	}
+	// A kill -9 here: the pool made from the file sends what it leaves of
+	// the window and waits for the boundary, with nothing to probe.
+	r := restoredAt(f, now.Add(time.Second), &fakeShared{})
+	for i := range 40 - f.WindowAhead {
+		if _, _, ok := r.Admit(now.Add(time.Second), 1, false); !ok {
+			t.Fatalf("request %d of the %d the file leaves in the window held", i+1, 40-f.WindowAhead)
+		}
+	}
+	if _, at, ok := r.Admit(now.Add(time.Second), 1, false); ok || !at.Equal(t0.Add(10*time.Second)) {
+		t.Fatalf("past the window's allowance: %v, next at +%v; want held to the boundary +10s", ok, at.Sub(t0))
+	}
+}
