@@ -257,3 +257,50 @@ func TestAmongReplicasLimitsOneReplicaFoundSharedArePooledOnEvery(t *testing.T) 
 		}
 	}
 }
+
+// noted is one process's state that keeps, by limit key, the limit it was
+// found to share, for the process after it (state's file does).
+type noted struct {
+	*limit.Memory
+	key    string
+	joined map[string]string
+}
+
+func (n noted) PutJoined(root string)   { n.joined[n.key] = root }
+func (n noted) Joined(root string) bool { return n.joined[n.key] == root }
+
+// TestARestartedProcessPoolsTheLimitsItsPredecessorFoundShared: one
+// process finds gpt-b and gpt-a on one limit (gpt-b's lane came first and
+// takes gpt-a's); the next, whose lanes come in the other order, pools
+// gpt-a with gpt-b at gpt-a's first answer, on gpt-b's limit as the note
+// says, whatever that answer showed; gpt-c, noted nowhere, keeps its own.
+func TestARestartedProcessPoolsTheLimitsItsPredecessorFoundShared(t *testing.T) {
+	joined := map[string]string{}
+	process := func() *Table {
+		return NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}, Shared: func(key string, c limit.Config) limit.Shared {
+			return noted{limit.NewMemory(c), key, joined}
+		}})
+	}
+	cred := HashCredential("sk-shared")
+	key := func(model string) Key { return Key{CredentialHash: cred, Path: "/v1/chat/completions", Model: model} }
+	one := process()
+	b1, a1 := one.laneFor(key("gpt-b")), one.laneFor(key("gpt-a"))
+	firstAnswers(t, []*Lane{b1, a1}, func(i int) int64 { return int64(19 - i) })
+	if limitOf(a1) != limitOf(b1) || joined[a1.key.limitKey(false)] != b1.key.limitKey(false) {
+		t.Fatalf("the first process did not pool gpt-a on gpt-b's limit and note it: %v", joined)
+	}
+	two := process()
+	a2, b2, c2 := two.laneFor(key("gpt-a")), two.laneFor(key("gpt-b")), two.laneFor(key("gpt-c"))
+	bLimit := limitOf(b2)
+	for _, l := range []*Lane{a2, c2} {
+		s := sendOn(t, l)
+		report(s, limit.Report{Status: 200, Verdict: limit.Accepted})
+		s.release()
+	}
+	if limitOf(a2) != bLimit {
+		t.Error("the restarted process draws gpt-a on a limit of its own, not gpt-b's as noted")
+	}
+	if limitOf(c2) == bLimit {
+		t.Error("gpt-c, noted nowhere, joined gpt-b's limit")
+	}
+}

@@ -136,21 +136,23 @@ func (g *group) mergeLocked(with []*pool, why string) {
 		order = func(a, b *pool) int { return strings.Compare(a.key, b.key) }
 	}
 	slices.SortFunc(with, order)
-	into := with[0]
-	for _, o := range with[1:] {
-		o.mergedInto = into
-		into.addModel(o.models...)
-	}
-	into.sharedBy = why
-	for _, o := range with[1:] {
-		if s, ok := o.shared.(joinSharer); ok && g.fleet {
-			s.PutJoined(into.key) // the other replicas pool them too
-		}
-	}
+	g.takeLocked(with[0], with[1:], why)
 }
 
-// joinSharer is a limit's state shared among replicas that tells them
-// which limit one of them found it shares (redisstate's does). Each
+// takeLocked has into take the others' lanes and models, for why.
+func (g *group) takeLocked(into *pool, others []*pool, why string) {
+	for _, o := range others {
+		o.mergedInto = into
+		into.addModel(o.models...)
+		if s, ok := o.shared.(joinSharer); ok {
+			s.PutJoined(into.key) // the other replicas, or the next process, pool them too
+		}
+	}
+	into.sharedBy = why
+}
+
+// joinSharer is a limit's state, shared among replicas or kept for the
+// next process, that says which limit it was found to share. Each
 // replica reads its own part of the first answers and finds a part of
 // the limits that move together; a limit one paces on its own state
 // while another paces it with the others is paced twice, and each pace
@@ -166,14 +168,14 @@ type joinSharer interface {
 // it shares, and reports whether it did. Requires g.mu held.
 func (g *group) joinedElsewhereLocked(lim *pool) bool {
 	s, ok := lim.shared.(joinSharer)
-	if !ok || !g.fleet || lim.mergedInto != nil || lim.sharedBy == "configured" {
+	if !ok || lim.mergedInto != nil || lim.sharedBy == "configured" {
 		return false
 	}
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
 	for _, o := range g.limits {
 		if r := o.root(); o != lim && r != lim && r.trial == nil && r.sharedBy != "configured" && s.Joined(o.key) {
-			g.mergeLocked([]*pool{r, lim}, "headers move together")
+			g.takeLocked(r, []*pool{lim}, "headers move together") // the root of what the note names
 			return true
 		}
 	}

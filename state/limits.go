@@ -71,6 +71,9 @@ type saved struct {
 	// says one is (QuotaUntil may be zero: not known).
 	Quota      bool      `json:"quota,omitempty"`
 	QuotaUntil time.Time `json:"quota_until,omitzero"`
+	// Joined names (hashed, as the file's keys are) the pool this one was
+	// found to share one upstream limit with: the pool that took its lanes.
+	Joined string `json:"joined,omitempty"`
 	// Clean: written as its process stopped, after its last answer; not
 	// clean, the process may have sent more after At (a kill -9).
 	Clean bool `json:"clean,omitempty"`
@@ -84,7 +87,7 @@ type budget struct {
 
 func (s saved) learned() bool {
 	return s.Requests.PerSecond > 0 || s.Tokens.PerSecond > 0 || s.WindowAllowance > 0 ||
-		!s.PausedUntil.IsZero() || s.Quota
+		!s.PausedUntil.IsZero() || s.Quota || s.Joined != ""
 }
 
 // Book keeps the pools' snapshots in the store.
@@ -291,6 +294,8 @@ type remembered struct {
 	pausedUntil   time.Time
 	quota         bool // a spent quota: one request goes to see
 	probing       bool
+	// joined is the file key of the pool this one shares a limit with.
+	joined string
 	// spent is a quota the answers said spent (renews: when it renews,
 	// zero when not said), until an answer admits a request.
 	spent  bool
@@ -377,7 +382,7 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 
 func (r *remembered) restore(s saved, now time.Time) {
 	r.restored, r.restoredAt, r.restoredUntil = true, s.At, now.Add(restoredFor)
-	r.last = s
+	r.last, r.joined = s, s.Joined
 	elapsed := max(now.Sub(s.At).Seconds(), 0)
 	unseen := flushEvery.Seconds() // what the old process may have sent after At
 	if s.Clean {
@@ -655,6 +660,26 @@ func (r *remembered) View(now time.Time) limit.View {
 	return v
 }
 
+// PutJoined notes, for the next process, that the pool shares one
+// upstream limit with the pool named root, which took its lanes.
+func (r *remembered) PutJoined(root string) {
+	r.mu.Lock()
+	r.joined = string(fileKey(root))
+	r.last.Joined = r.joined
+	r.mu.Unlock()
+	r.book.changed(r)
+}
+
+// Joined reports whether the pool was found sharing root's limit, by this
+// process or the one before it: the lanes pool with root's again at the
+// pool's first answer, rather than find it again from the answers.
+func (r *remembered) Joined(root string) bool {
+	r.mu.Lock()
+	j := r.joined
+	r.mu.Unlock()
+	return j != "" && j == string(fileKey(root))
+}
+
 // StartFrom passes on to the wrapped state, when it has it (see
 // limit.Memory.StartFrom).
 func (r *remembered) StartFrom(inFlight int, answerSecs float64) {
@@ -680,7 +705,7 @@ func (r *remembered) Forget() {
 	r.mu.Lock()
 	r.restored, r.restoredAt, r.knewAt, r.requests, r.tokens = false, time.Time{}, time.Time{}, nil, nil
 	r.pausedUntil, r.quota, r.probing, r.gate, r.spent, r.renews = time.Time{}, false, false, false, false, time.Time{}
-	r.win, r.last = windowTrack{}, saved{}
+	r.win, r.last, r.joined = windowTrack{}, saved{}, ""
 	r.mu.Unlock()
 	r.book.changed(r)
 }
@@ -722,6 +747,7 @@ func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
 	if r.spent && (r.renews.IsZero() || now.Before(r.renews)) {
 		s.Quota, s.QuotaUntil = true, r.renews
 	}
+	s.Joined = r.joined
 	if s.WindowAllowance > 0 && !r.win.closed && !r.win.start.IsZero() {
 		r.win.roll(now)
 		s.WindowStart, s.WindowCount, s.WindowAhead = r.win.start, r.win.count, r.win.asked

@@ -335,3 +335,24 @@ func TestAWindowsRequestsAreCountedInTheFileBeforeTheyGo(t *testing.T) {
 		t.Fatalf("past the window's allowance: %v, next at +%v; want held to the boundary +10s", ok, at.Sub(t0))
 	}
 }
+
+func TestASharedLimitFoundIsKeptForTheNextProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, b := bookAt(t, path, t0)
+	sh := b.Shared("pool-b", limit.Config{}, func(limit.Config) limit.Shared { return &fakeShared{} })
+	sh.(interface{ PutJoined(string) }).PutJoined("pool-a")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, b2 := bookAt(t, path, t0.Add(time.Minute))
+	defer s2.Close()
+	again := b2.Shared("pool-b", limit.Config{}, func(limit.Config) limit.Shared { return &fakeShared{} })
+	j := again.(interface{ Joined(string) bool })
+	if !j.Joined("pool-a") || j.Joined("pool-c") {
+		t.Fatalf("after a restart: joined pool-a %v, pool-c %v; want true, false", j.Joined("pool-a"), j.Joined("pool-c"))
+	}
+	again.Forget()
+	if j.Joined("pool-a") {
+		t.Fatal("a forgotten pool still pools with the one it was found sharing")
+	}
+}
