@@ -61,7 +61,7 @@ func TestNamedFollowsHowAWindowBegan(t *testing.T) {
 	if !w.cur.named {
 		t.Fatal("a window opened at a named boundary is not named")
 	}
-	w.close(at(time.Second), false)
+	w.close(at(time.Second), at(time.Second), false)
 	if !w.prev.named {
 		t.Fatal("the closure forgot that the window that ended was named")
 	}
@@ -70,7 +70,7 @@ func TestNamedFollowsHowAWindowBegan(t *testing.T) {
 	if w.cur.named {
 		t.Fatal("a window opened on a knock is named")
 	}
-	w.close(at(3*time.Second), false)
+	w.close(at(3*time.Second), at(3*time.Second), false)
 	if w.prev.named {
 		t.Fatal("the closure took an unnamed window for named")
 	}

@@ -301,7 +301,7 @@ func (w *windows) gate(now time.Time, spend bool) (at time.Time, knock, ok bool)
 		}
 		// The window's allowance is spent: close until the boundary its
 		// length predicts, without waiting to be refused.
-		w.close(now, false)
+		w.close(now, now, false)
 		w.predict(now)
 		w.next(now)
 	}
@@ -416,7 +416,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 		// within its second): a refusal says its allowance is spent
 		// (an allowance read from a first window that spanned a
 		// boundary is too large).
-		w.close(d, true)
+		w.close(d, now, true)
 		w.state(now.Add(hint), grainOf(hint))
 		w.confirmed = w.known
 		if !w.confirmed {
@@ -431,7 +431,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 	case hasHint:
 		return false // a pace
 	case w.known:
-		w.close(d, false)
+		w.close(d, now, false)
 		w.predict(now)
 		w.next(now)
 		return true
@@ -439,7 +439,7 @@ func (w *windows) refused(t *Ticket, hint time.Duration, hasHint bool, admits fl
 	if !w.silent(d, now) {
 		return false
 	}
-	w.close(w.runFrom, false)
+	w.close(w.runFrom, w.runSeen, false)
 	w.next(now)
 	return true
 }
@@ -520,9 +520,9 @@ func testGap(grain, hint time.Duration) time.Duration {
 	return min(testGapFine, hint/2)
 }
 
-// close begins a closure whose first refused dispatch went at since;
-// stated says whether a hint names its boundary.
-func (w *windows) close(since time.Time, stated bool) {
+// close begins a closure whose first refused dispatch went at since, its
+// refusal back at seen; stated says whether a hint names its boundary.
+func (w *windows) close(since, seen time.Time, stated bool) {
 	w.closed, w.stated, w.confirmed = true, stated, true
 	w.since, w.knock, w.lastKnock = since, 0, time.Time{}
 	w.lo, w.hi = time.Time{}, time.Time{}
@@ -530,9 +530,9 @@ func (w *windows) close(since time.Time, stated bool) {
 	w.lastExtra, w.counted = w.extra(), false
 	w.full++
 	// The running window ended: its figures go on counting late answers
-	// until it opens again (see reopen), and whatever was sent up to the
-	// closure's start (at that instant too) belongs to it.
-	w.prev, w.cur = w.cur, windowCount{start: since.Add(1)}
+	// until it opens again (see reopen), and whatever was sent before the
+	// refusal came back belongs to it (may have been counted first).
+	w.prev, w.cur = w.cur, windowCount{start: clock.Later(since.Add(1), seen)}
 }
 
 // predict sets where a silent closure's boundary should lie: its window's

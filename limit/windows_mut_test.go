@@ -380,7 +380,7 @@ func TestAStatedBoundaryReachedReopensFromTheKnockInFlightOrTheBoundary(t *testi
 		r := &winRig{t: t}
 		end := r.burst(t0, 20)
 		boundary := t0.Add(10 * time.Second)
-		r.w.close(end, true)
+		r.w.close(end, end, true)
 		r.w.state(boundary, time.Millisecond)
 		knockAt := boundary.Add(-5 * time.Millisecond)
 		if inFlight {
@@ -751,7 +751,7 @@ func TestOnlyAReopenedWindowsLateAnswersAddToTheAllowance(t *testing.T) {
 	if w.allowance != 6 {
 		t.Fatalf("allowance %d after 6 answers to the reopened window, want 6", w.allowance)
 	}
-	w.close(at(1500*time.Millisecond), false)
+	w.close(at(1500*time.Millisecond), at(1500*time.Millisecond), false)
 	late(&w, at(1200*time.Millisecond), 8)
 	if w.allowance != 6 {
 		t.Fatalf("allowance %d after answers to a window a new closure ended, want 6 until it reopens", w.allowance)
@@ -835,5 +835,30 @@ func TestAnAdmissionSentBeforeARefusalCameBackLeavesTheRunGoing(t *testing.T) {
 	r.w.accepted(after, end.Add(100*time.Millisecond))
 	if !r.w.cur.stray || !r.w.runFrom.IsZero() {
 		t.Fatal("an admission sent after the refusal came back did not end the run")
+	}
+}
+
+// TestAnAdmissionSentBeforeTheClosingRefusalCameBackCountsInTheAllowance:
+// a request sent 2 ms after the one whose refusal closed the window,
+// before that refusal came back, was counted by the upstream first and
+// admitted: it was the window's, and the allowance learned when the
+// window opens again counts it (counted in the closed window instead,
+// the allowance came out one short, and the run's last requests waited a
+// window).
+func TestAnAdmissionSentBeforeTheClosingRefusalCameBackCountsInTheAllowance(t *testing.T) {
+	r := &winRig{t: t}
+	boundary := t0.Add(10 * time.Second)
+	end := r.burst(t0, 20)
+	refused := r.send(end)
+	overtook := r.send(end.Add(2 * time.Millisecond))
+	if !r.refuse(refused, 10*time.Second, end.Add(50*time.Millisecond)) || !r.w.closed {
+		t.Fatal("a 10 s wait after a burst did not close the window")
+	}
+	r.w.accepted(overtook, end.Add(60*time.Millisecond))
+	now := end.Add(1250 * time.Millisecond)
+	r.refuse(r.send(now), 9*time.Second, now) // the test: the same instant
+	r.knockThrough(now, boundary, true)
+	if r.w.closed || r.w.allowance != 21 {
+		t.Fatalf("reopened %v with an allowance of %d, want 21: the 20 of the burst and the one that overtook the refusal", !r.w.closed, r.w.allowance)
 	}
 }

@@ -108,9 +108,10 @@ func sendDraw(p *proxy.Proxy, d universe.Draw, i int) error {
 var (
 	universeTarget = bars{median: 1.05, within: 95, beyond: 0}
 	// Measured anew when the draws took the order requests arrive in
-	// (2026-12-06: seeds 1-200 gave 1.149-1.158×, 33.5-35 %, 25-27.5 %
-	// over three runs; the same draws without it 1.122×, 37 %).
-	universeFloor = bars{median: 1.17, within: 32, beyond: 0.30}
+	// (2026-12-06: seeds 1-200 gave 1.149-1.181×, 32-35 %, 25-27.5 % over
+	// fourteen runs, the package's other tests beside them in most; the
+	// same draws without it 1.122×, 37 %). The floor sits past that noise.
+	universeFloor = bars{median: 1.19, within: 31, beyond: 0.30}
 )
 
 // bars: the median draw's makespan ÷ the omniscient sender's; the share
