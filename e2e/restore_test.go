@@ -30,6 +30,15 @@ var (
 	restoreNoState  = flag.Bool("restore.nostate", false, "restart without LLMPROXY_STATE: the figures before the restore (the test then fails)")
 )
 
+// restartShape is an upstream the restart test runs against, n chats
+// asking models models in turn (0: one).
+type restartShape struct {
+	name   string
+	mock   mockupstream.Config
+	n      int
+	models int
+}
+
 // restartRun is one run's figures.
 type restartRun struct {
 	took          time.Duration
@@ -176,12 +185,7 @@ func TestLearnedLimitsSurviveARestart(t *testing.T) {
 		c.NoLimitHeaders, c.NoRetryAfter, c.NoHint, c.ConcurrencyUnnamed = true, true, true, true
 		return c
 	}
-	shapes := []struct {
-		name   string
-		mock   mockupstream.Config
-		n      int
-		models int // asked in turn; 0: one
-	}{
+	shapes := []restartShape{
 		{"quantized-headers", mockupstream.Config{RPM: 1200, Latency: 50 * time.Millisecond, QuantizedHeaders: true}, *restoreChats, 0},
 		// 700: halfway is in the second window, and the last window has
 		// room for what a kill -9 had in flight (paid for, its answers
@@ -193,12 +197,7 @@ func TestLearnedLimitsSurviveARestart(t *testing.T) {
 		// them as the one before found them, at each model's first answer.
 		// Not in CI: 0-8 refusals in the 10 s after a restart (median 1)
 		// where a run without one sees 0 (docs/journal.md).
-		shapes = append(shapes, struct {
-			name   string
-			mock   mockupstream.Config
-			n      int
-			models int
-		}{"shared-models", mockupstream.Config{RPM: 1200, Latency: 50 * time.Millisecond}, *restoreChats, 4})
+		shapes = append(shapes, restartShape{"shared-models", mockupstream.Config{RPM: 1200, Latency: 50 * time.Millisecond}, *restoreChats, 4})
 	}
 	for _, sh := range shapes {
 		t.Run(sh.name, func(t *testing.T) {

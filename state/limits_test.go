@@ -236,17 +236,7 @@ func TestASpentQuotaIsProbedByOneRequestAfterARestart(t *testing.T) {
 	if _, _, ok := r.Admit(now, 1, false); ok {
 		t.Fatal("a request went while others were under way, with the quota still said spent")
 	}
-	probe, _, ok := r.Admit(now, 1, true)
-	if !ok {
-		t.Fatal("no request went to see whether the quota renewed")
-	}
-	if _, _, ok := r.Admit(now, 1, true); ok {
-		t.Fatal("a second request went before the probe's answer")
-	}
-	r.Learn(&probe, limit.Report{Status: 200, Verdict: limit.Accepted}, now)
-	if _, _, ok := r.Admit(now, 1, false); !ok {
-		t.Fatal("held after the probe was admitted")
-	}
+	probedByOne(t, r, now, "the quota still said spent")
 
 	late, _, _ := restart(t, path, t0.Add(2*time.Hour))
 	if _, _, ok := late.Admit(t0.Add(2*time.Hour), 1, false); !ok {
@@ -278,9 +268,17 @@ func TestALongRestoredPauseIsProbedNotObeyed(t *testing.T) {
 	path := learnedThen(t, limit.View{PausedUntil: t0.Add(time.Hour)})
 	now := t0.Add(time.Second)
 	sh, _, _ := restart(t, path, now)
+	probedByOne(t, sh, now, "an hour's restored pause")
+}
+
+// probedByOne checks that what held sh (why) is tried by one request:
+// it goes alone, a second waits for its answer, and its admission lets
+// the rest go.
+func probedByOne(t *testing.T, sh limit.Shared, now time.Time, why string) {
+	t.Helper()
 	probe, _, ok := sh.Admit(now, 1, true)
 	if !ok {
-		t.Fatal("held by an hour's restored pause, not probed")
+		t.Fatalf("no request went to see past %s", why)
 	}
 	if _, _, ok := sh.Admit(now, 1, true); ok {
 		t.Fatal("a second request went before the probe's answer")
