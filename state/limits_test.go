@@ -354,3 +354,125 @@ func TestASharedLimitFoundIsKeptForTheNextProcess(t *testing.T) {
 		t.Fatal("a forgotten pool still pools with the one it was found sharing")
 	}
 }
+
+// windowUpstream counts in fixed windows of allowance per length, each
+// from its first request.
+type windowUpstream struct {
+	length    time.Duration
+	allowance int
+	start     time.Time
+	used      int
+	opened    []time.Time // each window's first request
+}
+
+func (u *windowUpstream) take(at time.Time) bool {
+	if u.start.IsZero() || !at.Before(u.start.Add(u.length)) {
+		u.start, u.used = at, 0
+		u.opened = append(u.opened, at)
+	}
+	if u.used >= u.allowance {
+		return false
+	}
+	u.used++
+	return true
+}
+
+// TestARestoredWindowFindsItsBoundaryAgainFromItsKnocks: restored with a
+// length known only to within (9 s, 10.6 s] where the upstream's is 10 s,
+// the window the restart found waits to 10.6 s (no refusal), and every
+// later one knocks through what is left of that span, as the pool that
+// learned it would: within two windows each opens at the boundary, not
+// 0.6 s after it for as long as the restored limits hold, for one
+// refused knock in all.
+func TestARestoredWindowFindsItsBoundaryAgainFromItsKnocks(t *testing.T) {
+	late, refused := restoredWindows(t, 9*time.Second, 10600*time.Millisecond)
+	if late[0] != 600*time.Millisecond {
+		t.Errorf("the restored window's end: %v after the boundary, want the 600 ms the span leaves (no knock into it)", late[0])
+	}
+	for i, d := range late[3:] {
+		if d < 0 || d > 20*time.Millisecond {
+			t.Errorf("window %d opened %v after its boundary: the knocks did not find it again", i+4, d)
+		}
+	}
+	if refused > 2 {
+		t.Errorf("%d knocks refused finding the boundary, want at most 2", refused)
+	}
+}
+
+// TestARestoredWindowReadShortKnocksOnAfterItsRefusals: restored with a
+// length a little under the upstream's (a knock reached it later than the
+// window's first request), the next window's requests go early and are
+// refused; the pool knocks again within a knock's gap, not a whole window
+// later, and learns the longer length.
+func TestARestoredWindowReadShortKnocksOnAfterItsRefusals(t *testing.T) {
+	late, refused := restoredWindows(t, 9*time.Second, 9950*time.Millisecond)
+	for i, d := range late {
+		if d < 0 || d > knockEvery {
+			t.Errorf("window %d opened %v after its boundary, want within a knock's gap (%v)", i+1, d, knockEvery)
+		}
+	}
+	if refused > 3+2 {
+		t.Errorf("%d refused: the window of 3 sent early, and more than 2 knocks", refused)
+	}
+}
+
+// restoredWindows restores a pool from a snapshot of windows of 3 whose
+// length lies in (lo, hi], against an upstream's fixed 10 s windows, each
+// from its first request, and runs it for 8 windows or more: how long
+// after its boundary each window opened, and how many were refused.
+func restoredWindows(t *testing.T, lo, hi time.Duration) (late []time.Duration, refused int) {
+	t.Helper()
+	start := t0.Add(-2 * time.Second)
+	up := &windowUpstream{length: 10 * time.Second, allowance: 3, start: start, used: 2, opened: []time.Time{start}}
+	s := saved{At: t0, WindowAllowance: 3, WindowLength: hi, WindowLengthLo: lo, WindowStart: start, WindowCount: 2, Clean: true}
+	r := &remembered{Shared: &fakeShared{}, book: &Book{dirty: map[string]*remembered{}}}
+	now := t0
+	r.restore(s, now)
+	type answer struct {
+		tk      limit.Ticket
+		refused bool
+		due     time.Time
+	}
+	const latency = 50 * time.Millisecond
+	var out []answer
+	admitted := 0
+	for admitted < 2+3*8 && now.Before(t0.Add(2*time.Minute)) {
+		for len(out) > 0 && !out[0].due.After(now) {
+			a := out[0]
+			out = out[1:]
+			rep := limit.Report{Status: 200, Verdict: limit.Accepted}
+			if a.refused {
+				rep = limit.Report{Status: 429, Verdict: limit.RateRefused}
+			}
+			r.Learn(&a.tk, rep, a.due)
+			r.Return(&a.tk, a.due)
+		}
+		tk, at, ok := r.Admit(now, 1, false)
+		if ok {
+			took := up.take(now)
+			if took {
+				admitted++
+			} else {
+				refused++
+			}
+			out = append(out, answer{tk, !took, now.Add(latency)})
+			continue
+		}
+		next := at
+		if len(out) > 0 && (next.IsZero() || out[0].due.Before(next)) {
+			next = out[0].due
+		}
+		if next.IsZero() {
+			t.Fatalf("held at %v with no answer to wait for", now.Sub(t0))
+		}
+		now = next
+	}
+	for i := 1; i < len(up.opened); i++ {
+		late = append(late, up.opened[i].Sub(up.opened[i-1])-up.length)
+	}
+	t.Logf("each window opened this long after the boundary: %v; %d refused", late, refused)
+	if len(late) < 8 {
+		t.Fatalf("%d windows opened in two minutes, want 8 or more", len(late))
+	}
+	return late, refused
+}
