@@ -549,25 +549,25 @@ func (w *windows) predict(now time.Time) {
 
 // next sets when the closure's next knock goes. Where the boundary is
 // known to lie in an interval (stated by hints, or predicted by the
-// window's length), knocks step through it from its start, knockSteps of
-// them at most (at a stated hi the window is open), and at its end once
-// it is within lateShare of the window's length; elsewhere a knock goes
-// a share of the closure's length so far after the last.
+// window's length), knocks step through it from its start (knockSteps,
+// lateShare); elsewhere a knock goes a share of the closure's length so
+// far after the last, from half a second on 50 ms past a whole second from
+// the window's first request (where windows of whole seconds from it end).
 func (w *windows) next(now time.Time) {
 	if !w.hi.IsZero() {
-		step := max(minSplit, w.hi.Sub(w.lo)/knockSteps)
-		if w.hi.Sub(w.lo) <= time.Duration(lateShare*float64(w.length())) {
-			step = w.hi.Sub(w.lo) // late by a little rather than refused again
+		span := w.hi.Sub(w.lo)
+		step := min(max(minSplit, span/knockSteps), span)
+		if span <= time.Duration(lateShare*float64(w.length())) {
+			step = span // late by a little rather than refused again
 		}
-		at := w.lo.Add(step)
-		if at.After(w.hi) {
-			at = w.hi
-		}
-		w.knockAt = clock.Later(at, now)
+		w.knockAt = clock.Later(w.lo.Add(step), now)
 		return
 	}
-	gap := time.Duration(knockShare * float64(now.Sub(w.since)))
-	w.knockAt = now.Add(min(max(gap, minKnock), maxKnock))
+	gap := min(max(time.Duration(knockShare*float64(now.Sub(w.since))), minKnock), maxKnock)
+	w.knockAt = now.Add(gap)
+	if o := w.prev.opened; gap >= time.Second/2 && !o.IsZero() {
+		w.knockAt = o.Add((now.Add(gap/2).Sub(o)/time.Second+1)*time.Second + time.Second/20)
+	}
 }
 
 // length is the least the window's length can be: the known length, else

@@ -862,3 +862,32 @@ func TestAnAdmissionSentBeforeTheClosingRefusalCameBackCountsInTheAllowance(t *t
 		t.Fatalf("reopened %v with an allowance of %d, want 21: the 20 of the burst and the one that overtook the refusal", !r.w.closed, r.w.allowance)
 	}
 }
+
+// TestALongSilentClosureKnocksJustPastAWholeSecondOfItsWindow: once a
+// silent closure's knocks go half a second or more apart, each goes 50 ms
+// past the first whole second, counted from the window's first request,
+// after half the gap: a window of whole seconds counted from its first
+// request ends on one, so its first closure is found within 50 ms, not
+// anywhere in the last gap (up to a tenth of the window's length).
+// Earlier, or with no first request known, knocks go a share of the
+// closure's length apart.
+func TestALongSilentClosureKnocksJustPastAWholeSecondOfItsWindow(t *testing.T) {
+	w := windows{closure: closure{closed: true, since: t0.Add(300 * time.Millisecond)}}
+	w.prev.opened = t0
+	now := t0.Add(time.Second)
+	if w.next(now); !w.knockAt.Equal(now.Add(minKnock)) {
+		t.Fatalf("0.7 s into the closure: knock at +%v, want +%v", w.knockAt.Sub(now), minKnock)
+	}
+	now = t0.Add(9370 * time.Millisecond) // a gap of 0.907 s: the next whole second after now+gap/2 is 10 s
+	if w.next(now); !w.knockAt.Equal(t0.Add(10*time.Second + 50*time.Millisecond)) {
+		t.Fatalf("9.07 s into the closure: knock at %v after the window's first request, want 10.05 s", w.knockAt.Sub(t0))
+	}
+	now = t0.Add(9900 * time.Millisecond)
+	if w.next(now); !w.knockAt.Equal(t0.Add(11*time.Second + 50*time.Millisecond)) {
+		t.Fatalf("a knock refused at 9.9 s: the next at %v after the window's first request, want 11.05 s", w.knockAt.Sub(t0))
+	}
+	w.prev.opened = time.Time{}
+	if w.next(now); w.knockAt.Sub(now) < 959*time.Millisecond || w.knockAt.Sub(now) > 961*time.Millisecond {
+		t.Fatalf("with no first request known: knock at +%v, want a tenth of the 9.6 s closure", w.knockAt.Sub(now))
+	}
+}
