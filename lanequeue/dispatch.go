@@ -168,7 +168,7 @@ func (g *group) dispatchLocked(now time.Time) {
 		}
 	}
 	for s := g.headLocked(); s != nil; s = g.headLocked() {
-		lim := g.joinedElsewhereLocked(s.lane.drawsOn(), true) // pooled as noted before its first request
+		lim := s.lane.drawsOn()
 		if !g.quotaLocked(lim, s, now) {
 			continue
 		}

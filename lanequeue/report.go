@@ -62,7 +62,7 @@ func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []laneChange
 			lim.ceil.Refund(s.ticket.Dispatched, s.ticket.Cost) // refused for its credential
 		}
 	}
-	shared := g.shareLocked(lim, s, r.Limits.Requests, now) || g.joinedElsewhereLocked(lim, false) != lim
+	shared := g.shareLocked(lim, s, r.Limits.Requests, now) || g.joinedElsewhereLocked(lim)
 	shared = g.togetherLocked(l.lim, s.lim, r, now, s.ticket.Overshot) || shared
 	lim = l.drawsOn() // the limit the lane draws on from now on
 	var changes []laneChange

@@ -152,10 +152,11 @@ func (g *group) takeLocked(into *pool, others []*pool, why string) {
 }
 
 // joinSharer is a limit's state, shared among replicas or kept for the
-// next process, that says which limit it was found to share: a limit one
-// replica (or process) paces on its own state while another paced it with
-// the others is paced twice, and each pace is refused for what the other
-// sends.
+// next process, that says which limit it was found to share. Each
+// replica reads its own part of the first answers and finds a part of
+// the limits that move together; a limit one paces on its own state
+// while another paces it with the others is paced twice, and each pace
+// is refused for what the other sends.
 type joinSharer interface {
 	// PutJoined notes that this limit shares the limit named root.
 	PutJoined(root string)
@@ -163,21 +164,20 @@ type joinSharer interface {
 	Joined(root string) bool
 }
 
-// joinedElsewhereLocked pools lim with the limit another replica or the
-// process before found it shares (first: only before lim's first request),
-// and returns the limit lim's lanes draw on then. Requires g.mu held.
-func (g *group) joinedElsewhereLocked(lim *pool, first bool) *pool {
+// joinedElsewhereLocked pools lim with the limit another replica found
+// it shares, and reports whether it did. Requires g.mu held.
+func (g *group) joinedElsewhereLocked(lim *pool) bool {
 	s, ok := lim.shared.(joinSharer)
-	if !ok || lim.mergedInto != nil || lim.sharedBy == "configured" || first && lim.sent > 0 {
-		return lim
+	if !ok || lim.mergedInto != nil || lim.sharedBy == "configured" {
+		return false
 	}
 	g.limMu.Lock()
 	defer g.limMu.Unlock()
 	for _, o := range g.limits {
 		if r := o.root(); o != lim && r != lim && r.trial == nil && r.sharedBy != "configured" && s.Joined(o.key) {
 			g.takeLocked(r, []*pool{lim}, "headers move together") // the root of what the note names
-			return r
+			return true
 		}
 	}
-	return lim
+	return false
 }
