@@ -141,10 +141,10 @@ type BudgetView struct {
 
 // windowView is what a pool learned of fixed windows (View.Window).
 type windowView struct {
-	// Allowance and Length are the window's size and span (over
-	// LengthLo: knocks found it no shorter); zero while not known.
-	Allowance        int
-	Length, LengthLo time.Duration
+	// Allowance and Length are the window's size and span; zero while
+	// not known.
+	Allowance int
+	Length    time.Duration
 	// Stated: the upstream named the boundary in its hints, when the
 	// shape was learned (or, before, of the closure under way); otherwise
 	// it was found by knocking.

@@ -660,9 +660,9 @@ func (w *windows) view() *windowView {
 	if !w.known && !w.closed {
 		return nil
 	}
-	v := &windowView{Allowance: w.allowance, Length: w.lengthHi, LengthLo: w.lengthLo, Stated: w.hinted, Closed: w.closed}
+	v := &windowView{Allowance: w.allowance, Length: w.lengthHi, Stated: w.hinted, Closed: w.closed}
 	if !w.known {
-		v.Allowance, v.Length, v.LengthLo, v.Stated = 0, 0, 0, w.stated
+		v.Allowance, v.Length, v.Stated = 0, 0, w.stated
 	}
 	if w.closed && w.stated && w.confirmed {
 		v.ClosedUntil = w.hi

@@ -10,7 +10,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/llmproxy/llmproxy/clock"
 	"github.com/llmproxy/llmproxy/internal/bucket"
 	"github.com/llmproxy/llmproxy/limit"
 )
@@ -54,9 +53,6 @@ type saved struct {
 	// from its closures.
 	WindowAllowance int           `json:"window_allowance,omitempty"`
 	WindowLength    time.Duration `json:"window_length,omitempty"`
-	// WindowLengthLo is what the length is known to exceed (knocks found
-	// the boundary after it); zero when not known.
-	WindowLengthLo time.Duration `json:"window_length_lo,omitempty"`
 	// WindowStart is when the running window began, as the answers
 	// showed it (the first admitted after a closure), and WindowCount
 	// what was sent in it by At; zero when not seen.
@@ -319,25 +315,12 @@ type remembered struct {
 type windowTrack struct {
 	allowance int
 	length    time.Duration
-	// lo is what the length is known to exceed (zero: not known). A
-	// restored window spent with count exact (all of it went from this
-	// process: every window after the one it restored) is knocked on from
-	// there (stepping), as the pool that learned it would, and each
-	// knock's answer narrows (lo, length]: restored from a length known
-	// to within a closure's knocks, it would otherwise wait to the end of
-	// that span at every window. The restored window itself waits to that
-	// end: a knock before it may be refused (a restart costs no refusal),
-	// or, after a kill -9 whose count the file ran ahead of, admitted
-	// where the window had room, and read as a boundary.
-	lo              time.Duration
-	exact, stepping bool
-	rolled          bool // the running window began at a roll, not a knock
-	start           time.Time
-	count           int
-	closed          bool
-	closedAt        time.Time // the refused dispatch that closed it
-	knockAt         time.Time
-	knockOut        bool
+	start     time.Time
+	count     int
+	closed    bool
+	closedAt  time.Time // the refused dispatch that closed it
+	knockAt   time.Time
+	knockOut  bool
 	// unsure is how much of the running window's allowance may have gone
 	// unseen (a kill -9 after the last snapshot): that part is sent one
 	// request at a time (probeOut), so a spent window costs one refusal.
@@ -361,27 +344,14 @@ type windowTrack struct {
 // knockEvery is how often a closed restored window is knocked on.
 const knockEvery = 250 * time.Millisecond
 
-// roll moves the window on to the one running at now; a closed one waits
-// for a knock to find it open.
+// roll moves the window on to the one running at now.
 func (w *windowTrack) roll(now time.Time) {
-	if w.closed || w.start.IsZero() || w.length <= 0 || now.Before(w.start.Add(w.length)) {
+	if w.start.IsZero() || w.length <= 0 || now.Before(w.start.Add(w.length)) {
 		return
 	}
-	w.accepted, w.exact, w.rolled = 0, true, true
+	w.accepted = 0
 	w.start = w.start.Add(now.Sub(w.start).Truncate(w.length))
 	w.count, w.unsure, w.probeOut, w.ahead, w.asked = 0, 0, false, 0, 0
-}
-
-// firstKnock is where a spent window's first knock goes after its start:
-// halfway through the span the boundary may lie in, or at its end when
-// that is within lateShare of the length (late by a little rather than
-// refused), as the pool's own knocks go (limit's knockSteps, lateShare).
-func (w *windowTrack) firstKnock() time.Duration {
-	span := w.length - w.lo
-	if span <= w.length*3/100 {
-		return w.length
-	}
-	return w.lo + max(20*time.Millisecond, span/2)
 }
 
 // answered reads an answer to a request dispatched at sent: a refusal
@@ -396,17 +366,6 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 			w.closedAt = sent
 		}
 		w.closed, w.knockOut, w.knockAt, w.unsure = true, false, now.Add(knockEvery), 0
-		if d := sent.Sub(w.start); w.rolled && w.accepted == 0 && d >= 0 {
-			// The window rolled to admitted nothing: it had not begun, the
-			// length was read short. Knocked on from here, not a window on.
-			w.start, w.rolled, w.stepping = w.start.Add(-w.length), false, true
-			w.lo, w.length = w.length+d, w.length+d+knockEvery
-		}
-		if d := sent.Sub(w.start); w.stepping && d > w.lo {
-			// A knock refused: the boundary is later; past the length
-			// known, the length was read short.
-			w.lo, w.length = d, max(w.length, d+knockEvery)
-		}
 		if end := w.start.Add(w.length); !w.start.IsZero() && end.After(now) {
 			w.knockAt = end // the boundary is known: no knock before it
 		}
@@ -414,12 +373,9 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 		if w.windowHeld && !w.start.IsZero() && sent.After(w.start) {
 			w.seenAllowance, w.seenLength = w.accepted, sent.Sub(w.start)
 		}
-		if d := sent.Sub(w.start); w.stepping && d > w.lo && d < w.length {
-			w.length = d // a knock admitted: the boundary is no later
-		}
-		w.closed, w.knockOut, w.windowHeld, w.provisional, w.stepping, w.exact, w.rolled = false, false, false, false, false, true, false
+		w.closed, w.knockOut, w.windowHeld, w.provisional = false, false, false, false
 		w.start, w.count, w.accepted, w.ahead, w.asked = sent, 1, 1, 0, 0
-	case !w.start.IsZero() && !sent.Before(w.start): // sent before a closure, or in the window
+	case !w.closed && !w.start.IsZero() && !sent.Before(w.start):
 		w.accepted++
 	}
 }
@@ -446,9 +402,6 @@ func (r *remembered) restore(s saved, now time.Time) {
 	if s.WindowAllowance > 0 && s.WindowLength > 0 {
 		r.gate, r.requests = true, nil
 		r.win = windowTrack{allowance: s.WindowAllowance, length: s.WindowLength, start: s.WindowStart, count: s.WindowCount}
-		if s.WindowLengthLo < s.WindowLength {
-			r.win.lo = s.WindowLengthLo
-		}
 		if !s.WindowStart.IsZero() {
 			r.win.ahead = max(s.WindowCount, s.WindowAhead) // what the file counts
 			r.win.asked = r.win.ahead
@@ -517,12 +470,7 @@ func (r *remembered) holdLocked(now time.Time, cost int64, alone bool) (time.Tim
 		case w.closed && now.Before(w.knockAt):
 			return w.knockAt, false
 		case !w.closed && !w.start.IsZero() && w.count >= w.allowance:
-			if !w.exact || w.lo <= 0 {
-				return w.start.Add(w.length), false
-			}
-			// Spent, all of it counted: closed, knocked on from lo.
-			w.closed, w.closedAt, w.stepping, w.knockAt = true, now, true, w.start.Add(w.firstKnock())
-			return clock.Later(w.knockAt, now.Add(1)), false
+			return w.start.Add(w.length), false
 		case !w.closed && w.count >= w.allowance-w.unsure && w.probeOut:
 			return time.Time{}, false // the probe's answer says whether there is room
 		}
@@ -641,7 +589,7 @@ func (r *remembered) Learn(t *limit.Ticket, rep limit.Report, now time.Time) {
 		r.spent = false
 	}
 	if w := v.Window; w != nil && w.Allowance > 0 && w.Length > 0 && !r.gate {
-		r.win.allowance, r.win.length, r.win.lo = w.Allowance, w.Length, w.LengthLo
+		r.win.allowance, r.win.length = w.Allowance, w.Length
 	}
 	if r.win.closed && v.PauseReason.String() == "window" {
 		r.win.windowHeld = true
@@ -771,9 +719,6 @@ func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
 	if r.activeLocked(now) && !v.Requests.Known && !v.Tokens.Known {
 		s = r.last
 		s.At = now
-		if r.gate {
-			s.WindowLength, s.WindowLengthLo = r.win.length, r.win.lo // narrowed by its knocks
-		}
 		if k := r.requests; k != nil {
 			k.Refill(now)
 			s.Requests.Available = k.Level()
@@ -790,9 +735,9 @@ func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
 			s.Tokens = budget{Limit: b.Limit, PerSecond: b.PerSecond, Available: b.Available}
 		}
 		if w := v.Window; w != nil && w.Allowance > 0 && w.Length > 0 {
-			s.WindowAllowance, s.WindowLength, s.WindowLengthLo = w.Allowance, w.Length, w.LengthLo
+			s.WindowAllowance, s.WindowLength = w.Allowance, w.Length
 		} else if r.win.allowance > 0 && r.win.length > 0 {
-			s.WindowAllowance, s.WindowLength, s.WindowLengthLo = r.win.allowance, r.win.length, r.win.lo
+			s.WindowAllowance, s.WindowLength = r.win.allowance, r.win.length
 		}
 		s.Concurrency = v.Concurrency // lowered by refusals, or grown by answers: where a new pool starts
 		if now.Before(v.PausedUntil) {
