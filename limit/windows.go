@@ -551,8 +551,8 @@ func (w *windows) predict(now time.Time) {
 // known to lie in an interval (stated by hints, or predicted by the
 // window's length), knocks step through it from its start (knockSteps,
 // lateShare); elsewhere a knock goes a share of the closure's length so
-// far after the last, from half a second on 50 ms past a whole second from
-// the window's first request (where windows of whole seconds from it end).
+// far after the last; from half a second on, 50 ms past the next whole second
+// (of the window's first request) after max(gap−1 s, gap/2): about a gap apart.
 func (w *windows) next(now time.Time) {
 	if !w.hi.IsZero() {
 		span := w.hi.Sub(w.lo)
@@ -566,7 +566,7 @@ func (w *windows) next(now time.Time) {
 	gap := min(max(time.Duration(knockShare*float64(now.Sub(w.since))), minKnock), maxKnock)
 	w.knockAt = now.Add(gap)
 	if o := w.prev.opened; gap >= time.Second/2 && !o.IsZero() {
-		w.knockAt = o.Add((now.Add(gap/2).Sub(o)/time.Second+1)*time.Second + time.Second/20)
+		w.knockAt = o.Add((now.Add(max(gap-time.Second, gap/2)).Sub(o)/time.Second+1)*time.Second + time.Second/20)
 	}
 }
 

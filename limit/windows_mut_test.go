@@ -869,8 +869,10 @@ func TestAnAdmissionSentBeforeTheClosingRefusalCameBackCountsInTheAllowance(t *t
 // after half the gap: a window of whole seconds counted from its first
 // request ends on one, so its first closure is found within 50 ms, not
 // anywhere in the last gap (up to a tenth of the window's length).
-// Earlier, or with no first request known, knocks go a share of the
-// closure's length apart.
+// Later in the closure the knocks stay about its share apart (a second
+// less at most), not half of it: each refused knock is a refusal, and one
+// that counts deepens a debt. Earlier, or with no first request known,
+// knocks go a share of the closure's length apart.
 func TestALongSilentClosureKnocksJustPastAWholeSecondOfItsWindow(t *testing.T) {
 	w := windows{closure: closure{closed: true, since: t0.Add(300 * time.Millisecond)}}
 	w.prev.opened = t0
@@ -886,6 +888,11 @@ func TestALongSilentClosureKnocksJustPastAWholeSecondOfItsWindow(t *testing.T) {
 	if w.next(now); !w.knockAt.Equal(t0.Add(11*time.Second + 50*time.Millisecond)) {
 		t.Fatalf("a knock refused at 9.9 s: the next at %v after the window's first request, want 11.05 s", w.knockAt.Sub(t0))
 	}
+	now = t0.Add(40300 * time.Millisecond) // a gap of 4 s: knocks still about that far apart, not half of it
+	if w.next(now); !w.knockAt.Equal(t0.Add(44*time.Second + 50*time.Millisecond)) {
+		t.Fatalf("40 s into the closure: knock at %v after the window's first request, want 44.05 s", w.knockAt.Sub(t0))
+	}
+	now = t0.Add(9900 * time.Millisecond)
 	w.prev.opened = time.Time{}
 	if w.next(now); w.knockAt.Sub(now) < 959*time.Millisecond || w.knockAt.Sub(now) > 961*time.Millisecond {
 		t.Fatalf("with no first request known: knock at +%v, want a tenth of the 9.6 s closure", w.knockAt.Sub(now))
