@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/llmproxy/llmproxy/state"
 )
 
 // The journal's and the joins' edges: what readKeepSay takes from a
@@ -118,24 +115,6 @@ func TestJournalSharesTheKeyOfABodyOfExactlyCanonicalMaxWrittenTwoWays(t *testin
 	}
 }
 
-// storeHarness is journalHarness with the store, to close under the proxy.
-func storeHarness(t *testing.T, up http.Handler, mode string) (*harness, *state.Store, *state.Journal) {
-	t.Helper()
-	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	j, err := st.Journal(time.Hour, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newHarness(t, up, func(c *Config) {
-		c.Journal, c.JournalMode, c.JournalPassGap = j, mode, 300*time.Millisecond
-	})
-	return h, st, j
-}
-
 // TestAJournalThatFailsIsLoggedAndTheAnswerStillGoes: a journal that
 // reads and writes is quiet and counts its recordings; once its state
 // file is closed, a replay's read and the recording's write fail, each
@@ -236,13 +215,13 @@ func TestARequestJoiningARecordingThatFailsGoesOnByItself(t *testing.T) {
 	waitEntries(t, j, 1)
 }
 
-// recordingJoined reports whether a call the journal records has a
-// request joined to it.
-func recordingJoined(h *harness) bool {
+// anyJoined reports whether a call of calls (the keeping's by slot or by
+// Idempotency-Key) has a request joined to it.
+func anyJoined[K comparable](h *harness, calls func(*keeping) map[K]*tape) bool {
 	k := &h.proxy.keeping
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, t := range k.recs {
+	for _, t := range calls(k) {
 		t.mu.Lock()
 		n := t.joiners
 		t.mu.Unlock()
@@ -251,6 +230,14 @@ func recordingJoined(h *harness) bool {
 		}
 	}
 	return false
+}
+
+func recordingJoined(h *harness) bool {
+	return anyJoined(h, func(k *keeping) map[slotKey]*tape { return k.recs })
+}
+
+func idemJoined(h *harness) bool {
+	return anyJoined(h, func(k *keeping) map[[32]byte]*tape { return k.byIdem })
 }
 
 // TestARetryClaimsNoOrphanWhileAnotherRequestIsJoinedToIt: an orphan
@@ -298,23 +285,6 @@ func TestARetryClaimsNoOrphanWhileAnotherRequestIsJoinedToIt(t *testing.T) {
 	if !answers[`same-key true {"call":2}`] || !answers[`retry  {"call":3}`] || calls.Load() != 3 {
 		t.Fatalf("answers %v from %d upstream calls; want the same key's joined to call 2 and the retry's its own call 3", answers, calls.Load())
 	}
-}
-
-// idemJoined reports whether a call with an Idempotency-Key has a
-// request joined to it.
-func idemJoined(h *harness) bool {
-	k := &h.proxy.keeping
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, t := range k.byIdem {
-		t.mu.Lock()
-		n := t.joiners
-		t.mu.Unlock()
-		if n != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // joinedStream sends a stream's request (its body canonical, so that the

@@ -48,6 +48,13 @@ func (c *numberedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func journalHarness(t *testing.T, up http.Handler, mode string) (*harness, *state.Journal) {
 	t.Helper()
+	h, _, j := storeHarness(t, up, mode)
+	return h, j
+}
+
+// storeHarness is journalHarness with the store, to close under the proxy.
+func storeHarness(t *testing.T, up http.Handler, mode string) (*harness, *state.Store, *state.Journal) {
+	t.Helper()
 	st, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +67,7 @@ func journalHarness(t *testing.T, up http.Handler, mode string) (*harness, *stat
 	h := newHarness(t, up, func(c *Config) {
 		c.Journal, c.JournalMode, c.JournalPassGap = j, mode, 300*time.Millisecond
 	})
-	return h, j
+	return h, st, j
 }
 
 // waitEntries waits until the journal holds n entries (its writes end

@@ -96,16 +96,7 @@ func TestACallWhoseClientLeftWaitsJoinWindowForARetryThenEnds(t *testing.T) {
 		if !tp.orphaned() {
 			t.Fatal("a call under way whose client left is not kept for its retry")
 		}
-		time.Sleep(10*time.Second - time.Millisecond)
-		synctest.Wait()
-		if tp.ctx.Err() != nil {
-			t.Fatal("the call ended before joinWindow (10 s) with no retry")
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if tp.ctx.Err() == nil {
-			t.Fatal("the call went on past joinWindow with no retry joining it")
-		}
+		endsAt(t, 10*time.Second, func() bool { return tp.ctx.Err() != nil }, "the call ended before joinWindow (10 s) with no retry", "the call went on past joinWindow with no retry joining it")
 	})
 }
 
@@ -158,16 +149,7 @@ func TestARetryThatLeavesGivesTheCallAnotherJoinWindow(t *testing.T) {
 			t.Fatal("a call a retry joined was cut at the end of its joinWindow")
 		}
 		k.unclaim(tp, false, true) // the retry's client leaves too
-		time.Sleep(10*time.Second - time.Millisecond)
-		synctest.Wait()
-		if tp.ctx.Err() != nil {
-			t.Fatal("the call was cut before another joinWindow since its retry left")
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if tp.ctx.Err() == nil {
-			t.Fatal("the call went on past the joinWindow after its retry left")
-		}
+		endsAt(t, 10*time.Second, func() bool { return tp.ctx.Err() != nil }, "the call was cut before another joinWindow since its retry left", "the call went on past the joinWindow after its retry left")
 	})
 }
 
@@ -331,22 +313,9 @@ func TestAPassRestedItsGapIsDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k := newTestKeeping(30 * time.Second)
 		c := callFor("a")
-		has := func() bool {
-			k.mu.Lock()
-			defer k.mu.Unlock()
-			return k.runs["r"] != nil
-		}
+		has := func() bool { return passKept(k, "r") }
 		k.answered(k.take(c, "r", false, time.Now()), true)
-		time.Sleep(30*time.Second - time.Millisecond)
-		synctest.Wait()
-		if !has() {
-			t.Fatal("the pass was dropped before it rested passGap")
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if has() {
-			t.Fatal("the pass was kept after it rested passGap")
-		}
+		endsAt(t, 30*time.Second, func() bool { return !has() }, "the pass was dropped before it rested passGap", "the pass was kept after it rested passGap")
 		// A pass with a request at the proxy when its timer fires stays.
 		k.answered(k.take(c, "r", false, time.Now()), true)
 		time.Sleep(time.Second)
@@ -363,11 +332,7 @@ func TestAPassRestedItsGapIsDropped(t *testing.T) {
 func TestAPassWhoseLastRequestEndedAfterItsTimerWasSetRestsItsWholeGap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		k := newTestKeeping(30 * time.Second)
-		has := func() bool {
-			k.mu.Lock()
-			defer k.mu.Unlock()
-			return k.runs["r"] != nil
-		}
+		has := func() bool { return passKept(k, "r") }
 		k.answered(k.take(callFor("a"), "r", false, time.Now()), true) // its timer: at 30 s
 		time.Sleep(20 * time.Second)
 		// A request ended at 20 s whose re-arming the timer missed (it
@@ -375,16 +340,7 @@ func TestAPassWhoseLastRequestEndedAfterItsTimerWasSetRestsItsWholeGap(t *testin
 		k.mu.Lock()
 		k.runs["r"].last = time.Now()
 		k.mu.Unlock()
-		time.Sleep(30*time.Second - time.Millisecond)
-		synctest.Wait()
-		if !has() {
-			t.Fatal("the pass was dropped before it rested passGap since its last request")
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if has() {
-			t.Fatal("the pass was kept past passGap since its last request")
-		}
+		endsAt(t, 30*time.Second, func() bool { return !has() }, "the pass was dropped before it rested passGap since its last request", "the pass was kept past passGap since its last request")
 	})
 }
 
@@ -594,4 +550,28 @@ func TestAPassGapOfZeroOrLessIsThirtySeconds(t *testing.T) {
 			t.Errorf("a pass gap of %v is %v, want %v", gap, got, want)
 		}
 	}
+}
+
+// endsAt sleeps (in a synctest bubble) to a millisecond before d and then
+// past it: ended must be false at the first (before, the message), true
+// at the second (after).
+func endsAt(t *testing.T, d time.Duration, ended func() bool, before, after string) {
+	t.Helper()
+	time.Sleep(d - time.Millisecond)
+	synctest.Wait()
+	if ended() {
+		t.Fatal(before)
+	}
+	time.Sleep(2 * time.Millisecond)
+	synctest.Wait()
+	if !ended() {
+		t.Fatal(after)
+	}
+}
+
+// passKept reports whether k holds a pass of run.
+func passKept(k *keeping, run string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.runs[run] != nil
 }
