@@ -339,6 +339,16 @@ type windowTrack struct {
 	seenAllowance           int
 	seenLength              time.Duration
 	windowHeld, provisional bool
+	// firstSeq and firstSent are the running window's first dispatch;
+	// rolledFrom, when roll moved the window on by one length, is where
+	// the one before began (its first dispatch: a window counted from its
+	// first request begins there). early: the upstream refused the first
+	// dispatch after a roll, so its window had not ended (the length was
+	// read short), and the boundary is knocked for.
+	firstSeq   uint64
+	firstSent  time.Time
+	rolledFrom time.Time
+	early      bool
 }
 
 // knockEvery is how often a closed restored window is knocked on.
@@ -346,10 +356,16 @@ const knockEvery = 250 * time.Millisecond
 
 // roll moves the window on to the one running at now.
 func (w *windowTrack) roll(now time.Time) {
-	if w.start.IsZero() || w.length <= 0 || now.Before(w.start.Add(w.length)) {
-		return
+	if w.start.IsZero() || w.length <= 0 || now.Before(w.start.Add(w.length)) || w.early {
+		return // (early: a knock admitted says where the next begins)
 	}
-	w.accepted = 0
+	w.accepted, w.rolledFrom = 0, time.Time{}
+	if now.Before(w.start.Add(2 * w.length)) {
+		w.rolledFrom = w.start
+		if w.firstSent.After(w.start) {
+			w.rolledFrom = w.firstSent
+		}
+	}
 	w.start = w.start.Add(now.Sub(w.start).Truncate(w.length))
 	w.count, w.unsure, w.probeOut, w.ahead, w.asked = 0, 0, false, 0, 0
 }
@@ -365,14 +381,21 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 		if !w.closed || sent.After(w.closedAt) {
 			w.closedAt = sent
 		}
+		w.early = w.early || seq == w.firstSeq && !w.rolledFrom.IsZero()
 		w.closed, w.knockOut, w.knockAt, w.unsure = true, false, now.Add(knockEvery), 0
-		if end := w.start.Add(w.length); !w.start.IsZero() && end.After(now) {
+		if end := w.start.Add(w.length); !w.early && !w.start.IsZero() && end.After(now) {
 			w.knockAt = end // the boundary is known: no knock before it
 		}
 	case w.closed && sent.After(w.closedAt):
 		if w.windowHeld && !w.start.IsZero() && sent.After(w.start) {
 			w.seenAllowance, w.seenLength = w.accepted, sent.Sub(w.start)
 		}
+		if w.early {
+			// The window that began at rolledFrom ended by sent: at most
+			// this long, so it does not roll early again.
+			w.length = max(w.length, sent.Sub(w.rolledFrom))
+		}
+		w.rolledFrom, w.early = time.Time{}, false
 		w.closed, w.knockOut, w.windowHeld, w.provisional = false, false, false, false
 		w.start, w.count, w.accepted, w.ahead, w.asked = sent, 1, 1, 0, 0
 	case !w.closed && !w.start.IsZero() && !sent.Before(w.start):
@@ -545,6 +568,9 @@ func (r *remembered) Admit(now time.Time, cost int64, alone bool) (limit.Ticket,
 	}
 	r.win.roll(now)
 	r.win.count++
+	if r.win.count == 1 {
+		r.win.firstSeq, r.win.firstSent = t.Seq, now
+	}
 	if r.win.closed {
 		r.win.knockOut = true
 	}
@@ -719,6 +745,9 @@ func (r *remembered) snapshotLocked(v limit.View, now time.Time) {
 	if r.activeLocked(now) && !v.Requests.Known && !v.Tokens.Known {
 		s = r.last
 		s.At = now
+		if r.gate {
+			s.WindowLength = r.win.length // as the knocks found it
+		}
 		if k := r.requests; k != nil {
 			k.Refill(now)
 			s.Requests.Available = k.Level()

@@ -2,6 +2,7 @@ package state
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -352,5 +353,102 @@ func TestASharedLimitFoundIsKeptForTheNextProcess(t *testing.T) {
 	again.Forget()
 	if j.Joined("pool-a") {
 		t.Fatal("a forgotten pool still pools with the one it was found sharing")
+	}
+}
+
+// windowUpstream admits allowance requests per window of length, a window
+// beginning at the first request after the last one ended (as Redis INCR
+// with EXPIRE counts).
+type windowUpstream struct {
+	allowance int
+	length    time.Duration
+	start     time.Time
+	count     int
+}
+
+func (u *windowUpstream) admit(at time.Time) bool {
+	if u.start.IsZero() || !at.Before(u.start.Add(u.length)) {
+		u.start, u.count = at, 0
+	}
+	u.count++
+	return u.count <= u.allowance
+}
+
+// restoredShortRun drives a pool restored with a window of restoredLen
+// against 10 s windows of 20 (the running one began at t0 and is spent)
+// with endless demand for a minute, answers answerIn after their dispatch
+// (refusals in 50 ms);
+// it returns what the upstream admitted and refused, and the window's
+// length the pool would write for the next process.
+func restoredShortRun(t *testing.T, restoredLen, answerIn time.Duration) (admitted, refused int, kept time.Duration) {
+	t.Helper()
+	up := &windowUpstream{allowance: 20, length: 10 * time.Second, start: t0, count: 20}
+	now := t0.Add(time.Second)
+	r := restoredAt(saved{At: t0, WindowAllowance: 20, WindowLength: restoredLen, WindowStart: t0, WindowCount: 20, Clean: true}, now, &fakeShared{})
+	type out struct {
+		tk limit.Ticket
+		ok bool
+		at time.Time
+	}
+	var flying []out
+	for end := t0.Add(time.Minute); now.Before(end); now = now.Add(10 * time.Millisecond) {
+		for len(flying) > 0 && !flying[0].at.After(now) {
+			o := flying[0]
+			flying = flying[1:]
+			rep := accepted
+			if !o.ok {
+				rep = limit.Report{Status: 429, Verdict: limit.RateRefused}
+			}
+			r.Learn(&o.tk, rep, now)
+			r.Return(&o.tk, now)
+		}
+		for range 50 { // at most 50 in flight, as a client at -j 50
+			if len(flying) >= 50 {
+				break
+			}
+			tk, _, ok := r.Admit(now, 1, false)
+			if !ok {
+				break
+			}
+			in := up.admit(now)
+			if in {
+				admitted++
+			} else {
+				refused++
+			}
+			at := now.Add(50 * time.Millisecond) // a refusal comes at once
+			if in {
+				at = now.Add(answerIn)
+			}
+			flying = append(flying, out{tk, in, at})
+			slices.SortStableFunc(flying, func(a, b out) int { return a.at.Compare(b.at) })
+		}
+	}
+	return admitted, refused, r.last.WindowLength
+}
+
+func TestARestoredWindowReadShortLearnsItsLengthAtItsFirstEarlyRoll(t *testing.T) {
+	// Read right (10 s and a little): the windows at 10, 20, ..., 50 s.
+	if admitted, refused, _ := restoredShortRun(t, 10*time.Second+50*time.Millisecond, 50*time.Millisecond); admitted != 100 || refused != 0 {
+		t.Fatalf("a window restored at its length: %d admitted, %d refused in a minute; want 100, 0", admitted, refused)
+	}
+	// Read short (8 s): the first roll comes early and its burst is
+	// refused; the boundary is then knocked for, and the window's length
+	// taken from where it opened, so the later rolls come on time. Waiting
+	// out the early window instead (to 16 s, then 32 and 48) admits 60.
+	admitted, refused, kept := restoredShortRun(t, 8*time.Second, 50*time.Millisecond)
+	if admitted < 100 {
+		t.Errorf("a window restored short: %d admitted in a minute, want the 100 of five windows", admitted)
+	}
+	if refused > 30 {
+		t.Errorf("a window restored short: %d refused, want at most the early burst (20) and the knocks to the boundary", refused)
+	}
+	if kept < 10*time.Second || kept > 10*time.Second+knockEvery {
+		t.Errorf("a window restored short is written as %v long, want the 10 s the knocks found", kept)
+	}
+	// Answers of 2 s: the knock that opens the window says so only when
+	// its answer comes, and the length is taken from when it went.
+	if admitted, _, kept := restoredShortRun(t, 8*time.Second, 2*time.Second); admitted < 100 || kept > 10*time.Second+knockEvery {
+		t.Errorf("a window restored short, answers of 2 s: %d admitted, written as %v long; want 100 and at most 10.25 s", admitted, kept)
 	}
 }
