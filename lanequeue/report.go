@@ -14,11 +14,11 @@ import (
 //
 // It returns what holds the lane's retry once the group learned from r:
 // its pause, until pausedUntil (zero: none), and, when r asks for a pause
-// (r.PauseUntil), whether the group judges the number in flight to be the
-// bound, so that a free permit is what a retry waits for. The group may
-// decline a pause when what it learned holds the group better (see
-// Shared.Learn).
-func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, concurrencyBound bool) {
+// (r.PauseUntil), held: the number in flight is the bound (a free permit
+// ends the wait), or r refused a knock (the window's knocks end it). The
+// group may decline a pause when what it learned holds the group better
+// (see Shared.Learn).
+func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, held bool) {
 	l := s.lane
 	g := l.g
 	g.mu.Lock()
@@ -41,13 +41,13 @@ func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, concurrencyBound b
 	changes := g.learnLocked(s, r, now)
 	lim := l.drawsOn()
 	pausedUntil = lim.shared.PausedUntil()
-	concurrencyBound = !r.PauseUntil.IsZero() && lim.shared.View(now).Bound == limit.BoundConcurrency
+	held = !r.PauseUntil.IsZero() && (lim.shared.View(now).Bound == limit.BoundConcurrency || s.ticket.Knock && r.Verdict.Limited())
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	for _, c := range changes {
 		g.onChange(c)
 	}
-	return pausedUntil, concurrencyBound
+	return pausedUntil, held
 }
 
 // learnLocked has the limit s drew on learn from its answer r at now,

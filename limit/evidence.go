@@ -44,9 +44,9 @@ type Ticket struct {
 	// Level is the number in flight it went at, itself included, less
 	// the permits held by refused requests (not in flight upstream).
 	Level int
-	// Overshot: refused while it took the pool to its concurrency limit,
-	// a number in flight nothing went through at lately (see behaved).
-	Overshot bool
+	// Overshot: refused at a concurrency limit nothing went through at
+	// lately (see behaved). Knock: it went to see if a closed window opened.
+	Overshot, Knock bool
 
 	// Memory's own account of the dispatch, kept with it because a
 	// Shared kept elsewhere hands Memory the same ticket (see

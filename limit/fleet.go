@@ -44,13 +44,13 @@ func (f Fleet) Dispatched(now time.Time, out int, sent uint64, lastSecond int) T
 	}
 	level := out - s.refusedHolding + 1
 	s.learn.noteSent(level)
-	if s.knockNext {
-		s.knockNext = false
+	t := Ticket{Dispatched: now, InFlight: out, Seq: seq, Level: level, Probe: s.pace.fromRefusals && s.learn.phase == probeUp}
+	if s.knockNext, t.Knock = false, s.knockNext; t.Knock {
 		s.win.knocked(seq, now)
 	} else {
 		s.win.dispatched(now)
 	}
-	return Ticket{Dispatched: now, InFlight: out, Seq: seq, Level: level, Probe: s.pace.fromRefusals && s.learn.phase == probeUp}
+	return t
 }
 
 // WindowGate tells whether the pool's fixed window lets a request go at

@@ -340,3 +340,29 @@ func TestFollowingTheFleetsPaceIsACut(t *testing.T) {
 		t.Errorf("a refusal at the fleet's pace, with an admission since: %.2f, want %.2f", got, pace*unmeasuredCut)
 	}
 }
+
+// TestAFleetDispatchThroughAClosedWindowIsAKnock: a replica's dispatch the
+// window gate let through as a knock says so on its ticket, as one
+// process's does (TestATicketSaysWhetherItKnocked); one through an open
+// pool does not.
+func TestAFleetDispatchThroughAClosedWindowIsAKnock(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+	now := t0
+	if _, ok, knock, _ := m.Fleet().WindowGate(now); !ok || knock || m.Fleet().Dispatched(now, 0, 0, 0).Knock {
+		t.Fatal("a dispatch into an open pool is a knock")
+	}
+	m.win.closed, m.win.since, m.win.knockAt = true, now, now
+	for {
+		at, ok, knock, _ := m.Fleet().WindowGate(now)
+		if ok {
+			if !knock || !m.Fleet().Dispatched(now, 1, 1, 0).Knock {
+				t.Fatal("the dispatch the closed window let through is not marked a knock")
+			}
+			return
+		}
+		if !at.After(now) {
+			t.Fatalf("held at %v with no time to go", now.Sub(t0))
+		}
+		now = at
+	}
+}

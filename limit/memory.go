@@ -160,7 +160,7 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 	s.conc.inFlight++
 	s.learn.noteSent(t.Level)
 	s.prevSent, s.lastSent = s.lastSent, now
-	if knock {
+	if t.Knock = knock; knock {
 		s.win.knocked(t.Seq, now)
 	} else {
 		s.win.dispatched(now)

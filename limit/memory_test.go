@@ -561,3 +561,49 @@ func TestADebtPaidAtTheKnocksPaceSlowsTheGuess(t *testing.T) {
 		}
 	}
 }
+
+// TestATicketSaysWhetherItKnocked: requests admitted into an open pool
+// are no knocks; once quiet refusals close a silent window, each request
+// let through to see whether it opened is marked a knock (a refused one's
+// retry waits for the window's knocks, not its own backoff: see
+// lanequeue.Slot.Report), until one is admitted and the window is open.
+func TestATicketSaysWhetherItKnocked(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+	now := t0
+	send := func(r Report) Ticket {
+		for {
+			tk, at, ok := m.Admit(now, 1, false)
+			if ok {
+				answered(m, &tk, r, now)
+				return tk
+			}
+			if !at.After(now) {
+				t.Fatalf("held at %v with no time to go", now.Sub(t0))
+			}
+			now = at
+		}
+	}
+	refused, accepted := Report{Status: 429, Verdict: RateRefused}, Report{Status: 200, Verdict: Accepted}
+	for range 3 {
+		if tk := send(accepted); tk.Knock {
+			t.Fatal("a request into an open pool is marked a knock")
+		}
+	}
+	for m.View(now).Window == nil {
+		now = now.Add(400 * time.Millisecond)
+		if tk := send(refused); tk.Knock && m.View(now).Window == nil {
+			t.Fatal("a knock before any closure")
+		}
+	}
+	for i := range 3 {
+		if tk := send(refused); !tk.Knock {
+			t.Fatalf("request %d into the closed window is not marked a knock", i+1)
+		}
+	}
+	if tk := send(accepted); !tk.Knock {
+		t.Fatal("the knock that opened the window is not marked one")
+	}
+	if tk := send(accepted); tk.Knock {
+		t.Fatal("a request into the opened window is marked a knock")
+	}
+}

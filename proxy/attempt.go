@@ -73,9 +73,9 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		d := decide(res, req.tries, p.policy, now, req.deadline, p.cfg.Rand())
 		d, timedOut = p.decideTier(ctx, req, res, onFlex, timedOut, now, d)
 		var pausedUntil time.Time
-		var concurrencyBound bool
+		var held bool
 		if !d.quiet {
-			pausedUntil, concurrencyBound = slot.Report(req.spend.heard(d.report))
+			pausedUntil, held = slot.Report(req.spend.heard(d.report))
 		}
 		if req.retryOff && d.action == actRetry {
 			// The lane learned from the answer as from any (its pause,
@@ -108,7 +108,7 @@ func (p *Proxy) forward(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		watch.end() // now, not when the request ends: nothing waits on a discarded attempt
 		req.retries++
 		req.tries = d.next
-		after := d.retryWait(pausedUntil, concurrencyBound)
+		after := d.retryWait(pausedUntil, held)
 		wait := req.trace.StartWait(true, after)
 		if !p.waited(w, r, req, wait, d.waitRetry(ctx, slot, after)) {
 			return

@@ -164,10 +164,12 @@ func reportOf(res upstream.Result) limit.Report {
 // place in the lane again, given what holds the lane once d.report is
 // told (see lanequeue.Slot.Report): nothing more when d asked the group
 // to pause and the group holds the retry itself, paused at least that
-// long or, after a refusal, bound by the number in flight (a free permit
-// ends that); else d's wait.
-func (d decision) retryWait(pausedUntil time.Time, concurrencyBound bool) time.Duration {
-	if d.pauseGroup && (!pausedUntil.Before(d.report.PauseUntil) || d.report.Verdict.Refusal() && concurrencyBound) {
+// long or, after a refusal, held (bound by the number in flight, which a
+// free permit ends, or a refused knock on a closed window, which the
+// window's next knock or its opening ends: its own backoff would let the
+// window open and fill without it); else d's wait.
+func (d decision) retryWait(pausedUntil time.Time, held bool) time.Duration {
+	if d.pauseGroup && (!pausedUntil.Before(d.report.PauseUntil) || d.report.Verdict.Refusal() && held) {
 		return 0
 	}
 	return d.wait

@@ -108,7 +108,11 @@ func target(shape string, sp speech) (ratio, refusals float64) {
 		{"quantized", headers}: {1.05, 1}, {"quantized", hint}: {1.05, 5}, {"quantized", silent}: {1.15, 10},
 		{"quantized-anthropic", headers}: {1.05, 1}, {"streams-anthropic", headers}: {1.1, 3},
 		// Issue 31's shapes.
-		{"window", retryAfter}: {1.1, 5}, {"window", gemini}: {1.1, 5}, {"window", silent}: {1.3, 10}, {"window-reordered", silent}: {1.3, 10}, {"window-reordered", retryAfter}: {1.1, 5},
+		{"window", retryAfter}: {1.1, 5}, {"window", gemini}: {1.1, 5}, {"window-reordered", silent}: {1.3, 10}, {"window-reordered", retryAfter}: {1.1, 5},
+		// The issue's 1.3x, kept at what a refused knock's retry held by
+		// the window's knocks gives (1.04x; waiting its own backoff past
+		// the window's opening, 1.14-1.19x).
+		{"window", silent}: {1.1, 10},
 		// The issue's "keep" for IETF headers: no worse than the engine
 		// before it on this mock (1.09-1.10x, 0.3 %: it waited out each
 		// whole-second Retry-After).
