@@ -390,9 +390,11 @@ func (w *windowTrack) answered(refused bool, seq uint64, sent, now time.Time) {
 		if w.windowHeld && !w.start.IsZero() && sent.After(w.start) {
 			w.seenAllowance, w.seenLength = w.accepted, sent.Sub(w.start)
 		}
-		if w.early {
-			// The window that began at rolledFrom ended by sent: at most
-			// this long, so it does not roll early again.
+		if w.early && sent.Sub(w.closedAt) <= 2*knockEvery {
+			// The window that began at rolledFrom ended by sent, and after
+			// the last refused knock: at most this long, so it does not roll
+			// early again. (A knock held apart from the refusals by
+			// something else, another limit's pause, bounds nothing.)
 			w.length = max(w.length, sent.Sub(w.rolledFrom))
 		}
 		w.rolledFrom, w.early = time.Time{}, false
@@ -598,8 +600,10 @@ func (r *remembered) Learn(t *limit.Ticket, rep limit.Report, now time.Time) {
 	learned := rep
 	if gated && refusedForRate(rep.Verdict) {
 		// The restored window read this refusal (below): the state it
-		// wraps would read it as one of a pool it knows nothing of.
-		learned.Verdict = limit.Failed
+		// wraps would read it as one of a pool it knows nothing of, and
+		// pause the pool for the retry's backoff, where the window holds
+		// it to its end or by its knocks.
+		learned.Verdict, learned.PauseUntil = limit.Failed, time.Time{}
 	}
 	r.Shared.Learn(t, learned, now)
 	v := r.Shared.View(now)

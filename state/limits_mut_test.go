@@ -9,14 +9,16 @@ import (
 	"github.com/llmproxy/llmproxy/limit"
 )
 
-// verdictsSeen is a fakeShared that notes the verdicts it is taught.
+// verdictsSeen is a fakeShared that notes the verdicts it is taught,
+// and the pauses asked with them.
 type verdictsSeen struct {
 	fakeShared
-	got []limit.Verdict
+	got    []limit.Verdict
+	pauses []time.Time
 }
 
 func (v *verdictsSeen) Learn(_ *limit.Ticket, r limit.Report, _ time.Time) {
-	v.got = append(v.got, r.Verdict)
+	v.got, v.pauses = append(v.got, r.Verdict), append(v.pauses, r.PauseUntil)
 }
 
 func restoredAt(s saved, now time.Time, inner limit.Shared) *remembered {
@@ -93,9 +95,9 @@ func TestAClosedRestoredWindowIsKnockedOnByOneRequestAtATime(t *testing.T) {
 	now := t0.Add(time.Second)
 	r := restoredAt(saved{At: t0, WindowAllowance: 3, WindowLength: 10 * time.Second, WindowStart: t0.Add(-2 * time.Second), Clean: true}, now, inner)
 	tk, _, _ := r.Admit(now, 1, false)
-	r.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, now)
-	if len(inner.got) != 1 || inner.got[0] != limit.Failed {
-		t.Fatalf("the wrapped state learned %v from the restored window's refusal, want Failed", inner.got)
+	r.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused, PauseUntil: now.Add(4 * time.Second)}, now)
+	if len(inner.got) != 1 || inner.got[0] != limit.Failed || !inner.pauses[0].IsZero() {
+		t.Fatalf("the wrapped state learned %v, pause %v, from the restored window's refusal; want Failed and no pause (the window holds the pool)", inner.got, inner.pauses)
 	}
 	boundary := t0.Add(8 * time.Second)
 	knock, _, ok := r.Admit(boundary, 1, false)

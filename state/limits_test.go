@@ -446,9 +446,40 @@ func TestARestoredWindowReadShortLearnsItsLengthAtItsFirstEarlyRoll(t *testing.T
 	if kept < 10*time.Second || kept > 10*time.Second+knockEvery {
 		t.Errorf("a window restored short is written as %v long, want the 10 s the knocks found", kept)
 	}
+	// Read at half the length: the window is not rolled on while its
+	// boundary is knocked for (rolled on, at 5 s, it would be refused again).
+	if admitted, refused, kept := restoredShortRun(t, 5*time.Second, 50*time.Millisecond); admitted < 100 || refused > 40 || kept > 10*time.Second+knockEvery {
+		t.Errorf("a window restored at half its length: %d admitted, %d refused, written as %v long; want 100, at most 40, about 10 s", admitted, refused, kept)
+	}
 	// Answers of 2 s: the knock that opens the window says so only when
 	// its answer comes, and the length is taken from when it went.
 	if admitted, _, kept := restoredShortRun(t, 8*time.Second, 2*time.Second); admitted < 100 || kept > 10*time.Second+knockEvery {
 		t.Errorf("a window restored short, answers of 2 s: %d admitted, written as %v long; want 100 and at most 10.25 s", admitted, kept)
+	}
+}
+
+// TestAKnockHeldApartFromTheRefusalLearnsNoLength: the first request after
+// a roll refused, and the next admitted only 30 s later (something else
+// held the pool): that bounds no boundary, and the length stays as read.
+func TestAKnockHeldApartFromTheRefusalLearnsNoLength(t *testing.T) {
+	now := t0.Add(time.Second)
+	r := restoredAt(saved{At: t0, WindowAllowance: 20, WindowLength: 8 * time.Second, WindowStart: t0, WindowCount: 20, Clean: true}, now, &fakeShared{})
+	now = t0.Add(8 * time.Second)
+	tk, _, ok := r.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("the first request after the roll was held")
+	}
+	r.Learn(&tk, limit.Report{Status: 429, Verdict: limit.RateRefused}, now)
+	if !r.win.early {
+		t.Fatal("the refused first request after a roll did not mark the roll early")
+	}
+	now = now.Add(30 * time.Second)
+	tk, _, ok = r.Admit(now, 1, false)
+	if !ok {
+		t.Fatal("no knock 30 s later")
+	}
+	r.Learn(&tk, accepted, now)
+	if r.win.length != 8*time.Second || r.win.early {
+		t.Fatalf("a knock 30 s after the refusal: length %v, early %v; want 8s as read, and the window open", r.win.length, r.win.early)
 	}
 }
