@@ -201,3 +201,47 @@ func TestOnlyCapacityRefusalsCountAsThrottled(t *testing.T) {
 	}
 	s.release()
 }
+
+// knocking is a pool's state whose dispatches are knocks while knock is
+// set (a closed window's, as limit.Memory marks them).
+type knocking struct {
+	limit.Shared
+	knock bool
+}
+
+func (k *knocking) Admit(now time.Time, cost int64, alone bool) (limit.Ticket, time.Time, bool) {
+	t, at, ok := k.Shared.Admit(now, cost, alone)
+	t.Knock = k.knock
+	return t, at, ok
+}
+
+// TestARefusedKnocksRetryIsHeldByTheLane: a knock the upstream refused,
+// its retry asking the group to pause, is held by the lane (the window's
+// next knock or opening sends it), so the proxy adds no backoff of its
+// own; a refused request that was no knock, or a knock the upstream
+// answered overloaded, is not.
+func TestARefusedKnocksRetryIsHeldByTheLane(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		knock bool
+		r     limit.Report
+		held  bool
+	}{
+		{"refused knock", true, limit.Report{Status: 429, Verdict: limit.RateRefused}, true},
+		{"refused request", false, limit.Report{Status: 429, Verdict: limit.RateRefused}, false},
+		{"overloaded knock", true, limit.Report{Status: 529, Verdict: limit.Overloaded}, false},
+	} {
+		fc := clock.NewFake(t0)
+		st := &knocking{knock: tc.knock}
+		g := newGroup(Key{Path: "/v1/x"}.groupKey(), Config{Concurrency: 8, Clock: fc}.withDefaults(),
+			func(_ string, c limit.Config) limit.Shared { st.Shared = limit.NewMemory(c); return st }, nil)
+		g.refs.Store(1)
+		l := g.newLane(Key{Path: "/v1/x"}, Key{Path: "/v1/x"}.ID())
+		s := mustGet(t, acquireAsync(context.Background(), l))
+		tc.r.PauseUntil = at(time.Second)
+		if _, held := s.Report(tc.r); held != tc.held {
+			t.Errorf("%s: held %v, want %v", tc.name, held, tc.held)
+		}
+		s.release()
+	}
+}
