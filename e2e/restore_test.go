@@ -46,6 +46,7 @@ type restartRun struct {
 	refusedAfter  int64 // in the 10 s after the halfway mark (the restart, when there is one)
 	failed        int
 	firstFailures []string
+	timeline      string // what the upstream admitted and refused by half second (see timeline)
 }
 
 // freeAddr is a loopback address nothing listens on now.
@@ -106,8 +107,9 @@ func runWithRestart(t *testing.T, mock *mockupstream.Server, addr string, n, mod
 	run.took = time.Since(start)
 	st := mock.Stats()
 	run.refused = st.RateLimited
+	run.timeline = fmt.Sprintf("halfway at %v; admitted/refused by half second: %s", halfAt.Round(time.Millisecond), timeline(start, st.AdmittedAt, st.RefusedAt))
 	if *restoreTimeline {
-		t.Logf("halfway at %v; admitted/refused by half second: %s", halfAt.Round(time.Millisecond), timeline(start, st.AdmittedAt, st.RefusedAt))
+		t.Log(run.timeline)
 	}
 	return run
 }
@@ -246,6 +248,10 @@ func TestLearnedLimitsSurviveARestart(t *testing.T) {
 				// 0.95-1.07×).
 				if ratio > 1.03 {
 					t.Errorf("%s: the run took %.3f× the run without a restart, want at most 1.03×", how, ratio)
+				}
+				if t.Failed() && !*restoreTimeline {
+					t.Logf("%s: %s", how, run.timeline)
+					t.Logf("without a restart: %s", base.timeline)
 				}
 			}
 		})
