@@ -10,7 +10,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -47,17 +46,6 @@ type restartRun struct {
 	failed        int
 	firstFailures []string
 	timeline      string // what the upstream admitted and refused by half second (see timeline)
-}
-
-// freeAddr is a loopback address nothing listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // runWithRestart sends n chats at 50 in flight to a proxy on one
@@ -264,12 +252,17 @@ func TestLearnedLimitsSurviveARestart(t *testing.T) {
 // lanes at the end.
 func restartOnce(t *testing.T, bin string, mcfg mockupstream.Config, n, models int, how string) (run restartRun, said string) {
 	mock := startMockUpstream(t, mcfg)
-	addr := freeAddr(t)
-	env := []string{"LLMPROXY_ADDR=" + addr, "LLMPROXY_STATE=" + filepath.Join(t.TempDir(), "state.db"), "LLMPROXY_LANE_MAX_CONCURRENCY=64"}
+	env := []string{"LLMPROXY_ADDR=127.0.0.1:0", "LLMPROXY_STATE=" + filepath.Join(t.TempDir(), "state.db"), "LLMPROXY_LANE_MAX_CONCURRENCY=64"}
 	if *restoreNoState {
 		env[1] = "LLMPROXY_STATE="
 	}
+	// The first process takes a port of its own; the one after a restart
+	// takes the same (a port picked free and let go before the proxy
+	// bound it could be taken by another's listener meanwhile: a CI run
+	// saw a proxy exit at start).
 	p := startReplica(t, how, bin, mock.URL(), env...)
+	addr := p.addr
+	env[0] = "LLMPROXY_ADDR=" + addr
 	var restart func()
 	switch how {
 	case "SIGTERM", "kill -9":
