@@ -41,7 +41,7 @@ func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, held bool) {
 	changes := g.learnLocked(s, r, now)
 	lim := l.drawsOn()
 	pausedUntil = lim.shared.PausedUntil()
-	held = !r.PauseUntil.IsZero() && (lim.shared.View(now).Bound == limit.BoundConcurrency || s.ticket.Knock && r.Verdict.Limited())
+	held = !r.PauseUntil.IsZero() && (s.ticket.Knock && r.Verdict.Limited() || lim.shared.View(now).Bound == limit.BoundConcurrency)
 	g.dispatchLocked(now)
 	g.mu.Unlock()
 	for _, c := range changes {

@@ -574,7 +574,7 @@ func (r *remembered) Admit(now time.Time, cost int64, alone bool) (limit.Ticket,
 		r.win.firstSeq, r.win.firstSent = t.Seq, now
 	}
 	if r.win.closed {
-		r.win.knockOut = true
+		r.win.knockOut, t.Knock = true, true // held by the knocks if refused, as the wrapped state's
 	}
 	if r.win.unsure > 0 && r.win.count > r.win.allowance-r.win.unsure {
 		r.win.probeOut, r.win.probeSeq = true, t.Seq

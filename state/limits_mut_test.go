@@ -101,8 +101,8 @@ func TestAClosedRestoredWindowIsKnockedOnByOneRequestAtATime(t *testing.T) {
 	}
 	boundary := t0.Add(8 * time.Second)
 	knock, _, ok := r.Admit(boundary, 1, false)
-	if !ok {
-		t.Fatal("no knock at the boundary")
+	if !ok || !knock.Knock {
+		t.Fatalf("at the boundary: admitted %v, marked a knock %v; want a knock (its refused retry is held by the knocks)", ok, knock.Knock)
 	}
 	if _, _, ok := r.Admit(boundary, 1, false); ok {
 		t.Fatal("a second knock went while the first was out")
