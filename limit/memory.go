@@ -414,7 +414,7 @@ func (s *Memory) floor() int {
 		}
 		return littleFloor(s.learn.estimate*cruiseShare, s.conc.answerSecs)
 	}
-	return littleFloor(s.pace.requests.effectiveRate(), s.conc.answerSecs)
+	return littleFloor(s.pace.requests.view().PerSecond, s.conc.answerSecs)
 }
 
 // settle ends t's count as pending, once.

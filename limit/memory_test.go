@@ -556,7 +556,7 @@ func TestADebtPaidAtTheKnocksPaceSlowsTheGuess(t *testing.T) {
 		if v.Window != nil || !tc.measured && !tc.slow && want >= guess || v.AdmittedRate != want {
 			t.Errorf("%+v: window %+v, pace %v from %v; want no window and %v", tc, v.Window, v.AdmittedRate, guess, want)
 		}
-		if paced := m.pace.requests.effectiveRate(); !tc.measured && (paced <= 0 || paced != m.pacing()) {
+		if paced := m.pace.requests.view().PerSecond; !tc.measured && (paced <= 0 || paced != m.pacing()) {
 			t.Errorf("%+v: paced at %v, want the learned %v", tc, paced, m.pacing())
 		}
 	}

@@ -1,6 +1,7 @@
 package limit
 
 import (
+	"cmp"
 	"math"
 	"time"
 
@@ -78,14 +79,6 @@ func (b *budget) resize(limit, capped float64) {
 	if b.bucket.Level() > b.bucket.Size {
 		b.bucket.Set(b.bucket.At(), b.bucket.Size)
 	}
-}
-
-// effectiveRate is the refill rate, 0 while unknown.
-func (b *budget) effectiveRate() float64 {
-	if !b.known {
-		return 0
-	}
-	return b.bucket.Rate
 }
 
 // advance refills the bucket up to now.
@@ -237,11 +230,13 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	// as the arithmetic says, perhaps far faster: only a refusal lowers
 	// the rate then, or a changed stated limit, in its proportion.
 	b.learnRate(floored || remaining >= nearlyFull*b.size())
-	if w.Period > 0 && !b.periodRefused {
-		// Its limit per the period it names is a rate the upstream allows
-		// (refusals may show its window smaller; once one had room in a
-		// window no larger than shown, they show its rate slower).
-		b.bucket.Rate = math.Max(b.bucket.Rate, b.limit/w.Period.Seconds())
+	// Its limit per the period it names is a rate the upstream allows
+	// (refusals may show its window smaller; once one had room in a
+	// window no larger than shown, they show its rate slower). Headers
+	// that name none and overstated the window state a figure per minute
+	// (OpenAI's and Anthropic's, PROVIDERS.md §11).
+	if (w.Period > 0 || b.size() < b.limit) && !b.periodRefused {
+		b.bucket.Rate = math.Max(b.bucket.Rate, b.limit/cmp.Or(w.Period, time.Minute).Seconds())
 	}
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
@@ -544,7 +539,7 @@ const underUse = 0.5
 // underUsed reports whether the pool's recent dispatch rate is well under
 // the request rate learned from headers.
 func (p *pacer) underUsed(now time.Time) bool {
-	r := p.requests.effectiveRate()
+	r := p.requests.view().PerSecond
 	return r > 0 && !p.fromRefusals && p.recent.rate(now) < underUse*r
 }
 

@@ -266,13 +266,6 @@ func TestEarlyResetIsSoonNotNow(t *testing.T) {
 	}
 }
 
-// TestFlooredResetDoesNotLowerTheRate: once resets are seen early (Anthropic's
-// whole seconds rounded down), every reset is read at least a floor after
-// its dispatch, and the real one may lie anywhere before it. A window
-// nearly full then reads as a refill of what is missing over the floor:
-// one token over 1.4 s, 0.7 tokens a second, which held a pool whose
-// limit had just grown for ten minutes, past every request's deadline. Such a
-// reading does not lower the rate; a changed stated limit moves it in its
 // TestAStatedPeriodIsARateAllowed: an IETF policy states q per w seconds,
 // and its resets are whole seconds: t=1 for a bucket full in a third of a
 // second reads as a refill of what is missing in a second. q/w is a rate
@@ -318,6 +311,13 @@ func TestAStatedPeriodIsARateAllowed(t *testing.T) {
 	}
 }
 
+// TestFlooredResetDoesNotLowerTheRate: once resets are seen early (Anthropic's
+// whole seconds rounded down), every reset is read at least a floor after
+// its dispatch, and the real one may lie anywhere before it. A window
+// nearly full then reads as a refill of what is missing over the floor:
+// one token over 1.4 s, 0.7 tokens a second, which held a pool whose
+// limit had just grown for ten minutes, past every request's deadline. Such a
+// reading does not lower the rate; a changed stated limit moves it in its
 // proportion.
 func TestFlooredResetDoesNotLowerTheRate(t *testing.T) {
 	var b budget
@@ -1008,5 +1008,40 @@ func TestANearlyFullWindowKeepsItsRefill(t *testing.T) {
 	b.observe(win(100, 89, d.Add(10*time.Second)), 2, d, d)
 	if !near(b.bucket.Rate, 1.1) {
 		t.Fatalf("rate %v after 11 missing over 10 s, want 1.1", b.bucket.Rate)
+	}
+}
+
+// TestAnOverstatedWindowPacesItsFigurePerMinute: headers that name no
+// period and overstate the window (1,200 stated, never more than 15 shown
+// left: OpenAI's or Anthropic's per-minute figure enforced over a second)
+// are corrected to the window shown; their figure per minute is a rate
+// the upstream allows, while the arithmetic over resets rounded to the
+// second reads one a second (seed 189: 13.9 a second paced at 5.1, 2.08×).
+// A refusal with room after the correction drops it, as a stated period
+// is dropped; an honest window is never floored (a per-day figure).
+func TestAnOverstatedWindowPacesItsFigurePerMinute(t *testing.T) {
+	var b budget
+	w := win(1200, 15, at(time.Second))
+	w.ResetGrain = time.Second
+	b.observe(w, 1, t0, t0)
+	if !b.correct(t0) || b.size() != 16 {
+		t.Fatalf("a refusal with room: window %v, want corrected to 16", b.size())
+	}
+	b.observe(w, 1, at(time.Second), at(time.Second))
+	if !near(b.bucket.Rate, 20) {
+		t.Fatalf("corrected window paced at %v/s, want 1200 a minute, 20/s", b.bucket.Rate)
+	}
+	b.refusedAfterCorrection(true, at(1500*time.Millisecond))
+	w = win(1200, 5, at(3*time.Second)) // 11 missing over a second
+	w.ResetGrain = time.Second
+	b.observe(w, 1, at(2*time.Second), at(2*time.Second))
+	if b.bucket.Rate >= 20 {
+		t.Fatalf("rate %v/s after a refusal with room in the corrected window, want the headers' own", b.bucket.Rate)
+	}
+
+	var honest budget
+	honest.observe(win(1200, 1100, at(time.Hour)), 1, t0, t0)
+	if r := honest.bucket.Rate; !near(r, 100/3600.0) {
+		t.Fatalf("an honest window paced at %v/s, want 100 an hour", r)
 	}
 }
