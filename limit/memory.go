@@ -437,7 +437,8 @@ func (s *Memory) outNow(t *Ticket) int {
 }
 
 func (s *Memory) Refund(t *Ticket) {
-	s.pace.refund(t.Cost)
+	s.pace.requests.refund(1)
+	s.pace.tokens.refund(float64(t.Cost))
 	s.win.undispatched(t.Dispatched)
 	if t.Dispatched.Equal(s.lastSent) {
 		s.lastSent = s.prevSent // the slow start's spread counts from the one before
@@ -445,7 +446,7 @@ func (s *Memory) Refund(t *Ticket) {
 }
 
 func (s *Memory) Settle(t *Ticket, usedTokens int64) {
-	s.pace.settle(t.Cost, usedTokens, t.Tokens)
+	s.pace.tokens.settle(float64(t.Cost), float64(usedTokens), t.Tokens)
 }
 
 func (s *Memory) Return(t *Ticket, now time.Time) {

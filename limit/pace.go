@@ -52,6 +52,7 @@ type budget struct {
 	// periodRefused that one had room after (see refusedAfterCorrection).
 	correctedAt   time.Time
 	periodRefused bool
+	undercounts   bool // an answer used more than its request was charged (see count)
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -136,6 +137,7 @@ func (b *budget) refund(cost float64) {
 // it) for what it used, unless an answer to a request dispatched at or
 // after it has already replaced the local count with the upstream's own.
 func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
+	b.undercounts = b.undercounts || actual > estimate
 	// A running total of 0 is a dispatch of nothing before any other: no
 	// answer can have counted it.
 	if !b.known || sentAtDispatch > 0 && b.seen >= sentAtDispatch {
@@ -230,14 +232,7 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 	// as the arithmetic says, perhaps far faster: only a refusal lowers
 	// the rate then, or a changed stated limit, in its proportion.
 	b.learnRate(floored || remaining >= nearlyFull*b.size())
-	// Its limit per the period it names is a rate the upstream allows
-	// (refusals may show its window smaller; once one had room in a
-	// window no larger than shown, they show its rate slower). Headers
-	// that name none and overstated the window state a figure per minute
-	// (OpenAI's and Anthropic's, PROVIDERS.md §11).
-	if (w.Period > 0 || b.size() < b.limit) && !b.periodRefused {
-		b.bucket.Rate = math.Max(b.bucket.Rate, b.limit/cmp.Or(w.Period, time.Minute).Seconds())
-	}
+	b.holdToPeriod(w.Period)
 	if shown, ok := b.refillShown(remaining, sentAtDispatch, dispatched); ok &&
 		b.bucket.Rate > overstatedRate*shown && b.maxRemaining+1 < overstatedShare*b.limit &&
 		b.correctable() {
@@ -245,6 +240,19 @@ func (b *budget) observe(w headerparse.Window, sentAtDispatch float64, dispatche
 		// keeps the one it was corrected with.
 		b.shown = shown
 		b.correct(now)
+	}
+}
+
+// holdToPeriod: the limit per the period the headers name (an IETF
+// policy's w) is the quota, the most the rate may be. That, or per minute
+// where headers that name none overstated the window (OpenAI's, PROVIDERS.md
+// §11), is a rate the upstream allows: the least, until refused with room after a correction.
+func (b *budget) holdToPeriod(period time.Duration) {
+	if period > 0 {
+		b.bucket.Rate = min(b.bucket.Rate, b.limit/period.Seconds())
+	}
+	if (period > 0 || b.size() < b.limit) && !b.periodRefused {
+		b.bucket.Rate = max(b.bucket.Rate, b.limit/cmp.Or(period, time.Minute).Seconds())
 	}
 }
 
@@ -266,7 +274,12 @@ func (b *budget) count(remaining, sentAtDispatch float64, dispatched, now time.T
 		}
 	}
 	b.refused = kept
-	b.bucket.Set(now, math.Min(b.size(), remaining-math.Max(0, after)))
+	// remaining was as of the dispatch: the refill since counts too (seed 189), if nothing is undercounted.
+	refilled := b.bucket.Rate * max(0, now.Sub(dispatched).Seconds())
+	if b.undercounts {
+		refilled = 0
+	}
+	b.bucket.Set(now, math.Min(b.size(), remaining+refilled-math.Max(0, after)))
 }
 
 // readReset reads w's reset, of an answer showing remaining left, and
@@ -456,11 +469,6 @@ func (p *pacer) uncount(t *Ticket) {
 	p.tokens.uncount(t.Dispatched, float64(t.Cost))
 }
 
-func (p *pacer) refund(cost int64) {
-	p.requests.refund(1)
-	p.tokens.refund(float64(cost))
-}
-
 func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused bool) {
 	if p.fromRefusals && l.Requests.HasRemaining {
 		// Real headers replace what refusals taught.
@@ -494,10 +502,6 @@ func (b *budget) owes(w headerparse.Window, rate, sentAtDispatch float64, now ti
 		// Full by the reset, whatever a rate read since repays it at.
 		b.fullAt, b.fullSent = w.Reset, sentAtDispatch
 	}
-}
-
-func (p *pacer) settle(estimate, actual int64, tokensAtDispatch float64) {
-	p.tokens.settle(float64(estimate), float64(actual), tokensAtDispatch)
 }
 
 // contradicted handles a rate refusal, before its own headers are read.
