@@ -274,10 +274,10 @@ func (b *budget) count(remaining, sentAtDispatch float64, dispatched, now time.T
 		}
 	}
 	b.refused = kept
-	// remaining was as of the dispatch: the refill since counts too (seed 189), if nothing is undercounted.
-	refilled := b.bucket.Rate * max(0, now.Sub(dispatched).Seconds())
-	if b.undercounts {
-		refilled = 0
+	// As of the arrival: the refill since counts, less a request (seed 189), unless undercounted or overstated.
+	refilled := 0.0
+	if !b.undercounts && !b.correctable() {
+		refilled = max(0, b.bucket.Rate*now.Sub(dispatched).Seconds()-1)
 	}
 	b.bucket.Set(now, math.Min(b.size(), remaining+refilled-math.Max(0, after)))
 }
