@@ -1072,6 +1072,7 @@ func TestAnAnswerCountsTheRefillSinceItsDispatch(t *testing.T) {
 		return learnedBudget(win(limit, remaining, at(50*time.Millisecond)))
 	}
 	b := fresh(20, 19)
+	b.settle(1, 1, b.take(1)) // used what it was charged: nothing undercounted
 	mark := b.take(1)
 	b.take(4)
 	// Nothing left when it arrived at 2 s; answered at 2.5 s: 10 refilled
@@ -1104,5 +1105,17 @@ func TestAnAnswerCountsTheRefillSinceItsDispatch(t *testing.T) {
 		if got := tt.b.bucket.Level(); !near(got, -4) {
 			t.Errorf("%s: level %v, want no refill credited: 0 - 4 sent after = -4", tt.name, got)
 		}
+	}
+}
+
+// TestAWindowOfNothingStatedKeepsANumberForItsRate: remaining 0 with no
+// limit stated (Azure's remaining-only headers on an empty window) names
+// no period; the rate stays a number (a bound of 0 over no period is
+// NaN, which would pace nothing and never recover).
+func TestAWindowOfNothingStatedKeepsANumberForItsRate(t *testing.T) {
+	var b budget
+	b.observe(headerparse.Window{HasRemaining: true, Reset: at(time.Second)}, 0, t0, t0)
+	if r := b.bucket.Rate; math.IsNaN(r) || math.IsInf(r, 0) {
+		t.Fatalf("rate %v", r)
 	}
 }
