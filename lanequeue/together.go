@@ -172,19 +172,21 @@ func (g *group) joinLocked(with []*pool) {
 // their rate, not their number in flight, so the trial does not crawl up
 // from the configured start again. Requires g.mu held.
 func (g *group) startTrialLocked(t *pool, with []*pool) {
-	s, ok := t.shared.(interface{ StartFrom(int, float64) })
+	s, ok := t.shared.(interface {
+		StartFrom(time.Time, int, float64, float64)
+	})
 	if !ok {
 		return
 	}
 	now := g.clock.Now()
-	out, secs := 0, 0.0
+	out, secs, sending := 0, 0.0, 0.0
 	for _, r := range with {
 		v := r.shared.View(now)
-		out += v.InFlight
+		out, sending = out+v.InFlight, sending+v.Sending
 		secs += float64(v.InFlight) * v.AnswerSeconds
 	}
 	if out > 0 {
-		s.StartFrom(out, secs/float64(out))
+		s.StartFrom(now, out, secs/float64(out), sending)
 	}
 }
 

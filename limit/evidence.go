@@ -70,8 +70,9 @@ type View struct {
 	// Requests and Tokens are the learned budgets; Known is false while
 	// the upstream has said nothing.
 	Requests, Tokens BudgetView
-	// AnswerSeconds is the mean time an accepted answer holds its permit.
-	AnswerSeconds float64
+	// AnswerSeconds is the mean time an accepted answer holds its permit;
+	// Sending the requests a second the pool dispatched lately.
+	AnswerSeconds, Sending float64
 	// Bound is what the behaviour of an upstream without headers says it
 	// limits.
 	Bound Bound

@@ -75,12 +75,13 @@ func (s *Memory) Forget() {
 }
 
 // StartFrom starts a new state, one that takes over from limits found to
-// share one upstream limit, from what they had out together: inFlight
-// requests, answered in answerSecs on average (0: not known). The
-// concurrency limit starts there, not at the configured start: what
-// refused them was the rate they sent together, which the state learns
-// afresh, and in flight = rate × answer time. Slow start goes on from it.
-func (s *Memory) StartFrom(inFlight int, answerSecs float64) {
+// share one upstream limit, from what they had out together at now:
+// inFlight requests, answered in answerSecs on average (0: not known),
+// sent at sending a second. It learns afresh the rate that refused them
+// from that (not its own first dispatches: 27/s for two windows of 58,
+// seed 121); its concurrency starts at inFlight, and slow start goes on.
+func (s *Memory) StartFrom(now time.Time, inFlight int, answerSecs, sending float64) {
+	s.pace.recent.addN(now, int(sending+0.5))
 	s.conc.limit = min(max(s.conc.limit, inFlight), s.conc.max)
 	if s.conc.answerSecs == 0 {
 		s.conc.answerSecs = answerSecs
@@ -172,7 +173,8 @@ func (s *Memory) Learn(t *Ticket, r Report, now time.Time) {
 	s.settle(t)
 	p := s.lengthen(poolPause(r, s.learnFrom(t, r, now)), t, r, now)
 	if r.Verdict.Refusal() {
-		s.pace.uncount(t)
+		s.pace.requests.uncount(t.Dispatched, 1) // the upstream never counted it
+		s.pace.tokens.uncount(t.Dispatched, float64(t.Cost))
 	}
 	if p.until.After(s.paused.until) {
 		s.paused = p
@@ -475,7 +477,7 @@ func (s *Memory) returned(t *Ticket, now time.Time) {
 func (s *Memory) PausedUntil() time.Time { return clock.Later(s.paused.until, s.win.until()) }
 
 func (s *Memory) View(now time.Time) View {
-	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs}
+	v := View{Concurrency: s.conc.limit, InFlight: s.conc.inFlight, AnswerSeconds: s.conc.answerSecs, Sending: s.pace.recent.rate(now)}
 	if now.Before(s.paused.until) {
 		v.PausedUntil, v.PauseReason = s.paused.until, s.paused.reason
 	}

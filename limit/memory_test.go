@@ -478,13 +478,40 @@ func TestARefusalBeforeAnyAdmissionKeepsTheSlowStart(t *testing.T) {
 // bounds) and takes their answer time while it knows none of its own.
 func TestATrialStartsFromTheInFlightAndAnswerTimeItIsGiven(t *testing.T) {
 	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
-	m.StartFrom(14, 0.6)
+	m.StartFrom(t0, 14, 0.6, 0)
 	if v := m.View(t0); v.Concurrency != 14 || v.AnswerSeconds != 0.6 {
 		t.Errorf("concurrency %d, answer time %v; want 14 and 0.6 s", v.Concurrency, v.AnswerSeconds)
 	}
-	m.StartFrom(100, 2)
+	m.StartFrom(t0, 100, 2, 0)
 	if v := m.View(t0); v.Concurrency != 64 || v.AnswerSeconds != 0.6 {
 		t.Errorf("concurrency %d, answer time %v; want the bound, 64, and the answer time it had, 0.6 s", v.Concurrency, v.AnswerSeconds)
+	}
+}
+
+// TestATrialLearnsFromWhatItsLimitsSentTogether: two limits sending 58 a
+// second each are refused together and joined; the trial's first refusal
+// guesses the rate they sent together, not the few dispatches of its own
+// so far (27 a second for two windows of 58, universe seed 121: 1.65×).
+func TestATrialLearnsFromWhatItsLimitsSentTogether(t *testing.T) {
+	m := NewMemory(Config{Concurrency: 8, MaxConcurrency: 64})
+	m.StartFrom(t0, 4, 0.07, 116)
+	if v := m.View(at(100 * time.Millisecond)); !near(v.Sending, 116) {
+		t.Fatalf("sending %v a second after StartFrom, want the 116 the limits sent", v.Sending)
+	}
+	first := admitN(t, m, 1, at(100*time.Millisecond)) // alone, as a new state's first
+	m.Learn(&first[0], Report{Status: 200, Verdict: Accepted}, at(170*time.Millisecond))
+	var tks []Ticket
+	for now := at(170 * time.Millisecond); len(tks) < 3; now = now.Add(5 * time.Millisecond) {
+		if tk, _, ok := m.Admit(now, 1, false); ok { // the slow start spreads them
+			tks = append(tks, tk)
+		}
+	}
+	for i := range tks[:2] {
+		m.Learn(&tks[i], Report{Status: 200, Verdict: Accepted}, at(240*time.Millisecond))
+	}
+	m.Learn(&tks[2], Report{Status: 429, Verdict: RateRefused}, at(240*time.Millisecond))
+	if m.learn.from != rateSending || m.learn.estimate < 100 {
+		t.Fatalf("first guess %v from %q, want about the 120 sent together", m.learn.estimate, m.learn.from)
 	}
 }
 

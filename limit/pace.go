@@ -463,12 +463,6 @@ func (p *pacer) take(now time.Time, cost int64) {
 	p.recent.add(now)
 }
 
-// uncount notes that the upstream refused t's request (see budget.uncount).
-func (p *pacer) uncount(t *Ticket) {
-	p.requests.uncount(t.Dispatched, 1)
-	p.tokens.uncount(t.Dispatched, float64(t.Cost))
-}
-
 func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused bool) {
 	if p.fromRefusals && l.Requests.HasRemaining {
 		// Real headers replace what refusals taught.

@@ -712,9 +712,11 @@ func (r *remembered) Joined(root string) bool {
 
 // StartFrom passes on to the wrapped state, when it has it (see
 // limit.Memory.StartFrom).
-func (r *remembered) StartFrom(inFlight int, answerSecs float64) {
-	if s, ok := r.Shared.(interface{ StartFrom(int, float64) }); ok {
-		s.StartFrom(inFlight, answerSecs)
+func (r *remembered) StartFrom(now time.Time, inFlight int, answerSecs, sending float64) {
+	if s, ok := r.Shared.(interface {
+		StartFrom(time.Time, int, float64, float64)
+	}); ok {
+		s.StartFrom(now, inFlight, answerSecs, sending)
 	}
 }
 

@@ -252,11 +252,13 @@ func TestAKeptPoolStillStartsFromWhatWasInFlight(t *testing.T) {
 	s, b := bookAt(t, filepath.Join(t.TempDir(), "s.db"), t0)
 	defer s.Close()
 	sh := b.Shared("k", limit.Config{}, func(c limit.Config) limit.Shared { return limit.NewMemory(c) })
-	from, ok := sh.(interface{ StartFrom(int, float64) })
+	from, ok := sh.(interface {
+		StartFrom(time.Time, int, float64, float64)
+	})
 	if !ok {
 		t.Fatal("the kept state hides StartFrom")
 	}
-	from.StartFrom(40, 1)
+	from.StartFrom(time.Now(), 40, 1, 0)
 	if c := sh.View(t0).Concurrency; c != 40 {
 		t.Fatalf("concurrency %d after StartFrom(40), want 40", c)
 	}
