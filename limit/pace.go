@@ -52,7 +52,7 @@ type budget struct {
 	// periodRefused that one had room after (see refusedAfterCorrection).
 	correctedAt   time.Time
 	periodRefused bool
-	undercounts   bool // an answer used more than its request was charged (see count)
+	uncredited    bool // no refill credited (see count): tokens, estimated as they go, or once an answer used more than charged
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -137,7 +137,7 @@ func (b *budget) refund(cost float64) {
 // it) for what it used, unless an answer to a request dispatched at or
 // after it has already replaced the local count with the upstream's own.
 func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
-	b.undercounts = b.undercounts || actual > estimate
+	b.uncredited = b.uncredited || actual > estimate
 	// A running total of 0 is a dispatch of nothing before any other: no
 	// answer can have counted it.
 	if !b.known || sentAtDispatch > 0 && b.seen >= sentAtDispatch {
@@ -274,9 +274,9 @@ func (b *budget) count(remaining, sentAtDispatch float64, dispatched, now time.T
 		}
 	}
 	b.refused = kept
-	// As of the arrival: the refill since counts, less a request (seed 189), unless undercounted or overstated.
+	// As of the arrival: the refill since counts, less a request (seed 189), unless uncredited or overstated.
 	refilled := 0.0
-	if !b.undercounts && !b.correctable() {
+	if !b.uncredited && !b.correctable() {
 		refilled = max(0, b.bucket.Rate*now.Sub(dispatched).Seconds()-1)
 	}
 	b.bucket.Set(now, math.Min(b.size(), remaining+refilled-math.Max(0, after)))
@@ -470,6 +470,7 @@ func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused 
 		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
 	}
 	rr, rt := p.requests.bucket.Rate, p.tokens.bucket.Rate
+	p.tokens.uncredited = true // a credit over estimates refused 25-30 % (tpm-quantized/headers)
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
 	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
 	if refused {

@@ -1119,3 +1119,20 @@ func TestAWindowOfNothingStatedKeepsANumberForItsRate(t *testing.T) {
 		t.Fatalf("rate %v", r)
 	}
 }
+
+// TestATokenBudgetIsCreditedNoRefill: tokens are estimated as they go, and
+// what went after an answer's request is known only as estimates; a refill
+// credited over them refused 25-30 % of tpm-quantized/headers in two runs of
+// five on the binary. The pacer's token budget counts as the upstream
+// shows, less what went after, with nothing refilled since.
+func TestATokenBudgetIsCreditedNoRefill(t *testing.T) {
+	var p pacer
+	p.observe(headerparse.Limits{Tokens: win(20000, 19999, at(time.Millisecond))}, &Ticket{Dispatched: t0}, t0, false)
+	mark := p.tokens.take(100)
+	p.tokens.take(400)
+	p.observe(headerparse.Limits{Tokens: win(20000, 0, at(3*time.Second))}, &Ticket{Dispatched: at(2 * time.Second), Tokens: mark},
+		at(2500*time.Millisecond), false)
+	if got := p.tokens.bucket.Level(); !near(got, -400) {
+		t.Fatalf("token level %v, want 0 shown - 400 sent after, no refill credited", got)
+	}
+}
