@@ -52,7 +52,7 @@ type budget struct {
 	// periodRefused that one had room after (see refusedAfterCorrection).
 	correctedAt   time.Time
 	periodRefused bool
-	uncredited    bool // no refill credited (see count): tokens, estimated as they go, or once an answer used more than charged
+	uncredited    bool // no refill credited (see count): the token budget, which knows what went after only as estimates
 	// ref is an earlier answer, to measure the refill the upstream's own
 	// counts show (see refillShown).
 	ref struct {
@@ -137,7 +137,6 @@ func (b *budget) refund(cost float64) {
 // it) for what it used, unless an answer to a request dispatched at or
 // after it has already replaced the local count with the upstream's own.
 func (b *budget) settle(estimate, actual, sentAtDispatch float64) {
-	b.uncredited = b.uncredited || actual > estimate
 	// A running total of 0 is a dispatch of nothing before any other: no
 	// answer can have counted it.
 	if !b.known || sentAtDispatch > 0 && b.seen >= sentAtDispatch {
@@ -470,7 +469,7 @@ func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused 
 		p.requests = budget{sent: p.requests.sent, seen: p.requests.seen}
 	}
 	rr, rt := p.requests.bucket.Rate, p.tokens.bucket.Rate
-	p.tokens.uncredited = true // a credit over estimates refused 25-30 % (tpm-quantized/headers)
+	p.tokens.uncredited = true // credited over estimates: 25-30 % refused (tpm-quantized/headers), 27 % (tpm-upstream-count)
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
 	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
 	if refused {

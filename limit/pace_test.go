@@ -1065,14 +1065,14 @@ func TestAnOverstatedWindowPacesItsFigurePerMinute(t *testing.T) {
 // short at every answer: half its rate (universe seed 189). A request's
 // worth is kept back (the count was taken at the arrival, after the
 // dispatch: pacing on the exact level refused one request in ten after a
-// restart, quantized headers).
+// restart, quantized headers). The token budget is never credited
+// (TestATokenBudgetIsCreditedNoRefill).
 func TestAnAnswerCountsTheRefillSinceItsDispatch(t *testing.T) {
 	fresh := func(limit, remaining int64) *budget {
 		// 20 a second, or the headers' size over the reset
 		return learnedBudget(win(limit, remaining, at(50*time.Millisecond)))
 	}
 	b := fresh(20, 19)
-	b.settle(1, 1, b.take(1)) // used what it was charged: nothing undercounted
 	mark := b.take(1)
 	b.take(4)
 	// Nothing left when it arrived at 2 s; answered at 2.5 s: 10 refilled
@@ -1086,25 +1086,15 @@ func TestAnAnswerCountsTheRefillSinceItsDispatch(t *testing.T) {
 	if got := b.bucket.Level(); !near(got, 20) {
 		t.Fatalf("level %v, want the window's 20 at most", got)
 	}
-	for _, tt := range []struct {
-		name string
-		b    *budget
-	}{
-		// An answer used more than its request was charged (an upstream
-		// counting tokens its own way): what went after counts for more
-		// upstream than here (tpm-upstream-count: 27 % refused with it).
-		{"undercounted", func() *budget { u := fresh(20, 19); u.settle(1, 3, u.take(1)); return u }()},
-		// Headers that state more than the window ever showed: their
-		// rate is read from the size stated (1,200 over a reset of a
-		// bucket of 20: 23,700 a second).
-		{"overstated", fresh(1200, 15)},
-	} {
-		mark := tt.b.take(1)
-		tt.b.take(4)
-		tt.b.observe(win(int64(tt.b.limit), 0, at(3*time.Second)), mark, at(2*time.Second), at(2500*time.Millisecond))
-		if got := tt.b.bucket.Level(); !near(got, -4) {
-			t.Errorf("%s: level %v, want no refill credited: 0 - 4 sent after = -4", tt.name, got)
-		}
+	// Headers that state more than the window ever showed: their rate is
+	// read from the size stated (1,200 over a reset of a bucket of 20:
+	// 23,700 a second). No refill is credited.
+	over := fresh(1200, 15)
+	mark = over.take(1)
+	over.take(4)
+	over.observe(win(1200, 0, at(3*time.Second)), mark, at(2*time.Second), at(2500*time.Millisecond))
+	if got := over.bucket.Level(); !near(got, -4) {
+		t.Errorf("overstated: level %v, want no refill credited: 0 - 4 sent after = -4", got)
 	}
 }
 
