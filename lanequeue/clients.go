@@ -195,11 +195,11 @@ func (r *round) leave(c *client, p Priority) {
 }
 
 // leaveLocked ends s's time in its lane's books: its client loses it, and
-// its group its reference (see unrefLocked, whose result it returns).
+// its group its reference; it reports whether that was the group's last.
 // Requires the group's mutex held.
 func (s *Slot) leaveLocked() (forget bool) {
 	s.client.live--
-	return s.lane.g.unrefLocked()
+	return s.lane.g.refs.Add(-1) == 0 && s.lane.g.forgotten != nil
 }
 
 // ClientState is one client of a lane as /lanes shows it: its name as sent

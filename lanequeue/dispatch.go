@@ -144,12 +144,6 @@ func (g *group) returnPermitLocked(s *Slot, now time.Time) {
 	}
 }
 
-// unrefLocked drops one reference and reports whether it was the last.
-// Requires g.mu held.
-func (g *group) unrefLocked() bool {
-	return g.refs.Add(-1) == 0 && g.forgotten != nil
-}
-
 // forget tells the table that nothing refers to g any more. Call it after
 // unlocking g.mu.
 func (g *group) forget() { g.forgotten(g) }

@@ -181,3 +181,18 @@ func (g *group) joinedElsewhereLocked(lim *pool) bool {
 	}
 	return false
 }
+
+// peersLocked reports whether limits of the group that lim has not been
+// found to share, that sent and state lim's window, may draw on it unseen:
+// while some count of the group fell by more than its limit sent (limits
+// of their own show none). Requires g.mu held.
+func (g *group) peersLocked(lim *pool) bool {
+	g.limMu.Lock()
+	defer g.limMu.Unlock()
+	peers, spent := false, false
+	for _, o := range g.limits {
+		spent = spent || o.share.excess > 0
+		peers = peers || o.root() != lim.root() && o.sharedBy != "configured" && o.firstSeq > 0 && o.share.stated == lim.share.stated
+	}
+	return peers && spent
+}

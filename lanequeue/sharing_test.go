@@ -157,3 +157,57 @@ func TestFirstAnswersOfOneRoundShowAQuantizedWindowShared(t *testing.T) {
 		}
 	}
 }
+
+// TestALimitHasPeersUntilFoundToShareTheirWindow: a limit whose group has
+// others that sent and state the same window, not found to share it,
+// while some count of the group fell by more than its limit sent, may be
+// counted down by them unseen, and its answers credit no refill
+// (limit.Ticket.Peers). Limits of their own, whose counts fall by what
+// each sent, have none; nor have limits found to share one window.
+func TestALimitHasPeersUntilFoundToShareTheirWindow(t *testing.T) {
+	peers := func(l *Lane) bool {
+		l.g.mu.Lock()
+		defer l.g.mu.Unlock()
+		return l.g.peersLocked(l.drawsOn())
+	}
+	lanesOf := func(models ...string) []*Lane {
+		tb := NewTable(TableConfig{Lane: Config{Clock: clock.NewFake(t0)}})
+		var lanes []*Lane
+		for _, m := range models {
+			lanes = append(lanes, tb.laneFor(Key{CredentialHash: HashCredential("sk-gateway"), Path: "/v1/chat/completions", Model: m}))
+		}
+		return lanes
+	}
+	// Windows of their own, or one not yet shown: each showed 19 left.
+	apart := lanesOf("gpt-a", "gpt-b", "gpt-c")
+	firstAnswers(t, apart[:2], func(int) int64 { return 19 })
+	if limitOf(apart[0]) == limitOf(apart[1]) {
+		t.Fatal("counts of 19 and 19 were read as one window")
+	}
+	if peers(apart[0]) {
+		t.Error("gpt-a has peers while every count fell by what its own limit sent")
+	}
+	// gpt-b's count fell by more than it sent, and no limit was found to
+	// share it: gpt-a's window may be the one.
+	limitOf(apart[1]).share.excess = 1
+	if !peers(apart[0]) || !peers(apart[1]) {
+		t.Error("gpt-a and gpt-b state one window of 20, unjoined, one count fell by others', and they have no peers")
+	}
+	limitOf(apart[1]).share.stated = 40
+	if peers(apart[0]) {
+		t.Error("gpt-b, stating a window of 40, is a peer of gpt-a's window of 20")
+	}
+	lone := lanesOf("gpt-a", "gpt-b")
+	firstAnswers(t, lone[:1], func(int) int64 { return 19 })
+	limitOf(lone[0]).share.excess = 1
+	limitOf(lone[0]).share.stated = 0 // no figure stated (Azure's remaining alone), as none is for gpt-b, which read none
+	if peers(lone[0]) {
+		t.Error("gpt-a has a peer in gpt-b, which never sent")
+	}
+	// One window, found: the group's other limits are its own.
+	together := lanesOf("gpt-a", "gpt-b", "gpt-c")
+	firstAnswers(t, together, func(i int) int64 { return int64(19 - i) })
+	if peers(together[0]) {
+		t.Error("limits found to share one window still have peers")
+	}
+}

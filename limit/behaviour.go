@@ -195,7 +195,7 @@ func (l *learner) fleetAdmitted(total uint64, now time.Time) {
 		return // no word yet of this replica's own since
 	}
 	if l.fleetAdmits > 0 { // the first word only marks the count
-		l.admits.addN(now, int(min(total-l.fleetAdmits, 10000))-l.ownAdmits)
+		l.admits.add(now, int(min(total-l.fleetAdmits, 10000))-l.ownAdmits)
 	}
 	l.fleetAdmits, l.ownAdmits = total, 0
 }
@@ -471,7 +471,7 @@ type refusalEvidence struct {
 // upstream is live, and admitted t when it went.
 func (l *learner) accepted(t *Ticket, now time.Time) {
 	l.lastAccepted = now
-	l.admits.add(t.Dispatched)
+	l.admits.add(t.Dispatched, 1)
 	l.ownAdmits++
 	if l.replySecs == 0 {
 		l.replySecs = now.Sub(t.Dispatched).Seconds()

@@ -47,6 +47,8 @@ type Ticket struct {
 	// Overshot: refused at a concurrency limit nothing went through at
 	// lately (see behaved). Knock: it went to see if a closed window opened.
 	Overshot, Knock bool
+	// Peers: limits of its group not found to share its window may spend its refill unseen (see budget.count).
+	Peers bool
 
 	// Memory's own account of the dispatch, kept with it because a
 	// Shared kept elsewhere hands Memory the same ticket (see

@@ -35,7 +35,7 @@ func (f Fleet) Dispatched(now time.Time, out int, sent uint64, lastSecond int) T
 		n = uint64(min(lastSecond, 10000))
 	}
 	s.fleetSent = max(s.fleetSent, sent)
-	s.pace.recent.addN(now, int(n))
+	s.pace.recent.add(now, int(n))
 	seq := s.learn.dispatched()
 	if sent > seq {
 		// Numbered in the pool's count, so that the dispatches admitted

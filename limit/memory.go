@@ -81,7 +81,7 @@ func (s *Memory) Forget() {
 // from that (not its own first dispatches: 27/s for two windows of 58,
 // seed 121); its concurrency starts at inFlight, and slow start goes on.
 func (s *Memory) StartFrom(now time.Time, inFlight int, answerSecs, sending float64) {
-	s.pace.recent.addN(now, int(sending+0.5))
+	s.pace.recent.add(now, int(sending+0.5))
 	s.conc.limit = min(max(s.conc.limit, inFlight), s.conc.max)
 	if s.conc.answerSecs == 0 {
 		s.conc.answerSecs = answerSecs
@@ -149,9 +149,8 @@ func (s *Memory) Admit(now time.Time, cost int64, alone bool) (Ticket, time.Time
 	if !now.Equal(s.batchAt) {
 		s.batchAt, s.batch = now, s.pace.totals()
 	}
-	m := s.batch.plus(cost)
-	s.pace.take(now, cost)
-	t := Ticket{Dispatched: now, Cost: cost, Requests: m.requests, Tokens: m.tokens,
+	s.pace.take(now, cost) // the batch's totals plus this one: dispatched together, each counts as sent first
+	t := Ticket{Dispatched: now, Cost: cost, Requests: s.batch.requests + 1, Tokens: s.batch.tokens + float64(cost),
 		InFlight: s.conc.inFlight, Limit: s.conc.limit, Room: room, Paced: paced,
 		Seq: s.learn.dispatched(), Probe: s.pace.fromRefusals && s.learn.phase == probeUp,
 		Level: s.conc.inFlight - s.refusedHolding + 1}

@@ -64,7 +64,7 @@ func TestMeterReadsRatesAboveItsSampleCount(t *testing.T) {
 	now := t0
 	for range 200 { // 100 a second
 		now = now.Add(10 * time.Millisecond)
-		p.recent.add(now)
+		p.recent.add(now, 1)
 	}
 	if r := p.recent.rate(now); r < 95 || r > 105 {
 		t.Fatalf("meter reads %v/s for 100/s", r)
