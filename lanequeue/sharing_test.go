@@ -3,6 +3,7 @@ package lanequeue
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -209,5 +210,40 @@ func TestALimitHasPeersUntilFoundToShareTheirWindow(t *testing.T) {
 	firstAnswers(t, together, func(i int) int64 { return int64(19 - i) })
 	if peers(together[0]) {
 		t.Error("limits found to share one window still have peers")
+	}
+}
+
+// TestAnAnswerOfALimitWithPeersCreditsNoRefill: the answer's ticket
+// carries peersLocked's verdict to the limit's window. Two models state a
+// window of 20 and each showed 19 left; gpt-a's window then shows it
+// refills 20 a second. Its next request, answered 500 ms after it went,
+// leaves 9 more to send when its limit has no peers (10 refilled since,
+// one kept back) than when gpt-b's count fell by more than gpt-b sent.
+func TestAnAnswerOfALimitWithPeersCreditsNoRefill(t *testing.T) {
+	left := map[bool]float64{}
+	for _, spent := range []bool{false, true} {
+		fc := clock.NewFake(t0)
+		tb := NewTable(TableConfig{Lane: Config{Clock: fc}})
+		var lanes []*Lane
+		for _, m := range []string{"gpt-a", "gpt-b"} {
+			lanes = append(lanes, tb.laneFor(Key{CredentialHash: HashCredential("sk-gateway"), Path: "/v1/chat/completions", Model: m}))
+		}
+		firstAnswers(t, lanes, func(int) int64 { return 19 })
+		if spent {
+			limitOf(lanes[1]).share.excess = 1
+		}
+		s := mustGet(t, acquireAsync(context.Background(), lanes[0]))
+		accept(s, headerparse.Limits{Requests: win(20, 0, fc.Now().Add(time.Second))}) // 20 a second
+		s.release()
+		fc.Advance(100 * time.Millisecond)
+		s = mustGet(t, acquireAsync(context.Background(), lanes[0]))
+		went := fc.Now()
+		fc.Advance(500 * time.Millisecond)
+		accept(s, headerparse.Limits{Requests: win(20, 0, went.Add(time.Second))})
+		s.release()
+		left[spent] = lanes[0].State().RequestsAvailable
+	}
+	if got := left[false] - left[true]; math.Abs(got-9) > 0.01 {
+		t.Errorf("without peers %v left to send, with them %v: %v more, want 9", left[false], left[true], got)
 	}
 }
