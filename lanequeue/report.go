@@ -55,7 +55,7 @@ func (s *Slot) Report(r limit.Report) (pausedUntil time.Time, held bool) {
 func (g *group) learnLocked(s *Slot, r limit.Report, now time.Time) []laneChange {
 	l, lim := s.lane, s.lim
 	before := lim.shared.PausedUntil()
-	s.ticket.Peers = g.peersLocked(lim)
+	s.ticket.Peers = r.Limits.Requests.HasRemaining && g.peersLocked(lim) // only a counted window is credited
 	lim.shared.Learn(&s.ticket, r, now)
 	if r.Verdict == limit.NotSent {
 		g.refundLocked(s) // it never reached the upstream's accounting

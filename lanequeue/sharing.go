@@ -184,8 +184,8 @@ func (g *group) joinedElsewhereLocked(lim *pool) bool {
 
 // peersLocked reports whether limits of the group that lim has not been
 // found to share, that sent and state lim's window, may draw on it unseen:
-// while some count of the group fell by more than its limit sent (limits
-// of their own show none). Requires g.mu held.
+// once any count of the group fell by more than its limit sent (never
+// forgotten; see docs/how-it-learns.md). Requires g.mu held.
 func (g *group) peersLocked(lim *pool) bool {
 	g.limMu.Lock()
 	defer g.limMu.Unlock()

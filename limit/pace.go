@@ -465,7 +465,7 @@ func (p *pacer) observe(l headerparse.Limits, t *Ticket, now time.Time, refused 
 	}
 	rr, rt := p.requests.bucket.Rate, p.tokens.bucket.Rate
 	p.tokens.uncredited = true      // credited over estimates: 25-30 % refused (tpm-quantized/headers), 27 % (tpm-upstream-count)
-	p.requests.uncredited = t.Peers // two limits, each credited one refill: 23-47 % refused (shared-models/headers, 1 run in 500)
+	p.requests.uncredited = t.Peers // two limits, each credited one refill: 23-47 % refused (shared-models/headers, 1 run in 750)
 	p.requests.observe(l.Requests, t.Requests, t.Dispatched, now)
 	p.tokens.observe(l.Tokens, t.Tokens, t.Dispatched, now)
 	if refused {
